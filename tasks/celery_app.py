@@ -1,0 +1,64 @@
+"""The Celery app factory shared by the API (which only sends) and the workers."""
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from config import Settings, load_models, load_settings
+from config.models import ModelSpec
+from tasks.names import task_routes
+
+
+def make_celery(settings: Settings | None = None) -> Celery:
+    settings = settings or load_settings()
+    models: dict[str, ModelSpec] = load_models(settings.models_file)
+    app = Celery("inference_queue", set_as_current=False)
+    redis_opts = {
+        "socket_connect_timeout": settings.redis_timeout_s,
+        "socket_timeout": max(settings.redis_timeout_s, 5.0),
+        "retry_on_timeout": True,
+    }
+    largest_batch = max(m.max_batch_size for m in models.values())
+    app.conf.update(
+        broker_url=settings.broker,
+        result_backend=settings.backend,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        task_routes=task_routes(models.values()),
+        # A worker started without -Q consumes every model's queue.
+        task_queues=[Queue(m.queue) for m in models.values()],
+        # Nothing is acknowledged before its result is stored; a lost pool child's jobs are
+        # put back on the queue at once rather than failed.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        # The batching strategy needs enough unacknowledged messages in hand to fill a batch
+        # while every child is busy: two full batches per child.
+        worker_prefetch_multiplier=2 * largest_batch,
+        worker_pool_start_method="spawn",
+        worker_proc_alive_timeout=settings.proc_alive_timeout_s,
+        worker_lost_wait=settings.worker_lost_wait_s,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        result_expires=settings.job_ttl_s,
+        broker_connection_timeout=settings.redis_timeout_s,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout_s,
+            **redis_opts,
+        },
+        result_backend_transport_options=redis_opts,
+        redis_socket_connect_timeout=settings.redis_timeout_s,
+        redis_socket_timeout=max(settings.redis_timeout_s, 5.0),
+        # The API must answer 503 within seconds when Redis is down, not retry for long.
+        task_publish_retry_policy={
+            "max_retries": 2,
+            "interval_start": 0,
+            "interval_step": 0.2,
+            "interval_max": 0.5,
+        },
+        worker_hijack_root_logger=False,
+    )
+    app.conf.iq_settings = settings
+    app.conf.iq_models = models
+    return app

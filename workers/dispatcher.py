@@ -1,0 +1,200 @@
+"""Celery glue for dynamic batching: a task Strategy that buffers requests in the worker's main
+process and hands each batch, as one call, to a prefork pool child.
+
+Each job keeps its Celery identity: it is a real `celery.worker.request.Request`, so Celery's
+own handlers do the bookkeeping per job: `inspect reserved/active`, task events for Flower
+(received, started, succeeded/failed with runtime), revocation and expiry, late acks, and
+requeueing when the child running it dies (`task_reject_on_worker_lost`).
+"""
+from __future__ import annotations
+
+import logging
+from time import monotonic
+from typing import Any
+
+from billiard.einfo import ExceptionInfo
+from celery.utils.imports import symbol_by_name
+from celery.worker import state as worker_state
+from celery.worker.strategy import proto1_to_proto2
+
+from tasks.errors import JobFailed
+from tasks.names import model_of_task
+from workers.execute import JobOutcome, run_batch
+from workers.policy import Batch, BatchScheduler
+
+logger = logging.getLogger(__name__)
+
+_DISPATCHER_ATTR = "_iq_dispatcher"
+
+
+def _failure_info(code: str, message: str) -> ExceptionInfo:
+    try:
+        raise JobFailed(code, message)
+    except JobFailed:
+        return ExceptionInfo()
+
+
+def _discard(request: Any) -> bool:
+    # Request.revoked() also announces the revocation (result REVOKED, event, ack).
+    return bool(request.revoked())
+
+
+class PoolDispatcher:
+    """One per worker consumer: buffers every batching task's requests and feeds the pool."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self.scheduler = BatchScheduler()
+        self.inflight = 0
+        self.connection = consumer.connection
+        self._timer_entry: Any = None
+        self._timer_due: float | None = None
+
+    # -- bookkeeping ---------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return int(self.consumer.pool.num_processes or 1)
+
+    def reset_for(self, connection: Any) -> None:
+        """After a broker reconnect the buffered messages belong to the old channel; Redis
+        redelivers them, so the copies held here are dropped."""
+        if connection is self.connection:
+            return
+        dropped = self.scheduler.drain()
+        for pending in dropped:
+            worker_state.task_ready(pending.job)
+        if dropped:
+            logger.warning("broker connection replaced: dropped %d buffered job(s) for "
+                           "redelivery", len(dropped))
+        self.connection = connection
+
+    # -- intake --------------------------------------------------------------------------
+    def submit(self, model: str, request: Any) -> None:
+        kwargs = request.kwargs or {}
+        inputs = kwargs.get("inputs")
+        items = len(inputs) if isinstance(inputs, list) else 1
+        worker_state.task_reserved(request)
+        self.scheduler.add(model, request, items, monotonic())
+        self.pump()
+
+    # -- dispatch ------------------------------------------------------------------------
+    def pump(self, freed: int = 0) -> None:
+        idle = self.capacity - self.inflight
+        for batch in self.scheduler.batches(
+            monotonic(), idle=idle, busy=self.inflight, freed=freed, discard=_discard
+        ):
+            self._apply(batch)
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        due = self.scheduler.next_deadline() if self.inflight < self.capacity else None
+        if due == self._timer_due:
+            return
+        if self._timer_entry is not None:
+            self._timer_entry.cancel()
+            self._timer_entry = None
+        self._timer_due = due
+        if due is not None:
+            self._timer_entry = self.consumer.timer.call_after(
+                max(due - monotonic(), 0.0), self._on_timer
+            )
+
+    def _on_timer(self) -> None:
+        self._timer_entry = None
+        self._timer_due = None
+        self.pump()
+
+    def _apply(self, batch: Batch) -> None:
+        requests = [p.job for p in batch.jobs]
+        payload = [
+            (r.id, r.kwargs or {}, (r.request_dict.get("headers") or {}).get("trace_id")
+             or r.request_dict.get("trace_id"))
+            for r in requests
+        ]
+        self.inflight += 1
+
+        def on_accepted(pid: int, time_accepted: float) -> None:
+            for r in requests:
+                r.on_accepted(pid, time_accepted)
+
+        def on_return(outcomes: list[JobOutcome]) -> None:
+            self.inflight -= 1
+            by_id = {o[0]: o for o in outcomes}
+            for r in requests:
+                outcome = by_id.get(r.id)
+                if outcome is None:
+                    r.on_failure(_failure_info("internal", "batch returned no outcome for job"))
+                    continue
+                _job_id, ok, runtime, summary = outcome
+                if ok:
+                    r.on_success((False, summary, runtime))
+                else:
+                    code, _, message = summary.partition(": ")
+                    r.on_success((True, _failure_info(code, message), runtime))
+            self.pump(freed=1)
+
+        def on_error(exc_info: ExceptionInfo) -> None:
+            # The child died (WorkerLostError: requeued by Celery) or the batch call itself
+            # broke: each job takes Celery's own failure path.
+            self.inflight -= 1
+            for r in requests:
+                r.on_failure(exc_info)
+            self.pump(freed=1)
+
+        self.consumer.pool.apply_async(
+            run_batch,
+            args=(batch.model, payload),
+            accept_callback=on_accepted,
+            callback=on_return,
+            error_callback=on_error,
+            correlation_id=requests[0].id,
+        )
+
+
+def dispatcher_for(consumer: Any) -> PoolDispatcher:
+    dispatcher = getattr(consumer, _DISPATCHER_ATTR, None)
+    if dispatcher is None:
+        dispatcher = PoolDispatcher(consumer)
+        setattr(consumer, _DISPATCHER_ATTR, dispatcher)
+    else:
+        dispatcher.reset_for(consumer.connection)
+    return dispatcher
+
+
+def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
+    """`Task.Strategy` for batching tasks: called once per task when the consumer starts."""
+    model = model_of_task(task.name)
+    spec = app.conf.iq_models[model]
+    dispatcher = dispatcher_for(consumer)
+    dispatcher.scheduler.add_model(model, spec.max_batch_size, spec.max_wait_ms / 1000.0)
+
+    Request = symbol_by_name(task.Request)
+    hostname = consumer.hostname
+    eventer = consumer.event_dispatcher
+    send_events = bool(eventer and eventer.enabled and task.send_events)
+    connection_errors = consumer.connection_errors
+    revoked_tasks = consumer.controller.state.revoked
+
+    def task_message_handler(message, body, ack, reject, callbacks, **_kw):
+        if body is None and "args" not in message.payload:
+            body, headers, decoded, utc = (message.body, message.headers, False,
+                                           app.uses_utc_timezone())
+        else:
+            body, headers, decoded, utc = proto1_to_proto2(message, body)
+        request = Request(
+            message, on_ack=ack, on_reject=reject, app=app, hostname=hostname,
+            eventer=eventer, task=task, connection_errors=connection_errors,
+            body=body, headers=headers, decoded=decoded, utc=utc,
+        )
+        if (request.expires or request.id in revoked_tasks) and request.revoked():
+            return
+        if send_events:
+            request.send_event("task-received", name=request.name, args=request.argsrepr,
+                               kwargs=request.kwargsrepr, root_id=request.root_id,
+                               parent_id=request.parent_id, retries=0)
+        if callbacks:
+            for callback in callbacks:
+                callback(request)
+        dispatcher.submit(model, request)
+
+    return task_message_handler

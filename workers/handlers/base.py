@@ -1,0 +1,129 @@
+"""A model handler's life: `initialize` (load on the child's device) → `warmup` → for every
+batch `preprocess` → `inference` → `postprocess`, per chunk of at most `max_batch_size` items.
+
+`run` is what the batch executor calls: it runs all jobs' inputs together, splits chunks in
+half on CUDA out-of-memory, and isolates failures so one bad job never fails its neighbours.
+"""
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+from config.models import ModelSpec
+from tasks.errors import JobFailed
+
+logger = logging.getLogger(__name__)
+
+Job = tuple[list, dict]  # (inputs, options)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, torch.cuda.OutOfMemoryError)
+
+
+class Handler(ABC):
+    def __init__(self, spec: ModelSpec, device: str) -> None:
+        self.spec = spec
+        self.device = device
+
+    @abstractmethod
+    def initialize(self) -> None:
+        """Load the model onto self.device, in eval mode."""
+
+    @abstractmethod
+    def warmup_inputs(self) -> list:
+        """A full-size batch of representative inputs."""
+
+    def preprocess(self, items: list) -> Any:
+        return items
+
+    @abstractmethod
+    def inference(self, batch: Any) -> Any:
+        """Run the model; called under torch.inference_mode()."""
+
+    def postprocess(self, output: Any, count: int) -> list:
+        return list(output)
+
+    def finalize(self, outputs: list, options: dict) -> list:
+        """Per-job shaping of the outputs (e.g. classification labels)."""
+        return outputs
+
+    # -- machinery -------------------------------------------------------------------------
+    def warmup(self) -> None:
+        self.predict(self.warmup_inputs())
+
+    def _call(self, items: list) -> list:
+        import torch
+
+        with torch.inference_mode():
+            outputs = self.postprocess(self.inference(self.preprocess(items)), len(items))
+        if len(outputs) != len(items):
+            raise RuntimeError(
+                f"model {self.spec.name} returned {len(outputs)} outputs for {len(items)} inputs"
+            )
+        return outputs
+
+    def predict(self, items: Sequence) -> list:
+        """All items, in chunks of at most max_batch_size; a chunk that runs out of GPU memory
+        is halved and retried before anything fails."""
+        items = list(items)
+        size = self.spec.max_batch_size
+        out: list = []
+        i = 0
+        while i < len(items):
+            chunk = items[i:i + size]
+            try:
+                out.extend(self._call(chunk))
+            except Exception as exc:
+                if not _is_oom(exc) or size == 1:
+                    raise
+                size = max(size // 2, 1)
+                logger.warning("CUDA out of memory on %d items of %s; retrying at %d",
+                               len(chunk), self.spec.name, size)
+                self.release_memory()
+                continue
+            i += len(chunk)
+        return out
+
+    def release_memory(self) -> None:
+        import torch
+
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+    def run(self, jobs: Sequence[Job]) -> list[list | JobFailed]:
+        flat = [item for inputs, _opts in jobs for item in inputs]
+        try:
+            outputs = self.predict(flat)
+        except Exception as exc:
+            if len(jobs) == 1:
+                return [self._failure(exc)]
+            # Something in the batch broke the model: run each job alone so that only the
+            # job at fault fails.
+            logger.warning("batch of %d jobs failed on %s; retrying each alone",
+                           len(jobs), self.spec.name, exc_info=True)
+            return [self._run_one(job) for job in jobs]
+        results: list[list | JobFailed] = []
+        start = 0
+        for inputs, options in jobs:
+            chunk = outputs[start:start + len(inputs)]
+            start += len(inputs)
+            try:
+                results.append(self.finalize(chunk, options))
+            except Exception as exc:
+                results.append(self._failure(exc))
+        return results
+
+    def _run_one(self, job: Job) -> list | JobFailed:
+        inputs, options = job
+        try:
+            return self.finalize(self.predict(inputs), options)
+        except Exception as exc:
+            return self._failure(exc)
+
+    def _failure(self, exc: BaseException) -> JobFailed:
+        logger.warning("job failed on %s: %r", self.spec.name, exc)
+        return JobFailed("inference_error", f"{type(exc).__name__}: {exc}")

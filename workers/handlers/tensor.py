@@ -1,0 +1,63 @@
+"""Models over numeric inputs: a user's TorchScript file, and the synthetic model that stands in
+for a GPU in benchmarks and fault tests."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from workers.handlers.base import Handler
+
+_INPUT_DTYPES = {"float32": "float32", "float64": "float64", "int64": "int64"}
+
+
+class TorchScriptHandler(Handler):
+    """TorchScript only: `torch.jit.load` runs no pickled Python objects. Each input is a nested
+    list of the declared `input_shape`; the model gets a tensor of shape (batch, *input_shape)
+    and must return one row per input."""
+
+    def initialize(self) -> None:
+        import torch
+
+        path = Path(self.spec.path)
+        if not path.is_file():
+            raise FileNotFoundError(f"model {self.spec.name}: no TorchScript file at {path}")
+        self.model = torch.jit.load(str(path), map_location=self.device).eval()
+        self.input_dtype = getattr(torch, _INPUT_DTYPES[self.spec.input_dtype])
+
+    def warmup_inputs(self) -> list:
+        import torch
+
+        return torch.zeros((self.spec.max_batch_size, *self.spec.input_shape)).tolist()
+
+    def preprocess(self, items: list) -> Any:
+        import torch
+
+        return torch.tensor(items, dtype=self.input_dtype, device=self.device)
+
+    def inference(self, batch: Any) -> Any:
+        return self.model(batch)
+
+    def postprocess(self, output: Any, count: int) -> list:
+        import torch
+
+        if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != count:
+            shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output)
+            raise RuntimeError(f"model {self.spec.name} must return a tensor with one row per "
+                               f"input ({count}); got {shape}")
+        return output.detach().cpu().tolist()
+
+
+class SyntheticHandler(Handler):
+    """A batch of n items costs base_ms + per_item_ms * n of sleep and returns each input's
+    length: a GPU-like cost curve with no CPU contention."""
+
+    def initialize(self) -> None:
+        pass
+
+    def warmup_inputs(self) -> list:
+        return ["x"] * self.spec.max_batch_size
+
+    def inference(self, batch: Any) -> Any:
+        time.sleep((self.spec.base_ms + self.spec.per_item_ms * len(batch)) / 1000.0)
+        return [len(str(x)) for x in batch]

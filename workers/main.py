@@ -1,0 +1,76 @@
+"""Worker entry module: `celery -A workers.main worker -P prefork -Q <model queues>`.
+
+The parent process buffers and batches (workers.dispatcher); each pool child, started with
+the spawn method, loads the models of the queues this worker consumes (workers.runtime).
+Neither this module nor the parent imports torch.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from celery import Task, signals
+from celery.utils.log import current_process_index
+
+from tasks.celery_app import make_celery
+from tasks.names import task_name
+from workers.runtime import MODELS_ENV, start_runtime, stop_runtime
+
+logger = logging.getLogger(__name__)
+
+# `celery -A` imports this module with the working directory on sys.path only for the moment
+# of the import (it removes that entry afterwards); spawned children receive the parent's
+# sys.path and need the project root on it to unpickle references to this code. Appended, so
+# that the CLI's own removal of its entry leaves this one in place.
+sys.path.append(str(Path(__file__).resolve().parent.parent))
+
+celery = make_celery()
+# Spawned pool children import this module too, which connects the signal handlers below.
+celery.conf.imports = ("workers.main",)
+
+
+class BatchingTask(Task):
+    """A model's task. Messages never reach `run` one by one: the Strategy buffers them and
+    the pool runs whole batches (workers.execute.run_batch)."""
+
+    Strategy = "workers.dispatcher:batching_strategy"
+    acks_late = True
+    reject_on_worker_lost = True
+    typing = False
+
+
+def _register(model: str) -> None:
+    def infer(inputs: list, options: dict | None = None) -> dict:
+        raise NotImplementedError("model tasks run in batches inside a worker")
+
+    celery.task(name=task_name(model), base=BatchingTask, shared=False)(infer)
+
+
+for _model in celery.conf.iq_models:
+    _register(_model)
+
+
+@signals.celeryd_after_setup.connect
+def select_models(sender: str, instance, conf, **_kw) -> None:
+    """Children load the models whose queues this worker consumes (all of them by default)."""
+    queues = set(instance.app.amqp.queues.consume_from or {})
+    specs = conf.iq_models
+    models = [m for m, s in specs.items() if not queues or s.queue in queues]
+    unknown = queues - {s.queue for s in specs.values()}
+    if unknown:
+        logger.warning("queues %s belong to no configured model", ", ".join(sorted(unknown)))
+    os.environ[MODELS_ENV] = ",".join(models)
+    logger.info("worker %s serves models: %s", sender, ", ".join(models) or "(none)")
+
+
+@signals.worker_process_init.connect
+def load_models(sender: str | None = None, **_kw) -> None:
+    index = current_process_index(base=0) or 0
+    start_runtime(celery.conf.iq_settings, celery.conf.iq_models, sender or "worker", index)
+
+
+@signals.worker_process_shutdown.connect
+def unload_models(**_kw) -> None:
+    stop_runtime()

@@ -1,0 +1,118 @@
+"""The models one pool child owns: loaded on its device after the child starts, warmed up with a
+full-size batch, announced live through a heartbeat, and run batch by batch."""
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import time
+from typing import Sequence
+
+import redis
+
+from config import Settings
+from config.models import ModelSpec
+from tasks.errors import JobFailed
+from tasks.records import live_key
+from workers.handlers import Handler, build_handler
+
+logger = logging.getLogger(__name__)
+
+MODELS_ENV = "IQ_WORKER_MODELS"
+
+
+class State(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    DEFUNCT = "defunct"
+
+
+class ModelRuntime:
+    def __init__(self, settings: Settings, specs: dict[str, ModelSpec], models: Sequence[str],
+                 hostname: str, index: int) -> None:
+        self.settings = settings
+        self.specs = {m: specs[m] for m in models}
+        self.member = f"{hostname}/{index}"
+        self.index = index
+        self.handlers: dict[str, Handler] = {}
+        self.state = State.STARTING
+        self._stop = threading.Event()
+        self._redis = redis.Redis.from_url(settings.backend,
+                                           socket_timeout=settings.redis_timeout_s,
+                                           socket_connect_timeout=settings.redis_timeout_s)
+
+    def start(self) -> None:
+        from workers.devices import configure_allocator, pick_device, prepare_device
+
+        configure_allocator(self.settings)
+        for name, spec in self.specs.items():
+            device = pick_device(spec.device, self.index)
+            prepare_device(device, self.settings)
+            started = time.monotonic()
+            handler = build_handler(spec, device)
+            handler.initialize()
+            handler.warmup()
+            self.handlers[name] = handler
+            logger.info("model %s ready on %s in %.1fs (child %s)", name, device,
+                        time.monotonic() - started, self.member)
+        self.state = State.READY
+        self._beat()
+        threading.Thread(target=self._heartbeat, name="iq-heartbeat", daemon=True).start()
+
+    def run(self, model: str, jobs: list[tuple[list, dict]]) -> list[list | JobFailed]:
+        assert self.state is State.READY, f"runtime is {self.state.value}"
+        handler = self.handlers.get(model)
+        if handler is None:
+            return [JobFailed("model_unavailable", f"this worker does not serve {model}")] * len(jobs)
+        return handler.run(jobs)
+
+    def stop(self) -> None:
+        self.state = State.DEFUNCT
+        self._stop.set()
+        try:
+            with self._redis.pipeline(transaction=False) as pipe:
+                for name in self.specs:
+                    pipe.zrem(live_key(name), self.member)
+                pipe.execute()
+        except redis.RedisError:
+            pass
+
+    # Liveness lives in Redis so the API can answer /readyz without a broadcast to workers.
+    def _beat(self) -> None:
+        now = time.time()
+        with self._redis.pipeline(transaction=False) as pipe:
+            for name in self.specs:
+                pipe.zadd(live_key(name), {self.member: now})
+                pipe.zremrangebyscore(live_key(name), "-inf", now - 6 * self.settings.heartbeat_ttl_s)
+            pipe.execute()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.settings.heartbeat_interval_s):
+            try:
+                self._beat()
+            except redis.RedisError as exc:
+                logger.warning("heartbeat failed: %s", exc)
+
+
+_runtime: ModelRuntime | None = None
+
+
+def start_runtime(settings: Settings, specs: dict[str, ModelSpec], hostname: str,
+                  index: int) -> ModelRuntime:
+    global _runtime
+    wanted = [m for m in os.environ.get(MODELS_ENV, "").split(",") if m] or list(specs)
+    _runtime = ModelRuntime(settings, specs, wanted, hostname, index)
+    _runtime.start()
+    return _runtime
+
+
+def runtime() -> ModelRuntime:
+    if _runtime is None:
+        raise RuntimeError("no model runtime in this process: models load in pool children")
+    return _runtime
+
+
+def stop_runtime() -> None:
+    if _runtime is not None:
+        _runtime.stop()
