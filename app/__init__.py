@@ -1,0 +1,40 @@
+"""The HTTP API: validates jobs and queues them as Celery tasks, by name. No torch here."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+from flask import Flask
+
+from config import load_models, load_settings
+from tasks.celery_app import make_celery
+
+
+def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
+    settings = load_settings(overrides)
+    models = load_models(settings.models_file)
+
+    from app import errors, jobs, ops
+    from app.metrics import ApiMetrics
+    from app.schemas import job_schema
+    from app.store import JobStore
+
+    app = Flask(__name__)
+    app.config.update(IQ_SETTINGS=settings, MAX_CONTENT_LENGTH=settings.max_body_bytes)
+    app.json.sort_keys = False
+    logging.basicConfig(level=settings.log_level)
+
+    celery = make_celery(settings)
+    store = JobStore(settings, celery, models)
+    app.extensions.update({
+        "celery": celery,
+        "iq.models": models,
+        "iq.schemas": {name: job_schema(spec) for name, spec in models.items()},
+        "iq.store": store,
+        "iq.metrics": ApiMetrics(store.queue_depths),
+    })
+    app.extensions["iq.metrics"].init_app(app)
+    errors.register_error_handlers(app)
+    app.register_blueprint(jobs.bp)
+    app.register_blueprint(ops.bp)
+    return app

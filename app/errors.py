@@ -1,0 +1,108 @@
+"""Every error the API returns, and the one place they become HTTP responses:
+`{"error": {"code", "message", "fields"?}}`."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from flask import Flask, jsonify
+from kombu.exceptions import OperationalError
+from werkzeug.exceptions import HTTPException
+
+logger = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    status = 500
+    code = "internal"
+
+    def __init__(self, message: str, fields: dict[str, list[str]] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+        self.headers = headers or {}
+
+
+class MalformedRequest(APIError):
+    status, code = 400, "malformed_request"
+
+
+class NotFound(APIError):
+    status, code = 404, "not_found"
+
+
+class MethodNotAllowed(APIError):
+    status, code = 405, "method_not_allowed"
+
+
+class PayloadTooLarge(APIError):
+    status, code = 413, "payload_too_large"
+
+
+class UnsupportedMediaType(APIError):
+    status, code = 415, "unsupported_media_type"
+
+
+class ValidationFailed(APIError):
+    status, code = 422, "validation_error"
+
+
+class Unavailable(APIError):
+    status, code = 503, "unavailable"
+
+    def __init__(self, message: str, retry_after: int = 5) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
+
+
+_HTTP_ERRORS: dict[int, type[APIError]] = {
+    400: MalformedRequest, 404: NotFound, 405: MethodNotAllowed, 413: PayloadTooLarge,
+    415: UnsupportedMediaType,
+}
+
+
+def error_response(err: APIError):
+    body: dict[str, Any] = {"code": err.code, "message": err.message}
+    if err.fields:
+        body["fields"] = err.fields
+    response = jsonify({"error": body})
+    response.status_code = err.status
+    for name, value in err.headers.items():
+        response.headers[name] = value
+    return response
+
+
+def register_error_handlers(app: Flask) -> None:
+    app.register_error_handler(APIError, error_response)
+
+    @app.errorhandler(HTTPException)
+    def _http(exc: HTTPException):
+        cls = _HTTP_ERRORS.get(exc.code or 500)
+        if cls is None:
+            err = APIError(exc.description or exc.name)
+            err.status, err.code = exc.code or 500, exc.name.lower().replace(" ", "_")
+        else:
+            err = cls(_MESSAGES.get(exc.code, exc.description or exc.name))
+        response = error_response(err)
+        if exc.code == 405 and exc.valid_methods:
+            response.headers["Allow"] = ", ".join(exc.valid_methods)
+        return response
+
+    @app.errorhandler(redis.RedisError)
+    @app.errorhandler(OperationalError)
+    def _broker_down(exc: Exception):
+        logger.warning("Redis unavailable: %s", exc)
+        return error_response(Unavailable("the job store (Redis) is unreachable; retry later"))
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception):
+        logger.exception("unhandled error")
+        return error_response(APIError("internal error"))
+
+
+_MESSAGES = {
+    404: "no such resource",
+    405: "method not allowed on this resource",
+    413: "request body is larger than the configured limit",
+}

@@ -1,0 +1,84 @@
+"""/v1/jobs: submit a job, read it back (optionally waiting for it to finish)."""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+from flask import Blueprint, current_app, g, jsonify, request
+from marshmallow import ValidationError
+
+from app.errors import (MalformedRequest, NotFound, UnsupportedMediaType, ValidationFailed)
+from app.schemas import flatten, validate_job
+from app.store import parse_job_id
+
+bp = Blueprint("jobs", __name__, url_prefix="/v1")
+
+_TRACE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def _ext(name: str):
+    return current_app.extensions[name]
+
+
+def _json_body() -> object:
+    if not request.is_json:
+        raise UnsupportedMediaType("send the job as JSON (Content-Type: application/json)")
+    try:
+        return json.loads(request.get_data(cache=False))
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 is a ValueError too
+        raise MalformedRequest(f"request body is not valid JSON: {exc}") from None
+
+
+@bp.before_app_request
+def _trace_id() -> None:
+    given = request.headers.get("X-Request-ID", "")
+    g.trace_id = given if _TRACE_ID.match(given) else uuid.uuid4().hex
+
+
+@bp.after_app_request
+def _echo_trace_id(response):
+    if "trace_id" in g:
+        response.headers["X-Request-ID"] = g.trace_id
+    return response
+
+
+@bp.post("/jobs")
+def submit_job():
+    metrics = _ext("iq.metrics")
+    data = _json_body()
+    try:
+        spec, job = validate_job(data, _ext("iq.models"), _ext("iq.schemas"))
+    except ValidationError as exc:
+        model = data.get("model") if isinstance(data, dict) else None
+        metrics.rejected.labels(str(model)[:64] if model in _ext("iq.models") else "unknown",
+                                "validation").inc()
+        raise ValidationFailed("the job is invalid", fields=flatten(exc.messages)) from None
+    record = _ext("iq.store").submit(spec, job, g.trace_id)
+    metrics.submitted.labels(spec.name).inc()
+    url = f"/v1/jobs/{record['id']}"
+    body = {"id": record["id"], "status": "queued", "model": spec.name,
+            "created_at": record["created_at"], "url": url, "trace_id": g.trace_id}
+    return jsonify(body), 202, {"Location": url}
+
+
+@bp.get("/jobs/<job_id>")
+def get_job(job_id: str):
+    canonical = parse_job_id(job_id)
+    wait = request.args.get("wait")
+    if wait is not None:
+        limit = current_app.config["IQ_SETTINGS"].max_wait_s
+        try:
+            seconds = float(wait)
+        except ValueError:
+            seconds = -1.0
+        if not 0 < seconds <= limit:
+            raise ValidationFailed("invalid query parameter",
+                                   fields={"wait": [f"must be a number in (0, {limit:g}]"]})
+    store = _ext("iq.store")
+    view = None
+    if canonical is not None:
+        view = store.wait(canonical, seconds) if wait is not None else store.get(canonical)
+    if view is None:
+        raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
+    return jsonify(view.to_json())

@@ -1,0 +1,72 @@
+"""Prometheus metrics for the API: requests by route and status, latency, jobs submitted and
+rejected by model and reason, and queue depth per model read from Redis at scrape time.
+
+Under gunicorn with several worker processes set PROMETHEUS_MULTIPROC_DIR (prometheus_client's
+multiprocess mode); the default single-process, multi-thread setup needs nothing.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+from flask import Flask, Response, g, request
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram,
+                               generate_latest)
+from prometheus_client.core import GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class QueueDepthCollector:
+    def __init__(self, depths: Callable[[], dict[str, int]]) -> None:
+        self.depths = depths
+
+    def collect(self):
+        family = GaugeMetricFamily("iq_queue_depth", "Jobs waiting in a model's queue",
+                                   labels=["model"])
+        try:
+            for model, depth in self.depths().items():
+                family.add_metric([model], depth)
+        except Exception:  # a scrape must not fail because Redis is down
+            pass
+        yield family
+
+
+class ApiMetrics:
+    def __init__(self, depths: Callable[[], dict[str, int]]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("iq_http_requests_total", "HTTP requests",
+                                ["route", "method", "status"], registry=self.registry)
+        self.latency = Histogram("iq_http_request_duration_seconds", "HTTP request latency",
+                                 ["route", "method"], buckets=LATENCY_BUCKETS,
+                                 registry=self.registry)
+        self.submitted = Counter("iq_jobs_submitted_total", "Jobs accepted", ["model"],
+                                 registry=self.registry)
+        self.rejected = Counter("iq_jobs_rejected_total", "Jobs refused", ["model", "reason"],
+                                registry=self.registry)
+        self.registry.register(QueueDepthCollector(depths))
+
+    def init_app(self, app: Flask) -> None:
+        app.before_request(self._start)
+        app.after_request(self._observe)
+
+    def _start(self) -> None:
+        g.iq_started = time.perf_counter()
+
+    def _observe(self, response):
+        route = request.url_rule.rule if request.url_rule else "unmatched"
+        self.requests.labels(route, request.method, str(response.status_code)).inc()
+        started = g.get("iq_started")
+        if started is not None:
+            self.latency.labels(route, request.method).observe(time.perf_counter() - started)
+        return response
+
+    def render(self) -> Response:
+        registry = self.registry
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from prometheus_client import multiprocess
+
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)

@@ -1,0 +1,4 @@
+"""gunicorn entry point: `gunicorn 'app.wsgi:app'`."""
+from app import create_app
+
+app = create_app()
