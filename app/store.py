@@ -88,6 +88,8 @@ class JobView:
         trace = self.record.get("trace_id")
         if trace:
             body["trace_id"] = trace
+        if self.record.get("batch"):
+            body["batch"] = json.loads(self.record["batch"])
         result = (self.meta or {}).get("result")
         if status == "succeeded":
             body["result"] = {"outputs": (result or {}).get("outputs", [])}

@@ -6,9 +6,11 @@ job only after its result is stored (late ack): a child that dies mid-batch lose
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
+import uuid
 from typing import Any
 
 from celery import current_app
@@ -29,7 +31,7 @@ JobPayload = tuple[str, dict, Any]
 # without its TTL.
 _MARK_STARTED = """
 if redis.call('exists', KEYS[1]) == 1 then
-  redis.call('hset', KEYS[1], 'started_at', ARGV[1], 'worker', ARGV[2])
+  redis.call('hset', KEYS[1], 'started_at', ARGV[1], 'worker', ARGV[2], 'batch', ARGV[3])
 end
 """
 
@@ -37,9 +39,12 @@ end
 def _mark_started(backend: Any, jobs: list[JobPayload], started_at: str, worker: str) -> None:
     client = backend.client
     script = client.register_script(_MARK_STARTED)
+    # Which batch a job ran in, so a client (and the tests) can see batching at work.
+    items = sum(len(kw.get("inputs") or []) for _id, kw, _t in jobs)
+    batch = json.dumps({"id": uuid.uuid4().hex, "jobs": len(jobs), "items": items})
     with client.pipeline(transaction=False) as pipe:
         for job_id, _kwargs, _trace in jobs:
-            script(keys=[job_key(job_id)], args=[started_at, worker], client=pipe)
+            script(keys=[job_key(job_id)], args=[started_at, worker, batch], client=pipe)
         pipe.execute()
 
 

@@ -48,9 +48,13 @@ class TorchScriptHandler(Handler):
         return output.detach().cpu().tolist()
 
 
+FAIL_MARKER = "!fail"
+
+
 class SyntheticHandler(Handler):
     """A batch of n items costs base_ms + per_item_ms * n of sleep and returns each input's
-    length: a GPU-like cost curve with no CPU contention."""
+    length: a GPU-like cost curve with no CPU contention. An input equal to "!fail" makes the
+    model raise, to exercise failure isolation."""
 
     def initialize(self) -> None:
         pass
@@ -60,4 +64,6 @@ class SyntheticHandler(Handler):
 
     def inference(self, batch: Any) -> Any:
         time.sleep((self.spec.base_ms + self.spec.per_item_ms * len(batch)) / 1000.0)
+        if FAIL_MARKER in batch:
+            raise ValueError(f"synthetic model asked to fail by an input {FAIL_MARKER!r}")
         return [len(str(x)) for x in batch]

@@ -1,0 +1,34 @@
+# The two commands a newcomer needs: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+RUN_STAMP := $(VENV)/.run-$(shell cat requirements.txt | cksum | cut -d' ' -f1)
+DEV_STAMP := $(VENV)/.dev-$(shell cat requirements.txt requirements-dev.txt | cksum | cut -d' ' -f1)
+
+.PHONY: run test bench bench-quick gpu-check clean
+
+run: $(RUN_STAMP)
+	scripts/run.sh
+
+test: $(DEV_STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+bench: $(DEV_STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m bench $(BENCH_ARGS)
+
+gpu-check: $(RUN_STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python scripts/gpu_check.py
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+
+$(RUN_STAMP): requirements.txt | $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -r requirements.txt
+	touch $@
+
+$(DEV_STAMP): requirements.txt requirements-dev.txt | $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -r requirements-dev.txt
+	touch $@ $(RUN_STAMP)
+
+clean:
+	rm -rf $(VENV) var .pytest_cache

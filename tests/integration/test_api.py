@@ -1,0 +1,100 @@
+"""The HTTP API end to end: real gunicorn, real Redis, real prefork workers."""
+from __future__ import annotations
+
+import uuid
+
+import requests
+
+
+def test_submit_returns_202_with_location_and_trace_id(stack):
+    r = requests.post(f"{stack.api}/v1/jobs", json={"model": "minilm-embed", "inputs": ["hi"]},
+                      headers={"X-Request-ID": "trace-abc-123"}, timeout=10)
+    assert r.status_code == 202
+    body = r.json()
+    assert body["status"] == "queued" and body["model"] == "minilm-embed"
+    assert body["url"] == f"/v1/jobs/{body['id']}"
+    assert r.headers["Location"] == body["url"]
+    assert r.headers["X-Request-ID"] == "trace-abc-123"
+    assert body["created_at"].endswith("Z")
+    done = stack.finished(body["id"])
+    assert done["trace_id"] == "trace-abc-123"
+
+
+def test_poll_until_succeeded(stack):
+    job = stack.submit("minilm-embed", ["hello world", "how are you"])
+    seen = set()
+    body = stack.job(job["id"])
+    seen.add(body["status"])
+    body = stack.finished(job["id"])
+    assert body["status"] == "succeeded"
+    assert body["started_at"] and body["finished_at"]
+    assert body["created_at"] <= body["started_at"] <= body["finished_at"]
+    outputs = body["result"]["outputs"]
+    assert len(outputs) == 2 and all(len(v) == 384 for v in outputs)
+    assert seen <= {"queued", "running", "succeeded"}
+
+
+def test_wait_returns_as_soon_as_the_job_finishes(stack):
+    job = stack.submit("synthetic", ["a"])
+    body = stack.job(job["id"], wait=20)
+    assert body["status"] == "succeeded"
+    assert body["result"] == {"outputs": [1]}
+
+
+def test_wait_times_out_on_a_job_still_queued(stack):
+    # Occupy the sleepy model's only child, then ask for a job queued behind it.
+    first = stack.submit("sleepy", ["x"])
+    second = stack.submit("sleepy", ["y"] * 4)  # a full batch: cannot join the first
+    third = stack.submit("sleepy", ["z"] * 4)
+    r = requests.get(f"{stack.api}/v1/jobs/{third['id']}", params={"wait": 1}, timeout=10)
+    assert r.status_code == 200
+    assert r.json()["status"] in ("queued", "running")
+    for job in (first, second, third):
+        assert stack.finished(job["id"], timeout=60)["status"] == "succeeded"
+
+
+def test_unknown_job_is_404_not_queued(stack):
+    for job_id in (str(uuid.uuid4()), "not-a-uuid", "x" * 300):
+        r = requests.get(f"{stack.api}/v1/jobs/{job_id}", timeout=5)
+        assert r.status_code == 404
+        assert r.json()["error"]["code"] == "not_found"
+
+
+def test_wait_parameter_is_validated(stack):
+    job = stack.submit("synthetic", ["a"])
+    for bad in ("0", "-1", "31", "abc"):
+        r = requests.get(f"{stack.api}/v1/jobs/{job['id']}", params={"wait": bad}, timeout=5)
+        assert r.status_code == 422
+        assert "wait" in r.json()["error"]["fields"]
+
+
+def test_models_lists_every_model_with_live_workers(stack):
+    r = requests.get(f"{stack.api}/v1/models", timeout=5)
+    assert r.status_code == 200
+    models = {m["name"]: m for m in r.json()["models"]}
+    assert set(models) == {"minilm-embed", "minilm-classify", "ts-affine", "synthetic", "sleepy"}
+    embed = models["minilm-embed"]
+    assert embed["kind"] == "embedding" and embed["queue"] == "minilm-embed"
+    assert embed["max_batch_size"] == 16 and embed["max_wait_ms"] == 5
+    assert embed["limits"] == {"max_inputs": 64, "max_input_chars": 5000}
+    assert embed["workers"] == 1 and embed["instances"] == 1
+    assert models["ts-affine"]["limits"]["input_shape"] == [4]
+
+
+def test_health_and_readiness(stack):
+    assert requests.get(f"{stack.api}/healthz", timeout=5).json() == {"status": "ok"}
+    r = requests.get(f"{stack.api}/readyz", timeout=5)
+    assert r.status_code == 200
+    checks = r.json()["checks"]
+    assert checks["redis"]["ok"] and checks["model:sleepy"]["instances"] == 1
+
+
+def test_metrics_count_requests_and_jobs(stack):
+    stack.submit("synthetic", ["m"])
+    requests.post(f"{stack.api}/v1/jobs", json={"model": "nope", "inputs": ["x"]}, timeout=5)
+    text = requests.get(f"{stack.api}/metrics", timeout=5).text
+    assert 'iq_jobs_submitted_total{model="synthetic"}' in text
+    assert 'iq_jobs_rejected_total{model="unknown",reason="validation"}' in text
+    assert 'iq_http_requests_total{method="POST",route="/v1/jobs",status="202"}' in text
+    assert "iq_http_request_duration_seconds_bucket" in text
+    assert 'iq_queue_depth{model="minilm-embed"}' in text
