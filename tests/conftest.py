@@ -47,6 +47,9 @@ def write_models(path: Path, ts_model: Path) -> Path:
                       "max_batch_size": 64, "max_wait_ms": 5, "max_inputs": 64},
         "sleepy": {"kind": "synthetic", "base_ms": 3000, "per_item_ms": 0,
                    "max_batch_size": 4, "max_inputs": 4},
+        # A window far longer than any test: only the idle-worker rule can dispatch at once.
+        "patient": {"kind": "synthetic", "base_ms": 10, "per_item_ms": 0,
+                    "max_batch_size": 64, "max_wait_ms": 120000},
     }
     path.write_text(yaml.safe_dump({"models": models}))
     return path
@@ -105,7 +108,8 @@ def stack(tmp_path_factory) -> Stack:
     workers = {
         "text": start_worker("text", env, workdir,
                              ["minilm-embed", "minilm-classify", "ts-affine"]),
-        "synth": start_worker("synth", env, workdir, ["synthetic", "sleepy"]),
+        "synth": start_worker("synth", env, workdir,
+                              ["synthetic", "sleepy", "patient"]),
     }
     web = start_web(env, workdir)
     stack = Stack(web.extra["url"], redis_svc.extra["url"], env, workdir, redis_svc, workers, web)

@@ -72,7 +72,8 @@ def test_models_lists_every_model_with_live_workers(stack):
     r = requests.get(f"{stack.api}/v1/models", timeout=5)
     assert r.status_code == 200
     models = {m["name"]: m for m in r.json()["models"]}
-    assert set(models) == {"minilm-embed", "minilm-classify", "ts-affine", "synthetic", "sleepy"}
+    assert set(models) == {"minilm-embed", "minilm-classify", "ts-affine", "synthetic",
+                           "sleepy", "patient"}
     embed = models["minilm-embed"]
     assert embed["kind"] == "embedding" and embed["queue"] == "minilm-embed"
     assert embed["max_batch_size"] == 16 and embed["max_wait_ms"] == 5

@@ -1,0 +1,130 @@
+"""Every validation and HTTP error is JSON `{"error": {"code", "message", "fields"?}}`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+
+def post(stack, body, content_type="application/json", raw: bytes | None = None):
+    data = raw if raw is not None else json.dumps(body).encode()
+    return requests.post(f"{stack.api}/v1/jobs", data=data,
+                         headers={"Content-Type": content_type}, timeout=10)
+
+
+def assert_error(r, status: int, code: str, fields: set[str] | None = None):
+    assert r.status_code == status, r.text
+    assert r.headers["Content-Type"].startswith("application/json")
+    err = r.json()["error"]
+    assert err["code"] == code and isinstance(err["message"], str) and err["message"]
+    if fields is not None:
+        assert set(err["fields"]) == fields, err
+    return err
+
+
+def test_malformed_json_is_400(stack):
+    assert_error(post(stack, None, raw=b'{"model": '), 400, "malformed_request")
+
+
+def test_invalid_utf8_is_400(stack):
+    assert_error(post(stack, None, raw=b'{"model": "\xff\xfe"}'), 400, "malformed_request")
+
+
+def test_deeply_nested_json_is_400_not_500(stack):
+    assert_error(post(stack, None, raw=b"[" * 100_000 + b"]" * 100_000), 400,
+                 "malformed_request")
+
+
+def test_wrong_content_type_is_415(stack):
+    r = post(stack, None, content_type="text/plain", raw=b"model=minilm-embed")
+    assert_error(r, 415, "unsupported_media_type")
+
+
+def test_body_over_limit_is_413(stack):
+    big = {"model": "minilm-embed", "inputs": ["x" * 2_000_000]}
+    assert_error(post(stack, big), 413, "payload_too_large")
+
+
+def test_body_must_be_an_object(stack):
+    assert_error(post(stack, ["minilm-embed"]), 422, "validation_error", {"_schema"})
+
+
+@pytest.mark.parametrize("body, fields", [
+    ({"model": "no-such-model", "inputs": ["x"]}, {"model"}),
+    ({"inputs": ["x"]}, {"model"}),
+    ({"model": 5, "inputs": ["x"]}, {"model"}),
+    ({"model": "minilm-embed"}, {"inputs"}),
+    ({"model": "minilm-embed", "inputs": []}, {"inputs"}),
+    ({"model": "minilm-embed", "inputs": ["x"] * 65}, {"inputs"}),
+    ({"model": "minilm-embed", "inputs": "just a string"}, {"inputs"}),
+    ({"model": "minilm-embed", "inputs": ["ok", "y" * 5001]}, {"inputs.1"}),
+    ({"model": "minilm-embed", "inputs": ["ok", 7, None]}, {"inputs.1", "inputs.2"}),
+    ({"model": "minilm-embed", "inputs": ["x"], "options": {"labels": ["a"]}},
+     {"options.labels"}),
+    ({"model": "minilm-embed", "inputs": ["x"], "options": []}, {"options"}),
+    ({"model": "minilm-embed", "inputs": ["x"], "priority": "urgent"}, {"priority"}),
+    ({"model": "minilm-classify", "inputs": ["x"], "options": {"labels": []}},
+     {"options.labels"}),
+    ({"model": "minilm-classify", "inputs": ["x"], "options": {"labels": ["a", 3]}},
+     {"options.labels.1"}),
+    ({"model": "ts-affine", "inputs": [[1, 2, 3]]}, {"inputs.0"}),
+    ({"model": "ts-affine", "inputs": [[1, 2, 3, "4"]]}, {"inputs.0"}),
+    ({"model": "ts-affine", "inputs": [[1, 2, 3, True]]}, {"inputs.0"}),
+    ({"model": "ts-affine", "inputs": [[[1], 2, 3, 4]]}, {"inputs.0"}),
+])
+def test_validation_errors_name_each_bad_field(stack, body, fields):
+    err = assert_error(post(stack, body), 422, "validation_error", fields)
+    assert all(isinstance(m, list) and m for m in err["fields"].values())
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_numbers_are_rejected(stack, number):
+    raw = ('{"model": "ts-affine", "inputs": [[1, 2, 3, %s]]}' % number).encode()
+    assert_error(post(stack, None, raw=raw), 422, "validation_error", {"inputs.0"})
+
+
+def test_wrong_method_is_405(stack):
+    r = requests.delete(f"{stack.api}/v1/models", timeout=5)
+    err = assert_error(r, 405, "method_not_allowed")
+    assert "GET" in r.headers["Allow"] and err
+
+
+def test_unknown_route_is_json_404(stack):
+    assert_error(requests.get(f"{stack.api}/v2/nothing", timeout=5), 404, "not_found")
+
+
+
+def test_redis_unreachable_is_503_within_seconds(tmp_path):
+    """An API whose Redis is down answers 503 with Retry-After, quickly, for every route that
+    needs Redis; /healthz (process alive) still answers 200."""
+    import time
+
+    from app import create_app
+    from tests.support.services import free_port
+
+    app = create_app({"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
+    client = app.test_client()
+    for method, path, body in [("post", "/v1/jobs", {"model": "minilm-embed", "inputs": ["x"]}),
+                               ("get", f"/v1/jobs/{__import__('uuid').uuid4()}", None),
+                               ("get", "/v1/models", None)]:
+        started = time.monotonic()
+        r = getattr(client, method)(path, json=body)
+        assert time.monotonic() - started < 10
+        assert r.status_code == 503, r.get_data(as_text=True)
+        assert r.json["error"]["code"] == "unavailable"
+        assert int(r.headers["Retry-After"]) > 0
+    ready = client.get("/readyz")
+    assert ready.status_code == 503 and ready.json["checks"]["redis"]["ok"] is False
+    assert client.get("/healthz").status_code == 200
+
+
+def test_api_never_imports_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from app import create_app; create_app(); "
+            "assert 'torch' not in sys.modules, 'torch imported'; print('clean')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "clean" in out.stdout, out.stderr

