@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from config import ConfigError, load_models, load_settings
+from config.settings import CONFIG_DIR
+
+
+def test_layering_defaults_then_yaml_then_environment(tmp_path):
+    config_file = tmp_path / "service.yaml"
+    config_file.write_text(yaml.safe_dump({"max_body_bytes": 2048, "job_ttl_s": 60}))
+    env = {"IQ_CONFIG": str(config_file), "IQ_JOB_TTL_S": "120", "REDIS_URL": "redis://h:1/2"}
+    s = load_settings(environ=env)
+    assert s.max_body_bytes == 2048          # from YAML
+    assert s.job_ttl_s == 120                # environment beats YAML
+    assert s.redis_url == "redis://h:1/2"
+    assert s.broker == s.backend == "redis://h:1/2"
+    assert s.max_wait_s == 30.0              # default
+    assert load_settings({"job_ttl_s": 5}, environ=env).job_ttl_s == 5
+
+
+def test_unknown_setting_and_bad_types_are_named(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("no_such_setting: 1\n")
+    with pytest.raises(ConfigError, match="no_such_setting"):
+        load_settings(environ={"IQ_CONFIG": str(bad)})
+    with pytest.raises(ConfigError, match="IQ_JOB_TTL_S must be int"):
+        load_settings(environ={"IQ_JOB_TTL_S": "soon"})
+
+
+def test_shipped_models_file_parses():
+    models = load_models(CONFIG_DIR / "models.yaml")
+    assert set(models) == {"minilm-embed", "minilm-classify"}
+    assert models["minilm-classify"].labels
+    assert models["minilm-embed"].queue == "minilm-embed"
+
+
+def write(tmp_path: Path, models: dict) -> Path:
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump({"models": models}))
+    return path
+
+
+@pytest.mark.parametrize("model, message", [
+    ({"kind": "nope"}, "kind must be one of"),
+    ({"kind": "synthetic", "max_batch_size": 0}, "max_batch_size must be an integer >= 1, got 0"),
+    ({"kind": "synthetic", "max_wait_ms": -1}, "max_wait_ms must be a number >= 0"),
+    ({"kind": "embedding"}, "needs `package`"),
+    ({"kind": "torchscript", "input_shape": [4]}, "needs `path`"),
+    ({"kind": "torchscript", "path": "m.pt"}, "input_shape must be"),
+    ({"kind": "synthetic", "surprise": 1}, "unknown key"),
+    ({"kind": "synthetic", "device": "tpu"}, "device must be one of"),
+])
+def test_model_declaration_errors_name_the_field(tmp_path, model, message):
+    with pytest.raises(ConfigError, match=message):
+        load_models(write(tmp_path, {"m": model}))
+
+
+def test_relative_torchscript_path_is_taken_from_the_models_file(tmp_path):
+    models = load_models(write(tmp_path, {"ts": {"kind": "torchscript", "path": "m.pt",
+                                                 "input_shape": [2, 3]}}))
+    assert models["ts"].path == str(tmp_path / "m.pt")
+    assert models["ts"].input_shape == (2, 3)
+
+
+def test_two_models_cannot_share_a_queue(tmp_path):
+    with pytest.raises(ConfigError, match="already used"):
+        load_models(write(tmp_path, {"a": {"kind": "synthetic", "queue": "q"},
+                                     "b": {"kind": "synthetic", "queue": "q"}}))
