@@ -100,17 +100,17 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
 
 
 def start_worker(name: str, env: dict[str, str], logdir: Path, queues: list[str],
-                 concurrency: int = 1) -> Service:
-    cmd = [str(VENV_BIN / "celery"), "-A", "workers.main", "worker", "--pool", "prefork",
+                 concurrency: int = 1, app: str = "workers.main") -> Service:
+    cmd = [str(VENV_BIN / "celery"), "-A", app, "worker", "--pool", "prefork",
            "--concurrency", str(concurrency), "--loglevel", "INFO",
            "--hostname", f"{name}@%h", "--queues", ",".join(queues)]
     return spawn(f"worker-{name}", cmd, env, logdir)
 
 
-def start_web(env: dict[str, str], logdir: Path) -> Service:
+def start_web(env: dict[str, str], logdir: Path, threads: int = 32) -> Service:
     port = free_port()
     cmd = [str(VENV_BIN / "gunicorn"), "--bind", f"127.0.0.1:{port}", "--worker-class",
-           "gthread", "--workers", "1", "--threads", "32", "--timeout", "60",
+           "gthread", "--workers", "1", "--threads", str(threads), "--timeout", "60",
            "--no-control-socket", "app.wsgi:app"]
     svc = spawn("web", cmd, env, logdir)
     url = f"http://127.0.0.1:{port}"

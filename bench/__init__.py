@@ -1,0 +1,1 @@
+"""Benchmarks: the service against the naive design and celery-batches, side by side."""

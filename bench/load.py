@@ -1,0 +1,127 @@
+"""Closed-loop load generator, run in a process of its own: N clients, each submitting a job
+over HTTP and waiting (`?wait`) for its result before submitting the next.
+
+    python -m bench.load --url http://127.0.0.1:8000 --model minilm-embed --clients 16 \
+        --inputs 1 --duration 10
+prints one JSON object: items/s, jobs/s, p50/p99 end-to-end latency (ms), counts.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import sys
+import threading
+import time
+from urllib.parse import urlparse
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Batching inference requests amortises the cost of each model call across many jobs.",
+    "How are you today?",
+    "A queue in front of a GPU turns bursts of traffic into full, efficient batches.",
+    "Short text.",
+    "Sentence embeddings place texts with similar meanings close together in vector space, "
+    "which makes them useful for search, clustering and deduplication.",
+]
+
+
+def make_inputs(model_kind: str, n: int, seed: int) -> list:
+    if model_kind == "tensor":
+        return [[float(seed + i)] * 4 for i in range(n)]
+    return [TEXTS[(seed + i) % len(TEXTS)] for i in range(n)]
+
+
+class Client(threading.Thread):
+    def __init__(self, url: str, model: str, kind: str, inputs: int, stop_at: float,
+                 seed: int) -> None:
+        super().__init__(daemon=True)
+        parsed = urlparse(url)
+        self.host, self.port = parsed.hostname, parsed.port
+        self.model, self.kind, self.inputs = model, kind, inputs
+        self.stop_at = stop_at
+        self.seed = seed
+        self.samples: list[tuple[float, float]] = []  # (finished at, latency s)
+        self.errors = 0
+
+    def _request(self, conn, method: str, path: str, body: bytes | None = None) -> dict:
+        headers = {"Content-Type": "application/json"} if body else {}
+        conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        data = response.read()
+        if response.status >= 400:
+            raise RuntimeError(f"{method} {path}: {response.status} {data[:200]!r}")
+        return json.loads(data)
+
+    def run(self) -> None:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+        i = 0
+        while time.monotonic() < self.stop_at:
+            body = json.dumps({"model": self.model,
+                               "inputs": make_inputs(self.kind, self.inputs, self.seed + i)})
+            i += 1
+            started = time.monotonic()
+            try:
+                job = self._request(conn, "POST", "/v1/jobs", body.encode())
+                while True:
+                    state = self._request(conn, "GET", f"/v1/jobs/{job['id']}?wait=30")
+                    if state["status"] in ("succeeded", "failed", "cancelled", "expired"):
+                        break
+                if state["status"] != "succeeded":
+                    self.errors += 1
+                    continue
+                self.samples.append((time.monotonic(), time.monotonic() - started))
+            except Exception as exc:  # noqa: BLE001 - counted, and the connection renewed
+                self.errors += 1
+                print(f"client error: {exc}", file=sys.stderr)
+                conn.close()
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def run_load(url: str, model: str, kind: str, clients: int, inputs: int, duration: float,
+             warmup: float) -> dict:
+    start = time.monotonic()
+    stop_at = start + warmup + duration
+    threads = [Client(url, model, kind, inputs, stop_at, seed=1000 * c) for c in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    window_start = start + warmup
+    latencies = [lat for t in threads for (done, lat) in t.samples
+                 if done >= window_start]
+    elapsed = max(time.monotonic() - window_start, 1e-9)
+    jobs = len(latencies)
+    return {
+        "clients": clients, "inputs_per_job": inputs, "duration_s": round(elapsed, 3),
+        "jobs": jobs, "errors": sum(t.errors for t in threads),
+        "jobs_per_s": jobs / elapsed, "items_per_s": jobs * inputs / elapsed,
+        "p50_ms": percentile(latencies, 50) * 1000, "p99_ms": percentile(latencies, 99) * 1000,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--url", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--kind", default="text", choices=["text", "tensor"])
+    p.add_argument("--clients", type=int, default=1)
+    p.add_argument("--inputs", type=int, default=1)
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--warmup", type=float, default=1.0)
+    a = p.parse_args()
+    print(json.dumps(run_load(a.url, a.model, a.kind, a.clients, a.inputs, a.duration,
+                              a.warmup)))
+
+
+if __name__ == "__main__":
+    main()

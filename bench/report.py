@@ -1,0 +1,144 @@
+"""Targets (ratios measured side by side in one run), the plot, and the README table."""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def _point(report: dict, model: str, config: str, clients: int) -> dict | None:
+    entry = report["models"].get(model, {}).get("configs", {}).get(config)
+    if not entry:
+        return None
+    return next((p for p in entry["sweep"] if p["clients"] == clients), None)
+
+
+def _raw(report: dict, model: str, batch: int | None = None) -> dict | None:
+    rows = report["models"].get(model, {}).get("raw", {}).get("batches") or []
+    if not rows:
+        return None
+    return rows[-1] if batch is None else next((r for r in rows if r["batch_size"] == batch),
+                                               None)
+
+
+def evaluate_targets(report: dict) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+
+    def target(name: str, value: float | None, limit: float, op: str, detail: str) -> None:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return
+        ok = value <= limit if op == "<=" else value >= limit
+        out.append({"name": name, "value": round(value, 3), "limit": limit, "op": op,
+                    "pass": ok, "detail": detail})
+
+    m = "minilm-embed"
+    svc1, off1 = _point(report, m, "service", 1), _point(report, m, "no-batching", 1)
+    raw1 = _raw(report, m, 1)
+    if svc1 and raw1:
+        overhead = svc1["p50_ms"] - raw1["call_ms"]
+        target("lone job: p50 - raw batch-1 time (ms)", overhead, 10, "<=",
+               f"p50 {svc1['p50_ms']:.1f} ms, raw batch-1 {raw1['call_ms']:.1f} ms")
+    if svc1 and off1:
+        target("1-client p99: batching on / off", svc1["p99_ms"] / off1["p99_ms"], 1.1, "<=",
+               f"{svc1['p99_ms']:.1f} ms vs {off1['p99_ms']:.1f} ms")
+    svc16, off16 = _point(report, m, "service", 16), _point(report, m, "no-batching", 16)
+    if svc16 and off16:
+        target("minilm 16 clients: items/s vs batching off",
+               svc16["items_per_s"] / off16["items_per_s"], 2.5, ">=",
+               f"{svc16['items_per_s']:.0f} vs {off16['items_per_s']:.0f} items/s")
+    peer1 = _point(report, m, "celery-batches-tuned", 1)
+    peer16 = _point(report, m, "celery-batches-tuned", 16)
+    if svc1 and peer1:
+        target("lone p50 vs celery-batches tuned", svc1["p50_ms"] / peer1["p50_ms"], 0.5, "<=",
+               f"{svc1['p50_ms']:.1f} ms vs {peer1['p50_ms']:.1f} ms")
+    if svc16 and peer16:
+        target("minilm 16 clients: items/s vs celery-batches tuned",
+               svc16["items_per_s"] / peer16["items_per_s"], 1.2, ">=",
+               f"{svc16['items_per_s']:.0f} vs {peer16['items_per_s']:.0f} items/s")
+    s64, o64 = _point(report, "synthetic", "service", 64), _point(report, "synthetic",
+                                                                   "no-batching", 64)
+    if s64 and o64:
+        target("synthetic 64 clients: items/s vs batching off",
+               s64["items_per_s"] / o64["items_per_s"], 4, ">=",
+               f"{s64['items_per_s']:.0f} vs {o64['items_per_s']:.0f} items/s")
+    multi = report["models"].get(m, {}).get("configs", {}).get("service", {}).get("multi")
+    raw_max = _raw(report, m)
+    if multi and raw_max:
+        target("32-input jobs: items/s vs raw ceiling at max batch",
+               multi["items_per_s"] / raw_max["items_per_s"], 0.85, ">=",
+               f"{multi['items_per_s']:.0f} vs {raw_max['items_per_s']:.0f} items/s "
+               f"(batch {raw_max['batch_size']})")
+    rss = report["models"].get("synthetic", {}).get("configs", {}).get("service", {}).get("rss")
+    if rss:
+        target(f"API RSS growth over {rss['jobs']} jobs (MB)", rss["growth_mb"], 50, "<=",
+               f"{rss['rss_before_mb']:.0f} → {rss['rss_after_mb']:.0f} MB")
+    return out
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(report["models"])
+    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 5), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for name, entry in report["models"][model]["configs"].items():
+            xs = [p["items_per_s"] for p in entry["sweep"]]
+            line, = ax.plot(xs, [p["p50_ms"] for p in entry["sweep"]], "o-", label=f"{name} p50")
+            ax.plot(xs, [p["p99_ms"] for p in entry["sweep"]], "x--", color=line.get_color(),
+                    label=f"{name} p99")
+            for p in entry["sweep"]:
+                ax.annotate(str(p["clients"]), (p["items_per_s"], p["p50_ms"]), fontsize=7,
+                            textcoords="offset points", xytext=(3, 3))
+        ax.set_title(f"{model} (labels: concurrent clients)")
+        ax.set_xlabel("throughput (items/s)")
+        ax.set_ylabel("end-to-end latency (ms)")
+        ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"inference-queue benchmark {report['started']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def render_table(report: dict) -> str:
+    lines = []
+    for model, entry in report["models"].items():
+        raw = ", ".join(f"b{r['batch_size']} {r['items_per_s']:.0f}/s ({r['call_ms']:.1f} ms)"
+                        for r in entry["raw"]["batches"])
+        lines += [f"### {model}", "", f"Raw model ceiling (in-process): {raw}", "",
+                  "| configuration | clients | items/s | p50 ms | p99 ms |",
+                  "|---|---:|---:|---:|---:|"]
+        for name, cfg in entry["configs"].items():
+            for p in cfg["sweep"]:
+                lines.append(f"| {name} | {p['clients']} | {p['items_per_s']:.0f} | "
+                             f"{p['p50_ms']:.1f} | {p['p99_ms']:.1f} |")
+            multi = cfg["multi"]
+            lines.append(f"| {name} | {multi['clients']} × 32-input jobs | "
+                         f"{multi['items_per_s']:.0f} | {multi['p50_ms']:.1f} | "
+                         f"{multi['p99_ms']:.1f} |")
+        lines.append("")
+    lines += ["### Targets", "", "| target | measured | limit | |", "|---|---:|---:|---|"]
+    for t in report["targets"]:
+        lines.append(f"| {t['name']} ({t['detail']}) | {t['value']} | {t['op']} {t['limit']} | "
+                     f"{'pass' if t['pass'] else '**miss**'} |")
+    return "\n".join(lines)
+
+
+def render_readme(report: dict, readme: Path, plot_path: str) -> None:
+    m = report["machine"]
+    block = "\n".join([
+        START,
+        f"Run {report['started']} with `{report['command']}` on {m['cpus']} CPUs, "
+        f"{m['memory_gb']} GiB, {m['platform']}, Python {m['python']}; no GPU.",
+        "", f"![throughput against latency]({plot_path})", "", render_table(report), END])
+    text = readme.read_text() if readme.exists() else f"{START}\n{END}\n"
+    text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _m: block, text,
+                  flags=re.S)
+    readme.write_text(text)
