@@ -18,11 +18,12 @@ class APIError(Exception):
     code = "internal"
 
     def __init__(self, message: str, fields: dict[str, list[str]] | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, **extra: Any) -> None:
         super().__init__(message)
         self.message = message
         self.fields = fields
         self.headers = headers or {}
+        self.extra = extra  # more members of the error object, e.g. a job's status
 
 
 class MalformedRequest(APIError):
@@ -45,8 +46,19 @@ class UnsupportedMediaType(APIError):
     status, code = 415, "unsupported_media_type"
 
 
+class Conflict(APIError):
+    status, code = 409, "conflict"
+
+
 class ValidationFailed(APIError):
     status, code = 422, "validation_error"
+
+
+class TooManyJobs(APIError):
+    status, code = 429, "overloaded"
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
 
 
 class Unavailable(APIError):
@@ -66,6 +78,7 @@ def error_response(err: APIError):
     body: dict[str, Any] = {"code": err.code, "message": err.message}
     if err.fields:
         body["fields"] = err.fields
+    body.update(getattr(err, "extra", {}))
     response = jsonify({"error": body})
     response.status_code = err.status
     for name, value in err.headers.items():

@@ -8,13 +8,15 @@ import uuid
 from flask import Blueprint, current_app, g, jsonify, request
 from marshmallow import ValidationError
 
-from app.errors import (MalformedRequest, NotFound, UnsupportedMediaType, ValidationFailed)
+from app.errors import (Conflict, MalformedRequest, NotFound, TooManyJobs,
+                        UnsupportedMediaType, ValidationFailed)
 from app.schemas import flatten, validate_job
-from app.store import parse_job_id
+from app.store import IdempotencyMismatch, Overloaded, parse_job_id
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1")
 
 _TRACE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
 def _ext(name: str):
@@ -54,12 +56,42 @@ def submit_job():
         metrics.rejected.labels(str(model)[:64] if model in _ext("iq.models") else "unknown",
                                 "validation").inc()
         raise ValidationFailed("the job is invalid", fields=flatten(exc.messages)) from None
-    record = _ext("iq.store").submit(spec, job, g.trace_id)
-    metrics.submitted.labels(spec.name).inc()
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not _IDEMPOTENCY_KEY.match(key):
+        raise ValidationFailed("invalid header", fields={
+            "Idempotency-Key": ["1 to 255 visible ASCII characters"]})
+    try:
+        record, created = _ext("iq.store").submit(spec, job, g.trace_id, key)
+    except Overloaded:
+        metrics.rejected.labels(spec.name, "queue_full").inc()
+        raise TooManyJobs(f"the queue of {spec.name} is full "
+                          f"({spec.max_queue_depth} jobs); retry later") from None
+    except IdempotencyMismatch:
+        raise Conflict("this Idempotency-Key was used with a different request body") from None
+    if created:
+        metrics.submitted.labels(spec.name).inc()
     url = f"/v1/jobs/{record['id']}"
     body = {"id": record["id"], "status": "queued", "model": spec.name,
-            "created_at": record["created_at"], "url": url, "trace_id": g.trace_id}
+            "created_at": record["created_at"], "url": url,
+            "trace_id": record.get("trace_id", g.trace_id)}
     return jsonify(body), 202, {"Location": url}
+
+
+@bp.delete("/jobs/<job_id>")
+def cancel_job(job_id: str):
+    """Cancel a queued job: it ends `cancelled` and never runs. A job already running or
+    finished answers 409 with its status."""
+    canonical = parse_job_id(job_id)
+    store = _ext("iq.store")
+    outcome = store.cancel(canonical) if canonical else "missing"
+    if outcome == "missing":
+        raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
+    view = store.get(canonical)
+    if outcome != "ok" or view is None or view.status != "cancelled":
+        status = view.status if view else "unknown"
+        raise Conflict(f"the job is {status} and can no longer be cancelled",
+                       headers={"X-Job-Status": status}, status=status)
+    return jsonify(view.to_json())
 
 
 @bp.get("/jobs/<job_id>")

@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from config.models import TEXT_KINDS, ModelSpec
+from tasks.names import PRIORITIES
 
 
 class JobEnvelope(Schema):
@@ -17,6 +18,9 @@ class JobEnvelope(Schema):
     model = fields.String(required=True)
     inputs = fields.Raw(required=True)
     options = fields.Dict(keys=fields.String(), load_default=dict)
+    timeout_s = fields.Float(validate=validate.Range(min=0, max=86_400, min_inclusive=False),
+                             allow_nan=False, load_default=None)
+    priority = fields.String(validate=validate.OneOf(list(PRIORITIES)), load_default="normal")
 
 
 class TensorInput(fields.Field):
@@ -116,4 +120,6 @@ def validate_job(data: Any, models: Mapping[str, ModelSpec],
             errors.setdefault(key, value)
     if errors:
         raise ValidationError(errors)
+    job["timeout_s"] = envelope.get("timeout_s")
+    job["priority"] = envelope.get("priority") or "normal"
     return spec, job

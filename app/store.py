@@ -2,6 +2,7 @@
 from the job record plus Celery's result meta. Never imports torch or a model handler."""
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -14,7 +15,10 @@ from celery import Celery
 
 from config import Settings
 from config.models import ModelSpec
-from tasks.records import job_key, live_key, live_since, now_iso, result_key
+from app.waiter import ResultWaiter
+from tasks.names import PRIORITIES, queue_lists
+from tasks.records import (idempotency_key_for, job_key, live_key, live_since, now_iso,
+                           result_key)
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "expired"})
 
@@ -46,6 +50,9 @@ def _error_from_meta(result: Any) -> dict[str, str]:
         args = result.get("exc_message")
         if exc_type == "JobFailed" and isinstance(args, list) and len(args) == 2:
             return {"code": str(args[0]), "message": str(args[1])}
+        if exc_type == "TimeLimitExceeded":
+            return {"code": "timeout",
+                    "message": f"the job ran past its model's time limit ({args} s)"}
         text = " ".join(map(str, args)) if isinstance(args, list) else str(args or "")
         return {"code": "worker_error", "message": f"{exc_type}: {text}".strip()}
     return {"code": "worker_error", "message": str(result)}
@@ -67,8 +74,13 @@ class JobView:
         if state == "REVOKED":
             text = json.dumps((self.meta or {}).get("result"))
             return "expired" if "expired" in text else "cancelled"
+        if self.record.get("cancelled_at"):
+            return "cancelled"
         if state == "STARTED" or self.record.get("started_at"):
             return "running"
+        expires_at = self.record.get("expires_at")
+        if expires_at and time.time() > float(expires_at):
+            return "expired"  # a worker drops it unrun whenever it reaches one
         return "queued"
 
     @property
@@ -95,9 +107,31 @@ class JobView:
             body["result"] = {"outputs": (result or {}).get("outputs", [])}
         elif status == "failed":
             body["error"] = _error_from_meta(result)
-        elif status in ("cancelled", "expired"):
-            body["error"] = {"code": status, "message": f"the job was {status} before it ran"}
+        elif status == "cancelled":
+            body["error"] = {"code": "cancelled", "message": "the job was cancelled before it ran"}
+        elif status == "expired":
+            body["error"] = {"code": "expired",
+                             "message": "the job was not started before its deadline"}
         return body
+
+
+# Cancel only what has not started; the worker's start marker refuses a cancelled job.
+# Together the two scripts decide atomically which of them wins.
+_CANCEL = """
+if redis.call('exists', KEYS[1]) == 0 then return 'missing' end
+if redis.call('hexists', KEYS[1], 'started_at') == 1 then return 'started' end
+if redis.call('hexists', KEYS[1], 'cancelled_at') == 1 then return 'cancelled' end
+redis.call('hset', KEYS[1], 'cancelled_at', ARGV[1])
+return 'ok'
+"""
+
+
+class Overloaded(Exception):
+    """The model's queue is at its configured depth."""
+
+
+class IdempotencyMismatch(Exception):
+    """An Idempotency-Key was reused with a different request body."""
 
 
 class JobStore:
@@ -112,25 +146,70 @@ class JobStore:
             health_check_interval=30,
             decode_responses=True,
         )
+        self.waiter = ResultWaiter(self.redis)
 
-    def submit(self, spec: ModelSpec, job: dict, trace_id: str) -> dict[str, Any]:
-        job_id = str(uuid.uuid4())
-        record = {"model": spec.name, "created_at": now_iso(), "trace_id": trace_id,
-                  "inputs": str(len(job["inputs"]))}
+    def queue_depth(self, spec: ModelSpec) -> int:
         with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(job_key(job_id), mapping=record)
-            pipe.expire(job_key(job_id), self.settings.job_ttl_s)
-            pipe.execute()
+            for name in queue_lists(spec.queue):
+                pipe.llen(name)
+            return int(sum(pipe.execute()))
+
+    def submit(self, spec: ModelSpec, job: dict, trace_id: str,
+               idempotency_key: str | None = None) -> tuple[dict[str, Any], bool]:
+        """Record and enqueue a job. Returns (record, created); with an Idempotency-Key that
+        was seen before, the earlier job's record and False."""
+        job_id = str(uuid.uuid4())
+        idem = None
+        if idempotency_key:
+            digest = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()
+            idem = idempotency_key_for(idempotency_key)
+            if not self.redis.set(idem, f"{job_id} {digest}", nx=True,
+                                  ex=self.settings.job_ttl_s):
+                earlier = self.redis.get(idem) or ""
+                earlier_id, _, earlier_digest = earlier.partition(" ")
+                if earlier_digest != digest:
+                    raise IdempotencyMismatch(idempotency_key)
+                record = self.redis.hgetall(job_key(earlier_id))
+                if record:
+                    return {"id": earlier_id, **record}, False
+                self.redis.set(idem, f"{job_id} {digest}", ex=self.settings.job_ttl_s)
         try:
-            self.celery.send_task(
-                spec.task_name, kwargs={"inputs": job["inputs"], "options": job["options"]},
-                task_id=job_id, headers={"trace_id": trace_id},
-            )
+            if self.queue_depth(spec) >= spec.max_queue_depth:
+                raise Overloaded(spec.name)
+            record = {"model": spec.name, "created_at": now_iso(), "trace_id": trace_id,
+                      "inputs": str(len(job["inputs"])), "priority": job["priority"]}
+            timeout_s = job.get("timeout_s") or spec.timeout_s or None
+            if timeout_s:
+                record["expires_at"] = f"{time.time() + timeout_s:.3f}"
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hset(job_key(job_id), mapping=record)
+                pipe.expire(job_key(job_id), self.settings.job_ttl_s)
+                pipe.execute()
+            try:
+                self.celery.send_task(
+                    spec.task_name, kwargs={"inputs": job["inputs"], "options": job["options"]},
+                    task_id=job_id, headers={"trace_id": trace_id}, expires=timeout_s,
+                    priority=PRIORITIES[job["priority"]],
+                )
+            except Exception:
+                # Not on the queue: the record must not promise a job that will never run.
+                self.redis.delete(job_key(job_id))
+                raise
         except Exception:
-            # Not on the queue: the record must not promise a job that will never run.
-            self.redis.delete(job_key(job_id))
+            if idem:
+                self.redis.delete(idem)
             raise
-        return {"id": job_id, **record}
+        return {"id": job_id, **record}, True
+
+    def cancel(self, job_id: str) -> str:
+        """'ok' (it will never run), 'missing', or the reason it cannot be: 'started' or
+        'cancelled' (already)."""
+        outcome = self.redis.eval(_CANCEL, 1, job_key(job_id), now_iso())
+        if outcome == "ok":
+            # Clients see it at once (and `?wait` wakes); workers drop it unrun.
+            self.celery.backend.mark_as_revoked(job_id, "cancelled")
+            self.celery.control.revoke(job_id)
+        return str(outcome)
 
     def get(self, job_id: str) -> JobView | None:
         with self.redis.pipeline(transaction=False) as pipe:
@@ -143,23 +222,22 @@ class JobStore:
 
     def wait(self, job_id: str, timeout_s: float) -> JobView | None:
         """Until the job is terminal or `timeout_s` passes, woken by the result backend's own
-        publish on the job's channel rather than by polling."""
+        publish on the job's channel rather than by polling. Should the listener miss a
+        publish (Redis reconnecting), the job is looked at again every second."""
         view = self.get(job_id)
         if view is None or view.terminal:
             return view
         deadline = time.monotonic() + timeout_s
-        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-        try:
-            pubsub.subscribe(result_key(job_id))
-            view = self.get(job_id)  # it may have finished before the subscription began
+        with self.waiter.watch(job_id) as finished:
+            self.waiter.subscribed.wait(min(timeout_s, self.settings.redis_timeout_s))
+            view = self.get(job_id)  # it may have finished before we were listening
             while view is not None and not view.terminal:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                if pubsub.get_message(timeout=min(remaining, 1.0)) is not None:
-                    view = self.get(job_id)
-        finally:
-            pubsub.close()
+                finished.wait(min(remaining, 1.0))
+                finished.clear()
+                view = self.get(job_id)
         return view
 
     def live(self, models: Iterable[str]) -> dict[str, dict[str, int]]:
@@ -177,11 +255,7 @@ class JobStore:
         return out
 
     def queue_depths(self) -> dict[str, int]:
-        with self.redis.pipeline(transaction=False) as pipe:
-            for spec in self.models.values():
-                pipe.llen(spec.queue)
-            depths = pipe.execute()
-        return {name: int(d) for name, d in zip(self.models, depths)}
+        return {name: self.queue_depth(spec) for name, spec in self.models.items()}
 
     def ping(self) -> bool:
         return bool(self.redis.ping())

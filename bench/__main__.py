@@ -138,7 +138,11 @@ def main() -> int:
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--models", nargs="*", default=None)
     p.add_argument("--configs", nargs="*", default=None)
+    p.add_argument("--clients", nargs="*", type=int, default=None, help="override the sweep")
+    p.add_argument("--duration", type=float, default=None, help="seconds per point")
+    p.add_argument("--no-rss", action="store_true", help="skip the 20,000-job memory run")
     a = p.parse_args()
+    clients, duration = a.clients, a.duration
     if a.quick:
         a.clients, a.duration, a.warmup, a.multi_clients = [1, 4], 1.0, 0.5, 2
         a.raw_seconds, a.rss_jobs = 0.3, 0
@@ -146,7 +150,9 @@ def main() -> int:
         a.configs = a.configs or ["service", "no-batching", "celery-batches"]
     else:
         a.clients, a.duration, a.warmup, a.multi_clients = [1, 4, 16, 64], 8.0, 2.0, 8
-        a.raw_seconds, a.rss_jobs = 2.0, 20_000
+        a.raw_seconds, a.rss_jobs = 2.0, 0 if a.no_rss else 20_000
+    a.clients = clients or a.clients
+    a.duration = duration or a.duration
     name = a.name or ("quick" if a.quick else "latest")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

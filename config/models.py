@@ -41,6 +41,14 @@ class ModelSpec:
     # for a GPU model (a batch costs little more than one item) in benchmarks and fault tests.
     base_ms: float = 20.0
     per_item_ms: float = 0.2
+    oom_above: int = 0  # > 0: a call of more items raises CUDA out-of-memory (fault tests)
+    # Overload and time. A job not started within timeout_s ends `expired` (0: no deadline;
+    # a job may set its own). A batch running past time_limit_s is killed, its jobs end
+    # `failed` with code `timeout` and the child is replaced (0: no limit). Past
+    # max_queue_depth waiting jobs, new ones are refused with 429.
+    max_queue_depth: int = 1000
+    timeout_s: float = 0.0
+    time_limit_s: float = 0.0
     # Placement and numerics.
     device: str = "auto"
     dtype: str = "float32"
@@ -66,6 +74,9 @@ class ModelSpec:
             "queue": self.queue,
             "max_batch_size": self.max_batch_size,
             "max_wait_ms": self.max_wait_ms,
+            "max_queue_depth": self.max_queue_depth,
+            "timeout_s": self.timeout_s or None,
+            "time_limit_s": self.time_limit_s or None,
             "limits": limits,
             "options": list(self.options),
         }
@@ -109,10 +120,11 @@ def parse_model(name: str, raw: dict[str, Any], base: Path) -> ModelSpec:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
     kind = _one_of(where, "kind", raw.get("kind"), KINDS)
     values: dict[str, Any] = {"name": name, "kind": kind, "queue": str(raw.get("queue") or name)}
-    for key in ("max_batch_size", "max_inputs", "max_input_chars", "max_labels"):
+    for key in ("max_batch_size", "max_inputs", "max_input_chars", "max_labels",
+                "max_queue_depth", "oom_above"):
         if key in raw:
             values[key] = _positive_int(where, key, raw[key])
-    for key in ("max_wait_ms", "base_ms", "per_item_ms"):
+    for key in ("max_wait_ms", "base_ms", "per_item_ms", "timeout_s", "time_limit_s"):
         if key in raw:
             values[key] = _non_negative(where, key, raw[key])
     values["device"] = _one_of(where, "device", raw.get("device", "auto"), DEVICES)

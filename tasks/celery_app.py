@@ -6,7 +6,7 @@ from kombu import Queue
 
 from config import Settings, load_models, load_settings
 from config.models import ModelSpec
-from tasks.names import task_routes
+from tasks.names import PRIORITIES, PRIORITY_SEP, PRIORITY_STEPS, task_routes
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
@@ -38,15 +38,26 @@ def make_celery(settings: Settings | None = None) -> Celery:
         worker_pool_start_method="spawn",
         worker_proc_alive_timeout=settings.proc_alive_timeout_s,
         worker_lost_wait=settings.worker_lost_wait_s,
+        # Each job's own events (received, started, succeeded/failed) for Flower. The API's
+        # task-sent event is left off: it would cost a publish per job on the submit path.
         worker_send_task_events=True,
-        task_send_sent_event=True,
+        # Every gunicorn thread may publish at once; a smaller pool makes them queue for it.
+        broker_pool_limit=128,
         result_expires=settings.job_ttl_s,
         broker_connection_timeout=settings.redis_timeout_s,
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "visibility_timeout": settings.visibility_timeout_s,
+            # Sweep for messages of dead workers every few seconds (kombu's default is every
+            # 100 s), so that they come back soon after the visibility timeout.
+            "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 4)),
+            "unacked_restore_throttle": 1,
+            "priority_steps": PRIORITY_STEPS,
+            "sep": PRIORITY_SEP,
+            "queue_order_strategy": "priority",
             **redis_opts,
         },
+        task_default_priority=PRIORITIES["normal"],
         result_backend_transport_options=redis_opts,
         redis_socket_connect_timeout=settings.redis_timeout_s,
         redis_socket_timeout=max(settings.redis_timeout_s, 5.0),

@@ -17,3 +17,14 @@ def model_of_task(name: str) -> str | None:
 def task_routes(specs: Iterable) -> dict[str, dict[str, str]]:
     """One queue per model: `task_routes` for the Celery app."""
     return {task_name(s.name): {"queue": s.queue} for s in specs}
+
+
+# Redis priority steps (kombu): a lower number is served first. Each step is its own list.
+PRIORITIES = {"high": 0, "normal": 5, "low": 9}
+PRIORITY_STEPS = sorted(PRIORITIES.values())
+PRIORITY_SEP = "\x06\x16"  # kombu's default separator between queue name and step
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists that hold a queue's waiting messages, one per priority step."""
+    return [queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]

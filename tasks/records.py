@@ -16,6 +16,10 @@ def job_key(job_id: str) -> str:
     return f"{KEY_PREFIX}job:{job_id}"
 
 
+def idempotency_key_for(key: str) -> str:
+    return f"{KEY_PREFIX}idem:{key}"
+
+
 def live_key(model: str) -> str:
     """Sorted set of live model instances (`hostname/index`), scored by last heartbeat."""
     return f"{KEY_PREFIX}live:{model}"

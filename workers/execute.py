@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any
 
-from celery import current_app
+from celery import current_app, states
 from celery.utils.log import current_process_index
 
 from tasks.errors import JobFailed
@@ -29,14 +29,19 @@ JobPayload = tuple[str, dict, Any]
 
 # Only a record the API wrote gets a start time: an expired record must not come back
 # without its TTL.
+# A job cancelled through the API is refused here (returns 0): app/store.py's cancel script
+# and this one decide atomically whether a job runs or is cancelled.
 _MARK_STARTED = """
-if redis.call('exists', KEYS[1]) == 1 then
-  redis.call('hset', KEYS[1], 'started_at', ARGV[1], 'worker', ARGV[2], 'batch', ARGV[3])
-end
+if redis.call('exists', KEYS[1]) == 0 then return 1 end
+if redis.call('hexists', KEYS[1], 'cancelled_at') == 1 then return 0 end
+redis.call('hset', KEYS[1], 'started_at', ARGV[1], 'worker', ARGV[2], 'batch', ARGV[3])
+return 1
 """
+CANCELLED = "cancelled"
 
 
-def _mark_started(backend: Any, jobs: list[JobPayload], started_at: str, worker: str) -> None:
+def _mark_started(backend: Any, jobs: list[JobPayload], started_at: str,
+                  worker: str) -> list[bool]:
     client = backend.client
     script = client.register_script(_MARK_STARTED)
     # Which batch a job ran in, so a client (and the tests) can see batching at work.
@@ -45,7 +50,7 @@ def _mark_started(backend: Any, jobs: list[JobPayload], started_at: str, worker:
     with client.pipeline(transaction=False) as pipe:
         for job_id, _kwargs, _trace in jobs:
             script(keys=[job_key(job_id)], args=[started_at, worker, batch], client=pipe)
-        pipe.execute()
+        return [bool(x) for x in pipe.execute()]
 
 
 def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
@@ -56,9 +61,15 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
     started = time.monotonic()
     worker = f"{os.uname().nodename}/{current_process_index(base=0)}/{os.getpid()}"
     try:
-        _mark_started(backend, jobs, now_iso(), worker)
+        runnable = _mark_started(backend, jobs, now_iso(), worker)
     except Exception:  # the record is informational; a Redis blip must not fail the batch
         logger.warning("could not mark %d job(s) started", len(jobs), exc_info=True)
+        runnable = [True] * len(jobs)
+    cancelled = [(job_id, False, 0.0, CANCELLED)
+                 for (job_id, _kw, _t), ok in zip(jobs, runnable) if not ok]
+    jobs = [job for job, ok in zip(jobs, runnable) if ok]
+    if not jobs:
+        return cancelled
 
     for job_id, _kwargs, trace in jobs:
         logger.info("job %s started (model=%s, trace_id=%s)", job_id, model, trace)
@@ -67,12 +78,43 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
     elapsed = time.monotonic() - started
 
     outcomes: list[JobOutcome] = []
+    stored: list[tuple[str, str, Any]] = []
     for (job_id, _kwargs, trace), result in zip(jobs, results):
         if isinstance(result, JobFailed):
-            backend.mark_as_failure(job_id, result)
+            stored.append((job_id, states.FAILURE, result))
             outcomes.append((job_id, False, elapsed, f"{result.code}: {result.message}"))
             logger.info("job %s failed: %s (trace_id=%s)", job_id, result, trace)
         else:
-            backend.mark_as_done(job_id, {"outputs": result})
+            stored.append((job_id, states.SUCCESS, {"outputs": result}))
             outcomes.append((job_id, True, elapsed, f"{len(result)} output(s)"))
-    return outcomes
+    store_results(backend, stored)
+    return outcomes + cancelled
+
+
+# Celery's own store_result reads the current meta first so that a job that already succeeded
+# (a redelivered duplicate) is never overwritten; this does the same inside Redis, for a whole
+# batch in one round trip. The meta is JSON whose first key is "status".
+_STORE_RESULT = """
+local current = redis.call('get', KEYS[1])
+if current and string.find(string.sub(current, 1, 64), '"status": "SUCCESS"', 1, true) then
+  return 0
+end
+redis.call('setex', KEYS[1], ARGV[2], ARGV[1])
+redis.call('publish', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+def store_results(backend: Any, items: list[tuple[str, str, Any]]) -> None:
+    """Each job's own result in the result backend (and its publish, which wakes `?wait`)."""
+    client = backend.client
+    script = client.register_script(_STORE_RESULT)
+    expires = int(backend.expires or 86_400)
+    with client.pipeline(transaction=False) as pipe:
+        for job_id, state, result in items:
+            meta = backend._get_result_meta(result=backend.encode_result(result, state),
+                                            state=state, traceback=None, request=None)
+            meta["task_id"] = job_id
+            script(keys=[backend.get_key_for_task(job_id)], args=[backend.encode(meta), expires],
+                   client=pipe)
+        pipe.execute()

@@ -12,6 +12,8 @@ A worker's main process buffers jobs per model and hands batches to idle pool ch
 * While every child is busy, jobs only accumulate; the moment a child frees up it takes
   everything waiting, up to `max_batch_size` items, without waiting any longer.
 * Jobs the caller says to discard (revoked, expired) are dropped when a batch is formed.
+* Within a model, higher-priority jobs (lower number) leave first, FIFO within a priority:
+  prefetched jobs are reordered here, so priority holds even with a full buffer.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class Pending:
     job: Any
     items: int
     arrived: float
+    priority: int = 0
 
 
 @dataclass
@@ -73,21 +76,24 @@ class ModelBuffer:
         )
 
     def take(self, discard: Callable[[Any], bool]) -> list[Pending]:
-        """FIFO up to max_batch_size items; at least one job if any survives `discard`."""
+        """Up to max_batch_size items, by priority then arrival; at least one job if any
+        survives `discard`."""
+        order = sorted(self.queue, key=lambda p: (p.priority, p.arrived))
         taken: list[Pending] = []
+        gone: set[int] = set()
         count = 0
-        while self.queue:
-            head = self.queue[0]
+        for head in order:
             if taken and count + head.items > self.max_batch_size:
                 break
-            self.queue.popleft()
-            self.items -= head.items
+            gone.add(id(head))
             if discard(head.job):
                 continue
             taken.append(head)
             count += head.items
             if count >= self.max_batch_size:
                 break
+        self.queue = deque(p for p in self.queue if id(p) not in gone)
+        self.items = sum(p.items for p in self.queue)
         return taken
 
     def remove_if(self, pred: Callable[[Any], bool]) -> list[Pending]:
@@ -114,8 +120,8 @@ class BatchScheduler:
         if model not in self.buffers:
             self.buffers[model] = ModelBuffer(model, max_batch_size, max_wait_s)
 
-    def add(self, model: str, job: Any, items: int, now: float) -> None:
-        self.buffers[model].add(Pending(job, max(int(items), 1), now))
+    def add(self, model: str, job: Any, items: int, now: float, priority: int = 0) -> None:
+        self.buffers[model].add(Pending(job, max(int(items), 1), now, priority))
 
     def __len__(self) -> int:
         return sum(len(b) for b in self.buffers.values())

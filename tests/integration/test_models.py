@@ -5,7 +5,6 @@ import math
 
 import pytest
 
-from tests.conftest import MINILM_PACKAGE
 
 SHORT = "A cat sat on the mat."
 LONG = " ".join(["Sentence embeddings map text to vectors that capture its meaning."] * 12)

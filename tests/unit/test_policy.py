@@ -133,3 +133,13 @@ def test_no_deadline_when_nothing_is_buffered():
 def test_max_batch_size_must_be_a_positive_integer(bad):
     with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1"):
         ModelBuffer("m", bad, 0.01)
+
+
+def test_higher_priority_jobs_leave_first_even_when_buffered_later():
+    s = make(max_batch=2)
+    for j in ("low1", "low2", "low3"):
+        s.add("m", j, 1, now=0.0, priority=9)
+    s.add("m", "high", 1, now=0.5, priority=0)
+    s.add("m", "normal", 1, now=0.6, priority=5)
+    assert ids(s.batches(now=1.0, idle=1, busy=1, freed=1)) == [["high", "normal"]]
+    assert ids(s.batches(now=1.0, idle=1, busy=1, freed=1)) == [["low1", "low2"]]

@@ -62,7 +62,15 @@ class SyntheticHandler(Handler):
     def warmup_inputs(self) -> list:
         return ["x"] * self.spec.max_batch_size
 
+    def warmup(self) -> None:
+        self.predict(self.warmup_inputs()[:1])  # nothing to warm; keep start-up quick
+
     def inference(self, batch: Any) -> Any:
+        if self.spec.oom_above and len(batch) > self.spec.oom_above:
+            import torch
+
+            raise torch.cuda.OutOfMemoryError(
+                f"CUDA out of memory (injected above {self.spec.oom_above} items)")
         time.sleep((self.spec.base_ms + self.spec.per_item_ms * len(batch)) / 1000.0)
         if FAIL_MARKER in batch:
             raise ValueError(f"synthetic model asked to fail by an input {FAIL_MARKER!r}")

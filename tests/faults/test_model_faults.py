@@ -1,0 +1,23 @@
+"""Faults inside the model: a poison input, CUDA out-of-memory."""
+from __future__ import annotations
+
+from tests.support.services import wait_until
+
+
+def test_poison_input_fails_only_its_own_job(faults):
+    blocker = faults.submit("sleepy", ["b"])
+    wait_until(lambda: faults.job(blocker["id"])["status"] != "queued", 20, "blocker")
+    jobs = [faults.submit("sleepy", [x]) for x in ("ok", "!fail", "fine")]
+    done = [faults.finished(j["id"]) for j in jobs]
+    assert len({d["batch"]["id"] for d in done}) == 1, "the three jobs must share a batch"
+    assert [d["status"] for d in done] == ["succeeded", "failed", "succeeded"]
+    assert done[1]["error"]["code"] == "inference_error"
+    assert done[0]["result"]["outputs"] == [2] and done[2]["result"]["outputs"] == [4]
+
+
+def test_cuda_out_of_memory_halves_the_batch_before_failing_any_job(faults):
+    # `oomy` raises CUDA's OutOfMemoryError for any call above 4 items; 16 inputs succeed
+    # only if the worker keeps halving the chunk (16 → 8 → 4).
+    body = faults.finished(faults.submit("oomy", [f"item{i:02d}" for i in range(16)])["id"])
+    assert body["status"] == "succeeded"
+    assert body["result"]["outputs"] == [6] * 16
