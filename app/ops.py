@@ -45,6 +45,13 @@ def list_models():
     return jsonify({"models": [{**spec.public(), **live[name]} for name, spec in models.items()]})
 
 
+@bp.get("/openapi.json")
+def openapi_document():
+    from app.openapi import openapi
+
+    return jsonify(openapi(_ext("iq.models")))
+
+
 @bp.get("/metrics")
 def metrics():
     return _ext("iq.metrics").render()

@@ -53,9 +53,16 @@ class TensorInput(fields.Field):
         return value
 
 
+def _encodable(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError("not valid Unicode text (a lone surrogate?)") from None
+
+
 def _input_field(spec: ModelSpec) -> fields.Field:
     if spec.kind in TEXT_KINDS:
-        return fields.String(validate=validate.Length(max=spec.max_input_chars))
+        return fields.String(validate=[validate.Length(max=spec.max_input_chars), _encodable])
     return TensorInput(spec.input_shape, spec.input_dtype)
 
 
