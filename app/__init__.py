@@ -1,13 +1,13 @@
 """The HTTP API: validates jobs and queues them as Celery tasks, by name. No torch here."""
 from __future__ import annotations
 
-import logging
 from typing import Any, Mapping
 
 from flask import Flask
 
 from config import load_models, load_settings
 from tasks.celery_app import make_celery
+from tasks.logs import configure as configure_logging
 
 
 def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
@@ -22,7 +22,7 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     app = Flask(__name__)
     app.config.update(IQ_SETTINGS=settings, MAX_CONTENT_LENGTH=settings.max_body_bytes)
     app.json.sort_keys = False
-    logging.basicConfig(level=settings.log_level)
+    configure_logging(settings.log_level)
 
     celery = make_celery(settings)
     store = JobStore(settings, celery, models)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import uuid
 
@@ -12,8 +13,10 @@ from app.errors import (Conflict, MalformedRequest, NotFound, TooManyJobs,
                         UnsupportedMediaType, ValidationFailed)
 from app.schemas import flatten, validate_job
 from app.store import IdempotencyMismatch, Overloaded, parse_job_id
+from tasks.logs import trace_id_var
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1")
+logger = logging.getLogger(__name__)
 
 _TRACE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
@@ -36,6 +39,8 @@ def _json_body() -> object:
 def _trace_id() -> None:
     given = request.headers.get("X-Request-ID", "")
     g.trace_id = given if _TRACE_ID.match(given) else uuid.uuid4().hex
+    # Every log line of this request carries it (gunicorn gthread: one request per thread).
+    trace_id_var.set(g.trace_id)
 
 
 @bp.after_app_request
@@ -70,6 +75,8 @@ def submit_job():
         raise Conflict("this Idempotency-Key was used with a different request body") from None
     if created:
         metrics.submitted.labels(spec.name).inc()
+        logger.info("job %s accepted: model=%s inputs=%d priority=%s", record["id"], spec.name,
+                    len(job["inputs"]), job["priority"])
     url = f"/v1/jobs/{record['id']}"
     body = {"id": record["id"], "status": "queued", "model": spec.name,
             "created_at": record["created_at"], "url": url,

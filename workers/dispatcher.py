@@ -18,6 +18,7 @@ from celery.worker import state as worker_state
 from celery.worker.strategy import proto1_to_proto2
 
 from tasks.errors import JobFailed
+from tasks.logs import trace
 from tasks.names import PRIORITIES, model_of_task
 from workers.execute import CANCELLED, JobOutcome, run_batch
 from workers.policy import Batch, BatchScheduler
@@ -32,6 +33,11 @@ def _failure_info(code: str, message: str) -> ExceptionInfo:
         raise JobFailed(code, message)
     except JobFailed:
         return ExceptionInfo()
+
+
+def trace_id_of(request: Any) -> str | None:
+    return request.request_dict.get("trace_id") or \
+        (request.request_dict.get("headers") or {}).get("trace_id")
 
 
 def _stale(request: Any) -> bool:
@@ -118,11 +124,7 @@ class PoolDispatcher:
 
     def _apply(self, batch: Batch) -> None:
         requests = [p.job for p in batch.jobs]
-        payload = [
-            (r.id, r.kwargs or {}, (r.request_dict.get("headers") or {}).get("trace_id")
-             or r.request_dict.get("trace_id"))
-            for r in requests
-        ]
+        payload = [(r.id, r.kwargs or {}, trace_id_of(r)) for r in requests]
         self.inflight += 1
 
         def on_accepted(pid: int, time_accepted: float) -> None:
@@ -222,6 +224,8 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
         if callbacks:
             for callback in callbacks:
                 callback(request)
+        with trace(trace_id_of(request)):
+            logger.info("job %s received: model=%s", request.id, model)
         dispatcher.submit(model, request)
 
     return task_message_handler

@@ -17,6 +17,7 @@ from celery import current_app, states
 from celery.utils.log import current_process_index
 
 from tasks.errors import JobFailed
+from tasks.logs import trace
 from tasks.records import job_key, now_iso
 
 logger = logging.getLogger(__name__)
@@ -71,23 +72,27 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
     if not jobs:
         return cancelled
 
-    for job_id, _kwargs, trace in jobs:
-        logger.info("job %s started (model=%s, trace_id=%s)", job_id, model, trace)
+    for job_id, _kwargs, trace_id in jobs:
+        with trace(trace_id):
+            logger.info("job %s started: model=%s batch of %d job(s)", job_id, model, len(jobs))
     results = runtime().run(model, [(kw.get("inputs") or [], kw.get("options") or {})
                                     for _id, kw, _t in jobs])
     elapsed = time.monotonic() - started
 
     outcomes: list[JobOutcome] = []
     stored: list[tuple[str, str, Any]] = []
-    for (job_id, _kwargs, trace), result in zip(jobs, results):
+    for (job_id, _kwargs, trace_id), result in zip(jobs, results):
         if isinstance(result, JobFailed):
             stored.append((job_id, states.FAILURE, result))
             outcomes.append((job_id, False, elapsed, f"{result.code}: {result.message}"))
-            logger.info("job %s failed: %s (trace_id=%s)", job_id, result, trace)
         else:
             stored.append((job_id, states.SUCCESS, {"outputs": result}))
             outcomes.append((job_id, True, elapsed, f"{len(result)} output(s)"))
     store_results(backend, stored)
+    for (job_id, _kwargs, trace_id), (_id, ok, _rt, summary) in zip(jobs, outcomes):
+        with trace(trace_id):
+            logger.info("job %s %s in %.3fs: %s", job_id, "succeeded" if ok else "failed",
+                        elapsed, summary)
     return outcomes + cancelled
 
 

@@ -15,6 +15,7 @@ from celery import Task, signals
 from celery.utils.log import current_process_index
 
 from tasks.celery_app import make_celery
+from tasks.logs import configure_handler
 from tasks.names import task_name
 from workers.runtime import MODELS_ENV, start_runtime, stop_runtime
 
@@ -71,6 +72,15 @@ def _register(model: str) -> None:
 
 for _model in celery.conf.iq_models:
     _register(_model)
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def add_trace_ids(logger=None, **_kw) -> None:
+    """Celery's own handlers, in the parent and in every child, get the trace id filter and
+    the configured format (IQ_LOG_FORMAT=json for one JSON object a line)."""
+    for handler in (logger.handlers if logger else []):
+        configure_handler(handler)
 
 
 @signals.celeryd_after_setup.connect
