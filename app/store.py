@@ -187,7 +187,8 @@ class JobStore:
                 pipe.execute()
             try:
                 self.celery.send_task(
-                    spec.task_name, kwargs={"inputs": job["inputs"], "options": job["options"]},
+                    spec.task_name, kwargs={"inputs": job["inputs"], "options": job["options"],
+                                            "submitted_at": time.time()},
                     task_id=job_id, headers={"trace_id": trace_id}, expires=timeout_s,
                     priority=PRIORITIES[job["priority"]],
                 )

@@ -18,6 +18,7 @@ from celery.utils.log import current_process_index
 
 from tasks.errors import JobFailed
 from tasks.logs import trace
+from workers import metrics
 from tasks.records import job_key, now_iso
 
 logger = logging.getLogger(__name__)
@@ -75,9 +76,18 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
     for job_id, _kwargs, trace_id in jobs:
         with trace(trace_id):
             logger.info("job %s started: model=%s batch of %d job(s)", job_id, model, len(jobs))
-    results = runtime().run(model, [(kw.get("inputs") or [], kw.get("options") or {})
-                                    for _id, kw, _t in jobs])
+    now = time.time()
+    for _id, kw, _t in jobs:
+        submitted = kw.get("submitted_at")
+        if isinstance(submitted, (int, float)):
+            metrics.QUEUE_WAIT.labels(model).observe(max(now - submitted, 0.0))
+    rt = runtime()
+    results = rt.run(model, [(kw.get("inputs") or [], kw.get("options") or {})
+                             for _id, kw, _t in jobs])
     elapsed = time.monotonic() - started
+    metrics.INFERENCE.labels(model).observe(elapsed)
+    metrics.BATCH_SIZE.labels(model).observe(sum(len(kw.get("inputs") or []) for _i, kw, _t
+                                                 in jobs))
 
     outcomes: list[JobOutcome] = []
     stored: list[tuple[str, str, Any]] = []
@@ -89,6 +99,11 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
             stored.append((job_id, states.SUCCESS, {"outputs": result}))
             outcomes.append((job_id, True, elapsed, f"{len(result)} output(s)"))
     store_results(backend, stored)
+    for (_id, kw, _t), (_oid, ok, _rt, _s) in zip(jobs, outcomes):
+        outcome = "succeeded" if ok else "failed"
+        metrics.JOBS.labels(model, outcome).inc()
+        metrics.ITEMS.labels(model, outcome).inc(len(kw.get("inputs") or []))
+    rt.record_memory(model)
     for (job_id, _kwargs, trace_id), (_id, ok, _rt, summary) in zip(jobs, outcomes):
         with trace(trace_id):
             logger.info("job %s %s in %.3fs: %s", job_id, "succeeded" if ok else "failed",

@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from workers import metrics  # noqa: I001 - sets PROMETHEUS_MULTIPROC_DIR before anything else
 from celery import Task, signals
 from celery.utils.log import current_process_index
 
@@ -94,6 +95,7 @@ def select_models(sender: str, instance, conf, **_kw) -> None:
         logger.warning("queues %s belong to no configured model", ", ".join(sorted(unknown)))
     os.environ[MODELS_ENV] = ",".join(models)
     logger.info("worker %s serves models: %s", sender, ", ".join(models) or "(none)")
+    metrics.serve(int(os.environ.get("IQ_WORKER_METRICS_PORT", "9808")))
 
 
 @signals.worker_process_init.connect
@@ -103,5 +105,6 @@ def load_models(sender: str | None = None, **_kw) -> None:
 
 
 @signals.worker_process_shutdown.connect
-def unload_models(**_kw) -> None:
+def unload_models(pid: int | None = None, **_kw) -> None:
     stop_runtime()
+    metrics.child_exited(pid or os.getpid())

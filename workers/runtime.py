@@ -67,6 +67,13 @@ class ModelRuntime:
             return [JobFailed("model_unavailable", f"this worker does not serve {model}")] * len(jobs)
         return handler.run(jobs)
 
+    def record_memory(self, model: str) -> None:
+        from workers.metrics import record_gpu_memory
+
+        handler = self.handlers.get(model)
+        if handler is not None:
+            record_gpu_memory(handler.device)
+
     def stop(self) -> None:
         self.state = State.DEFUNCT
         self._stop.set()

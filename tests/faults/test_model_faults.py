@@ -1,6 +1,8 @@
 """Faults inside the model: a poison input, CUDA out-of-memory."""
 from __future__ import annotations
 
+import requests
+
 from tests.support.services import wait_until
 
 
@@ -21,3 +23,7 @@ def test_cuda_out_of_memory_halves_the_batch_before_failing_any_job(faults):
     body = faults.finished(faults.submit("oomy", [f"item{i:02d}" for i in range(16)])["id"])
     assert body["status"] == "succeeded"
     assert body["result"]["outputs"] == [6] * 16
+    metrics = requests.get(faults.workers["faults"].extra["metrics_url"], timeout=5).text
+    splits = [line for line in metrics.splitlines()
+              if line.startswith('iq_oom_splits_total{model="oomy"}')]
+    assert splits and float(splits[0].split()[-1]) >= 2

@@ -22,3 +22,42 @@ def test_one_trace_id_through_api_and_worker_logs(stack):
     # Every line about the job, in both processes, carries its trace id.
     for line in api_lines + worker_lines:
         assert f"trace_id={trace_id}" in line, line
+
+
+def _sample(text: str, name: str, **labels) -> float:
+    """Sum of a metric's samples whose labels include `labels` (all children together)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_worker_metrics_are_summed_across_prefork_children(tmp_path):
+    from tests.support.stack import launch
+
+    models = {"syn2": {"kind": "synthetic", "base_ms": 50, "per_item_ms": 0,
+                       "max_batch_size": 4, "max_inputs": 4}}
+    stack = launch(tmp_path, models, {}, ready_models=[])
+    try:
+        from tests.support.services import start_worker, wait_until
+
+        stack.workers["two"] = start_worker("two", stack.env, tmp_path, ["syn2"],
+                                            concurrency=2)
+        wait_until(lambda: requests.get(f"{stack.api}/v1/models", timeout=2).json()
+                   ["models"][0]["instances"] == 2, 120, "two children")
+        jobs = [stack.submit("syn2", ["a", "bb"]) for _ in range(12)] + \
+            [stack.submit("syn2", ["!fail"])]
+        done = [stack.finished(j["id"]) for j in jobs]
+        children = {stack.redis.hget(f"iq:job:{j['id']}", "worker") for j in jobs}
+        assert len(children) == 2, "both children must have run jobs"
+        text = requests.get(stack.workers["two"].extra["metrics_url"], timeout=5).text
+        assert _sample(text, "iq_jobs_total", model="syn2", outcome="succeeded") == 12
+        assert _sample(text, "iq_jobs_total", model="syn2", outcome="failed") == 1
+        assert _sample(text, "iq_items_total", model="syn2", outcome="succeeded") == 24
+        batches = {d["batch"]["id"] for d in done}
+        assert _sample(text, "iq_batch_size_count", model="syn2") == len(batches)
+        assert _sample(text, "iq_inference_seconds_count", model="syn2") == len(batches)
+        assert _sample(text, "iq_queue_wait_seconds_count", model="syn2") == 13
+    finally:
+        stack.stop()

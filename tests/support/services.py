@@ -79,6 +79,8 @@ class Service:
 
 
 def spawn(name: str, cmd: list[str], env: dict[str, str], logdir: Path) -> Service:
+    # Each process gets its own metrics directory (a worker makes one); never share one.
+    env = {k: v for k, v in env.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     log = logdir / f"{name}.log"
     handle = open(log, "ab")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
@@ -101,10 +103,13 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
 
 def start_worker(name: str, env: dict[str, str], logdir: Path, queues: list[str],
                  concurrency: int = 1, app: str = "workers.main") -> Service:
+    env = dict(env, IQ_WORKER_METRICS_PORT=str(free_port()))
     cmd = [str(VENV_BIN / "celery"), "-A", app, "worker", "--pool", "prefork",
            "--concurrency", str(concurrency), "--loglevel", "INFO",
            "--hostname", f"{name}@%h", "--queues", ",".join(queues)]
-    return spawn(f"worker-{name}", cmd, env, logdir)
+    svc = spawn(f"worker-{name}", cmd, env, logdir)
+    svc.extra["metrics_url"] = f"http://127.0.0.1:{env['IQ_WORKER_METRICS_PORT']}/metrics"
+    return svc
 
 
 def start_web(env: dict[str, str], logdir: Path, threads: int = 32) -> Service:

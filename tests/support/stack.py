@@ -81,7 +81,7 @@ def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
     web = start_web(env, workdir)
     stack = Stack(web.extra["url"], redis_svc.extra["url"], env, workdir, redis_svc, procs, web)
     try:
-        stack.wait_live(ready_models or list(models), 180)
+        stack.wait_live(list(models) if ready_models is None else ready_models, 180)
     except TimeoutError:
         print(stack.logs())
         stack.stop()

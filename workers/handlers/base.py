@@ -81,6 +81,9 @@ class Handler(ABC):
                 if not _is_oom(exc) or size == 1:
                     raise
                 size = max(size // 2, 1)
+                from workers.metrics import OOM_SPLITS
+
+                OOM_SPLITS.labels(self.spec.name).inc()
                 logger.warning("CUDA out of memory on %d items of %s; retrying at %d",
                                len(chunk), self.spec.name, size)
                 self.release_memory()
