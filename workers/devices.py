@@ -16,6 +16,23 @@ def configure_allocator(settings: Settings) -> None:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = settings.cuda_alloc_conf
 
 
+def visible_gpu_count() -> int:
+    """GPUs on this host, asked of nvidia-smi (another process) so that the caller never
+    initialises CUDA; IQ_GPU_COUNT overrides."""
+    if os.environ.get("IQ_GPU_COUNT"):
+        return int(os.environ["IQ_GPU_COUNT"])
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
 def pick_device(policy: str, child_index: int) -> str:
     """`cuda:<child index mod device count>`, or `cpu` when there is no GPU (or policy says so)."""
     import torch

@@ -20,6 +20,7 @@ from celery.worker.strategy import proto1_to_proto2
 from tasks.errors import JobFailed
 from tasks.logs import trace
 from tasks.names import PRIORITIES, model_of_task
+from workers.devices import visible_gpu_count
 from workers.execute import CANCELLED, JobOutcome, run_batch
 from workers.policy import Batch, BatchScheduler
 
@@ -180,11 +181,31 @@ class PoolDispatcher:
         )
 
 
+def guard_pool_growth(pool: Any, gpus: int) -> None:
+    """One pool child per GPU: growing the pool past the host's GPU count (`celery control
+    pool_grow`, autoscale) is refused with a log message. No limit on a CPU-only host."""
+    if gpus <= 0 or getattr(pool, "_iq_guarded", False):
+        return
+    grow = pool.grow
+
+    def guarded_grow(n: int = 1) -> Any:
+        if pool.num_processes + n > gpus:
+            logger.error("refusing to grow the pool from %d to %d children: this host has %d "
+                         "GPU(s) and each child owns one; add a worker host instead",
+                         pool.num_processes, pool.num_processes + n, gpus)
+            return None
+        return grow(n)
+
+    pool.grow = guarded_grow
+    pool._iq_guarded = True
+
+
 def dispatcher_for(consumer: Any) -> PoolDispatcher:
     dispatcher = getattr(consumer, _DISPATCHER_ATTR, None)
     if dispatcher is None:
         dispatcher = PoolDispatcher(consumer)
         setattr(consumer, _DISPATCHER_ATTR, dispatcher)
+        guard_pool_growth(consumer.pool, visible_gpu_count())
     else:
         dispatcher.reset_for(consumer.connection)
     return dispatcher

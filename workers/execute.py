@@ -14,7 +14,6 @@ import uuid
 from typing import Any
 
 from celery import current_app, states
-from celery.utils.log import current_process_index
 
 from tasks.errors import JobFailed
 from tasks.logs import trace
@@ -61,7 +60,8 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
     app = current_app
     backend = app.backend
     started = time.monotonic()
-    worker = f"{os.uname().nodename}/{current_process_index(base=0)}/{os.getpid()}"
+    rt = runtime()
+    worker = f"{rt.member}/{os.getpid()}"  # node name / child index / pid
     try:
         runnable = _mark_started(backend, jobs, now_iso(), worker)
     except Exception:  # the record is informational; a Redis blip must not fail the batch
@@ -81,7 +81,6 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
         submitted = kw.get("submitted_at")
         if isinstance(submitted, (int, float)):
             metrics.QUEUE_WAIT.labels(model).observe(max(now - submitted, 0.0))
-    rt = runtime()
     results = rt.run(model, [(kw.get("inputs") or [], kw.get("options") or {})
                              for _id, kw, _t in jobs])
     elapsed = time.monotonic() - started

@@ -32,6 +32,7 @@ class ModelRuntime:
     def __init__(self, settings: Settings, specs: dict[str, ModelSpec], models: Sequence[str],
                  hostname: str, index: int) -> None:
         self.settings = settings
+        self.all_specs = specs
         self.specs = {m: specs[m] for m in models}
         self.member = f"{hostname}/{index}"
         self.index = index
@@ -43,28 +44,43 @@ class ModelRuntime:
                                            socket_connect_timeout=settings.redis_timeout_s)
 
     def start(self) -> None:
-        from workers.devices import configure_allocator, pick_device, prepare_device
+        from workers.devices import configure_allocator
 
         configure_allocator(self.settings)
-        for name, spec in self.specs.items():
-            device = pick_device(spec.device, self.index)
-            prepare_device(device, self.settings)
-            started = time.monotonic()
-            handler = build_handler(spec, device)
-            handler.initialize()
-            handler.warmup()
-            self.handlers[name] = handler
-            logger.info("model %s ready on %s in %.1fs (child %s)", name, device,
-                        time.monotonic() - started, self.member)
+        for name in self.specs:
+            self._load(name)
         self.state = State.READY
         self._beat()
         threading.Thread(target=self._heartbeat, name="iq-heartbeat", daemon=True).start()
+
+    def _load(self, name: str) -> Handler:
+        from workers.devices import pick_device, prepare_device
+
+        spec = self.all_specs[name]
+        device = pick_device(spec.device, self.index)
+        prepare_device(device, self.settings)
+        started = time.monotonic()
+        handler = build_handler(spec, device)
+        handler.initialize()
+        handler.warmup()
+        self.handlers[name] = handler
+        self.specs[name] = spec
+        logger.info("model %s ready on %s in %.1fs (child %s)", name, device,
+                    time.monotonic() - started, self.member)
+        return handler
 
     def run(self, model: str, jobs: list[tuple[list, dict]]) -> list[list | JobFailed]:
         assert self.state is State.READY, f"runtime is {self.state.value}"
         handler = self.handlers.get(model)
         if handler is None:
-            return [JobFailed("model_unavailable", f"this worker does not serve {model}")] * len(jobs)
+            if model not in self.all_specs:
+                return [JobFailed("model_unavailable", f"no model {model} configured")] \
+                    * len(jobs)
+            # The worker was told to consume this model's queue after it started
+            # (`celery control add_consumer`): load it now, once.
+            logger.info("loading %s on first use (queue added at run time)", model)
+            handler = self._load(model)
+            self._beat()
         return handler.run(jobs)
 
     def record_memory(self, model: str) -> None:
@@ -89,7 +105,7 @@ class ModelRuntime:
     def _beat(self) -> None:
         now = time.time()
         with self._redis.pipeline(transaction=False) as pipe:
-            for name in self.specs:
+            for name in list(self.specs):
                 pipe.zadd(live_key(name), {self.member: now})
                 pipe.zremrangebyscore(live_key(name), "-inf", now - 6 * self.settings.heartbeat_ttl_s)
             pipe.execute()
