@@ -14,7 +14,7 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     settings = load_settings(overrides)
     models = load_models(settings.models_file)
 
-    from app import errors, jobs, ops
+    from app import auth, errors, jobs, ops
     from app.metrics import ApiMetrics
     from app.schemas import job_schema
     from app.store import JobStore
@@ -35,6 +35,7 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     })
     app.extensions["iq.metrics"].init_app(app)
     errors.register_error_handlers(app)
+    auth.init_app(app, auth.load_keys(settings.api_keys_file))
     app.register_blueprint(jobs.bp)
     app.register_blueprint(ops.bp)
     return app

@@ -9,6 +9,7 @@ import uuid
 from flask import Blueprint, current_app, g, jsonify, request
 from marshmallow import ValidationError
 
+from app import auth
 from app.errors import (Conflict, MalformedRequest, NotFound, TooManyJobs,
                         UnsupportedMediaType, ValidationFailed)
 from app.schemas import flatten, validate_job
@@ -39,8 +40,15 @@ def _json_body() -> object:
 def _trace_id() -> None:
     given = request.headers.get("X-Request-ID", "")
     g.trace_id = given if _TRACE_ID.match(given) else uuid.uuid4().hex
-    # Every log line of this request carries it (gunicorn gthread: one request per thread).
-    trace_id_var.set(g.trace_id)
+    # Every log line of this request carries it; reset when the request ends.
+    g.trace_token = trace_id_var.set(g.trace_id)
+
+
+@bp.teardown_app_request
+def _end_trace(_exc: BaseException | None) -> None:
+    token = g.pop("trace_token", None)
+    if token is not None:
+        trace_id_var.reset(token)
 
 
 @bp.after_app_request
@@ -61,12 +69,19 @@ def submit_job():
         metrics.rejected.labels(str(model)[:64] if model in _ext("iq.models") else "unknown",
                                 "validation").inc()
         raise ValidationFailed("the job is invalid", fields=flatten(exc.messages)) from None
+    auth.check_model(spec.name)
+    try:
+        auth.check_rate(_ext("iq.store").redis)
+    except auth.RateLimited:
+        metrics.rejected.labels(spec.name, "rate_limited").inc()
+        raise
     key = request.headers.get("Idempotency-Key")
     if key is not None and not _IDEMPOTENCY_KEY.match(key):
         raise ValidationFailed("invalid header", fields={
             "Idempotency-Key": ["1 to 255 visible ASCII characters"]})
     try:
-        record, created = _ext("iq.store").submit(spec, job, g.trace_id, key)
+        record, created = _ext("iq.store").submit(spec, job, g.trace_id, key,
+                                                  owner=auth.current_owner())
     except Overloaded:
         metrics.rejected.labels(spec.name, "queue_full").inc()
         raise TooManyJobs(f"the queue of {spec.name} is full "
@@ -90,7 +105,8 @@ def cancel_job(job_id: str):
     finished answers 409 with its status."""
     canonical = parse_job_id(job_id)
     store = _ext("iq.store")
-    outcome = store.cancel(canonical) if canonical else "missing"
+    owned = canonical is not None and store.owned_by(canonical, auth.current_owner())
+    outcome = store.cancel(canonical) if owned else "missing"
     if outcome == "missing":
         raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
     view = store.get(canonical)
@@ -115,9 +131,11 @@ def get_job(job_id: str):
             raise ValidationFailed("invalid query parameter",
                                    fields={"wait": [f"must be a number in (0, {limit:g}]"]})
     store = _ext("iq.store")
-    view = None
-    if canonical is not None:
-        view = store.wait(canonical, seconds) if wait is not None else store.get(canonical)
+    view = store.get(canonical) if canonical is not None else None
+    if view is not None and view.record.get("owner", "") != auth.current_owner():
+        view = None  # another key's job: as if it did not exist
+    if view is not None and wait is not None and not view.terminal:
+        view = store.wait(canonical, seconds)
     if view is None:
         raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
     return jsonify(view.to_json())

@@ -154,15 +154,21 @@ class JobStore:
                 pipe.llen(name)
             return int(sum(pipe.execute()))
 
+    def owned_by(self, job_id: str, owner: str) -> bool:
+        """Whether `owner` (an API key's name; "" when keys are off) may see the job. A job
+        of another key is reported as missing, not forbidden: ids do not leak."""
+        return (self.redis.hget(job_key(job_id), "owner") or "") == owner
+
     def submit(self, spec: ModelSpec, job: dict, trace_id: str,
-               idempotency_key: str | None = None) -> tuple[dict[str, Any], bool]:
+               idempotency_key: str | None = None,
+               owner: str = "") -> tuple[dict[str, Any], bool]:
         """Record and enqueue a job. Returns (record, created); with an Idempotency-Key that
         was seen before, the earlier job's record and False."""
         job_id = str(uuid.uuid4())
         idem = None
         if idempotency_key:
             digest = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()
-            idem = idempotency_key_for(idempotency_key)
+            idem = idempotency_key_for(f"{owner}:{idempotency_key}")
             if not self.redis.set(idem, f"{job_id} {digest}", nx=True,
                                   ex=self.settings.job_ttl_s):
                 earlier = self.redis.get(idem) or ""
@@ -177,7 +183,8 @@ class JobStore:
             if self.queue_depth(spec) >= spec.max_queue_depth:
                 raise Overloaded(spec.name)
             record = {"model": spec.name, "created_at": now_iso(), "trace_id": trace_id,
-                      "inputs": str(len(job["inputs"])), "priority": job["priority"]}
+                      "inputs": str(len(job["inputs"])), "priority": job["priority"],
+                      "owner": owner}
             timeout_s = job.get("timeout_s") or spec.timeout_s or None
             if timeout_s:
                 record["expires_at"] = f"{time.time() + timeout_s:.3f}"

@@ -34,6 +34,7 @@ class Settings:
     max_wait_s: float = 30.0
     redis_timeout_s: float = 2.0
     job_ttl_s: int = 86_400
+    api_keys_file: str = ""  # YAML of hashed API keys; none: the API is open
 
     # Workers.
     heartbeat_interval_s: float = 2.0

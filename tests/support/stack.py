@@ -55,9 +55,10 @@ class Stack:
                          [self.redis_svc, self.web, *self.workers.values()])
 
     def wait_live(self, models: list[str], timeout: float) -> None:
+        """Until each model has a live pool child (its heartbeat in Redis)."""
         def live() -> bool:
-            listed = requests.get(f"{self.api}/v1/models", timeout=2).json()["models"]
-            return all(m["instances"] > 0 for m in listed if m["name"] in models)
+            since = time.time() - 3
+            return all(self.redis.zcount(f"iq:live:{m}", since, "+inf") > 0 for m in models)
 
         wait_until(live, timeout, f"live workers for {', '.join(models)}")
 

@@ -1,0 +1,133 @@
+"""API keys (`Authorization: Bearer <key>`), who owns a job, and per-key rate limits.
+
+Keys are configured hashed (SHA-256, hex) in the file IQ_API_KEYS_FILE names; when it lists
+any key, every /v1 route needs one. A job belongs to the key that created it: another key
+gets 404 for it. Keys are never logged.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+import yaml
+from flask import Flask, current_app, g, request
+
+from app.errors import APIError
+from config import ConfigError
+
+
+class Unauthorized(APIError):
+    status, code = 401, "unauthorized"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": 'Bearer realm="inference-queue"'})
+
+
+class Forbidden(APIError):
+    status, code = 403, "forbidden"
+
+
+class RateLimited(APIError):
+    status, code = 429, "rate_limited"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after)})
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    name: str
+    sha256: str
+    models: frozenset[str] | None = None  # None: every model
+    rate_per_s: float = 0.0  # 0: no limit
+    burst: int = 0
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def load_keys(path: str) -> dict[str, ApiKey]:
+    """sha256 → key. An empty path means no keys: the API is open."""
+    if not path:
+        return {}
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    keys: dict[str, ApiKey] = {}
+    for i, raw in enumerate(data.get("keys") or []):
+        where = f"{path}: keys[{i}]"
+        digest = str(raw.get("sha256", "")).lower()
+        if not raw.get("name") or len(digest) != 64:
+            raise ConfigError(f"{where}: needs `name` and `sha256` (64 hex digits)")
+        models = raw.get("models")
+        rate = float(raw.get("rate_per_s", 0))
+        keys[digest] = ApiKey(str(raw["name"]), digest,
+                              frozenset(models) if models is not None else None,
+                              rate, int(raw.get("burst", max(1, math.ceil(rate)))))
+    return keys
+
+
+# Token bucket: KEYS[1] the bucket; ARGV rate/s, burst, now. Returns 0 when a token was taken,
+# else the seconds until one will be there.
+_TAKE = """
+local rate, burst, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local state = redis.call('hmget', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(state[1]) or burst
+local ts = tonumber(state[2]) or now
+tokens = math.min(burst, tokens + (now - ts) * rate)
+local wait = 0
+if tokens >= 1 then tokens = tokens - 1 else wait = (1 - tokens) / rate end
+redis.call('hset', KEYS[1], 'tokens', tokens, 'ts', now)
+redis.call('expire', KEYS[1], math.ceil(burst / rate) + 60)
+return tostring(wait)
+"""
+
+
+def take_token(client: redis.Redis, key: ApiKey) -> float:
+    if key.rate_per_s <= 0:
+        return 0.0
+    wait = client.eval(_TAKE, 1, f"iq:rate:{key.name}", key.rate_per_s, key.burst, time.time())
+    return float(wait)
+
+
+def current_owner() -> str:
+    key = g.get("api_key")
+    return key.name if key else ""
+
+
+def check_model(model: str) -> None:
+    key = g.get("api_key")
+    if key is not None and key.models is not None and model not in key.models:
+        raise Forbidden(f"this API key may not use model {model!r}")
+
+
+def check_rate(client: redis.Redis) -> None:
+    key = g.get("api_key")
+    if key is None:
+        return
+    wait = take_token(client, key)
+    if wait > 0:
+        raise RateLimited(f"rate limit of {key.rate_per_s:g} jobs/s for this key",
+                          max(1, math.ceil(wait)))
+
+
+def init_app(app: Flask, keys: dict[str, ApiKey]) -> None:
+    app.extensions["iq.keys"] = keys
+
+    @app.before_request
+    def _authenticate() -> None:
+        g.api_key = None
+        keys_ = current_app.extensions["iq.keys"]
+        if not keys_ or not request.path.startswith("/v1/"):
+            return
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized("an API key is required: Authorization: Bearer <key>")
+        key = keys_.get(hash_key(token.strip()))
+        if key is None:
+            raise Unauthorized("unknown API key")
+        g.api_key = key

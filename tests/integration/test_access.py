@@ -1,0 +1,90 @@
+"""API keys: hashed in config, required when configured, jobs private to their key, and
+per-key rate limits."""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import requests
+import yaml
+
+from tests.support.stack import launch
+
+KEYS = {"alice": "alice-secret-key-1234", "bob": "bob-secret-key-5678",
+        "carol": "carol-secret-key-9012"}
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("access")
+    keys_file = workdir / "keys.yaml"
+    keys_file.write_text(yaml.safe_dump({"keys": [
+        {"name": "alice", "sha256": hashlib.sha256(KEYS["alice"].encode()).hexdigest()},
+        {"name": "bob", "sha256": hashlib.sha256(KEYS["bob"].encode()).hexdigest(),
+         "models": ["quick"]},
+        {"name": "carol", "sha256": hashlib.sha256(KEYS["carol"].encode()).hexdigest(),
+         "rate_per_s": 0.2, "burst": 2},
+    ]}))
+    models = {"quick": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0},
+              "private": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0}}
+    stack = launch(workdir, models, {"w": ["quick", "private"]},
+                   env_extra={"IQ_API_KEYS_FILE": str(keys_file)})
+    yield stack
+    stack.stop()
+
+
+def call(stack, method, path, who=None, **kw):
+    headers = kw.pop("headers", {})
+    if who:
+        headers["Authorization"] = f"Bearer {KEYS[who]}"
+    return requests.request(method, f"{stack.api}{path}", headers=headers, timeout=10, **kw)
+
+
+def test_a_key_is_required_when_keys_are_configured(secured):
+    for headers in ({}, {"Authorization": "Bearer not-a-key"}, {"Authorization": "Basic x"}):
+        r = call(secured, "POST", "/v1/jobs", json={"model": "quick", "inputs": ["x"]},
+                 headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+        assert r.headers["WWW-Authenticate"].startswith("Bearer")
+    assert call(secured, "GET", "/v1/models").status_code == 401
+    assert call(secured, "GET", "/v1/models", "alice").status_code == 200
+    assert call(secured, "GET", "/healthz").status_code == 200  # probes stay open
+
+
+def test_a_key_limited_to_some_models_gets_403_for_others(secured):
+    r = call(secured, "POST", "/v1/jobs", "bob", json={"model": "private", "inputs": ["x"]})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+    r = call(secured, "POST", "/v1/jobs", "bob", json={"model": "quick", "inputs": ["x"]})
+    assert r.status_code == 202
+
+
+def test_a_job_belongs_to_the_key_that_created_it(secured):
+    job = call(secured, "POST", "/v1/jobs", "alice",
+               json={"model": "quick", "inputs": ["mine"]}).json()
+    done = call(secured, "GET", f"/v1/jobs/{job['id']}?wait=20", "alice").json()
+    assert done["status"] == "succeeded"
+    assert call(secured, "GET", f"/v1/jobs/{job['id']}", "bob").status_code == 404
+    assert call(secured, "GET", f"/v1/jobs/{job['id']}?wait=1", "bob").status_code == 404
+    assert call(secured, "DELETE", f"/v1/jobs/{job['id']}", "bob").status_code == 404
+    assert call(secured, "DELETE", f"/v1/jobs/{job['id']}", "alice").status_code == 409
+
+
+def test_per_key_rate_limit_answers_429_with_retry_after(secured):
+    codes = [call(secured, "POST", "/v1/jobs", "carol",
+                  json={"model": "quick", "inputs": ["r"]}) for _ in range(3)]
+    assert [r.status_code for r in codes[:2]] == [202, 202]
+    assert codes[2].status_code == 429
+    assert codes[2].json()["error"]["code"] == "rate_limited"
+    assert int(codes[2].headers["Retry-After"]) >= 1
+    # Another key is not limited by carol's bucket.
+    r = call(secured, "POST", "/v1/jobs", "alice", json={"model": "quick", "inputs": ["r"]})
+    assert r.status_code == 202
+
+
+def test_keys_are_never_logged(secured):
+    call(secured, "POST", "/v1/jobs", "alice", json={"model": "quick", "inputs": ["log"]})
+    call(secured, "GET", "/v1/models", headers={"Authorization": "Bearer wrong-key-abc"})
+    logs = "".join(p.read_text() for p in secured.workdir.glob("*.log"))
+    assert "accepted" in logs
+    for key in [*KEYS.values(), "wrong-key-abc"]:
+        assert key not in logs
