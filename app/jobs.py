@@ -15,6 +15,7 @@ from app.errors import (Conflict, MalformedRequest, NotFound, TooManyJobs,
 from app.schemas import flatten, validate_job
 from app.store import IdempotencyMismatch, Overloaded, parse_job_id
 from tasks.logs import trace_id_var
+from tasks.webhooks import WebhookRefused, check_url
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1")
 logger = logging.getLogger(__name__)
@@ -25,6 +26,10 @@ _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 def _ext(name: str):
     return current_app.extensions[name]
+
+
+def _settings():
+    return current_app.config["IQ_SETTINGS"]
 
 
 def _json_body() -> object:
@@ -70,6 +75,13 @@ def submit_job():
                                 "validation").inc()
         raise ValidationFailed("the job is invalid", fields=flatten(exc.messages)) from None
     auth.check_model(spec.name)
+    if job.get("webhook"):
+        allow = [h.strip() for h in _settings().webhook_allow.split(",") if h.strip()]
+        try:
+            check_url(job["webhook"]["url"], allow)
+        except WebhookRefused as exc:
+            raise ValidationFailed("the job is invalid",
+                                   fields={"webhook.url": [str(exc)]}) from None
     try:
         auth.check_rate(_ext("iq.store").redis)
     except auth.RateLimited:

@@ -9,6 +9,17 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from config.models import TEXT_KINDS, ModelSpec
 from tasks.names import PRIORITIES
+from tasks.webhooks import EVENTS
+
+
+class WebhookSchema(Schema):
+    class Meta:
+        unknown = RAISE
+
+    url = fields.Url(required=True, schemes={"http", "https"}, require_tld=False,
+                     validate=validate.Length(max=2048))
+    events = fields.List(fields.String(validate=validate.OneOf(EVENTS)),
+                         validate=validate.Length(min=1), load_default=lambda: list(EVENTS))
 
 
 class JobEnvelope(Schema):
@@ -21,6 +32,7 @@ class JobEnvelope(Schema):
     timeout_s = fields.Float(validate=validate.Range(min=0, max=86_400, min_inclusive=False),
                              allow_nan=False, load_default=None)
     priority = fields.String(validate=validate.OneOf(list(PRIORITIES)), load_default="normal")
+    webhook = fields.Nested(WebhookSchema, load_default=None)
 
 
 class TensorInput(fields.Field):
@@ -129,4 +141,5 @@ def validate_job(data: Any, models: Mapping[str, ModelSpec],
         raise ValidationError(errors)
     job["timeout_s"] = envelope.get("timeout_s")
     job["priority"] = envelope.get("priority") or "normal"
+    job["webhook"] = envelope.get("webhook")
     return spec, job

@@ -195,7 +195,9 @@ class JobStore:
             try:
                 self.celery.send_task(
                     spec.task_name, kwargs={"inputs": job["inputs"], "options": job["options"],
-                                            "submitted_at": time.time()},
+                                            "submitted_at": time.time(),
+                                            **({"webhook": job["webhook"]}
+                                               if job.get("webhook") else {})},
                     task_id=job_id, headers={"trace_id": trace_id}, expires=timeout_s,
                     priority=PRIORITIES[job["priority"]],
                 )

@@ -36,6 +36,13 @@ class Settings:
     job_ttl_s: int = 86_400
     api_keys_file: str = ""  # YAML of hashed API keys; none: the API is open
 
+    # Webhooks. Hosts (or CIDRs) allowed even though they are private/loopback/link-local.
+    webhook_allow: str = ""
+    webhook_secret: str = "change-me"
+    webhook_retries: int = 8
+    webhook_backoff_s: float = 2.0
+    webhook_timeout_s: float = 10.0
+
     # Workers.
     heartbeat_interval_s: float = 2.0
     heartbeat_ttl_s: float = 10.0

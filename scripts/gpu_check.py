@@ -5,6 +5,7 @@
 2. GPU embeddings (float32 and float16 weights) equal the CPU reference (cosine >= 0.999).
 3. A real CUDA out-of-memory, forced by a per-process memory cap, is met by halving the batch;
    every output is still correct.
+4. The worker's metrics endpoint reports GPU memory allocated and reserved for each device.
 Prints a JSON report (also written to $OUT/gpu_check.json when OUT is set); exits 1 on failure.
 """
 from __future__ import annotations
@@ -89,6 +90,12 @@ def check_worker(report: dict, devices: int) -> None:
                 workers_seen.add(r.hget(f"iq:job:{job_id}", "worker"))
         child_pids = {int(w.rsplit("/", 1)[1]) for w in workers_seen if w}
         on_gpu = gpu_pids()
+        import requests
+
+        scraped = requests.get(worker.extra["metrics_url"], timeout=10).text
+        report["gpu_memory_metrics"] = sorted(
+            line for line in scraped.splitlines()
+            if line.startswith(("iq_gpu_memory_allocated_bytes{", "iq_gpu_memory_reserved_bytes{")))
         report.update(
             parent_pid=worker.proc.pid, child_pids=sorted(child_pids), gpu_pids=sorted(on_gpu),
             parent_has_cuda_context=worker.proc.pid in on_gpu,
@@ -96,7 +103,11 @@ def check_worker(report: dict, devices: int) -> None:
             cosine_min=worst,
             device_log=[line for line in worker.tail(400).splitlines() if "ready on" in line],
         )
-        report["ok_worker"] = (not report["parent_has_cuda_context"] and report["children_on_gpu"]
+        gauges_per_device = {line.split('device="')[1].split('"')[0]
+                             for line in report["gpu_memory_metrics"]}
+        report["ok_worker"] = (len(gauges_per_device) == devices
+                               and not report["parent_has_cuda_context"]
+                               and report["children_on_gpu"]
                                and worst["embed32"] >= 0.999 and worst["embed16"] >= 0.999
                                and len({line.split(" on ")[1].split()[0]
                                         for line in report["device_log"]}) == devices)

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 if [ -n "${REDIS_URL:-}" ]; then
   echo "Using the Redis at REDIS_URL; not starting one."
-  exec .venv/bin/honcho start web worker flower
+  exec .venv/bin/honcho start web worker webhooks flower
 fi
 export REDIS_URL="redis://127.0.0.1:${REDIS_PORT:-6379}/0"
 exec .venv/bin/honcho start

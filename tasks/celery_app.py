@@ -7,6 +7,8 @@ from kombu import Queue
 from config import Settings, load_models, load_settings
 from config.models import ModelSpec
 from tasks.names import PRIORITIES, PRIORITY_SEP, PRIORITY_STEPS, task_routes
+from tasks.webhooks import DELIVER_TASK
+from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
@@ -25,7 +27,7 @@ def make_celery(settings: Settings | None = None) -> Celery:
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],
-        task_routes=task_routes(models.values()),
+        task_routes={**task_routes(models.values()), DELIVER_TASK: {"queue": WEBHOOK_QUEUE}},
         # A worker started without -Q consumes every model's queue.
         task_queues=[Queue(m.queue) for m in models.values()],
         # Nothing is acknowledged before its result is stored; a lost pool child's jobs are

@@ -17,6 +17,7 @@ from celery import current_app, states
 
 from tasks.errors import JobFailed
 from tasks.logs import trace
+from tasks.webhooks import DELIVER_TASK
 from workers import metrics
 from tasks.records import job_key, now_iso
 
@@ -98,6 +99,7 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
             stored.append((job_id, states.SUCCESS, {"outputs": result}))
             outcomes.append((job_id, True, elapsed, f"{len(result)} output(s)"))
     store_results(backend, stored)
+    _queue_webhooks(app, model, jobs, stored)
     for (_id, kw, _t), (_oid, ok, _rt, _s) in zip(jobs, outcomes):
         outcome = "succeeded" if ok else "failed"
         metrics.JOBS.labels(model, outcome).inc()
@@ -108,6 +110,26 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
             logger.info("job %s %s in %.3fs: %s", job_id, "succeeded" if ok else "failed",
                         elapsed, summary)
     return outcomes + cancelled
+
+
+def _queue_webhooks(app: Any, model: str, jobs: list[JobPayload],
+                    stored: list[tuple[str, str, Any]]) -> None:
+    """Deliveries for jobs that asked for one, queued once their result is stored."""
+    for (job_id, kwargs, trace_id), (_id, state, result) in zip(jobs, stored):
+        hook = kwargs.get("webhook")
+        event = "succeeded" if state == states.SUCCESS else "failed"
+        if not hook or event not in (hook.get("events") or ()):
+            continue
+        payload: dict[str, Any] = {"id": job_id, "model": model, "status": event}
+        if event == "succeeded":
+            payload["result"] = result
+        else:
+            payload["error"] = {"code": result.code, "message": result.message}
+        try:
+            app.send_task(DELIVER_TASK, args=(hook["url"], event, job_id, payload, trace_id))
+        except Exception:  # a webhook must never fail the job it reports on
+            with trace(trace_id):
+                logger.warning("could not queue the webhook of job %s", job_id, exc_info=True)
 
 
 # Celery's own store_result reads the current meta first so that a job that already succeeded

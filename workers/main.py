@@ -19,6 +19,8 @@ from tasks.celery_app import make_celery
 from tasks.logs import configure_handler
 from tasks.names import task_name
 from workers.runtime import MODELS_ENV, start_runtime, stop_runtime
+from workers.webhooks import register as register_webhooks
+from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,7 @@ def _register(model: str) -> None:
 
 for _model in celery.conf.iq_models:
     _register(_model)
+register_webhooks(celery)
 
 
 @signals.after_setup_logger.connect
@@ -87,7 +90,7 @@ def add_trace_ids(logger=None, **_kw) -> None:
 @signals.celeryd_after_setup.connect
 def select_models(sender: str, instance, conf, **_kw) -> None:
     """Children load the models whose queues this worker consumes (all of them by default)."""
-    queues = set(instance.app.amqp.queues.consume_from or {})
+    queues = set(instance.app.amqp.queues.consume_from or {}) - {WEBHOOK_QUEUE}
     specs = conf.iq_models
     models = [m for m, s in specs.items() if not queues or s.queue in queues]
     unknown = queues - {s.queue for s in specs.values()}

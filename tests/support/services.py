@@ -102,9 +102,10 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
 
 
 def start_worker(name: str, env: dict[str, str], logdir: Path, queues: list[str],
-                 concurrency: int = 1, app: str = "workers.main") -> Service:
+                 concurrency: int = 1, app: str = "workers.main",
+                 pool: str = "prefork") -> Service:
     env = dict(env, IQ_WORKER_METRICS_PORT=str(free_port()))
-    cmd = [str(VENV_BIN / "celery"), "-A", app, "worker", "--pool", "prefork",
+    cmd = [str(VENV_BIN / "celery"), "-A", app, "worker", "--pool", pool,
            "--concurrency", str(concurrency), "--loglevel", "INFO",
            "--hostname", f"{name}@%h", "--queues", ",".join(queues)]
     svc = spawn(f"worker-{name}", cmd, env, logdir)
