@@ -54,6 +54,9 @@ class Settings:
     visibility_timeout_s: int = 3600
     # A pool child that died mid-batch is noticed after this long.
     worker_lost_wait_s: float = 1.0
+    # Messages a worker holds unacknowledged per child; 0: two full batches of the largest
+    # model, enough to fill a batch while every child is busy.
+    prefetch_multiplier: int = 0
     cpu_threads: int = 0  # 0: torch's default
     cuda_alloc_conf: str = "expandable_segments:True"
     cuda_memory_fraction: float = 0.0  # 0: no cap

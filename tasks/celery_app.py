@@ -36,7 +36,7 @@ def make_celery(settings: Settings | None = None) -> Celery:
         task_reject_on_worker_lost=True,
         # The batching strategy needs enough unacknowledged messages in hand to fill a batch
         # while every child is busy: two full batches per child.
-        worker_prefetch_multiplier=2 * largest_batch,
+        worker_prefetch_multiplier=settings.prefetch_multiplier or 2 * largest_batch,
         worker_pool_start_method="spawn",
         worker_proc_alive_timeout=settings.proc_alive_timeout_s,
         worker_lost_wait=settings.worker_lost_wait_s,

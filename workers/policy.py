@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 
 @dataclass
@@ -162,6 +162,3 @@ class BatchScheduler:
         for b in self.buffers.values():
             out.extend(b.remove_if(lambda _j: True))
         return out
-
-    def models(self) -> Iterable[str]:
-        return self.buffers.keys()
