@@ -147,7 +147,7 @@ def get_job(job_id: str):
     if view is not None and view.record.get("owner", "") != auth.current_owner():
         view = None  # another key's job: as if it did not exist
     if view is not None and wait is not None and not view.terminal:
-        view = store.wait(canonical, seconds)
+        view = store.wait(canonical, seconds, view)
     if view is None:
         raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
     return jsonify(view.to_json())

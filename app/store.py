@@ -230,11 +230,13 @@ class JobStore:
             return None
         return JobView(record, json.loads(raw_meta) if raw_meta else None, job_id)
 
-    def wait(self, job_id: str, timeout_s: float) -> JobView | None:
+    def wait(self, job_id: str, timeout_s: float,
+             view: JobView | None = None) -> JobView | None:
         """Until the job is terminal or `timeout_s` passes, woken by the result backend's own
         publish on the job's channel rather than by polling. Should the listener miss a
-        publish (Redis reconnecting), the job is looked at again every second."""
-        view = self.get(job_id)
+        publish (Redis reconnecting), the job is looked at again every second. `view`: the
+        job as the caller just read it, to save a round trip."""
+        view = view or self.get(job_id)
         if view is None or view.terminal:
             return view
         deadline = time.monotonic() + timeout_s
