@@ -34,9 +34,6 @@ class Forbidden(APIError):
 class RateLimited(APIError):
     status, code = 429, "rate_limited"
 
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after)})
-
 
 @dataclass(frozen=True)
 class ApiKey:
@@ -111,7 +108,7 @@ def check_rate(client: redis.Redis) -> None:
     wait = take_token(client, key)
     if wait > 0:
         raise RateLimited(f"rate limit of {key.rate_per_s:g} jobs/s for this key",
-                          max(1, math.ceil(wait)))
+                          retry_after=max(1, math.ceil(wait)))
 
 
 def init_app(app: Flask, keys: dict[str, ApiKey]) -> None:

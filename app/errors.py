@@ -18,11 +18,14 @@ class APIError(Exception):
     code = "internal"
 
     def __init__(self, message: str, fields: dict[str, list[str]] | None = None,
-                 headers: dict[str, str] | None = None, **extra: Any) -> None:
+                 headers: dict[str, str] | None = None, retry_after: int | None = None,
+                 **extra: Any) -> None:
         super().__init__(message)
         self.message = message
         self.fields = fields
-        self.headers = headers or {}
+        self.headers = dict(headers or {})
+        if retry_after is not None:
+            self.headers["Retry-After"] = str(retry_after)
         self.extra = extra  # more members of the error object, e.g. a job's status
 
 
@@ -57,15 +60,9 @@ class ValidationFailed(APIError):
 class TooManyJobs(APIError):
     status, code = 429, "overloaded"
 
-    def __init__(self, message: str, retry_after: int = 1) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after)})
-
 
 class Unavailable(APIError):
     status, code = 503, "unavailable"
-
-    def __init__(self, message: str, retry_after: int = 5) -> None:
-        super().__init__(message, headers={"Retry-After": str(retry_after)})
 
 
 _HTTP_ERRORS: dict[int, type[APIError]] = {
@@ -106,7 +103,8 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(OperationalError)
     def _broker_down(exc: Exception):
         logger.warning("Redis unavailable: %s", exc)
-        return error_response(Unavailable("the job store (Redis) is unreachable; retry later"))
+        return error_response(Unavailable("the job store (Redis) is unreachable; retry later",
+                                          retry_after=5))
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):

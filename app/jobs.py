@@ -76,9 +76,8 @@ def submit_job():
         raise ValidationFailed("the job is invalid", fields=flatten(exc.messages)) from None
     auth.check_model(spec.name)
     if job.get("webhook"):
-        allow = [h.strip() for h in _settings().webhook_allow.split(",") if h.strip()]
         try:
-            check_url(job["webhook"]["url"], allow)
+            check_url(job["webhook"]["url"], _settings().webhook_allow_list)
         except WebhookRefused as exc:
             raise ValidationFailed("the job is invalid",
                                    fields={"webhook.url": [str(exc)]}) from None
@@ -97,7 +96,7 @@ def submit_job():
     except Overloaded:
         metrics.rejected.labels(spec.name, "queue_full").inc()
         raise TooManyJobs(f"the queue of {spec.name} is full "
-                          f"({spec.max_queue_depth} jobs); retry later") from None
+                          f"({spec.max_queue_depth} jobs); retry later", retry_after=1) from None
     except IdempotencyMismatch:
         raise Conflict("this Idempotency-Key was used with a different request body") from None
     if created:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -63,8 +63,6 @@ class Settings:
 
     log_level: str = "INFO"
 
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
     @property
     def broker(self) -> str:
         return self.broker_url or self.redis_url
@@ -73,11 +71,15 @@ class Settings:
     def backend(self) -> str:
         return self.result_backend or self.redis_url
 
+    @property
+    def webhook_allow_list(self) -> list[str]:
+        return [h.strip() for h in self.webhook_allow.split(",") if h.strip()]
+
 
 # Environment variable → field. REDIS_URL is the one name every Redis user already knows; the
 # rest carry the IQ_ prefix so they cannot collide with other software's.
 ENV_NAMES: dict[str, str] = {"REDIS_URL": "redis_url"}
-ENV_NAMES.update({f"IQ_{f.name.upper()}": f.name for f in fields(Settings) if f.name != "extra"})
+ENV_NAMES.update({f"IQ_{f.name.upper()}": f.name for f in fields(Settings)})
 
 
 def _coerce(name: str, raw: Any, kind: type) -> Any:
@@ -97,7 +99,7 @@ def load_settings(
     """Build Settings: defaults, then the YAML file named by IQ_CONFIG (if any), then the
     environment, then `overrides` (tests pass theirs here)."""
     environ = os.environ if environ is None else environ
-    types = {f.name: type(f.default) for f in fields(Settings) if f.name != "extra"}
+    types = {f.name: type(f.default) for f in fields(Settings)}
     values: dict[str, Any] = {}
 
     config_file = environ.get("IQ_CONFIG")

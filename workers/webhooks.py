@@ -27,7 +27,7 @@ _opener = urllib.request.build_opener(_NoRedirect)
 
 def register(app: Celery) -> None:
     settings = app.conf.iq_settings
-    allow = [h.strip() for h in settings.webhook_allow.split(",") if h.strip()]
+    allow = settings.webhook_allow_list
 
     @app.task(name=DELIVER_TASK, bind=True, acks_late=True, max_retries=settings.webhook_retries,
               shared=False)
