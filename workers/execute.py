@@ -43,11 +43,10 @@ CANCELLED = "cancelled"
 
 
 def _mark_started(backend: Any, jobs: list[JobPayload], started_at: str,
-                  worker: str) -> list[bool]:
+                  worker: str, items: int) -> list[bool]:
     client = backend.client
     script = client.register_script(_MARK_STARTED)
     # Which batch a job ran in, so a client (and the tests) can see batching at work.
-    items = sum(len(kw.get("inputs") or []) for _id, kw, _t in jobs)
     batch = json.dumps({"id": uuid.uuid4().hex, "jobs": len(jobs), "items": items})
     with client.pipeline(transaction=False) as pipe:
         for job_id, _kwargs, _trace in jobs:
@@ -60,17 +59,19 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
 
     app = current_app
     backend = app.backend
-    started = time.monotonic()
     rt = runtime()
     worker = f"{rt.member}/{os.getpid()}"  # node name / child index / pid
+    items = sum(len(kw.get("inputs") or []) for _id, kw, _t in jobs)
     try:
-        runnable = _mark_started(backend, jobs, now_iso(), worker)
+        runnable = _mark_started(backend, jobs, now_iso(), worker, items)
     except Exception:  # the record is informational; a Redis blip must not fail the batch
         logger.warning("could not mark %d job(s) started", len(jobs), exc_info=True)
         runnable = [True] * len(jobs)
     cancelled = [(job_id, False, 0.0, CANCELLED)
                  for (job_id, _kw, _t), ok in zip(jobs, runnable) if not ok]
-    jobs = [job for job, ok in zip(jobs, runnable) if ok]
+    if cancelled:
+        jobs = [job for job, ok in zip(jobs, runnable) if ok]
+        items = sum(len(kw.get("inputs") or []) for _id, kw, _t in jobs)
     if not jobs:
         return cancelled
 
@@ -82,12 +83,12 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
         submitted = kw.get("submitted_at")
         if isinstance(submitted, (int, float)):
             metrics.QUEUE_WAIT.labels(model).observe(max(now - submitted, 0.0))
+    started = time.monotonic()
     results = rt.run(model, [(kw.get("inputs") or [], kw.get("options") or {})
                              for _id, kw, _t in jobs])
     elapsed = time.monotonic() - started
     metrics.INFERENCE.labels(model).observe(elapsed)
-    metrics.BATCH_SIZE.labels(model).observe(sum(len(kw.get("inputs") or []) for _i, kw, _t
-                                                 in jobs))
+    metrics.BATCH_SIZE.labels(model).observe(items)
 
     outcomes: list[JobOutcome] = []
     stored: list[tuple[str, str, Any]] = []
@@ -100,15 +101,13 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
             outcomes.append((job_id, True, elapsed, f"{len(result)} output(s)"))
     store_results(backend, stored)
     _queue_webhooks(app, model, jobs, stored)
-    for (_id, kw, _t), (_oid, ok, _rt, _s) in zip(jobs, outcomes):
+    rt.record_memory(model)
+    for (job_id, kw, trace_id), (_id, ok, _rt, summary) in zip(jobs, outcomes):
         outcome = "succeeded" if ok else "failed"
         metrics.JOBS.labels(model, outcome).inc()
         metrics.ITEMS.labels(model, outcome).inc(len(kw.get("inputs") or []))
-    rt.record_memory(model)
-    for (job_id, _kwargs, trace_id), (_id, ok, _rt, summary) in zip(jobs, outcomes):
         with trace(trace_id):
-            logger.info("job %s %s in %.3fs: %s", job_id, "succeeded" if ok else "failed",
-                        elapsed, summary)
+            logger.info("job %s %s in %.3fs: %s", job_id, outcome, elapsed, summary)
     return outcomes + cancelled
 
 
