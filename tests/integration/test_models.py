@@ -27,13 +27,13 @@ def cosine(a, b) -> float:
     return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
 
 
-def test_embeddings_match_sentence_transformers_alone_and_padded(stack, reference):
+def test_embeddings_match_sentence_transformers_alone_and_packed(stack, reference):
     texts = [SHORT, LONG, "", "ünïcödé — 你好 🌍", OVER_LIMIT]
     expected = reference(texts)
     alone = stack.finished(stack.submit("minilm-embed", [SHORT])["id"])
     batched = stack.finished(stack.submit("minilm-embed", texts)["id"])
     assert alone["status"] == batched["status"] == "succeeded"
-    # The short text, run alone and padded next to much longer ones, gives the same vector.
+    # The short text, run alone and packed into a row next to other texts, gives the same vector.
     assert cosine(alone["result"]["outputs"][0], expected[0]) >= 0.999
     outputs = batched["result"]["outputs"]
     assert len(outputs) == len(texts)

@@ -4,8 +4,9 @@ cosine similarity to embedded labels.
 
 Loaded offline from the package's own files: safetensors weights through transformers, the
 tokenizer from tokenizer.json. Texts are truncated at the model's max_seq_length, as
-sentence-transformers does; a batch is sorted by length so short texts are not padded to the
-longest one's size, and the attention mask keeps padding from changing any result.
+sentence-transformers does. A batch's texts are packed several to a row (packing.py), with
+position ids restarting for each text and an attention mask that keeps each text to itself, so
+every text gets the vector it would get alone while the batch costs its real tokens.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 
 from workers.devices import torch_dtype
 from workers.handlers.base import Handler
+from workers.handlers.packing import pack_rows
 
 WARMUP_TEXT = " ".join(["The quick brown fox jumps over the lazy dog."] * 8)
 
@@ -57,35 +59,46 @@ class EmbeddingHandler(Handler):
         import torch
 
         encodings = self.tokenizer.encode_batch([str(t) for t in items])
-        # Longest first; the order is undone in postprocess.
-        order = sorted(range(len(items)), key=lambda i: -len(encodings[i].ids))
-        width = max((len(e.ids) for e in encodings), default=1)
-        ids = torch.zeros((len(items), width), dtype=torch.long)
-        mask = torch.zeros((len(items), width), dtype=torch.long)
-        for row, i in enumerate(order):
-            n = len(encodings[i].ids)
-            ids[row, :n] = torch.tensor(encodings[i].ids)
-            mask[row, :n] = 1
-        return order, ids.to(self.device), mask.to(self.device)
+        lengths = [len(e.ids) for e in encodings]
+        width = max(lengths, default=1)
+        # Texts share rows (see packing.py); each position knows its text (`segment`, the
+        # padding's segment is len(items)) and its position within that text.
+        ids, positions, segments = [], [], []
+        for members in pack_rows(lengths):
+            row_ids: list[int] = []
+            row_pos: list[int] = []
+            row_seg: list[int] = []
+            for i in members:
+                row_ids += encodings[i].ids
+                row_pos += range(lengths[i])
+                row_seg += [i] * lengths[i]
+            pad = width - len(row_ids)
+            ids.append(row_ids + [0] * pad)
+            positions.append(row_pos + [0] * pad)
+            segments.append(row_seg + [len(items)] * pad)
+        return (torch.tensor(ids, device=self.device),
+                torch.tensor(positions, device=self.device),
+                torch.tensor(segments, device=self.device),
+                torch.tensor(lengths, device=self.device))
 
     def inference(self, batch: Any) -> Any:
         import torch
 
-        order, ids, mask = batch
-        hidden = self.model(input_ids=ids, attention_mask=mask,
+        ids, positions, segments, lengths = batch
+        # A token attends only to its own text; padding only to padding (a row of the mask
+        # with nothing allowed would turn into NaN).
+        mask = (segments[:, :, None] == segments[:, None, :]).unsqueeze(1)
+        hidden = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                             token_type_ids=torch.zeros_like(ids)).last_hidden_state
-        weights = mask.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
-        pooled = torch.nn.functional.normalize(pooled.float(), p=2, dim=1)
-        return order, pooled
+        # Mean pooling per text, in fp32 whatever the model's dtype.
+        count = lengths.shape[0]
+        sums = torch.zeros((count + 1, hidden.shape[-1]), device=hidden.device)
+        sums.index_add_(0, segments.flatten(), hidden.reshape(-1, hidden.shape[-1]).float())
+        pooled = sums[:count] / lengths.unsqueeze(1)
+        return torch.nn.functional.normalize(pooled, p=2, dim=1)
 
     def postprocess(self, output: Any, count: int) -> list:
-        order, vectors = output
-        rows = vectors.cpu().tolist()
-        out: list = [None] * count
-        for row, i in enumerate(order):
-            out[i] = rows[row]
-        return out
+        return output.cpu().tolist()
 
 
 class ClassificationHandler(EmbeddingHandler):
