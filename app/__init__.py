@@ -24,7 +24,7 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     app.json.sort_keys = False
     configure_logging(settings.log_level)
 
-    celery = make_celery(settings)
+    celery = make_celery(settings, sender=True)
     store = JobStore(settings, celery, models)
     app.extensions.update({
         "celery": celery,

@@ -141,12 +141,15 @@ def get_job(job_id: str):
         if not 0 < seconds <= limit:
             raise ValidationFailed("invalid query parameter",
                                    fields={"wait": [f"must be a number in (0, {limit:g}]"]})
-    store = _ext("iq.store")
-    view = store.get(canonical) if canonical is not None else None
-    if view is not None and view.record.get("owner", "") != auth.current_owner():
-        view = None  # another key's job: as if it did not exist
-    if view is not None and wait is not None and not view.terminal:
-        view = store.wait(canonical, seconds, view)
+    store, owner = _ext("iq.store"), auth.current_owner()
+    if canonical is None:
+        view = None
+    elif wait is not None:
+        view = store.wait(canonical, seconds, owner)
+    else:
+        view = store.get(canonical)
+        if view is not None and view.record.get("owner", "") != owner:
+            view = None  # another key's job: as if it did not exist
     if view is None:
         raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
     return jsonify(view.to_json())

@@ -180,18 +180,24 @@ class JobStore:
                     return {"id": earlier_id, **record}, False
                 self.redis.set(idem, f"{job_id} {digest}", ex=self.settings.job_ttl_s)
         try:
-            if self.queue_depth(spec) >= spec.max_queue_depth:
-                raise Overloaded(spec.name)
             record = {"model": spec.name, "created_at": now_iso(), "trace_id": trace_id,
                       "inputs": str(len(job["inputs"])), "priority": job["priority"],
                       "owner": owner}
             timeout_s = job.get("timeout_s") or spec.timeout_s or None
             if timeout_s:
                 record["expires_at"] = f"{time.time() + timeout_s:.3f}"
+            # The depth check and the record in one round trip; a full queue (the rare case)
+            # takes the record back.
+            lists = queue_lists(spec.queue)
             with self.redis.pipeline(transaction=False) as pipe:
+                for name in lists:
+                    pipe.llen(name)
                 pipe.hset(job_key(job_id), mapping=record)
                 pipe.expire(job_key(job_id), self.settings.job_ttl_s)
-                pipe.execute()
+                depth = sum(pipe.execute()[:len(lists)])
+            if depth >= spec.max_queue_depth:
+                self.redis.delete(job_key(job_id))
+                raise Overloaded(spec.name)
             try:
                 self.celery.send_task(
                     spec.task_name, kwargs={"inputs": job["inputs"], "options": job["options"],
@@ -230,19 +236,18 @@ class JobStore:
             return None
         return JobView(record, json.loads(raw_meta) if raw_meta else None, job_id)
 
-    def wait(self, job_id: str, timeout_s: float,
-             view: JobView | None = None) -> JobView | None:
-        """Until the job is terminal or `timeout_s` passes, woken by the result backend's own
-        publish on the job's channel rather than by polling. Should the listener miss a
-        publish (Redis reconnecting), the job is looked at again every second. `view`: the
-        job as the caller just read it, to save a round trip."""
-        view = view or self.get(job_id)
-        if view is None or view.terminal:
-            return view
+    def wait(self, job_id: str, timeout_s: float, owner: str) -> JobView | None:
+        """The job once it is terminal or `timeout_s` has passed; None at once when there is
+        no such job of `owner`'s. Woken by the result backend's own publish on the job's
+        channel rather than by polling; the watch starts before the first read, so a result
+        stored in between is not missed. Should the listener miss a publish (Redis
+        reconnecting), the job is looked at again every second."""
         deadline = time.monotonic() + timeout_s
         with self.waiter.watch(job_id) as finished:
             self.waiter.subscribed.wait(min(timeout_s, self.settings.redis_timeout_s))
-            view = self.get(job_id)  # it may have finished before we were listening
+            view = self.get(job_id)
+            if view is None or view.record.get("owner", "") != owner:
+                return None
             while view is not None and not view.terminal:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from celery import Celery
+from celery.backends.redis import RedisBackend
 from kombu import Queue
 
 from config import Settings, load_models, load_settings
@@ -11,7 +12,19 @@ from tasks.webhooks import DELIVER_TASK
 from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
 
 
-def make_celery(settings: Settings | None = None) -> Celery:
+class SendingBackend(RedisBackend):
+    """The result backend as the API uses it: it reads results itself (app/store.py) and is
+    woken by one pattern subscription per process (app/waiter.py). Celery's send_task would
+    otherwise subscribe to every job's result channel, and unsubscribe when the AsyncResult
+    is collected: two Redis commands per job for messages nobody reads."""
+
+    def on_task_call(self, producer, task_id) -> None:
+        pass
+
+
+def make_celery(settings: Settings | None = None, *, sender: bool = False) -> Celery:
+    """The Celery app; `sender=True` for the API, which sends tasks and reads results
+    itself."""
     settings = settings or load_settings()
     models: dict[str, ModelSpec] = load_models(settings.models_file)
     app = Celery("inference_queue", set_as_current=False)
@@ -23,7 +36,8 @@ def make_celery(settings: Settings | None = None) -> Celery:
     largest_batch = max(m.max_batch_size for m in models.values())
     app.conf.update(
         broker_url=settings.broker,
-        result_backend=settings.backend,
+        # "<class>+<url>" is Celery's own syntax for a backend class at a URL.
+        result_backend=(f"{__name__}:SendingBackend+" if sender else "") + settings.backend,
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],
