@@ -15,13 +15,14 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     models = load_models(settings.models_file)
 
     from app import auth, errors, jobs, ops
+    from app.json_provider import OrjsonProvider
     from app.metrics import ApiMetrics
     from app.schemas import job_schema
     from app.store import JobStore
 
     app = Flask(__name__)
     app.config.update(IQ_SETTINGS=settings, MAX_CONTENT_LENGTH=settings.max_body_bytes)
-    app.json.sort_keys = False
+    app.json = OrjsonProvider(app)
     configure_logging(settings.log_level)
 
     celery = make_celery(settings, sender=True)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
+import orjson
 import redis
 from celery import Celery
 
@@ -234,7 +235,7 @@ class JobStore:
             record, raw_meta = pipe.execute()
         if not record:
             return None
-        return JobView(record, json.loads(raw_meta) if raw_meta else None, job_id)
+        return JobView(record, orjson.loads(raw_meta) if raw_meta else None, job_id)
 
     def wait(self, job_id: str, timeout_s: float, owner: str) -> JobView | None:
         """The job once it is terminal or `timeout_s` has passed; None at once when there is
