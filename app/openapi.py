@@ -36,10 +36,16 @@ def openapi(models: dict[str, ModelSpec]) -> dict[str, Any]:
                 "summary": "Submit a job",
                 "parameters": [
                     {"name": "X-Request-ID", "in": "header", "schema": {"type": "string"}},
-                    {"name": "Idempotency-Key", "in": "header", "schema": {"type": "string"}}],
+                    {"name": "Idempotency-Key", "in": "header", "schema": {"type": "string"}},
+                    {"name": "Prefer", "in": "header", "schema": {"type": "string"},
+                     "description": "wait=S: answer 201 with the finished job if it is done "
+                                    "within S seconds (RFC 7240)"}],
                 "requestBody": {"required": True, "content": {"application/json": {
                     "schema": {"$ref": "#/components/schemas/JobRequest"}}}},
                 "responses": {
+                    "201": {"description": "finished within Prefer: wait",
+                            "content": {"application/json": {"schema": {
+                                "$ref": "#/components/schemas/Job"}}}},
                     "202": {"description": "accepted",
                             "content": {"application/json": {"schema": {
                                 "$ref": "#/components/schemas/JobAccepted"}}}},

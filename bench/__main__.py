@@ -62,11 +62,12 @@ def configs_for(model: dict) -> list[Config]:
 
 
 def run_load(url: str, model: str, clients: int, inputs: int, duration: float,
-             warmup: float) -> dict:
+             warmup: float, prefer_wait: bool = False) -> dict:
     out = subprocess.run(
         [sys.executable, "-m", "bench.load", "--url", url, "--model", model, "--clients",
          str(clients), "--inputs", str(inputs), "--duration", str(duration), "--warmup",
-         str(warmup)], capture_output=True, text=True, check=True, cwd=HERE.parent)
+         str(warmup)] + (["--prefer-wait"] if prefer_wait else []),
+        capture_output=True, text=True, check=True, cwd=HERE.parent)
     return json.loads(out.stdout)
 
 
@@ -214,7 +215,8 @@ def bench_model(workdir: Path, model: str, spec: dict, configs: list[Config], ra
                         raw_rounds.append(raw.measure(raw_size, args.duration))
                     else:
                         rounds[name].append(run_load(url, model, clients, inputs,
-                                                     args.duration, args.warmup))
+                                                     args.duration, args.warmup,
+                                                     args.prefer_wait))
             label = f"{clients:3} clients" if inputs == 1 else "32-input jobs"
             for stack in stacks:
                 point = pool(rounds[stack.config.name])
@@ -255,6 +257,9 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=None, help="seconds per round")
     p.add_argument("--rounds", type=int, default=None, help="rounds per point")
     p.add_argument("--no-rss", action="store_true", help="skip the 20,000-job memory run")
+    p.add_argument("--prefer-wait", action="store_true",
+                   help="clients submit with Prefer: wait (one request a job) instead of "
+                        "POST then GET ?wait")
     a = p.parse_args()
     clients, duration, rounds = a.clients, a.duration, a.rounds
     if a.quick:
@@ -275,10 +280,12 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="iq-bench-"))
     report = {
         "name": name, "quick": a.quick,
-        "command": "python -m bench" + (" --quick" if a.quick else ""),
+        "command": "python -m bench" + (" --quick" if a.quick else "")
+                   + (" --prefer-wait" if a.prefer_wait else ""),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "method": {"rounds": a.rounds, "seconds_per_round": a.duration,
-                   "warmup_s": a.warmup},
+                   "warmup_s": a.warmup,
+                   "flow": "POST Prefer: wait" if a.prefer_wait else "POST, GET ?wait"},
         "machine": {"cpus": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total
                                                                 / 2**30, 1),
                     "platform": platform.platform(), "python": platform.python_version()},

@@ -1,5 +1,7 @@
 """Closed-loop load generator, run in a process of its own: N clients, each submitting a job
-over HTTP and waiting (`?wait`) for its result before submitting the next.
+over HTTP and waiting for its result before submitting the next: `POST /v1/jobs`, then
+`GET /v1/jobs/<id>?wait=30` (the flow the README documents). With `--prefer-wait` a job is one
+request instead: a POST with `Prefer: wait=30`, answered with the finished job.
 
     python -m bench.load --url http://127.0.0.1:8000 --model minilm-embed --clients 16 \
         --inputs 1 --duration 10
@@ -38,18 +40,21 @@ def make_inputs(model_kind: str, n: int, seed: int) -> list:
 
 class Client(threading.Thread):
     def __init__(self, url: str, model: str, kind: str, inputs: int, stop_at: float,
-                 seed: int) -> None:
+                 seed: int, prefer_wait: bool = False) -> None:
         super().__init__(daemon=True)
         parsed = urlparse(url)
         self.host, self.port = parsed.hostname, parsed.port
         self.model, self.kind, self.inputs = model, kind, inputs
         self.stop_at = stop_at
         self.seed = seed
+        self.prefer_wait = prefer_wait
         self.samples: list[tuple[float, float]] = []  # (finished at, latency s)
         self.errors = 0
 
     def _request(self, conn, method: str, path: str, body: bytes | None = None) -> dict:
         headers = {"Content-Type": "application/json"} if body else {}
+        if body and self.prefer_wait:
+            headers["Prefer"] = "wait=30"
         conn.request(method, path, body=body, headers=headers)
         response = conn.getresponse()
         data = response.read()
@@ -67,11 +72,9 @@ class Client(threading.Thread):
             i += 1
             started = time.monotonic()
             try:
-                job = self._request(conn, "POST", "/v1/jobs", body.encode())
-                while True:
-                    state = self._request(conn, "GET", f"/v1/jobs/{job['id']}?wait=30")
-                    if state["status"] in ("succeeded", "failed", "cancelled", "expired"):
-                        break
+                state = self._request(conn, "POST", "/v1/jobs", body.encode())
+                while state["status"] not in ("succeeded", "failed", "cancelled", "expired"):
+                    state = self._request(conn, "GET", f"/v1/jobs/{state['id']}?wait=30")
                 if state["status"] != "succeeded":
                     self.errors += 1
                     continue
@@ -92,10 +95,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_load(url: str, model: str, kind: str, clients: int, inputs: int, duration: float,
-             warmup: float) -> dict:
+             warmup: float, prefer_wait: bool = False) -> dict:
     start = time.monotonic()
     stop_at = start + warmup + duration
-    threads = [Client(url, model, kind, inputs, stop_at, seed=1000 * c) for c in range(clients)]
+    threads = [Client(url, model, kind, inputs, stop_at, seed=1000 * c,
+                      prefer_wait=prefer_wait)
+               for c in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
@@ -124,9 +129,11 @@ def main() -> None:
     p.add_argument("--inputs", type=int, default=1)
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--prefer-wait", action="store_true",
+                   help="one request a job: POST with Prefer: wait=30")
     a = p.parse_args()
     print(json.dumps(run_load(a.url, a.model, a.kind, a.clients, a.inputs, a.duration,
-                              a.warmup)))
+                              a.warmup, a.prefer_wait)))
 
 
 if __name__ == "__main__":

@@ -134,6 +134,10 @@ class PoolDispatcher:
 
         def on_return(outcomes: list[JobOutcome]) -> None:
             self.inflight -= 1
+            # The child is free: give it the next batch before the bookkeeping below (an ack
+            # and an event per job, each a Redis round trip), which would otherwise leave the
+            # model idle for all of it.
+            self.pump(freed=1)
             by_id = {o[0]: o for o in outcomes}
             for r in requests:
                 if _stale(r):
@@ -154,7 +158,6 @@ class PoolDispatcher:
                 else:
                     code, _, message = summary.partition(": ")
                     r.on_success((True, _failure_info(code, message), runtime))
-            self.pump(freed=1)
 
         def on_error(exc_info: ExceptionInfo) -> None:
             # The child died (WorkerLostError: requeued by Celery) or the batch call itself

@@ -53,6 +53,40 @@ def test_wait_times_out_on_a_job_still_queued(stack):
         assert stack.finished(job["id"], timeout=60)["status"] == "succeeded"
 
 
+def test_prefer_wait_answers_the_post_with_the_finished_job(stack):
+    r = requests.post(f"{stack.api}/v1/jobs", json={"model": "synthetic", "inputs": ["a", "b"]},
+                      headers={"Prefer": "wait=20"}, timeout=30)
+    assert r.status_code == 201, r.text
+    assert r.headers["Preference-Applied"] == "wait=20"
+    body = r.json()
+    assert body["status"] == "succeeded" and body["result"] == {"outputs": [1, 1]}
+    assert r.headers["Location"] == body["url"] == f"/v1/jobs/{body['id']}"
+    # The same job as a later GET shows it.
+    assert stack.job(body["id"])["result"] == body["result"]
+
+
+def test_prefer_wait_past_its_time_is_the_usual_202(stack):
+    # Occupy the sleepy model's only child so that the job cannot finish within the wait.
+    first = stack.submit("sleepy", ["x"] * 4)
+    r = requests.post(f"{stack.api}/v1/jobs", json={"model": "sleepy", "inputs": ["y"] * 4},
+                      headers={"Prefer": "respond-async, wait=0.5"}, timeout=30)
+    assert r.status_code == 202, r.text
+    assert r.headers["Preference-Applied"] == "wait=0.5"
+    assert r.json()["status"] == "queued"
+    for job_id in (first["id"], r.json()["id"]):
+        assert stack.finished(job_id, timeout=60)["status"] == "succeeded"
+
+
+def test_a_prefer_header_not_understood_is_ignored(stack):
+    for prefer in ("wait=soon", "wait=-3", "return=minimal", "wait"):
+        r = requests.post(f"{stack.api}/v1/jobs",
+                          json={"model": "synthetic", "inputs": ["a"]},
+                          headers={"Prefer": prefer}, timeout=10)
+        assert r.status_code == 202, (prefer, r.text)
+        assert "Preference-Applied" not in r.headers
+        assert r.json()["status"] == "queued"
+
+
 def test_unknown_job_is_404_not_queued(stack):
     for job_id in (str(uuid.uuid4()), "not-a-uuid", "x" * 300):
         r = requests.get(f"{stack.api}/v1/jobs/{job_id}", timeout=5)
