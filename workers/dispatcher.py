@@ -134,10 +134,18 @@ class PoolDispatcher:
 
         def on_return(outcomes: list[JobOutcome]) -> None:
             self.inflight -= 1
-            # The child is free: give it the next batch before the bookkeeping below (an ack
-            # and an event per job, each a Redis round trip), which would otherwise leave the
-            # model idle for all of it.
             self.pump(freed=1)
+            # The pool writes the freed child its next batch only when the event loop next
+            # turns. Acknowledging now (a Redis round trip and an event per job) would hold
+            # that batch back for all of it, the model idle meanwhile; so the bookkeeping
+            # waits a millisecond, past that write (results are stored already). Not while
+            # shutting down: the loop may not turn again.
+            if worker_state.should_stop or worker_state.should_terminate:
+                finish(outcomes)
+            else:
+                self.consumer.timer.call_after(0.001, finish, (outcomes,))
+
+        def finish(outcomes: list[JobOutcome]) -> None:
             by_id = {o[0]: o for o in outcomes}
             for r in requests:
                 if _stale(r):
