@@ -143,7 +143,10 @@ def render_readme(report: dict, readme: Path, plot_path: str) -> None:
     block = "\n".join([
         START,
         f"Run {report['started']} with `{report['command']}` on {m['cpus']} CPUs, "
-        f"{m['memory_gb']} GiB, {m['platform']}, Python {m['python']}; no GPU.",
+        f"{m['memory_gb']} GiB, {m['platform']}, Python {m['python']}; no GPU. "
+        + (f"Each point: {method['rounds']} rounds of {method['seconds_per_round']:g} s, "
+           f"configurations side by side; clients: {method['flow']}."
+           if (method := report.get("method")) else ""),
         "", f"![throughput against latency]({plot_path})", "", render_table(report), END])
     text = readme.read_text() if readme.exists() else f"{START}\n{END}\n"
     text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _m: block, text,
