@@ -171,9 +171,7 @@ def get_job(job_id: str):
     elif wait is not None:
         view = store.wait(canonical, seconds, owner)
     else:
-        view = store.get(canonical)
-        if view is not None and view.record.get("owner", "") != owner:
-            view = None  # another key's job: as if it did not exist
+        view = store.get(canonical, owner)
     if view is None:
         raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
     return jsonify(view.to_json())

@@ -149,10 +149,18 @@ class JobStore:
         )
         self.waiter = ResultWaiter(self.redis)
 
+    @staticmethod
+    def _count_queued(pipe: Any, spec: ModelSpec) -> int:
+        """Queue on `pipe` the length of each of the model's priority lists; returns how many
+        replies that adds (the first ones of the pipeline's, their sum is the depth)."""
+        lists = queue_lists(spec.queue)
+        for name in lists:
+            pipe.llen(name)
+        return len(lists)
+
     def queue_depth(self, spec: ModelSpec) -> int:
         with self.redis.pipeline(transaction=False) as pipe:
-            for name in queue_lists(spec.queue):
-                pipe.llen(name)
+            self._count_queued(pipe, spec)
             return int(sum(pipe.execute()))
 
     def owned_by(self, job_id: str, owner: str) -> bool:
@@ -189,13 +197,11 @@ class JobStore:
                 record["expires_at"] = f"{time.time() + timeout_s:.3f}"
             # The depth check and the record in one round trip; a full queue (the rare case)
             # takes the record back.
-            lists = queue_lists(spec.queue)
             with self.redis.pipeline(transaction=False) as pipe:
-                for name in lists:
-                    pipe.llen(name)
+                counted = self._count_queued(pipe, spec)
                 pipe.hset(job_key(job_id), mapping=record)
                 pipe.expire(job_key(job_id), self.settings.job_ttl_s)
-                depth = sum(pipe.execute()[:len(lists)])
+                depth = sum(pipe.execute()[:counted])
             if depth >= spec.max_queue_depth:
                 self.redis.delete(job_key(job_id))
                 raise Overloaded(spec.name)
@@ -228,12 +234,14 @@ class JobStore:
             self.celery.control.revoke(job_id)
         return str(outcome)
 
-    def get(self, job_id: str) -> JobView | None:
+    def get(self, job_id: str, owner: str | None = None) -> JobView | None:
+        """The job, or None when there is none; with `owner`, also None when it is another
+        key's job (as if it did not exist: ids do not leak)."""
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(job_key(job_id))
             pipe.get(result_key(job_id))
             record, raw_meta = pipe.execute()
-        if not record:
+        if not record or (owner is not None and record.get("owner", "") != owner):
             return None
         return JobView(record, orjson.loads(raw_meta) if raw_meta else None, job_id)
 
@@ -246,9 +254,7 @@ class JobStore:
         deadline = time.monotonic() + timeout_s
         with self.waiter.watch(job_id) as finished:
             self.waiter.subscribed.wait(min(timeout_s, self.settings.redis_timeout_s))
-            view = self.get(job_id)
-            if view is None or view.record.get("owner", "") != owner:
-                return None
+            view = self.get(job_id, owner)
             while view is not None and not view.terminal:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
