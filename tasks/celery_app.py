@@ -7,6 +7,7 @@ from kombu import Queue
 
 from config import Settings, load_models, load_settings
 from config.models import ModelSpec
+from tasks import transport
 from tasks.names import PRIORITIES, PRIORITY_SEP, PRIORITY_STEPS, task_routes
 from tasks.webhooks import DELIVER_TASK
 from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
@@ -25,6 +26,7 @@ class SendingBackend(RedisBackend):
 def make_celery(settings: Settings | None = None, *, sender: bool = False) -> Celery:
     """The Celery app; `sender=True` for the API, which sends tasks and reads results
     itself."""
+    transport.install()
     settings = settings or load_settings()
     models: dict[str, ModelSpec] = load_models(settings.models_file)
     app = Celery("inference_queue", set_as_current=False)

@@ -30,27 +30,6 @@ logger = logging.getLogger(__name__)
 # that the CLI's own removal of its entry leaves this one in place.
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 
-def _survive_restore_on_lost_connection() -> None:
-    """kombu 5.7 crashes the whole worker ("Unrecoverable error: AttributeError: 'NoneType'
-    object has no attribute 'hostname'") when, after Redis went away, it closes a channel
-    that still holds unacknowledged messages and tries to push them back through a
-    connection already torn down. Those messages are still in Redis's unacked set and come
-    back after the visibility timeout, so the worker may simply carry on and reconnect."""
-    from kombu.transport import redis as kombu_redis
-
-    original = kombu_redis.QoS.restore_unacked
-
-    def restore_unacked(self, client=None):
-        try:
-            return original(self, client)
-        except AttributeError:
-            logger.warning("broker connection already gone: unacknowledged messages stay in "
-                           "Redis and are redelivered after the visibility timeout")
-
-    kombu_redis.QoS.restore_unacked = restore_unacked
-
-
-_survive_restore_on_lost_connection()
 celery = make_celery()
 # Spawned pool children import this module too, which connects the signal handlers below.
 celery.conf.imports = ("workers.main",)
