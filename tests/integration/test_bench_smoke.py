@@ -22,3 +22,18 @@ def test_quick_benchmark_writes_results_and_plot(tmp_path):
             assert point["jobs"] > 0 and point["errors"] == 0, (name, point)
             assert point["items_per_s"] > 0 and point["p99_ms"] >= point["p50_ms"] > 0
     assert (tmp_path / "quick.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cpu_breakdown_accounts_for_every_process_and_matches_the_worker(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "bench.cpu", "--model", "synthetic",
+                          "--clients", "4", "--seconds", "2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["jobs"] > 0
+    assert set(report["cpu_ms_per_job"]) == {"redis", "worker main", "worker child", "api"}
+    assert all(ms > 0 for ms in report["cpu_ms_per_job"].values()), report
+    # The worker's own metrics count the same jobs as the load generator, give or take the
+    # ones in flight when the window opened and closed (one per client at each end).
+    assert abs(report["items"] - report["jobs"]) <= 2 * report["clients"], report
+    assert 1 <= report["mean_batch_items"] <= 4 and 0 < report["model_busy"] <= 1, report
