@@ -43,6 +43,14 @@ def _sum(metrics_text: str, name: str) -> float:
                if line.startswith(name + "{") or line.startswith(name + " "))
 
 
+def _metrics(url: str) -> str:
+    """The worker's metrics, or "" for a worker that serves none (the celery-batches peer)."""
+    try:
+        return requests.get(url, timeout=5).text
+    except requests.RequestException:
+        return ""
+
+
 def measure(model: str, config_name: str, clients: int, seconds: float) -> dict:
     spec = MODELS[model]
     config = next(c for c in configs_for(spec) if c.name == config_name)
@@ -62,13 +70,13 @@ def measure(model: str, config_name: str, clients: int, seconds: float) -> dict:
             "api": psutil.Process(web.proc.pid).children() or [psutil.Process(web.proc.pid)],
         }
         metrics_url = worker.extra["metrics_url"]
-        before_metrics = requests.get(metrics_url, timeout=5).text
+        before_metrics = _metrics(metrics_url)
         before = {name: _cpu_seconds(procs) for name, procs in groups.items()}
         started = time.monotonic()
         load = run_load(stack.url, model, clients, 1, seconds, 0.0)
         wall = time.monotonic() - started
         after = {name: _cpu_seconds(procs) for name, procs in groups.items()}
-        after_metrics = requests.get(metrics_url, timeout=5).text
+        after_metrics = _metrics(metrics_url)
     finally:
         stack.stop()
         shutil.rmtree(workdir, ignore_errors=True)
