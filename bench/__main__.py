@@ -128,10 +128,14 @@ def pool_raw(rounds: list[dict]) -> dict:
             "rounds_items_per_s": [round(r["items_per_s"], 1) for r in rounds]}
 
 
+def api_processes(web_pid: int) -> list[psutil.Process]:
+    """gunicorn's worker processes (those serving requests), or the master if it has none."""
+    return psutil.Process(web_pid).children() or [psutil.Process(web_pid)]
+
+
 def api_rss(web_pid: int) -> int:
     """Resident memory of gunicorn's worker process (the one serving requests)."""
-    children = psutil.Process(web_pid).children()
-    return (children[0] if children else psutil.Process(web_pid)).memory_info().rss
+    return api_processes(web_pid)[0].memory_info().rss
 
 
 def rss_growth(url: str, model: str, web_pid: int, jobs: int, clients: int) -> dict:

@@ -20,9 +20,8 @@ from types import SimpleNamespace
 
 import psutil
 import requests
-import yaml
 
-from bench.__main__ import MODELS, configs_for, run_load, start_stack
+from bench.__main__ import MODELS, api_processes, configs_for, run_load, start_stack
 from tests.support.services import wait_until
 
 
@@ -55,7 +54,6 @@ def measure(model: str, config_name: str, clients: int, seconds: float) -> dict:
     spec = MODELS[model]
     config = next(c for c in configs_for(spec) if c.name == config_name)
     workdir = Path(tempfile.mkdtemp(prefix="iq-bench-cpu-"))
-    (workdir / f"{model}.yaml").write_text(yaml.safe_dump({"models": {model: spec}}))
     stack = start_stack(workdir, model, spec, config, SimpleNamespace(clients=[clients]))
     try:
         redis_svc, worker, web = stack.services
@@ -67,7 +65,7 @@ def measure(model: str, config_name: str, clients: int, seconds: float) -> dict:
             "redis": [psutil.Process(redis_svc.proc.pid)],
             "worker main": [main],
             "worker child": main.children(recursive=True),
-            "api": psutil.Process(web.proc.pid).children() or [psutil.Process(web.proc.pid)],
+            "api": api_processes(web.proc.pid),
         }
         metrics_url = worker.extra["metrics_url"]
         before_metrics = _metrics(metrics_url)
