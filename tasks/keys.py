@@ -1,0 +1,47 @@
+"""Every Redis key and channel name the API and the workers share, besides Celery's and kombu's
+own. One place, so that a name cannot drift between the two sides."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+PREFIX = "iq:"
+JOB_PREFIX = f"{PREFIX}job:"
+DONE_PREFIX = f"{PREFIX}done:"
+# Celery's Redis result backend names a task's result key (and channel) this way.
+RESULT_PREFIX = "celery-task-meta-"
+
+
+def job_key(job_id: str) -> str:
+    """The job record (a hash): see tasks/jobstate.py for its fields."""
+    return f"{JOB_PREFIX}{job_id}"
+
+
+def done_channel(job_id: str) -> str:
+    """Pub/sub channel on which a job's move to a terminal status is announced (its status
+    only, never its result): it wakes the API's waiting requests."""
+    return f"{DONE_PREFIX}{job_id}"
+
+
+def result_key(job_id: str) -> str:
+    """Celery's result meta for the job: its outputs, readable with AsyncResult too."""
+    return f"{RESULT_PREFIX}{job_id}"
+
+
+def idempotency_key(owner: str, key: str) -> str:
+    """The claim of an Idempotency-Key, scoped to its API key: hashed from both as a JSON pair,
+    so that no owner/key split can collide with another ("ops" + "batch:k1" is not
+    "ops:batch" + "k1")."""
+    digest = hashlib.sha256(json.dumps([owner, key]).encode()).hexdigest()
+    return f"{PREFIX}idem:{digest}"
+
+
+def live_key(model: str) -> str:
+    """Sorted set of pool children that have the model loaded (`hostname/index`), scored by
+    their last heartbeat."""
+    return f"{PREFIX}live:{model}"
+
+
+# Sorted set of workers (hostname) whose main process is consuming, scored by the last tick of
+# its event loop. A child's heartbeat alone says the model is loaded, not that jobs reach it.
+CONSUMING_KEY = f"{PREFIX}consuming"

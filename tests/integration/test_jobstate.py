@@ -1,0 +1,163 @@
+"""The job's status machine (tasks/jobstate.py) on a real Redis, without a worker: each move
+is one script, and a terminal status is final."""
+from __future__ import annotations
+
+import threading
+import uuid
+
+import orjson
+import pytest
+import redis
+
+from tasks.jobstate import (Final, IdempotencyMismatch, JobError, JobState, Overloaded,
+                            QueuedMessage, Status)
+from tests.support.services import start_redis
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    svc = start_redis(tmp_path_factory.mktemp("jobstate"))
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture
+def client(server):
+    client = redis.Redis.from_url(server.extra["url"], decode_responses=True)
+    client.flushdb()
+    return client
+
+
+@pytest.fixture
+def state(client):
+    return JobState(client)
+
+
+def submit(state: JobState, job_id: str | None = None, *, timeout_s: float = 0,
+           idempotency: tuple[str, str] | None = None, max_depth: int = 100):
+    job_id = job_id or str(uuid.uuid4())
+    message = QueuedMessage("q", orjson.dumps({"id": job_id}))
+    return state.submit(job_id, {"model": "m", "created_at": "now"}, message,
+                        depth_lists=["q"], max_depth=max_depth, ttl_s=60,
+                        timeout_s=timeout_s, idempotency=idempotency)
+
+
+def final(job_id: str, status: Status = Status.SUCCEEDED, marker: str = "a") -> Final:
+    error = JobError("inference_error", marker) if status is Status.FAILED else None
+    return Final(job_id, status, orjson.dumps({"status": status.value, "marker": marker}),
+                 error)
+
+
+def test_submit_records_the_job_and_queues_its_message_together(state, client):
+    done = submit(state)
+    assert done.created
+    job = state.read(done.job_id)
+    assert job.status is Status.QUEUED and job.fields["model"] == "m"
+    assert [orjson.loads(m)["id"] for m in client.lrange("q", 0, -1)] == [done.job_id]
+
+
+def test_a_full_queue_refuses_without_a_record(state, client):
+    for _ in range(2):
+        submit(state, max_depth=2)
+    refused = str(uuid.uuid4())
+    with pytest.raises(Overloaded):
+        submit(state, refused, max_depth=2)
+    assert state.read(refused) is None and client.llen("q") == 2
+
+
+def test_concurrent_submits_with_one_idempotency_key_make_one_job(state, client):
+    ids: list[str] = []
+    created: list[bool] = []
+    barrier = threading.Barrier(16)
+
+    def post() -> None:
+        barrier.wait()
+        done = submit(state, idempotency=("iq:idem:k", "digest-1"))
+        ids.append(done.job_id)
+        created.append(done.created)
+
+    threads = [threading.Thread(target=post) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(ids)) == 1 and created.count(True) == 1
+    assert client.llen("q") == 1
+    with pytest.raises(IdempotencyMismatch):
+        submit(state, idempotency=("iq:idem:k", "digest-2"))
+
+
+def test_start_runs_queued_jobs_and_refuses_the_rest(state):
+    queued, cancelled, done = (submit(state).job_id for _ in range(3))
+    assert state.cancel(cancelled) == "ok"
+    assert state.start([done], worker="w/0", batch="{}") == ["run"]
+    assert state.finish([final(done)], result_ttl_s=60) == [True]
+    missing = str(uuid.uuid4())
+    decisions = state.start([queued, cancelled, done, missing], worker="w/0", batch="{}")
+    assert decisions == ["run", "cancelled", "succeeded", "missing"]
+    job = state.read(queued)
+    assert job.status is Status.RUNNING and job.fields["runs"] == "1"
+
+
+def test_a_job_rerun_after_its_child_was_lost_runs_again(state):
+    job_id = submit(state).job_id
+    assert state.start([job_id], worker="w/0", batch="{}") == ["run"]
+    # Its message came back (the child died): running again is allowed, and counted.
+    assert state.start([job_id], worker="w/1", batch="{}") == ["run"]
+    assert state.read(job_id).fields["runs"] == "2"
+
+
+def test_terminal_states_are_final(state):
+    job_id = submit(state).job_id
+    state.start([job_id], worker="w/0", batch="{}")
+    assert state.finish([final(job_id, Status.FAILED, "first")], result_ttl_s=60) == [True]
+    before = state.read(job_id)
+    # A duplicate run's success, a cancel and a restart change nothing, timestamps included.
+    assert state.finish([final(job_id, Status.SUCCEEDED, "second")], result_ttl_s=60) == [False]
+    assert state.cancel(job_id) == "failed"
+    assert state.start([job_id], worker="w/9", batch="{}") == ["failed"]
+    after = state.read(job_id)
+    assert after.status is Status.FAILED and after.meta["marker"] == "first"
+    assert after.fields == before.fields
+    assert after.error == JobError("inference_error", "first")
+
+
+def test_finish_queues_a_webhook_only_with_the_transition(state, client):
+    job_id = submit(state).job_id
+    state.start([job_id], worker="w/0", batch="{}")
+    hook = QueuedMessage("hooks", b'{"hook": 1}')
+    done = Final(job_id, Status.SUCCEEDED, b'{"status": "SUCCESS"}', None, hook)
+    assert state.finish([done], result_ttl_s=60) == [True]
+    assert state.finish([done], result_ttl_s=60) == [False]
+    assert client.llen("hooks") == 1
+
+
+def test_finish_announces_the_status_only(state, client):
+    job_id = submit(state).job_id
+    pubsub = client.pubsub()
+    pubsub.subscribe(f"iq:done:{job_id}")
+    pubsub.get_message(timeout=1)
+    state.start([job_id], worker="w/0", batch="{}")
+    state.finish([final(job_id)], result_ttl_s=60)
+    message = pubsub.get_message(timeout=2)
+    assert message and message["data"] == "succeeded"
+
+
+def test_expiry_is_decided_by_redis_time_once(state, client):
+    job_id = submit(state, timeout_s=30).job_id
+    deadline = float(client.hget(f"iq:job:{job_id}", "expires_at"))
+    seconds, micros = client.time()
+    assert abs(deadline - (seconds + micros / 1e6 + 30)) < 1
+    assert state.read(job_id).status is Status.QUEUED
+    client.hset(f"iq:job:{job_id}", "expires_at", f"{deadline - 60:.3f}")  # as if 30 s passed
+    assert state.read(job_id).status is Status.EXPIRED
+    assert state.start([job_id], worker="w/0", batch="{}") == ["expired"]
+    assert state.cancel(job_id) == "expired"
+
+
+def test_a_started_job_does_not_expire(state, client):
+    job_id = submit(state, timeout_s=30).job_id
+    state.start([job_id], worker="w/0", batch="{}")
+    client.hset(f"iq:job:{job_id}", "expires_at", "1")
+    assert state.read(job_id).status is Status.RUNNING
+    assert state.finish([final(job_id)], result_ttl_s=60) == [True]
