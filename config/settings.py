@@ -23,10 +23,9 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Settings:
-    # Redis is the broker and the result backend unless told otherwise.
+    # Redis is the broker, the result backend and the job store: one server, because a submit
+    # records the job and queues its message in one atomic script (tasks/jobstate.py).
     redis_url: str = "redis://127.0.0.1:6379/0"
-    broker_url: str = ""
-    result_backend: str = ""
     models_file: str = str(CONFIG_DIR / "models.yaml")
 
     # Access layer.
@@ -34,6 +33,7 @@ class Settings:
     max_wait_s: float = 30.0
     redis_timeout_s: float = 2.0
     job_ttl_s: int = 86_400
+    result_ttl_s: int = 86_400  # how long a finished job's outputs stay readable
     api_keys_file: str = ""  # YAML of hashed API keys; none: the API is open
 
     # Webhooks. Hosts (or CIDRs) allowed even though they are private/loopback/link-local.
@@ -49,9 +49,17 @@ class Settings:
     # Model loading and warm-up run inside the pool child before it reports ready; Celery's
     # default of 4 s would kill a child that is still loading a large model.
     proc_alive_timeout_s: float = 300.0
-    # Redis redelivers an unacknowledged message after this long when the whole worker died
-    # (a lost pool child is redelivered at once). It must exceed the longest batch.
-    visibility_timeout_s: int = 3600
+    # A worker holds a lease on every message it has taken (buffered or running) and renews
+    # it every heartbeat_interval_s while it lives; when a worker dies, any live worker puts
+    # its messages back on their queues once their lease is this old. A long batch needs no
+    # longer timeout: its lease is renewed while it runs.
+    visibility_timeout_s: int = 30
+    # How long a pool child keeps retrying Redis (to mark a batch started, to store its
+    # results) through a restart or a stall before handing the jobs back to their queue.
+    redis_retry_s: float = 30.0
+    # The worker restarts itself when its event loop has not turned for this long while
+    # Redis answers, or when it has stayed idle this long with jobs waiting on its queues.
+    watchdog_s: float = 60.0
     # A pool child that died mid-batch is noticed after this long.
     worker_lost_wait_s: float = 1.0
     # Messages a worker holds unacknowledged per child; 0: two full batches of the largest
@@ -62,14 +70,9 @@ class Settings:
     cuda_memory_fraction: float = 0.0  # 0: no cap
 
     log_level: str = "INFO"
-
-    @property
-    def broker(self) -> str:
-        return self.broker_url or self.redis_url
-
-    @property
-    def backend(self) -> str:
-        return self.result_backend or self.redis_url
+    # Task events (Flower, `celery events`) show a job's summary (model, input count, size,
+    # trace id), not its inputs; true restores the full arguments, for debugging.
+    events_full_args: bool = False
 
     @property
     def webhook_allow_list(self) -> list[str]:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from celery import Celery
-from celery.backends.redis import RedisBackend
 from kombu import Queue
 
 from config import Settings, load_models, load_settings
@@ -13,19 +12,9 @@ from tasks.webhooks import DELIVER_TASK
 from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
 
 
-class SendingBackend(RedisBackend):
-    """The result backend as the API uses it: it reads results itself (app/store.py) and is
-    woken by one pattern subscription per process (app/waiter.py). Celery's send_task would
-    otherwise subscribe to every job's result channel, and unsubscribe when the AsyncResult
-    is collected: two Redis commands per job for messages nobody reads."""
-
-    def on_task_call(self, producer, task_id) -> None:
-        pass
-
-
-def make_celery(settings: Settings | None = None, *, sender: bool = False) -> Celery:
-    """The Celery app; `sender=True` for the API, which sends tasks and reads results
-    itself."""
+def make_celery(settings: Settings | None = None) -> Celery:
+    """The Celery app. The API only builds task messages with it (tasks/jobstate.py queues
+    them) and broadcasts revokes; the workers run it."""
     transport.install()
     settings = settings or load_settings()
     models: dict[str, ModelSpec] = load_models(settings.models_file)
@@ -37,9 +26,8 @@ def make_celery(settings: Settings | None = None, *, sender: bool = False) -> Ce
     }
     largest_batch = max(m.max_batch_size for m in models.values())
     app.conf.update(
-        broker_url=settings.broker,
-        # "<class>+<url>" is Celery's own syntax for a backend class at a URL.
-        result_backend=(f"{__name__}:SendingBackend+" if sender else "") + settings.backend,
+        broker_url=settings.redis_url,
+        result_backend=settings.redis_url,
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],
@@ -64,12 +52,29 @@ def make_celery(settings: Settings | None = None, *, sender: bool = False) -> Ce
         result_expires=settings.job_ttl_s,
         broker_connection_timeout=settings.redis_timeout_s,
         broker_connection_retry_on_startup=True,
+        # A worker never gives up on Redis: it reconnects however long the outage lasts.
+        broker_connection_max_retries=None,
+        # Celery lowers the prefetch count after a reconnect and raises it again through its
+        # own ack callbacks; the dispatcher acknowledges by delivery tag itself
+        # (workers/leases.py), so the count would stay low. The dispatcher's buffer is what
+        # bounds the worker anyway.
+        worker_enable_prefetch_count_reduction=False,
+        # Never kill a running batch because the connection dropped: its leases are renewed
+        # and its results stored without that connection.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         broker_transport_options={
+            # Messages whose lease (workers/leases.py) has not been renewed for this long
+            # belong to a dead worker: any live worker's sweep, every few seconds (kombu's
+            # default is every 100 s), puts them back on their queues.
             "visibility_timeout": settings.visibility_timeout_s,
-            # Sweep for messages of dead workers every few seconds (kombu's default is every
-            # 100 s), so that they come back soon after the visibility timeout.
-            "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 4)),
+            "unacked_restore_interval": max(1, min(5, settings.visibility_timeout_s // 6)),
             "unacked_restore_throttle": 1,
+            # A worker killed during a sweep leaves its mutex behind; kombu's 300 s would
+            # stop every sweep for five minutes.
+            "unacked_mutex_expire": max(5, settings.visibility_timeout_s // 2),
+            # A half-open BRPOP or pub/sub connection is dropped after brpop_timeout + 2 x
+            # this (kombu's default of 25 s makes it ~51 s).
+            "health_check_interval": 10,
             "priority_steps": PRIORITY_STEPS,
             "sep": PRIORITY_SEP,
             "queue_order_strategy": "priority",

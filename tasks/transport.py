@@ -1,25 +1,60 @@
-"""Two adjustments to kombu's Redis transport (kombu 5.7), installed by `make_celery` in every
-process that talks to the broker: the API, the workers and the benchmark's peer alike.
+"""Everything that touches Celery's or kombu's internals, in one place, each with a test in
+tests/integration/test_transport.py that fails loudly if an upgrade changes what it relies on.
+
+Installed by `make_celery` in every process that talks to the broker (`install()`):
 
 * One Redis client per channel pool instead of one per command. kombu's `conn_or_acquire`
-  builds a new `redis.Redis` for each ack, each unacked-index write and each event publish, and
+  builds a new `redis.Redis` for each ack, unacked-index write and event publish, and
   redis-py 8 copies its ~200 response callbacks into a fresh dict every time: a fifth of a
-  worker main process's CPU under load. The client holds no connection of its own (each
-  command borrows one from the pool), so one per pool serves every caller, threads included.
-* A worker survives closing a channel over a connection Redis already tore down. kombu then
-  pushes the channel's unacknowledged messages back through that dead connection and the whole
-  worker crashes ("Unrecoverable error: AttributeError: 'NoneType' object has no attribute
-  'hostname'"). Those messages are still in Redis's unacked set and come back after the
-  visibility timeout, so the worker may simply carry on and reconnect.
+  worker main process's CPU under load.
+* No blocking read inside the event loop after a dropped connection. kombu reads its pub/sub
+  (broadcast) connection when the socket turns readable; when Redis closed it (a failover, a
+  proxy restart, `CLIENT KILL`), redis-py's retry reconnects, resubscribes and then blocks
+  reading the new, silent socket, with no timeout: the worker's whole event loop hangs and it
+  never consumes again. With no retries on the event loop's connections the error reaches
+  Celery, which reconnects the consumer properly.
+* A channel closed on a lost connection does not push back the messages this worker's
+  dispatcher holds (`HELD`): some are running in a pool child, and requeueing them would run
+  them twice. The dispatcher puts back the ones no child has started, itself
+  (workers/leases.py).
+
+And used directly:
+
+* `task_message`: a Celery task message built exactly as `send_task` would publish it, for
+  the API's atomic submit (tasks/jobstate.py pushes it in the same script as the job record).
+* `Unacked`: kombu's record of delivered-but-unacknowledged messages (the `unacked` hash and
+  the `unacked_index` sorted by delivery time, swept by `QoS.restore_visible`), by delivery
+  tag: renew a lease, acknowledge, put back on its queue.
 """
 from __future__ import annotations
 
+import base64
 import logging
-from typing import Any
+import time
+import uuid
+from bisect import bisect
+from typing import Any, Iterable, Mapping
 
+import orjson
+from celery import states
+from celery.utils.saferepr import saferepr
 from kombu.transport import redis as kombu_redis
+from kombu.utils import json
+from kombu.transport import virtual
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from tasks.jobstate import QueuedMessage, Status
+from tasks.names import PRIORITY_SEP, PRIORITY_STEPS
 
 logger = logging.getLogger(__name__)
+
+# kombu's default key names (Channel.unacked_key / unacked_index_key); make_celery keeps them.
+UNACKED = "unacked"
+UNACKED_INDEX = "unacked_index"
+
+# Delivery tags the worker's dispatcher holds; a channel closing must not restore them.
+HELD: set[str] = set()
 
 _CLIENT_ATTR = "_iq_sync_client"
 
@@ -40,15 +75,31 @@ def _reuse_sync_client() -> None:
     kombu_redis.Channel._create_client = _create_client
 
 
-def _survive_restore_on_lost_connection() -> None:
+def _no_retries_in_the_event_loop() -> None:
+    connparams = kombu_redis.Channel._connparams
+
+    def _connparams(self: Any, asynchronous: bool = False) -> dict:
+        params = connparams(self, asynchronous=asynchronous)
+        if asynchronous:  # the BRPOP and pub/sub connections the event loop reads
+            params["retry"] = Retry(NoBackoff(), 0)
+        return params
+
+    kombu_redis.Channel._connparams = _connparams
+
+
+def _restore_only_what_no_one_holds() -> None:
     restore = kombu_redis.QoS.restore_unacked
 
     def restore_unacked(self: Any, client: Any = None) -> Any:
+        for tag in [t for t in self._delivered if t in HELD]:
+            self._delivered.pop(tag, None)
         try:
             return restore(self, client)
         except AttributeError:
+            # kombu 5.7 fails this way closing a channel over a connection Redis already tore
+            # down; what it could not restore comes back through the visibility sweep.
             logger.warning("broker connection already gone: unacknowledged messages stay in "
-                           "Redis and are redelivered after the visibility timeout")
+                           "Redis until their visibility timeout")
 
     kombu_redis.QoS.restore_unacked = restore_unacked
 
@@ -57,9 +108,140 @@ _installed = False
 
 
 def install() -> None:
-    """Apply both, once per process."""
+    """Apply the adjustments, once per process."""
     global _installed
     if not _installed:
         _reuse_sync_client()
-        _survive_restore_on_lost_connection()
+        _no_retries_in_the_event_loop()
+        _restore_only_what_no_one_holds()
         _installed = True
+
+
+def release_in_memory(message: Any) -> None:
+    """kombu's own bookkeeping of an acknowledged message (it frees prefetch credit), without
+    its Redis round trip, which `Unacked.ack` has done for a whole batch at once. Only for a
+    message of a channel that is still open."""
+    channel = getattr(message, "channel", None)
+    if channel is not None and not channel.closed and channel.qos is not None:
+        virtual.QoS.ack(channel.qos, message.delivery_tag)
+
+
+def channel_is_open(message: Any) -> bool:
+    channel = getattr(message, "channel", None)
+    return channel is not None and not getattr(channel, "closed", True) \
+        and getattr(channel, "connection", None) is not None
+
+
+def list_for(queue: str, priority: int) -> str:
+    """The Redis list kombu keeps a queue's messages of this priority in (Channel._q_for_pri
+    with make_celery's priority steps)."""
+    step = PRIORITY_STEPS[max(bisect(PRIORITY_STEPS, priority) - 1, 0)]
+    return f"{queue}{PRIORITY_SEP}{step}" if step else queue
+
+
+def task_message(app: Any, name: str, task_id: str, kwargs: Mapping[str, Any], *, queue: str,
+                 priority: int, headers: Mapping[str, Any] | None = None,
+                 summary: Mapping[str, Any] | None = None) -> QueuedMessage:
+    """The message `app.send_task(name, kwargs=..., task_id=..., queue=..., priority=...)`
+    would push. With `summary`, task events (Flower) show it and the body's size in place of
+    the arguments themselves."""
+    as_task = app.amqp.as_task_v2(task_id, name, kwargs=dict(kwargs), argsrepr="()",
+                                  kwargsrepr="", ignore_result=None)  # as send_task does
+    raw = orjson.dumps(as_task.body)
+    kwargsrepr = repr({**summary, "bytes": len(raw)}) if summary is not None \
+        else saferepr(dict(kwargs), app.amqp.kwargsrepr_maxsize)
+    message = as_task._replace(headers={**as_task.headers, "kwargsrepr": kwargsrepr})
+    body = base64.b64encode(raw).decode()
+    payload = {
+        "body": body,
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {**message.headers, **(headers or {})},
+        "properties": {
+            **message.properties,
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": priority,
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+        },
+    }
+    return QueuedMessage(list_for(queue, priority), orjson.dumps(payload))
+
+
+def result_meta(app: Any, job_id: str, status: Status, result: Any) -> bytes:
+    """A job's result as Celery's Redis backend stores it (AsyncResult and Flower read it):
+    `{"status": "SUCCESS", "result": ...}`, or FAILURE with the JobFailed exception encoded.
+    A NaN or infinite output is written as null (JSON has neither)."""
+    backend = app.backend
+    state = states.SUCCESS if status is Status.SUCCEEDED else states.FAILURE
+    meta = backend._get_result_meta(result=backend.encode_result(result, state), state=state,
+                                    traceback=None, request=None)
+    meta["task_id"] = job_id
+    return orjson.dumps(meta)
+
+
+# Put a message back at the head of its queue (RPUSH: kombu pops from the right) only if its
+# unacked entry is still the one read: a tag acknowledged or restored meanwhile, by anyone, is
+# left alone, so a message is restored at most once. KEYS: unacked, unacked_index, queue list.
+# ARGV: tag, the entry as read, the message to push.
+_RESTORE = """
+if redis.call('hget', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('zrem', KEYS[2], ARGV[1])
+redis.call('hdel', KEYS[1], ARGV[1])
+redis.call('rpush', KEYS[3], ARGV[3])
+return 1
+"""
+
+
+class Unacked:
+    """Delivered, unacknowledged messages in Redis, by delivery tag: the facts kombu's
+    visibility sweep reads. Any Redis client will do; this one is the dispatcher's own, so it
+    works whatever state kombu's connection is in."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._restore = client.register_script(_RESTORE)
+
+    def renew(self, tags: Iterable[str], now: float | None = None) -> None:
+        """Push each message's visibility deadline forward: a lease. XX: never re-create an
+        entry that was acknowledged or restored meanwhile."""
+        tags = list(tags)
+        if tags:
+            stamp = time.time() if now is None else now
+            self.client.zadd(UNACKED_INDEX, {t: stamp for t in tags}, xx=True)
+
+    def ack(self, tags: Iterable[str]) -> None:
+        tags = list(tags)
+        if tags:
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.zrem(UNACKED_INDEX, *tags)
+                pipe.hdel(UNACKED, *tags)
+                pipe.execute()
+
+    def restore(self, tags: Iterable[str]) -> int:
+        """Back to the head of their queues; returns how many were still unacknowledged."""
+        tags = list(tags)
+        if not tags:
+            return 0
+        with self.client.pipeline(transaction=False) as pipe:
+            for tag in tags:
+                pipe.hget(UNACKED, tag)
+            entries = pipe.execute()
+        restored = 0
+        with self.client.pipeline(transaction=False) as pipe:
+            # Last first: each push goes to the head, so the first of them is served first.
+            for tag, raw in reversed(list(zip(tags, entries))):
+                if raw is None:
+                    continue
+                message, exchange, routing_key = json.loads(raw)
+                if exchange:  # not one of ours; kombu's own sweep knows its bindings
+                    continue
+                # As kombu's Channel._do_restore_message marks it.
+                message.setdefault("headers", {})["redelivered"] = True
+                message["properties"].setdefault("delivery_info", {})["redelivered"] = True
+                target = list_for(routing_key, int(message["properties"].get("priority") or 0))
+                self._restore(keys=[UNACKED, UNACKED_INDEX, target],
+                              args=[tag, raw, json.dumps(message)], client=pipe)
+            restored = sum(int(x) for x in pipe.execute())
+        return restored

@@ -1,6 +1,8 @@
 """kombu's Redis transport as make_celery adjusts it (tasks/transport.py), on a real Redis."""
 from __future__ import annotations
 
+import base64
+
 import kombu
 import pytest
 import redis
@@ -44,3 +46,114 @@ def test_messages_still_flow_and_acks_clear_the_unacked_index(redis_url):
         message.ack()
         assert server.hlen("unacked") == 0
         assert server.zcard("unacked_index") == 0
+
+
+# -- what tasks/transport.py relies on, checked against the installed kombu and Celery ----
+
+def make_app(redis_url: str):
+    from config import load_settings
+    from tasks.celery_app import make_celery
+
+    return make_celery(load_settings({"redis_url": redis_url}))
+
+
+def test_kombu_keeps_unacked_messages_where_transport_expects_them(redis_url):
+    app = make_app(redis_url)
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        assert (channel.unacked_key, channel.unacked_index_key) == \
+            (transport.UNACKED, transport.UNACKED_INDEX)
+        assert hasattr(channel.qos, "_delivered")
+        for priority in (0, 3, 5, 7, 9):
+            assert transport.list_for("q", priority) == channel._q_for_pri("q", priority)
+
+
+def test_the_event_loop_connections_never_retry(redis_url):
+    app = make_app(redis_url)
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        assert channel._connparams(asynchronous=True)["retry"].get_retries() == 0
+        assert "retry" not in channel._connparams(asynchronous=False)
+
+
+def test_a_built_message_is_what_send_task_publishes(redis_url):
+    import json
+
+    app = make_app(redis_url)
+    server = redis.Redis.from_url(redis_url)
+    server.delete("probe", "probe\x06\x165")
+    kwargs = {"inputs": ["a"], "options": {}}
+    app.send_task("iq.infer.probe", kwargs=kwargs, task_id="t-1", queue="probe", priority=5,
+                  headers={"trace_id": "x"})
+    sent = json.loads(server.rpop("probe\x06\x165"))
+    built = transport.task_message(app, "iq.infer.probe", "t-1", kwargs, queue="probe",
+                                   priority=5, headers={"trace_id": "x"})
+    mine = json.loads(built.payload)
+    assert built.list_key == "probe\x06\x165"
+    for volatile in ("origin",):
+        sent["headers"].pop(volatile), mine["headers"].pop(volatile)
+    sent["properties"].pop("delivery_tag"), mine["properties"].pop("delivery_tag")
+    sent["properties"].pop("reply_to"), mine["properties"].pop("reply_to")
+    assert json.loads(base64.b64decode(sent.pop("body"))) == \
+        json.loads(base64.b64decode(mine.pop("body")))
+    assert mine == sent
+
+
+def test_task_events_show_a_summary_not_the_inputs(redis_url):
+    import json
+
+    app = make_app(redis_url)
+    built = transport.task_message(app, "iq.infer.probe", "t-2", {"inputs": ["secret text"]},
+                                   queue="probe", priority=5,
+                                   summary={"model": "probe", "inputs": 1})
+    headers = json.loads(built.payload)["headers"]
+    assert "secret" not in headers["kwargsrepr"] and "'inputs': 1" in headers["kwargsrepr"]
+
+
+def test_unacked_renew_ack_and_restore_by_tag(redis_url):
+    install_app = make_app(redis_url)  # noqa: F841 - installs the transport adjustments
+    queue = kombu.Queue("iq-lease-test")
+    server = redis.Redis.from_url(redis_url)
+    server.delete("iq-lease-test")
+    unacked = transport.Unacked(server)
+    with kombu.Connection(redis_url) as conn:
+        for n in range(3):
+            conn.Producer().publish({"n": n}, routing_key=queue.name, declare=[queue],
+                                    serializer="json")
+        got = [queue(conn.default_channel).get(no_ack=False) for _ in range(3)]
+        tags = [m.delivery_tag for m in got]
+        # A lease pushes the delivery time forward, and never re-creates an acked entry.
+        unacked.renew(tags, now=4_000_000_000)
+        assert server.zscore(transport.UNACKED_INDEX, tags[0]) == 4_000_000_000
+        unacked.ack([tags[0]])
+        unacked.renew(tags)
+        assert server.zscore(transport.UNACKED_INDEX, tags[0]) is None
+        assert server.hlen(transport.UNACKED) == 2
+        # Restored at most once, to the head of the queue, as kombu would.
+        assert unacked.restore(tags) == 2
+        assert unacked.restore(tags) == 0
+        assert server.hlen(transport.UNACKED) == 0 and server.llen("iq-lease-test") == 2
+        again = queue(conn.default_channel).get(no_ack=True)
+        assert again.payload == {"n": 1} and again.delivery_info.get("redelivered")
+
+
+def test_closing_a_channel_leaves_what_the_dispatcher_holds(redis_url):
+    make_app(redis_url)
+    queue = kombu.Queue("iq-held-test")
+    server = redis.Redis.from_url(redis_url)
+    server.delete("iq-held-test")
+    with kombu.Connection(redis_url) as conn:
+        for n in range(2):
+            conn.Producer().publish({"n": n}, routing_key=queue.name, declare=[queue],
+                                    serializer="json")
+        channel = conn.channel()
+        held, free = (queue(channel).get(no_ack=False) for _ in range(2))
+        transport.HELD.add(held.delivery_tag)
+        try:
+            channel.close()
+        finally:
+            transport.HELD.discard(held.delivery_tag)
+        # The free one went back to the queue; the held one is still this worker's.
+        assert server.llen("iq-held-test") == 1
+        assert server.hexists(transport.UNACKED, held.delivery_tag)
+        assert not server.hexists(transport.UNACKED, free.delivery_tag)

@@ -17,7 +17,6 @@ def test_layering_defaults_then_yaml_then_environment(tmp_path):
     assert s.max_body_bytes == 2048          # from YAML
     assert s.job_ttl_s == 120                # environment beats YAML
     assert s.redis_url == "redis://h:1/2"
-    assert s.broker == s.backend == "redis://h:1/2"
     assert s.max_wait_s == 30.0              # default
     assert load_settings({"job_ttl_s": 5}, environ=env).job_ttl_s == 5
 

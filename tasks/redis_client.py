@@ -1,0 +1,33 @@
+"""The Redis clients this project opens itself (the API's store, the workers' job-state and
+lease clients), all configured one way: bounded timeouts so that a dead Redis is an error in
+seconds rather than a hang, and redis-py's retries with backoff for a dropped connection."""
+from __future__ import annotations
+
+import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
+
+from config import Settings
+
+
+def connect(url: str, settings: Settings, *, decode: bool = True) -> redis.Redis:
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=max(settings.redis_timeout_s, 5.0),
+        socket_connect_timeout=settings.redis_timeout_s,
+        health_check_interval=30,
+        retry=Retry(ExponentialWithJitterBackoff(base=0.1, cap=1.0), 3),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        decode_responses=decode,
+    )
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A Redis error that says nothing about the job: the server is away, restarting,
+    loading its data, or out of memory for now. Worth retrying, never a job failure."""
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return True  # BusyLoadingError (Redis loading its data) is a ConnectionError
+    if isinstance(exc, redis.ResponseError):
+        text = str(exc)
+        return text.startswith(("OOM", "LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN"))
+    return False
