@@ -25,7 +25,7 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     app.json = OrjsonProvider(app)
     configure_logging(settings.log_level)
 
-    celery = make_celery(settings, sender=True)
+    celery = make_celery(settings)
     store = JobStore(settings, celery, models)
     app.extensions.update({
         "celery": celery,

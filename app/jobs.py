@@ -5,6 +5,7 @@ import json
 import logging
 import re
 import uuid
+from typing import Any
 
 from flask import Blueprint, current_app, g, jsonify, request
 from marshmallow import ValidationError
@@ -13,7 +14,8 @@ from app import auth
 from app.errors import (Conflict, MalformedRequest, NotFound, TooManyJobs,
                         UnsupportedMediaType, ValidationFailed)
 from app.schemas import flatten, validate_job
-from app.store import IdempotencyMismatch, Overloaded, parse_job_id
+from app.store import parse_job_id
+from tasks.jobstate import IdempotencyMismatch, JobRecord, Overloaded, Status
 from tasks.logs import trace_id_var
 from tasks.webhooks import WebhookRefused, check_url
 
@@ -91,8 +93,8 @@ def submit_job():
         raise ValidationFailed("invalid header", fields={
             "Idempotency-Key": ["1 to 255 visible ASCII characters"]})
     try:
-        record, created = _ext("iq.store").submit(spec, job, g.trace_id, key,
-                                                  owner=auth.current_owner())
+        submitted, created = _ext("iq.store").submit(spec, job, g.trace_id, key,
+                                                     owner=auth.current_owner())
     except Overloaded:
         metrics.rejected.labels(spec.name, "queue_full").inc()
         raise TooManyJobs(f"the queue of {spec.name} is full "
@@ -101,19 +103,19 @@ def submit_job():
         raise Conflict("this Idempotency-Key was used with a different request body") from None
     if created:
         metrics.submitted.labels(spec.name).inc()
-        logger.info("job %s accepted: model=%s inputs=%d priority=%s", record["id"], spec.name,
-                    len(job["inputs"]), job["priority"])
-    url = f"/v1/jobs/{record['id']}"
+        logger.info("job %s accepted: model=%s inputs=%d priority=%s", submitted.id,
+                    spec.name, len(job["inputs"]), job["priority"])
+    url = f"/v1/jobs/{submitted.id}"
     headers = {"Location": url}
     wait = _preferred_wait()
     if wait is not None:
         headers["Preference-Applied"] = f"wait={wait:g}"
-        view = _ext("iq.store").wait(record["id"], wait, auth.current_owner())
-        if view is not None and view.terminal:
-            return jsonify({**view.to_json(), "url": url}), 201, headers
-    body = {"id": record["id"], "status": "queued", "model": spec.name,
-            "created_at": record["created_at"], "url": url,
-            "trace_id": record.get("trace_id", g.trace_id)}
+        finished = _ext("iq.store").wait(submitted.id, wait, auth.current_owner())
+        if finished is not None and finished.terminal:
+            return jsonify({**job_body(finished), "url": url}), 201, headers
+    body = {"id": submitted.id, "status": submitted.status.value, "model": spec.name,
+            "created_at": submitted.fields.get("created_at"), "url": url,
+            "trace_id": submitted.fields.get("trace_id", g.trace_id)}
     return jsonify(body), 202, headers
 
 
@@ -144,12 +146,12 @@ def cancel_job(job_id: str):
     outcome = store.cancel(canonical) if owned else "missing"
     if outcome == "missing":
         raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
-    view = store.get(canonical)
-    if outcome != "ok" or view is None or view.status != "cancelled":
-        status = view.status if view else "unknown"
+    job = store.get(canonical)
+    if outcome != "ok" or job is None or job.status is not Status.CANCELLED:
+        status = job.status.value if job else "unknown"
         raise Conflict(f"the job is {status} and can no longer be cancelled",
                        headers={"X-Job-Status": status}, status=status)
-    return jsonify(view.to_json())
+    return jsonify(job_body(job))
 
 
 @bp.get("/jobs/<job_id>")
@@ -167,11 +169,33 @@ def get_job(job_id: str):
                                    fields={"wait": [f"must be a number in (0, {limit:g}]"]})
     store, owner = _ext("iq.store"), auth.current_owner()
     if canonical is None:
-        view = None
+        job = None
     elif wait is not None:
-        view = store.wait(canonical, seconds, owner)
+        job = store.wait(canonical, seconds, owner)
     else:
-        view = store.get(canonical, owner)
-    if view is None:
+        job = store.get(canonical, owner)
+    if job is None:
         raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
-    return jsonify(view.to_json())
+    return jsonify(job_body(job))
+
+
+def job_body(job: JobRecord) -> dict[str, Any]:
+    """A job as GET /v1/jobs/<id> shows it."""
+    fields = job.fields
+    body: dict[str, Any] = {
+        "id": job.id,
+        "model": fields.get("model"),
+        "status": job.status.value,
+        "created_at": fields.get("created_at"),
+        "started_at": fields.get("started_at"),
+        "finished_at": fields.get("finished_at") if job.terminal else None,
+    }
+    if fields.get("trace_id"):
+        body["trace_id"] = fields["trace_id"]
+    if fields.get("batch"):
+        body["batch"] = json.loads(fields["batch"])
+    if job.status is Status.SUCCEEDED:
+        body["result"] = {"outputs": job.outputs or []}
+    elif job.error is not None:
+        body["error"] = {"code": job.error.code, "message": job.error.message}
+    return body

@@ -18,15 +18,16 @@ def healthz():
 
 @bp.get("/readyz")
 def readyz():
-    """Ready when Redis answers and every model has at least one live worker instance."""
+    """Ready when Redis answers and every model has at least one live instance: a pool child
+    with the model loaded, in a worker whose main process is consuming."""
     store = _ext("iq.store")
     checks: dict[str, dict] = {}
     try:
         store.ping()
         checks["redis"] = {"ok": True}
         live = store.live(_ext("iq.models"))
-    except redis.RedisError as exc:
-        checks["redis"] = {"ok": False, "error": str(exc)}
+    except redis.RedisError:
+        checks["redis"] = {"ok": False, "error": "unreachable"}
         live = {}
     for name in _ext("iq.models"):
         count = live.get(name, {}).get("instances", 0)

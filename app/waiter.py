@@ -1,8 +1,9 @@
 """Wakes `?wait` requests when their job finishes, from one subscription per API process.
 
-The Celery Redis result backend publishes every stored result on the channel named after its
-key. One listener thread pattern-subscribes to those channels and sets the Event of whichever
-requests wait on that job: no connection per waiting request, no subscription left behind.
+Every move of a job to a terminal status is announced on its done channel
+(tasks/jobstate.py), with the status only. One listener thread pattern-subscribes to those
+channels and sets the Event of whichever requests wait on that job: no connection per waiting
+request, no subscription left behind.
 """
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from typing import Iterator
 
 import redis
 
-from tasks.records import result_key
+from tasks.keys import DONE_PREFIX
 
 logger = logging.getLogger(__name__)
 
-PREFIX = result_key("")
+PREFIX = DONE_PREFIX
 
 
 class ResultWaiter:
