@@ -1,5 +1,5 @@
 """The peer: the same models behind celery-batches' `Batches` task, the library a Celery user
-reaches for today. Same task names, queues, result format and child runtime as the service,
+reaches for today. Same task names, queues, job state, result format and child runtime as the service,
 so the same HTTP API fronts it. Used by the benchmark only (celery-batches is not a runtime
 dependency). Flush settings from BENCH_FLUSH_EVERY and BENCH_FLUSH_INTERVAL (seconds).
 
@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
-from celery import signals
+from celery import bootsteps, signals
 from celery.utils.log import current_process_index
 from celery_batches import Batches
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # for spawned children
 
 from tasks.celery_app import make_celery  # noqa: E402
-from tasks.errors import JobFailed  # noqa: E402
+from tasks.keys import CONSUMING_KEY  # noqa: E402
 from tasks.names import task_name  # noqa: E402
-from workers.runtime import runtime, start_runtime, stop_runtime  # noqa: E402
+from tasks.redis_client import connect  # noqa: E402
+from workers.execute import run_batch  # noqa: E402
+from workers.runtime import start_runtime, stop_runtime  # noqa: E402
 
 FLUSH_EVERY = int(os.environ.get("BENCH_FLUSH_EVERY", "32"))
 FLUSH_INTERVAL = float(os.environ.get("BENCH_FLUSH_INTERVAL", "0.005"))
@@ -31,13 +34,9 @@ celery.conf.imports = ("bench.peer_worker",)
 
 def _register(model: str) -> None:
     def infer(self, requests):
-        jobs = [((r.kwargs or {}).get("inputs") or [], (r.kwargs or {}).get("options") or {})
-                for r in requests]
-        for r, result in zip(requests, runtime().run(model, jobs)):
-            if isinstance(result, JobFailed):
-                self.backend.mark_as_failure(r.id, result, request=r)
-            else:
-                self.backend.mark_as_done(r.id, {"outputs": result}, request=r)
+        # The service's own batch executor: the same job state moves and result writes, so
+        # that only the batching in the worker's main process differs.
+        run_batch(model, [(r.id, r.kwargs or {}, None) for r in requests])
 
     celery.task(name=task_name(model), base=Batches, bind=True, shared=False,
                 flush_every=FLUSH_EVERY, flush_interval=FLUSH_INTERVAL)(infer)
@@ -45,6 +44,26 @@ def _register(model: str) -> None:
 
 for _model in celery.conf.iq_models:
     _register(_model)
+
+
+class Consuming(bootsteps.StartStopStep):
+    """What the service's dispatcher tells /readyz (tasks/keys.py CONSUMING_KEY): this
+    worker's event loop turns while it is connected."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, c) -> None:
+        settings = c.app.conf.iq_settings
+        client = connect(settings.redis_url, settings)
+        self.tref = c.timer.call_repeatedly(
+            settings.heartbeat_interval_s,
+            lambda: client.zadd(CONSUMING_KEY, {c.hostname: time.time()}))
+
+    def stop(self, c) -> None:
+        self.tref.cancel()
+
+
+celery.steps["consumer"].add(Consuming)
 
 
 @signals.worker_process_init.connect

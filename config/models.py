@@ -42,6 +42,9 @@ class ModelSpec:
     base_ms: float = 20.0
     per_item_ms: float = 0.2
     oom_above: int = 0  # > 0: a call of more items raises CUDA out-of-memory (fault tests)
+    # A file to which every input the model is called on is appended, one line each: fault
+    # tests count from it how many times each job really ran.
+    runs_log: str = ""
     # Overload and time. A job not started within timeout_s ends `expired` (0: no deadline;
     # a job may set its own). A batch running past time_limit_s is killed, its jobs end
     # `failed` with code `timeout` and the child is replaced (0: no limit). Past
@@ -127,6 +130,8 @@ def parse_model(name: str, raw: dict[str, Any], base: Path) -> ModelSpec:
     for key in ("max_wait_ms", "base_ms", "per_item_ms", "timeout_s", "time_limit_s"):
         if key in raw:
             values[key] = _non_negative(where, key, raw[key])
+    if kind == "synthetic" and raw.get("runs_log"):
+        values["runs_log"] = _resolve_path(str(raw["runs_log"]), base)
     values["device"] = _one_of(where, "device", raw.get("device", "auto"), DEVICES)
     values["dtype"] = _one_of(where, "dtype", raw.get("dtype", "float32"), DTYPES)
 

@@ -1,39 +1,58 @@
 """Celery glue for dynamic batching: a task Strategy that buffers requests in the worker's main
-process and hands each batch, as one call, to a prefork pool child.
+process and hands each batch, as one call, to a prefork pool child; and a consumer bootstep
+that keeps what the worker holds leased, tells the API the worker is consuming, and restarts
+the worker when its event loop stops.
 
 Each job keeps its Celery identity: it is a real `celery.worker.request.Request`, so Celery's
 own handlers do the bookkeeping per job: `inspect reserved/active`, task events for Flower
-(received, started, succeeded/failed with runtime), revocation and expiry, late acks, and
-requeueing when the child running it dies (`task_reject_on_worker_lost`).
+(received, started, succeeded/failed with runtime), revocation, late acks, and requeueing
+when the child running it dies (`task_reject_on_worker_lost`). Acknowledging goes through the
+worker's leases (workers/leases.py), a batch at a time.
 """
 from __future__ import annotations
 
 import logging
+import time
+from contextlib import contextmanager
 from time import monotonic
-from typing import Any
+from typing import Any, Iterator
 
-from billiard.einfo import ExceptionInfo
+import redis
+from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
+from billiard.exceptions import TimeLimitExceeded, WorkerLostError
+from celery import bootsteps
 from celery.utils.imports import symbol_by_name
 from celery.worker import state as worker_state
 from celery.worker.strategy import proto1_to_proto2
 
+from tasks import transport
 from tasks.errors import JobFailed
+from tasks.jobstate import Final, JobError, JobState, Status
+from tasks.keys import CONSUMING_KEY
 from tasks.logs import trace
-from tasks.names import PRIORITIES, model_of_task
+from tasks.names import PRIORITIES, model_of_task, queue_lists
+from tasks.redis_client import connect
 from workers.devices import visible_gpu_count
-from workers.execute import CANCELLED, JobOutcome, run_batch
+from workers.execute import JobOutcome, Outcome, run_batch, webhook_message
+from workers.leases import Leases
 from workers.policy import Batch, BatchScheduler
+from workers.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
 _DISPATCHER_ATTR = "_iq_dispatcher"
 
 
-def _failure_info(code: str, message: str) -> ExceptionInfo:
+def _failure_info(error: JobError) -> ExceptionInfo:
     try:
-        raise JobFailed(code, message)
+        raise JobFailed(error.code, error.message)
     except JobFailed:
         return ExceptionInfo()
+
+
+def _stopping() -> bool:
+    # Celery sets these to the exit code, 0 included, when a shutdown starts.
+    return worker_state.should_stop is not None or worker_state.should_terminate is not None
 
 
 def trace_id_of(request: Any) -> str | None:
@@ -41,49 +60,91 @@ def trace_id_of(request: Any) -> str | None:
         (request.request_dict.get("headers") or {}).get("trace_id")
 
 
-def _stale(request: Any) -> bool:
-    """The message came over a broker connection that has since been replaced: it can be
-    neither acknowledged nor rejected any more (kombu fails on the closed channel). Redis
-    still holds it as unacknowledged and delivers it again after the visibility timeout;
-    a result already stored is kept (workers.execute.store_results)."""
-    channel = getattr(request.message, "channel", None)
-    return channel is None or bool(getattr(channel, "closed", False)) \
-        or getattr(channel, "connection", None) is None
-
-
-def _discard(request: Any) -> bool:
-    # Request.revoked() also announces the revocation (result REVOKED, event, ack).
-    return bool(request.revoked())
-
-
 class PoolDispatcher:
-    """One per worker consumer: buffers every batching task's requests and feeds the pool."""
+    """One per worker: buffers every batching task's requests and feeds the pool."""
 
     def __init__(self, consumer: Any) -> None:
         self.consumer = consumer
+        self.settings = consumer.app.conf.iq_settings
         self.scheduler = BatchScheduler()
         self.inflight = 0
         self.connection = consumer.connection
+        self.client = connect(self.settings.redis_url, self.settings)
+        self.leases = Leases(transport.Unacked(self.client))
+        self.state = JobState(self.client)
+        self.watchdog = Watchdog(self.settings.watchdog_s, self)
+        self.consuming = False
         self._timer_entry: Any = None
         self._timer_due: float | None = None
+        self._settling: tuple[list, list] | None = None
 
     # -- bookkeeping ---------------------------------------------------------------------
     @property
     def capacity(self) -> int:
         return int(self.consumer.pool.num_processes or 1)
 
+    def callbacks(self, message: Any) -> tuple[Any, Any]:
+        """A request's ack and reject: through the leases, collected per batch."""
+        def on_ack(_logger: Any = None, _errors: Any = None) -> None:
+            self._settle(message, requeue=False)
+
+        def on_reject(_logger: Any = None, _errors: Any = None, requeue: bool = False) -> None:
+            self._settle(message, requeue=requeue)
+
+        return on_ack, on_reject
+
+    def _settle(self, message: Any, requeue: bool) -> None:
+        if self._settling is not None:
+            self._settling[1 if requeue else 0].append(message)
+        elif requeue:
+            self.leases.restore([message])
+        else:
+            self.leases.ack([message])
+
+    @contextmanager
+    def settling(self) -> Iterator[None]:
+        """Acks and requeues made inside go to Redis together, in one round trip each."""
+        if self._settling is not None:  # already inside one: the outer one settles
+            yield
+            return
+        self._settling = ([], [])
+        try:
+            yield
+        finally:
+            acks, restores = self._settling
+            self._settling = None
+            self.leases.ack(acks)
+            self.leases.restore(restores)
+
     def reset_for(self, connection: Any) -> None:
-        """After a broker reconnect the buffered messages belong to the old channel; Redis
-        redelivers them, so the copies held here are dropped."""
+        """After a broker reconnect: what waited in the buffer goes back to its queue at once
+        (another worker may take it); batches still running stay this worker's, and their
+        acknowledgements go through its own Redis client."""
         if connection is self.connection:
             return
-        dropped = self.scheduler.drain()
-        for pending in dropped:
-            worker_state.task_ready(pending.job)
-        if dropped:
-            logger.warning("broker connection replaced: dropped %d buffered job(s) for "
-                           "redelivery", len(dropped))
         self.connection = connection
+        self.release_buffered("broker connection replaced")
+
+    def release_buffered(self, why: str) -> None:
+        drained = self.scheduler.drain()
+        for pending in drained:
+            worker_state.task_ready(pending.job)
+        if drained:
+            self.leases.restore([p.job.message for p in drained])
+            logger.warning("%s: %d buffered job(s) back on their queues", why, len(drained))
+
+    def revoked(self, request: Any) -> bool:
+        """Whether the job was revoked through Celery (`celery revoke`, Flower, the API's
+        cancel): then Celery announces it (event, ack) and its record ends `cancelled`,
+        unless it already ended otherwise."""
+        if not request.revoked():
+            return False
+        try:
+            self.state.cancel(request.id)
+        except redis.RedisError:
+            logger.error("job %s revoked and dropped, but Redis refused to mark its record "
+                         "cancelled: the record stays queued", request.id)
+        return True
 
     # -- intake --------------------------------------------------------------------------
     def submit(self, model: str, request: Any) -> None:
@@ -99,9 +160,10 @@ class PoolDispatcher:
     # -- dispatch ------------------------------------------------------------------------
     def pump(self, freed: int = 0) -> None:
         idle = self.capacity - self.inflight
-        for batch in self.scheduler.batches(
-            monotonic(), idle=idle, busy=self.inflight, freed=freed, discard=_discard
-        ):
+        with self.settling():
+            batches = self.scheduler.batches(monotonic(), idle=idle, busy=self.inflight,
+                                             freed=freed, discard=self.revoked)
+        for batch in batches:
             self._apply(batch)
         self._arm_timer()
 
@@ -134,49 +196,22 @@ class PoolDispatcher:
 
         def on_return(outcomes: list[JobOutcome]) -> None:
             self.inflight -= 1
+            if _stopping():
+                # Shutting down: the loop may not turn again, and no new batch starts.
+                self._finish(batch.model, requests, outcomes)
+                return
             self.pump(freed=1)
             # The pool writes the freed child its next batch only when the event loop next
             # turns. Acknowledging now (a Redis round trip and an event per job) would hold
             # that batch back for all of it, the model idle meanwhile; so the bookkeeping
-            # waits a millisecond, past that write (results are stored already). Not while
-            # shutting down: the loop may not turn again.
-            if worker_state.should_stop or worker_state.should_terminate:
-                finish(outcomes)
-            else:
-                self.consumer.timer.call_after(0.001, finish, (outcomes,))
-
-        def finish(outcomes: list[JobOutcome]) -> None:
-            by_id = {o[0]: o for o in outcomes}
-            for r in requests:
-                if _stale(r):
-                    worker_state.task_ready(r)
-                    continue
-                outcome = by_id.get(r.id)
-                if outcome is None:
-                    r.on_failure(_failure_info("internal", "batch returned no outcome for job"))
-                    continue
-                _job_id, ok, runtime, summary = outcome
-                if summary == CANCELLED:
-                    # Cancelled through the API after it was buffered: never ran.
-                    worker_state.task_ready(r)
-                    r.send_event("task-revoked", terminated=False, signum=None, expired=False)
-                    r.acknowledge()
-                elif ok:
-                    r.on_success((False, summary, runtime))
-                else:
-                    code, _, message = summary.partition(": ")
-                    r.on_success((True, _failure_info(code, message), runtime))
+            # waits a millisecond, past that write (results are stored already).
+            self.consumer.timer.call_after(0.001, self._finish, (batch.model, requests, outcomes))
 
         def on_error(exc_info: ExceptionInfo) -> None:
-            # The child died (WorkerLostError: requeued by Celery) or the batch call itself
-            # broke: each job takes Celery's own failure path.
             self.inflight -= 1
-            for r in requests:
-                if _stale(r):
-                    worker_state.task_ready(r)
-                    continue
-                r.on_failure(exc_info)
-            self.pump(freed=1)
+            self._failed_batch(batch.model, requests, exc_info)
+            if not _stopping():
+                self.pump(freed=1)
 
         time_limit = self.consumer.app.conf.iq_models[batch.model].time_limit_s or None
         self.consumer.pool.apply_async(
@@ -186,10 +221,170 @@ class PoolDispatcher:
             callback=on_return,
             error_callback=on_error,
             # Past the hard limit the child is killed and replaced; each job of the batch
-            # takes Celery's timeout path (failed, TimeLimitExceeded, acknowledged).
+            # ends failed with code `timeout` (_failed_batch).
             timeout=time_limit,
             correlation_id=requests[0].id,
         )
+
+    def _finish(self, model: str, requests: list, outcomes: list[JobOutcome]) -> None:
+        by_id = {o.job_id: o for o in outcomes}
+        with self.settling():
+            for r in requests:
+                o = by_id.get(r.id)
+                if o is None:
+                    logger.error("batch of %s returned no outcome for job %s; requeued",
+                                 model, r.id)
+                    o = JobOutcome(r.id, Outcome.RETRY)
+                try:
+                    self._settle_one(r, o)
+                except Exception:  # noqa: BLE001 - one job's bookkeeping must not stop the rest
+                    logger.exception("bookkeeping of job %s failed", r.id)
+                    r.acknowledge() if o.outcome is not Outcome.RETRY else r.reject(requeue=True)
+
+    @staticmethod
+    def _settle_one(r: Any, o: JobOutcome) -> None:
+        """Celery's own handling of one job's outcome: state, event, ack or requeue."""
+        if o.outcome is Outcome.SUCCEEDED:
+            r.on_success((False, f"{o.outputs} output(s)", o.runtime))
+        elif o.outcome is Outcome.FAILED:
+            r.on_success((True, _failure_info(o.error), o.runtime))
+        elif o.outcome is Outcome.RETRY:
+            worker_state.task_ready(r)
+            r.reject(requeue=True)
+        else:  # NOT_RUN: cancelled, expired, missing, or finished by an earlier run
+            worker_state.task_ready(r)
+            if o.reason in ("cancelled", "expired"):
+                r.send_event("task-revoked", terminated=False, signum=None,
+                             expired=o.reason == "expired")
+            r.acknowledge()
+
+    def _failed_batch(self, model: str, requests: list, exc_info: ExceptionInfo) -> None:
+        """The batch call did not return: its child died, or was killed at the time limit,
+        or the call itself broke."""
+        exc = exc_info.exception
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        if isinstance(exc, WorkerLostError):
+            # Celery's own path: each job back on its queue (reject_on_worker_lost), unless
+            # its success was stored before the child went.
+            with self.settling():
+                for r in requests:
+                    r.on_failure(exc_info)
+            return
+        spec = self.consumer.app.conf.iq_models[model]
+        if isinstance(exc, TimeLimitExceeded):
+            error = JobError("timeout", f"the batch ran past its model's time limit "
+                                        f"({spec.time_limit_s:g} s)")
+        else:
+            error = JobError("worker_error", f"{type(exc).__name__}: {exc}")
+        app = self.consumer.app
+        finals = [Final(r.id, Status.FAILED,
+                        transport.result_meta(app, r.id, Status.FAILED,
+                                              JobFailed(error.code, error.message)),
+                        error, webhook_message(app, model, r.id, r.kwargs or {},
+                                               trace_id_of(r), Status.FAILED, None, error))
+                  for r in requests]
+        try:
+            self.state.finish(finals, result_ttl_s=self.settings.result_ttl_s)
+        except redis.RedisError:
+            logger.warning("could not store the failure of %d job(s); requeued", len(requests),
+                           exc_info=True)
+            with self.settling():
+                for r in requests:
+                    worker_state.task_ready(r)
+                    r.reject(requeue=True)
+            return
+        for r in requests:
+            with trace(trace_id_of(r)):
+                logger.warning("job %s failed: %s: %s", r.id, error.code, error.message)
+        with self.settling():
+            for r in requests:
+                r.on_failure(exc_info, return_ok=True)  # stored above: only ack and event
+
+    # -- the periodic tick: leases, liveness, watchdog -------------------------------------
+    def tick(self) -> None:
+        self.leases.tick()
+        self.watchdog.beat()
+        queues = self.consumed_queues()
+        if not queues:  # no model's queue (a webhooks-only worker, or all cancelled)
+            return
+        stalled = self.inflight < self.capacity and len(self.scheduler) == 0 \
+            and self._jobs_waiting(queues)
+        self.watchdog.observe_idle_with_work(stalled)
+        try:
+            if self.consuming:
+                self.client.zadd(CONSUMING_KEY, {self.consumer.hostname: time.time()})
+        except redis.RedisError as exc:
+            logger.warning("could not announce this worker as consuming: %s", exc)
+
+    def consumed_queues(self) -> list[str]:
+        """The model queues this worker consumes now (`add_consumer`/`cancel_consumer` change
+        them at run time)."""
+        task_consumer = getattr(self.consumer, "task_consumer", None)
+        models = {spec.queue for spec in self.consumer.app.conf.iq_models.values()}
+        return [q.name for q in (task_consumer.queues if task_consumer else [])
+                if q.name in models]
+
+    def _jobs_waiting(self, queues: list[str]) -> bool:
+        """Whether any of these queues has messages waiting in Redis."""
+        lists = [name for q in queues for name in queue_lists(q)]
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for name in lists:
+                    pipe.llen(name)
+                return sum(pipe.execute()) > 0
+        except redis.RedisError:
+            return False
+
+    def stop_consuming(self) -> None:
+        self.consuming = False
+        try:
+            self.client.zrem(CONSUMING_KEY, self.consumer.hostname)
+        except redis.RedisError:
+            pass
+
+    def pool_pids(self) -> list[int]:
+        try:
+            return list(self.consumer.pool.info.get("processes") or [])
+        except Exception:  # noqa: BLE001 - the pool may be half torn down
+            return []
+
+
+class DispatcherStep(bootsteps.StartStopStep):
+    """A consumer bootstep: started after each (re)connection, once the task strategies (and
+    so the dispatcher) exist; stopped before the connection goes, on a reconnect and at
+    shutdown."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        self._tick: Any = None
+
+    def start(self, c: Any) -> None:
+        dispatcher = getattr(c, _DISPATCHER_ATTR, None)
+        if dispatcher is None:
+            return
+        dispatcher.consuming = True
+        dispatcher.tick()
+        self._tick = c.timer.call_repeatedly(dispatcher.settings.heartbeat_interval_s,
+                                             dispatcher.tick)
+        dispatcher.watchdog.start()
+
+    def stop(self, c: Any) -> None:
+        """Consuming ends: on a reconnect (`stop`), at a warm shutdown (`close`, before the
+        pool finishes its running batches) and at the end (`shutdown`). What waits in the
+        buffer goes back to its queue now rather than after a visibility timeout."""
+        dispatcher = getattr(c, _DISPATCHER_ATTR, None)
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+        if dispatcher is not None:
+            dispatcher.watchdog.pause()
+            dispatcher.stop_consuming()
+            dispatcher.release_buffered("stopped consuming")
+
+    close = shutdown = stop
 
 
 def guard_pool_growth(pool: Any, gpus: int) -> None:
@@ -236,18 +431,20 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
     connection_errors = consumer.connection_errors
     revoked_tasks = consumer.controller.state.revoked
 
-    def task_message_handler(message, body, ack, reject, callbacks, **_kw):
+    def task_message_handler(message, body, _ack, _reject, callbacks, **_kw):
         if body is None and "args" not in message.payload:
             body, headers, decoded, utc = (message.body, message.headers, False,
                                            app.uses_utc_timezone())
         else:
             body, headers, decoded, utc = proto1_to_proto2(message, body)
+        on_ack, on_reject = dispatcher.callbacks(message)
         request = Request(
-            message, on_ack=ack, on_reject=reject, app=app, hostname=hostname,
+            message, on_ack=on_ack, on_reject=on_reject, app=app, hostname=hostname,
             eventer=eventer, task=task, connection_errors=connection_errors,
             body=body, headers=headers, decoded=decoded, utc=utc,
         )
-        if (request.expires or request.id in revoked_tasks) and request.revoked():
+        dispatcher.leases.hold(message)
+        if (request.expires or request.id in revoked_tasks) and dispatcher.revoked(request):
             return
         if send_events:
             request.send_event("task-received", name=request.name, args=request.argsrepr,

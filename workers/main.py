@@ -18,6 +18,7 @@ from celery.utils.log import current_process_index
 from tasks.celery_app import make_celery
 from tasks.logs import configure_handler
 from tasks.names import task_name
+from workers.dispatcher import DispatcherStep
 from workers.runtime import MODELS_ENV, start_runtime, stop_runtime
 from workers.webhooks import register as register_webhooks
 from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
@@ -33,6 +34,7 @@ sys.path.append(str(Path(__file__).resolve().parent.parent))
 celery = make_celery()
 # Spawned pool children import this module too, which connects the signal handlers below.
 celery.conf.imports = ("workers.main",)
+celery.steps["consumer"].add(DispatcherStep)
 
 
 class BatchingTask(Task):

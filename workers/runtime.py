@@ -14,7 +14,9 @@ import redis
 from config import Settings
 from config.models import ModelSpec
 from tasks.errors import JobFailed
-from tasks.records import live_key
+from tasks.jobstate import JobState
+from tasks.keys import live_key
+from tasks.redis_client import connect
 from workers.handlers import Handler, build_handler
 
 logger = logging.getLogger(__name__)
@@ -39,9 +41,9 @@ class ModelRuntime:
         self.handlers: dict[str, Handler] = {}
         self.state = State.STARTING
         self._stop = threading.Event()
-        self._redis = redis.Redis.from_url(settings.backend,
-                                           socket_timeout=settings.redis_timeout_s,
-                                           socket_connect_timeout=settings.redis_timeout_s)
+        self._redis = connect(settings.redis_url, settings)
+        # The job records this child moves (start, finish): tasks/jobstate.py.
+        self.jobs = JobState(self._redis)
 
     def start(self) -> None:
         from workers.devices import configure_allocator

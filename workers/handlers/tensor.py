@@ -72,6 +72,10 @@ class SyntheticHandler(Handler):
             raise torch.cuda.OutOfMemoryError(
                 f"CUDA out of memory (injected above {self.spec.oom_above} items)")
         time.sleep((self.spec.base_ms + self.spec.per_item_ms * len(batch)) / 1000.0)
+        if self.spec.runs_log:
+            # One write with O_APPEND: lines from concurrent children never interleave.
+            with open(self.spec.runs_log, "a") as log:
+                log.write("".join(f"{x}\n" for x in batch))
         if FAIL_MARKER in batch:
             raise ValueError(f"synthetic model asked to fail by an input {FAIL_MARKER!r}")
         return [len(str(x)) for x in batch]
