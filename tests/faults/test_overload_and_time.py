@@ -28,15 +28,16 @@ def test_a_job_not_started_by_its_deadline_expires_and_never_runs(faults):
     blocker = faults.submit("sleepy", ["b"] * 4)  # a full batch: the next job must wait
     wait_until(lambda: faults.job(blocker["id"])["status"] == "running", 20, "blocker")
     late = faults.submit("sleepy", ["late"], timeout_s=0.5)
+    follower = faults.submit("sleepy", ["after"] * 4)  # queued behind it: cannot share a batch
     body = faults.finished(late["id"], timeout=30)
     assert body["status"] == "expired" and body["error"]["code"] == "expired"
     assert body["started_at"] is None
     assert faults.finished(blocker["id"])["status"] == "succeeded"
-    # Still expired, and never started, once the worker has reached it.
-    wait_until(lambda: faults.redis.get(f"celery-task-meta-{late['id']}"), 20,
-               "the worker to drop the expired job")
+    # Still expired, and never started, once the worker has gone past it.
+    assert faults.finished(follower["id"], timeout=30)["status"] == "succeeded"
     again = faults.job(late["id"])
     assert again["status"] == "expired" and again["started_at"] is None
+    assert faults.redis.hget(f"iq:job:{late['id']}", "runs") is None
 
 
 def test_a_job_past_its_hard_limit_fails_with_timeout_and_the_child_is_replaced(faults):

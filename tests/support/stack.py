@@ -55,10 +55,11 @@ class Stack:
                          [self.redis_svc, self.web, *self.workers.values()])
 
     def wait_live(self, models: list[str], timeout: float) -> None:
-        """Until each model has a live pool child (its heartbeat in Redis)."""
+        """Until each model has a live instance as /readyz counts them: a pool child with it
+        loaded, in a worker that is consuming."""
         def live() -> bool:
-            since = time.time() - 3
-            return all(self.redis.zcount(f"iq:live:{m}", since, "+inf") > 0 for m in models)
+            checks = requests.get(f"{self.api}/readyz", timeout=5).json()["checks"]
+            return all(checks[f"model:{m}"]["instances"] > 0 for m in models)
 
         wait_until(live, timeout, f"live workers for {', '.join(models)}")
 
@@ -69,15 +70,19 @@ class Stack:
 
 def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
            env_extra: dict[str, str] | None = None, appendonly: bool = False,
-           ready_models: list[str] | None = None) -> Stack:
+           ready_models: list[str] | None = None, defaults: bool = False) -> Stack:
     """Start Redis, one single-child worker per entry of `workers` (name → queues) and the
-    API; return once each model in `ready_models` (default: all) has a live instance."""
+    API; return once each model in `ready_models` (default: all) has a live instance.
+    Heartbeats are quicker than the defaults, so that tests see workers come and go sooner,
+    unless `defaults`: then every setting is what a user runs (no IQ_* but the models file)."""
     models_file = workdir / "models.yaml"
     models_file.write_text(yaml.safe_dump({"models": models}))
     redis_svc = start_redis(workdir, appendonly=appendonly)
-    env = dict(os.environ, REDIS_URL=redis_svc.extra["url"], IQ_MODELS_FILE=str(models_file),
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", IQ_HEARTBEAT_INTERVAL_S="0.5",
-               IQ_HEARTBEAT_TTL_S="3", PYTHONUNBUFFERED="1", **(env_extra or {}))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
+    quick = {} if defaults else {"IQ_HEARTBEAT_INTERVAL_S": "0.5", "IQ_HEARTBEAT_TTL_S": "3"}
+    env = dict(base, REDIS_URL=redis_svc.extra["url"], IQ_MODELS_FILE=str(models_file),
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1",
+               **quick, **(env_extra or {}))
     procs = {name: start_worker(name, env, workdir, queues) for name, queues in workers.items()}
     web = start_web(env, workdir)
     stack = Stack(web.extra["url"], redis_svc.extra["url"], env, workdir, redis_svc, procs, web)
