@@ -31,7 +31,7 @@ def test_redis_restart_loses_no_accepted_job_and_everyone_reconnects(tmp_path):
     stack = fault_stack(tmp_path, appendonly=True,
                         env_extra={"IQ_VISIBILITY_TIMEOUT_S": "4"})
     try:
-        port = stack.redis_svc.extra["port"]
+        port, password = stack.redis_svc.extra["port"], stack.redis_svc.extra["password"]
         jobs = [stack.submit("sleepy", [f"r{i}"]) for i in range(6)]
         wait_until(lambda: stack.job(jobs[0]["id"])["status"] == "running", 30, "a batch")
         stack.redis_svc.stop()  # SIGTERM: Redis flushes its append-only file and exits
@@ -43,7 +43,7 @@ def test_redis_restart_loses_no_accepted_job_and_everyone_reconnects(tmp_path):
         assert int(r.headers["Retry-After"]) > 0
         assert r.json()["error"]["code"] == "unavailable"
 
-        stack.redis_svc = start_redis(tmp_path, port=port, appendonly=True)
+        stack.redis_svc = start_redis(tmp_path, port=port, appendonly=True, password=password)
         # Neither the API nor the worker is restarted: both reconnect by themselves.
         stack.wait_live(SERVED, 60)
         done = [stack.finished(j["id"], timeout=120) for j in jobs]
