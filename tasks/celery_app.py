@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from celery import Celery
-from kombu import Queue
+from kombu import Connection, Queue
 
 from config import Settings, load_models, load_settings
 from config.models import ModelSpec
@@ -93,6 +93,10 @@ def make_celery(settings: Settings | None = None) -> Celery:
         },
         worker_hijack_root_logger=False,
     )
+    if settings.redis_url.startswith("rediss://"):
+        # kombu reads a rediss:// URL's TLS options (ssl_cert_reqs, ssl_ca_certs) from its
+        # query; Flower's Broker tab reads them only from broker_use_ssl.
+        app.conf.broker_use_ssl = Connection(settings.redis_url).ssl
     app.conf.iq_settings = settings
     app.conf.iq_models = models
     return app

@@ -2,7 +2,8 @@
 
 Children record into prometheus_client's multiprocess files (PROMETHEUS_MULTIPROC_DIR, made
 per worker before any child starts); the worker's main process serves them all on
-IQ_WORKER_METRICS_PORT (default 9808; 0 turns it off).
+IQ_WORKER_METRICS_PORT (default 9808; 0 turns it off) on IQ_WORKER_METRICS_HOST (default
+127.0.0.1, as every other process here binds; 0.0.0.0 for a Prometheus on another host).
 """
 from __future__ import annotations
 
@@ -67,9 +68,9 @@ def serve(port: int) -> None:
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
+    host = os.environ.get("IQ_WORKER_METRICS_HOST", "127.0.0.1")
     try:
-        start_http_server(port, addr=os.environ.get("IQ_WORKER_METRICS_HOST", "0.0.0.0"),
-                          registry=registry)
-        logger.info("worker metrics on :%d/metrics", port)
+        start_http_server(port, addr=host, registry=registry)
+        logger.info("worker metrics on %s:%d/metrics", host, port)
     except OSError as exc:
         logger.warning("worker metrics not served: port %d: %s", port, exc)

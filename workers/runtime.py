@@ -67,7 +67,7 @@ class ModelRuntime:
         handler.warmup()
         self.handlers[name] = handler
         self.specs[name] = spec
-        logger.info("model %s ready on %s in %.1fs (child %s)", name, device,
+        logger.info("model %s ready on %s (%s) in %.1fs (child %s)", name, device, spec.dtype,
                     time.monotonic() - started, self.member)
         return handler
 

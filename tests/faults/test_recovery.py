@@ -173,7 +173,8 @@ def test_redis_restarted_under_load(recovery, tmp_path):
     r = requests.post(f"{stack.api}/v1/jobs", json={"model": "slow", "inputs": ["x"]},
                       timeout=30)
     assert r.status_code == 503 and int(r.headers["Retry-After"]) > 0
-    stack.redis_svc = start_redis(tmp_path, port=port, appendonly=True)
+    stack.redis_svc = start_redis(tmp_path, port=port, appendonly=True,
+                                  password=stack.redis_svc.extra["password"])
     cleared = time.monotonic()
     check_recovery(stack, watch, accepted, log, cleared, may_rerun=set())
 

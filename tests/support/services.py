@@ -3,6 +3,7 @@ gunicorn serving the app factory, and Flower, each on a free port of 127.0.0.1."
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -88,16 +89,22 @@ def spawn(name: str, cmd: list[str], env: dict[str, str], logdir: Path) -> Servi
     return Service(name, proc, log)
 
 
-def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False) -> Service:
+def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False,
+                password: str | None = None) -> Service:
+    """A private redis-server that requires a password, as `make run`'s does, so that every
+    client is proven to pass one along: a fresh one unless `password` is given (a restart
+    passes the old one), none for `password=""`. `extra["url"]` carries it."""
     port = port or free_port()
+    password = secrets.token_urlsafe(16) if password is None else password
     data = workdir / f"redis-{port}"
     data.mkdir(parents=True, exist_ok=True)
     cmd = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
            "--save", "", "--appendonly", "yes" if appendonly else "no"]
+    cmd += ["--requirepass", password] if password else []
     svc = spawn(f"redis-{port}", cmd, dict(os.environ), workdir)
-    client = redis.Redis(port=port)
-    wait_until(client.ping, 20, f"redis-server on port {port}")
-    svc.extra.update(port=port, url=f"redis://127.0.0.1:{port}/0")
+    url = f"redis://{f':{password}@' if password else ''}127.0.0.1:{port}/0"
+    wait_until(redis.Redis.from_url(url).ping, 20, f"redis-server on port {port}")
+    svc.extra.update(port=port, url=url, password=password)
     return svc
 
 
@@ -126,10 +133,11 @@ def start_web(env: dict[str, str], logdir: Path, threads: int = 32) -> Service:
 
 
 def start_flower(env: dict[str, str], logdir: Path, auth: str) -> Service:
+    """Flower with its login in the environment, as scripts/flower.sh passes it."""
     port = free_port()
     cmd = [str(VENV_BIN / "celery"), "-A", "tasks.app", "flower", "--address=127.0.0.1",
-           f"--port={port}", f"--basic-auth={auth}"]
-    svc = spawn("flower", cmd, env, logdir)
+           f"--port={port}"]
+    svc = spawn("flower", cmd, dict(env, FLOWER_BASIC_AUTH=auth), logdir)
     url = f"http://127.0.0.1:{port}"
     user, password = auth.split(":", 1)
     wait_until(lambda: requests.get(f"{url}/api/workers", auth=(user, password),

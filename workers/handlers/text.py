@@ -38,6 +38,11 @@ class EmbeddingHandler(Handler):
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from tokenizers import Tokenizer
         from transformers import AutoModel
+        from transformers.utils import logging as transformers_logging
+
+        # A pool child's stderr goes to Celery's log as WARNING lines, one per redraw of the
+        # "Loading weights" bar; the runtime logs one line per model instead.
+        transformers_logging.disable_progress_bar()
 
         model_dir = package_model_dir(self.spec.package)
         st_config = model_dir / "sentence_bert_config.json"

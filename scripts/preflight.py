@@ -1,0 +1,119 @@
+"""Before `make run` starts anything: is every port it will bind free? A taken port stops it with
+one message per port that names the port, what holds it when that can be told (a Redis that
+answers PING, an HTTP server), and the variable to set."""
+from __future__ import annotations
+
+import errno
+import socket
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+@dataclass(frozen=True)
+class Binding:
+    what: str      # what make run would serve there: "Redis", "the API"
+    variable: str  # the variable that moves it: "REDIS_PORT"
+    host: str
+    port: int
+
+
+def reachable(host: str) -> str:
+    """The address a client on this machine uses for a server bound to `host`."""
+    return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+
+
+def bind_error(host: str, port: int) -> OSError | None:
+    """Why a server could not bind host:port now, or None. SO_REUSEADDR as the servers set it,
+    so that connections still in TIME_WAIT from an earlier run do not count as taken."""
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        return exc
+    return None
+
+
+def _ask(host: str, port: int, request: bytes) -> bytes:
+    try:
+        with socket.create_connection((host, port), timeout=1) as sock:
+            sock.sendall(request)
+            return sock.recv(4096)
+    except OSError:
+        return b""
+
+
+class Holder(NamedTuple):
+    """What listens on a port, as far as two harmless requests can tell."""
+    description: str
+    redis_auth: str | None = None  # a Redis: the userinfo part of a URL that reaches it
+
+
+def holder(host: str, port: int, redis_password: str | None = None,
+           password_shown: str = "") -> Holder:
+    """Asks PING (a Redis answers +PONG, or -NOAUTH when it wants a password), then HEAD / (an
+    HTTP server answers with a status line and, often, its name)."""
+    host = reachable(host)
+    reply = _ask(host, port, b"PING\r\n")
+    if reply.startswith(b"+PONG"):
+        return Holder("a Redis server that answers PING without a password", "")
+    if reply.startswith(b"-NOAUTH"):
+        if redis_password and _ask(host, port, f"AUTH {redis_password}\r\n".encode()) \
+                .startswith(b"+OK"):
+            return Holder("this project's own Redis, from another `make run` (one still "
+                          "running, or left behind by one that was killed)",
+                          f":$(cat {password_shown})@")
+        return Holder("a Redis server that requires a password", ":PASSWORD@")
+    head = _ask(host, port, f"HEAD / HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+    if head.startswith(b"HTTP/"):
+        server = next((line.split(b":", 1)[1].strip().decode(errors="replace")
+                       for line in head.split(b"\r\n") if line.lower().startswith(b"server:")),
+                      "")
+        return Holder(f"an HTTP server ({server})" if server else "an HTTP server")
+    return Holder("a program that answers neither as Redis nor as HTTP")
+
+
+def _free_port_after(binding: Binding, taken: set[int]) -> int | None:
+    for port in range(binding.port + 1, min(binding.port + 200, 65536)):
+        if port not in taken and bind_error(binding.host, port) is None:
+            return port
+    return None
+
+
+def _advice(binding: Binding, held_by: Holder, taken: set[int]) -> str:
+    lines = [f"make run: port {binding.port} for {binding.what} ({binding.variable}) is in use "
+             f"by {held_by.description}."]
+    move = "Move it to a free port:"
+    if binding.variable == "REDIS_PORT" and held_by.redis_auth is not None:
+        url = f"redis://{held_by.redis_auth}{reachable(binding.host)}:{binding.port}/0"
+        lines.append(f"  Use that Redis:            REDIS_URL={url} make run")
+        move = "Or move it to a free port:"
+    free = _free_port_after(binding, taken)
+    lines.append(f"  {move:<26} {binding.variable}={free or '<a free port>'} make run")
+    return "\n".join(lines)
+
+
+def port_problems(bindings: list[Binding], redis_password: str | None = None,
+                  password_shown: str = "") -> list[str]:
+    """One message per port that cannot be bound (none: all free). A Redis that accepts
+    `redis_password` (kept in the file `password_shown`) is told apart as this project's own."""
+    problems = []
+    by_port: dict[int, Binding] = {}
+    for binding in bindings:
+        if binding.port in by_port:
+            problems.append(f"make run: {by_port[binding.port].variable} and {binding.variable} "
+                            f"are both {binding.port}: give each its own port.")
+        by_port[binding.port] = binding
+    for binding in bindings:
+        error = bind_error(binding.host, binding.port)
+        if error is None:
+            continue
+        if error.errno == errno.EADDRINUSE:
+            held_by = holder(binding.host, binding.port, redis_password, password_shown)
+            problems.append(_advice(binding, held_by, set(by_port)))
+        else:
+            problems.append(f"make run: cannot bind {binding.host}:{binding.port} for "
+                            f"{binding.what} ({error}); check {binding.variable}.")
+    return problems

@@ -1,0 +1,206 @@
+"""`make run`: the Procfile's processes under honcho, with a Redis of its own unless REDIS_URL
+names one.
+
+Before anything starts, every port the stack will bind is checked (scripts/preflight.py). The
+secrets it needs are made on first use and kept under IQ_VAR_DIR (default var/), mode 0600: the
+Redis password, Flower's password, the webhook signing secret. Once the API, the worker and
+Flower answer, one block says what is where. Ctrl-C or SIGTERM stops every process it started:
+honcho signals each one's process group, and kills what is left after a few seconds.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import secrets
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from honcho.environ import parse_procfile
+from honcho.manager import Manager
+from honcho.printer import Message, Printer
+from kombu.utils.url import maybe_sanitize_url
+
+from scripts.preflight import Binding, port_problems, reachable
+
+ROOT = Path(__file__).resolve().parent.parent
+NOT_UP_NOTE_S = 300  # a first model load can take minutes; after this, say what is missing
+
+
+class Refused(Exception):
+    """A setting make run cannot start with; the message says which and why."""
+
+
+def _port(env: dict[str, str], variable: str, default: int) -> int:
+    raw = env.get(variable) or str(default)
+    if not raw.isdigit() or int(raw) > 65535:
+        raise Refused(f"make run: {variable} must be a port number (0-65535), got {raw!r}")
+    return int(raw)
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def kept_secret(var_dir: Path, name: str) -> tuple[str, Path]:
+    """A random secret kept in var_dir/secrets/<name>, readable by this user only; made on
+    first use, the same on every later run."""
+    path = var_dir / "secrets" / name
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        os.chmod(path, 0o600)
+    else:
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(24) + "\n")
+    value = path.read_text().strip()
+    if not value:
+        raise Refused(f"make run: {_shown(path)} is empty; delete it and a new one is made")
+    return value, path
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _announce(manager: Manager, checks: dict[str, str], block: str) -> None:
+    """Print `block` through honcho's printer once every check URL answers 200."""
+    def say(text: str) -> None:
+        manager.events.put(Message("line", text, datetime.datetime.now(), "run", None))
+
+    pending, started, noted, pause = dict(checks), time.monotonic(), False, 0.25
+    while pending := {what: url for what, url in pending.items() if not _answers(url)}:
+        if not noted and time.monotonic() - started > NOT_UP_NOTE_S:
+            say(f"not up after {NOT_UP_NOTE_S} s; still waiting for {', '.join(pending)}")
+            noted = True
+        # Each try is a line in the API's access log: fewer while models load.
+        pause = min(pause * 2, 3.0)
+        time.sleep(pause)
+    say(block)
+
+
+def _bindings(env: dict[str, str]) -> dict[str, Binding]:
+    metrics_host = env.get("IQ_WORKER_METRICS_HOST", "127.0.0.1")
+    return {
+        "redis": Binding("Redis", "REDIS_PORT", "127.0.0.1", _port(env, "REDIS_PORT", 6379)),
+        "api": Binding("the API", "IQ_PORT", env.get("IQ_HOST", "127.0.0.1"),
+                       _port(env, "IQ_PORT", 8000)),
+        "flower": Binding("Flower", "FLOWER_PORT", env.get("FLOWER_HOST", "127.0.0.1"),
+                          _port(env, "FLOWER_PORT", 5555)),
+        "worker": Binding("the worker's metrics", "IQ_WORKER_METRICS_PORT", metrics_host,
+                          _port(env, "IQ_WORKER_METRICS_PORT", 9808)),
+        "webhooks": Binding("the webhook deliverer's metrics", "IQ_WEBHOOK_METRICS_PORT",
+                            metrics_host, _port(env, "IQ_WEBHOOK_METRICS_PORT", 0)),
+    }
+
+
+def _url(binding: Binding, path: str = "") -> str:
+    host = reachable(binding.host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{binding.port}{path}"
+
+
+@dataclass
+class Run:
+    env: dict[str, str]        # every process's environment
+    processes: dict[str, str]  # Procfile entries to start: name -> command
+    checks: dict[str, str]     # what must answer before the stack counts as up: name -> URL
+    block: str                 # what is where, printed once it is up
+
+
+def _keep_secrets(env: dict[str, str], var_dir: Path, redis_port: int | None) -> list[str]:
+    """Put the Redis URL (when make run starts its Redis), Flower's login and the webhook
+    secret into `env`, each from the environment or else kept under var_dir; return where each
+    comes from, for the block."""
+    if redis_port is None:
+        redis = "from REDIS_URL, not started here"
+    else:
+        password, path = kept_secret(var_dir, "redis-password")
+        env.setdefault("IQ_REDIS_DIR", str(var_dir / "redis"))
+        env.update(IQ_REDIS_PASSWORD_FILE=str(path),
+                   REDIS_URL=f"redis://:{password}@127.0.0.1:{redis_port}/0")
+        redis = f"started here: password in {_shown(path)}, data in " \
+                f"{_shown(Path(env['IQ_REDIS_DIR']))}"
+    if env.get("FLOWER_BASIC_AUTH"):
+        login = f"user {env['FLOWER_BASIC_AUTH'].split(':', 1)[0]}, password from " \
+                "FLOWER_BASIC_AUTH"
+    else:
+        password, path = kept_secret(var_dir, "flower-password")
+        env["FLOWER_BASIC_AUTH"] = f"admin:{password}"
+        login = f"user admin, password in {_shown(path)}"
+    if env.get("IQ_WEBHOOK_SECRET"):
+        signing = "IQ_WEBHOOK_SECRET from the environment"
+    else:
+        env["IQ_WEBHOOK_SECRET"], path = kept_secret(var_dir, "webhook-secret")
+        signing = f"IQ_WEBHOOK_SECRET, kept in {_shown(path)}"
+    return [redis, login, signing]
+
+
+def plan(environ: dict[str, str]) -> Run:
+    """Check the ports, then make or read the secrets (nothing is written when a port is
+    taken)."""
+    env = dict(environ)
+    var_dir = ROOT / (env.get("IQ_VAR_DIR") or "var")
+    own_redis = not env.get("REDIS_URL")
+    ports = _bindings(env)
+    if not own_redis:
+        del ports["redis"]
+    password_file = var_dir / "secrets" / "redis-password"
+    known = password_file.read_text().strip() if password_file.is_file() else None
+    problems = port_problems([b for b in ports.values() if b.port], known, _shown(password_file))
+    if problems:
+        raise Refused("\n".join(problems))
+
+    env.update({b.variable: str(b.port) for b in ports.values()}, IQ_VAR_DIR=str(var_dir),
+               IQ_WORKER_METRICS_HOST=ports["worker"].host)
+    redis, login, signing = _keep_secrets(env, var_dir,
+                                          ports["redis"].port if own_redis else None)
+    api, flower, worker = ports["api"], ports["flower"], ports["worker"]
+    checks = {"the API's /readyz": _url(api, "/readyz"),
+              "Flower": _url(flower, "/healthcheck")}
+    metrics = [_url(api, "/metrics") + " (API)", _url(flower, "/metrics") + " (Flower)"]
+    if worker.port:
+        checks["the worker's metrics"] = _url(worker, "/metrics")
+        metrics.insert(1, _url(worker, "/metrics") + " (worker)")
+    block = "\n".join([
+        "inference-queue is up",
+        f"  API       {_url(api)}   models: {_url(api, '/v1/models')}",
+        f"  Flower    {_url(flower)}   {login}",
+        f"  Metrics   {', '.join(metrics)}",
+        f"  Redis     {maybe_sanitize_url(env['REDIS_URL'])}   {redis}",
+        f"  Webhooks  signed with {signing}",
+        f"  Stop      Ctrl-C here, or kill -TERM {os.getpid()}: every process above stops",
+    ])
+    procfile = parse_procfile((ROOT / "Procfile").read_text()).processes
+    processes = {n: cmd for n, cmd in procfile.items() if own_redis or n != "redis"}
+    return Run(env, processes, checks, block)
+
+
+def main() -> int:
+    try:
+        run = plan(dict(os.environ))
+    except Refused as refused:
+        print(refused, file=sys.stderr)
+        return 1
+    manager = Manager(Printer(sys.stdout))
+    for name, command in run.processes.items():
+        manager.add_process(name, command, env=run.env, cwd=str(ROOT))
+    # Started before honcho forks its readers; they only start a process and read its output.
+    threading.Thread(target=_announce, args=(manager, run.checks, run.block),
+                     daemon=True).start()
+    manager.loop()
+    return manager.returncode or 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C before honcho took over the signals
+        sys.exit(130)

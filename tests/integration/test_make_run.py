@@ -1,0 +1,259 @@
+"""`make run` (scripts/run.sh, as the Makefile calls it) on a machine that already runs things:
+taken ports stop it before it starts anything, a running Redis can be used through REDIS_URL,
+the stack it starts is locked and bounded, and Ctrl-C or SIGTERM leaves no process behind.
+
+Every port is a free one and the var directory is the test's own, so that neither another test
+run nor a developer's own `make run` on this machine is disturbed."""
+from __future__ import annotations
+
+import http.server
+import os
+import re
+import signal
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+import requests
+import yaml
+
+from scripts.preflight import bind_error
+from tests.support.services import ROOT, free_port, start_redis, wait_until
+
+RUN = [str(ROOT / "scripts" / "run.sh")]
+PORTS = ("REDIS_PORT", "IQ_PORT", "FLOWER_PORT", "IQ_WORKER_METRICS_PORT")
+SECRETS = ("redis-password", "flower-password", "webhook-secret")
+
+pytestmark = pytest.mark.slow
+
+
+def run_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("REDIS_URL", "FLOWER_BASIC_AUTH", "IQ_WEBHOOK_SECRET", "IQ_MODELS_FILE")}
+    env.update({name: str(free_port()) for name in PORTS}, IQ_VAR_DIR=str(tmp_path / "var"),
+               PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+class MakeRun:
+    """scripts/run.sh in its own process group, as a terminal runs `make run`."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log = env, log
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(RUN, cwd=ROOT, env=env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.sessions: set[int] = {self.proc.pid}
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_up(self, timeout: float) -> str:
+        """The what-is-where block, once printed; meanwhile, every session it started."""
+        def block() -> str | None:
+            assert self.proc.poll() is None, f"make run exited:\n{self.output()[-3000:]}"
+            lines = self.output().splitlines()
+            starts = [i for i, line in enumerate(lines) if line.endswith("inference-queue is up")]
+            return "\n".join(lines[starts[0]:starts[0] + 7]) if starts else None
+
+        return wait_until(block, timeout, "the what-is-where block")
+
+    def processes(self) -> list[psutil.Process]:
+        return psutil.Process(self.proc.pid).children(recursive=True)
+
+    def stop(self, sig: int = signal.SIGINT, group: bool = True) -> int | None:
+        """Signal make run (its process group, as Ctrl-C does, or itself) and wait."""
+        if self.proc.poll() is None:
+            self.sessions |= {os.getsid(p.pid) for p in self.processes()}
+            (os.killpg if group else os.kill)(self.proc.pid, sig)
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def reap(self) -> None:
+        """After the checks: kill whatever this test started that is still there."""
+        for pid in self.sessions:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def left_behind(self) -> list[str]:
+        found = []
+        for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+            try:
+                if os.getsid(proc.pid) in self.sessions and \
+                        proc.info["status"] != psutil.STATUS_ZOMBIE:
+                    found.append(f"{proc.pid} {' '.join(proc.info['cmdline'] or [])}")
+            except (ProcessLookupError, PermissionError):
+                pass
+        return found
+
+    def ports_in_use(self) -> list[str]:
+        return [name for name in PORTS if self.env.get(name)
+                and bind_error("127.0.0.1", int(self.env[name])) is not None]
+
+
+def secret(env: dict[str, str], name: str) -> str:
+    return (Path(env["IQ_VAR_DIR"]) / "secrets" / name).read_text().strip()
+
+
+def job_result(api: str, model: str, inputs: list) -> dict:
+    r = requests.post(f"{api}/v1/jobs", json={"model": model, "inputs": inputs}, timeout=10)
+    assert r.status_code == 202, r.text
+    url = f"{api}{r.json()['url']}"
+    return wait_until(lambda: (body := requests.get(url, params={"wait": 5}, timeout=15).json())
+                      ["status"] == "succeeded" and body, 120, "the job to succeed")
+
+
+def test_a_redis_on_its_port_stops_make_run_with_the_variable_to_set(tmp_path):
+    foreign = start_redis(tmp_path, password="")  # as a system package leaves one: open
+    try:
+        port = foreign.extra["port"]
+        env = run_env(tmp_path, REDIS_PORT=str(port))
+        done = subprocess.run(RUN, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode != 0
+        assert (f"port {port} for Redis (REDIS_PORT) is in use by a Redis server that answers "
+                "PING") in done.stderr
+        assert f"REDIS_URL=redis://127.0.0.1:{port}/0 make run" in done.stderr
+        assert re.search(r"REDIS_PORT=\d+ make run", done.stderr)
+        assert not (tmp_path / "var").exists()  # nothing made before the ports are known free
+        assert redis.Redis.from_url(foreign.extra["url"]).ping()
+    finally:
+        foreign.stop()
+
+
+@pytest.mark.parametrize("variable", ["IQ_PORT", "FLOWER_PORT", "IQ_WORKER_METRICS_PORT"])
+def test_an_http_server_on_a_port_stops_make_run_naming_it(tmp_path, variable):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        server_version, sys_version = "someone-elses-server/1.0", ""
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        env = run_env(tmp_path, **{variable: str(port)})
+        done = subprocess.run(RUN, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode != 0
+        assert (f"port {port} for " in done.stderr and f"({variable}) is in use by an HTTP "
+                "server (someone-elses-server/1.0)" in done.stderr), done.stderr
+        assert re.search(rf"Move it to a free port: +{variable}=\d+ make run", done.stderr)
+        assert "REDIS_PORT" not in done.stderr  # only the port at fault is named
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_make_run_on_a_running_redis_serves_a_job_and_ctrl_c_leaves_nothing(tmp_path):
+    """The shipped models and settings, on a Redis that was already running (with a password,
+    in REDIS_URL): up, says what is where, serves a job, and Ctrl-C stops all it started."""
+    foreign = start_redis(tmp_path)
+    env = run_env(tmp_path, REDIS_URL=foreign.extra["url"])
+    run = MakeRun(env, tmp_path / "make-run.log")
+    try:
+        block = run.wait_up(300)
+        api = f"http://127.0.0.1:{env['IQ_PORT']}"
+        flower = f"http://127.0.0.1:{env['FLOWER_PORT']}"
+        assert f"API       {api}" in block
+        assert f"Flower    {flower}   user admin, password in {env['IQ_VAR_DIR']}/secrets/" \
+               "flower-password" in block
+        assert f"{api}/metrics (API), http://127.0.0.1:{env['IQ_WORKER_METRICS_PORT']}" \
+               "/metrics (worker)" in block
+        assert f"redis://:**@127.0.0.1:{foreign.extra['port']}/0   from REDIS_URL" in block
+        assert "kill -TERM" in block
+
+        outputs = job_result(api, "minilm-embed", ["hello world"])["result"]["outputs"]
+        assert len(outputs) == 1 and len(outputs[0]) == 384
+
+        password = secret(env, "flower-password")
+        assert requests.get(f"{flower}/api/workers", timeout=5).status_code == 401
+        assert requests.get(f"{flower}/api/workers", auth=("admin", password),
+                            timeout=5).status_code == 200
+        hidden = [password, secret(env, "webhook-secret"), foreign.extra["password"]]
+        for proc in run.processes():
+            assert not any(s in " ".join(proc.cmdline()) for s in hidden), proc.cmdline()
+        assert not any(s in run.output() for s in hidden)
+        for name in SECRETS[1:]:
+            assert stat.S_IMODE((Path(env["IQ_VAR_DIR"]) / "secrets" / name).stat().st_mode) \
+                == 0o600
+        metrics_port = int(env["IQ_WORKER_METRICS_PORT"])
+        assert {c.laddr.ip for c in psutil.net_connections("tcp") if c.laddr
+                and c.laddr.port == metrics_port and c.status == "LISTEN"} == {"127.0.0.1"}
+
+        # One line per model with device, dtype and load time; no progress bars as warnings.
+        log = run.output()
+        for model in ("minilm-embed", "minilm-classify"):
+            assert len(re.findall(rf"model {model} ready on cpu \(float32\) in \d+\.\ds", log)) \
+                == 1, log[-3000:]
+        assert "Loading weights" not in log and "celery.redirected" not in log
+    finally:
+        run.stop(signal.SIGINT)  # Ctrl-C: the terminal signals the whole process group
+        left, busy = run.left_behind(), run.ports_in_use()
+        run.reap()
+        foreign_alive = redis.Redis.from_url(foreign.extra["url"]).ping()
+        foreign.stop()
+    assert left == [] and busy == []
+    assert foreign_alive  # not make run's to stop
+
+
+def test_make_runs_own_redis_is_locked_and_bounded_and_a_second_run_starts_cleanly(tmp_path):
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({"models": {"synthetic": {
+        "kind": "synthetic", "base_ms": 5, "per_item_ms": 0}}}))
+    env = run_env(tmp_path, IQ_MODELS_FILE=str(models), REDIS_MAXMEMORY="64mb")
+    first = MakeRun(env, tmp_path / "first.log")
+    try:
+        block = first.wait_up(120)
+        password = secret(env, "redis-password")
+        port = int(env["REDIS_PORT"])
+        assert f"redis://:**@127.0.0.1:{port}/0   started here" in block
+        secrets_dir = Path(env["IQ_VAR_DIR"]) / "secrets"
+        assert stat.S_IMODE(secrets_dir.stat().st_mode) == 0o700
+        assert {stat.S_IMODE((secrets_dir / n).stat().st_mode) for n in SECRETS} == {0o600}
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).ping()
+        locked = redis.Redis(port=port, password=password, decode_responses=True)
+        assert locked.config_get("maxmemory")["maxmemory"] == str(64 * 2**20)
+        assert locked.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
+        started = [" ".join(proc.cmdline()) for proc in first.processes()]
+        for process in ("redis-server", "gunicorn", "workers.main worker --pool prefork",
+                        "workers.main worker --pool threads", "tasks.app flower"):
+            assert any(process in cmd for cmd in started), started  # what must stop later
+        assert not any(password in cmd for cmd in started)
+        api = f"http://127.0.0.1:{env['IQ_PORT']}"
+        job = job_result(api, "synthetic", ["abc"])
+        assert job["result"]["outputs"] == [3]
+
+        # A second `make run` beside the first: refused, and told what holds each port.
+        done = subprocess.run(RUN, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode != 0
+        assert f"port {port} for Redis (REDIS_PORT) is in use by this project's own Redis" \
+            in done.stderr
+        assert "(IQ_PORT) is in use by an HTTP server (gunicorn)" in done.stderr
+    finally:
+        first.stop(signal.SIGTERM, group=False)  # SIGTERM to make run alone, as `kill` does
+        left, busy = first.left_behind(), first.ports_in_use()
+        first.reap()
+    assert left == [] and busy == []
+
+    second = MakeRun(env, tmp_path / "second.log")
+    try:
+        second.wait_up(120)
+        assert secret(env, "redis-password") == password  # kept, not made anew
+        again = requests.get(f"{api}/v1/jobs/{job['id']}", timeout=10).json()
+        assert again["status"] == "succeeded"  # the first run's data survived it
+    finally:
+        second.stop(signal.SIGINT)
+        left, busy = second.left_behind(), second.ports_in_use()
+        second.reap()
+    assert left == [] and busy == []
