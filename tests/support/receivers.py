@@ -61,6 +61,7 @@ class Tarpit:
         self.accepted = 0
         self.bytes_sent = 0
         self.ended = 0  # connections the client closed while the tarpit was open
+        self.most_open = 0  # the most connections open at once
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -82,6 +83,7 @@ class Tarpit:
             with self._lock:
                 self.accepted += 1
                 self._open.add(conn)
+                self.most_open = max(self.most_open, len(self._open))
             threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
 
     def _trickle(self, conn: socket.socket) -> None:

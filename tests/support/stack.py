@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,7 +78,9 @@ def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
     redis_svc = start_redis(workdir, appendonly=appendonly)
     env = dict(os.environ, REDIS_URL=redis_svc.extra["url"], IQ_MODELS_FILE=str(models_file),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", IQ_HEARTBEAT_INTERVAL_S="0.5",
-               IQ_HEARTBEAT_TTL_S="3", PYTHONUNBUFFERED="1", **(env_extra or {}))
+               IQ_HEARTBEAT_TTL_S="3", PYTHONUNBUFFERED="1",
+               IQ_WEBHOOK_SECRET=secrets.token_hex(16))
+    env.update(env_extra or {})
     procs = {name: start_worker(name, env, workdir, queues) for name, queues in workers.items()}
     web = start_web(env, workdir)
     stack = Stack(web.extra["url"], redis_svc.extra["url"], env, workdir, redis_svc, procs, web)
