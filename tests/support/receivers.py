@@ -45,7 +45,7 @@ class Receiver:
         self.port = self.server.server_port
         scheme = "https" if tls is not None else "http"
         self.url = f"{scheme}://{host}:{self.port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()
