@@ -49,21 +49,40 @@ def hash_key(key: str) -> str:
 
 
 def load_keys(path: str) -> dict[str, ApiKey]:
-    """sha256 → key. An empty path means no keys: the API is open."""
+    """sha256 → key. An empty path means no keys: the API is open. A key's name owns its jobs
+    and its rate bucket, so names must differ."""
     if not path:
         return {}
     data = yaml.safe_load(Path(path).read_text()) or {}
     keys: dict[str, ApiKey] = {}
+    names: dict[str, int] = {}
     for i, raw in enumerate(data.get("keys") or []):
         where = f"{path}: keys[{i}]"
         digest = str(raw.get("sha256", "")).lower()
         if not raw.get("name") or len(digest) != 64:
             raise ConfigError(f"{where}: needs `name` and `sha256` (64 hex digits)")
+        name = str(raw["name"])
+        if name in names:
+            raise ConfigError(f"{where}.name {name!r} is already the name of keys[{names[name]}]; "
+                              "each key needs its own (it owns jobs and a rate bucket)")
+        if digest in keys:
+            raise ConfigError(f"{where}.sha256 is already the hash of key "
+                              f"{keys[digest].name!r}")
+        names[name] = i
         models = raw.get("models")
-        rate = float(raw.get("rate_per_s", 0))
-        keys[digest] = ApiKey(str(raw["name"]), digest,
-                              frozenset(models) if models is not None else None,
-                              rate, int(raw.get("burst", max(1, math.ceil(rate)))))
+        try:
+            rate = float(raw.get("rate_per_s", 0))
+            burst = int(raw.get("burst", max(1, math.ceil(rate))))
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: rate_per_s must be a number and burst an integer, got "
+                              f"{raw.get('rate_per_s')!r} and {raw.get('burst')!r}") from None
+        if rate < 0:
+            raise ConfigError(f"{where}.rate_per_s must be >= 0, got {rate:g}")
+        if rate > 0 and burst < 1:
+            raise ConfigError(f"{where}.burst must be an integer >= 1 with a rate_per_s, "
+                              f"got {burst}")
+        keys[digest] = ApiKey(name, digest, frozenset(models) if models is not None else None,
+                              rate, burst)
     return keys
 
 

@@ -15,9 +15,9 @@ from app.errors import (Conflict, MalformedRequest, NotFound, TooManyJobs,
                         UnsupportedMediaType, ValidationFailed)
 from app.schemas import flatten, validate_job
 from app.store import parse_job_id
+from tasks import egress, webhooks
 from tasks.jobstate import IdempotencyMismatch, JobRecord, Overloaded, Status
 from tasks.logs import trace_id_var
-from tasks.webhooks import WebhookRefused, check_url
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1")
 logger = logging.getLogger(__name__)
@@ -78,11 +78,7 @@ def submit_job():
         raise ValidationFailed("the job is invalid", fields=flatten(exc.messages)) from None
     auth.check_model(spec.name)
     if job.get("webhook"):
-        try:
-            check_url(job["webhook"]["url"], _settings().webhook_allow_list)
-        except WebhookRefused as exc:
-            raise ValidationFailed("the job is invalid",
-                                   fields={"webhook.url": [str(exc)]}) from None
+        _check_webhook(job["webhook"])
     try:
         auth.check_rate(_ext("iq.store").redis)
     except auth.RateLimited:
@@ -117,6 +113,19 @@ def submit_job():
             "created_at": submitted.fields.get("created_at"), "url": url,
             "trace_id": submitted.fields.get("trace_id", g.trace_id)}
     return jsonify(body), 202, headers
+
+
+def _check_webhook(hook: dict) -> None:
+    """422 for a webhook this service will not call. While webhooks are off (no secret) the
+    answer is a 422 on `webhook`, not a 503: retrying will not help, and the job can be sent
+    without the field and polled."""
+    settings = _settings()
+    if not webhooks.enabled(settings.webhook_secret):
+        raise ValidationFailed("the job is invalid", fields={"webhook": [webhooks.SECRET_MISSING]})
+    try:
+        egress.check_url(hook["url"], allow=settings.webhook_allow_list)
+    except egress.Refused as exc:
+        raise ValidationFailed("the job is invalid", fields={"webhook.url": [str(exc)]}) from None
 
 
 def _preferred_wait() -> float | None:

@@ -38,10 +38,14 @@ class Settings:
 
     # Webhooks. Hosts (or CIDRs) allowed even though they are private/loopback/link-local.
     webhook_allow: str = ""
-    webhook_secret: str = "change-me"
+    # No default: webhooks stay off until it is set (tasks.webhooks.enabled).
+    webhook_secret: str = ""
     webhook_retries: int = 8
     webhook_backoff_s: float = 2.0
-    webhook_timeout_s: float = 10.0
+    webhook_timeout_s: float = 10.0  # the whole delivery, however slowly the receiver answers
+    # Deliveries in flight to one host, per deliverer process: a slow receiver holds at most
+    # this many of the deliverer's threads.
+    webhook_host_concurrency: int = 2
 
     # Workers.
     heartbeat_interval_s: float = 2.0
@@ -127,4 +131,9 @@ def load_settings(
     settings = dataclasses.replace(Settings(), **values)
     if settings.max_wait_s <= 0 or settings.max_wait_s > 300:
         raise ConfigError(f"max_wait_s must be in (0, 300], got {settings.max_wait_s}")
+    if settings.webhook_host_concurrency < 1:
+        raise ConfigError("webhook_host_concurrency must be an integer >= 1, "
+                          f"got {settings.webhook_host_concurrency}")
+    if settings.webhook_timeout_s <= 0:
+        raise ConfigError(f"webhook_timeout_s must be > 0, got {settings.webhook_timeout_s}")
     return settings

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The webhook deliverer: a light worker (threads, no model) on the iq.webhooks queue.
+# The webhook deliverer: a light worker (threads, no model) on the iq.webhooks queue. It will
+# not start until IQ_WEBHOOK_SECRET is set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export IQ_WORKER_METRICS_PORT="${IQ_WEBHOOK_METRICS_PORT:-0}"
-exec .venv/bin/celery -A workers.main worker --pool threads \
+exec .venv/bin/celery -A workers.webhook_main worker --pool threads \
   --concurrency "${IQ_WEBHOOK_CONCURRENCY:-8}" --queues iq.webhooks \
   --loglevel "${IQ_LOG_LEVEL:-INFO}" --hostname "webhooks@%h"

@@ -51,6 +51,21 @@ def configure_handler(handler: logging.Handler, text_format: str = TEXT_FORMAT) 
         handler.setFormatter(logging.Formatter(text_format))
 
 
+def _configure_celery_handlers(logger: logging.Logger | None = None, **_kw: object) -> None:
+    for handler in (logger.handlers if logger else []):
+        configure_handler(handler)
+
+
+def configure_celery() -> None:
+    """A worker's logging: Celery's own handlers, in the main process and in every pool
+    child, get the trace id filter and the configured format (IQ_LOG_FORMAT=json for one JSON
+    object a line). Call it from a worker's entry module."""
+    from celery import signals
+
+    signals.after_setup_logger.connect(_configure_celery_handlers)
+    signals.after_setup_task_logger.connect(_configure_celery_handlers)
+
+
 def configure(level: str = "INFO") -> None:
     """The API's logging: one stderr handler on the root logger, with trace ids."""
     root = logging.getLogger()

@@ -15,13 +15,11 @@ from workers import metrics  # noqa: I001 - sets PROMETHEUS_MULTIPROC_DIR before
 from celery import Task, signals
 from celery.utils.log import current_process_index
 
+from tasks import logs
 from tasks.celery_app import make_celery
-from tasks.logs import configure_handler
 from tasks.names import task_name
 from workers.dispatcher import DispatcherStep
 from workers.runtime import MODELS_ENV, start_runtime, stop_runtime
-from workers.webhooks import register as register_webhooks
-from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
 
 logger = logging.getLogger(__name__)
 
@@ -56,22 +54,13 @@ def _register(model: str) -> None:
 
 for _model in celery.conf.iq_models:
     _register(_model)
-register_webhooks(celery)
-
-
-@signals.after_setup_logger.connect
-@signals.after_setup_task_logger.connect
-def add_trace_ids(logger=None, **_kw) -> None:
-    """Celery's own handlers, in the parent and in every child, get the trace id filter and
-    the configured format (IQ_LOG_FORMAT=json for one JSON object a line)."""
-    for handler in (logger.handlers if logger else []):
-        configure_handler(handler)
+logs.configure_celery()
 
 
 @signals.celeryd_after_setup.connect
 def select_models(sender: str, instance, conf, **_kw) -> None:
     """Children load the models whose queues this worker consumes (all of them by default)."""
-    queues = set(instance.app.amqp.queues.consume_from or {}) - {WEBHOOK_QUEUE}
+    queues = set(instance.app.amqp.queues.consume_from or {})
     specs = conf.iq_models
     models = [m for m, s in specs.items() if not queues or s.queue in queues]
     unknown = queues - {s.queue for s in specs.values()}

@@ -1,64 +1,146 @@
-"""The webhook delivery task, run by a light worker on the `iq.webhooks` queue
-(`scripts/webhooks.sh`): POST, signed; retried with exponential backoff on errors and 5xx."""
+"""Webhook delivery: one attempt (`attempt`, a plain function) and the task that retries it,
+run by the deliverer (workers.webhook_main, `scripts/webhooks.sh`).
+
+An attempt POSTs the signed payload through tasks.egress (pinned to the checked address, one
+deadline for the whole request). Errors, 5xx, 408 and 429 are retried with exponential
+backoff; any other answer, redirects included, is final. A host that already has
+`webhook_host_concurrency` deliveries in flight gets this one later, without spending a
+retry: a slow receiver holds a few threads, never all of them. Logs name the job, the host and
+the status, never the payload or the URL (which may carry a receiver's token).
+"""
 from __future__ import annotations
 
+import enum
 import json
 import logging
-import urllib.error
-import urllib.request
-from typing import Any
+import random
+import threading
+from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from celery import Celery
 
+from config import Settings
+from tasks import egress
 from tasks.logs import trace
-from tasks.webhooks import DELIVER_TASK, WebhookRefused, check_url, headers
+from tasks.webhooks import DELIVER_TASK, headers
 
 logger = logging.getLogger(__name__)
 
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    # A redirect could lead to an address check_url never saw.
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
+# A receiver's answer is not read, only its status: a little of the body is enough.
+MAX_ANSWER_BYTES = 64 * 1024
 
 
-_opener = urllib.request.build_opener(_NoRedirect)
+class Outcome(enum.Enum):
+    DELIVERED = "delivered"  # 2xx
+    FINAL = "final"  # an answer that retrying will not change: 3xx, most 4xx
+    REFUSED = "refused"  # the URL may not be called (any more)
+    BUSY = "busy"  # the host is at its cap: not attempted
+    RETRY = "retry"  # an error, a timeout, 5xx, 408 or 429
+
+
+@dataclass(frozen=True)
+class Attempt:
+    outcome: Outcome
+    status: int = 0  # the receiver's status; 0: none
+    detail: str = ""
+
+
+class HostSlots:
+    """Deliveries in flight per host, capped; taking a slot never waits."""
+
+    def __init__(self, per_host: int) -> None:
+        self.per_host = per_host
+        self._lock = threading.Lock()
+        self._busy: dict[str, int] = {}
+
+    def take(self, host: str) -> bool:
+        with self._lock:
+            if self._busy.get(host, 0) >= self.per_host:
+                return False
+            self._busy[host] = self._busy.get(host, 0) + 1
+            return True
+
+    def give_back(self, host: str) -> None:
+        with self._lock:
+            left = self._busy.pop(host) - 1
+            if left:
+                self._busy[host] = left
+
+
+def host_of(url: str) -> str:
+    try:
+        return (urlsplit(url).hostname or "").lower()
+    except ValueError:
+        return ""
+
+
+def classify(status: int) -> Outcome:
+    if 200 <= status < 300:
+        return Outcome.DELIVERED
+    if status >= 500 or status in (408, 429):
+        return Outcome.RETRY
+    return Outcome.FINAL
+
+
+def attempt(url: str, event: str, job_id: str, payload: dict, settings: Settings,
+            slots: HostSlots) -> Attempt:
+    host = host_of(url)
+    if not slots.take(host):
+        return Attempt(Outcome.BUSY)
+    try:
+        body = json.dumps(payload).encode()
+        answer = egress.fetch(url, allow=settings.webhook_allow_list, method="POST", body=body,
+                              headers=headers(settings.webhook_secret, event, job_id, body),
+                              deadline_s=settings.webhook_timeout_s,
+                              max_bytes=MAX_ANSWER_BYTES)
+        status = answer.status
+    except egress.Refused as exc:  # checked again: DNS may have changed since the job came
+        return Attempt(Outcome.REFUSED, detail=str(exc))
+    except egress.TooLarge as exc:
+        status = exc.status
+    except egress.RequestFailed as exc:
+        return Attempt(Outcome.RETRY, detail=str(exc))
+    finally:
+        slots.give_back(host)
+    return Attempt(classify(status), status)
 
 
 def register(app: Celery) -> None:
     settings = app.conf.iq_settings
-    allow = settings.webhook_allow_list
+    slots = HostSlots(settings.webhook_host_concurrency)
 
-    @app.task(name=DELIVER_TASK, bind=True, acks_late=True, max_retries=settings.webhook_retries,
-              shared=False)
+    @app.task(name=DELIVER_TASK, bind=True, acks_late=True, ignore_result=True,
+              max_retries=settings.webhook_retries, shared=False)
     def deliver(self, url: str, event: str, job_id: str, payload: dict,
-                trace_id: str | None = None) -> int:
+                trace_id: str | None = None) -> None:
         with trace(trace_id):
-            try:
-                check_url(url, allow)  # again: DNS may have changed since the job was accepted
-            except WebhookRefused as exc:
-                logger.warning("webhook for job %s refused: %s", job_id, exc)
-                return 0
-            body = json.dumps(payload).encode()
-            request = urllib.request.Request(
-                url, data=body, method="POST",
-                headers=headers(settings.webhook_secret, event, job_id, body))
-            try:
-                with _opener.open(request, timeout=settings.webhook_timeout_s) as response:
-                    status = response.status
-            except urllib.error.HTTPError as exc:
-                status = exc.code
-            except (urllib.error.URLError, OSError) as exc:
-                status = 0
-                logger.warning("webhook for job %s failed: %s", job_id, exc)
-            if 200 <= status < 300:
-                logger.info("webhook %s for job %s delivered (%d)", event, job_id, status)
-                return status
-            if status and 400 <= status < 500 and status not in (408, 429):
-                logger.warning("webhook for job %s refused by receiver (%d); not retried",
-                               job_id, status)
-                return status
-            countdown = settings.webhook_backoff_s * (2 ** self.request.retries)
-            logger.info("webhook for job %s answered %s; retry %d in %.1fs", job_id,
-                        status or "nothing", self.request.retries + 1, countdown)
-            raise self.retry(countdown=countdown)
+            result = attempt(url, event, job_id, payload, settings, slots)
+            host, tries = host_of(url), self.request.retries
+            if result.outcome is Outcome.DELIVERED:
+                logger.info("webhook %s for job %s delivered to %s (%d)", event, job_id, host,
+                            result.status)
+            elif result.outcome is Outcome.REFUSED:
+                logger.warning("webhook for job %s to %s refused: %s", job_id, host,
+                               result.detail)
+            elif result.outcome is Outcome.FINAL:
+                logger.warning("webhook for job %s: %s answered %d; not retried", job_id, host,
+                               result.status)
+            elif result.outcome is Outcome.BUSY:
+                # Later, with the same retry count; jittered so that waiting deliveries do
+                # not come back all at once.
+                delay = settings.webhook_backoff_s * random.uniform(0.5, 1.5)
+                self.signature_from_request(self.request, countdown=delay,
+                                            retries=tries).apply_async()
+                logger.debug("webhook for job %s: %s is busy; again in %.1fs", job_id, host,
+                             delay)
+            elif tries >= settings.webhook_retries:
+                # Not self.retry(): its MaxRetriesExceededError message carries the task's
+                # arguments, the URL and the whole payload.
+                logger.error("webhook for job %s to %s given up after %d attempts; last: %s",
+                             job_id, host, tries + 1, result.status or result.detail)
+            else:
+                countdown = settings.webhook_backoff_s * (2 ** tries)
+                logger.info("webhook for job %s: %s answered %s; retry %d in %.1fs", job_id,
+                            host, result.status or result.detail, tries + 1, countdown)
+                raise self.retry(countdown=countdown)

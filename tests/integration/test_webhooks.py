@@ -1,45 +1,21 @@
-"""Webhooks: delivered by their own light queue, signed, retried, and never to private
-addresses unless allow-listed (the tests allow 127.0.0.1 only)."""
+"""Webhooks: delivered by their own light worker (workers.webhook_main), signed, retried, never
+to private addresses unless allow-listed (the tests allow 127.0.0.1 and 127.0.0.2 only), and
+off while no secret is set."""
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import uuid
 
 import pytest
 import requests
 
 from tasks.webhooks import sign
-from tests.support.services import start_worker, wait_until
+from tests.support.receivers import Receiver, Tarpit
+from tests.support.services import start_web, start_webhooks, wait_until
 from tests.support.stack import launch
 
 SECRET = "test-webhook-secret"
-
-
-class Receiver:
-    def __init__(self, failures: int = 0) -> None:
-        self.failures = failures
-        self.calls: list[dict] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.calls.append({"headers": {k.lower(): v for k, v in self.headers.items()},
-                                       "body": body})
-                failing = len(receiver.calls) <= receiver.failures
-                self.send_response(500 if failing else 204)
-                self.end_headers()
-
-            def log_message(self, *_args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
+TIMEOUT_S = 20  # a whole delivery; the tarpit test needs it well above its own bound
 
 
 @pytest.fixture(scope="module")
@@ -47,18 +23,21 @@ def hooked(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("webhooks")
     models = {"quick": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0}}
     stack = launch(workdir, models, {"w": ["quick"]}, env_extra={
-        "IQ_WEBHOOK_ALLOW": "127.0.0.1", "IQ_WEBHOOK_SECRET": SECRET,
-        "IQ_WEBHOOK_BACKOFF_S": "0.2"})
-    stack.workers["hooks"] = start_worker("hooks", stack.env, workdir, ["iq.webhooks"],
-                                          concurrency=4, pool="threads")
+        "IQ_WEBHOOK_ALLOW": "127.0.0.1,127.0.0.2", "IQ_WEBHOOK_SECRET": SECRET,
+        "IQ_WEBHOOK_BACKOFF_S": "0.2", "IQ_WEBHOOK_RETRIES": "3",
+        "IQ_WEBHOOK_TIMEOUT_S": str(TIMEOUT_S), "IQ_WEBHOOK_HOST_CONCURRENCY": "2"})
+    stack.workers["hooks"] = start_webhooks("hooks", stack.env, workdir, concurrency=4)
     yield stack
     stack.stop()
 
 
 def submit(stack, inputs, hook):
-    r = requests.post(f"{stack.api}/v1/jobs", json={"model": "quick", "inputs": inputs,
-                                                    "webhook": hook}, timeout=10)
-    return r
+    return requests.post(f"{stack.api}/v1/jobs", json={"model": "quick", "inputs": inputs,
+                                                       "webhook": hook}, timeout=10)
+
+
+def deliverer_log(stack) -> str:
+    return stack.workers["hooks"].log.read_text(errors="replace")
 
 
 def test_a_signed_webhook_is_delivered_when_the_job_succeeds(hooked):
@@ -104,12 +83,85 @@ def test_events_not_asked_for_are_not_sent(hooked):
         receiver.close()
 
 
+def test_a_redirect_is_a_final_answer(hooked):
+    receiver = Receiver(status=302)
+    try:
+        job = submit(hooked, ["moved"], {"url": receiver.url}).json()
+        line = f"webhook for job {job['id']}: 127.0.0.1 answered 302; not retried"
+        wait_until(lambda: line in deliverer_log(hooked), 30, "the 302 to be taken as final")
+        assert len(receiver.calls) == 1
+    finally:
+        receiver.close()
+
+
+def test_exhausted_retries_log_job_host_and_status_never_payload_or_url(hooked):
+    receiver = Receiver(status=500)
+    token = uuid.uuid4().hex
+    try:
+        job = submit(hooked, ["hello"], {"url": f"{receiver.url}/{token}?sig={token}"}).json()
+        line = f"webhook for job {job['id']} to 127.0.0.1 given up after 4 attempts; last: 500"
+        wait_until(lambda: line in deliverer_log(hooked), 60, "the retries to run out")
+        assert len(receiver.calls) == 4  # the first attempt and IQ_WEBHOOK_RETRIES more
+        logs = "".join(p.read_text(errors="replace") for p in hooked.workdir.glob("*.log"))
+        assert token not in logs
+        assert "'outputs'" not in logs and '"outputs"' not in logs  # the payload's result
+    finally:
+        receiver.close()
+
+
+def test_a_tarpit_receiver_does_not_hold_up_other_receivers(hooked):
+    """8 deliveries to a receiver that answers one byte every 2 s, then one to a normal
+    receiver: the tarpit holds its per-host share of the deliverer's 4 threads (2) until the
+    delivery deadline, and the normal one is delivered meanwhile."""
+    tarpit, receiver = Tarpit(interval=2.0, host="127.0.0.2"), Receiver()
+    try:
+        for i in range(8):
+            assert submit(hooked, [f"slow {i}"], {"url": tarpit.url}).status_code == 202
+        wait_until(lambda: tarpit.accepted >= 2, 30, "the tarpit's first deliveries")
+        job = submit(hooked, ["quick"], {"url": receiver.url}).json()
+        # Generous: a free thread delivers in well under a second; a held one would wait
+        # for the tarpit's deadline (TIMEOUT_S).
+        wait_until(lambda: receiver.calls, TIMEOUT_S * 0.75, "the normal receiver's webhook")
+        assert receiver.calls[0]["headers"]["x-iq-job-id"] == job["id"]
+        # Meanwhile the tarpit never held more than its cap, and nothing of it finished.
+        assert tarpit.most_open == 2 and tarpit.accepted == 2 and tarpit.ended == 0
+    finally:
+        tarpit.close()
+        receiver.close()
+
+
 @pytest.mark.parametrize("url", [
     "http://10.1.2.3/hook", "http://192.168.0.10/hook", "http://169.254.169.254/latest",
     "http://[::1]:8080/hook", "http://0.0.0.0/hook", "ftp://127.0.0.1/hook",
-    "http://user:pw@127.0.0.1/hook", "not a url",
+    "http://user:pw@127.0.0.1/hook", "not a url", "http://127.0.0.1:99999/hook",
 ])
-def test_private_loopback_and_link_local_targets_are_refused(hooked, url):
+def test_private_loopback_link_local_and_malformed_targets_are_refused(hooked, url):
     r = submit(hooked, ["x"], {"url": url})
-    assert r.status_code == 422
-    assert any(k.startswith("webhook") for k in r.json()["error"]["fields"])
+    assert r.status_code == 422, r.text
+    messages = r.json()["error"]["fields"]["webhook.url"]
+    assert not any("10.1.2.3" in m or "::1" in m for m in messages)  # no DNS oracle
+
+
+def test_webhooks_are_refused_while_no_secret_is_set(hooked):
+    env = {k: v for k, v in hooked.env.items() if k != "IQ_WEBHOOK_SECRET"}
+    web = start_web(env, hooked.workdir)
+    try:
+        r = requests.post(f"{web.extra['url']}/v1/jobs", timeout=10, json={
+            "model": "quick", "inputs": ["x"], "webhook": {"url": "http://127.0.0.1:9/hook"}})
+        assert r.status_code == 422, r.text
+        assert "IQ_WEBHOOK_SECRET" in r.json()["error"]["fields"]["webhook"][0]
+        r = requests.post(f"{web.extra['url']}/v1/jobs", timeout=10,
+                          json={"model": "quick", "inputs": ["x"]})
+        assert r.status_code == 202  # only webhooks are off
+    finally:
+        web.stop()
+
+
+def test_the_deliverer_will_not_start_with_the_placeholder_secret(hooked, tmp_path):
+    env = dict(hooked.env, IQ_WEBHOOK_SECRET="change-me")
+    deliverer = start_webhooks("placeholder", env, tmp_path)
+    try:
+        assert deliverer.proc.wait(60) != 0
+        assert "IQ_WEBHOOK_SECRET" in deliverer.log.read_text()
+    finally:
+        deliverer.stop()

@@ -120,6 +120,13 @@ def start_worker(name: str, env: dict[str, str], logdir: Path, queues: list[str]
     return svc
 
 
+def start_webhooks(name: str, env: dict[str, str], logdir: Path,
+                   concurrency: int = 4) -> Service:
+    """The webhook deliverer, as scripts/webhooks.sh runs it."""
+    return start_worker(name, env, logdir, ["iq.webhooks"], concurrency=concurrency,
+                        app="workers.webhook_main", pool="threads")
+
+
 def start_web(env: dict[str, str], logdir: Path, threads: int = 32) -> Service:
     port = free_port()
     cmd = [str(VENV_BIN / "gunicorn"), "--bind", f"127.0.0.1:{port}", "--worker-class",

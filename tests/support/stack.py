@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,9 +81,11 @@ def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
     redis_svc = start_redis(workdir, appendonly=appendonly)
     base = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
     quick = {} if defaults else {"IQ_HEARTBEAT_INTERVAL_S": "0.5", "IQ_HEARTBEAT_TTL_S": "3"}
+    # A webhook secret, as `make run` generates one: without it webhooks are off.
     env = dict(base, REDIS_URL=redis_svc.extra["url"], IQ_MODELS_FILE=str(models_file),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1",
-               **quick, **(env_extra or {}))
+               IQ_WEBHOOK_SECRET=secrets.token_hex(16), **quick)
+    env.update(env_extra or {})
     procs = {name: start_worker(name, env, workdir, queues) for name, queues in workers.items()}
     web = start_web(env, workdir)
     stack = Stack(web.extra["url"], redis_svc.extra["url"], env, workdir, redis_svc, procs, web)

@@ -69,3 +69,37 @@ def test_two_models_cannot_share_a_queue(tmp_path):
     with pytest.raises(ConfigError, match="already used"):
         load_models(write(tmp_path, {"a": {"kind": "synthetic", "queue": "q"},
                                      "b": {"kind": "synthetic", "queue": "q"}}))
+
+
+def keys_file(tmp_path: Path, keys: list[dict]) -> str:
+    path = tmp_path / "keys.yaml"
+    path.write_text(yaml.safe_dump({"keys": keys}))
+    return str(path)
+
+
+def test_api_keys_load_with_their_limits(tmp_path):
+    from app.auth import hash_key, load_keys
+
+    keys = load_keys(keys_file(tmp_path, [
+        {"name": "a", "sha256": hash_key("key-a")},
+        {"name": "b", "sha256": hash_key("key-b"), "rate_per_s": 2.5, "models": ["m"]},
+    ]))
+    assert keys[hash_key("key-a")].rate_per_s == 0
+    b = keys[hash_key("key-b")]
+    assert (b.name, b.rate_per_s, b.burst, b.models) == ("b", 2.5, 3, frozenset({"m"}))
+
+
+@pytest.mark.parametrize("second, message", [
+    ({"name": "ops", "sha256": "b" * 64},
+     r"keys\[1\]\.name 'ops' is already the name of keys\[0\]"),
+    ({"name": "other", "sha256": "a" * 64}, r"keys\[1\]\.sha256 is already the hash of key 'ops'"),
+    ({"name": "other", "sha256": "b" * 64, "rate_per_s": 5, "burst": 0},
+     r"keys\[1\]\.burst must be an integer >= 1 with a rate_per_s, got 0"),
+    ({"name": "other", "sha256": "b" * 64, "rate_per_s": -1}, r"rate_per_s must be >= 0, got -1"),
+    ({"name": "other", "sha256": "b" * 64, "rate_per_s": "fast"}, r"got 'fast'"),
+])
+def test_api_key_mistakes_are_named(tmp_path, second, message):
+    from app.auth import load_keys
+
+    with pytest.raises(ConfigError, match=message):
+        load_keys(keys_file(tmp_path, [{"name": "ops", "sha256": "a" * 64}, second]))

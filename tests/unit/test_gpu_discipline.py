@@ -1,5 +1,6 @@
-"""The processes that must never touch CUDA never even import torch: the API and the worker's
-parent (which buffers and dispatches; models live in the pool children)."""
+"""The processes that must never touch CUDA never even import torch: the API, the worker's
+parent (which buffers and dispatches; models live in the pool children) and the webhook
+deliverer."""
 from __future__ import annotations
 
 import subprocess
@@ -13,6 +14,7 @@ from tests.support.services import ROOT
 @pytest.mark.parametrize("code", [
     "from app import create_app; create_app()",
     "import workers.main",
+    "import os; os.environ['IQ_WEBHOOK_SECRET'] = 's3cret'; import workers.webhook_main",
 ])
 def test_module_does_not_import_torch(code):
     check = f"import sys; {code}; assert 'torch' not in sys.modules, 'torch imported'"

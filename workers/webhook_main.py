@@ -1,0 +1,22 @@
+"""Entry module of the webhook deliverer:
+`celery -A workers.webhook_main worker --pool threads --queues iq.webhooks` (scripts/webhooks.sh).
+
+Only the delivery task: no model, no batching dispatcher, no torch. It will not start while
+webhooks are off (IQ_WEBHOOK_SECRET unset or the placeholder): it would sign deliveries with a
+secret anyone can know.
+"""
+from __future__ import annotations
+
+from kombu import Queue
+
+from tasks import logs
+from tasks.celery_app import make_celery
+from tasks.webhooks import QUEUE, SECRET_MISSING, enabled
+from workers.webhooks import register
+
+celery = make_celery()
+if not enabled(celery.conf.iq_settings.webhook_secret):
+    raise SystemExit(f"the webhook deliverer will not start: {SECRET_MISSING}")
+celery.conf.task_queues = [Queue(QUEUE)]  # a worker started without -Q consumes deliveries
+register(celery)
+logs.configure_celery()
