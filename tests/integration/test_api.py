@@ -106,14 +106,25 @@ def test_models_lists_every_model_with_live_workers(stack):
     r = requests.get(f"{stack.api}/v1/models", timeout=5)
     assert r.status_code == 200
     models = {m["name"]: m for m in r.json()["models"]}
-    assert set(models) == {"minilm-embed", "minilm-classify", "ts-affine", "synthetic",
-                           "sleepy", "patient"}
+    assert set(models) == {"minilm-embed", "minilm-classify", "ts-affine", "export-linear",
+                           "tiny-seqcls", "synthetic", "sleepy", "patient"}
     embed = models["minilm-embed"]
     assert embed["kind"] == "embedding" and embed["queue"] == "minilm-embed"
     assert embed["max_batch_size"] == 16 and embed["max_wait_ms"] == 5
     assert embed["limits"] == {"max_inputs": 64, "max_input_chars": 5000}
     assert embed["workers"] == 1 and embed["instances"] == 1
     assert models["ts-affine"]["limits"]["input_shape"] == [4]
+
+
+def test_models_describe_each_models_input(stack):
+    models = {m["name"]: m for m in
+              requests.get(f"{stack.api}/v1/models", timeout=5).json()["models"]}
+    assert models["minilm-embed"]["input"] == {"type": "text"}
+    assert models["export-linear"]["input"] == {"type": "tensor", "shape": [4],
+                                                "dtype": "float32"}
+    seqcls = models["tiny-seqcls"]
+    assert seqcls["kind"] == "sequence-classification" and seqcls["input"]["type"] == "text"
+    assert seqcls["labels"] == ["negative", "neutral", "positive"]  # read from its folder
 
 
 def test_health_and_readiness(stack):

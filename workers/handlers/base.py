@@ -34,8 +34,8 @@ class Handler(ABC):
         """Load the model onto self.device, in eval mode."""
 
     @abstractmethod
-    def warmup_inputs(self) -> list:
-        """A full-size batch of representative inputs."""
+    def sample_inputs(self, count: int) -> list:
+        """`count` representative inputs (warm-up, batch-size calibration)."""
 
     def preprocess(self, items: list) -> Any:
         return items
@@ -53,7 +53,7 @@ class Handler(ABC):
 
     # -- machinery -------------------------------------------------------------------------
     def warmup(self) -> None:
-        self.predict(self.warmup_inputs())
+        self.predict(self.sample_inputs(self.spec.max_batch_size))
 
     def _call(self, items: list) -> list:
         import torch
