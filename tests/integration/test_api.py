@@ -127,6 +127,24 @@ def test_models_describe_each_models_input(stack):
     assert seqcls["labels"] == ["negative", "neutral", "positive"]  # read from its folder
 
 
+def test_the_openapi_document_gives_each_model_its_own_inputs_and_limits(stack):
+    document = requests.get(f"{stack.api}/openapi.json", timeout=5).json()
+    jobs = {job["title"]: job for job in document["components"]["schemas"]["JobRequest"]["oneOf"]}
+    assert set(jobs) == {m["name"] for m in
+                         requests.get(f"{stack.api}/v1/models", timeout=5).json()["models"]}
+    embed = jobs["minilm-embed"]["properties"]
+    assert embed["model"]["enum"] == ["minilm-embed"]
+    assert embed["inputs"]["maxItems"] == 64 and embed["inputs"]["items"]["maxLength"] == 5000
+    tensor = jobs["export-linear"]["properties"]["inputs"]
+    assert tensor["maxItems"] == 16
+    assert tensor["items"]["minItems"] == tensor["items"]["maxItems"] == 4
+    assert jobs["minilm-classify"]["properties"]["options"]["properties"]["labels"]
+    assert jobs["minilm-embed"]["properties"]["options"]["properties"] == {}
+    listed = document["paths"]["/v1/models"]["get"]["responses"]["200"]["content"]
+    assert listed["application/json"]["schema"]["properties"]["models"]["items"] == {
+        "$ref": "#/components/schemas/Model"}
+
+
 def test_health_and_readiness(stack):
     assert requests.get(f"{stack.api}/healthz", timeout=5).json() == {"status": "ok"}
     r = requests.get(f"{stack.api}/readyz", timeout=5)
