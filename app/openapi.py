@@ -23,6 +23,14 @@ _UPLOADS = {
 }
 
 
+_UPLOAD_QUERY = [
+    {"name": name, "in": "query", "schema": schema,
+     "description": f"with an image/* body only: the job's {name}"}
+    for name, schema in (("model", {"type": "string"}),
+                         ("priority", {"type": "string", "enum": list(PRIORITIES)}),
+                         ("timeout_s", {"type": "number"}))]
+
+
 def _error(description: str) -> dict[str, Any]:
     return {"description": description,
             "content": {"application/json": {"schema": _ERROR}}}
@@ -110,7 +118,8 @@ def openapi(models: dict[str, ModelSpec]) -> dict[str, Any]:
                     {"name": "Idempotency-Key", "in": "header", "schema": {"type": "string"}},
                     {"name": "Prefer", "in": "header", "schema": {"type": "string"},
                      "description": "wait=S: answer 201 with the finished job if it is done "
-                                    "within S seconds (RFC 7240)"}],
+                                    "within S seconds (RFC 7240)"},
+                    *(_UPLOAD_QUERY if uploads else [])],
                 "requestBody": {"required": True, "content": {
                     "application/json": {"schema": {"$ref": "#/components/schemas/JobRequest"}},
                     **(_UPLOADS if uploads else {})}},

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.models import (MINILM_PACKAGE, build_export_model,
+from tests.support.models import (MINILM_PACKAGE, VISION_LABELS, VISION_PREPROCESS,
+                                  build_export_model, build_image_model,
                                   build_sequence_classifier, minilm_folder)
 from tests.support.stack import Stack, launch
 
@@ -41,6 +42,10 @@ def shared_models(ts_model: Path, workdir: Path) -> dict:
                           "input_shape": [4], "max_batch_size": 8, "max_inputs": 16},
         "tiny-seqcls": {"kind": "sequence-classification", "max_batch_size": 8,
                         "path": str(build_sequence_classifier(workdir / "seqcls"))},
+        "tiny-vision": {"kind": "image", "path": str(build_image_model(workdir / "vision.pt2")),
+                        "labels": VISION_LABELS, "preprocess": VISION_PREPROCESS,
+                        "top_k": 3, "max_batch_size": 8, "max_inputs": 8,
+                        "max_image_bytes": 150_000, "max_image_pixels": 1_000_000},
         # Synthetic models on their own worker: a batch costs base_ms + per_item_ms * n.
         "synthetic": {"kind": "synthetic", "base_ms": 300, "per_item_ms": 1,
                       "max_batch_size": 64, "max_wait_ms": 5, "max_inputs": 64},
@@ -58,9 +63,9 @@ def stack(tmp_path_factory) -> Stack:
     models = shared_models(build_torchscript_model(workdir / "affine.pt"), workdir)
     stack = launch(workdir, models, {
         "text": ["minilm-embed", "minilm-classify", "ts-affine", "export-linear",
-                 "tiny-seqcls"],
+                 "tiny-seqcls", "tiny-vision"],
         "synth": ["synthetic", "sleepy", "patient"],
-    })
+    }, env_extra={"IQ_IMAGE_URL_ALLOW": "127.0.0.1"})  # the image URL tests' own server
     yield stack
     stack.stop()
 

@@ -107,7 +107,7 @@ def test_models_lists_every_model_with_live_workers(stack):
     assert r.status_code == 200
     models = {m["name"]: m for m in r.json()["models"]}
     assert set(models) == {"minilm-embed", "minilm-classify", "ts-affine", "export-linear",
-                           "tiny-seqcls", "synthetic", "sleepy", "patient"}
+                           "tiny-seqcls", "tiny-vision", "synthetic", "sleepy", "patient"}
     embed = models["minilm-embed"]
     assert embed["kind"] == "embedding" and embed["queue"] == "minilm-embed"
     assert embed["max_batch_size"] == 16 and embed["max_wait_ms"] == 5
@@ -125,6 +125,13 @@ def test_models_describe_each_models_input(stack):
     seqcls = models["tiny-seqcls"]
     assert seqcls["kind"] == "sequence-classification" and seqcls["input"]["type"] == "text"
     assert seqcls["labels"] == ["negative", "neutral", "positive"]  # read from its folder
+    vision = models["tiny-vision"]
+    assert vision["input"]["type"] == "image"
+    assert vision["input"]["sources"] == ["base64", "data_uri", "url", "upload"]
+    assert "PNG" in vision["input"]["formats"]
+    assert vision["input"]["preprocess"]["size"] == [32, 32]
+    assert vision["limits"] == {"max_inputs": 8, "max_image_bytes": 150_000,
+                                "max_image_pixels": 1_000_000}
 
 
 def test_the_openapi_document_gives_each_model_its_own_inputs_and_limits(stack):
@@ -140,6 +147,9 @@ def test_the_openapi_document_gives_each_model_its_own_inputs_and_limits(stack):
     assert tensor["items"]["minItems"] == tensor["items"]["maxItems"] == 4
     assert jobs["minilm-classify"]["properties"]["options"]["properties"]["labels"]
     assert jobs["minilm-embed"]["properties"]["options"]["properties"] == {}
+    assert "150000 bytes" in jobs["tiny-vision"]["properties"]["inputs"]["items"]["description"]
+    post = document["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]
+    assert {"application/json", "multipart/form-data", "image/*"} <= set(post)
     listed = document["paths"]["/v1/models"]["get"]["responses"]["200"]["content"]
     assert listed["application/json"]["schema"]["properties"]["models"]["items"] == {
         "$ref": "#/components/schemas/Model"}

@@ -45,3 +45,34 @@ def build_sequence_classifier(folder: Path) -> Path:
                  "special_tokens_map.json"):
         shutil.copy(minilm_folder() / name, folder / name)
     return folder
+
+
+VISION_LABELS = ["red", "green", "blue"]
+VISION_PREPROCESS = {"resize": 40, "crop": 32, "mean": [0.5, 0.5, 0.5],
+                     "std": [0.25, 0.25, 0.25]}
+
+
+def build_image_model(path: Path) -> Path:
+    """A torch.export image classifier over (batch, 3, 32, 32) with a dynamic batch: a small
+    random convolutional net whose scores lean towards the picture's dominant colour, so that
+    a drawn picture is recognised while every score still depends on every pixel through the
+    random layers."""
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.head = torch.nn.Linear(8, len(VISION_LABELS))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            features = self.conv(x).relu().mean(dim=(2, 3))
+            colour = x.mean(dim=(2, 3))
+            return self.head(features) + 4 * (colour - colour.mean(dim=1, keepdim=True))
+
+    torch.manual_seed(15)
+    batch = torch.export.Dim("batch", max=1024)
+    program = torch.export.export(Net().eval(), (torch.randn(2, 3, 32, 32),),
+                                  dynamic_shapes=({0: batch},))
+    torch.export.save(program, str(path))
+    return path
