@@ -88,9 +88,9 @@ def decode(data: bytes, spec: ModelSpec) -> Image.Image:
         image.load()
         image = ImageOps.exif_transpose(image)
         return image.convert("RGB")
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever a decoder raises, the image is bad
         raise ImageRefused(f"the {image.format} image cannot be decoded (truncated or "
-                           f"corrupt): {exc}") from None
+                           f"corrupt): {type(exc).__name__}: {exc}") from None
 
 
 def fit(image: Image.Image, pre: ImagePreprocess) -> Image.Image:
