@@ -10,7 +10,7 @@ from typing import Any
 from flask import Blueprint, current_app, g, jsonify, request
 from marshmallow import ValidationError
 
-from app import auth
+from app import auth, images, uploads
 from app.errors import (Conflict, MalformedRequest, NotFound, TooManyJobs,
                         UnsupportedMediaType, ValidationFailed)
 from app.schemas import flatten, validate_job
@@ -36,7 +36,11 @@ def _settings():
 
 def _json_body() -> object:
     if not request.is_json:
-        raise UnsupportedMediaType("send the job as JSON (Content-Type: application/json)")
+        upload = uploads.job_from_upload(request)  # images as multipart or an image/* body
+        if upload is not None:
+            return upload
+        raise UnsupportedMediaType("send the job as JSON (Content-Type: application/json), "
+                                   "or images as multipart/form-data or an image/* body")
     try:
         return json.loads(request.get_data(cache=False))
     except (ValueError, RecursionError) as exc:  # bad UTF-8 is a ValueError too
@@ -88,6 +92,12 @@ def submit_job():
     if key is not None and not _IDEMPOTENCY_KEY.match(key):
         raise ValidationFailed("invalid header", fields={
             "Idempotency-Key": ["1 to 255 visible ASCII characters"]})
+    if spec.input_type == "image":  # decoded, checked and resized before it is queued
+        try:
+            job["inputs"] = images.canonical_inputs(spec, job["inputs"], _settings())
+        except images.BadImages as exc:
+            metrics.rejected.labels(spec.name, "validation").inc()
+            raise ValidationFailed("the job is invalid", fields=exc.fields) from None
     try:
         submitted, created = _ext("iq.store").submit(spec, job, g.trace_id, key,
                                                      owner=auth.current_owner())

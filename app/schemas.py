@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
-from config.models import TEXT_KINDS, ModelSpec
+from config.models import ModelSpec
 from tasks.names import PRIORITIES
 from tasks.webhooks import EVENTS
 
@@ -72,9 +72,26 @@ def _encodable(text: str) -> None:
         raise ValidationError("not valid Unicode text (a lone surrogate?)") from None
 
 
+class ImageInput(fields.Field):
+    """A string (base64, a data: URI or an http(s) URL) or uploaded bytes; app/images.py
+    decodes and checks the image itself once the whole job is valid."""
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Any:
+        if isinstance(value, str):
+            _encodable(value)
+        elif not isinstance(value, bytes):
+            raise ValidationError("expected an image: base64, a data: URI, an http(s) URL, "
+                                  "or bytes uploaded as multipart or an image/* body")
+        if not value:
+            raise ValidationError("the image is empty")
+        return value
+
+
 def _input_field(spec: ModelSpec) -> fields.Field:
-    if spec.kind in TEXT_KINDS:
+    if spec.input_type == "text":
         return fields.String(validate=[validate.Length(max=spec.max_input_chars), _encodable])
+    if spec.input_type == "image":
+        return ImageInput()
     return TensorInput(spec.input_shape, spec.input_dtype)
 
 
@@ -86,6 +103,9 @@ def job_schema(spec: ModelSpec) -> Schema:
             fields.String(validate=validate.Length(min=1, max=200)),
             validate=validate.Length(min=1, max=spec.max_labels),
         )
+    if "top_k" in spec.options:
+        option_fields["top_k"] = fields.Integer(
+            strict=True, validate=validate.Range(min=1, max=max(len(spec.labels), spec.top_k)))
     options_schema = Schema.from_dict(option_fields, name=f"{spec.name}Options")
     job = Schema.from_dict(
         {

@@ -97,7 +97,9 @@ class RawServer:
             [sys.executable, "-m", "bench.raw", "--models-file", str(models_file), "--model",
              model, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True, cwd=HERE.parent)
-        self.max_batch_size = self._read()["max_batch_size"]
+        ready = self._read()
+        self.max_batch_size = ready["max_batch_size"]
+        self.weight_bytes = ready["weight_bytes"]
 
     def _read(self) -> dict:
         for line in self.proc.stdout:

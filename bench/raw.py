@@ -19,6 +19,21 @@ from config import load_models
 from workers.handlers import build_handler
 
 
+def weight_bytes(model: object) -> int:
+    """Bytes of a model's weights as it holds them (int8 ones count one byte each)."""
+    import torch
+
+    def size(value: object) -> int:
+        if isinstance(value, torch.Tensor):
+            return value.numel() * value.element_size()
+        if isinstance(value, (tuple, list)):
+            return sum(size(v) for v in value)
+        return 0
+
+    state = model.state_dict() if hasattr(model, "state_dict") else {}
+    return sum(size(v) for v in state.values())
+
+
 def batch_sizes(max_batch_size: int) -> list[int]:
     """1, 2, 4, … and max_batch_size itself."""
     sizes, size = [], 1
@@ -65,7 +80,9 @@ def main() -> None:
     if not a.serve:
         print(json.dumps(sweep(raw, a.model, a.seconds)))
         return
-    print(json.dumps({"ready": True, "max_batch_size": raw.spec.max_batch_size}), flush=True)
+    print(json.dumps({"ready": True, "max_batch_size": raw.spec.max_batch_size,
+                      "weight_bytes": weight_bytes(getattr(raw.handler, "model", None))}),
+          flush=True)
     for line in sys.stdin:
         size, seconds = line.split()
         print(json.dumps(raw.measure(int(size), float(seconds))), flush=True)

@@ -5,17 +5,25 @@ Read by the API (validation, routing) and by the workers (loading, batching); ho
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from config.preprocess import IMAGE_FORMATS, IMAGE_SOURCES, ImagePreprocess, parse_preprocess
 from config.settings import CONFIG_DIR, PROJECT_DIR, ConfigError
 
-KINDS = ("embedding", "classification", "torchscript", "synthetic")
-TEXT_KINDS = ("embedding", "classification", "synthetic")
-DTYPES = ("float32", "float16", "bfloat16")
+KINDS = ("embedding", "classification", "sequence-classification", "torchscript", "export",
+         "image", "synthetic")
+TEXT_KINDS = ("embedding", "classification", "sequence-classification", "synthetic")
+# Kinds read from a Hugging Face / sentence-transformers folder (or a package that ships one).
+FOLDER_KINDS = ("embedding", "classification", "sequence-classification")
+# Kinds whose inputs are tensors of a declared shape.
+TENSOR_KINDS = ("torchscript", "export")
+# int8: dynamic quantisation of the linear layers, which torch runs on the CPU only.
+DTYPES = ("float32", "float16", "bfloat16", "int8")
 INPUT_DTYPES = ("float32", "float64", "int64")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -28,15 +36,20 @@ class ModelSpec:
     max_batch_size: int = 32
     max_wait_ms: float = 5.0
     max_inputs: int = 64
-    # Text kinds.
+    # Text kinds: `package` (a Python package shipping the model folder) or `path` (a folder).
     package: str = ""
     max_input_chars: int = 10_000
     labels: tuple[str, ...] = ()
     max_labels: int = 32
-    # TorchScript kind.
+    # TorchScript (`.pt`) and torch.export (`.pt2`) kinds; also image models (either format).
     path: str = ""
     input_shape: tuple[int, ...] = ()
     input_dtype: str = "float32"
+    # Image kind: how a picture becomes the model's input tensor, and what the API accepts.
+    preprocess: ImagePreprocess | None = None
+    top_k: int = 5
+    max_image_bytes: int = 10_485_760
+    max_image_pixels: int = 40_000_000
     # Synthetic kind: a batch of n items costs base_ms + per_item_ms * n of sleep. It stands in
     # for a GPU model (a batch costs little more than one item) in benchmarks and fault tests.
     base_ms: float = 20.0
@@ -55,6 +68,9 @@ class ModelSpec:
     # Placement and numerics.
     device: str = "auto"
     dtype: str = "float32"
+    # Share of the device's memory this model may use; a pool child's cap on a device is the
+    # sum over the models it loads there (0: no cap of its own, IQ_CUDA_MEMORY_FRACTION).
+    memory_fraction: float = 0.0
     options: tuple[str, ...] = field(default=())
 
     @property
@@ -63,18 +79,39 @@ class ModelSpec:
 
         return task_name(self.name)
 
+    @property
+    def input_type(self) -> str:
+        if self.kind in TEXT_KINDS:
+            return "text"
+        return "image" if self.kind == "image" else "tensor"
+
+    def input_description(self) -> dict[str, Any]:
+        """What one input is: shown by GET /v1/models and in the OpenAPI document."""
+        if self.input_type == "text":
+            return {"type": "text"}
+        if self.input_type == "tensor":
+            return {"type": "tensor", "shape": list(self.input_shape), "dtype": self.input_dtype}
+        assert self.preprocess is not None
+        return {"type": "image", "sources": list(IMAGE_SOURCES),
+                "formats": list(IMAGE_FORMATS), "preprocess": self.preprocess.public()}
+
     def public(self) -> dict[str, Any]:
         """What GET /v1/models shows of this model."""
         limits: dict[str, Any] = {"max_inputs": self.max_inputs}
-        if self.kind in TEXT_KINDS:
+        if self.input_type == "text":
             limits["max_input_chars"] = self.max_input_chars
-        if self.kind == "torchscript":
+        elif self.input_type == "tensor":
             limits["input_shape"] = list(self.input_shape)
             limits["input_dtype"] = self.input_dtype
+        else:
+            limits["max_image_bytes"] = self.max_image_bytes
+            limits["max_image_pixels"] = self.max_image_pixels
         out: dict[str, Any] = {
             "name": self.name,
             "kind": self.kind,
             "queue": self.queue,
+            "input": self.input_description(),
+            "dtype": self.dtype,
             "max_batch_size": self.max_batch_size,
             "max_wait_ms": self.max_wait_ms,
             "max_queue_depth": self.max_queue_depth,
@@ -83,7 +120,7 @@ class ModelSpec:
             "limits": limits,
             "options": list(self.options),
         }
-        if self.kind == "classification":
+        if self.labels:
             out["labels"] = list(self.labels)
         return out
 
@@ -113,6 +150,70 @@ def _resolve_path(raw: str, base: Path) -> str:
     return str(path)
 
 
+def _labels(where: str, raw: Any) -> tuple[str, ...]:
+    labels = raw or []
+    if not isinstance(labels, list) or not all(isinstance(x, str) and x for x in labels):
+        raise ConfigError(f"{where}: labels must be a list of non-empty strings")
+    return tuple(labels)
+
+
+def _folder_labels(folder: Path) -> tuple[str, ...]:
+    """A classifier's labels, from its folder's config.json (`id2label`), in index order; none
+    when this process cannot read the folder (the API may run where the weights are not)."""
+    try:
+        id2label = json.loads((folder / "config.json").read_text()).get("id2label") or {}
+        return tuple(str(id2label[k]) for k in sorted(id2label, key=int))
+    except (OSError, ValueError, TypeError):
+        return ()
+
+
+def _model_file(where: str, kind: str, raw: dict[str, Any], base: Path, what: str) -> str:
+    if not raw.get("path"):
+        raise ConfigError(f"{where}: kind {kind} needs `path` ({what})")
+    return _resolve_path(str(raw["path"]), base)
+
+
+def _tensor_input(where: str, raw: dict[str, Any]) -> dict[str, Any]:
+    shape = raw.get("input_shape")
+    if not isinstance(shape, list) or not shape:
+        raise ConfigError(f"{where}: input_shape must be a non-empty list of integers >= 1")
+    return {"input_shape": tuple(_positive_int(where, "input_shape[]", d) for d in shape),
+            "input_dtype": _one_of(where, "input_dtype", raw.get("input_dtype", "float32"),
+                                   INPUT_DTYPES)}
+
+
+def _kind_values(where: str, kind: str, raw: dict[str, Any], base: Path) -> dict[str, Any]:
+    """The keys that belong to `kind`, checked."""
+    values: dict[str, Any] = {}
+    if kind in FOLDER_KINDS:
+        has_package, has_path = bool(raw.get("package")), bool(raw.get("path"))
+        if has_package == has_path and kind != "sequence-classification":
+            raise ConfigError(f"{where}: kind {kind} needs `package` (the package that ships "
+                              f"it) or `path` (a Hugging Face folder), not both")
+        if kind == "sequence-classification" and not has_path:
+            raise ConfigError(f"{where}: kind {kind} needs `path` (a Hugging Face folder)")
+        if has_package:
+            values["package"] = str(raw["package"])
+        else:
+            values["path"] = _resolve_path(str(raw["path"]), base)
+    if kind == "sequence-classification":
+        values["labels"] = _folder_labels(Path(values["path"]))
+    if kind in ("classification", "image"):
+        values["labels"] = _labels(where, raw.get("labels"))
+    if kind == "classification":
+        values["options"] = ("labels",)
+    if kind in TENSOR_KINDS:
+        what = "a TorchScript file" if kind == "torchscript" else "a torch.export .pt2 file"
+        values["path"] = _model_file(where, kind, raw, base, what)
+        values.update(_tensor_input(where, raw))
+    if kind == "image":
+        values["path"] = _model_file(where, kind, raw, base,
+                                     "a torch.export .pt2 or TorchScript file")
+        values["preprocess"] = parse_preprocess(f"{where}.preprocess", raw.get("preprocess"))
+        values["options"] = ("top_k",)
+    return values
+
+
 def parse_model(name: str, raw: dict[str, Any], base: Path) -> ModelSpec:
     where = f"models.{name}"
     if not isinstance(raw, dict):
@@ -124,7 +225,8 @@ def parse_model(name: str, raw: dict[str, Any], base: Path) -> ModelSpec:
     kind = _one_of(where, "kind", raw.get("kind"), KINDS)
     values: dict[str, Any] = {"name": name, "kind": kind, "queue": str(raw.get("queue") or name)}
     for key in ("max_batch_size", "max_inputs", "max_input_chars", "max_labels",
-                "max_queue_depth", "oom_above"):
+                "max_queue_depth", "oom_above", "top_k", "max_image_bytes",
+                "max_image_pixels"):
         if key in raw:
             values[key] = _positive_int(where, key, raw[key])
     for key in ("max_wait_ms", "base_ms", "per_item_ms", "timeout_s", "time_limit_s"):
@@ -134,28 +236,18 @@ def parse_model(name: str, raw: dict[str, Any], base: Path) -> ModelSpec:
         values["runs_log"] = _resolve_path(str(raw["runs_log"]), base)
     values["device"] = _one_of(where, "device", raw.get("device", "auto"), DEVICES)
     values["dtype"] = _one_of(where, "dtype", raw.get("dtype", "float32"), DTYPES)
-
-    if kind in ("embedding", "classification"):
-        values["package"] = str(raw.get("package") or "")
-        if not values["package"]:
-            raise ConfigError(f"{where}: kind {kind} needs `package` (the package that ships it)")
-    if kind == "classification":
-        labels = raw.get("labels") or []
-        if not isinstance(labels, list) or not all(isinstance(x, str) and x for x in labels):
-            raise ConfigError(f"{where}: labels must be a list of non-empty strings")
-        values["labels"] = tuple(labels)
-        values["options"] = ("labels",)
-    if kind == "torchscript":
-        if not raw.get("path"):
-            raise ConfigError(f"{where}: kind torchscript needs `path` (a TorchScript file)")
-        values["path"] = _resolve_path(str(raw["path"]), base)
-        shape = raw.get("input_shape")
-        if not isinstance(shape, list) or not shape:
-            raise ConfigError(f"{where}: input_shape must be a non-empty list of integers >= 1")
-        values["input_shape"] = tuple(_positive_int(where, "input_shape[]", d) for d in shape)
-        values["input_dtype"] = _one_of(
-            where, "input_dtype", raw.get("input_dtype", "float32"), INPUT_DTYPES
-        )
+    if values["dtype"] == "int8":
+        if kind not in FOLDER_KINDS:
+            raise ConfigError(f"{where}: dtype int8 applies to the kinds "
+                              f"{', '.join(FOLDER_KINDS)}; got kind {kind}")
+        if values["device"] == "cuda":
+            raise ConfigError(f"{where}: dtype int8 runs on the CPU only; use device: cpu "
+                              f"(or auto)")
+    fraction = _non_negative(where, "memory_fraction", raw.get("memory_fraction", 0.0))
+    if fraction > 1:
+        raise ConfigError(f"{where}: memory_fraction must be in (0, 1], got {fraction!r}")
+    values["memory_fraction"] = fraction
+    values.update(_kind_values(where, kind, raw, base))
     return ModelSpec(**values)
 
 

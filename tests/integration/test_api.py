@@ -106,14 +106,53 @@ def test_models_lists_every_model_with_live_workers(stack):
     r = requests.get(f"{stack.api}/v1/models", timeout=5)
     assert r.status_code == 200
     models = {m["name"]: m for m in r.json()["models"]}
-    assert set(models) == {"minilm-embed", "minilm-classify", "ts-affine", "synthetic",
-                           "sleepy", "patient"}
+    assert set(models) == {"minilm-embed", "minilm-classify", "ts-affine", "export-linear",
+                           "tiny-seqcls", "tiny-vision", "synthetic", "sleepy", "patient"}
     embed = models["minilm-embed"]
     assert embed["kind"] == "embedding" and embed["queue"] == "minilm-embed"
     assert embed["max_batch_size"] == 16 and embed["max_wait_ms"] == 5
     assert embed["limits"] == {"max_inputs": 64, "max_input_chars": 5000}
     assert embed["workers"] == 1 and embed["instances"] == 1
     assert models["ts-affine"]["limits"]["input_shape"] == [4]
+
+
+def test_models_describe_each_models_input(stack):
+    models = {m["name"]: m for m in
+              requests.get(f"{stack.api}/v1/models", timeout=5).json()["models"]}
+    assert models["minilm-embed"]["input"] == {"type": "text"}
+    assert models["export-linear"]["input"] == {"type": "tensor", "shape": [4],
+                                                "dtype": "float32"}
+    seqcls = models["tiny-seqcls"]
+    assert seqcls["kind"] == "sequence-classification" and seqcls["input"]["type"] == "text"
+    assert seqcls["labels"] == ["negative", "neutral", "positive"]  # read from its folder
+    vision = models["tiny-vision"]
+    assert vision["input"]["type"] == "image"
+    assert vision["input"]["sources"] == ["base64", "data_uri", "url", "upload"]
+    assert "PNG" in vision["input"]["formats"]
+    assert vision["input"]["preprocess"]["size"] == [32, 32]
+    assert vision["limits"] == {"max_inputs": 8, "max_image_bytes": 150_000,
+                                "max_image_pixels": 1_000_000}
+
+
+def test_the_openapi_document_gives_each_model_its_own_inputs_and_limits(stack):
+    document = requests.get(f"{stack.api}/openapi.json", timeout=5).json()
+    jobs = {job["title"]: job for job in document["components"]["schemas"]["JobRequest"]["oneOf"]}
+    assert set(jobs) == {m["name"] for m in
+                         requests.get(f"{stack.api}/v1/models", timeout=5).json()["models"]}
+    embed = jobs["minilm-embed"]["properties"]
+    assert embed["model"]["enum"] == ["minilm-embed"]
+    assert embed["inputs"]["maxItems"] == 64 and embed["inputs"]["items"]["maxLength"] == 5000
+    tensor = jobs["export-linear"]["properties"]["inputs"]
+    assert tensor["maxItems"] == 16
+    assert tensor["items"]["minItems"] == tensor["items"]["maxItems"] == 4
+    assert jobs["minilm-classify"]["properties"]["options"]["properties"]["labels"]
+    assert jobs["minilm-embed"]["properties"]["options"]["properties"] == {}
+    assert "150000 bytes" in jobs["tiny-vision"]["properties"]["inputs"]["items"]["description"]
+    post = document["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]
+    assert {"application/json", "multipart/form-data", "image/*"} <= set(post)
+    listed = document["paths"]["/v1/models"]["get"]["responses"]["200"]["content"]
+    assert listed["application/json"]["schema"]["properties"]["models"]["items"] == {
+        "$ref": "#/components/schemas/Model"}
 
 
 def test_health_and_readiness(stack):

@@ -1,4 +1,5 @@
-"""Both built-in models and a user's TorchScript model, through the real API and workers."""
+"""The packaged models and a user's own (a Hugging Face folder, a torch.export program, a
+TorchScript file), through the real API and workers."""
 from __future__ import annotations
 
 import math
@@ -95,3 +96,35 @@ def test_a_failing_job_reports_its_error(stack):
     assert body["error"]["code"] == "inference_error"
     assert "poison input" in body["error"]["message"]
     assert "result" not in body
+
+
+def test_an_exported_program_serves_any_batch_size_like_the_model_itself(stack):
+    import torch
+
+    path = stack.declared("export-linear")["path"]
+    direct = torch.export.load(path).module()
+    inputs = [[i, -i, 0.5 * i, 1] for i in range(11)]  # more than max_batch_size (8)
+    body = stack.finished(stack.submit("export-linear", inputs)["id"])
+    assert body["status"] == "succeeded"
+    want = direct(torch.tensor(inputs, dtype=torch.float32))
+    assert torch.allclose(torch.tensor(body["result"]["outputs"]), want, atol=1e-6)
+
+
+def test_a_sequence_classifier_folder_matches_transformers(stack):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = stack.declared("tiny-seqcls")["path"]
+    texts = ["What a wonderful film.", "", LONG, "Terrible. " * 300]
+    body = stack.finished(stack.submit("tiny-seqcls", texts)["id"])
+    assert body["status"] == "succeeded"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    with torch.no_grad():
+        encoded = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+        want = torch.softmax(model(**encoded).logits, dim=-1).tolist()
+    labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    for got, row in zip(body["result"]["outputs"], want):
+        assert list(got["scores"]) == labels
+        assert [got["scores"][label] for label in labels] == pytest.approx(row, abs=1e-5)
+        assert got["label"] == labels[row.index(max(row))]

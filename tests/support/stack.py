@@ -51,6 +51,10 @@ class Stack:
             if time.monotonic() > deadline:
                 raise AssertionError(f"job {job_id} not finished after {timeout}s: {body}")
 
+    def declared(self, model: str) -> dict:
+        """The model's declaration in the stack's models file."""
+        return yaml.safe_load((self.workdir / "models.yaml").read_text())["models"][model]
+
     def logs(self) -> str:
         return "\n".join(f"--- {s.name}\n{s.tail()}" for s in
                          [self.redis_svc, self.web, *self.workers.values()])

@@ -52,6 +52,19 @@ def write(tmp_path: Path, models: dict) -> Path:
     ({"kind": "torchscript", "path": "m.pt"}, "input_shape must be"),
     ({"kind": "synthetic", "surprise": 1}, "unknown key"),
     ({"kind": "synthetic", "device": "tpu"}, "device must be one of"),
+    ({"kind": "embedding", "package": "p", "path": "f"}, "not both"),
+    ({"kind": "sequence-classification", "package": "p"}, "needs `path`"),
+    ({"kind": "export", "path": "m.pt2", "input_shape": [4], "dtype": "int8"},
+     "dtype int8 applies to the kinds embedding"),
+    ({"kind": "embedding", "package": "p", "dtype": "int8", "device": "cuda"},
+     "int8 runs on the CPU only"),
+    ({"kind": "synthetic", "memory_fraction": 1.5}, "memory_fraction must be in"),
+    ({"kind": "image", "path": "m.pt2"}, "needs `preprocess`"),
+    ({"kind": "image", "path": "m.pt2", "preprocess": {"resize": 256}}, "add `crop`"),
+    ({"kind": "image", "path": "m.pt2", "preprocess": {"resize": 64, "crop": 96}},
+     "crop \\[96, 96\\] is larger"),
+    ({"kind": "image", "path": "m.pt2", "preprocess": {"resize": [8, 8], "std": [1, 0, 1]}},
+     "std must be three numbers > 0"),
 ])
 def test_model_declaration_errors_name_the_field(tmp_path, model, message):
     with pytest.raises(ConfigError, match=message):

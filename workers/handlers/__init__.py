@@ -13,9 +13,18 @@ def handler_class(kind: str) -> type[Handler]:
     if kind == "classification":
         from workers.handlers.text import ClassificationHandler
         return ClassificationHandler
+    if kind == "sequence-classification":
+        from workers.handlers.text import SequenceClassificationHandler
+        return SequenceClassificationHandler
     if kind == "torchscript":
         from workers.handlers.tensor import TorchScriptHandler
         return TorchScriptHandler
+    if kind == "export":
+        from workers.handlers.tensor import ExportHandler
+        return ExportHandler
+    if kind == "image":
+        from workers.handlers.image import ImageHandler
+        return ImageHandler
     if kind == "synthetic":
         from workers.handlers.tensor import SyntheticHandler
         return SyntheticHandler

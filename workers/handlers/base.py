@@ -18,10 +18,13 @@ logger = logging.getLogger(__name__)
 Job = tuple[list, dict]  # (inputs, options)
 
 
-def _is_oom(exc: BaseException) -> bool:
+def is_oom(exc: BaseException) -> bool:
+    """CUDA out of memory; on the CPU, an allocation the system refused."""
     import torch
 
-    return isinstance(exc, torch.cuda.OutOfMemoryError)
+    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
 
 
 class Handler(ABC):
@@ -34,8 +37,8 @@ class Handler(ABC):
         """Load the model onto self.device, in eval mode."""
 
     @abstractmethod
-    def warmup_inputs(self) -> list:
-        """A full-size batch of representative inputs."""
+    def sample_inputs(self, count: int) -> list:
+        """`count` representative inputs (warm-up, batch-size calibration)."""
 
     def preprocess(self, items: list) -> Any:
         return items
@@ -53,9 +56,11 @@ class Handler(ABC):
 
     # -- machinery -------------------------------------------------------------------------
     def warmup(self) -> None:
-        self.predict(self.warmup_inputs())
+        self.predict(self.sample_inputs(self.spec.max_batch_size))
 
-    def _call(self, items: list) -> list:
+    def call(self, items: list) -> list:
+        """One model call on all of `items` (no chunking): preprocess, inference,
+        postprocess, one output per item checked."""
         import torch
 
         with torch.inference_mode():
@@ -67,7 +72,7 @@ class Handler(ABC):
         return outputs
 
     def predict(self, items: Sequence) -> list:
-        """All items, in chunks of at most max_batch_size; a chunk that runs out of GPU memory
+        """All items, in chunks of at most max_batch_size; a chunk that runs out of memory
         is halved and retried before anything fails."""
         items = list(items)
         size = self.spec.max_batch_size
@@ -76,15 +81,15 @@ class Handler(ABC):
         while i < len(items):
             chunk = items[i:i + size]
             try:
-                out.extend(self._call(chunk))
+                out.extend(self.call(chunk))
             except Exception as exc:
-                if not _is_oom(exc) or size == 1:
+                if not is_oom(exc) or size == 1:
                     raise
                 size = max(size // 2, 1)
                 from workers.metrics import OOM_SPLITS
 
                 OOM_SPLITS.labels(self.spec.name).inc()
-                logger.warning("CUDA out of memory on %d items of %s; retrying at %d",
+                logger.warning("out of memory on %d items of %s; retrying at %d",
                                len(chunk), self.spec.name, size)
                 self.release_memory()
                 continue

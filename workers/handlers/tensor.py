@@ -1,5 +1,10 @@
-"""Models over numeric inputs: a user's TorchScript file, and the synthetic model that stands in
-for a GPU in benchmarks and fault tests."""
+"""Models over numeric inputs: a user's torch.export program (`.pt2`) or TorchScript file, and
+the synthetic model that stands in for a GPU in benchmarks and fault tests.
+
+Loading never unpickles arbitrary Python objects: TorchScript is read by its own restricted
+unpickler; a torch.export archive is read with torch.load forced to weights_only and is refused
+if it holds pickled opaque objects (exported.py).
+"""
 from __future__ import annotations
 
 import time
@@ -11,24 +16,50 @@ from workers.handlers.base import Handler
 _INPUT_DTYPES = {"float32": "float32", "float64": "float64", "int64": "int64"}
 
 
-class TorchScriptHandler(Handler):
-    """TorchScript only: `torch.jit.load` runs no pickled Python objects. Each input is a nested
-    list of the declared `input_shape`; the model gets a tensor of shape (batch, *input_shape)
-    and must return one row per input."""
+def model_file(spec: Any, what: str) -> Path:
+    path = Path(spec.path)
+    if not path.is_file():
+        raise FileNotFoundError(f"model {spec.name}: no {what} file at {path}")
+    return path
+
+
+def load_program(spec: Any, device: str, input_shape: tuple[int, ...]):
+    """The callable module in `spec.path`: a torch.export program for kind export (and for an
+    image model whose file ends in `.pt2`), else TorchScript."""
+    import torch
+
+    if spec.kind == "export" or (spec.kind == "image" and str(spec.path).endswith(".pt2")):
+        from workers.handlers.exported import load_exported
+
+        return load_exported(model_file(spec, "torch.export"), device, input_shape)
+    return torch.jit.load(str(model_file(spec, "TorchScript")), map_location=device).eval()
+
+
+def rows_of(name: str, output: Any, count: int) -> Any:
+    """The model's output checked to hold one row per input."""
+    import torch
+
+    if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != count:
+        shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output)
+        raise RuntimeError(f"model {name} must return a tensor with one row per "
+                           f"input ({count}); got {shape}")
+    return output
+
+
+class TensorHandler(Handler):
+    """Each input is a nested list of the declared `input_shape`; the model gets a tensor of
+    shape (batch, *input_shape) and must return one row per input."""
 
     def initialize(self) -> None:
         import torch
 
-        path = Path(self.spec.path)
-        if not path.is_file():
-            raise FileNotFoundError(f"model {self.spec.name}: no TorchScript file at {path}")
-        self.model = torch.jit.load(str(path), map_location=self.device).eval()
+        self.model = load_program(self.spec, self.device, self.spec.input_shape)
         self.input_dtype = getattr(torch, _INPUT_DTYPES[self.spec.input_dtype])
 
-    def warmup_inputs(self) -> list:
+    def sample_inputs(self, count: int) -> list:
         import torch
 
-        return torch.zeros((self.spec.max_batch_size, *self.spec.input_shape)).tolist()
+        return torch.zeros((count, *self.spec.input_shape)).tolist()
 
     def preprocess(self, items: list) -> Any:
         import torch
@@ -39,13 +70,10 @@ class TorchScriptHandler(Handler):
         return self.model(batch)
 
     def postprocess(self, output: Any, count: int) -> list:
-        import torch
+        return rows_of(self.spec.name, output, count).detach().cpu().tolist()
 
-        if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != count:
-            shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output)
-            raise RuntimeError(f"model {self.spec.name} must return a tensor with one row per "
-                               f"input ({count}); got {shape}")
-        return output.detach().cpu().tolist()
+
+TorchScriptHandler = ExportHandler = TensorHandler
 
 
 FAIL_MARKER = "!fail"
@@ -59,11 +87,11 @@ class SyntheticHandler(Handler):
     def initialize(self) -> None:
         pass
 
-    def warmup_inputs(self) -> list:
-        return ["x"] * self.spec.max_batch_size
+    def sample_inputs(self, count: int) -> list:
+        return ["x"] * count
 
     def warmup(self) -> None:
-        self.predict(self.warmup_inputs()[:1])  # nothing to warm; keep start-up quick
+        self.predict(self.sample_inputs(1))  # nothing to warm; keep start-up quick
 
     def inference(self, batch: Any) -> Any:
         if self.spec.oom_above and len(batch) > self.spec.oom_above:

@@ -1,0 +1,57 @@
+"""Jobs whose images come as bytes rather than inside JSON:
+
+* `multipart/form-data`: a `job` part holding the job as JSON (model, options, priority, …,
+  no inputs) and one file part named `inputs` per image, in input order;
+* an `image/*` body: one image; the model (and `priority`, `timeout_s`) in the query string.
+
+Both become the same job dict a JSON body gives, with the images as `bytes` inputs, and go
+through the same validation (app/schemas.py) and image checks (app/images.py).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flask import Request
+
+from app.errors import MalformedRequest, ValidationFailed
+
+
+def _multipart(request: Request) -> dict[str, Any]:
+    try:
+        job = json.loads(request.form.get("job") or "{}")
+    except ValueError as exc:
+        raise MalformedRequest(f"the `job` part is not valid JSON: {exc}") from None
+    if not isinstance(job, dict):
+        raise ValidationFailed("the job is invalid",
+                               fields={"job": ["the `job` part must be a JSON object"]})
+    files = [part.read() for part in request.files.getlist("inputs")]
+    if files and "inputs" in job:
+        raise ValidationFailed("the job is invalid", fields={"inputs": [
+            "send the images either as file parts named `inputs` or in the job, not both"]})
+    if files:
+        job["inputs"] = files
+    return job
+
+
+def _image_body(request: Request) -> dict[str, Any]:
+    job: dict[str, Any] = {"model": request.args.get("model"),
+                           "inputs": [request.get_data(cache=False)]}
+    for key in ("priority", "timeout_s"):
+        if key in request.args:
+            job[key] = request.args[key]
+    unknown = set(request.args) - {"model", "priority", "timeout_s"}
+    if unknown:
+        raise ValidationFailed("the job is invalid", fields={
+            key: ["unknown query parameter (model, priority, timeout_s)"]
+            for key in sorted(unknown)})
+    return job
+
+
+def job_from_upload(request: Request) -> dict[str, Any] | None:
+    """The job of a multipart or image/* request; None for any other content type."""
+    if request.mimetype == "multipart/form-data":
+        return _multipart(request)
+    if request.mimetype.startswith("image/"):
+        return _image_body(request)
+    return None

@@ -1,0 +1,44 @@
+"""The batch-size calibrator on the CPU: the command end to end on a model that runs out of
+memory above 20 items, and the stopping rule on one whose items/s levels off."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import yaml
+
+from config.models import ModelSpec
+from tests.support.services import ROOT
+from workers.calibrate import calibrate
+from workers.handlers.tensor import SyntheticHandler
+
+
+def test_the_command_stops_at_out_of_memory_and_recommends_80_percent(tmp_path):
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({"models": {"oomy": {
+        "kind": "synthetic", "base_ms": 1, "per_item_ms": 0, "oom_above": 20,
+        "max_batch_size": 4}}}))
+    plot = tmp_path / "oomy.png"
+    out = subprocess.run([sys.executable, "-m", "workers.calibrate", "oomy", "--models-file",
+                          str(models), "--plot", str(plot)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "stopped: out of memory at 32; largest safe batch: 16" in out.stdout
+    assert "max_batch_size: 12" in out.stdout  # 80% of 16
+    assert "max_wait_ms:" in out.stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_it_stops_when_doubling_no_longer_pays():
+    # n items cost 4 + 0.25·n ms: items/s levels off towards 4000.
+    spec = ModelSpec(name="flat", kind="synthetic", queue="flat", base_ms=4, per_item_ms=0.25)
+    handler = SyntheticHandler(spec, "cpu")
+    result = calibrate(handler, limit=4096, min_gain=0.05, repeats=2)
+    rates = [s.items_per_s for s in result.steps]
+    assert not any(s.oom for s in result.steps)
+    assert "grew less than 5%" in result.stopped
+    assert rates[-1] < 1.05 * max(rates[:-1])           # the step that stopped it
+    assert all(b >= 1.05 * max(rates[:i + 1]) for i, b in enumerate(rates[1:-1]))
+    assert 16 <= result.largest_safe < 4096
+    assert result.max_batch_size == int(0.8 * result.largest_safe)
+    assert result.max_wait_ms >= 4  # a call of one item costs at least its 4 ms
