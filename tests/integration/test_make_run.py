@@ -227,7 +227,7 @@ def test_make_runs_own_redis_is_locked_and_bounded_and_a_second_run_starts_clean
         assert locked.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
         started = [" ".join(proc.cmdline()) for proc in first.processes()]
         for process in ("redis-server", "gunicorn", "workers.main worker --pool prefork",
-                        "workers.main worker --pool threads", "tasks.app flower"):
+                        "workers.webhook_main worker --pool threads", "tasks.app flower"):
             assert any(process in cmd for cmd in started), started  # what must stop later
         assert not any(password in cmd for cmd in started)
         api = f"http://127.0.0.1:{env['IQ_PORT']}"
