@@ -81,6 +81,9 @@ def _job_request(spec: ModelSpec) -> dict[str, Any]:
             "timeout_s": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
                           "maximum": 86400},
             "priority": {"type": "string", "enum": list(PRIORITIES)},
+            "encoding_format": {"type": "string",
+                                "enum": ["float", "base64"] if spec.kind == "embedding"
+                                else ["float"]},
         }}
 
 

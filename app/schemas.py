@@ -9,6 +9,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from config.models import ModelSpec
 from tasks.names import PRIORITIES
+from tasks.results import ENCODINGS
 from tasks.webhooks import EVENTS
 
 
@@ -33,6 +34,8 @@ class JobEnvelope(Schema):
                              allow_nan=False, load_default=None)
     priority = fields.String(validate=validate.OneOf(list(PRIORITIES)), load_default="normal")
     webhook = fields.Nested(WebhookSchema, load_default=None)
+    # How output vectors come back: numbers, or base64 of little-endian float32 (embeddings).
+    encoding_format = fields.String(validate=validate.OneOf(ENCODINGS), load_default="float")
 
 
 class TensorInput(fields.Field):
@@ -157,8 +160,13 @@ def validate_job(data: Any, models: Mapping[str, ModelSpec],
     except ValidationError as exc:
         for key, value in exc.messages.items():  # type: ignore[union-attr]
             errors.setdefault(key, value)
+    encoding = envelope.get("encoding_format") or "float"
+    if encoding == "base64" and spec.kind != "embedding":
+        errors.setdefault("encoding_format", [
+            f"base64 is for embedding models; {spec.name} is a {spec.kind} model"])
     if errors:
         raise ValidationError(errors)
+    job["encoding_format"] = encoding
     job["timeout_s"] = envelope.get("timeout_s")
     job["priority"] = envelope.get("priority") or "normal"
     job["webhook"] = envelope.get("webhook")

@@ -28,6 +28,7 @@ from tasks.jobstate import Final, JobError, Status
 from tasks.logs import trace
 from tasks.names import PRIORITIES
 from tasks.redis_client import is_transient
+from tasks.results import encode as encode_outputs
 from tasks.webhooks import DELIVER_TASK
 from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
 from workers import metrics
@@ -143,11 +144,12 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
                                 error, webhook_message(app, model, job_id, kwargs, trace_id,
                                                 Status.FAILED, None, error)))
         else:
+            outputs = encode_outputs(result, kwargs.get("encoding_format"))
             finals.append(Final(job_id, Status.SUCCEEDED,
                                 transport.result_meta(app, job_id, Status.SUCCEEDED,
-                                                      {"outputs": result}),
+                                                      {"outputs": outputs}),
                                 None, webhook_message(app, model, job_id, kwargs, trace_id,
-                                               Status.SUCCEEDED, result, None)))
+                                                      Status.SUCCEEDED, outputs, None)))
     try:
         written = _with_retries(
             lambda: rt.jobs.finish(finals, result_ttl_s=rt.settings.result_ttl_s),

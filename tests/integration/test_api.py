@@ -172,3 +172,13 @@ def test_metrics_count_requests_and_jobs(stack):
     assert 'iq_http_requests_total{method="POST",route="/v1/jobs",status="202"}' in text
     assert "iq_http_request_duration_seconds_bucket" in text
     assert 'iq_queue_depth{model="minilm-embed"}' in text
+
+
+def test_outputs_past_their_ttl_say_so(stack):
+    body = stack.finished(stack.submit("synthetic", ["short-lived"])["id"])
+    assert body["result"] == {"outputs": [len("short-lived")]}
+    # The outputs expire after result_ttl_s, the record after job_ttl_s: as if that passed.
+    assert stack.redis.delete(f"celery-task-meta-{body['id']}") == 1
+    again = stack.job(body["id"])
+    assert again["status"] == "succeeded"
+    assert again["result"] is None and again["result_expired"] is True

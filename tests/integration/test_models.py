@@ -128,3 +128,27 @@ def test_a_sequence_classifier_folder_matches_transformers(stack):
         assert list(got["scores"]) == labels
         assert [got["scores"][label] for label in labels] == pytest.approx(row, abs=1e-5)
         assert got["label"] == labels[row.index(max(row))]
+
+
+def test_embeddings_as_base64_float32_equal_the_numbers(stack):
+    import base64
+
+    import numpy as np
+
+    texts = ["one vector, two ways", "and another"]
+    plain = stack.finished(stack.submit("minilm-embed", texts)["id"])
+    packed = stack.finished(stack.submit("minilm-embed", texts,
+                                         encoding_format="base64")["id"])
+    assert plain["status"] == packed["status"] == "succeeded"
+    for numbers, text in zip(plain["result"]["outputs"], packed["result"]["outputs"]):
+        assert isinstance(text, str) and len(text) == 384 * 4 * 4 // 3
+        decoded = np.frombuffer(base64.b64decode(text), dtype="<f4")
+        assert np.array_equal(decoded, np.asarray(numbers, dtype=np.float32))
+
+
+def test_base64_is_refused_for_a_model_without_vectors(stack):
+    import requests
+
+    r = requests.post(f"{stack.api}/v1/jobs", json={"model": "minilm-classify", "inputs": ["x"],
+                                                    "encoding_format": "base64"}, timeout=10)
+    assert r.status_code == 422 and "encoding_format" in r.json()["error"]["fields"]
