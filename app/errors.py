@@ -103,6 +103,12 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(OperationalError)
     def _broker_down(exc: Exception):
         logger.warning("Redis unavailable: %s", exc)
+        if isinstance(exc, redis.exceptions.OutOfMemoryError) or \
+                "OOM command not allowed" in str(exc):
+            # maxmemory with noeviction: Redis refuses new writes until results expire (or it
+            # is given more memory); nothing stored is dropped meanwhile.
+            return error_response(Unavailable("the job store (Redis) is full; retry later",
+                                              retry_after=30))
         return error_response(Unavailable("the job store (Redis) is unreachable; retry later",
                                           retry_after=5))
 

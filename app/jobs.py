@@ -11,12 +11,12 @@ from flask import Blueprint, current_app, g, jsonify, request
 from marshmallow import ValidationError
 
 from app import auth, images, uploads
-from app.errors import (Conflict, MalformedRequest, NotFound, TooManyJobs,
+from app.errors import (Conflict, MalformedRequest, NotFound, TooManyJobs, Unavailable,
                         UnsupportedMediaType, ValidationFailed)
 from app.schemas import flatten, validate_job
 from app.store import parse_job_id
 from tasks import egress, webhooks
-from tasks.jobstate import IdempotencyMismatch, JobRecord, Overloaded, Status
+from tasks.jobstate import IdempotencyMismatch, JobRecord, Overloaded, Status, StoreFull
 from tasks.logs import trace_id_var
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1")
@@ -107,6 +107,10 @@ def submit_job():
                           f"({spec.max_queue_depth} jobs); retry later", retry_after=1) from None
     except IdempotencyMismatch:
         raise Conflict("this Idempotency-Key was used with a different request body") from None
+    except StoreFull as exc:
+        metrics.rejected.labels(spec.name, "store_full").inc()
+        raise Unavailable(f"the job store is nearly full ({exc}); retry later",
+                          retry_after=30) from None
     if created:
         metrics.submitted.labels(spec.name).inc()
         logger.info("job %s accepted: model=%s inputs=%d priority=%s", submitted.id,
@@ -214,7 +218,11 @@ def job_body(job: JobRecord) -> dict[str, Any]:
     if fields.get("batch"):
         body["batch"] = json.loads(fields["batch"])
     if job.status is Status.SUCCEEDED:
-        body["result"] = {"outputs": job.outputs or []}
+        outputs = job.outputs
+        # Outputs are kept result_ttl_s, the record job_ttl_s: past the first, say so.
+        body["result"] = {"outputs": outputs} if outputs is not None else None
+        if outputs is None:
+            body["result_expired"] = True
     elif job.error is not None:
         body["error"] = {"code": job.error.code, "message": job.error.message}
     return body

@@ -54,12 +54,14 @@ class JobStore:
                owner: str = "") -> tuple[JobRecord, bool]:
         """Record and queue a job, atomically (tasks/jobstate.py). Returns (job, created); with
         an Idempotency-Key seen before, the earlier job and False. Raises Overloaded or
-        IdempotencyMismatch."""
+        IdempotencyMismatch, or StoreFull."""
         job_id = str(uuid.uuid4())
         kwargs: dict[str, Any] = {"inputs": job["inputs"], "options": job["options"],
                                   "submitted_at": time.time()}
         if job.get("webhook"):
             kwargs["webhook"] = job["webhook"]
+        if job.get("encoding_format", "float") != "float":
+            kwargs["encoding_format"] = job["encoding_format"]
         priority = PRIORITIES[job["priority"]]
         summary = None if self.settings.events_full_args else {
             "model": spec.name, "inputs": len(job["inputs"]), "trace_id": trace_id}
@@ -76,7 +78,8 @@ class JobStore:
         submitted = self.state.submit(
             job_id, record, message, depth_lists=queue_lists(spec.queue),
             max_depth=spec.max_queue_depth, ttl_s=self.settings.job_ttl_s,
-            timeout_s=job.get("timeout_s") or spec.timeout_s or 0, idempotency=idempotency)
+            timeout_s=job.get("timeout_s") or spec.timeout_s or 0, idempotency=idempotency,
+            memory_headroom=self.settings.redis_memory_headroom)
         if submitted.created:
             return JobRecord(job_id, {**record, "status": "queued"}), True
         earlier = self.state.read(submitted.job_id)

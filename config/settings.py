@@ -33,7 +33,12 @@ class Settings:
     max_wait_s: float = 30.0
     redis_timeout_s: float = 2.0
     job_ttl_s: int = 86_400
-    result_ttl_s: int = 86_400  # how long a finished job's outputs stay readable
+    # How long a finished job's outputs stay readable: what bounds Redis's memory under steady
+    # load (bench/README.md: ~6 KB a 384-float embedding job, ~3 KB as base64).
+    result_ttl_s: int = 3_600
+    # When Redis has a maxmemory, new jobs are refused (503) once less than this share of it
+    # is left, so that the jobs already accepted always have room for their results.
+    redis_memory_headroom: float = 0.1
     api_keys_file: str = ""  # YAML of hashed API keys; none: the API is open
 
     # Webhooks. Hosts (or CIDRs) allowed even though they are private/loopback/link-local.
@@ -140,6 +145,9 @@ def load_settings(
     settings = dataclasses.replace(Settings(), **values)
     if settings.max_wait_s <= 0 or settings.max_wait_s > 300:
         raise ConfigError(f"max_wait_s must be in (0, 300], got {settings.max_wait_s}")
+    if not 0 <= settings.redis_memory_headroom < 1:
+        raise ConfigError("redis_memory_headroom must be in [0, 1), got "
+                          f"{settings.redis_memory_headroom}")
     if settings.webhook_host_concurrency < 1:
         raise ConfigError("webhook_host_concurrency must be an integer >= 1, "
                           f"got {settings.webhook_host_concurrency}")

@@ -62,6 +62,9 @@ def make_celery(settings: Settings | None = None) -> Celery:
         # Never kill a running batch because the connection dropped: its leases are renewed
         # and its results stored without that connection.
         worker_cancel_long_running_tasks_on_connection_loss=False,
+        # A Redis error on the consumer's connection (a full Redis refusing a write, say) is
+        # reconnected from, like a dropped connection; by default it kills the worker.
+        broker_channel_error_retry=True,
         broker_transport_options={
             # Messages whose lease (workers/leases.py) has not been renewed for this long
             # belong to a dead worker: any live worker's sweep, every few seconds (kombu's

@@ -69,6 +69,15 @@ class IdempotencyMismatch(Exception):
     """An Idempotency-Key was reused with a different request body."""
 
 
+class StoreFull(Exception):
+    """Redis is within its headroom of maxmemory: new jobs are refused so that the accepted
+    ones keep room for their results."""
+
+    def __init__(self, used: int, cap: int) -> None:
+        super().__init__(f"Redis holds {used / 2**20:.1f} of its {cap / 2**20:.1f} MiB")
+        self.used, self.cap = used, cap
+
+
 @dataclass(frozen=True)
 class QueuedMessage:
     """A task message ready for its Redis list (built by tasks/transport.py)."""
@@ -143,9 +152,16 @@ _ID_OF = f"local function id_of(key) return string.sub(key, {len(JOB_PREFIX) + 1
 
 # KEYS: record, idempotency claim, target list, then the model's queue lists (for its depth).
 # ARGV: job id, ttl, max depth, timeout_s (0: none), request digest ('' : no idempotency key),
-#       message, then the record's field/value pairs.
+#       message, memory headroom (share of maxmemory kept free), then the record's field/value
+#       pairs.
 _SUBMIT = _CLOCK + """
 local ttl = tonumber(ARGV[2])
+local memory = redis.call('info', 'memory')
+local cap = tonumber(string.match(memory, 'maxmemory:(%d+)'))
+local used = tonumber(string.match(memory, 'used_memory:(%d+)'))
+if cap > 0 and used > (1 - tonumber(ARGV[7])) * cap then
+  return {'full', used .. ' ' .. cap}
+end
 if ARGV[5] ~= '' then
   local earlier = redis.call('get', KEYS[2])
   if earlier then
@@ -158,7 +174,7 @@ local depth = 0
 for i = 4, #KEYS do depth = depth + redis.call('llen', KEYS[i]) end
 if depth >= tonumber(ARGV[3]) then return {'overloaded', ''} end
 local fields = {'status', 'queued'}
-for i = 7, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 8, #ARGV do fields[#fields + 1] = ARGV[i] end
 local timeout = tonumber(ARGV[4])
 if timeout > 0 then
   fields[#fields + 1] = 'expires_at'
@@ -267,18 +283,24 @@ class JobState:
 
     def submit(self, job_id: str, record: Mapping[str, str], message: QueuedMessage, *,
                depth_lists: Sequence[str], max_depth: int, ttl_s: int, timeout_s: float = 0,
-               idempotency: tuple[str, str] | None = None) -> Submitted:
-        """Record the job and queue its message, or raise Overloaded / IdempotencyMismatch.
-        With `idempotency` = (claim key, request digest) already claimed by an earlier
-        request with the same digest, that earlier job's id and created=False."""
+               idempotency: tuple[str, str] | None = None,
+               memory_headroom: float = 0.0) -> Submitted:
+        """Record the job and queue its message, or raise Overloaded, StoreFull or
+        IdempotencyMismatch. With `idempotency` = (claim key, request digest) already claimed
+        by an earlier request with the same digest, that earlier job's id and
+        created=False."""
         claim, digest = idempotency or (job_key(job_id) + ":no-claim", "")
-        args: list[Any] = [job_id, ttl_s, max_depth, timeout_s or 0, digest, message.payload]
+        args: list[Any] = [job_id, ttl_s, max_depth, timeout_s or 0, digest, message.payload,
+                           memory_headroom]
         for name, value in record.items():
             args += [name, value]
         kind, found = (_text(x) for x in self._scripts["submit"](
             keys=[job_key(job_id), claim, message.list_key, *depth_lists], args=args))
         if kind == "overloaded":
             raise Overloaded()
+        if kind == "full":
+            used, cap = (int(x) for x in found.split())
+            raise StoreFull(used, cap)
         if kind == "mismatch":
             raise IdempotencyMismatch()
         return Submitted(found, kind == "created")
@@ -326,5 +348,5 @@ class JobState:
 
 
 __all__ = ["CANCELLED_ERROR", "EXPIRED_ERROR", "Final", "IdempotencyMismatch", "JobError",
-           "JobRecord", "JobState", "Overloaded", "QueuedMessage", "Status", "Submitted",
-           "TERMINAL", "done_channel", "now_iso"]
+           "JobRecord", "JobState", "Overloaded", "QueuedMessage", "Status", "StoreFull",
+           "Submitted", "TERMINAL", "done_channel", "now_iso"]

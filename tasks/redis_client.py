@@ -27,7 +27,10 @@ def is_transient(exc: BaseException) -> bool:
     loading its data, or out of memory for now. Worth retrying, never a job failure."""
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         return True  # BusyLoadingError (Redis loading its data) is a ConnectionError
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return True
     if isinstance(exc, redis.ResponseError):
         text = str(exc)
-        return text.startswith(("OOM", "LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN"))
+        return "OOM command not allowed" in text or \
+            text.startswith(("LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN"))
     return False

@@ -17,6 +17,11 @@ Installed by `make_celery` in every process that talks to the broker (`install()
   dispatcher holds (`HELD`): some are running in a pool child, and requeueing them would run
   them twice. The dispatcher puts back the ones no child has started, itself
   (workers/leases.py).
+* A message is never dropped between its fetch and its record. kombu takes a message off its
+  queue (BRPOP) and then records it as unacknowledged in a second command; when Redis refuses
+  that one (it is full, or its connection just dropped), kombu lost the message. It is kept
+  here instead (`UNRECORDED`) and handed on: `Unacked` records it, acknowledges it or puts
+  it back on its queue as soon as Redis takes writes again.
 
 And used directly:
 
@@ -41,11 +46,14 @@ from celery.utils.saferepr import saferepr
 from kombu.transport import redis as kombu_redis
 from kombu.utils import json
 from kombu.transport import virtual
+import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from tasks import results
 from tasks.jobstate import QueuedMessage, Status
 from tasks.names import PRIORITY_SEP, PRIORITY_STEPS
+from tasks.redis_client import is_transient
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +63,9 @@ UNACKED_INDEX = "unacked_index"
 
 # Delivery tags the worker's dispatcher holds; a channel closing must not restore them.
 HELD: set[str] = set()
+# Messages fetched whose unacked record Redis refused: tag -> the record kombu would have
+# written ([message, exchange, routing key] as JSON). This process holds their only copy.
+UNRECORDED: dict[str, str] = {}
 
 _CLIENT_ATTR = "_iq_sync_client"
 
@@ -104,6 +115,25 @@ def _restore_only_what_no_one_holds() -> None:
     kombu_redis.QoS.restore_unacked = restore_unacked
 
 
+def _keep_what_could_not_be_recorded() -> None:
+    append = kombu_redis.QoS.append
+
+    def append_or_keep(self: Any, message: Any, delivery_tag: str) -> Any:
+        try:
+            return append(self, message, delivery_tag)
+        except redis.RedisError as exc:
+            if not is_transient(exc):
+                raise
+            delivery = message.delivery_info
+            UNRECORDED[delivery_tag] = json.dumps(
+                [message._raw, delivery["exchange"], delivery["routing_key"]])
+            virtual.QoS.append(self, message, delivery_tag)  # kombu's in-memory bookkeeping
+            logger.warning("Redis refused to record message %s as unacknowledged (%s); this "
+                           "worker keeps it until Redis takes writes again", delivery_tag, exc)
+
+    kombu_redis.QoS.append = append_or_keep
+
+
 _installed = False
 
 
@@ -114,6 +144,7 @@ def install() -> None:
         _reuse_sync_client()
         _no_retries_in_the_event_loop()
         _restore_only_what_no_one_holds()
+        _keep_what_could_not_be_recorded()
         _installed = True
 
 
@@ -147,7 +178,7 @@ def task_message(app: Any, name: str, task_id: str, kwargs: Mapping[str, Any], *
     the arguments themselves."""
     as_task = app.amqp.as_task_v2(task_id, name, kwargs=dict(kwargs), argsrepr="()",
                                   kwargsrepr="", ignore_result=None)  # as send_task does
-    raw = orjson.dumps(as_task.body)
+    raw = orjson.dumps(as_task.body, option=results.JSON_OPTIONS)
     kwargsrepr = repr({**summary, "bytes": len(raw)}) if summary is not None \
         else saferepr(dict(kwargs), app.amqp.kwargsrepr_maxsize)
     message = as_task._replace(headers={**as_task.headers, "kwargsrepr": kwargsrepr})
@@ -172,13 +203,14 @@ def task_message(app: Any, name: str, task_id: str, kwargs: Mapping[str, Any], *
 def result_meta(app: Any, job_id: str, status: Status, result: Any) -> bytes:
     """A job's result as Celery's Redis backend stores it (AsyncResult and Flower read it):
     `{"status": "SUCCESS", "result": ...}`, or FAILURE with the JobFailed exception encoded.
-    A NaN or infinite output is written as null (JSON has neither)."""
+    Floats as tasks/results.py writes them; a NaN or infinite output is null (JSON has
+    neither)."""
     backend = app.backend
     state = states.SUCCESS if status is Status.SUCCEEDED else states.FAILURE
     meta = backend._get_result_meta(result=backend.encode_result(result, state), state=state,
                                     traceback=None, request=None)
     meta["task_id"] = job_id
-    return orjson.dumps(meta)
+    return orjson.dumps(meta, option=results.JSON_OPTIONS)
 
 
 # Put a message back at the head of its queue (RPUSH: kombu pops from the right) only if its
@@ -203,6 +235,19 @@ class Unacked:
         self.client = client
         self._restore = client.register_script(_RESTORE)
 
+    def record_kept(self) -> int:
+        """Write the unacked records Redis refused at fetch time (UNRECORDED); returns how
+        many are still waiting."""
+        kept = dict(UNRECORDED)
+        if kept:
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.hset(UNACKED, mapping=kept)
+                pipe.zadd(UNACKED_INDEX, {tag: time.time() for tag in kept})
+                pipe.execute()
+            for tag in kept:
+                UNRECORDED.pop(tag, None)
+        return len(UNRECORDED)
+
     def renew(self, tags: Iterable[str], now: float | None = None) -> None:
         """Push each message's visibility deadline forward: a lease. XX: never re-create an
         entry that was acknowledged or restored meanwhile."""
@@ -218,12 +263,25 @@ class Unacked:
                 pipe.zrem(UNACKED_INDEX, *tags)
                 pipe.hdel(UNACKED, *tags)
                 pipe.execute()
+            for tag in tags:
+                UNRECORDED.pop(tag, None)
 
     def restore(self, tags: Iterable[str]) -> int:
         """Back to the head of their queues; returns how many were still unacknowledged."""
         tags = list(tags)
         if not tags:
             return 0
+        kept = {tag: UNRECORDED[tag] for tag in tags if tag in UNRECORDED}
+        if kept:  # never recorded in Redis: this process holds the only copy
+            with self.client.pipeline(transaction=False) as pipe:
+                for raw in reversed(list(kept.values())):
+                    message, _exchange, routing_key = json.loads(raw)
+                    priority = int(message["properties"].get("priority") or 0)
+                    pipe.rpush(list_for(routing_key, priority), json.dumps(message))
+                pipe.execute()
+            for tag in kept:
+                UNRECORDED.pop(tag, None)
+            tags = [tag for tag in tags if tag not in kept]
         with self.client.pipeline(transaction=False) as pipe:
             for tag in tags:
                 pipe.hget(UNACKED, tag)
@@ -244,4 +302,4 @@ class Unacked:
                 self._restore(keys=[UNACKED, UNACKED_INDEX, target],
                               args=[tag, raw, json.dumps(message)], client=pipe)
             restored = sum(int(x) for x in pipe.execute())
-        return restored
+        return restored + len(kept)

@@ -87,7 +87,13 @@ class Leases:
                            len(self.to_ack) + len(self.to_restore), exc)
 
     def tick(self) -> None:
-        """Settle what Redis refused before, and renew every lease this worker holds."""
+        """Record what Redis refused to record at fetch time, settle what it refused before,
+        and renew every lease this worker holds."""
+        try:
+            self.unacked.record_kept()
+        except redis.RedisError as exc:
+            logger.warning("Redis still refuses to record %d fetched message(s): %s",
+                           len(transport.UNRECORDED), exc)
         self._flush()
         try:
             self.unacked.renew([*self.held, *self.to_ack, *self.to_restore])

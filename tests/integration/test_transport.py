@@ -157,3 +157,28 @@ def test_closing_a_channel_leaves_what_the_dispatcher_holds(redis_url):
         assert server.llen("iq-held-test") == 1
         assert server.hexists(transport.UNACKED, held.delivery_tag)
         assert not server.hexists(transport.UNACKED, free.delivery_tag)
+
+
+def test_a_message_redis_refused_to_record_is_kept_then_put_back(redis_url):
+    make_app(redis_url)
+    queue = kombu.Queue("iq-full-test")
+    server = redis.Redis.from_url(redis_url)
+    server.delete("iq-full-test")
+    with kombu.Connection(redis_url) as conn:
+        conn.Producer().publish({"n": 7}, routing_key=queue.name, declare=[queue],
+                                serializer="json")
+        server.config_set("maxmemory-policy", "noeviction")
+        server.config_set("maxmemory", 1)  # every write refused from now on: Redis is full
+        try:
+            message = queue(conn.default_channel).get(no_ack=False)
+            # Taken off the queue, but Redis would not record it as unacknowledged: kombu
+            # would have lost it; it is kept here, its only copy.
+            assert message.payload == {"n": 7}
+            assert server.llen("iq-full-test") == 0
+            assert not server.hexists(transport.UNACKED, message.delivery_tag)
+            assert message.delivery_tag in transport.UNRECORDED
+        finally:
+            server.config_set("maxmemory", 0)
+        assert transport.Unacked(server).restore([message.delivery_tag]) == 1
+        assert not transport.UNRECORDED
+        assert queue(conn.default_channel).get(no_ack=True).payload == {"n": 7}
