@@ -41,3 +41,6 @@ def test_flower_lists_batched_jobs_as_success(stack, flower):
         assert task["name"] == "iq.infer.synthetic"
         assert task["runtime"] is not None and task["runtime"] > 0
         assert task["received"] and task["started"] and task["succeeded"]
+        # Private by default: the job's summary, not its inputs.
+        assert "flower-" not in task["kwargs"] and "'inputs': 1" in task["kwargs"]
+        assert f"'trace_id': '{job['trace_id']}'" in task["kwargs"]
