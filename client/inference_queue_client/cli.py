@@ -72,6 +72,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+class Usage(Exception):
+    """A command line that cannot be carried out: said on stderr, exit status 2."""
+
+
 class Output:
     """One JSON line per job on stdout, one per error on stderr; remembers whether all went
     as asked."""
@@ -103,8 +107,10 @@ def read_inputs(stream: IO[str], as_json: bool) -> list[Any]:
         try:
             inputs.append(json.loads(line))
         except ValueError as exc:
-            raise SystemExit(f"iq-client: inputs line {number} is not JSON ({exc}); "
-                             "without --json each line is a text") from None
+            raise Usage(f"inputs line {number} is not JSON ({exc}); without --json each "
+                        "line is a text") from None
+    if not inputs:
+        raise Usage("no inputs: one a line, from FILE or stdin")
     return inputs
 
 
@@ -115,7 +121,10 @@ def read_ids(given: list[str], stdin: IO[str]) -> list[str]:
     for line in stdin:
         line = line.strip()
         if line:
-            ids.append(json.loads(line)["id"] if line.startswith("{") else line)
+            try:
+                ids.append(json.loads(line)["id"] if line.startswith("{") else line)
+            except (ValueError, KeyError, TypeError):
+                raise Usage(f"not a job id, nor a JSON line with an id: {line[:80]}") from None
     return ids
 
 
@@ -153,11 +162,14 @@ def wait_all(client: Client, ids: list[str], args: argparse.Namespace, out: Outp
 
 def run(args: argparse.Namespace, client: Client, out: Output) -> None:
     if args.command == "submit":
-        with sys.stdin if args.file == "-" else open(args.file, encoding="utf-8") as stream:
-            inputs = read_inputs(stream, args.json)
+        try:
+            with sys.stdin if args.file == "-" else open(args.file, encoding="utf-8") as stream:
+                inputs = read_inputs(stream, args.json)
+        except OSError as exc:
+            raise Usage(f"cannot read the inputs: {exc}") from None
         groups = list(chunks(inputs, args.per_job))
         if args.idempotency_key and len(groups) > 1:
-            raise SystemExit("iq-client: --idempotency-key names one job; drop --per-job")
+            raise Usage("--idempotency-key names one job; drop --per-job")
         # One job: the API holds the submit until it is done (Prefer: wait). Several: all are
         # submitted first, so that they can share batches, then waited for.
         hold = (args.timeout or client.max_wait) if args.wait and len(groups) == 1 else None
@@ -202,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
                 retry_for=args.retry_for) as client:
         try:
             run(args, client, out)
+        except Usage as exc:
+            print(f"iq-client: {exc}", file=sys.stderr)
+            return 2
         except KeyboardInterrupt:
             return 130
     return 0 if out.ok else 1

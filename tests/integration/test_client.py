@@ -186,6 +186,9 @@ def test_cli_errors_are_json_lines_on_stderr(stack):
     refused = cli(stack, "submit", "quick", stdin="x\n", key="wrong")
     assert refused.returncode == 1
     assert lines(refused.stderr)[0]["error"]["code"] == "unauthorized"
+    invalid = cli(stack, "submit", "quick", "--options", '{"bogus": 1}', stdin="x\n")
+    assert invalid.returncode == 1 and invalid.stdout == ""
+    assert "options.bogus" in lines(invalid.stderr)[0]["error"]["fields"]
 
 
 def test_cli_cancel(stack, iq):

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import requests

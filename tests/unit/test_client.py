@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import inference_queue_client as iqc
+from inference_queue_client import cli
 from inference_queue_client.errors import api_error, parse_retry_after
 from tests.support.services import ROOT
 
@@ -100,3 +101,19 @@ def test_pip_installs_the_package_and_its_command(tmp_path):
     shown = subprocess.run([sys.executable, str(script), "--help"], capture_output=True,
                            text=True, cwd=tmp_path, env={"PYTHONPATH": str(target)}, timeout=30)
     assert shown.returncode == 0 and "submit" in shown.stdout, shown.stderr
+
+
+@pytest.mark.parametrize("args, stdin, said", [
+    (["submit", "m"], "", "no inputs"),
+    (["submit", "m", "--json"], '"ok"\nnot json\n', "inputs line 2 is not JSON"),
+    (["submit", "m", "/no/such/file"], "", "cannot read the inputs"),
+    (["submit", "m", "--per-job", "1", "--idempotency-key", "k"], "a\nb\n", "names one job"),
+    (["wait"], "{}\n", "not a job id"),
+])
+def test_cli_usage_errors_exit_2_before_any_request(args, stdin, said, monkeypatch, capsys):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    # No server at this address: a request would fail differently (and slowly).
+    assert cli.main(["--url", "http://127.0.0.1:9", "--retry-for", "0", *args]) == 2
+    assert said in capsys.readouterr().err
