@@ -65,25 +65,13 @@ def test_worker_metrics_are_summed_across_prefork_children(tmp_path):
 
 def test_grafana_dashboard_queries_only_metrics_that_exist(stack):
     import json
-    import re
 
+    from tests.support.metrics import exported, named_in
     from tests.support.services import ROOT
 
     dashboard = json.loads((ROOT / "docs/grafana/inference-queue.json").read_text())
-    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    used = {re.sub(r"_(bucket|count|sum)$", "", m)
-            for e in exprs for m in re.findall(r"\biq_[a-z_]+", e)}
+    used = named_in("\n".join(t["expr"] for p in dashboard["panels"] for t in p["targets"]))
     stack.finished(stack.submit("synthetic", ["d"])["id"])
-    scraped = requests.get(f"{stack.api}/metrics", timeout=5).text + \
-        requests.get(stack.workers["synth"].extra["metrics_url"], timeout=5).text
-    families = set(re.findall(r"^# TYPE (\w+) ", scraped, re.M))
-    # GPU gauges and OOM splits have no samples on a CPU-only host: they must at least be
-    # declared by the worker.
-    from workers import metrics as worker_metrics
-
-    declared = {m._name + ("_total" if m._type == "counter" else "")
-                for m in vars(worker_metrics).values()
-                if hasattr(m, "_name") and hasattr(m, "_type")}
-    missing = used - families - declared
+    missing = used - exported(f"{stack.api}/metrics", stack.workers["synth"].extra["metrics_url"])
     assert not missing, f"dashboard queries metrics nobody exports: {missing}"
     assert len(used) >= 10

@@ -1,0 +1,3 @@
+from inference_queue_client.cli import main
+
+raise SystemExit(main())

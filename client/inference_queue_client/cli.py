@@ -1,0 +1,222 @@
+"""`iq-client`: the client from the shell. Jobs go out as JSON lines on stdout, errors as JSON
+lines on stderr; the exit status is 0 when every job is as asked, 1 otherwise, 2 for a usage
+error and 130 after Ctrl-C (which cancels the jobs still being waited for)."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from typing import IO, Any, Iterable
+
+from inference_queue_client.client import DEFAULT_URL, Client
+from inference_queue_client.errors import APIError, IQError, WaitTimeout
+from inference_queue_client.jobs import BASE64, Job
+
+EPILOG = """\
+examples:
+  printf 'hello world\\nhow are you\\n' | iq-client submit minilm-embed --wait
+  iq-client submit ts-affine inputs.jsonl --json --per-job 16 | iq-client wait
+  iq-client get 8f692a53-...      iq-client cancel 8f692a53-...
+
+The API's address and key come from --url/--api-key or IQ_API_URL/IQ_API_KEY."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="iq-client", description=__doc__, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", help=f"the API (default: IQ_API_URL, else {DEFAULT_URL})")
+    p.add_argument("--api-key", help="sent as Authorization: Bearer (default: IQ_API_KEY)")
+    p.add_argument("--request-timeout", type=float, default=10.0, metavar="S",
+                   help="connect/read timeout of one request (default 10)")
+    p.add_argument("--retry-for", type=float, default=60.0, metavar="S",
+                   help="give up a call after failing this long: 429, 503, dropped "
+                        "connections (default 60)")
+    p.add_argument("-v", "--verbose", action="store_true", help="say what it is doing")
+    commands = p.add_subparsers(dest="command", required=True)
+
+    submit = commands.add_parser("submit", help="submit jobs; print each job")
+    submit.add_argument("model")
+    submit.add_argument("file", nargs="?", default="-",
+                        help="one input per line (default: stdin); blank lines are skipped")
+    submit.add_argument("--json", action="store_true",
+                        help="each line is a JSON value (a list of numbers for tensor models) "
+                             "rather than plain text")
+    submit.add_argument("--per-job", type=int, default=0, metavar="N",
+                        help="inputs per job (default: all in one job)")
+    submit.add_argument("--options", type=json.loads, help="the job's options, as JSON")
+    submit.add_argument("--priority", choices=["high", "normal", "low"])
+    submit.add_argument("--timeout-s", type=float, help="deadline for the job to start")
+    submit.add_argument("--idempotency-key", help="with a single job only")
+    submit.add_argument("--trace-id", help="sent as X-Request-ID")
+    submit.add_argument("--wait", action="store_true",
+                        help="wait for the jobs and print them finished")
+
+    wait = commands.add_parser("wait", help="wait for jobs to finish; print each")
+    get = commands.add_parser("get", help="print jobs as they stand")
+    cancel = commands.add_parser("cancel", help="cancel queued jobs; print each")
+    for sub in (wait, get, cancel):
+        sub.add_argument("ids", nargs="*", metavar="JOB",
+                         help="job ids; none or '-': read from stdin, one a line, as ids "
+                              "or as the JSON lines `submit` prints")
+    for sub in (submit, wait, get):
+        sub.add_argument("--encoding-format", choices=[BASE64],
+                         help="outputs as base64 float32 (submit asks the API for it; wait "
+                              "and get decode it); printed as numbers either way")
+    for sub in (submit, wait):
+        sub.add_argument("--timeout", type=float, metavar="S",
+                         help="stop waiting after S seconds in all (exit status 1)")
+        sub.add_argument("--no-cancel", action="store_true",
+                         help="leave the jobs queued on Ctrl-C")
+    return p
+
+
+class Usage(Exception):
+    """A command line that cannot be carried out: said on stderr, exit status 2."""
+
+
+class Output:
+    """One JSON line per job on stdout, one per error on stderr; remembers whether all went
+    as asked."""
+
+    def __init__(self) -> None:
+        self.ok = True
+
+    def job(self, job: Job, fine: bool = True) -> None:
+        self.ok &= fine
+        print(json.dumps(job.as_dict()), flush=True)
+
+    def error(self, exc: IQError, job_id: str | None = None) -> None:
+        self.ok = False
+        body = exc.body if isinstance(exc, APIError) else {
+            "code": type(exc).__name__, "message": str(exc)}
+        print(json.dumps({**({"id": job_id} if job_id else {}), "error": body}),
+              file=sys.stderr, flush=True)
+
+
+def read_inputs(stream: IO[str], as_json: bool) -> list[Any]:
+    inputs = []
+    for number, line in enumerate(stream, 1):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            continue
+        if not as_json:
+            inputs.append(line)
+            continue
+        try:
+            inputs.append(json.loads(line))
+        except ValueError as exc:
+            raise Usage(f"inputs line {number} is not JSON ({exc}); without --json each "
+                        "line is a text") from None
+    if not inputs:
+        raise Usage("no inputs: one a line, from FILE or stdin")
+    return inputs
+
+
+def read_ids(given: list[str], stdin: IO[str]) -> list[str]:
+    if given and given != ["-"]:
+        return given
+    ids = []
+    for line in stdin:
+        line = line.strip()
+        if line:
+            try:
+                ids.append(json.loads(line)["id"] if line.startswith("{") else line)
+            except (ValueError, KeyError, TypeError):
+                raise Usage(f"not a job id, nor a JSON line with an id: {line[:80]}") from None
+    return ids
+
+
+def chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
+    size = size if size > 0 else max(len(items), 1)
+    return (items[i:i + size] for i in range(0, len(items), size))
+
+
+def wait_all(client: Client, ids: list[str], args: argparse.Namespace, out: Output) -> None:
+    """Wait for each job in turn within one overall timeout; Ctrl-C cancels the unfinished."""
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    pending = list(ids)
+    try:
+        while pending:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            try:
+                job = client.wait(pending[0], timeout=remaining, cancel_on_interrupt=False,
+                                  encoding_format=args.encoding_format)
+                out.job(job, job.status == "succeeded")
+            except WaitTimeout as exc:
+                out.job(exc.job, False)
+            except IQError as exc:
+                out.error(exc, pending[0])
+            pending.pop(0)
+    except KeyboardInterrupt:
+        if not args.no_cancel:
+            client.retry_for = 0.0  # one attempt each: the user wants out
+            for job_id in pending:
+                try:
+                    out.job(client.cancel(job_id), False)
+                except IQError as exc:
+                    out.error(exc, job_id)
+        raise
+
+
+def run(args: argparse.Namespace, client: Client, out: Output) -> None:
+    if args.command == "submit":
+        try:
+            with sys.stdin if args.file == "-" else open(args.file, encoding="utf-8") as stream:
+                inputs = read_inputs(stream, args.json)
+        except OSError as exc:
+            raise Usage(f"cannot read the inputs: {exc}") from None
+        groups = list(chunks(inputs, args.per_job))
+        if args.idempotency_key and len(groups) > 1:
+            raise Usage("--idempotency-key names one job; drop --per-job")
+        # One job: the API holds the submit until it is done (Prefer: wait). Several: all are
+        # submitted first, so that they can share batches, then waited for.
+        hold = (args.timeout or client.max_wait) if args.wait and len(groups) == 1 else None
+        submitted = []
+        for group in groups:
+            try:
+                job = client.submit(args.model, group, options=args.options,
+                                    priority=args.priority, timeout_s=args.timeout_s,
+                                    encoding_format=args.encoding_format,
+                                    idempotency_key=args.idempotency_key,
+                                    trace_id=args.trace_id, wait=hold,
+                                    cancel_on_interrupt=not args.no_cancel)
+            except IQError as exc:
+                out.error(exc)
+                continue
+            if not args.wait or job.terminal:
+                out.job(job, job.status == "succeeded" if args.wait else True)
+            else:
+                submitted.append(job.id)
+        wait_all(client, submitted, args, out)
+        return
+    ids = read_ids(args.ids, sys.stdin)
+    if args.command == "wait":
+        wait_all(client, ids, args, out)
+        return
+    for job_id in ids:
+        try:
+            if args.command == "get":
+                out.job(client.get(job_id, encoding_format=args.encoding_format))
+            else:
+                out.job(client.cancel(job_id))
+        except IQError as exc:
+            out.error(exc, job_id)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="iq-client: %(message)s", stream=sys.stderr)
+    out = Output()
+    with Client(args.url, api_key=args.api_key, timeout=args.request_timeout,
+                retry_for=args.retry_for) as client:
+        try:
+            run(args, client, out)
+        except Usage as exc:
+            print(f"iq-client: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
+    return 0 if out.ok else 1

@@ -1,0 +1,119 @@
+"""The client's pieces that need no server: base64 outputs, error types, Retry-After, and the
+package itself (pip installs it, with its command)."""
+from __future__ import annotations
+
+import base64
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from email.utils import formatdate
+
+import numpy as np
+import pytest
+
+import inference_queue_client as iqc
+from inference_queue_client import cli
+from inference_queue_client.errors import api_error, parse_retry_after
+from tests.support.services import ROOT
+
+
+def b64(*values: float) -> str:
+    return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode()
+
+
+def test_base64_vectors_decode_to_the_float32_values_sent():
+    text = b64(1.5, -2.25, 0.1, 3e38)
+    expected = np.frombuffer(base64.b64decode(text), dtype="<f4").tolist()
+    assert iqc.decode_float32(text) == expected
+    assert expected[:2] == [1.5, -2.25]
+
+
+@pytest.mark.parametrize("text, why", [("not base64!", "not base64"),
+                                       (base64.b64encode(b"123456").decode(), "6 bytes")])
+def test_bad_base64_outputs_name_the_output(text, why):
+    with pytest.raises(iqc.DecodeError, match=f"output 1: .*{why}"):
+        iqc.decode_outputs([b64(1.0), text])
+
+
+def test_job_outputs_are_decoded_when_they_travel_as_base64():
+    body = {"id": "j", "status": "succeeded", "result": {"outputs": [b64(1, 2), b64(3, 4)]}}
+    asked = iqc.Job(body, encoding_format="base64")
+    said = iqc.Job({**body, "encoding_format": "base64"})  # the API's word for it
+    for job in (asked, said):
+        assert job.outputs == [[1.0, 2.0], [3.0, 4.0]]
+        assert job.array().tolist() == [[1.0, 2.0], [3.0, 4.0]]
+        assert job.as_dict()["result"]["outputs"] == [[1.0, 2.0], [3.0, 4.0]]
+    # JSON outputs are left alone, labels and all.
+    labels = [{"label": "a", "scores": {"a": 0.9}}]
+    assert iqc.Job({"id": "j", "status": "succeeded", "result": {"outputs": labels}}).outputs \
+        == labels
+
+
+def test_a_job_that_did_not_succeed_raises_its_error_for_outputs():
+    job = iqc.Job({"id": "j", "status": "failed",
+                   "error": {"code": "inference_error", "message": "boom"}})
+    with pytest.raises(iqc.JobFailed, match="inference_error: boom") as failed:
+        job.result()
+    assert failed.value.code == "inference_error" and failed.value.job is job
+
+
+def _api_error_classes(cls: type) -> list[type]:
+    return [cls] + [d for sub in cls.__subclasses__() for d in _api_error_classes(sub)]
+
+
+def test_every_error_code_of_the_api_has_its_client_type():
+    import app.auth  # noqa: F401 - defines the access errors
+    from app.errors import APIError
+
+    for server in _api_error_classes(APIError)[1:]:
+        client = api_error(server.status, {"error": {"code": server.code, "message": "m"}})
+        assert client.code == server.code and client.http_status == server.status
+        assert type(client) is not iqc.APIError, f"{server.code} has no client type"
+
+
+def test_errors_without_an_error_object_are_typed_by_status():
+    proxy_page = api_error(503, "<html>Service Unavailable</html>", "7")
+    assert isinstance(proxy_page, iqc.Unavailable) and proxy_page.retry_after == 7
+    assert proxy_page.code == "http_503"
+    assert type(api_error(502, "bad gateway")) is iqc.APIError
+
+
+def test_retry_after_as_seconds_or_a_date():
+    assert parse_retry_after("5") == 5
+    assert parse_retry_after(None) is None and parse_retry_after("soon") is None
+    in_a_minute = parse_retry_after(formatdate(time.time() + 60, usegmt=True))
+    assert 50 < in_a_minute <= 60
+
+
+def test_pip_installs_the_package_and_its_command(tmp_path):
+    # From a copy: setuptools builds in the source folder, which is left as it was.
+    source = shutil.copytree(ROOT / "client", tmp_path / "client",
+                             ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--target", str(target), str(source)],
+                   check=True, timeout=120)
+    script = target / "bin" / "iq-client"
+    assert script.exists()
+    # The installed copy, not the checkout's: run from elsewhere with only the target added.
+    shown = subprocess.run([sys.executable, str(script), "--help"], capture_output=True,
+                           text=True, cwd=tmp_path, env={"PYTHONPATH": str(target)}, timeout=30)
+    assert shown.returncode == 0 and "submit" in shown.stdout, shown.stderr
+
+
+@pytest.mark.parametrize("args, stdin, said", [
+    (["submit", "m"], "", "no inputs"),
+    (["submit", "m", "--json"], '"ok"\nnot json\n', "inputs line 2 is not JSON"),
+    (["submit", "m", "/no/such/file"], "", "cannot read the inputs"),
+    (["submit", "m", "--per-job", "1", "--idempotency-key", "k"], "a\nb\n", "names one job"),
+    (["wait"], "{}\n", "not a job id"),
+])
+def test_cli_usage_errors_exit_2_before_any_request(args, stdin, said, monkeypatch, capsys):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    # No server at this address: a request would fail differently (and slowly).
+    assert cli.main(["--url", "http://127.0.0.1:9", "--retry-for", "0", *args]) == 2
+    assert said in capsys.readouterr().err
