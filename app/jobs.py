@@ -215,6 +215,8 @@ def job_body(job: JobRecord) -> dict[str, Any]:
     }
     if fields.get("trace_id"):
         body["trace_id"] = fields["trace_id"]
+    # How the outputs travel, so that any reader (not only the submitter) can decode them.
+    body["encoding_format"] = fields.get("encoding_format") or "float"
     if fields.get("batch"):
         body["batch"] = json.loads(fields["batch"])
     if job.status is Status.SUCCEEDED:

@@ -70,7 +70,7 @@ class JobStore:
                                          headers={"trace_id": trace_id}, summary=summary)
         record = {"model": spec.name, "created_at": now_iso(), "trace_id": trace_id,
                   "inputs": str(len(job["inputs"])), "priority": job["priority"],
-                  "owner": owner}
+                  "owner": owner, "encoding_format": job.get("encoding_format", "float")}
         idempotency = None
         if idempotency_key_:
             digest = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()

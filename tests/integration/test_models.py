@@ -140,6 +140,7 @@ def test_embeddings_as_base64_float32_equal_the_numbers(stack):
     packed = stack.finished(stack.submit("minilm-embed", texts,
                                          encoding_format="base64")["id"])
     assert plain["status"] == packed["status"] == "succeeded"
+    assert (plain["encoding_format"], packed["encoding_format"]) == ("float", "base64")
     for numbers, text in zip(plain["result"]["outputs"], packed["result"]["outputs"]):
         assert isinstance(text, str) and len(text) == 384 * 4 * 4 // 3
         decoded = np.frombuffer(base64.b64decode(text), dtype="<f4")
@@ -152,3 +153,20 @@ def test_base64_is_refused_for_a_model_without_vectors(stack):
     r = requests.post(f"{stack.api}/v1/jobs", json={"model": "minilm-classify", "inputs": ["x"],
                                                     "encoding_format": "base64"}, timeout=10)
     assert r.status_code == 422 and "encoding_format" in r.json()["error"]["fields"]
+
+
+def test_the_client_decodes_base64_embeddings_by_itself(stack):
+    import numpy as np
+    from inference_queue_client import Client
+
+    client = Client(stack.api)
+    texts = ["decoded by the client"]
+    as_numbers = client.run("minilm-embed", texts)
+    job = client.submit("minilm-embed", texts, encoding_format="base64")
+    # Read back by id alone: the job says how its outputs travel.
+    done = client.wait(job.id)
+    assert done.body["encoding_format"] == "base64"
+    assert isinstance(done.body["result"]["outputs"][0], str)
+    # The same float32 values: one way read from text, the other from their bytes.
+    assert np.array_equal(np.asarray(done.outputs, dtype=np.float32),
+                          np.asarray(as_numbers, dtype=np.float32))
