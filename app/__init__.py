@@ -6,6 +6,7 @@ from typing import Any, Mapping
 from flask import Flask
 
 from config import load_models, load_settings
+from tasks import tracing
 from tasks.celery_app import make_celery
 from tasks.logs import configure as configure_logging
 
@@ -24,6 +25,14 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     app.config.update(IQ_SETTINGS=settings, MAX_CONTENT_LENGTH=settings.max_body_bytes)
     app.json = OrjsonProvider(app)
     configure_logging(settings.log_level)
+    if tracing.setup("inference-queue-api"):
+        # Before the blueprints: each request's span is open when the views run, so a job's
+        # trace id is its request's.
+        from opentelemetry.instrumentation.flask import FlaskInstrumentor
+        from opentelemetry.instrumentation.redis import RedisInstrumentor
+
+        FlaskInstrumentor().instrument_app(app)
+        RedisInstrumentor().instrument()
 
     celery = make_celery(settings)
     store = JobStore(settings, celery, models)

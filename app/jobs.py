@@ -15,7 +15,7 @@ from app.errors import (Conflict, MalformedRequest, NotFound, TooManyJobs, Unava
                         UnsupportedMediaType, ValidationFailed)
 from app.schemas import flatten, validate_job
 from app.store import parse_job_id
-from tasks import egress, webhooks
+from tasks import egress, tracing, webhooks
 from tasks.jobstate import IdempotencyMismatch, JobRecord, Overloaded, Status, StoreFull
 from tasks.logs import trace_id_var
 
@@ -50,7 +50,10 @@ def _json_body() -> object:
 @bp.before_app_request
 def _trace_id() -> None:
     given = request.headers.get("X-Request-ID", "")
-    g.trace_id = given if _TRACE_ID.match(given) else uuid.uuid4().hex
+    # With OpenTelemetry on, the job's trace id is its trace's (a caller's `traceparent`
+    # decides it); otherwise the caller's X-Request-ID, or a fresh one of the same shape.
+    g.trace_id = tracing.current_trace_id() or (
+        given if _TRACE_ID.match(given) else uuid.uuid4().hex)
     # Every log line of this request carries it; reset when the request ends.
     g.trace_token = trace_id_var.set(g.trace_id)
 

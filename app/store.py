@@ -14,7 +14,7 @@ from celery import Celery
 from app.waiter import ResultWaiter
 from config import Settings
 from config.models import ModelSpec
-from tasks import transport
+from tasks import tracing, transport
 from tasks.jobstate import JobRecord, JobState, now_iso
 from tasks.keys import CONSUMING_KEY, idempotency_key, job_key, live_key
 from tasks.names import PRIORITIES, queue_lists
@@ -65,9 +65,11 @@ class JobStore:
         priority = PRIORITIES[job["priority"]]
         summary = None if self.settings.events_full_args else {
             "model": spec.name, "inputs": len(job["inputs"]), "trace_id": trace_id}
+        headers = {"trace_id": trace_id}
+        tracing.inject(headers)  # the W3C trace context, when traces are on
         message = transport.task_message(self.celery, spec.task_name, job_id, kwargs,
                                          queue=spec.queue, priority=priority,
-                                         headers={"trace_id": trace_id}, summary=summary)
+                                         headers=headers, summary=summary)
         record = {"model": spec.name, "created_at": now_iso(), "trace_id": trace_id,
                   "inputs": str(len(job["inputs"])), "priority": job["priority"],
                   "owner": owner, "encoding_format": job.get("encoding_format", "float")}

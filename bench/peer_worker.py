@@ -36,7 +36,7 @@ def _register(model: str) -> None:
     def infer(self, requests):
         # The service's own batch executor: the same job state moves and result writes, so
         # that only the batching in the worker's main process differs.
-        run_batch(model, [(r.id, r.kwargs or {}, None) for r in requests])
+        run_batch(model, [(r.id, r.kwargs or {}, {}) for r in requests])
 
     celery.task(name=task_name(model), base=Batches, bind=True, shared=False,
                 flush_every=FLUSH_EVERY, flush_interval=FLUSH_INTERVAL)(infer)

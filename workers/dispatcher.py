@@ -55,9 +55,19 @@ def _stopping() -> bool:
     return worker_state.should_stop is not None or worker_state.should_terminate is not None
 
 
+_TRACE_HEADERS = ("trace_id", "traceparent", "tracestate")
+
+
+def trace_headers(request: Any) -> dict[str, str]:
+    """The job's trace id and W3C trace context, from its message headers."""
+    found = request.request_dict
+    nested = found.get("headers") or {}
+    return {k: found.get(k) or nested.get(k) for k in _TRACE_HEADERS
+            if found.get(k) or nested.get(k)}
+
+
 def trace_id_of(request: Any) -> str | None:
-    return request.request_dict.get("trace_id") or \
-        (request.request_dict.get("headers") or {}).get("trace_id")
+    return trace_headers(request).get("trace_id")
 
 
 class PoolDispatcher:
@@ -187,7 +197,7 @@ class PoolDispatcher:
 
     def _apply(self, batch: Batch) -> None:
         requests = [p.job for p in batch.jobs]
-        payload = [(r.id, r.kwargs or {}, trace_id_of(r)) for r in requests]
+        payload = [(r.id, r.kwargs or {}, trace_headers(r)) for r in requests]
         self.inflight += 1
 
         def on_accepted(pid: int, time_accepted: float) -> None:

@@ -22,7 +22,7 @@ import orjson
 import redis
 from celery import current_app
 
-from tasks import transport
+from tasks import tracing, transport
 from tasks.errors import JobFailed
 from tasks.jobstate import Final, JobError, Status
 from tasks.logs import trace
@@ -55,8 +55,8 @@ class JobOutcome:
     reason: str = ""  # NOT_RUN: why ("cancelled", "expired", "succeeded", ...)
 
 
-# (job id, task kwargs, trace id)
-JobPayload = tuple[str, dict, Any]
+# (job id, task kwargs, trace headers: the job's trace_id and its W3C traceparent, if any)
+JobPayload = tuple[str, dict, dict]
 
 
 def _with_retries(call: Callable[[], T], what: str, patience_s: float) -> T:
@@ -119,8 +119,9 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
     if not jobs:
         return not_run
     items = sum(len(kw.get("inputs") or []) for _id, kw, _t in jobs)
-    for job_id, _kwargs, trace_id in jobs:
-        with trace(trace_id):
+    started_ns = time.time_ns()
+    for job_id, _kwargs, headers in jobs:
+        with trace(headers.get("trace_id")):
             logger.info("job %s started: model=%s batch of %d job(s)", job_id, model, len(jobs))
     now = time.time()
     for _id, kw, _t in jobs:
@@ -129,14 +130,17 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
             metrics.QUEUE_WAIT.labels(model).observe(max(now - submitted, 0.0))
 
     started = time.monotonic()
+    model_ns = time.time_ns()
     results = rt.run(model, [(kw.get("inputs") or [], kw.get("options") or {})
                              for _id, kw, _t in jobs])
+    model_ns = (model_ns, time.time_ns())
     elapsed = time.monotonic() - started
     metrics.INFERENCE.labels(model).observe(elapsed)
     metrics.BATCH_SIZE.labels(model).observe(items)
 
     finals: list[Final] = []
-    for (job_id, kwargs, trace_id), result in zip(jobs, results):
+    for (job_id, kwargs, headers), result in zip(jobs, results):
+        trace_id = headers.get("trace_id")
         if isinstance(result, JobFailed):
             error = JobError(result.code, result.message)
             finals.append(Final(job_id, Status.FAILED,
@@ -150,6 +154,7 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
                                                       {"outputs": outputs}),
                                 None, webhook_message(app, model, job_id, kwargs, trace_id,
                                                       Status.SUCCEEDED, outputs, None)))
+    write_ns = time.time_ns()
     try:
         written = _with_retries(
             lambda: rt.jobs.finish(finals, result_ttl_s=rt.settings.result_ttl_s),
@@ -159,9 +164,13 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
                        len(finals), exc_info=True)
         return [JobOutcome(f.job_id, Outcome.RETRY) for f in finals] + not_run
     rt.record_memory(model)
+    tracing.batch_spans(
+        model, [(job_id, headers, kw.get("submitted_at")) for job_id, kw, headers in jobs],
+        batch=orjson.loads(batch), started_ns=started_ns, model_ns=model_ns,
+        write_ns=(write_ns, time.time_ns()), ended_ns=time.time_ns())
 
     outcomes: list[JobOutcome] = []
-    for (job_id, kw, trace_id), result, final, fresh in zip(jobs, results, finals, written):
+    for (job_id, kw, headers), result, final, fresh in zip(jobs, results, finals, written):
         ok = final.status is Status.SUCCEEDED
         if not fresh:
             # Another run of this job finished first (it was delivered twice); its result
@@ -172,7 +181,7 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
                                    elapsed, len(result) if ok else 0, final.error))
         metrics.JOBS.labels(model, final.status.value).inc()
         metrics.ITEMS.labels(model, final.status.value).inc(len(kw.get("inputs") or []))
-        with trace(trace_id):
+        with trace(headers.get("trace_id")):
             logger.info("job %s %s in %.3fs%s", job_id, final.status.value, elapsed,
                         f": {final.error.code}: {final.error.message}" if final.error else "")
     return outcomes + not_run

@@ -15,7 +15,7 @@ from workers import metrics  # noqa: I001 - sets PROMETHEUS_MULTIPROC_DIR before
 from celery import Task, signals
 from celery.utils.log import current_process_index
 
-from tasks import logs
+from tasks import logs, tracing
 from tasks.celery_app import make_celery
 from tasks.names import task_name
 from workers.dispatcher import DispatcherStep
@@ -73,6 +73,7 @@ def select_models(sender: str, instance, conf, **_kw) -> None:
 
 @signals.worker_process_init.connect
 def load_models(sender: str | None = None, **_kw) -> None:
+    tracing.setup("inference-queue-worker")  # in the child: its exporter thread is its own
     index = current_process_index(base=0) or 0
     start_runtime(celery.conf.iq_settings, celery.conf.iq_models, sender or "worker", index)
 
@@ -80,4 +81,5 @@ def load_models(sender: str | None = None, **_kw) -> None:
 @signals.worker_process_shutdown.connect
 def unload_models(pid: int | None = None, **_kw) -> None:
     stop_runtime()
+    tracing.shutdown()
     metrics.child_exited(pid or os.getpid())
