@@ -173,6 +173,10 @@ def test_redis_restarted_under_load(recovery, tmp_path):
     r = requests.post(f"{stack.api}/v1/jobs", json={"model": "slow", "inputs": ["x"]},
                       timeout=30)
     assert r.status_code == 503 and int(r.headers["Retry-After"]) > 0
+    ready = requests.get(f"{stack.api}/readyz", timeout=30)
+    # Which check failed, not Redis's own error text.
+    assert ready.status_code == 503
+    assert ready.json()["checks"]["redis"] == {"ok": False, "error": "unreachable"}
     stack.redis_svc = start_redis(tmp_path, port=port, appendonly=True,
                                   password=stack.redis_svc.extra["password"])
     cleared = time.monotonic()
