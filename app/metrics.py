@@ -15,6 +15,9 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                generate_latest)
 from prometheus_client.core import GaugeMetricFamily
 
+# Every label takes a value from a fixed set: a made-up method is "other", a path that matches
+# no route is "unmatched", so that no client can grow the series.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -56,10 +59,11 @@ class ApiMetrics:
 
     def _observe(self, response):
         route = request.url_rule.rule if request.url_rule else "unmatched"
-        self.requests.labels(route, request.method, str(response.status_code)).inc()
+        method = request.method if request.method in METHODS else "other"
+        self.requests.labels(route, method, str(response.status_code)).inc()
         started = g.get("iq_started")
         if started is not None:
-            self.latency.labels(route, request.method).observe(time.perf_counter() - started)
+            self.latency.labels(route, method).observe(time.perf_counter() - started)
         return response
 
     def render(self) -> Response:

@@ -31,6 +31,12 @@ class Settings:
     # Access layer.
     max_body_bytes: int = 1_048_576
     max_wait_s: float = 30.0
+    # Requests parked on `?wait` or `Prefer: wait` at once in one API process, in all and per
+    # API key (keys off: only the first cap applies). Past either, `GET ?wait` answers 429
+    # with Retry-After and `Prefer: wait` is not applied (202 at once): a wait never queues
+    # behind other waits. gunicorn.conf.py sizes the process's connections from max_waits.
+    max_waits: int = 2000
+    max_waits_per_key: int = 500
     redis_timeout_s: float = 2.0
     job_ttl_s: int = 86_400
     result_ttl_s: int = 86_400  # how long a finished job's outputs stay readable
@@ -140,6 +146,9 @@ def load_settings(
     settings = dataclasses.replace(Settings(), **values)
     if settings.max_wait_s <= 0 or settings.max_wait_s > 300:
         raise ConfigError(f"max_wait_s must be in (0, 300], got {settings.max_wait_s}")
+    for name in ("max_waits", "max_waits_per_key"):
+        if getattr(settings, name) < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {getattr(settings, name)}")
     if settings.webhook_host_concurrency < 1:
         raise ConfigError("webhook_host_concurrency must be an integer >= 1, "
                           f"got {settings.webhook_host_concurrency}")
