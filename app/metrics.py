@@ -1,5 +1,6 @@
 """Prometheus metrics for the API: requests by route and status, latency, jobs submitted and
-rejected by model and reason, and queue depth per model read from Redis at scrape time.
+rejected by model and reason, requests parked waiting, and queue depth per model read from
+Redis at scrape time.
 
 Under gunicorn with several worker processes set PROMETHEUS_MULTIPROC_DIR (prometheus_client's
 multiprocess mode); the default single-process, multi-thread setup needs nothing.
@@ -36,8 +37,20 @@ class QueueDepthCollector:
         yield family
 
 
+class WaitingCollector:
+    def __init__(self, waiting: Callable[[], int], cap: int) -> None:
+        self.waiting, self.cap = waiting, cap
+
+    def collect(self):
+        yield GaugeMetricFamily("iq_waiting_requests", "Requests of this process parked on "
+                                "?wait or Prefer: wait", value=self.waiting())
+        yield GaugeMetricFamily("iq_waiting_requests_max", "max_waits: the most this process "
+                                "parks at once", value=self.cap)
+
+
 class ApiMetrics:
-    def __init__(self, depths: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, depths: Callable[[], dict[str, int]], waiting: Callable[[], int],
+                 max_waits: int) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("iq_http_requests_total", "HTTP requests",
                                 ["route", "method", "status"], registry=self.registry)
@@ -49,6 +62,7 @@ class ApiMetrics:
         self.rejected = Counter("iq_jobs_rejected_total", "Jobs refused", ["model", "reason"],
                                 registry=self.registry)
         self.registry.register(QueueDepthCollector(depths))
+        self.registry.register(WaitingCollector(waiting, max_waits))
 
     def init_app(self, app: Flask) -> None:
         app.before_request(self._start)
