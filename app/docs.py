@@ -76,7 +76,10 @@ class Model(Schema):
     dtype = fields.String()
     max_batch_size = fields.Integer()
     max_wait_ms = fields.Float()
-    options = fields.Dict()
+    max_queue_depth = fields.Integer()
+    timeout_s = fields.Float(allow_none=True)
+    time_limit_s = fields.Float(allow_none=True)
+    options = fields.List(fields.String(), metadata={"description": "the options it takes"})
     workers = fields.Integer(metadata={"description": "live worker nodes serving it"})
     instances = fields.Integer(metadata={"description": "live copies of the model"})
 

@@ -13,7 +13,7 @@ from werkzeug.wsgi import LimitedStream
 from app import auth, uploads
 from app.docs import UPLOAD_QUERY, Blueprint, Error, Job, JobAccepted, job_request_body
 from app.errors import (Conflict, MalformedRequest, NotFound, PayloadTooLarge, TooManyWaits,
-                        UnsupportedMediaType)
+                        UnsupportedMediaType, ValidationFailed)
 from app.store import WaitRefused, parse_job_id
 from app.submission import Accepted, Caller
 from config import Settings
@@ -38,6 +38,12 @@ def _read_whole_body() -> None:
 
 def _request_body() -> object:
     _read_whole_body()
+    if request.args and not request.mimetype.startswith("image/"):
+        # Only an image/* body takes its job from the query; anywhere else a query parameter
+        # would be silently ignored, so it is refused.
+        raise ValidationFailed("the job is invalid", fields={
+            name: ["query parameters are for image/* bodies only; put it in the job"]
+            for name in request.args})
     if not request.is_json:
         upload = uploads.job_from_upload(request)  # images as multipart or an image/* body
         if upload is not None:
