@@ -80,6 +80,23 @@ def test_two_hundred_waiters_do_not_block_probes_or_submits(parked):
     wait_until(lambda: waiting(api) == 0, 10, "every wait slot given back")
 
 
+def test_half_sent_requests_do_not_block_probes(parked):
+    """64 connections that send part of a request line and stop hold no thread either."""
+    import socket
+
+    port = parked.web.extra["port"]
+    stalled = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(64)]
+    try:
+        for s in stalled:
+            s.sendall(b"GET /v1/jobs/x HTTP/1.1\r\nHost: a\r\nX-Slow: ")
+        for _ in range(5):
+            r, seconds = timed("GET", f"{parked.api}/healthz")
+            assert r.status_code == 200 and seconds < PROBE_BOUND_S, seconds
+    finally:
+        for s in stalled:
+            s.close()
+
+
 def test_waits_past_the_caps_are_answered_at_once(parked):
     web = start_web(dict(parked.env, IQ_MAX_WAITS="5", IQ_MAX_WAITS_PER_KEY="3"),
                     parked.workdir)
