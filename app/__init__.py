@@ -15,11 +15,11 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     settings = load_settings(overrides)
     models = load_models(settings.models_file)
 
-    from app import auth, errors, jobs, ops
+    from app import auth, docs, errors, jobs, ops, trace_ids
     from app.json_provider import OrjsonProvider
     from app.metrics import ApiMetrics
-    from app.schemas import job_schema
     from app.store import JobStore
+    from app.submission import Submitter
 
     app = Flask(__name__)
     app.config.update(IQ_SETTINGS=settings, MAX_CONTENT_LENGTH=settings.max_body_bytes)
@@ -36,16 +36,16 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
 
     celery = make_celery(settings)
     store = JobStore(settings, celery, models)
-    app.extensions.update({
-        "celery": celery,
-        "iq.models": models,
-        "iq.schemas": {name: job_schema(spec) for name, spec in models.items()},
-        "iq.store": store,
-        "iq.metrics": ApiMetrics(store.queue_depths),
-    })
-    app.extensions["iq.metrics"].init_app(app)
-    errors.register_error_handlers(app)
+    metrics = ApiMetrics(store.queue_depths, lambda: store.waiter.waiting, settings.max_waits)
+    submitter = Submitter(settings, models, store, metrics)
+    app.extensions.update({"celery": celery, "iq.models": models, "iq.store": store,
+                           "iq.metrics": metrics, "iq.submitter": submitter})
+    metrics.init_app(app)
+    trace_ids.init_app(app)
     auth.init_app(app, auth.load_keys(settings.api_keys_file))
-    app.register_blueprint(jobs.bp)
-    app.register_blueprint(ops.bp)
+    api = docs.init_app(app, models, submitter.schemas)
+    api.register_blueprint(jobs.blueprint(settings, models))
+    api.register_blueprint(ops.bp)
+    # After flask-smorest's: app/errors.py answers every error, theirs included.
+    errors.register_error_handlers(app)
     return app

@@ -109,19 +109,22 @@ def take_token(client: redis.Redis, key: ApiKey) -> float:
     return float(wait)
 
 
+def current_key() -> ApiKey | None:
+    """The key of the request being served (None when keys are off)."""
+    return g.get("api_key")
+
+
 def current_owner() -> str:
-    key = g.get("api_key")
+    key = current_key()
     return key.name if key else ""
 
 
-def check_model(model: str) -> None:
-    key = g.get("api_key")
+def check_model(key: ApiKey | None, model: str) -> None:
     if key is not None and key.models is not None and model not in key.models:
         raise Forbidden(f"this API key may not use model {model!r}")
 
 
-def check_rate(client: redis.Redis) -> None:
-    key = g.get("api_key")
+def check_rate(client: redis.Redis, key: ApiKey | None) -> None:
     if key is None:
         return
     wait = take_token(client, key)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from itertools import islice
+from typing import Any, Iterable, Mapping
 
 import redis
 from flask import Flask, jsonify
@@ -12,17 +13,36 @@ from werkzeug.exceptions import HTTPException
 
 logger = logging.getLogger(__name__)
 
+# An error names at most this many fields (and counts the rest): a body of 100,000 bad keys
+# gets an answer of a few kilobytes, not megabytes.
+MAX_ERROR_FIELDS = 30
+_MAX_FIELD_NAME = 100
+
+Fields = Mapping[str, list[str]] | Iterable[tuple[str, list[str]]]
+
+
+def _capped(fields: Fields) -> tuple[dict[str, list[str]], int]:
+    """At most MAX_ERROR_FIELDS fields, long names cut, each with at most 3 messages; and
+    how many more there were."""
+    pairs = iter(fields.items() if isinstance(fields, Mapping) else fields)
+    shown: dict[str, list[str]] = {}
+    for name, messages in islice(pairs, MAX_ERROR_FIELDS):
+        if len(name) > _MAX_FIELD_NAME:
+            name = name[:_MAX_FIELD_NAME - 3] + "..."
+        shown[name] = [str(m)[:500] for m in messages[:3]]
+    return shown, sum(1 for _ in pairs)
+
 
 class APIError(Exception):
     status = 500
     code = "internal"
 
-    def __init__(self, message: str, fields: dict[str, list[str]] | None = None,
+    def __init__(self, message: str, fields: Fields | None = None,
                  headers: dict[str, str] | None = None, retry_after: int | None = None,
                  **extra: Any) -> None:
         super().__init__(message)
         self.message = message
-        self.fields = fields
+        self.fields, self.fields_omitted = _capped(fields) if fields is not None else (None, 0)
         self.headers = dict(headers or {})
         if retry_after is not None:
             self.headers["Retry-After"] = str(retry_after)
@@ -61,6 +81,11 @@ class TooManyJobs(APIError):
     status, code = 429, "overloaded"
 
 
+class TooManyWaits(APIError):
+    """Every wait slot (app/waiter.py) is taken; `status` carries the job's as it stands."""
+    status, code = 429, "too_many_waits"
+
+
 class Unavailable(APIError):
     status, code = 503, "unavailable"
 
@@ -75,6 +100,8 @@ def error_response(err: APIError):
     body: dict[str, Any] = {"code": err.code, "message": err.message}
     if err.fields:
         body["fields"] = err.fields
+    if err.fields_omitted:
+        body["fields_omitted"] = err.fields_omitted
     body.update(getattr(err, "extra", {}))
     response = jsonify({"error": body})
     response.status_code = err.status

@@ -1,40 +1,49 @@
-"""/v1/jobs: submit a job, read it back (optionally waiting for it to finish)."""
+"""/v1/jobs: submit a job, read it back (optionally waiting for it to finish), cancel it. The
+views read the request, call the store or the submitter (app/submission.py) and write the
+answer."""
 from __future__ import annotations
 
 import json
-import logging
-import re
-import uuid
 from typing import Any
 
-from flask import Blueprint, current_app, g, jsonify, request
-from marshmallow import ValidationError
+from flask import Response, current_app, g, jsonify, request
+from marshmallow import Schema, fields, validate
+from werkzeug.wsgi import LimitedStream
 
-from app import auth, images, uploads
-from app.errors import (Conflict, MalformedRequest, NotFound, TooManyJobs, Unavailable,
+from app import auth, uploads
+from app.docs import UPLOAD_QUERY, Blueprint, Error, Job, JobAccepted, job_request_body
+from app.errors import (Conflict, MalformedRequest, NotFound, PayloadTooLarge, TooManyWaits,
                         UnsupportedMediaType, ValidationFailed)
-from app.schemas import flatten, validate_job
-from app.store import parse_job_id
-from tasks import egress, tracing, webhooks
-from tasks.jobstate import IdempotencyMismatch, JobRecord, Overloaded, Status, StoreFull
-from tasks.logs import trace_id_var
-
-bp = Blueprint("jobs", __name__, url_prefix="/v1")
-logger = logging.getLogger(__name__)
-
-_TRACE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+from app.store import WaitRefused, parse_job_id
+from app.submission import Accepted, Caller
+from config import Settings
+from config.models import ModelSpec
+from tasks.jobstate import JobRecord, Status
 
 
 def _ext(name: str):
     return current_app.extensions[name]
 
 
-def _settings():
-    return current_app.config["IQ_SETTINGS"]
+def _read_whole_body() -> None:
+    """Read the body (kept for the parsers), refusing one over max_body_bytes. werkzeug ends
+    a body sent without Content-Length (chunked) at the limit without a word, so one byte
+    past it is asked of the server: any there means the body was larger."""
+    request.get_data(cache=True)
+    stream = request.stream
+    if isinstance(stream, LimitedStream) and stream.is_exhausted \
+            and request.environ["wsgi.input"].read(1):
+        raise PayloadTooLarge("request body is larger than the configured limit")
 
 
-def _json_body() -> object:
+def _request_body() -> object:
+    _read_whole_body()
+    if request.args and not request.mimetype.startswith("image/"):
+        # Only an image/* body takes its job from the query; anywhere else a query parameter
+        # would be silently ignored, so it is refused.
+        raise ValidationFailed("the job is invalid", fields={
+            name: ["query parameters are for image/* bodies only; put it in the job"]
+            for name in request.args})
     if not request.is_json:
         upload = uploads.job_from_upload(request)  # images as multipart or an image/* body
         if upload is not None:
@@ -42,110 +51,12 @@ def _json_body() -> object:
         raise UnsupportedMediaType("send the job as JSON (Content-Type: application/json), "
                                    "or images as multipart/form-data or an image/* body")
     try:
-        return json.loads(request.get_data(cache=False))
+        return json.loads(request.get_data())
     except (ValueError, RecursionError) as exc:  # bad UTF-8 is a ValueError too
         raise MalformedRequest(f"request body is not valid JSON: {exc}") from None
 
 
-@bp.before_app_request
-def _trace_id() -> None:
-    given = request.headers.get("X-Request-ID", "")
-    # With OpenTelemetry on, the job's trace id is its trace's (a caller's `traceparent`
-    # decides it); otherwise the caller's X-Request-ID, or a fresh one of the same shape.
-    g.trace_id = tracing.current_trace_id() or (
-        given if _TRACE_ID.match(given) else uuid.uuid4().hex)
-    # Every log line of this request carries it; reset when the request ends.
-    g.trace_token = trace_id_var.set(g.trace_id)
-
-
-@bp.teardown_app_request
-def _end_trace(_exc: BaseException | None) -> None:
-    token = g.pop("trace_token", None)
-    if token is not None:
-        trace_id_var.reset(token)
-
-
-@bp.after_app_request
-def _echo_trace_id(response):
-    if "trace_id" in g:
-        response.headers["X-Request-ID"] = g.trace_id
-    return response
-
-
-@bp.post("/jobs")
-def submit_job():
-    metrics = _ext("iq.metrics")
-    data = _json_body()
-    try:
-        spec, job = validate_job(data, _ext("iq.models"), _ext("iq.schemas"))
-    except ValidationError as exc:
-        model = data.get("model") if isinstance(data, dict) else None
-        metrics.rejected.labels(str(model)[:64] if model in _ext("iq.models") else "unknown",
-                                "validation").inc()
-        raise ValidationFailed("the job is invalid", fields=flatten(exc.messages)) from None
-    auth.check_model(spec.name)
-    if job.get("webhook"):
-        _check_webhook(job["webhook"])
-    try:
-        auth.check_rate(_ext("iq.store").redis)
-    except auth.RateLimited:
-        metrics.rejected.labels(spec.name, "rate_limited").inc()
-        raise
-    key = request.headers.get("Idempotency-Key")
-    if key is not None and not _IDEMPOTENCY_KEY.match(key):
-        raise ValidationFailed("invalid header", fields={
-            "Idempotency-Key": ["1 to 255 visible ASCII characters"]})
-    if spec.input_type == "image":  # decoded, checked and resized before it is queued
-        try:
-            job["inputs"] = images.canonical_inputs(spec, job["inputs"], _settings())
-        except images.BadImages as exc:
-            metrics.rejected.labels(spec.name, "validation").inc()
-            raise ValidationFailed("the job is invalid", fields=exc.fields) from None
-    try:
-        submitted, created = _ext("iq.store").submit(spec, job, g.trace_id, key,
-                                                     owner=auth.current_owner())
-    except Overloaded:
-        metrics.rejected.labels(spec.name, "queue_full").inc()
-        raise TooManyJobs(f"the queue of {spec.name} is full "
-                          f"({spec.max_queue_depth} jobs); retry later", retry_after=1) from None
-    except IdempotencyMismatch:
-        raise Conflict("this Idempotency-Key was used with a different request body") from None
-    except StoreFull as exc:
-        metrics.rejected.labels(spec.name, "store_full").inc()
-        raise Unavailable(f"the job store is nearly full ({exc}); retry later",
-                          retry_after=30) from None
-    if created:
-        metrics.submitted.labels(spec.name).inc()
-        logger.info("job %s accepted: model=%s inputs=%d priority=%s", submitted.id,
-                    spec.name, len(job["inputs"]), job["priority"])
-    url = f"/v1/jobs/{submitted.id}"
-    headers = {"Location": url}
-    wait = _preferred_wait()
-    if wait is not None:
-        headers["Preference-Applied"] = f"wait={wait:g}"
-        finished = _ext("iq.store").wait(submitted.id, wait, auth.current_owner())
-        if finished is not None and finished.terminal:
-            return jsonify({**job_body(finished), "url": url}), 201, headers
-    body = {"id": submitted.id, "status": submitted.status.value, "model": spec.name,
-            "created_at": submitted.fields.get("created_at"), "url": url,
-            "trace_id": submitted.fields.get("trace_id", g.trace_id)}
-    return jsonify(body), 202, headers
-
-
-def _check_webhook(hook: dict) -> None:
-    """422 for a webhook this service will not call. While webhooks are off (no secret) the
-    answer is a 422 on `webhook`, not a 503: retrying will not help, and the job can be sent
-    without the field and polled."""
-    settings = _settings()
-    if not webhooks.enabled(settings.webhook_secret):
-        raise ValidationFailed("the job is invalid", fields={"webhook": [webhooks.SECRET_MISSING]})
-    try:
-        egress.check_url(hook["url"], allow=settings.webhook_allow_list)
-    except egress.Refused as exc:
-        raise ValidationFailed("the job is invalid", fields={"webhook.url": [str(exc)]}) from None
-
-
-def _preferred_wait() -> float | None:
+def _preferred_wait(max_wait_s: float) -> float | None:
     """RFC 7240 `Prefer: wait=N`: hold the POST up to N seconds (at most max_wait_s) for the
     job to finish, and answer with the finished job; past that, the usual 202. One request
     per job instead of two for a client that wants the result now. As the RFC asks, a
@@ -158,70 +69,132 @@ def _preferred_wait() -> float | None:
             seconds = float(value.strip().strip('"'))
         except ValueError:
             return None
-        return min(seconds, _settings().max_wait_s) if seconds > 0 else None
+        return min(seconds, max_wait_s) if seconds > 0 else None  # NaN is not > 0
     return None
 
 
-@bp.delete("/jobs/<job_id>")
-def cancel_job(job_id: str):
-    """Cancel a queued job: it ends `cancelled` and never runs. A job already running or
-    finished answers 409 with its status."""
-    canonical = parse_job_id(job_id)
-    store = _ext("iq.store")
-    owned = canonical is not None and store.owned_by(canonical, auth.current_owner())
-    outcome = store.cancel(canonical) if owned else "missing"
-    if outcome == "missing":
-        raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
-    job = store.get(canonical)
-    if outcome != "ok" or job is None or job.status is not Status.CANCELLED:
-        status = job.status.value if job else "unknown"
-        raise Conflict(f"the job is {status} and can no longer be cancelled",
-                       headers={"X-Job-Status": status}, status=status)
-    return jsonify(job_body(job))
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    response = jsonify(body)
+    response.status_code = status
+    response.headers.update(headers or {})
+    return response
 
 
-@bp.get("/jobs/<job_id>")
-def get_job(job_id: str):
-    canonical = parse_job_id(job_id)
-    wait = request.args.get("wait")
+def _accepted(accepted: Accepted, max_wait_s: float) -> Response:
+    """202 with the job's URL; or, with `Prefer: wait`, 201 with the job once it finished
+    within the wait. A wait that finds no free slot is not applied: 202 at once."""
+    job, url = accepted.job, f"/v1/jobs/{accepted.job.id}"
+    headers = {"Location": url}
+    wait = _preferred_wait(max_wait_s)
     if wait is not None:
-        limit = current_app.config["IQ_SETTINGS"].max_wait_s
         try:
-            seconds = float(wait)
-        except ValueError:
-            seconds = -1.0
-        if not 0 < seconds <= limit:
-            raise ValidationFailed("invalid query parameter",
-                                   fields={"wait": [f"must be a number in (0, {limit:g}]"]})
-    store, owner = _ext("iq.store"), auth.current_owner()
-    if canonical is None:
+            finished = _ext("iq.store").wait(job.id, wait, auth.current_owner())
+            headers["Preference-Applied"] = f"wait={wait:g}"
+        except WaitRefused:
+            finished = None
+        if finished is not None and finished.terminal:
+            return _json({**job_body(finished), "url": url}, 201, headers)
+    return _json({"id": job.id, "status": job.status.value, "model": accepted.spec.name,
+                  "created_at": job.fields.get("created_at"), "url": url,
+                  "trace_id": job.fields.get("trace_id", g.trace_id)}, 202, headers)
+
+
+def blueprint(settings: Settings, models: dict[str, ModelSpec]) -> Blueprint:
+    """The /v1/jobs routes of one app: the `wait` bound comes from its settings."""
+    bp = Blueprint("jobs", __name__, url_prefix="/v1",
+                   description="Submit jobs, read them back (waiting for them if asked), "
+                               "cancel them")
+    max_wait_s = settings.max_wait_s
+    uploads_ = any(s.input_type == "image" for s in models.values())
+
+    class WaitArgs(Schema):
+        wait = fields.Float(
+            allow_nan=False, validate=validate.Range(min=0, max=max_wait_s, min_inclusive=False),
+            metadata={"description": "hold the request until the job is terminal or this many "
+                                     "seconds pass; 429 when every wait slot is taken"})
+
+    @bp.post("/jobs")
+    @bp.doc(summary="Submit a job", requestBody=job_request_body(models), parameters=[
+        {"name": "Idempotency-Key", "in": "header", "schema": {"type": "string"}},
+        {"name": "Prefer", "in": "header", "schema": {"type": "string"},
+         "description": f"wait=S (at most {max_wait_s:g}): answer 201 with the finished job "
+                        "if it is done within S seconds (RFC 7240)"},
+        *(UPLOAD_QUERY if uploads_ else [])])
+    @bp.response(202, JobAccepted, description="accepted")
+    @bp.alt_response(201, schema=Job, description="finished within Prefer: wait")
+    @bp.alt_response(400, schema=Error, description="malformed JSON")
+    @bp.alt_response(409, schema=Error, description="Idempotency-Key reused")
+    @bp.alt_response(413, schema=Error, description="body too large")
+    @bp.alt_response(415, schema=Error, description="not JSON nor an image upload")
+    @bp.alt_response(422, schema=Error, description="invalid job: `fields` names each field")
+    @bp.alt_response(429, schema=Error, description="queue full or rate limited")
+    @bp.alt_response(503, schema=Error, description="Redis unreachable")
+    def submit_job():
+        caller = Caller(auth.current_key(), g.trace_id, request.headers.get("Idempotency-Key"))
+        return _accepted(_ext("iq.submitter").submit(caller, _request_body), max_wait_s)
+
+    @bp.get("/jobs/<job_id>")
+    @bp.arguments(WaitArgs, location="query", as_kwargs=True)
+    @bp.response(200, Job, description="the job")
+    @bp.alt_response(404, schema=Error, description="no such job")
+    @bp.alt_response(429, schema=Error, description="every wait slot is taken")
+    @bp.alt_response(503, schema=Error, description="Redis unreachable")
+    def get_job(job_id: str, wait: float | None = None):
+        canonical = parse_job_id(job_id)
+        store, owner = _ext("iq.store"), auth.current_owner()
         job = None
-    elif wait is not None:
-        job = store.wait(canonical, seconds, owner)
-    else:
-        job = store.get(canonical, owner)
-    if job is None:
-        raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
-    return jsonify(job_body(job))
+        if canonical is not None and wait is None:
+            job = store.get(canonical, owner)
+        elif canonical is not None:
+            try:
+                job = store.wait(canonical, wait, owner)
+            except WaitRefused as refused:
+                raise TooManyWaits(f"{refused}; read the job without ?wait or retry later",
+                                   retry_after=1, status=refused.job.status.value) from None
+        if job is None:
+            raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
+        return _json(job_body(job))
+
+    @bp.delete("/jobs/<job_id>")
+    @bp.response(200, Job, description="cancelled")
+    @bp.alt_response(404, schema=Error, description="no such job")
+    @bp.alt_response(409, schema=Error, description="already running or finished")
+    def cancel_job(job_id: str):
+        """Cancel a queued job: it ends `cancelled` and never runs. A job already running or
+        finished answers 409 with its status."""
+        canonical = parse_job_id(job_id)
+        store = _ext("iq.store")
+        owned = canonical is not None and store.owned_by(canonical, auth.current_owner())
+        outcome = store.cancel(canonical) if owned else "missing"
+        if outcome == "missing":
+            raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
+        job = store.get(canonical)
+        if outcome != "ok" or job is None or job.status is not Status.CANCELLED:
+            status = job.status.value if job else "unknown"
+            raise Conflict(f"the job is {status} and can no longer be cancelled",
+                           headers={"X-Job-Status": status}, status=status)
+        return _json(job_body(job))
+
+    return bp
 
 
 def job_body(job: JobRecord) -> dict[str, Any]:
     """A job as GET /v1/jobs/<id> shows it."""
-    fields = job.fields
+    fields_ = job.fields
     body: dict[str, Any] = {
         "id": job.id,
-        "model": fields.get("model"),
+        "model": fields_.get("model"),
         "status": job.status.value,
-        "created_at": fields.get("created_at"),
-        "started_at": fields.get("started_at"),
-        "finished_at": fields.get("finished_at") if job.terminal else None,
+        "created_at": fields_.get("created_at"),
+        "started_at": fields_.get("started_at"),
+        "finished_at": fields_.get("finished_at") if job.terminal else None,
     }
-    if fields.get("trace_id"):
-        body["trace_id"] = fields["trace_id"]
+    if fields_.get("trace_id"):
+        body["trace_id"] = fields_["trace_id"]
     # How the outputs travel, so that any reader (not only the submitter) can decode them.
-    body["encoding_format"] = fields.get("encoding_format") or "float"
-    if fields.get("batch"):
-        body["batch"] = json.loads(fields["batch"])
+    body["encoding_format"] = fields_.get("encoding_format") or "float"
+    if fields_.get("batch"):
+        body["batch"] = json.loads(fields_["batch"])
     if job.status is Status.SUCCEEDED:
         outputs = job.outputs
         # Outputs are kept result_ttl_s, the record job_ttl_s: past the first, say so.

@@ -1,5 +1,6 @@
 """Prometheus metrics for the API: requests by route and status, latency, jobs submitted and
-rejected by model and reason, and queue depth per model read from Redis at scrape time.
+rejected by model and reason, requests parked waiting, and queue depth per model read from
+Redis at scrape time.
 
 Under gunicorn with several worker processes set PROMETHEUS_MULTIPROC_DIR (prometheus_client's
 multiprocess mode); the default single-process, multi-thread setup needs nothing.
@@ -15,6 +16,9 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                generate_latest)
 from prometheus_client.core import GaugeMetricFamily
 
+# Every label takes a value from a fixed set: a made-up method is "other", a path that matches
+# no route is "unmatched", so that no client can grow the series.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -33,8 +37,20 @@ class QueueDepthCollector:
         yield family
 
 
+class WaitingCollector:
+    def __init__(self, waiting: Callable[[], int], cap: int) -> None:
+        self.waiting, self.cap = waiting, cap
+
+    def collect(self):
+        yield GaugeMetricFamily("iq_waiting_requests", "Requests of this process parked on "
+                                "?wait or Prefer: wait", value=self.waiting())
+        yield GaugeMetricFamily("iq_waiting_requests_max", "max_waits: the most this process "
+                                "parks at once", value=self.cap)
+
+
 class ApiMetrics:
-    def __init__(self, depths: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, depths: Callable[[], dict[str, int]], waiting: Callable[[], int],
+                 max_waits: int) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("iq_http_requests_total", "HTTP requests",
                                 ["route", "method", "status"], registry=self.registry)
@@ -46,6 +62,7 @@ class ApiMetrics:
         self.rejected = Counter("iq_jobs_rejected_total", "Jobs refused", ["model", "reason"],
                                 registry=self.registry)
         self.registry.register(QueueDepthCollector(depths))
+        self.registry.register(WaitingCollector(waiting, max_waits))
 
     def init_app(self, app: Flask) -> None:
         app.before_request(self._start)
@@ -56,10 +73,11 @@ class ApiMetrics:
 
     def _observe(self, response):
         route = request.url_rule.rule if request.url_rule else "unmatched"
-        self.requests.labels(route, request.method, str(response.status_code)).inc()
+        method = request.method if request.method in METHODS else "other"
+        self.requests.labels(route, method, str(response.status_code)).inc()
         started = g.get("iq_started")
         if started is not None:
-            self.latency.labels(route, request.method).observe(time.perf_counter() - started)
+            self.latency.labels(route, method).observe(time.perf_counter() - started)
         return response
 
     def render(self) -> Response:

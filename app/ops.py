@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import redis
-from flask import Blueprint, current_app, jsonify
+from flask import current_app, jsonify
 
-bp = Blueprint("ops", __name__)
+from app.docs import Blueprint, Models
+
+bp = Blueprint("ops", __name__, description="Liveness, readiness, models and metrics")
+_TEXT = {"content": {"text/plain": {"schema": {"type": "string"}}}}
 
 
 def _ext(name: str):
@@ -12,11 +15,13 @@ def _ext(name: str):
 
 
 @bp.get("/healthz")
+@bp.doc(responses={"200": {"description": "alive"}})
 def healthz():
     return jsonify({"status": "ok"})
 
 
 @bp.get("/readyz")
+@bp.doc(responses={"200": {"description": "ready"}, "503": {"description": "not ready"}})
 def readyz():
     """Ready when Redis answers and every model has at least one live instance: a pool child
     with the model loaded, in a worker whose main process is consuming."""
@@ -40,19 +45,15 @@ def readyz():
 
 
 @bp.get("/v1/models")
+@bp.response(200, Models, description="every configured model: its input kind, limits and "
+                                      "live instances")
 def list_models():
     models = _ext("iq.models")
     live = _ext("iq.store").live(models)
     return jsonify({"models": [{**spec.public(), **live[name]} for name, spec in models.items()]})
 
 
-@bp.get("/openapi.json")
-def openapi_document():
-    from app.openapi import openapi
-
-    return jsonify(openapi(_ext("iq.models")))
-
-
 @bp.get("/metrics")
+@bp.doc(responses={"200": {"description": "Prometheus text format", **_TEXT}})
 def metrics():
     return _ext("iq.metrics").render()

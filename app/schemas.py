@@ -1,16 +1,57 @@
 """Request validation: bad input stops here, with every field at fault named, before it can
-reach a queue or a model."""
+reach a queue or a model. The same schemas generate the OpenAPI document (app/docs.py), so
+the two cannot drift.
+
+Refusing is cheap: a list's length is checked before any of its items (100,000 bad inputs
+cost one error, not 100,000), and a number a model cannot take (1e300 for float32, 2**70 for
+int64) is refused here rather than turned into null or a failure in torch.
+"""
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
+from urllib.parse import urlsplit
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from config.models import ModelSpec
+from config.preprocess import IMAGE_FORMATS
 from tasks.names import PRIORITIES
 from tasks.results import ENCODINGS
 from tasks.webhooks import EVENTS
+
+# The numbers each input dtype can hold: (smallest, largest).
+NUMBER_RANGES: dict[str, tuple[float | int, float | int]] = {
+    "float32": (-3.4028234663852886e38, 3.4028234663852886e38),
+    "float64": (-1.7976931348623157e308, 1.7976931348623157e308),
+    "int64": (-2**63, 2**63 - 1),
+}
+
+
+class BoundedList(fields.List):
+    """A list whose length is checked before its items are."""
+
+    def __init__(self, inner: fields.Field, *, min_items: int | None = None,
+                 max_items: int | None = None, **kwargs: Any) -> None:
+        self.length = validate.Length(min=min_items, max=max_items)
+        super().__init__(inner, validate=self.length, **kwargs)
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Any:
+        if isinstance(value, list):
+            self.length(value)
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
+def _http_url(url: str) -> None:
+    """What marshmallow's URL check lets through and a URL parser refuses (a port out of
+    range, a broken IPv6 literal) is a field error here, not an exception later."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ValidationError("not a valid URL (ports are 1 to 65535)") from None
+    if port == 0:
+        raise ValidationError("not a valid URL (ports are 1 to 65535)")
 
 
 class WebhookSchema(Schema):
@@ -18,17 +59,17 @@ class WebhookSchema(Schema):
         unknown = RAISE
 
     url = fields.Url(required=True, schemes={"http", "https"}, require_tld=False,
-                     validate=validate.Length(max=2048))
-    events = fields.List(fields.String(validate=validate.OneOf(EVENTS)),
-                         validate=validate.Length(min=1), load_default=lambda: list(EVENTS))
+                     validate=[validate.Length(max=2048), _http_url])
+    events = BoundedList(fields.String(validate=validate.OneOf(EVENTS)), min_items=1,
+                         max_items=len(EVENTS), load_default=lambda: list(EVENTS))
 
 
-class JobEnvelope(Schema):
+class JobBase(Schema):
+    """What every job has, whatever its model."""
+
     class Meta:
         unknown = RAISE
 
-    model = fields.String(required=True)
-    inputs = fields.Raw(required=True)
     options = fields.Dict(keys=fields.String(), load_default=dict)
     timeout_s = fields.Float(validate=validate.Range(min=0, max=86_400, min_inclusive=False),
                              allow_nan=False, load_default=None)
@@ -38,22 +79,38 @@ class JobEnvelope(Schema):
     encoding_format = fields.String(validate=validate.OneOf(ENCODINGS), load_default="float")
 
 
+class JobEnvelope(JobBase):
+    """A job of a model not (yet) known: everything but its inputs and options checked."""
+    model = fields.String(required=True)
+    inputs = fields.Raw(required=True)
+
+
 class TensorInput(fields.Field):
-    """A nested list of numbers of exactly `shape`; finite, and integral for int64 models."""
+    """A nested list of numbers of exactly `shape`, each one the dtype can hold (finite;
+    integral for int64)."""
 
     def __init__(self, shape: tuple[int, ...], dtype: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.shape = shape
-        self.integral = dtype == "int64"
+        self.dtype = dtype
+        self.low, self.high = NUMBER_RANGES[dtype]
+
+    def _number(self, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValidationError(f"expected a number, got {type(value).__name__}")
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise ValidationError("numbers must be finite (no NaN or infinity)")
+            if self.dtype == "int64" and not value.is_integer():
+                raise ValidationError("this model takes integers")
+        # Compared as they are: an int of any size against a float bound never overflows.
+        if not self.low <= value <= self.high:
+            raise ValidationError(f"numbers must be within {self.dtype}'s range "
+                                  f"[{self.low:g}, {self.high:g}]")
 
     def _check(self, value: Any, depth: int) -> None:
         if depth == len(self.shape):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValidationError(f"expected a number, got {type(value).__name__}")
-            if not math.isfinite(value):
-                raise ValidationError("numbers must be finite (no NaN or infinity)")
-            if self.integral and not float(value).is_integer():
-                raise ValidationError("this model takes integers")
+            self._number(value)
             return
         if not isinstance(value, list) or len(value) != self.shape[depth]:
             raise ValidationError(
@@ -67,6 +124,14 @@ class TensorInput(fields.Field):
         self._check(value, 0)
         return value
 
+    def openapi(self) -> dict[str, Any]:
+        schema: dict[str, Any] = {"type": "integer" if self.dtype == "int64" else "number",
+                                  "minimum": self.low, "maximum": self.high}
+        for size in reversed(self.shape):
+            schema = {"type": "array", "items": schema, "minItems": size, "maxItems": size}
+        schema["description"] = f"a {self.dtype} tensor of shape {list(self.shape)}"
+        return schema
+
 
 def _encodable(text: str) -> None:
     try:
@@ -79,6 +144,10 @@ class ImageInput(fields.Field):
     """A string (base64, a data: URI or an http(s) URL) or uploaded bytes; app/images.py
     decodes and checks the image itself once the whole job is valid."""
 
+    def __init__(self, spec: ModelSpec, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec
+
     def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Any:
         if isinstance(value, str):
             _encodable(value)
@@ -89,85 +158,95 @@ class ImageInput(fields.Field):
             raise ValidationError("the image is empty")
         return value
 
+    def openapi(self) -> dict[str, Any]:
+        spec = self.spec
+        assert spec.preprocess is not None
+        height, width = spec.preprocess.size
+        return {"type": "string", "minLength": 1, "description": (
+            f"an image ({', '.join(IMAGE_FORMATS)}) as base64, a data: URI or an http(s) URL; "
+            f"or send the bytes as multipart/form-data or an image/* body. At most "
+            f"{spec.max_image_bytes} bytes and {spec.max_image_pixels} pixels; resized and "
+            f"cropped to {height}x{width} (height x width) before queueing")}
+
 
 def _input_field(spec: ModelSpec) -> fields.Field:
     if spec.input_type == "text":
         return fields.String(validate=[validate.Length(max=spec.max_input_chars), _encodable])
     if spec.input_type == "image":
-        return ImageInput()
+        return ImageInput(spec)
     return TensorInput(spec.input_shape, spec.input_dtype)
 
 
 def job_schema(spec: ModelSpec) -> Schema:
-    """The schema of one model's `inputs` and `options`."""
+    """The schema of one model's whole job: its name, its own inputs, limits and options."""
     option_fields: dict[str, fields.Field] = {}
     if spec.kind == "classification":
-        option_fields["labels"] = fields.List(
+        option_fields["labels"] = BoundedList(
             fields.String(validate=validate.Length(min=1, max=200)),
-            validate=validate.Length(min=1, max=spec.max_labels),
-        )
+            min_items=1, max_items=spec.max_labels)
     if "top_k" in spec.options:
         option_fields["top_k"] = fields.Integer(
             strict=True, validate=validate.Range(min=1, max=max(len(spec.labels), spec.top_k)))
-    options_schema = Schema.from_dict(option_fields, name=f"{spec.name}Options")
-    job = Schema.from_dict(
+    options = Schema.from_dict(option_fields, name=f"{spec.name}Options")
+    job = JobBase.from_dict(
         {
-            "inputs": fields.List(
-                _input_field(spec), required=True,
-                validate=validate.Length(min=1, max=spec.max_inputs),
-            ),
-            "options": fields.Nested(options_schema(unknown=RAISE), load_default=dict),
+            "model": fields.String(required=True, validate=validate.OneOf([spec.name])),
+            "inputs": BoundedList(_input_field(spec), required=True, min_items=1,
+                                  max_items=spec.max_inputs),
+            "options": fields.Nested(options(unknown=RAISE), load_default=dict),
+            # base64 is for vectors: embedding models only.
+            "encoding_format": fields.String(
+                validate=validate.OneOf(ENCODINGS if spec.kind == "embedding" else ["float"],
+                                        error=f"must be one of: {{choices}} for a {spec.kind} "
+                                              "model (base64 is for embedding models)"),
+                load_default="float"),
         },
         name=f"{spec.name}Job",
     )
-    return job(unknown=RAISE)
+    return job()
 
 
-def flatten(messages: Any, prefix: str = "") -> dict[str, list[str]]:
-    """marshmallow's nested error dict → {"inputs.3": [...], "options.labels": [...]}."""
+def flatten(messages: Any, prefix: str = "") -> Iterator[tuple[str, list[str]]]:
+    """marshmallow's nested error dict → ("inputs.3", [...]), ("options.labels", [...]), …"""
     if isinstance(messages, Mapping):
-        out: dict[str, list[str]] = {}
         for key, value in messages.items():
-            name = f"{prefix}.{key}" if prefix else str(key)
-            out.update(flatten(value, name))
-        return out
-    if isinstance(messages, list) and all(isinstance(m, str) for m in messages):
-        return {prefix or "_schema": messages}
-    return {prefix or "_schema": [str(messages)]}
+            # A nested object's own error (not an object at all) is the field's.
+            name = (prefix if key == "_schema" else f"{prefix}.{key}") if prefix else str(key)
+            if isinstance(value, list) and all(isinstance(m, str) for m in value):
+                yield name, value  # the common leaf, without a generator per field
+            else:
+                yield from flatten(value, name)
+    elif isinstance(messages, list) and all(isinstance(m, str) for m in messages):
+        yield prefix or "_schema", messages
+    else:
+        yield prefix or "_schema", [str(messages)]
+
+
+_JOB_FIELDS = frozenset(JobEnvelope().fields)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def validate_job(data: Any, models: Mapping[str, ModelSpec],
                  schemas: Mapping[str, Schema]) -> tuple[ModelSpec, dict]:
-    """Returns (model, {"inputs", "options"}), or raises ValidationError naming each field."""
+    """Returns (model, job), or raises ValidationError naming each field at fault."""
     if not isinstance(data, dict):
         raise ValidationError({"_schema": ["expected a JSON object"]})
-    errors: dict[str, Any] = {}
-    try:
-        envelope = JobEnvelope().load(data)
-    except ValidationError as exc:
-        errors.update(exc.messages)  # type: ignore[arg-type]
-        envelope = {k: data.get(k) for k in ("model", "inputs", "options") if k in data}
-    model = envelope.get("model")
+    if len(data) > len(_JOB_FIELDS):  # some are unknown: name those, and spare marshmallow
+        raise ValidationError({k: ["Unknown field."] for k in data if k not in _JOB_FIELDS})
+    model = data.get("model")
     spec = models.get(model) if isinstance(model, str) else None
     if spec is None:
+        errors: dict[str, Any] = {}
+        try:
+            JobEnvelope().load(data)
+        except ValidationError as exc:
+            errors.update(exc.messages)  # type: ignore[arg-type]
         if "model" not in errors:
-            errors["model"] = [f"unknown model {model!r}; known: {', '.join(sorted(models))}"]
+            errors["model"] = [f"unknown model {_shown(model)}; "
+                               f"known: {', '.join(sorted(models))}"]
         raise ValidationError(errors)
-    try:
-        job = schemas[spec.name].load(
-            {"inputs": envelope.get("inputs"), "options": envelope.get("options") or {}}
-        )
-    except ValidationError as exc:
-        for key, value in exc.messages.items():  # type: ignore[union-attr]
-            errors.setdefault(key, value)
-    encoding = envelope.get("encoding_format") or "float"
-    if encoding == "base64" and spec.kind != "embedding":
-        errors.setdefault("encoding_format", [
-            f"base64 is for embedding models; {spec.name} is a {spec.kind} model"])
-    if errors:
-        raise ValidationError(errors)
-    job["encoding_format"] = encoding
-    job["timeout_s"] = envelope.get("timeout_s")
-    job["priority"] = envelope.get("priority") or "normal"
-    job["webhook"] = envelope.get("webhook")
-    return spec, job
+    return spec, schemas[spec.name].load(data)

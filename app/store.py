@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 from celery import Celery
 
-from app.waiter import ResultWaiter
+from app.waiter import NoSlot, ResultWaiter
 from config import Settings
 from config.models import ModelSpec
 from tasks import tracing, transport
@@ -19,6 +19,19 @@ from tasks.jobstate import JobRecord, JobState, now_iso
 from tasks.keys import CONSUMING_KEY, idempotency_key, job_key, live_key
 from tasks.names import PRIORITIES, queue_lists
 from tasks.redis_client import connect
+
+
+class WaitRefused(Exception):
+    """No wait slot was free for a job that has not finished; `job` is the job as it stands."""
+
+    def __init__(self, reason: str, job: JobRecord) -> None:
+        super().__init__(reason)
+        self.job = job
+
+
+# Redis connections one API process opens at most; requests beyond wait for one (each round
+# trip is well under a millisecond). The result listener holds one for good.
+REDIS_CONNECTIONS = 64
 
 
 def parse_job_id(raw: str) -> str | None:
@@ -34,9 +47,9 @@ class JobStore:
         self.settings = settings
         self.celery = celery
         self.models = models
-        self.redis = connect(settings.redis_url, settings)
+        self.redis = connect(settings.redis_url, settings, max_connections=REDIS_CONNECTIONS)
         self.state = JobState(self.redis)
-        self.waiter = ResultWaiter(self.redis)
+        self.waiter = ResultWaiter(self.redis, settings.max_waits, settings.max_waits_per_key)
 
     def queue_depth(self, spec: ModelSpec) -> int:
         with self.redis.pipeline(transaction=False) as pipe:
@@ -109,21 +122,29 @@ class JobStore:
     def wait(self, job_id: str, timeout_s: float, owner: str) -> JobRecord | None:
         """The job once it is terminal or `timeout_s` has passed; None at once when there is
         no such job of `owner`'s. Woken by the job's done channel rather than by polling;
-        the watch starts before the first read, so a finish in between is not missed. Should
-        the listener miss a message (Redis reconnecting), the job is read again every
-        second."""
+        the watch starts before the first read, so a finish in between is not missed. While
+        the listener is away (Redis reconnecting) the job is read again every second, and
+        once more when it is back. Raises WaitRefused, at once, when the job is not finished
+        and every wait slot (of the process or of `owner`) is taken."""
         deadline = time.monotonic() + timeout_s
-        with self.waiter.watch(job_id) as finished:
-            self.waiter.subscribed.wait(min(timeout_s, self.settings.redis_timeout_s))
+        subscribed = self.waiter.subscribed
+        try:
+            with self.waiter.watch(job_id, owner) as finished:
+                subscribed.wait(min(timeout_s, self.settings.redis_timeout_s))
+                job = self.get(job_id, owner)
+                while job is not None and not job.terminal:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    finished.wait(remaining if subscribed.is_set() else min(remaining, 1.0))
+                    finished.clear()
+                    job = self.get(job_id)
+                return job
+        except NoSlot as exc:
             job = self.get(job_id, owner)
-            while job is not None and not job.terminal:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                finished.wait(min(remaining, 1.0))
-                finished.clear()
-                job = self.get(job_id)
-        return job
+            if job is None or job.terminal:
+                return job
+            raise WaitRefused(str(exc), job) from None
 
     def live(self, models: Iterable[str]) -> dict[str, dict[str, int]]:
         """Live model instances per model: pool children with the model loaded (their

@@ -36,7 +36,7 @@ def _multipart(request: Request) -> dict[str, Any]:
 
 def _image_body(request: Request) -> dict[str, Any]:
     job: dict[str, Any] = {"model": request.args.get("model"),
-                           "inputs": [request.get_data(cache=False)]}
+                           "inputs": [request.get_data()]}
     for key in ("priority", "timeout_s"):
         if key in request.args:
             job[key] = request.args[key]

@@ -1,14 +1,22 @@
-"""Wakes `?wait` requests when their job finishes, from one subscription per API process.
+"""Wakes `?wait` requests when their job finishes, from one subscription per API process, and
+bounds how many may wait at once.
 
 Every move of a job to a terminal status is announced on its done channel
-(tasks/jobstate.py), with the status only. One listener thread pattern-subscribes to those
-channels and sets the Event of whichever requests wait on that job: no connection per waiting
-request, no subscription left behind.
+(tasks/jobstate.py), with the status only. One listener pattern-subscribes to those channels
+and sets the Event of whichever requests wait on that job: no connection per waiting request,
+no subscription left behind, and no polling while the subscription stands. Whenever it
+(re)subscribes it wakes every waiter once, since a job may have finished while nobody
+listened. Under gunicorn's gevent worker `threading` is gevent's, so the listener and each
+waiting request are greenlets, not threads.
+
+A wait takes a slot: at most `max_waits` in the process and `max_per_key` per API key. A
+request that finds no slot is told so at once (`NoSlot`) rather than queued behind others.
 """
 from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -21,13 +29,24 @@ logger = logging.getLogger(__name__)
 PREFIX = DONE_PREFIX
 
 
+class NoSlot(Exception):
+    """Every wait slot (of the process, or of this key) is taken; the message says which."""
+
+
 class ResultWaiter:
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, max_waits: int, max_per_key: int) -> None:
         self.client = client
+        self.max_waits, self.max_per_key = max_waits, max_per_key
         self._waiters: dict[str, set[threading.Event]] = {}
+        self._per_key: Counter[str] = Counter()
+        self._count = 0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.subscribed = threading.Event()
+
+    @property
+    def waiting(self) -> int:
+        return self._count
 
     def _start(self) -> None:
         with self._lock:
@@ -35,6 +54,16 @@ class ResultWaiter:
                 self._thread = threading.Thread(target=self._listen, name="iq-result-waiter",
                                                 daemon=True)
                 self._thread.start()
+
+    def _wake(self, job_id: str | None) -> None:
+        """Set the Events of the job's waiters; of every waiter for None."""
+        with self._lock:
+            if job_id is None:
+                events = [e for group in self._waiters.values() for e in group]
+            else:
+                events = list(self._waiters.get(job_id, ()))
+        for event in events:
+            event.set()
 
     def _listen(self) -> None:
         backoff = 0.1
@@ -45,15 +74,12 @@ class ResultWaiter:
                 while True:
                     message = pubsub.get_message(timeout=1.0)
                     # psubscribe's confirmation has been read once get_message returns.
-                    self.subscribed.set()
+                    if not self.subscribed.is_set():
+                        self.subscribed.set()
+                        self._wake(None)  # whatever finished while no one listened
                     backoff = 0.1
-                    if message is None:
-                        continue
-                    job_id = str(message["channel"])[len(PREFIX):]
-                    with self._lock:
-                        events = list(self._waiters.get(job_id, ()))
-                    for event in events:
-                        event.set()
+                    if message is not None:
+                        self._wake(str(message["channel"])[len(PREFIX):])
             except redis.RedisError as exc:
                 self.subscribed.clear()
                 logger.warning("result listener lost Redis (%s); reconnecting", exc)
@@ -65,17 +91,38 @@ class ResultWaiter:
                 except redis.RedisError:
                     pass
 
+    def _take(self, owner: str | None) -> None:
+        if self._count >= self.max_waits:
+            raise NoSlot(f"this API process already holds {self.max_waits} waiting requests")
+        if owner and self._per_key[owner] >= self.max_per_key:
+            raise NoSlot(f"this API key already holds {self.max_per_key} waiting requests "
+                         "on this API process")
+        self._count += 1
+        if owner:
+            self._per_key[owner] += 1
+
+    def _give_back(self, owner: str | None) -> None:
+        self._count -= 1
+        if owner:
+            self._per_key[owner] -= 1
+            if not self._per_key[owner]:
+                del self._per_key[owner]
+
     @contextmanager
-    def watch(self, job_id: str) -> Iterator[threading.Event]:
-        """An Event set when a result is stored for `job_id`, for the `with` block's life."""
+    def watch(self, job_id: str, owner: str | None = None) -> Iterator[threading.Event]:
+        """An Event set when `job_id` reaches a terminal status (or the listener has just
+        resubscribed), for the `with` block's life; `owner` is the API key's name ("" or
+        None: no key). Raises NoSlot when no wait slot is free."""
         self._start()
         event = threading.Event()
         with self._lock:
+            self._take(owner)
             self._waiters.setdefault(job_id, set()).add(event)
         try:
             yield event
         finally:
             with self._lock:
+                self._give_back(owner)
                 waiters = self._waiters.get(job_id)
                 if waiters is not None:
                     waiters.discard(event)

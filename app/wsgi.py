@@ -1,4 +1,14 @@
-"""gunicorn entry point: `gunicorn 'app.wsgi:app'`."""
-from app import create_app
+"""gunicorn entry point: `gunicorn 'app.wsgi:app'` (gunicorn.conf.py picks the gevent worker)."""
+import sys
+
+if "gunicorn.workers.ggevent" in sys.modules:
+    from gevent import monkey
+
+    # The gevent worker patches the standard library before it loads the app; loaded any
+    # earlier (--preload), redis-py's and kombu's sockets would block every request at once.
+    if not monkey.is_module_patched("socket"):
+        raise RuntimeError("the gevent worker must load the app itself: run without --preload")
+
+from app import create_app  # noqa: E402
 
 app = create_app()

@@ -180,7 +180,7 @@ def start_stack(workdir: Path, model: str, spec: dict, config: Config, args) -> 
     try:
         services.append(start_worker(f"bench-{model}-{config.name}", env, workdir, [model],
                                      app=config.app))
-        web = start_web(env, workdir, threads=max(args.clients) + 8)
+        web = start_web(env, workdir)
         services.append(web)
     except Exception:
         for svc in reversed(services):

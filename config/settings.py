@@ -31,6 +31,12 @@ class Settings:
     # Access layer.
     max_body_bytes: int = 1_048_576
     max_wait_s: float = 30.0
+    # Requests parked on `?wait` or `Prefer: wait` at once in one API process, in all and per
+    # API key (keys off: only the first cap applies). Past either, `GET ?wait` answers 429
+    # with Retry-After and `Prefer: wait` is not applied (202 at once): a wait never queues
+    # behind other waits. gunicorn.conf.py sizes the process's connections from max_waits.
+    max_waits: int = 2000
+    max_waits_per_key: int = 500
     redis_timeout_s: float = 2.0
     job_ttl_s: int = 86_400
     # How long a finished job's outputs stay readable: what bounds Redis's memory under steady
@@ -148,6 +154,9 @@ def load_settings(
     if not 0 <= settings.redis_memory_headroom < 1:
         raise ConfigError("redis_memory_headroom must be in [0, 1), got "
                           f"{settings.redis_memory_headroom}")
+    for name in ("max_waits", "max_waits_per_key"):
+        if getattr(settings, name) < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {getattr(settings, name)}")
     if settings.webhook_host_concurrency < 1:
         raise ConfigError("webhook_host_concurrency must be an integer >= 1, "
                           f"got {settings.webhook_host_concurrency}")

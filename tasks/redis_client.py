@@ -10,16 +10,26 @@ from redis.retry import Retry
 from config import Settings
 
 
-def connect(url: str, settings: Settings, *, decode: bool = True) -> redis.Redis:
-    return redis.Redis.from_url(
-        url,
+def connect(url: str, settings: Settings, *, decode: bool = True,
+            max_connections: int | None = None) -> redis.Redis:
+    """A client of `url`. With `max_connections`, its pool blocks: a caller past that many
+    connections in use waits (up to redis_timeout_s) for one to be free instead of failing
+    with "Too many connections" (redis-py's default pool stops at 100), as the API's
+    thousands of concurrent requests must."""
+    retry = Retry(ExponentialWithJitterBackoff(base=0.1, cap=1.0), 3)
+    options = dict(
         socket_timeout=max(settings.redis_timeout_s, 5.0),
         socket_connect_timeout=settings.redis_timeout_s,
         health_check_interval=30,
-        retry=Retry(ExponentialWithJitterBackoff(base=0.1, cap=1.0), 3),
+        retry=retry,
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         decode_responses=decode,
     )
+    if max_connections is None:
+        return redis.Redis.from_url(url, **options)
+    pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections,
+                                                 timeout=settings.redis_timeout_s, **options)
+    return redis.Redis(connection_pool=pool, retry=retry)
 
 
 def is_transient(exc: BaseException) -> bool:

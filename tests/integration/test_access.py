@@ -11,7 +11,7 @@ import yaml
 from tests.support.stack import launch
 
 KEYS = {"alice": "alice-secret-key-1234", "bob": "bob-secret-key-5678",
-        "carol": "carol-secret-key-9012"}
+        "carol": "carol-secret-key-9012", "dave": "dave-secret-key-3456"}
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +24,8 @@ def secured(tmp_path_factory):
          "models": ["quick"]},
         {"name": "carol", "sha256": hashlib.sha256(KEYS["carol"].encode()).hexdigest(),
          "rate_per_s": 0.2, "burst": 2},
+        {"name": "dave", "sha256": hashlib.sha256(KEYS["dave"].encode()).hexdigest(),
+         "rate_per_s": 0.01, "burst": 3},
     ]}))
     models = {"quick": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0},
               "private": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0}}
@@ -79,6 +81,17 @@ def test_per_key_rate_limit_answers_429_with_retry_after(secured):
     # Another key is not limited by carol's bucket.
     r = call(secured, "POST", "/v1/jobs", "alice", json={"model": "quick", "inputs": ["r"]})
     assert r.status_code == 202
+
+
+def test_the_rate_limit_is_taken_before_the_body_is_validated_or_its_webhook_looked_up(secured):
+    """Invalid jobs spend the key's tokens too: past its burst a key gets 429, however bad
+    its bodies, and a webhook host is not looked up (its DNS answer would be a 422)."""
+    bad = [{"model": "quick", "inputs": []}, {"model": ["quick"], "inputs": ["x"]}, "junk",
+           {"model": "quick", "inputs": ["x"], "webhook": {"url": "http://no-such-host.invalid/"}}]
+    codes = [call(secured, "POST", "/v1/jobs", "dave", json=body).status_code
+             for body in bad + bad]
+    assert codes[:3] == [422, 422, 422]
+    assert set(codes[3:]) == {429}, codes
 
 
 def test_keys_are_never_logged(secured):

@@ -136,7 +136,13 @@ def test_models_describe_each_models_input(stack):
 
 def test_the_openapi_document_gives_each_model_its_own_inputs_and_limits(stack):
     document = requests.get(f"{stack.api}/openapi.json", timeout=5).json()
-    jobs = {job["title"]: job for job in document["components"]["schemas"]["JobRequest"]["oneOf"]}
+    schemas = document["components"]["schemas"]
+
+    def resolved(schema: dict) -> dict:
+        return schemas[schema["$ref"].rsplit("/", 1)[1]] if "$ref" in schema else schema
+
+    jobs = {resolved(job)["properties"]["model"]["enum"][0]: resolved(job)
+            for job in schemas["JobRequest"]["oneOf"]}
     assert set(jobs) == {m["name"] for m in
                          requests.get(f"{stack.api}/v1/models", timeout=5).json()["models"]}
     embed = jobs["minilm-embed"]["properties"]
@@ -145,14 +151,19 @@ def test_the_openapi_document_gives_each_model_its_own_inputs_and_limits(stack):
     tensor = jobs["export-linear"]["properties"]["inputs"]
     assert tensor["maxItems"] == 16
     assert tensor["items"]["minItems"] == tensor["items"]["maxItems"] == 4
-    assert jobs["minilm-classify"]["properties"]["options"]["properties"]["labels"]
-    assert jobs["minilm-embed"]["properties"]["options"]["properties"] == {}
+    assert resolved(jobs["minilm-classify"]["properties"]["options"])["properties"]["labels"]
+    assert resolved(jobs["minilm-embed"]["properties"]["options"])["properties"] == {}
     assert "150000 bytes" in jobs["tiny-vision"]["properties"]["inputs"]["items"]["description"]
     post = document["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]
     assert {"application/json", "multipart/form-data", "image/*"} <= set(post)
     listed = document["paths"]["/v1/models"]["get"]["responses"]["200"]["content"]
-    assert listed["application/json"]["schema"]["properties"]["models"]["items"] == {
+    assert resolved(listed["application/json"]["schema"])["properties"]["models"]["items"] == {
         "$ref": "#/components/schemas/Model"}
+    # Bounds come from the settings and the schemas, not from a copy: `wait` is max_wait_s.
+    wait = document["paths"]["/v1/jobs/{job_id}"]["get"]["parameters"][0]
+    assert wait["name"] == "wait" and wait["schema"]["maximum"] == 30
+    assert wait["schema"]["exclusiveMinimum"] == 0
+    assert "webhook" in embed
 
 
 def test_health_and_readiness(stack):

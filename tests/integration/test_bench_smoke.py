@@ -37,3 +37,15 @@ def test_cpu_breakdown_accounts_for_every_process_and_matches_the_worker(tmp_pat
     # ones in flight when the window opened and closed (one per client at each end).
     assert abs(report["items"] - report["jobs"]) <= 2 * report["clients"], report
     assert 1 <= report["mean_batch_items"] <= 4 and 0 < report["model_busy"] <= 1, report
+
+
+def test_waiting_clients_scenario_runs_end_to_end(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "bench.waiters", "--waiters", "20",
+                          "--window", "1", "--designs", "gevent", "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    [point] = json.loads((tmp_path / "waiters.json").read_text())["results"]["gevent"]
+    assert point["waiters"] == 20 and point["waiter_answers"] == {"200": 20}
+    for probe in (point["healthz"], point["submit"], point["baseline"]["healthz"]):
+        assert probe["n"] > 0 and probe["ok"] == probe["n"], probe
+        assert probe["p99_ms"] >= probe["p50_ms"] > 0

@@ -118,3 +118,60 @@ def test_redis_unreachable_is_503_within_seconds(tmp_path):
     assert ready.status_code == 503 and ready.json["checks"]["redis"]["ok"] is False
     assert client.get("/healthz").status_code == 200
 
+
+
+@pytest.mark.parametrize("raw, fields", [
+    # Each of these was a 500 once: an unhashable model, a port out of range, an integer
+    # too large for a float.
+    (b'{"model": [], "inputs": ["a"]}', {"model"}),
+    (b'{"model": {"a": 1}, "inputs": ["a"]}', {"model"}),
+    (b'{"model": "minilm-embed", "inputs": ["a"], "webhook": {"url": "http://example.com:99999/"}}',
+     {"webhook.url"}),
+    (b'{"model": "ts-affine", "inputs": [[1, 1' + b"0" * 400 + b', 0, 0]]}', {"inputs.0"}),
+    # Numbers float32 cannot hold: refused, not turned into null outputs.
+    (b'{"model": "ts-affine", "inputs": [[1e300, 0, 0, 0]]}', {"inputs.0"}),
+    (b'{"model": "ts-affine", "inputs": [[-3.5e38, 0, 0, 0]]}', {"inputs.0"}),
+])
+def test_inputs_that_once_broke_the_api_are_422_naming_the_field(stack, raw, fields):
+    assert_error(post(stack, None, raw=raw), 422, "validation_error", fields)
+
+
+def test_bad_requests_get_small_answers(stack):
+    # Lengths are checked before items: 100,000 bad inputs are one error on `inputs`.
+    r = post(stack, {"model": "minilm-embed", "inputs": [7] * 100_000})
+    err = assert_error(r, 422, "validation_error", {"inputs"})
+    assert "64" in err["fields"]["inputs"][0] and len(r.content) < 1000
+    # 60,000 unknown keys: 30 named, the rest counted.
+    many_keys = {"model": "minilm-embed", "inputs": ["x"], **{f"k{i}": 1 for i in range(60_000)}}
+    r = post(stack, many_keys)
+    err = assert_error(r, 422, "validation_error")
+    assert len(err["fields"]) == 30 and err["fields_omitted"] == 60_000 - 30
+    assert len(r.content) < 5000
+    # 64 inputs, each wrong: every one named, up to the cap.
+    r = post(stack, {"model": "minilm-embed", "inputs": [{"a": [1] * 1000}] * 64})
+    err = assert_error(r, 422, "validation_error")
+    assert len(err["fields"]) == 30 and err["fields_omitted"] == 34
+
+
+def _chunked(stack, body: bytes) -> requests.Response:
+    def chunks():
+        for i in range(0, len(body), 65_536):
+            yield body[i:i + 65_536]
+
+    return requests.post(f"{stack.api}/v1/jobs", data=chunks(),
+                         headers={"Content-Type": "application/json"}, timeout=30)
+
+
+def test_a_chunked_body_over_the_limit_is_413_like_one_with_a_length(stack):
+    job = {"model": "minilm-embed", "inputs": ["x" * 2_000_000]}
+    r = _chunked(stack, json.dumps(job).encode())
+    assert_error(r, 413, "payload_too_large")
+    r = _chunked(stack, json.dumps({"model": "minilm-embed", "inputs": ["chunked"]}).encode())
+    assert r.status_code == 202, r.text
+
+
+@pytest.mark.parametrize("wait", ["0", "-1", "31", "abc", "nan", "inf", "1e999", ""])
+def test_a_bad_wait_is_422_naming_it(stack, wait):
+    job = stack.submit("synthetic", ["w"])
+    r = requests.get(f"{stack.api}/v1/jobs/{job['id']}", params={"wait": wait}, timeout=10)
+    assert_error(r, 422, "validation_error", {"wait"})

@@ -75,3 +75,25 @@ def test_grafana_dashboard_queries_only_metrics_that_exist(stack):
     missing = used - exported(f"{stack.api}/metrics", stack.workers["synth"].extra["metrics_url"])
     assert not missing, f"dashboard queries metrics nobody exports: {missing}"
     assert len(used) >= 10
+
+
+def test_made_up_methods_and_paths_add_no_metric_series(stack):
+    """Every label takes values from a fixed set: 50 invented methods and 50 invented paths
+    are one `other` method and one `unmatched` route."""
+    import socket
+
+    def raw(request_line: str) -> None:
+        with socket.create_connection(("127.0.0.1", stack.web.extra["port"]), timeout=10) as s:
+            s.sendall(f"{request_line} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            while s.recv(65_536):
+                pass
+
+    for i in range(50):
+        raw(f"QWERTY{i} /healthz")
+        raw(f"GET /made-up-{i}")
+    text = requests.get(f"{stack.api}/metrics", timeout=5).text
+    assert "QWERTY" not in text and "made-up" not in text
+    assert 'method="other",route="unmatched",status="405"' in text
+    assert 'method="GET",route="unmatched",status="404"' in text
+    series = [line for line in text.splitlines() if line.startswith("iq_http_requests_total{")]
+    assert len(series) < 60, series

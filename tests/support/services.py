@@ -127,11 +127,16 @@ def start_webhooks(name: str, env: dict[str, str], logdir: Path,
                         app="workers.webhook_main", pool="threads")
 
 
-def start_web(env: dict[str, str], logdir: Path, threads: int = 32) -> Service:
+def start_web(env: dict[str, str], logdir: Path, worker_class: str | None = None,
+              threads: int = 64) -> Service:
+    """The API as `gunicorn app.wsgi:app` runs it here: gunicorn.conf.py's gevent worker, or
+    `worker_class="gthread"` with `threads` threads (the thread-per-request design the
+    benchmark compares against)."""
     port = free_port()
-    cmd = [str(VENV_BIN / "gunicorn"), "--bind", f"127.0.0.1:{port}", "--worker-class",
-           "gthread", "--workers", "1", "--threads", str(threads), "--timeout", "60",
-           "--no-control-socket", "app.wsgi:app"]
+    cmd = [str(VENV_BIN / "gunicorn"), "--bind", f"127.0.0.1:{port}"]
+    if worker_class:
+        cmd += ["--worker-class", worker_class, "--threads", str(threads)]
+    cmd.append("app.wsgi:app")
     svc = spawn("web", cmd, env, logdir)
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: requests.get(f"{url}/healthz", timeout=2).ok, 30, "the API")

@@ -1,0 +1,125 @@
+"""The decision on a submitted job, apart from HTTP. The view (app/jobs.py) reads the request,
+calls `Submitter.submit` and turns its answer into a response; each refusal is an APIError
+(app/errors.py maps them to HTTP). The checks run cheapest first, so that a bad or unwanted
+request costs little:
+
+1. the key's rate limit, before the body is read or validated;
+2. the body against its model's schema (app/schemas.py: lengths before items);
+3. the key's right to the model, the Idempotency-Key's form;
+4. the webhook URL (a DNS lookup) and image inputs (decoding, URL fetches);
+5. the atomic submit (tasks/jobstate.py): a full queue, an Idempotency-Key reused.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from marshmallow import ValidationError
+
+from app import auth, images
+from app.errors import Conflict, TooManyJobs, Unavailable, ValidationFailed
+from app.metrics import ApiMetrics
+from app.schemas import flatten, job_schema, validate_job
+from app.store import JobStore
+from config import Settings
+from config.models import ModelSpec
+from tasks import egress, webhooks
+from tasks.jobstate import IdempotencyMismatch, JobRecord, Overloaded, StoreFull
+
+logger = logging.getLogger(__name__)
+
+_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who submits: their API key (None when keys are off), the request's trace id and its
+    Idempotency-Key header, as sent."""
+    key: auth.ApiKey | None
+    trace_id: str
+    idempotency_key: str | None = None
+
+    @property
+    def owner(self) -> str:
+        return self.key.name if self.key else ""
+
+
+@dataclass(frozen=True)
+class Accepted:
+    job: JobRecord
+    spec: ModelSpec
+    created: bool  # False: an earlier job of the same Idempotency-Key
+
+
+class Submitter:
+    def __init__(self, settings: Settings, models: Mapping[str, ModelSpec], store: JobStore,
+                 metrics: ApiMetrics) -> None:
+        self.settings, self.models, self.store, self.metrics = settings, models, store, metrics
+        self.schemas = {name: job_schema(spec) for name, spec in models.items()}
+
+    def _refused(self, model: str, reason: str) -> None:
+        self.metrics.rejected.labels(model if model in self.models else "unknown", reason).inc()
+
+    def submit(self, caller: Caller, read_body: Callable[[], object]) -> Accepted:
+        """Check and queue one job; `read_body` gives the request's body as a job dict (or
+        whatever JSON was sent) and is called only once the key's rate allows."""
+        try:
+            auth.check_rate(self.store.redis, caller.key)
+        except auth.RateLimited:
+            self._refused("unknown", "rate_limited")
+            raise
+        data = read_body()
+        try:
+            spec, job = validate_job(data, self.models, self.schemas)
+        except ValidationError as exc:
+            model = data.get("model") if isinstance(data, dict) else None
+            self._refused(model if isinstance(model, str) else "unknown", "validation")
+            raise ValidationFailed("the job is invalid", fields=flatten(exc.messages)) from None
+        auth.check_model(caller.key, spec.name)
+        key = caller.idempotency_key
+        if key is not None and not _IDEMPOTENCY_KEY.match(key):
+            raise ValidationFailed("invalid header", fields={
+                "Idempotency-Key": ["1 to 255 visible ASCII characters"]})
+        if job["webhook"]:
+            self._check_webhook(job["webhook"])
+        if spec.input_type == "image":  # decoded, checked and resized before it is queued
+            try:
+                job["inputs"] = images.canonical_inputs(spec, job["inputs"], self.settings)
+            except images.BadImages as exc:
+                self._refused(spec.name, "validation")
+                raise ValidationFailed("the job is invalid", fields=exc.fields) from None
+        try:
+            submitted, created = self.store.submit(spec, job, caller.trace_id, key,
+                                                   owner=caller.owner)
+        except Overloaded:
+            self._refused(spec.name, "queue_full")
+            raise TooManyJobs(f"the queue of {spec.name} is full "
+                              f"({spec.max_queue_depth} jobs); retry later",
+                              retry_after=1) from None
+        except IdempotencyMismatch:
+            raise Conflict("this Idempotency-Key was used with a different request "
+                           "body") from None
+        except StoreFull as exc:
+            self._refused(spec.name, "store_full")
+            raise Unavailable(f"the job store is nearly full ({exc}); retry later",
+                              retry_after=30) from None
+        if created:
+            self.metrics.submitted.labels(spec.name).inc()
+            logger.info("job %s accepted: model=%s inputs=%d priority=%s", submitted.id,
+                        spec.name, len(job["inputs"]), job["priority"])
+        return Accepted(submitted, spec, created)
+
+    def _check_webhook(self, hook: dict) -> None:
+        """422 for a webhook this service will not call. While webhooks are off (no secret)
+        the answer is a 422 on `webhook`, not a 503: retrying will not help, and the job can
+        be sent without the field and polled."""
+        if not webhooks.enabled(self.settings.webhook_secret):
+            raise ValidationFailed("the job is invalid",
+                                   fields={"webhook": [webhooks.SECRET_MISSING]})
+        try:
+            egress.check_url(hook["url"], allow=self.settings.webhook_allow_list)
+        except (egress.Refused, ValueError) as exc:
+            raise ValidationFailed("the job is invalid",
+                                   fields={"webhook.url": [str(exc)]}) from None

@@ -1,0 +1,36 @@
+"""Each request's trace id: with OpenTelemetry on, its trace's id (a caller's `traceparent`
+decides it; tasks/tracing.py); otherwise the client's `X-Request-ID` when it is a sane one,
+else a new one of the same shape. On every log line of the request and echoed in the
+response."""
+from __future__ import annotations
+
+import re
+import uuid
+
+from flask import Flask, g, request
+
+from tasks import tracing
+from tasks.logs import trace_id_var
+
+_TRACE_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def init_app(app: Flask) -> None:
+    @app.before_request
+    def _trace_id() -> None:
+        given = request.headers.get("X-Request-ID", "")
+        g.trace_id = tracing.current_trace_id() or (
+            given if _TRACE_ID.match(given) else uuid.uuid4().hex)
+        g.trace_token = trace_id_var.set(g.trace_id)  # reset when the request ends
+
+    @app.teardown_request
+    def _end_trace(_exc: BaseException | None) -> None:
+        token = g.pop("trace_token", None)
+        if token is not None:
+            trace_id_var.reset(token)
+
+    @app.after_request
+    def _echo_trace_id(response):
+        if "trace_id" in g:
+            response.headers["X-Request-ID"] = g.trace_id
+        return response

@@ -1,0 +1,143 @@
+"""Many waiting clients: they hold no thread, so the API keeps answering probes and submits
+while they wait, and their number is capped per process and per key, past which a wait is
+refused at once rather than queued. No worker serves the model here: its jobs cannot finish
+until they are cancelled."""
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+import yaml
+
+from tests.support.services import start_web, wait_until
+from tests.support.stack import launch
+
+KEYS = {"a": "waiting-key-a-123456", "b": "waiting-key-b-654321"}
+MODEL = "parked"
+PROBE_BOUND_S = 5.0  # generous: this is not a benchmark (bench/waiters.py is)
+
+
+def auth(who: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEYS[who]}"}
+
+
+@pytest.fixture(scope="module")
+def parked(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("waiting")
+    keys_file = workdir / "keys.yaml"
+    keys_file.write_text(yaml.safe_dump({"keys": [
+        {"name": who, "sha256": hashlib.sha256(key.encode()).hexdigest()}
+        for who, key in KEYS.items()]}))
+    stack = launch(workdir, {MODEL: {"kind": "synthetic", "max_queue_depth": 100_000}}, {},
+                   env_extra={"IQ_API_KEYS_FILE": str(keys_file)}, ready_models=[])
+    yield stack
+    stack.stop()
+
+
+def submit(api: str, who: str = "a") -> str:
+    r = requests.post(f"{api}/v1/jobs", json={"model": MODEL, "inputs": ["x"]},
+                      headers=auth(who), timeout=10)
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+def waiting(api: str) -> int:
+    text = requests.get(f"{api}/metrics", timeout=10).text
+    return int(float(re.search(r"^iq_waiting_requests (\S+)$", text, re.M).group(1)))
+
+
+def timed(method: str, url: str, **kw) -> tuple[requests.Response, float]:
+    started = time.monotonic()
+    r = requests.request(method, url, timeout=30, **kw)
+    return r, time.monotonic() - started
+
+
+def test_two_hundred_waiters_do_not_block_probes_or_submits(parked):
+    api = parked.api
+    ids = [submit(api) for _ in range(200)]
+    with ThreadPoolExecutor(200) as pool:
+        waits = [pool.submit(timed, "GET", f"{api}/v1/jobs/{i}?wait=30", headers=auth("a"))
+                 for i in ids]
+        wait_until(lambda: waiting(api) == 200, 20, "200 parked waiters")
+        for path in ("/healthz", "/readyz", "/metrics", "/healthz", "/v1/models"):
+            r, seconds = timed("GET", f"{api}{path}", headers=auth("a"))
+            assert r.status_code in (200, 503) and seconds < PROBE_BOUND_S, (path, seconds)
+        r, seconds = timed("POST", f"{api}/v1/jobs", json={"model": MODEL, "inputs": ["y"]},
+                           headers=auth("a"))
+        assert r.status_code == 202 and seconds < PROBE_BOUND_S, seconds
+        assert not any(w.done() for w in waits), "a waiter returned before its job finished"
+        # Cancelling wakes every waiter at once, long before its 30 s are up.
+        for i in ids:
+            assert requests.delete(f"{api}/v1/jobs/{i}", headers=auth("a"),
+                                   timeout=10).status_code == 200
+        answers = [w.result(timeout=20) for w in waits]
+    assert {r.json()["status"] for r, _ in answers} == {"cancelled"}
+    assert max(seconds for _, seconds in answers) < 25
+    wait_until(lambda: waiting(api) == 0, 10, "every wait slot given back")
+
+
+def test_half_sent_requests_do_not_block_probes(parked):
+    """64 connections that send part of a request line and stop hold no thread either."""
+    import socket
+
+    port = parked.web.extra["port"]
+    stalled = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(64)]
+    try:
+        for s in stalled:
+            s.sendall(b"GET /v1/jobs/x HTTP/1.1\r\nHost: a\r\nX-Slow: ")
+        for _ in range(5):
+            r, seconds = timed("GET", f"{parked.api}/healthz")
+            assert r.status_code == 200 and seconds < PROBE_BOUND_S, seconds
+    finally:
+        for s in stalled:
+            s.close()
+
+
+def test_waits_past_the_caps_are_answered_at_once(parked):
+    web = start_web(dict(parked.env, IQ_MAX_WAITS="5", IQ_MAX_WAITS_PER_KEY="3"),
+                    parked.workdir)
+    api = web.extra["url"]
+    try:
+        ids = {who: [submit(api, who) for _ in range(4)] for who in KEYS}
+        with ThreadPoolExecutor(8) as pool:
+            held = [pool.submit(timed, "GET", f"{api}/v1/jobs/{i}?wait=30", headers=auth("a"))
+                    for i in ids["a"][:3]]
+            wait_until(lambda: waiting(api) == 3, 20, "key a's three waits")
+            # Key a is at its cap: its next wait is refused at once, with the job's status.
+            r, seconds = timed("GET", f"{api}/v1/jobs/{ids['a'][3]}?wait=30",
+                               headers=auth("a"))
+            assert r.status_code == 429 and seconds < PROBE_BOUND_S
+            assert r.json()["error"]["code"] == "too_many_waits"
+            assert r.json()["error"]["status"] == "queued"
+            assert int(r.headers["Retry-After"]) >= 1
+            # Prefer: wait is not applied: the usual 202 at once, and the job exists.
+            r, seconds = timed("POST", f"{api}/v1/jobs", headers={**auth("a"),
+                               "Prefer": "wait=30"}, json={"model": MODEL, "inputs": ["p"]})
+            assert r.status_code == 202 and seconds < PROBE_BOUND_S
+            assert "Preference-Applied" not in r.headers
+            # Key b has slots of its own until the process's five are taken.
+            held += [pool.submit(timed, "GET", f"{api}/v1/jobs/{i}?wait=30",
+                                 headers=auth("b")) for i in ids["b"][:2]]
+            wait_until(lambda: waiting(api) == 5, 20, "five waits in all")
+            r, seconds = timed("GET", f"{api}/v1/jobs/{ids['b'][2]}?wait=30",
+                               headers=auth("b"))
+            assert r.status_code == 429 and seconds < PROBE_BOUND_S
+            # A finished job needs no slot: it is answered even now.
+            assert requests.delete(f"{api}/v1/jobs/{ids['b'][3]}", headers=auth("b"),
+                                   timeout=10).status_code == 200
+            r = requests.get(f"{api}/v1/jobs/{ids['b'][3]}?wait=30", headers=auth("b"),
+                             timeout=10)
+            assert r.status_code == 200 and r.json()["status"] == "cancelled"
+            for who in KEYS:
+                for i in ids[who]:
+                    requests.delete(f"{api}/v1/jobs/{i}", headers=auth(who), timeout=10)
+            assert {f.result(timeout=20)[0].json()["status"] for f in held} == {"cancelled"}
+        wait_until(lambda: waiting(api) == 0, 10, "every wait slot given back")
+        r = requests.get(f"{api}/v1/jobs/{ids['a'][3]}?wait=1", headers=auth("a"), timeout=10)
+        assert r.status_code == 200
+    finally:
+        web.stop()

@@ -1,0 +1,68 @@
+"""The request schemas alone (no HTTP): numbers each input dtype can hold, lengths before
+items, and the JSON schema each custom field gives the OpenAPI document."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from marshmallow import ValidationError
+
+from app.schemas import TensorInput, flatten, job_schema, validate_job
+from config.models import parse_model
+
+MODELS = {name: parse_model(name, raw, Path("/nonexistent")) for name, raw in {
+    "f32": {"kind": "torchscript", "path": "m.pt", "input_shape": [2], "max_inputs": 4},
+    "f64": {"kind": "torchscript", "path": "m.pt", "input_shape": [2],
+            "input_dtype": "float64"},
+    "i64": {"kind": "torchscript", "path": "m.pt", "input_shape": [2], "input_dtype": "int64"},
+}.items()}
+SCHEMAS = {name: job_schema(spec) for name, spec in MODELS.items()}
+
+
+def errors(body) -> dict[str, list[str]]:
+    with pytest.raises(ValidationError) as caught:
+        validate_job(body, MODELS, SCHEMAS)
+    return dict(flatten(caught.value.messages))
+
+
+@pytest.mark.parametrize("model, row", [
+    ("f32", [1e300, 0]), ("f32", [3.5e38, 0]), ("f32", [10**39, 0]),
+    ("f64", [10**400, 0]), ("f64", [-(10**309), 0]),
+    ("i64", [2**63, 0]), ("i64", [-(2**63) - 1, 0]), ("i64", [2**70, 0]), ("i64", [1e19, 0]),
+    ("i64", [1.5, 0]), ("i64", [10**400, 0]),
+])
+def test_numbers_the_dtype_cannot_hold_are_refused_naming_the_input(model, row):
+    found = errors({"model": model, "inputs": [[0, 0], row]})
+    assert list(found) == ["inputs.1"], found
+    assert "range" in found["inputs.1"][0] or "integers" in found["inputs.1"][0]
+
+
+@pytest.mark.parametrize("model, row", [
+    ("f32", [3.4e38, -3.4e38]), ("f32", [10**38, 1e-300]), ("f64", [1e300, 10**300]),
+    ("i64", [2**63 - 1, -(2**63)]), ("i64", [3.0, -7]),
+])
+def test_numbers_at_the_edges_of_the_range_are_taken(model, row):
+    spec, job = validate_job({"model": model, "inputs": [row]}, MODELS, SCHEMAS)
+    assert spec.name == model and job["inputs"] == [row]
+
+
+def test_a_list_over_its_length_is_refused_before_its_items_are_looked_at():
+    class Exploding(list):
+        def __iter__(self):
+            raise AssertionError("items were looked at")
+
+    found = errors({"model": "f32", "inputs": Exploding([[0, 0]] * 5)})
+    assert list(found) == ["inputs"] and "4" in found["inputs"][0]
+
+
+def test_a_body_with_more_keys_than_a_job_names_only_the_unknown_ones():
+    found = errors({"model": "f32", "inputs": [[0, 0]], **{f"x{i}": i for i in range(10)}})
+    assert set(found) == {f"x{i}" for i in range(10)}
+
+
+def test_the_tensor_field_describes_itself_to_the_openapi_document():
+    schema = TensorInput((2, 3), "int64").openapi()
+    assert schema["minItems"] == schema["maxItems"] == 2
+    inner = schema["items"]["items"]
+    assert schema["items"]["maxItems"] == 3
+    assert inner == {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
