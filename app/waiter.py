@@ -6,7 +6,8 @@ Every move of a job to a terminal status is announced on its done channel
 and sets the Event of whichever requests wait on that job: no connection per waiting request,
 no subscription left behind, and no polling while the subscription stands. Whenever it
 (re)subscribes it wakes every waiter once, since a job may have finished while nobody
-listened. Under gunicorn's gevent worker `threading` is gevent's, so the listener and each
+listened; whenever it loses Redis it wakes them too, so that each reads its job again (and
+its client hears of the outage). Under gunicorn's gevent worker `threading` is gevent's, so the listener and each
 waiting request are greenlets, not threads.
 
 A wait takes a slot: at most `max_waits` in the process and `max_per_key` per API key. A
@@ -81,7 +82,11 @@ class ResultWaiter:
                     if message is not None:
                         self._wake(str(message["channel"])[len(PREFIX):])
             except redis.RedisError as exc:
-                self.subscribed.clear()
+                if self.subscribed.is_set():
+                    self.subscribed.clear()
+                    # Nobody can be woken by a message now: every waiter looks for itself,
+                    # and a client whose job cannot be read is told Redis is away (503).
+                    self._wake(None)
                 logger.warning("result listener lost Redis (%s); reconnecting", exc)
                 threading.Event().wait(backoff)
                 backoff = min(backoff * 2, 2.0)
