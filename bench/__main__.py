@@ -24,10 +24,12 @@ import psutil
 import requests
 import yaml
 
+from bench import baseline
 from bench.load import percentile
 from bench.raw import batch_sizes
 from bench.report import evaluate_targets, plot, render_readme
-from tests.support.services import start_redis, start_web, start_worker, wait_until
+from tests.support import services as launcher
+from tests.support.services import wait_until
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -48,10 +50,16 @@ class Config:
     max_batch_size: int | None = None  # None: the model's default
     flush_every: int = 0
     flush_interval: float = 0.0
+    # Another commit's tree (bench/baseline.py), started by its own launcher; None: this one.
+    tree: str | None = None
 
 
-def configs_for(model: dict) -> list[Config]:
-    return [
+def configs_for(model: dict, baseline_rev: str | None = None) -> list[Config]:
+    """The configurations compared; with `baseline_rev`, that commit's service too (named
+    after it)."""
+    extra = [Config(baseline_rev, tree=str(baseline.checkout(baseline_rev)))] \
+        if baseline_rev else []
+    return extra + [
         Config("service"),
         Config("no-batching", max_batch_size=1),
         Config("celery-batches", app="bench.peer_worker", flush_every=model["max_batch_size"],
@@ -171,16 +179,20 @@ def start_stack(workdir: Path, model: str, spec: dict, config: Config, args) -> 
     if config.max_batch_size:
         declared["max_batch_size"] = config.max_batch_size
     models_file.write_text(yaml.safe_dump({"models": {model: declared}}))
-    redis_svc = start_redis(workdir)
+    launch = baseline.launcher(Path(config.tree)) if config.tree else launcher
+    redis_svc = launch.start_redis(workdir)
     env = dict(os.environ, REDIS_URL=redis_svc.extra["url"], IQ_MODELS_FILE=str(models_file),
                HF_HUB_OFFLINE="1", IQ_HEARTBEAT_INTERVAL_S="0.5", IQ_LOG_LEVEL="WARNING",
                BENCH_FLUSH_EVERY=str(config.flush_every),
                BENCH_FLUSH_INTERVAL=str(config.flush_interval))
     services = [redis_svc]
     try:
-        services.append(start_worker(f"bench-{model}-{config.name}", env, workdir, [model],
-                                     app=config.app))
-        web = start_web(env, workdir)
+        services.append(launch.start_worker(f"bench-{model}-{config.name}", env, workdir,
+                                            [model], app=config.app))
+        # An earlier commit's API as that commit's benchmark ran it (a gthread API before the
+        # gevent one: a thread per client and some to spare).
+        web = launch.start_web(env, workdir, threads=max(args.clients) + 8) if config.tree \
+            else launch.start_web(env, workdir)
         services.append(web)
     except Exception:
         for svc in reversed(services):
@@ -263,6 +275,9 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=None, help="seconds per round")
     p.add_argument("--rounds", type=int, default=None, help="rounds per point")
     p.add_argument("--no-rss", action="store_true", help="skip the 20,000-job memory run")
+    p.add_argument("--baseline", metavar="COMMIT", default=None,
+                   help="also measure this commit's service, side by side (its tree is "
+                        "exported under var/bench-baseline/)")
     p.add_argument("--prefer-wait", action="store_true",
                    help="clients submit with Prefer: wait (one request a job) instead of "
                         "POST then GET ?wait")
@@ -302,7 +317,8 @@ def main() -> int:
             spec = MODELS[model]
             models_file = workdir / f"{model}.yaml"
             models_file.write_text(yaml.safe_dump({"models": {model: spec}}))
-            configs = [c for c in configs_for(spec) if not a.configs or c.name in a.configs]
+            configs = [c for c in configs_for(spec, a.baseline)
+                       if not a.configs or c.name in a.configs or c.tree]
             raw = RawServer(models_file, model)
             try:
                 ceiling = raw.sweep(a.raw_seconds)
