@@ -198,8 +198,8 @@ def _fetch_what_waits_with_each_record() -> None:
         finally:
             self._iq_fetching = False
             fetched, self._iq_fetched = self._iq_fetched, []
-            for key, item in fetched:  # recorded already: `append` keeps them in memory only
-                self.connection._deliver(json.loads(item), key.rsplit(self.sep, 1)[0])
+            for key, payload in fetched:  # recorded already: `append` keeps them in memory only
+                self.connection._deliver(payload, key.rsplit(self.sep, 1)[0])
 
     kombu_redis.Channel._brpop_read = _brpop_read
 
@@ -215,17 +215,17 @@ def _record_and_take_more(qos: Any, message: Any, delivery_tag: str) -> bool:
     room = qos.can_consume_max_estimate()
     want = FETCH_MAX if room is None else max(room - 1, 0)
     delivery = message.delivery_info
-    entry = json.dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+    entry = orjson.dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
     with channel.conn_or_acquire() as client:
         script = client.__dict__.get(_FETCH_SCRIPT_ATTR)
         if script is None:
             script = client.__dict__[_FETCH_SCRIPT_ATTR] = client.register_script(_FETCH)
         out = script(keys=[qos.unacked_key, qos.unacked_index_key, *keys],
                      args=[time.time(), delivery_tag, entry, want])
-    pairs = list(zip(out[::2], out[1::2]))
-    for _key, item in pairs:
-        PRERECORDED.add(json.loads(item)["properties"]["delivery_tag"])
-    channel._iq_fetched.extend((_text(k), _text(i)) for k, i in pairs)
+    for key, item in zip(out[::2], out[1::2]):
+        payload = json.loads(_text(item))  # as kombu's own BRPOP read parses it
+        PRERECORDED.add(payload["properties"]["delivery_tag"])
+        channel._iq_fetched.append((_text(key), payload))
     return True
 
 
