@@ -109,7 +109,7 @@ class Submitter:
                               retry_after=30) from None
         if created:
             self.metrics.submitted.labels(spec.name).inc()
-            logger.info("job %s accepted: model=%s inputs=%d priority=%s", submitted.id,
+            logger.debug("job %s accepted: model=%s inputs=%d priority=%s", submitted.id,
                         spec.name, len(job["inputs"]), job["priority"])
         return Accepted(submitted, spec, created)
 
