@@ -3,15 +3,17 @@ one every process's CPU per job, Redis's commands per job (`INFO commandstats` d
 worker's batch size and how much of the time its child spends in the model.
 
     python -m bench.cpu --model synthetic --configs service --baseline 9ccd8b9 \
-        --flows get-wait prefer-wait --clients 16 --seconds 4 --rounds 3 [--profile DIR]
+        --flows prefer-wait get-wait --clients 16 --seconds 4 --rounds 3 [--profile DIR]
 
-Every point (a configuration and a client flow) has its own stack up at once, idle but for
+Every point (a configuration with a client flow) has its own stack up at once, idle but for
 the one measured; rounds visit the points in rotating order and each point pools its rounds,
-as `python -m bench` does. Flows: `get-wait` (POST, then GET ?wait) and `prefer-wait` (one
-POST with `Prefer: wait`). With `--profile DIR`, one more round per point runs with py-spy on
-the API and the worker's main process (not counted in the CPU figures: sampling costs CPU)
-and the costliest functions are reported per job. Prints one JSON object. The worker's batch
-metrics exist for this service's worker only (not for the celery-batches peer).
+as `python -m bench` does. Flows: `prefer-wait` (one POST held with `Prefer: wait`) and
+`get-wait` (POST, then GET ?wait); `--baseline` adds that commit's service, in its own
+benchmark's flow (get-wait) unless `--flows` names more. With `--profile DIR`, one more round
+per point runs with py-spy on the API and the worker's main process (not counted in the CPU
+figures: sampling costs CPU) and the costliest functions are reported per job. Prints one
+JSON object. The worker's batch metrics exist for this service's worker only (not for the
+celery-batches peer).
 """
 from __future__ import annotations
 
@@ -22,29 +24,19 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
-import psutil
-import redis
 import requests
 
 from bench import profile
-from bench.__main__ import MODELS, Stack, api_processes, configs_for, run_load, start_stack
+from bench.__main__ import FLOWS, MODELS, Config, Stack, configs_for, start_stack
+from bench.load import percentile
+from bench.usage import Usage
 from tests.support.services import wait_until
 
-FLOWS = ("get-wait", "prefer-wait")
-
-
-def _cpu_seconds(processes: list[psutil.Process]) -> float:
-    total = 0.0
-    for proc in processes:
-        try:
-            times = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
-    return total
+_BATCH_METRICS = ("iq_batch_size_count", "iq_batch_size_sum", "iq_inference_seconds_sum")
 
 
 def _sum(metrics_text: str, name: str) -> float:
@@ -61,85 +53,55 @@ def _metrics(url: str) -> str:
         return ""
 
 
-def _commands(client: redis.Redis) -> Counter[str]:
-    """Calls per Redis command so far (commands run inside scripts included)."""
-    return Counter({name.removeprefix("cmdstat_"): stats["calls"]
-                    for name, stats in client.info("commandstats").items()})
-
-
 class Point:
     """One configuration with one client flow: its stack, and what its rounds add up to."""
 
-    def __init__(self, stack: Stack, flow: str) -> None:
-        self.stack, self.flow = stack, flow
-        self.name = stack.config.name + ("" if flow == "get-wait" else f" ({flow})")
-        redis_svc, worker, _web = stack.services
-        self.redis = redis.Redis.from_url(redis_svc.extra["url"])
-        main = psutil.Process(worker.proc.pid)
-        self.groups = {"redis": [psutil.Process(redis_svc.proc.pid)], "worker main": [main],
-                       "worker child": main.children(recursive=True),
-                       "api": api_processes(stack.web_pid)}
-        self.metrics_url = worker.extra["metrics_url"]
-        self.cpu: Counter[str] = Counter()
-        self.commands: Counter[str] = Counter()
+    def __init__(self, stack: Stack, args: SimpleNamespace) -> None:
+        self.stack, self.args = stack, args
+        self.metrics_url = stack.services[1].extra["metrics_url"]
+        self.usage = Usage()
         self.model: Counter[str] = Counter()
-        self.jobs = 0
         self.wall = 0.0
         self.latencies: list[float] = []
 
-    def load(self, model: str, clients: int, seconds: float, warmup: float = 0.0) -> dict:
-        return run_load(self.stack.url, model, clients, 1, seconds, warmup,
-                        self.flow == "prefer-wait")
+    @property
+    def name(self) -> str:
+        return self.stack.config.name
 
-    def measure(self, model: str, clients: int, seconds: float) -> None:
-        metrics_before = _metrics(self.metrics_url)
-        commands_before = _commands(self.redis)
-        before = {name: _cpu_seconds(procs) for name, procs in self.groups.items()}
+    def measure(self, model: str, clients: int) -> None:
+        before = _metrics(self.metrics_url)
         started = time.monotonic()
-        result = self.load(model, clients, seconds)
+        result = self.stack.load(model, clients, 1, self.args, self.usage)
         self.wall += time.monotonic() - started
-        for name, procs in self.groups.items():
-            self.cpu[name] += _cpu_seconds(procs) - before[name]
-        self.commands.update(_commands(self.redis) - commands_before)
-        self.commands["info"] -= 1  # this measurement's own
-        metrics_after = _metrics(self.metrics_url)
-        for metric in ("iq_batch_size_count", "iq_batch_size_sum", "iq_inference_seconds_sum"):
-            self.model[metric] += _sum(metrics_after, metric) - _sum(metrics_before, metric)
-        self.jobs += result["jobs"]
+        after = _metrics(self.metrics_url)
+        for metric in _BATCH_METRICS:
+            self.model[metric] += _sum(after, metric) - _sum(before, metric)
         self.latencies += result["latencies_ms"]
 
-    def profile(self, model: str, clients: int, seconds: float, out: Path) -> dict:
+    def profile(self, model: str, clients: int, out: Path) -> dict:
         """One round with py-spy on the API and the worker's main process."""
-        slug = self.name.replace(" ", "_").replace("(", "").replace(")", "")
-        targets = {"api": self.groups["api"][0].pid, "worker main": self.groups["worker main"][0].pid}
-        files = {name: out / f"{slug}-{name.replace(' ', '-')}.txt" for name in targets}
-        spies = [profile.record(pid, seconds, files[name]) for name, pid in targets.items()]
+        groups = self.stack.meter().groups
+        targets = {"api": groups["api"][0].pid, "worker main": groups["worker main"][0].pid}
+        files = {name: out / f"{self.stack.config.slug}-{name.replace(' ', '-')}.txt"
+                 for name in targets}
+        spies = [profile.record(pid, self.args.duration, files[name])
+                 for name, pid in targets.items()]
         time.sleep(0.5)  # py-spy attaches
-        result = self.load(model, clients, seconds, warmup=0.0)
+        result = self.stack.load(model, clients, 1, self.args)
         for spy in spies:
             spy.wait(30)
         return {name: profile.top(path, result["jobs"]) for name, path in files.items()
                 if path.exists()}
 
     def report(self, clients: int) -> dict:
-        from bench.load import percentile
-
-        jobs = max(self.jobs, 1)
-        cpu = {name: round(1000 * s / jobs, 3) for name, s in self.cpu.items()}
-        queue_path = cpu["api"] + cpu["worker main"] + cpu["redis"]
-        out = {
-            "config": self.stack.config.name, "flow": self.flow, "clients": clients,
-            "seconds": round(self.wall, 2), "jobs": self.jobs,
-            "items_per_s": round(self.jobs / max(self.wall, 1e-9), 1),
-            "p50_ms": round(percentile(self.latencies, 50), 1),
-            "cpu_ms_per_job": cpu, "queue_path_cpu_ms_per_job": round(queue_path, 3),
-            "cores_used": {name: round(s / max(self.wall, 1e-9), 2)
-                           for name, s in self.cpu.items()},
-            "redis_commands_per_job": {name: round(n / jobs, 2)
-                                       for name, n in self.commands.most_common() if n > 0},
-            "redis_commands_total_per_job": round(sum(n for n in self.commands.values()
-                                                      if n > 0) / jobs, 2),
-        }
+        jobs = self.usage.jobs
+        wall = max(self.wall, 1e-9)
+        out = {"config": self.name, "flow": self.stack.config.flow, "clients": clients,
+               "seconds": round(self.wall, 2), "jobs": jobs,
+               "items_per_s": round(jobs / wall, 1),
+               "p50_ms": round(percentile(self.latencies, 50), 1),
+               **self.usage.report(),
+               "cores_used": {name: round(s / wall, 2) for name, s in self.usage.cpu.items()}}
         batches = self.model["iq_batch_size_count"]
         if batches:
             items = self.model["iq_batch_size_sum"]
@@ -147,44 +109,56 @@ class Point:
             out.update(batches=int(batches), items=int(items),
                        mean_batch_items=round(items / batches, 2),
                        model_ms_per_batch=round(1000 * model_s / batches, 1),
-                       model_busy=round(model_s / max(self.wall, 1e-9), 2))
+                       model_busy=round(model_s / wall, 2))
         return out
+
+
+def points_for(model: str, config_names: list[str], flows: list[str],
+               baseline_rev: str | None) -> list[Config]:
+    """This checkout's configurations in each flow asked for; a baseline commit in its own
+    benchmark's flow and in each other flow asked for."""
+    out = []
+    for config in configs_for(MODELS[model], baseline_rev):
+        if config.tree:
+            if config.flow in flows or config.name == baseline_rev:
+                out.append(config)
+        elif config.name in config_names:
+            for flow in flows:
+                name = config.name + ("" if flow == flows[0] else f" {flow}")
+                out.append(replace(config, name=name, flow=flow))
+    return out
 
 
 def measure(model: str, config_names: list[str], flows: list[str], clients: int,
             seconds: float, rounds: int, baseline_rev: str | None = None,
             profile_dir: Path | None = None) -> dict:
     spec = MODELS[model]
-    configs = [c for c in configs_for(spec, baseline_rev) if c.name in config_names or c.tree]
+    args = SimpleNamespace(clients=[clients], duration=seconds, warmup=0.0, flow=flows[0])
     workdir = Path(tempfile.mkdtemp(prefix="iq-bench-cpu-"))
     points: list[Point] = []
-    stacks: list[Stack] = []
     try:
-        for config in configs:
-            for flow in flows:
-                stack = start_stack(workdir, model, spec, config, SimpleNamespace(
-                    clients=[clients]))
-                stacks.append(stack)
-                wait_until(lambda: requests.get(f"{stack.url}/readyz", timeout=2).status_code
-                           == 200, 180, f"{config.name} worker")
-                points.append(Point(stack, flow))
+        for config in points_for(model, config_names, flows, baseline_rev):
+            stack = start_stack(workdir, model, spec, config, args)
+            points.append(Point(stack, args))
+            wait_until(lambda: requests.get(f"{stack.url}/readyz", timeout=2).status_code
+                       == 200, 180, f"{config.name} worker")
         for point in points:
-            point.load(model, clients, 2.0, 0.5)  # warm every path first
+            point.stack.load(model, clients, 1, args, duration=2.0, warmup=0.5)  # warm up
         for r in range(rounds):
             for point in points[r % len(points):] + points[:r % len(points)]:
-                point.measure(model, clients, seconds)
+                point.measure(model, clients)
         out = {"model": model, "clients": clients, "rounds": rounds,
                "seconds_per_round": seconds,
                "points": {p.name: p.report(clients) for p in points}}
         if profile_dir is not None:
             profile_dir.mkdir(parents=True, exist_ok=True)
             for point in points:
-                out["points"][point.name]["profile"] = point.profile(model, clients, seconds,
+                out["points"][point.name]["profile"] = point.profile(model, clients,
                                                                      profile_dir)
         return out
     finally:
-        for stack in stacks:
-            stack.stop()
+        for point in points:
+            point.stack.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -196,7 +170,7 @@ def main() -> int:
                    choices=[c.name for c in configs_for(MODELS["minilm-embed"])])
     p.add_argument("--baseline", metavar="COMMIT", default=None,
                    help="also this commit's service, side by side (bench/baseline.py)")
-    p.add_argument("--flows", nargs="*", default=["get-wait"], choices=FLOWS)
+    p.add_argument("--flows", nargs="+", default=[FLOWS[0]], choices=FLOWS)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--seconds", type=float, default=4.0, help="seconds per round")
     p.add_argument("--rounds", type=int, default=3)
