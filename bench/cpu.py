@@ -90,8 +90,10 @@ class Point:
         result = self.stack.load(model, clients, 1, self.args)
         for spy in spies:
             spy.wait(30)
-        return {name: profile.top(path, result["jobs"]) for name, path in files.items()
-                if path.exists()}
+        rules = {"api": profile.API_COSTS, "worker main": profile.WORKER_COSTS}
+        return {name: {**profile.top(path, result["jobs"]),
+                       "by_cost": profile.costs(path, result["jobs"], rules[name])}
+                for name, path in files.items() if path.exists()}
 
     def report(self, clients: int) -> dict:
         jobs = self.usage.jobs
