@@ -421,7 +421,7 @@ def dispatcher_for(consumer: Any) -> PoolDispatcher:
     if dispatcher is None:
         dispatcher = PoolDispatcher(consumer)
         setattr(consumer, _DISPATCHER_ATTR, dispatcher)
-        guard_pool_growth(consumer.pool, visible_gpu_count())
+        guard_pool_growth(consumer.pool, visible_gpu_count(dispatcher.settings))
     else:
         dispatcher.reset_for(consumer.connection)
     return dispatcher

@@ -127,7 +127,7 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
     for _id, kw, _t in jobs:
         submitted = kw.get("submitted_at")
         if isinstance(submitted, (int, float)):
-            metrics.QUEUE_WAIT.labels(model).observe(max(now - submitted, 0.0))
+            metrics.get().queue_wait.labels(model).observe(max(now - submitted, 0.0))
 
     started = time.monotonic()
     model_ns = time.time_ns()
@@ -135,8 +135,8 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
                              for _id, kw, _t in jobs])
     model_ns = (model_ns, time.time_ns())
     elapsed = time.monotonic() - started
-    metrics.INFERENCE.labels(model).observe(elapsed)
-    metrics.BATCH_SIZE.labels(model).observe(items)
+    metrics.get().inference.labels(model).observe(elapsed)
+    metrics.get().batch_size.labels(model).observe(items)
 
     finals: list[Final] = []
     for (job_id, kwargs, headers), result in zip(jobs, results):
@@ -179,8 +179,8 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
             continue
         outcomes.append(JobOutcome(job_id, Outcome.SUCCEEDED if ok else Outcome.FAILED,
                                    elapsed, len(result) if ok else 0, final.error))
-        metrics.JOBS.labels(model, final.status.value).inc()
-        metrics.ITEMS.labels(model, final.status.value).inc(len(kw.get("inputs") or []))
+        metrics.get().jobs.labels(model, final.status.value).inc()
+        metrics.get().items.labels(model, final.status.value).inc(len(kw.get("inputs") or []))
         with trace(headers.get("trace_id")):
             logger.info("job %s %s in %.3fs%s", job_id, final.status.value, elapsed,
                         f": {final.error.code}: {final.error.message}" if final.error else "")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
 import threading
 import time
 from typing import Sequence
@@ -20,9 +19,6 @@ from tasks.redis_client import connect
 from workers.handlers import Handler, build_handler
 
 logger = logging.getLogger(__name__)
-
-MODELS_ENV = "IQ_WORKER_MODELS"
-
 
 def load_handler(spec: ModelSpec, device: str, settings: Settings,
                  memory_fraction: float = 0.0) -> Handler:
@@ -140,7 +136,7 @@ _runtime: ModelRuntime | None = None
 def start_runtime(settings: Settings, specs: dict[str, ModelSpec], hostname: str,
                   index: int) -> ModelRuntime:
     global _runtime
-    wanted = [m for m in os.environ.get(MODELS_ENV, "").split(",") if m] or list(specs)
+    wanted = [m for m in settings.worker_models.split(",") if m] or list(specs)
     _runtime = ModelRuntime(settings, specs, wanted, hostname, index)
     _runtime.start()
     return _runtime
