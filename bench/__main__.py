@@ -27,7 +27,7 @@ import yaml
 from bench.load import percentile
 from bench.raw import batch_sizes
 from bench.report import evaluate_targets, plot, render_readme
-from tests.support.services import start_redis, start_web, start_worker, wait_until
+from scripts.stack import start_redis, start_web, start_worker, wait_until
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

@@ -22,7 +22,7 @@ import psutil
 import requests
 
 from bench.__main__ import MODELS, api_processes, configs_for, run_load, start_stack
-from tests.support.services import wait_until
+from scripts.stack import wait_until
 
 
 def _cpu_seconds(processes: list[psutil.Process]) -> float:
