@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 from marshmallow import ValidationError
 
 from app import auth, images
-from app.errors import Conflict, TooManyJobs, Unavailable, ValidationFailed
+from app.errors import Conflict, RateLimited, TooManyJobs, Unavailable, ValidationFailed
 from app.metrics import ApiMetrics
 from app.schemas import flatten, job_schema, validate_job
 from app.store import JobStore
@@ -67,7 +67,7 @@ class Submitter:
         whatever JSON was sent) and is called only once the key's rate allows."""
         try:
             auth.check_rate(self.store.redis, caller.key)
-        except auth.RateLimited:
+        except RateLimited:
             self._refused("unknown", "rate_limited")
             raise
         data = read_body()
