@@ -98,6 +98,10 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
 
     app = current_app
     rt = runtime()
+    if not rt.ready:
+        # Not this batch's fault: its jobs go back to the queue, for a child that can run them.
+        logger.error("runtime is %s: %d job(s) back to their queue", rt.state.value, len(jobs))
+        return [JobOutcome(job_id, Outcome.RETRY) for job_id, _kw, _t in jobs]
     patience = rt.settings.redis_retry_s
     worker = f"{rt.member}/{os.getpid()}"  # node name / child index / pid
     ids = [job_id for job_id, _kw, _t in jobs]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 
 from celery import Task, signals
 from celery.utils.log import current_process_index
@@ -57,9 +58,6 @@ def select_models(sender: str, instance, conf, **_kw) -> None:
     queues = set(instance.app.amqp.queues.consume_from or {})
     specs = conf.iq_models
     models = [m for m, s in specs.items() if not queues or s.queue in queues]
-    unknown = queues - {s.queue for s in specs.values()}
-    if unknown:
-        logger.warning("queues %s belong to no configured model", ", ".join(sorted(unknown)))
     # The children read it as their settings.worker_models (IQ_WORKER_MODELS): they are
     # spawned, so the environment is what they inherit.
     os.environ["IQ_WORKER_MODELS"] = ",".join(models)
@@ -71,7 +69,19 @@ def select_models(sender: str, instance, conf, **_kw) -> None:
 def load_models(sender: str | None = None, **_kw) -> None:
     tracing.setup("inference-queue-worker")  # in the child: its exporter thread is its own
     index = current_process_index(base=0) or 0
-    start_runtime(celery.conf.iq_settings, celery.conf.iq_models, sender or "worker", index)
+    try:
+        start_runtime(celery.conf.iq_settings, celery.conf.iq_models, sender or "worker", index)
+    except BaseException:
+        # Celery would only log this and keep a child that cannot run a batch: every job
+        # handed to it would fail, though none is at fault; and a child that merely exits is
+        # started again, and fails again, for ever. So the whole worker stops (a warm
+        # shutdown of its main process: what it holds goes back to the queues), loudly, and
+        # the jobs wait for a worker that can run them.
+        logger.critical("pool child %d could not load its models; this worker stops",
+                        index, exc_info=True)
+        logging.shutdown()
+        os.kill(os.getppid(), signal.SIGTERM)
+        os._exit(1)
 
 
 @signals.worker_process_shutdown.connect

@@ -62,8 +62,18 @@ class ModelRuntime:
         for name in self.specs:
             self._load(name)
         self.state = State.READY
-        self._beat()
+        # The heartbeat thread first: a Redis that is away now must not stop the beats that
+        # will announce this child once it is back.
         threading.Thread(target=self._heartbeat, name="iq-heartbeat", daemon=True).start()
+        try:
+            self._beat()
+        except redis.RedisError as exc:
+            logger.warning("first heartbeat refused (%s); retrying every %gs", exc,
+                           self.settings.heartbeat_interval_s)
+
+    @property
+    def ready(self) -> bool:
+        return self.state is State.READY
 
     def _load(self, name: str) -> Handler:
         from workers.devices import device_for
