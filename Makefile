@@ -21,7 +21,7 @@ bench-quick: $(DEV_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m bench --quick $(BENCH_ARGS)
 
 gpu-check: $(RUN_STAMP)
-	HF_HUB_OFFLINE=1 $(VENV)/bin/python scripts/gpu_check.py
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m scripts.gpu_check
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)

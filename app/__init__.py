@@ -24,7 +24,7 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     app = Flask(__name__)
     app.config.update(IQ_SETTINGS=settings, MAX_CONTENT_LENGTH=settings.max_body_bytes)
     app.json = OrjsonProvider(app)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     if tracing.setup("inference-queue-api"):
         # Before the blueprints: each request's span is open when the views run, so a job's
         # trace id is its request's.
@@ -34,7 +34,7 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
         FlaskInstrumentor().instrument_app(app)
         RedisInstrumentor().instrument()
 
-    celery = make_celery(settings)
+    celery = make_celery(settings, models)
     store = JobStore(settings, celery, models)
     metrics = ApiMetrics(store.queue_depths, lambda: store.waiter.waiting, settings.max_waits)
     submitter = Submitter(settings, models, store, metrics)

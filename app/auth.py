@@ -16,23 +16,8 @@ import redis
 import yaml
 from flask import Flask, current_app, g, request
 
-from app.errors import APIError
+from app.errors import Forbidden, RateLimited, Unauthorized
 from config import ConfigError
-
-
-class Unauthorized(APIError):
-    status, code = 401, "unauthorized"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, headers={"WWW-Authenticate": 'Bearer realm="inference-queue"'})
-
-
-class Forbidden(APIError):
-    status, code = 403, "forbidden"
-
-
-class RateLimited(APIError):
-    status, code = 429, "rate_limited"
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,21 @@ class APIError(Exception):
         self.extra = extra  # more members of the error object, e.g. a job's status
 
 
+class Unauthorized(APIError):
+    status, code = 401, "unauthorized"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": 'Bearer realm="inference-queue"'})
+
+
+class Forbidden(APIError):
+    status, code = 403, "forbidden"
+
+
+class RateLimited(APIError):
+    status, code = 429, "rate_limited"
+
+
 class MalformedRequest(APIError):
     status, code = 400, "malformed_request"
 

@@ -19,7 +19,7 @@ from config.models import ModelSpec
 from tasks import tracing, transport
 from tasks.jobstate import JobRecord, JobState, now_iso
 from tasks.keys import CONSUMING_KEY, idempotency_key, job_key, live_key
-from tasks.names import PRIORITIES, queue_lists
+from tasks.names import PRIORITIES, queue_lists, task_name
 from tasks.redis_client import connect
 
 
@@ -108,7 +108,7 @@ class JobStore:
             "model": spec.name, "inputs": len(job["inputs"]), "trace_id": trace_id}
         headers = {"trace_id": trace_id}
         tracing.inject(headers)  # the W3C trace context, when traces are on
-        message = transport.task_message(self.celery, spec.task_name, job_id, kwargs,
+        message = transport.task_message(self.celery, task_name(spec.name), job_id, kwargs,
                                          queue=spec.queue, priority=priority,
                                          headers=headers, summary=summary)
         record = {"model": spec.name, "created_at": now_iso(), "trace_id": trace_id,

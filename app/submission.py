@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 from marshmallow import ValidationError
 
 from app import auth, images
-from app.errors import Conflict, TooManyJobs, Unavailable, ValidationFailed
+from app.errors import Conflict, RateLimited, TooManyJobs, Unavailable, ValidationFailed
 from app.metrics import ApiMetrics
 from app.schemas import flatten, job_schema, validate_job
 from app.store import JobStore
@@ -69,7 +69,7 @@ class Submitter:
         rate allows."""
         try:
             auth.check_rate(self.store.redis, caller.key)
-        except auth.RateLimited:
+        except RateLimited:
             self._refused("unknown", "rate_limited")
             raise
         data = read_body()

@@ -31,8 +31,8 @@ from bench.load import percentile
 from bench.raw import batch_sizes
 from bench.report import evaluate_targets, plot, render_readme
 from bench.usage import Meter, Usage
-from tests.support import services as launcher
-from tests.support.services import wait_until
+from scripts import stack as launcher
+from scripts.stack import wait_until
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

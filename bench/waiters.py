@@ -35,7 +35,7 @@ import yaml
 
 from bench.load import percentile
 from tasks.jobstate import JobState
-from tests.support.services import start_redis, start_web
+from scripts.stack import start_redis, start_web
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "parked"  # declared, never served: its jobs wait until cancelled

@@ -17,7 +17,9 @@ from config.settings import CONFIG_DIR, PROJECT_DIR, ConfigError
 
 KINDS = ("embedding", "classification", "sequence-classification", "torchscript", "export",
          "image", "synthetic")
-TEXT_KINDS = ("embedding", "classification", "sequence-classification", "synthetic")
+# Kinds whose inputs are strings: the text models, and the synthetic stand-in, which takes any
+# string so that benchmarks and fault tests can send whatever they like.
+STRING_INPUT_KINDS = ("embedding", "classification", "sequence-classification", "synthetic")
 # Kinds read from a Hugging Face / sentence-transformers folder (or a package that ships one).
 FOLDER_KINDS = ("embedding", "classification", "sequence-classification")
 # Kinds whose inputs are tensors of a declared shape.
@@ -74,14 +76,8 @@ class ModelSpec:
     options: tuple[str, ...] = field(default=())
 
     @property
-    def task_name(self) -> str:
-        from tasks.names import task_name
-
-        return task_name(self.name)
-
-    @property
     def input_type(self) -> str:
-        if self.kind in TEXT_KINDS:
+        if self.kind in STRING_INPUT_KINDS:
             return "text"
         return "image" if self.kind == "image" else "tensor"
 

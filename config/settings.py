@@ -90,6 +90,16 @@ class Settings:
     cuda_memory_fraction: float = 0.0  # 0: no cap
 
     log_level: str = "INFO"
+    log_format: str = "text"  # or json: one JSON object a line, for log shippers
+    # The worker's Prometheus endpoint, served by its main process (0: off).
+    worker_metrics_port: int = 9808
+    worker_metrics_host: str = "127.0.0.1"
+    # GPUs on a worker's host; -1: ask nvidia-smi (a separate process, so that the worker's
+    # parent never initialises CUDA). One pool child per GPU.
+    gpu_count: int = -1
+    # The models a worker's pool children load at start, comma-separated; empty: those of the
+    # queues the worker consumes (the worker sets it for its children).
+    worker_models: str = ""
     # Task events (Flower, `celery events`) show a job's summary (model, input count, size,
     # trace id), not its inputs; true restores the full arguments, for debugging.
     events_full_args: bool = False
@@ -151,6 +161,8 @@ def load_settings(
     settings = dataclasses.replace(Settings(), **values)
     if settings.max_wait_s <= 0 or settings.max_wait_s > 300:
         raise ConfigError(f"max_wait_s must be in (0, 300], got {settings.max_wait_s}")
+    if settings.log_format not in ("text", "json"):
+        raise ConfigError(f"log_format must be text or json, got {settings.log_format!r}")
     if not 0 <= settings.redis_memory_headroom < 1:
         raise ConfigError("redis_memory_headroom must be in [0, 1), got "
                           f"{settings.redis_memory_headroom}")

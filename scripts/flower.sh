@@ -6,5 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${FLOWER_BASIC_AUTH:?set FLOWER_BASIC_AUTH=user:password (make run makes one)}"
 export FLOWER_BASIC_AUTH
-exec .venv/bin/celery -A tasks.app flower --address="${FLOWER_HOST:-127.0.0.1}" \
+exec .venv/bin/celery -A tasks.cli flower --address="${FLOWER_HOST:-127.0.0.1}" \
   --port="${FLOWER_PORT:-5555}" "$@"

@@ -20,11 +20,9 @@ import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from scripts.stack import start_redis, start_worker, wait_until
 
-from tests.support.services import start_redis, start_worker, wait_until  # noqa: E402
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TEXTS = ["A cat sat on the mat.", "GPU inference should batch dynamically.",
          " ".join(["Long text to force padding next to short ones."] * 20)]

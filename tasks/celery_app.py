@@ -1,6 +1,9 @@
 """The Celery app factory shared by the API (which only sends) and the workers."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from celery import Celery
 from kombu import Connection, Queue
 
@@ -12,12 +15,26 @@ from tasks.webhooks import DELIVER_TASK
 from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
 
 
-def make_celery(settings: Settings | None = None) -> Celery:
+# Spawned pool children unpickle references to this project's code, so its root must be on
+# their sys.path, which they copy from their parent's. `celery -A` puts the working directory
+# there only while it imports the app module, and takes that entry out again: so the root is
+# appended once per process even when it is there already (it may be that entry).
+_ROOT = str(Path(__file__).resolve().parent.parent)
+_on_path = False
+
+
+def make_celery(settings: Settings | None = None,
+                models: dict[str, ModelSpec] | None = None) -> Celery:
     """The Celery app. The API only builds task messages with it (tasks/jobstate.py queues
-    them) and broadcasts revokes; the workers run it."""
+    them) and broadcasts revokes; the workers run it. `models`: the parsed models file, when
+    the caller has it already."""
+    global _on_path
+    if not _on_path:
+        sys.path.append(_ROOT)
+        _on_path = True
     transport.install()
     settings = settings or load_settings()
-    models: dict[str, ModelSpec] = load_models(settings.models_file)
+    models = models if models is not None else load_models(settings.models_file)
     app = Celery("inference_queue", set_as_current=False)
     redis_opts = {
         "socket_connect_timeout": settings.redis_timeout_s,

@@ -1,12 +1,11 @@
 """Logging shared by the API and the workers: every line carries the trace id of the job (or
-request) it is about, from a context variable; `IQ_LOG_FORMAT=json` gives one JSON object a
-line for log shippers."""
+request) it is about, from a context variable; `log_format: json` (IQ_LOG_FORMAT) gives one
+JSON object a line for log shippers."""
 from __future__ import annotations
 
 import contextvars
 import json
 import logging
-import os
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -41,36 +40,35 @@ def trace(trace_id: str | None) -> Iterator[None]:
         trace_id_var.reset(token)
 
 
-def configure_handler(handler: logging.Handler, text_format: str = TEXT_FORMAT) -> None:
-    """The trace id filter and the configured format (IQ_LOG_FORMAT: text or json)."""
+def configure_handler(handler: logging.Handler, log_format: str = "text") -> None:
+    """The trace id filter and the format (settings.log_format: text or json)."""
     if not any(isinstance(f, TraceIdFilter) for f in handler.filters):
         handler.addFilter(TraceIdFilter())
-    if os.environ.get("IQ_LOG_FORMAT", "text").lower() == "json":
+    if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter(text_format))
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
 
 
-def _configure_celery_handlers(logger: logging.Logger | None = None, **_kw: object) -> None:
-    for handler in (logger.handlers if logger else []):
-        configure_handler(handler)
-
-
-def configure_celery() -> None:
+def configure_celery(log_format: str) -> None:
     """A worker's logging: Celery's own handlers, in the main process and in every pool
-    child, get the trace id filter and the configured format (IQ_LOG_FORMAT=json for one JSON
-    object a line). Call it from a worker's entry module."""
+    child, get the trace id filter and the format. Call it from a worker's entry module."""
     from celery import signals
 
-    signals.after_setup_logger.connect(_configure_celery_handlers)
-    signals.after_setup_task_logger.connect(_configure_celery_handlers)
+    def configure_handlers(logger: logging.Logger | None = None, **_kw: object) -> None:
+        for handler in (logger.handlers if logger else []):
+            configure_handler(handler, log_format)
+
+    # weak=False: the receiver is this closure, which nothing else keeps alive.
+    signals.after_setup_logger.connect(configure_handlers, weak=False)
+    signals.after_setup_task_logger.connect(configure_handlers, weak=False)
 
 
-def configure(level: str = "INFO") -> None:
+def configure(level: str = "INFO", log_format: str = "text") -> None:
     """The API's logging: one stderr handler on the root logger, with trace ids."""
     root = logging.getLogger()
     if not any(isinstance(f, TraceIdFilter) for h in root.handlers for f in h.filters):
         handler = logging.StreamHandler()
-        configure_handler(handler)
+        configure_handler(handler, log_format)
         root.addHandler(handler)
     root.setLevel(level)

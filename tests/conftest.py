@@ -9,7 +9,7 @@ import pytest
 from tests.support.models import (MINILM_PACKAGE, VISION_LABELS, VISION_PREPROCESS,
                                   build_export_model, build_image_model,
                                   build_sequence_classifier, minilm_folder)
-from tests.support.stack import Stack, launch
+from scripts.stack import Stack, launch, start_redis
 
 
 def build_torchscript_model(path: Path) -> Path:
@@ -73,3 +73,11 @@ def stack(tmp_path_factory) -> Stack:
 @pytest.fixture
 def api(stack) -> str:
     return stack.api
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A private redis-server alone, for the tests of what talks to Redis without a worker."""
+    server = start_redis(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()

@@ -17,11 +17,11 @@ def configure_allocator(settings: Settings) -> None:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = settings.cuda_alloc_conf
 
 
-def visible_gpu_count() -> int:
-    """GPUs on this host, asked of nvidia-smi (another process) so that the caller never
-    initialises CUDA; IQ_GPU_COUNT overrides."""
-    if os.environ.get("IQ_GPU_COUNT"):
-        return int(os.environ["IQ_GPU_COUNT"])
+def visible_gpu_count(settings: Settings) -> int:
+    """GPUs on this host: settings.gpu_count (IQ_GPU_COUNT) when set, else asked of
+    nvidia-smi, another process, so that the caller never initialises CUDA."""
+    if settings.gpu_count >= 0:
+        return settings.gpu_count
     import shutil
     import subprocess
 
@@ -113,3 +113,10 @@ def _release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+if __name__ == "__main__":
+    # scripts/worker.sh: one pool child per GPU, counted the one way the worker counts them.
+    from config import load_settings
+
+    print(visible_gpu_count(load_settings()))

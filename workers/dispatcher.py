@@ -25,6 +25,7 @@ from celery.utils.imports import symbol_by_name
 from celery.worker import state as worker_state
 from celery.worker.strategy import proto1_to_proto2
 
+from config import ConfigError
 from tasks import transport
 from tasks.errors import JobFailed
 from tasks.jobstate import Final, JobError, JobState, Status
@@ -315,6 +316,11 @@ class PoolDispatcher:
     def tick(self) -> None:
         self.leases.tick()
         self.watchdog.beat()
+        for queue in self.unknown_queues():  # added at run time (`control add_consumer`)
+            logger.error("queue %s belongs to no model in %s: stopped consuming it, so that "
+                         "its jobs wait for a worker that has the model", queue,
+                         self.settings.models_file)
+            self.consumer.cancel_task_queue(queue)
         queues = self.consumed_queues()
         if not queues:  # no model's queue (a webhooks-only worker, or all cancelled)
             return
@@ -326,6 +332,14 @@ class PoolDispatcher:
                 self.client.zadd(CONSUMING_KEY, {self.consumer.hostname: time.time()})
         except redis.RedisError as exc:
             logger.warning("could not announce this worker as consuming: %s", exc)
+
+    def unknown_queues(self) -> list[str]:
+        """Queues this worker consumes that no model of its models file uses: Celery would
+        take their messages as unregistered tasks and drop them."""
+        task_consumer = getattr(self.consumer, "task_consumer", None)
+        models = {spec.queue for spec in self.consumer.app.conf.iq_models.values()}
+        return sorted(q.name for q in (task_consumer.queues if task_consumer else [])
+                      if q.name not in models)
 
     def consumed_queues(self) -> list[str]:
         """The model queues this worker consumes now (`add_consumer`/`cancel_consumer` change
@@ -375,6 +389,14 @@ class DispatcherStep(bootsteps.StartStopStep):
         dispatcher = getattr(c, _DISPATCHER_ATTR, None)
         if dispatcher is None:
             return
+        unknown = dispatcher.unknown_queues()
+        if unknown:
+            # Before the event loop runs, so nothing has been fetched (and dropped) yet.
+            raise ConfigError(
+                f"this worker consumes {', '.join(unknown)}, which no model in its models "
+                f"file ({dispatcher.settings.models_file}) uses: their jobs would be dropped. "
+                "Consume only its models' queues (IQ_WORKER_QUEUES, -Q), or give it the "
+                "models file that declares them")
         dispatcher.consuming = True
         dispatcher.tick()
         self._tick = c.timer.call_repeatedly(dispatcher.settings.heartbeat_interval_s,
@@ -421,7 +443,7 @@ def dispatcher_for(consumer: Any) -> PoolDispatcher:
     if dispatcher is None:
         dispatcher = PoolDispatcher(consumer)
         setattr(consumer, _DISPATCHER_ATTR, dispatcher)
-        guard_pool_growth(consumer.pool, visible_gpu_count())
+        guard_pool_growth(consumer.pool, visible_gpu_count(dispatcher.settings))
     else:
         dispatcher.reset_for(consumer.connection)
     return dispatcher

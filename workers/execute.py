@@ -98,6 +98,10 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
 
     app = current_app
     rt = runtime()
+    if not rt.ready:
+        # Not this batch's fault: its jobs go back to the queue, for a child that can run them.
+        logger.error("runtime is %s: %d job(s) back to their queue", rt.state.value, len(jobs))
+        return [JobOutcome(job_id, Outcome.RETRY) for job_id, _kw, _t in jobs]
     patience = rt.settings.redis_retry_s
     worker = f"{rt.member}/{os.getpid()}"  # node name / child index / pid
     ids = [job_id for job_id, _kw, _t in jobs]
@@ -130,7 +134,7 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
     for _id, kw, _t in jobs:
         submitted = kw.get("submitted_at")
         if isinstance(submitted, (int, float)):
-            metrics.QUEUE_WAIT.labels(model).observe(max(now - submitted, 0.0))
+            metrics.get().queue_wait.labels(model).observe(max(now - submitted, 0.0))
 
     started = time.monotonic()
     model_ns = time.time_ns()
@@ -138,8 +142,8 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
                              for _id, kw, _t in jobs])
     model_ns = (model_ns, time.time_ns())
     elapsed = time.monotonic() - started
-    metrics.INFERENCE.labels(model).observe(elapsed)
-    metrics.BATCH_SIZE.labels(model).observe(items)
+    metrics.get().inference.labels(model).observe(elapsed)
+    metrics.get().batch_size.labels(model).observe(items)
 
     finals: list[Final] = []
     for (job_id, kwargs, headers), result in zip(jobs, results):
@@ -182,8 +186,8 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
             continue
         outcomes.append(JobOutcome(job_id, Outcome.SUCCEEDED if ok else Outcome.FAILED,
                                    elapsed, len(result) if ok else 0, final.error))
-        metrics.JOBS.labels(model, final.status.value).inc()
-        metrics.ITEMS.labels(model, final.status.value).inc(len(kw.get("inputs") or []))
+        metrics.get().jobs.labels(model, final.status.value).inc()
+        metrics.get().items.labels(model, final.status.value).inc(len(kw.get("inputs") or []))
         if final.error is not None or logger.isEnabledFor(logging.DEBUG):
             with trace(headers.get("trace_id")):
                 logger.log(logging.WARNING if final.error else logging.DEBUG,

@@ -1,33 +1,28 @@
 """Worker entry module: `celery -A workers.main worker -P prefork -Q <model queues>`.
 
-The parent process buffers and batches (workers.dispatcher); each pool child, started with
-the spawn method, loads the models of the queues this worker consumes (workers.runtime).
-Neither this module nor the parent imports torch.
+It wires things together: the Celery app with one batching task per model, the dispatcher's
+consumer bootstep, logging, metrics and the pool children's model runtime. The parent process
+buffers and batches (workers.dispatcher); each pool child, started with the spawn method,
+loads the models of the queues this worker consumes (workers.runtime). Neither this module
+nor the parent imports torch.
 """
 from __future__ import annotations
 
 import logging
 import os
-import sys
-from pathlib import Path
+import signal
 
-from workers import metrics  # noqa: I001 - sets PROMETHEUS_MULTIPROC_DIR before anything else
 from celery import Task, signals
 from celery.utils.log import current_process_index
 
 from tasks import logs, tracing
 from tasks.celery_app import make_celery
 from tasks.names import task_name
+from workers import metrics
 from workers.dispatcher import DispatcherStep
-from workers.runtime import MODELS_ENV, start_runtime, stop_runtime
+from workers.runtime import start_runtime, stop_runtime
 
 logger = logging.getLogger(__name__)
-
-# `celery -A` imports this module with the working directory on sys.path only for the moment
-# of the import (it removes that entry afterwards); spawned children receive the parent's
-# sys.path and need the project root on it to unpickle references to this code. Appended, so
-# that the CLI's own removal of its entry leaves this one in place.
-sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 celery = make_celery()
 # Spawned pool children import this module too, which connects the signal handlers below.
@@ -54,7 +49,7 @@ def _register(model: str) -> None:
 
 for _model in celery.conf.iq_models:
     _register(_model)
-logs.configure_celery()
+logs.configure_celery(celery.conf.iq_settings.log_format)
 
 
 @signals.celeryd_after_setup.connect
@@ -63,19 +58,30 @@ def select_models(sender: str, instance, conf, **_kw) -> None:
     queues = set(instance.app.amqp.queues.consume_from or {})
     specs = conf.iq_models
     models = [m for m, s in specs.items() if not queues or s.queue in queues]
-    unknown = queues - {s.queue for s in specs.values()}
-    if unknown:
-        logger.warning("queues %s belong to no configured model", ", ".join(sorted(unknown)))
-    os.environ[MODELS_ENV] = ",".join(models)
+    # The children read it as their settings.worker_models (IQ_WORKER_MODELS): they are
+    # spawned, so the environment is what they inherit.
+    os.environ["IQ_WORKER_MODELS"] = ",".join(models)
     logger.info("worker %s serves models: %s", sender, ", ".join(models) or "(none)")
-    metrics.serve(int(os.environ.get("IQ_WORKER_METRICS_PORT", "9808")))
+    metrics.serve(conf.iq_settings)
 
 
 @signals.worker_process_init.connect
 def load_models(sender: str | None = None, **_kw) -> None:
     tracing.setup("inference-queue-worker")  # in the child: its exporter thread is its own
     index = current_process_index(base=0) or 0
-    start_runtime(celery.conf.iq_settings, celery.conf.iq_models, sender or "worker", index)
+    try:
+        start_runtime(celery.conf.iq_settings, celery.conf.iq_models, sender or "worker", index)
+    except BaseException:
+        # Celery would only log this and keep a child that cannot run a batch: every job
+        # handed to it would fail, though none is at fault; and a child that merely exits is
+        # started again, and fails again, for ever. So the whole worker stops (a warm
+        # shutdown of its main process: what it holds goes back to the queues), loudly, and
+        # the jobs wait for a worker that can run them.
+        logger.critical("pool child %d could not load its models; this worker stops",
+                        index, exc_info=True)
+        logging.shutdown()
+        os.kill(os.getppid(), signal.SIGTERM)
+        os._exit(1)
 
 
 @signals.worker_process_shutdown.connect

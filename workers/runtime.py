@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
 import threading
 import time
 from typing import Sequence
@@ -20,9 +19,6 @@ from tasks.redis_client import connect
 from workers.handlers import Handler, build_handler
 
 logger = logging.getLogger(__name__)
-
-MODELS_ENV = "IQ_WORKER_MODELS"
-
 
 def load_handler(spec: ModelSpec, device: str, settings: Settings,
                  memory_fraction: float = 0.0) -> Handler:
@@ -66,8 +62,18 @@ class ModelRuntime:
         for name in self.specs:
             self._load(name)
         self.state = State.READY
-        self._beat()
+        # The heartbeat thread first: a Redis that is away now must not stop the beats that
+        # will announce this child once it is back.
         threading.Thread(target=self._heartbeat, name="iq-heartbeat", daemon=True).start()
+        try:
+            self._beat()
+        except redis.RedisError as exc:
+            logger.warning("first heartbeat refused (%s); retrying every %gs", exc,
+                           self.settings.heartbeat_interval_s)
+
+    @property
+    def ready(self) -> bool:
+        return self.state is State.READY
 
     def _load(self, name: str) -> Handler:
         from workers.devices import device_for
@@ -140,7 +146,7 @@ _runtime: ModelRuntime | None = None
 def start_runtime(settings: Settings, specs: dict[str, ModelSpec], hostname: str,
                   index: int) -> ModelRuntime:
     global _runtime
-    wanted = [m for m in os.environ.get(MODELS_ENV, "").split(",") if m] or list(specs)
+    wanted = [m for m in settings.worker_models.split(",") if m] or list(specs)
     _runtime = ModelRuntime(settings, specs, wanted, hostname, index)
     _runtime.start()
     return _runtime

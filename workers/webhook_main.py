@@ -19,4 +19,4 @@ if not enabled(celery.conf.iq_settings.webhook_secret):
     raise SystemExit(f"the webhook deliverer will not start: {SECRET_MISSING}")
 celery.conf.task_queues = [Queue(QUEUE)]  # a worker started without -Q consumes deliveries
 register(celery)
-logs.configure_celery()
+logs.configure_celery(celery.conf.iq_settings.log_format)

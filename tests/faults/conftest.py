@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.stack import launch
+from scripts.stack import launch
 
 FAULT_MODELS = {
     "quick": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0, "max_batch_size": 16},

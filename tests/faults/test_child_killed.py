@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import signal
 
-from tests.support.services import wait_until
+from scripts.stack import wait_until
 
 
 def test_jobs_of_a_killed_pool_child_complete_after_redelivery(stack):

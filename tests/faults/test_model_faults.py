@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import requests
 
-from tests.support.services import wait_until
+from scripts.stack import wait_until
 
 
 def test_poison_input_fails_only_its_own_job(faults):

@@ -5,7 +5,7 @@ import uuid
 
 import requests
 
-from tests.support.services import wait_until
+from scripts.stack import wait_until
 
 
 def post(stack, body, headers=None):

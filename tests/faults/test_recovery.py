@@ -21,8 +21,7 @@ import pytest
 import redis
 import requests
 
-from tests.support.services import start_redis, start_worker, wait_until
-from tests.support.stack import Stack, launch
+from scripts.stack import Stack, launch, start_redis, start_worker, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import requests
 
-from tests.support.services import start_worker
-from tests.support.stack import launch
+from scripts.stack import launch, start_worker
 
 
 def test_a_nearly_full_redis_refuses_new_jobs_and_finishes_the_accepted(tmp_path):

@@ -13,8 +13,7 @@ import pytest
 import requests
 import yaml
 
-from tests.support.services import start_web, wait_until
-from tests.support.stack import launch
+from scripts.stack import launch, start_web, wait_until
 
 KEYS = {"a": "waiting-key-a-123456", "b": "waiting-key-b-654321"}
 MODEL = "parked"

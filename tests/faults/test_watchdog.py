@@ -13,8 +13,7 @@ import pytest
 import requests
 
 from tests.support.redis_proxy import RedisProxy
-from tests.support.services import start_worker, wait_until
-from tests.support.stack import launch
+from scripts.stack import launch, start_worker, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import pytest
 import requests
 import yaml
 
-from tests.support.stack import launch
+from scripts.stack import launch
 
 KEYS = {"alice": "alice-secret-key-1234", "bob": "bob-secret-key-5678",
         "carol": "carol-secret-key-9012", "dave": "dave-secret-key-3456"}

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from config import load_settings
 from tasks.celery_app import make_celery
-from tests.support.services import wait_until
+from scripts.stack import wait_until
 
 
 def test_jobs_submitted_together_share_model_calls(stack):

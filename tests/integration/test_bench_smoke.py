@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from tests.support.services import ROOT
+from scripts.stack import ROOT
 
 
 def test_quick_benchmark_writes_results_and_plot(tmp_path):

@@ -19,8 +19,7 @@ import yaml
 from inference_queue_client import (Client, Conflict, Forbidden, JobFailed, NotFound,
                                     Overloaded, Unauthorized, ValidationError)
 from tests.support.proxy import LossyProxy
-from tests.support.services import ROOT, start_redis, wait_until
-from tests.support.stack import launch
+from scripts.stack import ROOT, launch, start_redis, wait_until
 
 KEY, LIMITED_KEY, METERED_KEY = "client-key-1", "client-key-2", "client-key-3"
 MODELS = {

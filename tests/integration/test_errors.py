@@ -101,7 +101,7 @@ def test_redis_unreachable_is_503_within_seconds(tmp_path):
     import time
 
     from app import create_app
-    from tests.support.services import free_port
+    from scripts.stack import free_port
 
     app = create_app({"redis_url": f"redis://127.0.0.1:{free_port()}/0"})
     client = app.test_client()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from tests.support.services import start_flower, wait_until
+from scripts.stack import start_flower, wait_until
 
 AUTH = ("ops", "s3cret-test-password")
 

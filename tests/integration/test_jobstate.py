@@ -11,19 +11,11 @@ import redis
 
 from tasks.jobstate import (Final, IdempotencyMismatch, JobError, JobState, Overloaded,
                             QueuedMessage, Status)
-from tests.support.services import start_redis
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    svc = start_redis(tmp_path_factory.mktemp("jobstate"))
-    yield svc
-    svc.stop()
 
 
 @pytest.fixture
-def client(server):
-    client = redis.Redis.from_url(server.extra["url"], decode_responses=True)
+def client(redis_server):
+    client = redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
     client.flushdb()
     return client
 

@@ -13,7 +13,6 @@ import signal
 import stat
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -23,7 +22,7 @@ import requests
 import yaml
 
 from scripts.preflight import bind_error
-from tests.support.services import ROOT, free_port, start_redis, wait_until
+from scripts.stack import ROOT, free_port, start_redis, wait_until
 
 RUN = [str(ROOT / "scripts" / "run.sh")]
 PORTS = ("REDIS_PORT", "IQ_PORT", "FLOWER_PORT", "IQ_WORKER_METRICS_PORT")
@@ -227,7 +226,7 @@ def test_make_runs_own_redis_is_locked_and_bounded_and_a_second_run_starts_clean
         assert locked.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
         started = [" ".join(proc.cmdline()) for proc in first.processes()]
         for process in ("redis-server", "gunicorn", "workers.main worker --pool prefork",
-                        "workers.webhook_main worker --pool threads", "tasks.app flower"):
+                        "workers.webhook_main worker --pool threads", "tasks.cli flower"):
             assert any(process in cmd for cmd in started), started  # what must stop later
         assert not any(password in cmd for cmd in started)
         api = f"http://127.0.0.1:{env['IQ_PORT']}"

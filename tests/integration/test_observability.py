@@ -33,13 +33,13 @@ def _sample(text: str, name: str, **labels) -> float:
 
 
 def test_worker_metrics_are_summed_across_prefork_children(tmp_path):
-    from tests.support.stack import launch
+    from scripts.stack import launch
 
     models = {"syn2": {"kind": "synthetic", "base_ms": 50, "per_item_ms": 0,
                        "max_batch_size": 4, "max_inputs": 4}}
     stack = launch(tmp_path, models, {}, ready_models=[])
     try:
-        from tests.support.services import start_worker, wait_until
+        from scripts.stack import start_worker, wait_until
 
         stack.workers["two"] = start_worker("two", stack.env, tmp_path, ["syn2"],
                                             concurrency=2)
@@ -66,7 +66,7 @@ def test_grafana_dashboard_queries_only_metrics_that_exist(stack):
     import json
 
     from tests.support.metrics import exported, named_in
-    from tests.support.services import ROOT
+    from scripts.stack import ROOT
 
     dashboard = json.loads((ROOT / "docs/grafana/inference-queue.json").read_text())
     used = named_in("\n".join(t["expr"] for p in dashboard["panels"] for t in p["targets"]))

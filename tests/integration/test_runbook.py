@@ -20,8 +20,7 @@ import pytest
 import requests
 
 from tests.support.metrics import exported, named_in
-from tests.support.services import ROOT
-from tests.support.stack import launch
+from scripts.stack import ROOT, launch
 
 RUNBOOK = ROOT / "docs" / "troubleshooting.md"
 _BLOCK = re.compile(r"(?:<!-- runbook: (?P<mark>\w+) -->\n)?```(?P<lang>\w*)\n(?P<code>.*?)^```",

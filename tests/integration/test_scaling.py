@@ -9,8 +9,7 @@ import sys
 
 import pytest
 
-from tests.support.services import ROOT, start_worker, wait_until
-from tests.support.stack import launch
+from scripts.stack import ROOT, launch, start_worker, wait_until
 
 MODELS = {
     "shared": {"kind": "synthetic", "base_ms": 1000, "per_item_ms": 0, "max_batch_size": 2,
@@ -41,7 +40,7 @@ def node(name: str) -> str:
 
 
 def celery(stack, *args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks.app", *args],
+    out = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks.cli", *args],
                          cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=60)
     return out.stdout + out.stderr
 

@@ -9,8 +9,7 @@ import pytest
 import requests
 
 from tests.support.otlp import Receiver
-from tests.support.services import wait_until
-from tests.support.stack import launch
+from scripts.stack import launch, wait_until
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,11 @@ import pytest
 import redis
 
 from tasks import transport
-from tests.support.services import start_redis
 
 
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    server = start_redis(tmp_path_factory.mktemp("transport"))
-    yield server.extra["url"]
-    server.stop()
+@pytest.fixture
+def redis_url(redis_server):
+    return redis_server.extra["url"]
 
 
 def test_a_channel_reuses_one_client_and_follows_a_new_pool(redis_url):

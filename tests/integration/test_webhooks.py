@@ -11,8 +11,7 @@ import requests
 
 from tasks.webhooks import sign
 from tests.support.receivers import Receiver, Tarpit
-from tests.support.services import start_web, start_webhooks, wait_until
-from tests.support.stack import launch
+from scripts.stack import launch, start_web, start_webhooks, wait_until
 
 SECRET = "test-webhook-secret"
 TIMEOUT_S = 20  # a whole delivery; the tarpit test needs it well above its own bound

@@ -20,7 +20,4 @@ def exported(*urls: str) -> set[str]:
     families = set(re.findall(r"^# TYPE (\w+) ", scraped, re.M))
     from workers import metrics as worker_metrics
 
-    declared = {m._name + ("_total" if m._type == "counter" else "")
-                for m in vars(worker_metrics).values()
-                if hasattr(m, "_name") and hasattr(m, "_type")}
-    return families | declared
+    return families | worker_metrics.families()

@@ -8,7 +8,7 @@ import re
 import socket
 import threading
 
-from tests.support.services import free_port
+from scripts.stack import free_port
 
 _HEADERS_END = b"\r\n\r\n"
 
@@ -22,18 +22,11 @@ class LossyProxy:
         self._lock = threading.Lock()
         self._server = socket.create_server(("127.0.0.1", free_port()))
         self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=accept_forever, args=(self._server, self._serve),
+                         daemon=True).start()
 
     def close(self) -> None:
         self._server.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _record(self, head: bytes) -> None:
         text = head.decode("latin-1")
@@ -93,3 +86,14 @@ def _pipe(source: socket.socket, sink: socket.socket) -> None:
             sink.sendall(chunk)
     except OSError:
         pass
+
+
+def accept_forever(server: socket.socket, serve) -> None:
+    """Hand each connection `server` accepts to `serve` on a thread of its own, until the
+    server socket is closed. Start it on a daemon thread."""
+    while True:
+        try:
+            client, _ = server.accept()
+        except OSError:
+            return
+        threading.Thread(target=serve, args=(client,), daemon=True).start()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import socket
 import threading
 
-from tests.support.services import free_port
+from scripts.stack import free_port
+from tests.support.proxy import accept_forever
 
 # The head of a RESP3 push (">3": kind, channel, payload), stopping inside the channel name.
 HALF_A_MESSAGE = b">3\r\n$7\r\nmessage\r\n$20\r\nhalf-of-a-chan"
@@ -19,7 +20,8 @@ class RedisProxy:
         self.port = self._server.getsockname()[1]
         self._lock = threading.Lock()
         self._subscribed: list[tuple[socket.socket, threading.Event]] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        threading.Thread(target=accept_forever, args=(self._server, self._serve),
+                         daemon=True).start()
 
     def url(self, password: str) -> str:
         return f"redis://:{password}@127.0.0.1:{self.port}/0"
@@ -39,14 +41,6 @@ class RedisProxy:
             except OSError:
                 pass
         return len(cut)
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
         try:

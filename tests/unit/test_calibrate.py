@@ -8,7 +8,7 @@ import sys
 import yaml
 
 from config.models import ModelSpec
-from tests.support.services import ROOT
+from scripts.stack import ROOT
 from workers.calibrate import calibrate
 from workers.handlers.tensor import SyntheticHandler
 

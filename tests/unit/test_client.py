@@ -16,7 +16,7 @@ import pytest
 import inference_queue_client as iqc
 from inference_queue_client import cli
 from inference_queue_client.errors import api_error, parse_retry_after
-from tests.support.services import ROOT
+from scripts.stack import ROOT
 
 
 def b64(*values: float) -> str:

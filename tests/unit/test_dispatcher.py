@@ -1,0 +1,125 @@
+"""The dispatcher's order of things (workers/dispatcher.py), with a fake pool and timer: a
+freed child gets its next batch before the last batch is acknowledged, and a batch's acks go
+to Redis together."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from config import load_settings
+from config.models import parse_model
+from workers.dispatcher import PoolDispatcher
+from workers.execute import JobOutcome, Outcome
+
+
+class FakePool:
+    num_processes = 1
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def apply_async(self, fn, args, **kw) -> None:
+        self.calls.append({"args": args, **kw})
+
+
+class FakeTimer:
+    def __init__(self) -> None:
+        self.due: list[tuple[float, Any, tuple]] = []
+
+    def call_after(self, delay, fn, args=()):
+        self.due.append((delay, fn, args))
+        return SimpleNamespace(cancel=lambda: None)
+
+    def run_due(self) -> None:
+        due, self.due = self.due, []
+        for _delay, fn, args in due:
+            fn(*args)
+
+
+class FakeUnacked:
+    def __init__(self) -> None:
+        self.acked: list[list[str]] = []
+
+    def ack(self, tags) -> None:
+        if tags:
+            self.acked.append(list(tags))
+
+    def restore(self, tags) -> int:
+        return 0
+
+    def renew(self, tags, now=None) -> None:
+        pass
+
+    def record_kept(self) -> int:
+        return 0
+
+
+@dataclass(eq=False)
+class FakeRequest:
+    id: str
+    kwargs: dict = field(default_factory=lambda: {"inputs": ["x"]})
+    request_dict: dict = field(default_factory=dict)
+    delivery_info: dict = field(default_factory=dict)
+    acknowledged: bool = False
+
+    def __post_init__(self) -> None:
+        self.message = SimpleNamespace(delivery_tag=f"tag-{self.id}", channel=None)
+
+    def revoked(self) -> bool:
+        return False
+
+    def on_accepted(self, pid, time_accepted) -> None:
+        pass
+
+    def on_success(self, failed_retval_runtime) -> None:
+        self.acknowledge()
+
+    def acknowledge(self) -> None:
+        self._on_ack(None, None)
+        self.acknowledged = True
+
+
+def dispatcher() -> tuple[PoolDispatcher, FakePool, FakeTimer, FakeUnacked]:
+    pool, timer, unacked = FakePool(), FakeTimer(), FakeUnacked()
+    spec = parse_model("m", {"kind": "synthetic", "max_batch_size": 4}, base=None)
+    app = SimpleNamespace(conf=SimpleNamespace(
+        iq_settings=load_settings({"redis_url": "redis://127.0.0.1:1/0"}, environ={}),
+        iq_models={"m": spec}))
+    consumer = SimpleNamespace(app=app, pool=pool, timer=timer, connection=object(),
+                               hostname="w@test")
+    d = PoolDispatcher(consumer)
+    d.leases.unacked = unacked
+    d.scheduler.add_model("m", 4, 0.005)
+    return d, pool, timer, unacked
+
+
+def receive(d: PoolDispatcher, job_id: str) -> FakeRequest:
+    request = FakeRequest(job_id)
+    request._on_ack, _reject = d.callbacks(request.message)
+    d.leases.hold(request.message)
+    d.submit("m", request)
+    return request
+
+
+def test_a_freed_child_gets_its_next_batch_before_the_last_one_is_acknowledged():
+    d, pool, timer, unacked = dispatcher()
+    first = receive(d, "a")
+    assert [r[0] for r in pool.calls[0]["args"][1]] == ["a"]  # idle worker: at once
+    second, third = receive(d, "b"), receive(d, "c")
+    assert len(pool.calls) == 1  # the only child is busy: they wait in the buffer
+
+    pool.calls[0]["callback"]([JobOutcome("a", Outcome.SUCCEEDED, 0.1, 1)])
+    # The next batch went to the child at once; the last one's acks wait for the timer.
+    assert [r[0] for r in pool.calls[1]["args"][1]] == ["b", "c"]
+    assert unacked.acked == [] and not first.acknowledged
+    assert [delay for delay, _fn, _args in timer.due] == [0.001]
+
+    timer.run_due()
+    assert unacked.acked == [["tag-a"]] and first.acknowledged
+
+    pool.calls[1]["callback"]([JobOutcome("b", Outcome.SUCCEEDED, 0.1, 1),
+                               JobOutcome("c", Outcome.SUCCEEDED, 0.1, 1)])
+    timer.run_due()
+    assert unacked.acked[-1] == ["tag-b", "tag-c"]  # one round trip for the batch
+    assert second.acknowledged and third.acknowledged
