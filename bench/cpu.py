@@ -11,7 +11,8 @@ as `python -m bench` does. Flows: `prefer-wait` (one POST held with `Prefer: wai
 `get-wait` (POST, then GET ?wait); `--baseline` adds that commit's service, in its own
 benchmark's flow (get-wait) unless `--flows` names more. With `--profile DIR`, one more round
 per point runs with py-spy on the API and the worker's main process (not counted in the CPU
-figures: sampling costs CPU) and the costliest functions are reported per job. Prints one
+figures: sampling costs CPU) and the CPU per job measured in the counted rounds is shared out
+by the samples: by function, and by what it was for. Prints one
 JSON object. The worker's batch metrics exist for this service's worker only (not for the
 celery-batches peer).
 """
@@ -91,8 +92,9 @@ class Point:
         for spy in spies:
             spy.wait(30)
         rules = {"api": profile.API_COSTS, "worker main": profile.WORKER_COSTS}
-        return {name: {**profile.top(path, result["jobs"]),
-                       "by_cost": profile.costs(path, result["jobs"], rules[name])}
+        measured = self.usage.report()["cpu_ms_per_job"]  # of the counted rounds
+        return {name: {**profile.top(path, measured[name]),
+                       "by_cost": profile.costs(path, measured[name], rules[name])}
                 for name, path in files.items() if path.exists()}
 
     def report(self, clients: int) -> dict:

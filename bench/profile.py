@@ -1,6 +1,11 @@
 """Where a process's CPU goes under load: py-spy samples it (`py-spy record --format raw`,
-collapsed stacks), and `top` turns the samples into milliseconds of CPU per job, by
-function (self: the function itself; total: it and what it calls).
+collapsed stacks), and `top` and `costs` share out the CPU per job measured for that process
+(from /proc, not from the samples) by function (self: the function itself; total: it and
+what it calls) and by what it was for.
+
+Sample counts alone do not give CPU: py-spy's idle detection is a heuristic and a thread of
+a gthread server that waits in a C call can be counted as running. So the samples give only
+the shares, and the measured CPU the milliseconds.
 
 Used by `python -m bench.cpu --profile DIR`; the raw files stay in DIR for a flame graph
 (`flamegraph.pl`, speedscope).
@@ -27,12 +32,11 @@ def py_spy() -> str:
 
 
 def record(pid: int, seconds: float, out: Path) -> subprocess.Popen:
-    """Sample `pid` for `seconds` in the background (only the threads on CPU). py-spy pauses
-    the process for each sample: without that, a sample taken while the stack changes is
-    torn and lands in the wrong function."""
+    """Sample `pid` for `seconds` in the background, only the threads on CPU, without pausing
+    it (a paused process's threads all look stopped, so idle ones are sampled too)."""
     return subprocess.Popen([py_spy(), "record", "--pid", str(pid), "--duration",
                              str(max(1, round(seconds))), "--rate", str(RATE), "--format",
-                             "raw", "--output", str(out)],
+                             "raw", "--nonblocking", "--output", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -83,17 +87,27 @@ WORKER_COSTS = [
 ]
 
 
+# Leaves of a thread that waits rather than runs, when py-spy's idle check misses it: a
+# thread pool's worker blocked in its queue's C `get`, a lock or a selector.
+_WAITING = re.compile(r"^(_worker \(concurrent/futures/thread\.py|wait \(threading\.py|"
+                      r"select \(selectors\.py|EpollSelector\.select|_epoll\.poll)")
+
+
 def _stacks(raw: Path) -> list[tuple[list[str], int]]:
     out = []
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if stack and count.isdigit():
-            out.append((stack.split(";"), int(count)))
+            frames = stack.split(";")
+            if not _WAITING.match(frames[-1].strip()):
+                out.append((frames, int(count)))
     return out
 
 
-def costs(raw: Path, jobs: int, rules: list[tuple[str, str]]) -> list[tuple[str, float]]:
-    """ms of CPU per job by what it was for (`rules`: name, pattern), costliest first."""
+def costs(raw: Path, cpu_ms_per_job: float,
+          rules: list[tuple[str, str]]) -> list[tuple[str, float]]:
+    """The process's measured `cpu_ms_per_job` shared out by what it was for (`rules`: name,
+    pattern) in proportion to the samples, costliest first."""
     compiled = [(name, re.compile(pattern)) for name, pattern in rules]
     tiers = (compiled[:-FALLBACKS], compiled[-FALLBACKS:])
     found: Counter[str] = Counter()
@@ -101,12 +115,13 @@ def costs(raw: Path, jobs: int, rules: list[tuple[str, str]]) -> list[tuple[str,
         name = next((name for tier in tiers for frame in reversed(frames)
                      for name, rule in tier if rule.search(frame)), "other")
         found[name] += count
-    per_job = 1000 / RATE / max(jobs, 1)
-    return [(name, round(c * per_job, 3)) for name, c in found.most_common()]
+    per_sample = cpu_ms_per_job / max(sum(found.values()), 1)
+    return [(name, round(c * per_sample, 3)) for name, c in found.most_common()]
 
 
-def top(raw: Path, jobs: int, n: int = 15) -> dict:
-    """The `n` costliest functions of a raw py-spy file in ms of CPU per job: by total
+def top(raw: Path, cpu_ms_per_job: float, n: int = 15) -> dict:
+    """The `n` costliest functions of a raw py-spy file, in shares of the process's measured
+    `cpu_ms_per_job`: by total
     (inclusive; leaving out the frames nearly every sample passes through, the server's and
     the event loop's own), by self time, and this project's own functions by total."""
     totals: Counter[str] = Counter()
@@ -121,12 +136,12 @@ def top(raw: Path, jobs: int, n: int = 15) -> dict:
             totals[f] += c
         if frames:
             selves[frames[-1]] += c
-    per_job = 1000 / RATE / max(jobs, 1)
+    per_job = cpu_ms_per_job / max(samples, 1)
 
     def ms(counter: Counter[str]) -> list[tuple[str, float]]:
         return [(name, round(c * per_job, 3)) for name, c in counter.most_common(n)]
 
     shared = Counter({f: c for f, c in totals.items() if c < 0.9 * samples})
     ours = Counter({f: c for f, c in totals.items() if any(p in f for p in PROJECT)})
-    return {"samples": samples, "cpu_ms_per_job": round(samples * per_job, 3),
+    return {"samples": samples, "cpu_ms_per_job": cpu_ms_per_job,
             "total": ms(shared), "self": ms(selves), "project": ms(ours)}
