@@ -4,6 +4,8 @@ answer."""
 from __future__ import annotations
 
 import json
+import time
+from contextlib import ExitStack
 from typing import Any
 
 from flask import Response, current_app, g, jsonify, request
@@ -14,8 +16,9 @@ from app import auth, uploads
 from app.docs import UPLOAD_QUERY, Blueprint, Error, Job, JobAccepted, job_request_body
 from app.errors import (Conflict, MalformedRequest, NotFound, PayloadTooLarge, TooManyWaits,
                         UnsupportedMediaType, ValidationFailed)
-from app.store import WaitRefused, parse_job_id
+from app.store import WaitRefused, new_job_id, parse_job_id
 from app.submission import Accepted, Caller
+from app.waiter import NoSlot
 from config import Settings
 from config.models import ModelSpec
 from tasks.jobstate import JobRecord, Status
@@ -80,23 +83,44 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
     return response
 
 
-def _accepted(accepted: Accepted, max_wait_s: float) -> Response:
-    """202 with the job's URL; or, with `Prefer: wait`, 201 with the job once it finished
-    within the wait. A wait that finds no free slot is not applied: 202 at once."""
+def _accepted(accepted: Accepted, finished: JobRecord | None = None,
+              wait: float | None = None) -> Response:
+    """202 with the job's URL; or 201 with the job when it `finished` within a `Prefer: wait`.
+    `wait`: the wait applied (None: none was asked, or no wait slot was free)."""
     job, url = accepted.job, f"/v1/jobs/{accepted.job.id}"
     headers = {"Location": url}
-    wait = _preferred_wait(max_wait_s)
     if wait is not None:
-        try:
-            finished = _ext("iq.store").wait(job.id, wait, auth.current_owner())
-            headers["Preference-Applied"] = f"wait={wait:g}"
-        except WaitRefused:
-            finished = None
-        if finished is not None and finished.terminal:
-            return _json({**job_body(finished), "url": url}, 201, headers)
+        headers["Preference-Applied"] = f"wait={wait:g}"
+    if finished is not None and finished.terminal:
+        return _json({**job_body(finished), "url": url}, 201, headers)
     return _json({"id": job.id, "status": job.status.value, "model": accepted.spec.name,
                   "created_at": job.fields.get("created_at"), "url": url,
                   "trace_id": job.fields.get("trace_id", g.trace_id)}, 202, headers)
+
+
+def _submit_and_wait(caller: Caller, wait: float) -> Response:
+    """`Prefer: wait`: the job submitted under a watch started before it exists, so the wait
+    needs no read until the job's finish is announced. With every wait slot taken the job is
+    still submitted, and answered 202 at once."""
+    store, submitter = _ext("iq.store"), _ext("iq.submitter")
+    deadline = time.monotonic() + wait
+    job_id = new_job_id()
+    finished: JobRecord | None = None
+    with ExitStack() as watching:
+        try:
+            watch = watching.enter_context(store.watch(job_id, caller.owner))
+        except NoSlot:
+            watch = None
+        accepted = submitter.submit(caller, _request_body, job_id=job_id)
+        if watch is not None and accepted.created:
+            finished = watch.until_terminal(accepted.job, deadline)
+    if watch is not None and not accepted.created:  # an earlier job of its Idempotency-Key
+        try:
+            finished = store.wait(accepted.job.id, max(deadline - time.monotonic(), 0.001),
+                                  caller.owner)
+        except WaitRefused:
+            watch = None
+    return _accepted(accepted, finished, wait if watch is not None else None)
 
 
 def blueprint(settings: Settings, models: dict[str, ModelSpec]) -> Blueprint:
@@ -131,7 +155,10 @@ def blueprint(settings: Settings, models: dict[str, ModelSpec]) -> Blueprint:
     @bp.alt_response(503, schema=Error, description="Redis unreachable")
     def submit_job():
         caller = Caller(auth.current_key(), g.trace_id, request.headers.get("Idempotency-Key"))
-        return _accepted(_ext("iq.submitter").submit(caller, _request_body), max_wait_s)
+        wait = _preferred_wait(max_wait_s)
+        if wait is not None:
+            return _submit_and_wait(caller, wait)
+        return _accepted(_ext("iq.submitter").submit(caller, _request_body))
 
     @bp.get("/jobs/<job_id>")
     @bp.arguments(WaitArgs, location="query", as_kwargs=True)

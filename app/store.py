@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 import uuid
-from typing import Any, Iterable
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
 
 from celery import Celery
 
@@ -34,12 +36,38 @@ class WaitRefused(Exception):
 REDIS_CONNECTIONS = 64
 
 
+def new_job_id() -> str:
+    return str(uuid.uuid4())
+
+
 def parse_job_id(raw: str) -> str | None:
     """Canonical job id, or None when `raw` cannot be one we issued (no Redis lookup needed)."""
     try:
         return str(uuid.UUID(raw)) if len(raw) == 36 else None
     except ValueError:
         return None
+
+
+class Watch:
+    """A started watch on one job (JobStore.watch)."""
+
+    def __init__(self, store: JobStore, job_id: str, finished: threading.Event) -> None:
+        self.store, self.job_id, self.finished = store, job_id, finished
+
+    def until_terminal(self, job: JobRecord | None, deadline: float) -> JobRecord | None:
+        """From `job` as last read (or written), the job once it is terminal or at
+        `deadline` (time.monotonic()), reading it again only when woken. While the listener
+        is away (Redis reconnecting) the job is read every second, and once more when it is
+        back."""
+        subscribed = self.store.waiter.subscribed
+        while job is not None and not job.terminal:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self.finished.wait(remaining if subscribed.is_set() else min(remaining, 1.0))
+            self.finished.clear()
+            job = self.store.get(self.job_id)
+        return job
 
 
 class JobStore:
@@ -63,12 +91,12 @@ class JobStore:
         return (self.redis.hget(job_key(job_id), "owner") or "") == owner
 
     def submit(self, spec: ModelSpec, job: dict, trace_id: str,
-               idempotency_key_: str | None = None,
-               owner: str = "") -> tuple[JobRecord, bool]:
-        """Record and queue a job, atomically (tasks/jobstate.py). Returns (job, created); with
-        an Idempotency-Key seen before, the earlier job and False. Raises Overloaded or
-        IdempotencyMismatch, or StoreFull."""
-        job_id = str(uuid.uuid4())
+               idempotency_key_: str | None = None, owner: str = "",
+               job_id: str | None = None) -> tuple[JobRecord, bool]:
+        """Record and queue a job, atomically (tasks/jobstate.py), under `job_id` (a new id by
+        default). Returns (job, created); with an Idempotency-Key seen before, the earlier
+        job and False. Raises Overloaded or IdempotencyMismatch, or StoreFull."""
+        job_id = job_id or new_job_id()
         kwargs: dict[str, Any] = {"inputs": job["inputs"], "options": job["options"],
                                   "submitted_at": time.time()}
         if job.get("webhook"):
@@ -119,27 +147,25 @@ class JobStore:
             return None
         return job
 
+    @contextmanager
+    def watch(self, job_id: str, owner: str) -> Iterator[Watch]:
+        """A watch on the job's finish for the block's life, taking a wait slot of `owner`'s
+        (raises NoSlot when none is free). Started before a job is submitted, it needs no read
+        before waiting: a finish after it started cannot be missed."""
+        with self.waiter.watch(job_id, owner) as finished:
+            yield Watch(self, job_id, finished)
+
     def wait(self, job_id: str, timeout_s: float, owner: str) -> JobRecord | None:
         """The job once it is terminal or `timeout_s` has passed; None at once when there is
         no such job of `owner`'s. Woken by the job's done channel rather than by polling;
-        the watch starts before the first read, so a finish in between is not missed. While
-        the listener is away (Redis reconnecting) the job is read again every second, and
-        once more when it is back. Raises WaitRefused, at once, when the job is not finished
-        and every wait slot (of the process or of `owner`) is taken."""
+        the watch starts before the first read, so a finish in between is not missed. Raises
+        WaitRefused, at once, when the job is not finished and every wait slot (of the
+        process or of `owner`) is taken."""
         deadline = time.monotonic() + timeout_s
-        subscribed = self.waiter.subscribed
         try:
-            with self.waiter.watch(job_id, owner) as finished:
-                subscribed.wait(min(timeout_s, self.settings.redis_timeout_s))
-                job = self.get(job_id, owner)
-                while job is not None and not job.terminal:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    finished.wait(remaining if subscribed.is_set() else min(remaining, 1.0))
-                    finished.clear()
-                    job = self.get(job_id)
-                return job
+            with self.watch(job_id, owner) as watch:
+                self.waiter.subscribed.wait(min(timeout_s, self.settings.redis_timeout_s))
+                return watch.until_terminal(self.get(job_id, owner), deadline)
         except NoSlot as exc:
             job = self.get(job_id, owner)
             if job is None or job.terminal:

@@ -62,9 +62,11 @@ class Submitter:
     def _refused(self, model: str, reason: str) -> None:
         self.metrics.rejected.labels(model if model in self.models else "unknown", reason).inc()
 
-    def submit(self, caller: Caller, read_body: Callable[[], object]) -> Accepted:
-        """Check and queue one job; `read_body` gives the request's body as a job dict (or
-        whatever JSON was sent) and is called only once the key's rate allows."""
+    def submit(self, caller: Caller, read_body: Callable[[], object],
+               job_id: str | None = None) -> Accepted:
+        """Check and queue one job, under `job_id` if given; `read_body` gives the request's
+        body as a job dict (or whatever JSON was sent) and is called only once the key's
+        rate allows."""
         try:
             auth.check_rate(self.store.redis, caller.key)
         except RateLimited:
@@ -92,7 +94,7 @@ class Submitter:
                 raise ValidationFailed("the job is invalid", fields=exc.fields) from None
         try:
             submitted, created = self.store.submit(spec, job, caller.trace_id, key,
-                                                   owner=caller.owner)
+                                                   owner=caller.owner, job_id=job_id)
         except Overloaded:
             self._refused(spec.name, "queue_full")
             raise TooManyJobs(f"the queue of {spec.name} is full "
@@ -107,7 +109,7 @@ class Submitter:
                               retry_after=30) from None
         if created:
             self.metrics.submitted.labels(spec.name).inc()
-            logger.info("job %s accepted: model=%s inputs=%d priority=%s", submitted.id,
+            logger.debug("job %s accepted: model=%s inputs=%d priority=%s", submitted.id,
                         spec.name, len(job["inputs"]), job["priority"])
         return Accepted(submitted, spec, created)
 

@@ -12,22 +12,27 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import psutil
+import redis
 import requests
 import yaml
 
+from bench import baseline
 from bench.load import percentile
 from bench.raw import batch_sizes
 from bench.report import evaluate_targets, plot, render_readme
-from scripts.stack import start_redis, start_web, start_worker, wait_until
+from bench.usage import Meter, Usage
+from scripts import stack as launcher
+from scripts.stack import wait_until
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -48,10 +53,31 @@ class Config:
     max_batch_size: int | None = None  # None: the model's default
     flush_every: int = 0
     flush_interval: float = 0.0
+    # Another commit's tree (bench/baseline.py), started by its own launcher; None: this one.
+    tree: str | None = None
+    # The clients' flow (FLOWS); None: the run's.
+    flow: str | None = None
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9.-]+", "-", self.name).strip("-")
 
 
-def configs_for(model: dict) -> list[Config]:
-    return [
+# A job's requests: one POST held with `Prefer: wait` (the default: one request a job, the
+# cheapest), or a POST and then GET ?wait (the flow the README documented before).
+FLOWS = ("prefer-wait", "get-wait")
+
+
+def configs_for(model: dict, baseline_rev: str | None = None) -> list[Config]:
+    """The configurations compared. With `baseline_rev`, that commit's service twice: with
+    the clients of its own benchmark (POST, then GET ?wait), named after it, and with this
+    benchmark's one-request clients."""
+    extra = []
+    if baseline_rev:
+        tree = str(baseline.checkout(baseline_rev))
+        extra = [Config(baseline_rev, tree=tree, flow="get-wait"),
+                 Config(f"{baseline_rev} prefer-wait", tree=tree, flow="prefer-wait")]
+    return extra + [
         Config("service"),
         Config("no-batching", max_batch_size=1),
         Config("celery-batches", app="bench.peer_worker", flush_every=model["max_batch_size"],
@@ -62,11 +88,11 @@ def configs_for(model: dict) -> list[Config]:
 
 
 def run_load(url: str, model: str, clients: int, inputs: int, duration: float,
-             warmup: float, prefer_wait: bool = False) -> dict:
+             warmup: float, flow: str = FLOWS[0]) -> dict:
     out = subprocess.run(
         [sys.executable, "-m", "bench.load", "--url", url, "--model", model, "--clients",
          str(clients), "--inputs", str(inputs), "--duration", str(duration), "--warmup",
-         str(warmup)] + (["--prefer-wait"] if prefer_wait else []),
+         str(warmup), "--flow", flow],
         capture_output=True, text=True, check=True, cwd=HERE.parent)
     return json.loads(out.stdout)
 
@@ -160,27 +186,53 @@ class Stack:
     url: str
     web_pid: int
 
+    def meter(self) -> Meter:
+        """CPU of each process group and Redis's commands, around a round of load."""
+        redis_svc, worker, _web = self.services
+        main = psutil.Process(worker.proc.pid)
+        return Meter({"redis": [psutil.Process(redis_svc.proc.pid)], "worker main": [main],
+                      "worker child": main.children(recursive=True),
+                      "api": api_processes(self.web_pid)},
+                     redis.Redis.from_url(redis_svc.extra["url"]))
+
+    def load(self, model: str, clients: int, inputs: int, args, usage: Usage | None = None,
+             duration: float | None = None, warmup: float | None = None) -> dict:
+        """A round of closed-loop load in this configuration's client flow; what it cost
+        added to `usage`."""
+        flow = self.config.flow or args.flow
+        with self.meter() as meter:
+            result = run_load(self.url, model, clients, inputs,
+                              args.duration if duration is None else duration,
+                              args.warmup if warmup is None else warmup, flow)
+        if usage is not None:
+            usage.add(meter.cpu, meter.calls, result["jobs"])
+        return result
+
     def stop(self) -> None:
         for svc in reversed(self.services):
             svc.stop()
 
 
 def start_stack(workdir: Path, model: str, spec: dict, config: Config, args) -> Stack:
-    models_file = workdir / f"{model}-{config.name}.yaml"
+    models_file = workdir / f"{model}-{config.slug}.yaml"
     declared = dict(spec)
     if config.max_batch_size:
         declared["max_batch_size"] = config.max_batch_size
     models_file.write_text(yaml.safe_dump({"models": {model: declared}}))
-    redis_svc = start_redis(workdir)
+    launch = baseline.launcher(Path(config.tree)) if config.tree else launcher
+    redis_svc = launch.start_redis(workdir)
     env = dict(os.environ, REDIS_URL=redis_svc.extra["url"], IQ_MODELS_FILE=str(models_file),
                HF_HUB_OFFLINE="1", IQ_HEARTBEAT_INTERVAL_S="0.5", IQ_LOG_LEVEL="WARNING",
                BENCH_FLUSH_EVERY=str(config.flush_every),
                BENCH_FLUSH_INTERVAL=str(config.flush_interval))
     services = [redis_svc]
     try:
-        services.append(start_worker(f"bench-{model}-{config.name}", env, workdir, [model],
-                                     app=config.app))
-        web = start_web(env, workdir)
+        services.append(launch.start_worker(f"bench-{model}-{config.slug}", env, workdir,
+                                            [model], app=config.app))
+        # An earlier commit's API as that commit's benchmark ran it (a gthread API before the
+        # gevent one: a thread per client and some to spare).
+        web = launch.start_web(env, workdir, threads=max(args.clients) + 8) if config.tree \
+            else launch.start_web(env, workdir)
         services.append(web)
     except Exception:
         for svc in reversed(services):
@@ -189,13 +241,24 @@ def start_stack(workdir: Path, model: str, spec: dict, config: Config, args) -> 
     return Stack(config, services, web.extra["url"], web.proc.pid)
 
 
+def raw_beside(clients: int, inputs: int, max_batch_size: int) -> tuple[str, int] | None:
+    """The raw model batch a point's targets compare it with, measured in the point's own
+    rounds: batch 1 beside the lone job, batch 16 beside 16 one-input clients, the largest
+    batch beside the 32-input jobs."""
+    if inputs > 1:
+        return "multi", max_batch_size
+    if clients in (1, 16):
+        return ("lone" if clients == 1 else "16 clients"), min(clients, max_batch_size)
+    return None
+
+
 def bench_model(workdir: Path, model: str, spec: dict, configs: list[Config], raw: RawServer,
                 args) -> tuple[dict, dict]:
     """Every configuration's stack up at once, idle but for the one being measured; each
     point is measured in rounds that visit the configurations in turn (in a rotating
     order), so a slow spell of the machine falls on all of them alike. The raw model takes
-    its turn too where a target compares against it: batch 1 beside the lone job, the
-    largest batch beside the 32-input jobs."""
+    its turn too where a target compares against it (`raw_beside`). Each round also counts
+    the CPU of every process of the stack measured and its Redis's commands."""
     stacks: list[Stack] = []
     side_by_side: dict[str, dict] = {}
     try:
@@ -209,35 +272,35 @@ def bench_model(workdir: Path, model: str, spec: dict, configs: list[Config], ra
         points = [(clients, 1) for clients in args.clients] + [(args.multi_clients, 32)]
         for clients, inputs in points:
             rounds: dict[str, list[dict]] = {s.config.name: [] for s in stacks}
-            raw_size = 1 if (clients, inputs) == (1, 1) else (
-                raw.max_batch_size if inputs > 1 else None)
+            usage = {s.config.name: Usage() for s in stacks}
+            beside = raw_beside(clients, inputs, raw.max_batch_size)
             raw_rounds: list[dict] = []
             for r in range(args.rounds):
-                turns = [(s.config.name, s.url) for s in stacks]
-                if raw_size:
-                    turns.append(("raw", None))
-                for name, url in turns[r % len(turns):] + turns[:r % len(turns)]:
-                    if url is None:
-                        raw_rounds.append(raw.measure(raw_size, args.duration))
+                turns: list[Stack | None] = [*stacks, *([None] if beside else [])]
+                for stack in turns[r % len(turns):] + turns[:r % len(turns)]:
+                    if stack is None:
+                        raw_rounds.append(raw.measure(beside[1], args.duration))
                     else:
-                        rounds[name].append(run_load(url, model, clients, inputs,
-                                                     args.duration, args.warmup,
-                                                     args.prefer_wait))
+                        name = stack.config.name
+                        rounds[name].append(stack.load(model, clients, inputs, args,
+                                                       usage[name]))
             label = f"{clients:3} clients" if inputs == 1 else "32-input jobs"
             for stack in stacks:
-                point = pool(rounds[stack.config.name])
-                print(f"  {model:13} {stack.config.name:21} {label}: "
+                name = stack.config.name
+                point = {**pool(rounds[name]), **usage[name].report()}
+                print(f"  {model:13} {name:21} {label}: "
                       f"{point['items_per_s']:8.1f} items/s  p50 {point['p50_ms']:7.1f} ms  "
-                      f"p99 {point['p99_ms']:7.1f} ms  rounds {point['rounds_items_per_s']}",
-                      flush=True)
+                      f"p99 {point['p99_ms']:7.1f} ms  queue-path CPU "
+                      f"{point['queue_path_cpu_ms_per_job']:.2f} ms/job  "
+                      f"rounds {point['rounds_items_per_s']}", flush=True)
                 if inputs == 1:
-                    results[stack.config.name]["sweep"].append(point)
+                    results[name]["sweep"].append(point)
                 else:
-                    results[stack.config.name]["multi"] = point
+                    results[name]["multi"] = point
             if raw_rounds:
                 pooled = pool_raw(raw_rounds)
-                side_by_side["lone" if inputs == 1 else "multi"] = pooled
-                print(f"  {model:13} {'raw model, batch ' + str(raw_size):21} {label}: "
+                side_by_side[beside[0]] = pooled
+                print(f"  {model:13} {'raw model, batch ' + str(beside[1]):21} {label}: "
                       f"{pooled['items_per_s']:8.1f} items/s  call {pooled['call_ms']:7.1f} ms"
                       f"  rounds {pooled['rounds_items_per_s']}", flush=True)
         service = next((s for s in stacks if s.config.name == "service"), None)
@@ -263,9 +326,12 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=None, help="seconds per round")
     p.add_argument("--rounds", type=int, default=None, help="rounds per point")
     p.add_argument("--no-rss", action="store_true", help="skip the 20,000-job memory run")
-    p.add_argument("--prefer-wait", action="store_true",
-                   help="clients submit with Prefer: wait (one request a job) instead of "
-                        "POST then GET ?wait")
+    p.add_argument("--baseline", metavar="COMMIT", default=None,
+                   help="also measure this commit's service, side by side (its tree is "
+                        "exported under var/bench-baseline/)")
+    p.add_argument("--flow", choices=FLOWS, default=FLOWS[0],
+                   help="the clients' requests a job: one POST with Prefer: wait (default), "
+                        "or POST then GET ?wait")
     a = p.parse_args()
     clients, duration, rounds = a.clients, a.duration, a.rounds
     if a.quick:
@@ -287,11 +353,13 @@ def main() -> int:
     report = {
         "name": name, "quick": a.quick,
         "command": "python -m bench" + (" --quick" if a.quick else "")
-                   + (" --prefer-wait" if a.prefer_wait else ""),
+                   + (f" --flow {a.flow}" if a.flow != FLOWS[0] else "")
+                   + (f" --baseline {a.baseline}" if a.baseline else ""),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "baseline": a.baseline,
         "method": {"rounds": a.rounds, "seconds_per_round": a.duration,
                    "warmup_s": a.warmup,
-                   "flow": "POST Prefer: wait" if a.prefer_wait else "POST, GET ?wait"},
+                   "flow": "POST Prefer: wait" if a.flow == "prefer-wait" else "POST, GET ?wait"},
         "machine": {"cpus": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total
                                                                 / 2**30, 1),
                     "platform": platform.platform(), "python": platform.python_version()},
@@ -302,7 +370,8 @@ def main() -> int:
             spec = MODELS[model]
             models_file = workdir / f"{model}.yaml"
             models_file.write_text(yaml.safe_dump({"models": {model: spec}}))
-            configs = [c for c in configs_for(spec) if not a.configs or c.name in a.configs]
+            configs = [replace(c, flow=c.flow or a.flow) for c in configs_for(spec, a.baseline)
+                       if not a.configs or c.name in a.configs or c.tree]
             raw = RawServer(models_file, model)
             try:
                 ceiling = raw.sweep(a.raw_seconds)

@@ -1,7 +1,8 @@
 """Closed-loop load generator, run in a process of its own: N clients, each submitting a job
-over HTTP and waiting for its result before submitting the next: `POST /v1/jobs`, then
-`GET /v1/jobs/<id>?wait=30` (the flow the README documents). With `--prefer-wait` a job is one
-request instead: a POST with `Prefer: wait=30`, answered with the finished job.
+over HTTP and waiting for its result before submitting the next: one request a job, a
+`POST /v1/jobs` with `Prefer: wait=30`, answered with the finished job (the cheapest flow,
+the one the README shows first); with `--flow get-wait`, `POST /v1/jobs` and then
+`GET /v1/jobs/<id>?wait=30`.
 
     python -m bench.load --url http://127.0.0.1:8000 --model minilm-embed --clients 16 \
         --inputs 1 --duration 10
@@ -40,7 +41,7 @@ def make_inputs(model_kind: str, n: int, seed: int) -> list:
 
 class Client(threading.Thread):
     def __init__(self, url: str, model: str, kind: str, inputs: int, stop_at: float,
-                 seed: int, prefer_wait: bool = False) -> None:
+                 seed: int, prefer_wait: bool = True) -> None:
         super().__init__(daemon=True)
         parsed = urlparse(url)
         self.host, self.port = parsed.hostname, parsed.port
@@ -95,7 +96,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_load(url: str, model: str, kind: str, clients: int, inputs: int, duration: float,
-             warmup: float, prefer_wait: bool = False) -> dict:
+             warmup: float, prefer_wait: bool = True) -> dict:
     start = time.monotonic()
     stop_at = start + warmup + duration
     threads = [Client(url, model, kind, inputs, stop_at, seed=1000 * c,
@@ -129,11 +130,12 @@ def main() -> None:
     p.add_argument("--inputs", type=int, default=1)
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=1.0)
-    p.add_argument("--prefer-wait", action="store_true",
-                   help="one request a job: POST with Prefer: wait=30")
+    p.add_argument("--flow", choices=["prefer-wait", "get-wait"], default="prefer-wait",
+                   help="a job's requests: one POST with Prefer: wait=30, or POST then "
+                        "GET ?wait=30")
     a = p.parse_args()
     print(json.dumps(run_load(a.url, a.model, a.kind, a.clients, a.inputs, a.duration,
-                              a.warmup, a.prefer_wait)))
+                              a.warmup, a.flow == "prefer-wait")))
 
 
 if __name__ == "__main__":

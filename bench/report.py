@@ -17,13 +17,16 @@ def _point(report: dict, model: str, config: str, clients: int) -> dict | None:
 
 
 def _raw(report: dict, model: str, point: str) -> dict | None:
-    """The raw model beside the `point` ("lone": batch 1, "multi": the largest batch): as
-    measured in the same rounds as the services where it was, else from the sweep."""
+    """The raw model beside the `point` ("lone": batch 1, "16 clients": batch 16, "multi": the
+    largest batch): as measured in the same rounds as the services where it was, else from
+    the sweep."""
     raw = report["models"].get(model, {}).get("raw", {})
     measured = (raw.get("side_by_side") or {}).get(point)
     rows = raw.get("batches") or []
     if measured or not rows:
         return measured
+    if point == "16 clients":
+        return next((r for r in rows if r["batch_size"] == 16), None)
     return rows[0] if point == "lone" else rows[-1]
 
 
@@ -74,11 +77,51 @@ def evaluate_targets(report: dict) -> list[dict[str, Any]]:
                multi["items_per_s"] / raw_max["items_per_s"], 0.85, ">=",
                f"{multi['items_per_s']:.0f} vs {raw_max['items_per_s']:.0f} items/s "
                f"(batch {raw_max['batch_size']})")
+    _issue14_targets(report, target)
     rss = report["models"].get("synthetic", {}).get("configs", {}).get("service", {}).get("rss")
     if rss:
         target(f"API RSS growth over {rss['jobs']} jobs (MB)", rss["growth_mb"], 50, "<=",
                f"{rss['rss_before_mb']:.0f} → {rss['rss_after_mb']:.0f} MB")
     return out
+
+
+def _issue14_targets(report: dict, target) -> None:
+    """The queue path's cost against an earlier commit (`--baseline`), measured in the same
+    run: as that commit's benchmark ran it (POST, then GET ?wait) and with the same
+    one-request clients as this service; and the service against its raw model."""
+    syn, m = "synthetic", "minilm-embed"
+    lone, raw1 = _point(report, syn, "service", 1), _raw(report, syn, "lone")
+    if lone and raw1:
+        target("synthetic lone job: p50 - raw batch-1 time (ms)",
+               lone["p50_ms"] - raw1["call_ms"], 5, "<=",
+               f"p50 {lone['p50_ms']:.1f} ms, raw batch-1 {raw1['call_ms']:.1f} ms")
+    svc16, raw16 = _point(report, m, "service", 16), _raw(report, m, "16 clients")
+    if svc16 and raw16:
+        target("minilm 16 clients: items/s vs raw model at batch 16",
+               svc16["items_per_s"] / raw16["items_per_s"], 0.5, ">=",
+               f"{svc16['items_per_s']:.0f} vs {raw16['items_per_s']:.0f} items/s")
+    rev = report.get("baseline")
+    if not rev:
+        return
+    for name, how in ((rev, "as it ran: POST, GET ?wait"),
+                      (f"{rev} prefer-wait", "same one-request clients")):
+        cpu, old = _point(report, syn, "service", 16), _point(report, syn, name, 16)
+        if cpu and old and "queue_path_cpu_ms_per_job" in old:
+            target(f"synthetic 16 clients: queue-path CPU per job vs {rev} ({how})",
+                   cpu["queue_path_cpu_ms_per_job"] / old["queue_path_cpu_ms_per_job"], 0.5,
+                   "<=", f"{cpu['queue_path_cpu_ms_per_job']:.2f} vs "
+                         f"{old['queue_path_cpu_ms_per_job']:.2f} ms")
+        new64, old64 = _point(report, syn, "service", 64), _point(report, syn, name, 64)
+        if new64 and old64:
+            target(f"synthetic 64 clients: items/s vs {rev} ({how})",
+                   new64["items_per_s"] / old64["items_per_s"], 2, ">=",
+                   f"{new64['items_per_s']:.0f} vs {old64['items_per_s']:.0f} items/s")
+
+
+def ceiling(report: dict, model: str) -> dict | None:
+    """The raw model's best rate in its sweep: the most any configuration could reach."""
+    rows = report["models"].get(model, {}).get("raw", {}).get("batches") or []
+    return max(rows, key=lambda r: r["items_per_s"]) if rows else None
 
 
 def plot(report: dict, path: Path) -> None:
@@ -98,6 +141,11 @@ def plot(report: dict, path: Path) -> None:
             for p in entry["sweep"]:
                 ax.annotate(str(p["clients"]), (p["items_per_s"], p["p50_ms"]), fontsize=7,
                             textcoords="offset points", xytext=(3, 3))
+        top = ceiling(report, model)
+        if top:
+            ax.axvline(top["items_per_s"], color="black", linestyle=":", linewidth=1.2,
+                       label=f"raw model ceiling: {top['items_per_s']:.0f} items/s "
+                             f"(batch {top['batch_size']}, in-process)")
         ax.set_title(f"{model} (labels: concurrent clients)")
         ax.set_xlabel("throughput (items/s)")
         ax.set_ylabel("end-to-end latency (ms)")
@@ -110,6 +158,16 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _cpu(point: dict) -> str:
+    """CPU per job of the queue path's processes and Redis's commands per job (two cells)."""
+    cpu = point.get("cpu_ms_per_job")
+    if not cpu:
+        return " | "
+    return (f"{cpu['api']:.2f}, {cpu['worker main']:.2f}, {cpu['redis']:.2f} "
+            f"({point['queue_path_cpu_ms_per_job']:.2f}) | "
+            f"{point['redis_commands_total_per_job']:.1f}")
+
+
 def render_table(report: dict) -> str:
     lines = []
     for model, entry in report["models"].items():
@@ -120,16 +178,17 @@ def render_table(report: dict) -> str:
             lines += [f"Raw model in the same rounds as the {what} point: batch "
                       f"{r['batch_size']}, {r['items_per_s']:.0f}/s ({r['call_ms']:.1f} ms a "
                       f"call; rounds {r['rounds_items_per_s']})", ""]
-        lines += ["| configuration | clients | items/s | p50 ms | p99 ms |",
-                  "|---|---:|---:|---:|---:|"]
+        lines += ["| configuration | clients | items/s | p50 ms | p99 ms | CPU ms/job: API, "
+                  "worker main, Redis (queue path) | Redis commands/job |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for name, cfg in entry["configs"].items():
             for p in cfg["sweep"]:
                 lines.append(f"| {name} | {p['clients']} | {p['items_per_s']:.0f} | "
-                             f"{p['p50_ms']:.1f} | {p['p99_ms']:.1f} |")
+                             f"{p['p50_ms']:.1f} | {p['p99_ms']:.1f} | {_cpu(p)} |")
             multi = cfg["multi"]
             lines.append(f"| {name} | {multi['clients']} × 32-input jobs | "
                          f"{multi['items_per_s']:.0f} | {multi['p50_ms']:.1f} | "
-                         f"{multi['p99_ms']:.1f} |")
+                         f"{multi['p99_ms']:.1f} | {_cpu(multi)} |")
         lines.append("")
     lines += ["### Targets", "", "| target | measured | limit | |", "|---|---:|---:|---|"]
     for t in report["targets"]:

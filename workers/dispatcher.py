@@ -485,8 +485,9 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
         if callbacks:
             for callback in callbacks:
                 callback(request)
-        with trace(trace_id_of(request)):
-            logger.info("job %s received: model=%s", request.id, model)
+        if logger.isEnabledFor(logging.DEBUG):  # one INFO line a batch, in the child
+            with trace(trace_id_of(request)):
+                logger.debug("job %s received: model=%s", request.id, model)
         dispatcher.submit(model, request)
 
     return task_message_handler

@@ -107,7 +107,8 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
     ids = [job_id for job_id, _kw, _t in jobs]
     items = sum(len(kw.get("inputs") or []) for _id, kw, _t in jobs)
     # Which batch a job ran in, so a client (and the tests) can see batching at work.
-    batch = orjson.dumps({"id": uuid.uuid4().hex, "jobs": len(jobs), "items": items}).decode()
+    batch_id = uuid.uuid4().hex
+    batch = orjson.dumps({"id": batch_id, "jobs": len(jobs), "items": items}).decode()
     try:
         decisions = _with_retries(lambda: rt.jobs.start(ids, worker=worker, batch=batch),
                                   "start a batch", patience)
@@ -124,9 +125,11 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
         return not_run
     items = sum(len(kw.get("inputs") or []) for _id, kw, _t in jobs)
     started_ns = time.time_ns()
-    for job_id, _kwargs, headers in jobs:
-        with trace(headers.get("trace_id")):
-            logger.info("job %s started: model=%s batch of %d job(s)", job_id, model, len(jobs))
+    if logger.isEnabledFor(logging.DEBUG):
+        for job_id, _kwargs, headers in jobs:
+            with trace(headers.get("trace_id")):
+                logger.debug("job %s started: model=%s batch of %d job(s)", job_id, model,
+                             len(jobs))
     now = time.time()
     for _id, kw, _t in jobs:
         submitted = kw.get("submitted_at")
@@ -185,7 +188,16 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
                                    elapsed, len(result) if ok else 0, final.error))
         metrics.get().jobs.labels(model, final.status.value).inc()
         metrics.get().items.labels(model, final.status.value).inc(len(kw.get("inputs") or []))
-        with trace(headers.get("trace_id")):
-            logger.info("job %s %s in %.3fs%s", job_id, final.status.value, elapsed,
-                        f": {final.error.code}: {final.error.message}" if final.error else "")
+        if final.error is not None or logger.isEnabledFor(logging.DEBUG):
+            with trace(headers.get("trace_id")):
+                logger.log(logging.WARNING if final.error else logging.DEBUG,
+                           "job %s %s in %.3fs%s", job_id, final.status.value, elapsed,
+                           f": {final.error.code}: {final.error.message}" if final.error
+                           else "")
+    # One line a batch, naming each job with its status and trace id: grep either id to find
+    # the batch that ran a job (a line a job, at DEBUG, would be thousands of lines a second).
+    logger.info("batch %s of %s: %d job(s), %d item(s) in %.3fs: %s",
+                batch_id, model, len(jobs), items, elapsed,
+                ", ".join(f"{o.job_id} {o.outcome.value} trace_id={h.get('trace_id') or '-'}"
+                          for o, (_id, _kw, h) in zip(outcomes, jobs)))
     return outcomes + not_run

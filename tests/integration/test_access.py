@@ -95,9 +95,11 @@ def test_the_rate_limit_is_taken_before_the_body_is_validated_or_its_webhook_loo
 
 
 def test_keys_are_never_logged(secured):
-    call(secured, "POST", "/v1/jobs", "alice", json={"model": "quick", "inputs": ["log"]})
+    done = call(secured, "POST", "/v1/jobs", "alice", json={"model": "quick", "inputs": ["log"]},
+                headers={"Prefer": "wait=10"})
+    assert done.status_code == 201, done.text
     call(secured, "GET", "/v1/models", headers={"Authorization": "Bearer wrong-key-abc"})
     logs = "".join(p.read_text() for p in secured.workdir.glob("*.log"))
-    assert "accepted" in logs
+    assert done.json()["id"] in logs  # the worker's line for its batch: the job was logged
     for key in [*KEYS.values(), "wrong-key-abc"]:
         assert key not in logs

@@ -26,10 +26,11 @@ def test_quick_benchmark_writes_results_and_plot(tmp_path):
 
 def test_cpu_breakdown_accounts_for_every_process_and_matches_the_worker(tmp_path):
     out = subprocess.run([sys.executable, "-m", "bench.cpu", "--model", "synthetic",
-                          "--clients", "4", "--seconds", "2"],
+                          "--clients", "4", "--seconds", "2", "--rounds", "1",
+                          "--profile", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    report = json.loads(out.stdout)
+    [report] = json.loads(out.stdout)["points"].values()
     assert report["jobs"] > 0
     assert set(report["cpu_ms_per_job"]) == {"redis", "worker main", "worker child", "api"}
     assert all(ms > 0 for ms in report["cpu_ms_per_job"].values()), report
@@ -37,6 +38,14 @@ def test_cpu_breakdown_accounts_for_every_process_and_matches_the_worker(tmp_pat
     # ones in flight when the window opened and closed (one per client at each end).
     assert abs(report["items"] - report["jobs"]) <= 2 * report["clients"], report
     assert 1 <= report["mean_batch_items"] <= 4 and 0 < report["model_busy"] <= 1, report
+    # Redis's own count of what each job cost it: the submit at least, and the fetch.
+    commands = report["redis_commands_per_job"]
+    assert commands["evalsha"] >= 1 and commands["brpop"] > 0, commands
+    # py-spy sampled both processes of the queue path, in this project's code among others.
+    for process in ("api", "worker main"):
+        profile = report["profile"][process]
+        assert profile["samples"] > 0, profile
+        assert profile["project"] and all(ms > 0 for _f, ms in profile["project"]), profile
 
 
 def test_waiting_clients_scenario_runs_end_to_end(tmp_path):

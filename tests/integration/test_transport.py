@@ -179,3 +179,76 @@ def test_a_message_redis_refused_to_record_is_kept_then_put_back(redis_url):
         assert transport.Unacked(server).restore([message.delivery_tag]) == 1
         assert not transport.UNRECORDED
         assert queue(conn.default_channel).get(no_ack=True).payload == {"n": 7}
+
+
+def test_one_fetch_takes_what_waits_up_to_the_prefetch_limit_and_records_each(redis_url):
+    import json
+
+    make_app(redis_url)
+    queue = kombu.Queue("iq-fetch-test")
+    server = redis.Redis.from_url(redis_url)
+    server.delete("iq-fetch-test")
+    with kombu.Connection(redis_url) as conn:
+        for n in range(5):
+            conn.Producer().publish({"n": n}, routing_key=queue.name, declare=[queue],
+                                    serializer="json")
+        got = []
+        with conn.Consumer(queue, callbacks=[lambda _body, m: got.append(m)],
+                           accept=["json"]) as consumer:
+            consumer.qos(prefetch_count=3)
+            commands = server.info("commandstats")
+            conn.drain_events(timeout=5)  # one BRPOP: it and what waits behind it
+            after = server.info("commandstats")
+            # Oldest first, as BRPOP would take them, and no more than the prefetch limit.
+            assert [m.payload["n"] for m in got] == [0, 1, 2]
+            assert server.llen("iq-fetch-test") == 2
+            brpops = [c.get("cmdstat_brpop", {}).get("calls", 0) for c in (commands, after)]
+            assert brpops[1] - brpops[0] == 1
+            # Each is recorded as kombu records it: its message, exchange and routing key.
+            for m in got:
+                message, exchange, routing_key = json.loads(server.hget(transport.UNACKED,
+                                                                        m.delivery_tag))
+                assert message == m._raw and (exchange, routing_key) == ("", queue.name)
+                assert server.zscore(transport.UNACKED_INDEX, m.delivery_tag) is not None
+            assert not transport.PRERECORDED
+            got[0].ack()
+            # A fetched message goes back to its queue like any other.
+            assert transport.Unacked(server).restore([got[2].delivery_tag]) == 1
+            assert server.llen("iq-fetch-test") == 3
+            got[1].ack()
+        tags = [m.delivery_tag for m in got]
+        assert server.hmget(transport.UNACKED, tags) == [None] * 3
+        assert all(server.zscore(transport.UNACKED_INDEX, t) is None for t in tags)
+
+
+def test_task_events_wait_a_few_milliseconds_to_leave_together():
+    import inspect
+
+    from celery.events.dispatcher import EventDispatcher
+    from celery.worker.consumer import events
+    from celery.worker.consumer.consumer import Consumer
+
+    transport.install()
+    # Celery's worker buffers task events and has the consumer schedule their flush.
+    assert "on_send_buffered=c.on_send_event_buffered" in inspect.getsource(events.Events.start)
+    assert "on_send_buffered" in inspect.signature(EventDispatcher).parameters
+
+    class Hub:
+        def __init__(self):
+            self.later = []
+
+        def call_later(self, delay, callback, *args):
+            self.later.append((delay, callback, args))
+
+    flushed = []
+    consumer = Consumer.__new__(Consumer)
+    consumer.hub = Hub()
+    consumer._flush_events = lambda: flushed.append(1)
+    for _ in range(5):
+        consumer.on_send_event_buffered()
+    [(delay, callback, args)] = consumer.hub.later
+    assert delay == transport.EVENT_FLUSH_S and not flushed
+    callback(*args)
+    assert flushed == [1]
+    consumer.on_send_event_buffered()  # a new event after the flush is flushed again
+    assert len(consumer.hub.later) == 2

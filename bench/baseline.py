@@ -1,0 +1,56 @@
+"""An earlier commit of this service as a benchmark configuration, so that a change is measured
+side by side with the code it replaces (`python -m bench --baseline 9ccd8b9`).
+
+The commit's tree is exported (`git archive`) under var/bench-baseline/<commit>, once, and its
+stack is started by its own launcher (its tests/support/services.py, whose paths point into
+that tree): its own Redis, API (as that commit ran it) and worker, on this checkout's
+virtualenv. Nothing of the old code is committed; var/ is ignored.
+"""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import tarfile
+from io import BytesIO
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPORTS = ROOT / "var" / "bench-baseline"
+
+
+def resolve(rev: str) -> str:
+    """The full commit id of `rev` (a short id, a tag, a branch)."""
+    return subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def checkout(rev: str) -> Path:
+    """The tree of `rev`, exported once under var/bench-baseline/<commit id>."""
+    commit = resolve(rev)
+    tree = EXPORTS / commit
+    done = tree / ".exported"
+    if not done.exists():
+        archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=ROOT,
+                                 capture_output=True, check=True).stdout
+        tree.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=BytesIO(archive)) as tar:
+            tar.extractall(tree, filter="data")
+        done.write_text(commit + "\n")
+    return tree
+
+
+def launcher(tree: Path) -> ModuleType:
+    """The commit's own service launcher (tests/support/services.py), loaded from its tree:
+    it starts processes in that tree, as that commit started them."""
+    name = f"_bench_baseline_services_{tree.name[:12]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = tree / "tests" / "support" / "services.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
