@@ -43,14 +43,24 @@ class ResultWaiter:
         self._count = 0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._closed = threading.Event()
         self.subscribed = threading.Event()
 
     @property
     def waiting(self) -> int:
         return self._count
 
+    def close(self) -> None:
+        """Stop listening (an app that outlives its Redis, as in tests, stops retrying)."""
+        self._closed.set()
+        self._wake(None)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
     def _start(self) -> None:
         with self._lock:
+            if self._closed.is_set():
+                return
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._listen, name="iq-result-waiter",
                                                 daemon=True)
@@ -68,11 +78,11 @@ class ResultWaiter:
 
     def _listen(self) -> None:
         backoff = 0.1
-        while True:
+        while not self._closed.is_set():
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
                 pubsub.psubscribe(PREFIX + "*")
-                while True:
+                while not self._closed.is_set():
                     message = pubsub.get_message(timeout=1.0)
                     # psubscribe's confirmation has been read once get_message returns.
                     if not self.subscribed.is_set():
@@ -88,7 +98,7 @@ class ResultWaiter:
                     # and a client whose job cannot be read is told Redis is away (503).
                     self._wake(None)
                 logger.warning("result listener lost Redis (%s); reconnecting", exc)
-                threading.Event().wait(backoff)
+                self._closed.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
             finally:
                 try:

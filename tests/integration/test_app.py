@@ -27,7 +27,8 @@ def api(server, tmp_path):
     models = tmp_path / "models.yaml"
     models.write_text(yaml.safe_dump({"models": MODELS}))
     app = create_app({"redis_url": server.extra["url"], "models_file": str(models)})
-    return app.test_client()
+    yield app.test_client()
+    app.extensions["iq.store"].waiter.close()
 
 
 def queued_ids(server, queue: str) -> list[str]:
