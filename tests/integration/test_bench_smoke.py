@@ -58,3 +58,19 @@ def test_waiting_clients_scenario_runs_end_to_end(tmp_path):
     for probe in (point["healthz"], point["submit"], point["baseline"]["healthz"]):
         assert probe["n"] > 0 and probe["ok"] == probe["n"], probe
         assert probe["p99_ms"] >= probe["p50_ms"] > 0
+
+
+def test_lone_path_marks_each_hop_of_every_job(tmp_path):
+    report_file = tmp_path / "lone.json"
+    out = subprocess.run([sys.executable, "-m", "bench.lone_path", "--jobs", "20",
+                          "--out", str(report_file)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads(report_file.read_text())
+    assert report["jobs"] == report["traced"] == 20, report
+    ms = report["ms"]
+    assert all(ms[name]["p50"] > 0 for name in ms), ms
+    # The synthetic model sleeps 20 ms a batch: inside start → finish, and nowhere else.
+    assert ms["start → finish"]["p50"] >= 20 > ms["fetch → start"]["p50"], ms
+    parts = sum(v["mean"] for name, v in ms.items() if name != "total")
+    assert abs(parts - ms["total"]["mean"]) < 0.01, ms
