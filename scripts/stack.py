@@ -98,7 +98,9 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
     client is proven to pass one along: a fresh one unless `password` is given (a restart
     passes the old one), none for `password=""`. `extra["url"]` carries it."""
     port = port or free_port()
-    password = secrets.token_urlsafe(16) if password is None else password
+    # Hex: redis-server reads an argument that starts with "--" as an option name, so a
+    # urlsafe token that happened to (1 in 4,096) left requirepass without a value.
+    password = secrets.token_hex(16) if password is None else password
     data = workdir / f"redis-{port}"
     data.mkdir(parents=True, exist_ok=True)
     cmd = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
