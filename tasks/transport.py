@@ -51,12 +51,13 @@ from bisect import bisect
 from typing import Any, Iterable, Mapping
 
 import orjson
+import redis
 from celery import states
 from celery.utils.saferepr import saferepr
 from kombu.transport import redis as kombu_redis
-from kombu.utils import json
 from kombu.transport import virtual
-import redis
+from kombu.utils import json
+from kombu.utils.encoding import bytes_to_str
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -143,9 +144,7 @@ def _keep_what_could_not_be_recorded() -> None:
         except redis.RedisError as exc:
             if not is_transient(exc):
                 raise
-            delivery = message.delivery_info
-            UNRECORDED[delivery_tag] = json.dumps(
-                [message._raw, delivery["exchange"], delivery["routing_key"]])
+            UNRECORDED[delivery_tag] = _unacked_entry(message)
             virtual.QoS.append(self, message, delivery_tag)  # kombu's in-memory bookkeeping
             logger.warning("Redis refused to record message %s as unacknowledged (%s); this "
                            "worker keeps it until Redis takes writes again", delivery_tag, exc)
@@ -214,23 +213,24 @@ def _record_and_take_more(qos: Any, message: Any, delivery_tag: str) -> bool:
     keys = [channel._q_for_pri(q, pri) for pri in channel.priority_steps for q in queues]
     room = qos.can_consume_max_estimate()
     want = FETCH_MAX if room is None else max(room - 1, 0)
-    delivery = message.delivery_info
-    entry = orjson.dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
     with channel.conn_or_acquire() as client:
         script = client.__dict__.get(_FETCH_SCRIPT_ATTR)
         if script is None:
             script = client.__dict__[_FETCH_SCRIPT_ATTR] = client.register_script(_FETCH)
         out = script(keys=[qos.unacked_key, qos.unacked_index_key, *keys],
-                     args=[time.time(), delivery_tag, entry, want])
+                     args=[time.time(), delivery_tag, _unacked_entry(message), want])
     for key, item in zip(out[::2], out[1::2]):
-        payload = json.loads(_text(item))  # as kombu's own BRPOP read parses it
+        payload = json.loads(bytes_to_str(item))  # as kombu's own BRPOP read parses it
         PRERECORDED.add(payload["properties"]["delivery_tag"])
-        channel._iq_fetched.append((_text(key), payload))
+        channel._iq_fetched.append((bytes_to_str(key), payload))
     return True
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+def _unacked_entry(message: Any) -> str:
+    """A fetched message's unacked record, as kombu writes it: [message, exchange, routing
+    key] as JSON."""
+    delivery = message.delivery_info
+    return orjson.dumps([message._raw, delivery["exchange"], delivery["routing_key"]]).decode()
 
 
 def _flush_task_events_every_few_ms() -> None:

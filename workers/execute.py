@@ -108,7 +108,8 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
     items = sum(len(kw.get("inputs") or []) for _id, kw, _t in jobs)
     # Which batch a job ran in, so a client (and the tests) can see batching at work.
     batch_id = uuid.uuid4().hex
-    batch = orjson.dumps({"id": batch_id, "jobs": len(jobs), "items": items}).decode()
+    batch_info = {"id": batch_id, "jobs": len(jobs), "items": items}
+    batch = orjson.dumps(batch_info).decode()
     try:
         decisions = _with_retries(lambda: rt.jobs.start(ids, worker=worker, batch=batch),
                                   "start a batch", patience)
@@ -173,7 +174,7 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
     rt.record_memory(model)
     tracing.batch_spans(
         model, [(job_id, headers, kw.get("submitted_at")) for job_id, kw, headers in jobs],
-        batch=orjson.loads(batch), started_ns=started_ns, model_ns=model_ns,
+        batch=batch_info, started_ns=started_ns, model_ns=model_ns,
         write_ns=(write_ns, time.time_ns()), ended_ns=time.time_ns())
 
     outcomes: list[JobOutcome] = []
