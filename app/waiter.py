@@ -7,8 +7,8 @@ and sets the Event of whichever requests wait on that job: no connection per wai
 no subscription left behind, and no polling while the subscription stands. Whenever it
 (re)subscribes it wakes every waiter once, since a job may have finished while nobody
 listened; whenever it loses Redis it wakes them too, so that each reads its job again (and
-its client hears of the outage). Under gunicorn's gevent worker `threading` is gevent's, so the listener and each
-waiting request are greenlets, not threads.
+its client hears of the outage). Under gunicorn's gevent worker `threading` is gevent's, so
+the listener and each waiting request are greenlets, not threads.
 
 A wait takes a slot: at most `max_waits` in the process and `max_per_key` per API key. A
 request that finds no slot is told so at once (`NoSlot`) rather than queued behind others.
