@@ -34,8 +34,7 @@ def test_messages_still_flow_and_acks_clear_the_unacked_index(redis_url):
     transport.install()
     queue = kombu.Queue("iq-transport-test")
     with kombu.Connection(redis_url) as conn:
-        conn.Producer().publish({"n": 1}, routing_key=queue.name, declare=[queue],
-                                serializer="json")
+        publish(conn, queue, {"n": 1})
         message = queue(conn.default_channel).get(no_ack=False)
         assert message is not None and message.payload == {"n": 1}
         server = redis.Redis.from_url(redis_url)
@@ -52,6 +51,20 @@ def make_app(redis_url: str):
     from tasks.celery_app import make_celery
 
     return make_celery(load_settings({"redis_url": redis_url}))
+
+
+def empty_queue(redis_url: str, name: str) -> tuple[kombu.Queue, redis.Redis]:
+    """A queue with nothing on it, and a client of its Redis, with the transport adjusted."""
+    make_app(redis_url)  # installs the transport adjustments
+    server = redis.Redis.from_url(redis_url)
+    server.delete(name)
+    return kombu.Queue(name), server
+
+
+def publish(conn: kombu.Connection, queue: kombu.Queue, *payloads: dict) -> None:
+    for payload in payloads:
+        conn.Producer().publish(payload, routing_key=queue.name, declare=[queue],
+                                serializer="json")
 
 
 def test_kombu_keeps_unacked_messages_where_transport_expects_them(redis_url):
@@ -108,15 +121,10 @@ def test_task_events_show_a_summary_not_the_inputs(redis_url):
 
 
 def test_unacked_renew_ack_and_restore_by_tag(redis_url):
-    install_app = make_app(redis_url)  # noqa: F841 - installs the transport adjustments
-    queue = kombu.Queue("iq-lease-test")
-    server = redis.Redis.from_url(redis_url)
-    server.delete("iq-lease-test")
+    queue, server = empty_queue(redis_url, "iq-lease-test")
     unacked = transport.Unacked(server)
     with kombu.Connection(redis_url) as conn:
-        for n in range(3):
-            conn.Producer().publish({"n": n}, routing_key=queue.name, declare=[queue],
-                                    serializer="json")
+        publish(conn, queue, *({"n": n} for n in range(3)))
         got = [queue(conn.default_channel).get(no_ack=False) for _ in range(3)]
         tags = [m.delivery_tag for m in got]
         # A lease pushes the delivery time forward, and never re-creates an acked entry.
@@ -135,14 +143,9 @@ def test_unacked_renew_ack_and_restore_by_tag(redis_url):
 
 
 def test_closing_a_channel_leaves_what_the_dispatcher_holds(redis_url):
-    make_app(redis_url)
-    queue = kombu.Queue("iq-held-test")
-    server = redis.Redis.from_url(redis_url)
-    server.delete("iq-held-test")
+    queue, server = empty_queue(redis_url, "iq-held-test")
     with kombu.Connection(redis_url) as conn:
-        for n in range(2):
-            conn.Producer().publish({"n": n}, routing_key=queue.name, declare=[queue],
-                                    serializer="json")
+        publish(conn, queue, {"n": 0}, {"n": 1})
         channel = conn.channel()
         held, free = (queue(channel).get(no_ack=False) for _ in range(2))
         transport.HELD.add(held.delivery_tag)
@@ -157,13 +160,9 @@ def test_closing_a_channel_leaves_what_the_dispatcher_holds(redis_url):
 
 
 def test_a_message_redis_refused_to_record_is_kept_then_put_back(redis_url):
-    make_app(redis_url)
-    queue = kombu.Queue("iq-full-test")
-    server = redis.Redis.from_url(redis_url)
-    server.delete("iq-full-test")
+    queue, server = empty_queue(redis_url, "iq-full-test")
     with kombu.Connection(redis_url) as conn:
-        conn.Producer().publish({"n": 7}, routing_key=queue.name, declare=[queue],
-                                serializer="json")
+        publish(conn, queue, {"n": 7})
         server.config_set("maxmemory-policy", "noeviction")
         server.config_set("maxmemory", 1)  # every write refused from now on: Redis is full
         try:
@@ -184,14 +183,9 @@ def test_a_message_redis_refused_to_record_is_kept_then_put_back(redis_url):
 def test_one_fetch_takes_what_waits_up_to_the_prefetch_limit_and_records_each(redis_url):
     import json
 
-    make_app(redis_url)
-    queue = kombu.Queue("iq-fetch-test")
-    server = redis.Redis.from_url(redis_url)
-    server.delete("iq-fetch-test")
+    queue, server = empty_queue(redis_url, "iq-fetch-test")
     with kombu.Connection(redis_url) as conn:
-        for n in range(5):
-            conn.Producer().publish({"n": n}, routing_key=queue.name, declare=[queue],
-                                    serializer="json")
+        publish(conn, queue, *({"n": n} for n in range(5)))
         got = []
         with conn.Consumer(queue, callbacks=[lambda _body, m: got.append(m)],
                            accept=["json"]) as consumer:
