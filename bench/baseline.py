@@ -2,9 +2,9 @@
 side by side with the code it replaces (`python -m bench --baseline 9ccd8b9`).
 
 The commit's tree is exported (`git archive`) under var/bench-baseline/<commit>, once, and its
-stack is started by its own launcher (its tests/support/services.py, whose paths point into
-that tree): its own Redis, API (as that commit ran it) and worker, on this checkout's
-virtualenv. Nothing of the old code is committed; var/ is ignored.
+stack is started by its own launcher (its scripts/stack.py, or tests/support/services.py before
+c2b6f63), whose paths point into that tree: its own Redis, API (as that commit ran it) and
+worker, on this checkout's virtualenv. Nothing of the old code is committed; var/ is ignored.
 """
 from __future__ import annotations
 
@@ -41,13 +41,18 @@ def checkout(rev: str) -> Path:
     return tree
 
 
+# Where the stack launcher lived: scripts/stack.py since c2b6f63, tests/support before.
+LAUNCHERS = ("scripts/stack.py", "tests/support/services.py")
+
+
 def launcher(tree: Path) -> ModuleType:
-    """The commit's own service launcher (tests/support/services.py), loaded from its tree:
-    it starts processes in that tree, as that commit started them."""
+    """The commit's own service launcher (scripts/stack.py, or tests/support/services.py in
+    older commits), loaded from its tree: it starts processes in that tree, as that commit
+    started them."""
     name = f"_bench_baseline_services_{tree.name[:12]}"
     if name in sys.modules:
         return sys.modules[name]
-    path = tree / "tests" / "support" / "services.py"
+    path = next((tree / p for p in LAUNCHERS if (tree / p).exists()), tree / LAUNCHERS[-1])
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader, path
     module = importlib.util.module_from_spec(spec)

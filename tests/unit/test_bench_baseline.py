@@ -1,0 +1,25 @@
+"""bench.baseline starts an earlier commit's stack with that commit's own launcher."""
+from pathlib import Path
+
+import pytest
+
+from bench import baseline
+
+
+def _tree(tmp_path: Path, name: str, launchers: dict[str, str]) -> Path:
+    tree = tmp_path / name
+    for rel, marker in launchers.items():
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(f"WHERE = {marker!r}\n")
+    return tree
+
+
+@pytest.mark.parametrize("launchers, expected", [
+    # Since c2b6f63 the launcher is scripts/stack.py (the tests/support copy is gone).
+    ({"scripts/stack.py": "scripts"}, "scripts"),
+    # Before it, tests/support/services.py (9ccd8b9, the issue-14 baseline).
+    ({"tests/support/services.py": "tests"}, "tests"),
+])
+def test_the_launcher_is_found_where_the_commit_kept_it(tmp_path, launchers, expected):
+    tree = _tree(tmp_path, f"commit-{expected}", launchers)
+    assert baseline.launcher(tree).WHERE == expected
