@@ -438,12 +438,31 @@ def guard_pool_growth(pool: Any, gpus: int) -> None:
     pool._iq_guarded = True
 
 
+def keep_batches_through_reconnects(pool: Any) -> None:
+    """When the broker connection goes, Celery flushes the pool (`Consumer.on_close`): it
+    discards every job no child has accepted yet and clears what waits to be written to a
+    child, because the broker will redeliver those messages. Here every pool job is a batch
+    whose messages the dispatcher holds by their leases, which kombu does not restore
+    (tasks/transport.py), so nothing would redeliver them: a batch discarded in the
+    milliseconds between its hand-over and its child's acceptance never came back, and the
+    dispatcher counted that child busy for good, so the worker took no more work. The flush
+    is skipped: batches in flight are written, run and settled as after any reconnect."""
+    if not getattr(pool, "_iq_keeps_batches", False):
+        pool.flush = _keep_every_batch
+        pool._iq_keeps_batches = True
+
+
+def _keep_every_batch() -> None:
+    """The pool's flush on a reconnect: nothing to drop (keep_batches_through_reconnects)."""
+
+
 def dispatcher_for(consumer: Any) -> PoolDispatcher:
     dispatcher = getattr(consumer, _DISPATCHER_ATTR, None)
     if dispatcher is None:
         dispatcher = PoolDispatcher(consumer)
         setattr(consumer, _DISPATCHER_ATTR, dispatcher)
         guard_pool_growth(consumer.pool, visible_gpu_count(dispatcher.settings))
+        keep_batches_through_reconnects(consumer.pool)
     else:
         dispatcher.reset_for(consumer.connection)
     return dispatcher

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,9 @@ import pytest
 import redis
 import requests
 
+from config import load_settings
 from scripts.stack import Stack, launch, start_redis, start_worker, wait_until
+from tasks.celery_app import make_celery
 
 pytestmark = pytest.mark.slow
 
@@ -194,6 +197,39 @@ def test_every_client_connection_killed_under_load(recovery):
     cleared = time.monotonic()
     check_recovery(stack, watch, accepted, log, cleared, may_rerun=set())
     # The worker reconnected rather than being restarted.
+    assert stack.workers["w"].proc.poll() is None
+
+
+def test_a_reconnect_keeps_a_batch_no_child_has_taken_yet(recovery):
+    """The broker connection lost between a batch's hand-over to the pool and its child
+    taking it up. The child is held stopped to open that moment wide; under load, the batch
+    still runs once and the worker goes on taking work."""
+    start, log = recovery
+    stack = start()
+    node = f"w@{socket.gethostname()}"
+    control = make_celery(load_settings({"redis_url": stack.redis_url})).control
+    warm = stack.finished(stack.submit("slow", ["warm-up"])["id"])
+    child = int(stack.redis.hget(f"iq:job:{warm['id']}", "worker").rsplit("/", 1)[1])
+    watch = Watch(stack)
+    os.kill(child, signal.SIGSTOP)
+    try:
+        handed = stack.submit("slow", ["handed-over"])["id"]
+        watch.ids.append(handed)
+        # Reserved on an idle child: the dispatcher has handed it to the pool in the same
+        # step, and the stopped child cannot accept it.
+        wait_until(lambda: handed in {r["id"] for r in (control.inspect(
+                   destination=[node], timeout=2).reserved() or {}).get(node, [])},
+                   30, "the batch handed to the pool")
+        accepted = {"handed-over": handed, **submit_load(stack, watch, count=40)}
+        killed = sum(stack.redis.execute_command("CLIENT", "KILL", "TYPE", kind)
+                     for kind in ("normal", "pubsub"))
+        assert killed >= 4  # the worker's, the API's and this test's own
+        wait_until(lambda: control.inspect(destination=[node], timeout=2).ping(), 60,
+                   "the worker to reconnect")
+    finally:
+        os.kill(child, signal.SIGCONT)
+    cleared = time.monotonic()
+    check_recovery(stack, watch, accepted, log, cleared, may_rerun=set())
     assert stack.workers["w"].proc.poll() is None
 
 
