@@ -201,9 +201,12 @@ def interrupt_when(stack, args: list[str], said: str, tmp_path) -> tuple[int, st
     """Run the CLI, send SIGINT once its stderr says `said`; its exit status and stdout."""
     err = tmp_path / "stderr.txt"
     with open(err, "w") as stderr:
+        # SIGINT as a terminal gives it: a test run started in the background (`make test &`,
+        # nohup) passes it on ignored, and Python then installs no KeyboardInterrupt.
         proc = subprocess.Popen([sys.executable, "-m", "inference_queue_client", "-v", *args],
                                 stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                env=cli_env(stack))
+                                env=cli_env(stack),
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             wait_until(lambda: said in err.read_text(), 30, f"the CLI to say {said!r}")
             proc.send_signal(signal.SIGINT)
