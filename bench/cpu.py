@@ -88,7 +88,7 @@ class Point:
         spies = [profile.record(pid, self.args.duration, files[name])
                  for name, pid in targets.items()]
         time.sleep(0.5)  # py-spy attaches
-        result = self.stack.load(model, clients, 1, self.args)
+        self.stack.load(model, clients, 1, self.args)  # not counted: sampling costs CPU
         for spy in spies:
             spy.wait(30)
         rules = {"api": profile.API_COSTS, "worker main": profile.WORKER_COSTS}
