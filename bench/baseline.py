@@ -21,9 +21,13 @@ EXPORTS = ROOT / "var" / "bench-baseline"
 
 
 def resolve(rev: str) -> str:
-    """The full commit id of `rev` (a short id, a tag, a branch)."""
-    return subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT,
-                          capture_output=True, text=True, check=True).stdout.strip()
+    """The full commit id of `rev` (a short id, a tag, a branch); exits with a message naming
+    `rev` when it is not a commit here."""
+    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+                           cwd=ROOT, capture_output=True, text=True)
+    if found.returncode != 0:
+        raise SystemExit(f"--baseline {rev}: not a commit of this repository")
+    return found.stdout.strip()
 
 
 def checkout(rev: str) -> Path:

@@ -23,3 +23,8 @@ def _tree(tmp_path: Path, name: str, launchers: dict[str, str]) -> Path:
 def test_the_launcher_is_found_where_the_commit_kept_it(tmp_path, launchers, expected):
     tree = _tree(tmp_path, f"commit-{expected}", launchers)
     assert baseline.launcher(tree).WHERE == expected
+
+
+def test_a_baseline_that_is_no_commit_is_named_in_the_error():
+    with pytest.raises(SystemExit, match="--baseline no-such-rev: not a commit"):
+        baseline.resolve("no-such-rev")
