@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import threading
+import uuid
 from pathlib import Path
 from time import time
 from types import SimpleNamespace
@@ -38,12 +39,16 @@ STRETCHES = ("client → submit", "submit → fetch", "fetch → start", "start 
 
 
 class Monitor:
-    """Redis's MONITOR in a thread: (time, client, command) for every command."""
+    """Redis's MONITOR in a thread: (time, client, command) for every command.
+
+    It stops at a marker command of its own, not at a flag: the listener may run behind
+    Redis, and a flag checked as it reads would drop the commands it has not read yet (the
+    last job's read, say)."""
 
     def __init__(self, url: str) -> None:
         self.client = redis.Redis.from_url(url)
         self.commands: list[tuple[float, str, str]] = []
-        self._stop = threading.Event()
+        self._marker = f"iq-lone-path-stop-{uuid.uuid4().hex}"
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -53,15 +58,16 @@ class Monitor:
         with self.client.monitor() as monitor:
             self._ready.set()
             for c in monitor.listen():
-                if self._stop.is_set():
+                if self._marker in c["command"]:
                     return
                 self.commands.append((c["time"], f"{c['client_address']}:{c['client_port']}",
                                       c["command"]))
 
     def stop(self) -> None:
-        self._stop.set()
-        self.client.ping()  # one more command, so that the listener sees the stop
-        self._thread.join(10)
+        self.client.echo(self._marker)
+        self._thread.join(30)
+        if self._thread.is_alive():
+            raise RuntimeError("MONITOR's listener did not reach its stop marker in 30 s")
 
 
 def stretches(job_id: str, sent: float, answered: float,
@@ -110,10 +116,15 @@ def measure(model: str, jobs: int) -> dict:
         monitor.stop()
     finally:
         stack.stop()
-    per_job = [s for s in (stretches(i, a, b, monitor.commands) for i, a, b in done) if s]
-    job_id, sent, answered = done[len(done) // 2]
+    traced = {i: stretches(i, a, b, monitor.commands) for i, a, b in done}
+    per_job = [s for s in traced.values() if s]
+    _, sent, answered = done[len(done) // 2]
     return {
         "model": model, "jobs": len(done), "traced": len(per_job),
+        # Why a job could not be traced: its own commands, for the reader to see.
+        "untraced": {i: [(who, cmd[:160]) for t, who, cmd in monitor.commands
+                         if f"iq:job:{i} " in cmd + " "]
+                     for i, s in traced.items() if s is None},
         "ms": {name: {"p50": round(1000 * statistics.median(s[name] for s in per_job), 3),
                       "mean": round(1000 * statistics.mean(s[name] for s in per_job), 3)}
                for name in STRETCHES} if per_job else {},
