@@ -70,12 +70,17 @@ class Monitor:
             raise RuntimeError("MONITOR's listener did not reach its stop marker in 30 s")
 
 
+def names_job(job_id: str, command: str) -> bool:
+    """Whether a command names the job's record key as a whole word (wherever it stands)."""
+    return f"iq:job:{job_id} " in command + " "
+
+
 def stretches(job_id: str, sent: float, answered: float,
               commands: list[tuple[float, str, str]]) -> dict[str, float] | None:
     """A job's stretches in seconds, from its scripts: the ones that name its record (submit,
     start, finish, read) and the first fetch script after its submit."""
     scripts = [(t, who) for t, who, cmd in commands
-               if cmd.startswith("EVALSHA") and f"iq:job:{job_id} " in cmd + " "]
+               if cmd.startswith("EVALSHA") and names_job(job_id, cmd)]
     if len(scripts) != 4:
         return None
     (submit, api), (start, child), (finish, _), (read, _) = scripts
@@ -122,8 +127,8 @@ def measure(model: str, jobs: int) -> dict:
     return {
         "model": model, "jobs": len(done), "traced": len(per_job),
         # Why a job could not be traced: its own commands, for the reader to see.
-        "untraced": {i: [(who, cmd[:160]) for t, who, cmd in monitor.commands
-                         if f"iq:job:{i} " in cmd + " "]
+        "untraced": {i: [(who, cmd[:160]) for _t, who, cmd in monitor.commands
+                         if names_job(i, cmd)]
                      for i, s in traced.items() if s is None},
         "ms": {name: {"p50": round(1000 * statistics.median(s[name] for s in per_job), 3),
                       "mean": round(1000 * statistics.mean(s[name] for s in per_job), 3)}
