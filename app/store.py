@@ -16,9 +16,10 @@ from celery import Celery
 from app.waiter import NoSlot, ResultWaiter
 from config import Settings
 from config.models import ModelSpec
-from tasks import tracing, transport
+from tasks import tracing
 from tasks.jobstate import JobRecord, JobState, now_iso
 from tasks.keys import CONSUMING_KEY, idempotency_key, job_key, live_key
+from tasks.messages import task_message
 from tasks.names import PRIORITIES, queue_lists, task_name
 from tasks.redis_client import connect
 
@@ -108,9 +109,9 @@ class JobStore:
             "model": spec.name, "inputs": len(job["inputs"]), "trace_id": trace_id}
         headers = {"trace_id": trace_id}
         tracing.inject(headers)  # the W3C trace context, when traces are on
-        message = transport.task_message(self.celery, task_name(spec.name), job_id, kwargs,
-                                         queue=spec.queue, priority=priority,
-                                         headers=headers, summary=summary)
+        message = task_message(self.celery, task_name(spec.name), job_id, kwargs,
+                               queue=spec.queue, priority=priority, headers=headers,
+                               summary=summary)
         record = {"model": spec.name, "created_at": now_iso(), "trace_id": trace_id,
                   "inputs": str(len(job["inputs"])), "priority": job["priority"],
                   "owner": owner, "encoding_format": job.get("encoding_format", "float")}

@@ -18,6 +18,7 @@ from tasks.celery_app import make_celery
 from tasks.keys import CONSUMING_KEY
 from tasks.names import task_name
 from tasks.redis_client import connect
+from workers import broker
 from workers.execute import run_batch
 from workers.runtime import start_runtime, stop_runtime
 
@@ -25,6 +26,7 @@ FLUSH_EVERY = int(os.environ.get("BENCH_FLUSH_EVERY", "32"))
 FLUSH_INTERVAL = float(os.environ.get("BENCH_FLUSH_INTERVAL", "0.005"))
 
 celery = make_celery()
+broker.attach(celery)  # the service's adjustments of kombu: only the batching differs
 celery.conf.imports = ("bench.peer_worker",)
 
 

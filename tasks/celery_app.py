@@ -1,26 +1,16 @@
-"""The Celery app factory shared by the API (which only sends) and the workers."""
+"""The Celery app factory shared by the API (which only sends), Flower, the celery CLI and the
+workers. It only configures: the worker's adjustments of kombu and Celery are the worker entry
+modules' to install (workers/broker/)."""
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 from celery import Celery
 from kombu import Connection, Queue
 
 from config import Settings, load_models, load_settings
 from config.models import ModelSpec
-from tasks import transport
 from tasks.names import PRIORITIES, PRIORITY_SEP, PRIORITY_STEPS, task_routes
 from tasks.webhooks import DELIVER_TASK
 from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
-
-
-# Spawned pool children unpickle references to this project's code, so its root must be on
-# their sys.path, which they copy from their parent's. `celery -A` puts the working directory
-# there only while it imports the app module, and takes that entry out again: so the root is
-# appended once per process even when it is there already (it may be that entry).
-_ROOT = str(Path(__file__).resolve().parent.parent)
-_on_path = False
 
 
 def make_celery(settings: Settings | None = None,
@@ -28,11 +18,6 @@ def make_celery(settings: Settings | None = None,
     """The Celery app. The API only builds task messages with it (tasks/jobstate.py queues
     them) and broadcasts revokes; the workers run it. `models`: the parsed models file, when
     the caller has it already."""
-    global _on_path
-    if not _on_path:
-        sys.path.append(_ROOT)
-        _on_path = True
-    transport.install()
     settings = settings or load_settings()
     models = models if models is not None else load_models(settings.models_file)
     app = Celery("inference_queue", set_as_current=False)
@@ -73,7 +58,7 @@ def make_celery(settings: Settings | None = None,
         broker_connection_max_retries=None,
         # Celery lowers the prefetch count after a reconnect and raises it again through its
         # own ack callbacks; the dispatcher acknowledges by delivery tag itself
-        # (workers/leases.py), so the count would stay low. The dispatcher's buffer is what
+        # (workers/broker/leases.py), so the count would stay low. The dispatcher's buffer is what
         # bounds the worker anyway.
         worker_enable_prefetch_count_reduction=False,
         # Never kill a running batch because the connection dropped: its leases are renewed
@@ -83,7 +68,7 @@ def make_celery(settings: Settings | None = None,
         # reconnected from, like a dropped connection; by default it kills the worker.
         broker_channel_error_retry=True,
         broker_transport_options={
-            # Messages whose lease (workers/leases.py) has not been renewed for this long
+            # Messages whose lease (workers/broker/leases.py) has not been renewed for this long
             # belong to a dead worker: any live worker's sweep, every few seconds (kombu's
             # default is every 100 s), puts them back on their queues.
             "visibility_timeout": settings.visibility_timeout_s,

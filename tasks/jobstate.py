@@ -33,6 +33,7 @@ import orjson
 import redis
 
 from tasks.keys import DONE_PREFIX, JOB_PREFIX, done_channel, job_key, result_key
+from tasks.messages import QueuedMessage
 
 
 class Status(str, enum.Enum):
@@ -76,13 +77,6 @@ class StoreFull(Exception):
     def __init__(self, used: int, cap: int) -> None:
         super().__init__(f"Redis holds {used / 2**20:.1f} of its {cap / 2**20:.1f} MiB")
         self.used, self.cap = used, cap
-
-
-@dataclass(frozen=True)
-class QueuedMessage:
-    """A task message ready for its Redis list (built by tasks/transport.py)."""
-    list_key: str
-    payload: bytes
 
 
 @dataclass(frozen=True)

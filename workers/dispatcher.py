@@ -7,7 +7,7 @@ Each job keeps its Celery identity: it is a real `celery.worker.request.Request`
 own handlers do the bookkeeping per job: `inspect reserved/active`, task events for Flower
 (received, started, succeeded/failed with runtime), revocation, late acks, and requeueing
 when the child running it dies (`task_reject_on_worker_lost`). Acknowledging goes through the
-worker's leases (workers/leases.py), a batch at a time.
+worker's leases (workers/broker/leases.py), a batch at a time.
 """
 from __future__ import annotations
 
@@ -26,16 +26,17 @@ from celery.worker import state as worker_state
 from celery.worker.strategy import proto1_to_proto2
 
 from config import ConfigError
-from tasks import transport
+from tasks import results
 from tasks.errors import JobFailed
 from tasks.jobstate import Final, JobError, JobState, Status
 from tasks.keys import CONSUMING_KEY
 from tasks.logs import trace
 from tasks.names import PRIORITIES, model_of_task, queue_lists
 from tasks.redis_client import connect
+from workers.broker import Leases, Unacked, broker_of
+from workers.broker.pool import guard_pool_growth, keep_batches_through_reconnects
 from workers.devices import visible_gpu_count
 from workers.execute import JobOutcome, Outcome, run_batch, webhook_message
-from workers.leases import Leases
 from workers.policy import Batch, BatchScheduler
 from workers.watchdog import Watchdog
 
@@ -81,7 +82,7 @@ class PoolDispatcher:
         self.inflight = 0
         self.connection = consumer.connection
         self.client = connect(self.settings.redis_url, self.settings)
-        self.leases = Leases(transport.Unacked(self.client))
+        self.leases = Leases(Unacked(self.client, broker_of(consumer.app)))
         self.state = JobState(self.client)
         self.watchdog = Watchdog(self.settings.watchdog_s, self)
         self.consuming = False
@@ -290,8 +291,7 @@ class PoolDispatcher:
             error = JobError("worker_error", f"{type(exc).__name__}: {exc}")
         app = self.consumer.app
         finals = [Final(r.id, Status.FAILED,
-                        transport.result_meta(app, r.id, Status.FAILED,
-                                              JobFailed(error.code, error.message)),
+                        results.stored(r.id, error=JobFailed(error.code, error.message)),
                         error, webhook_message(app, model, r.id, r.kwargs or {},
                                                trace_id_of(r), Status.FAILED, None, error))
                   for r in requests]
@@ -417,43 +417,6 @@ class DispatcherStep(bootsteps.StartStopStep):
             dispatcher.release_buffered("stopped consuming")
 
     close = shutdown = stop
-
-
-def guard_pool_growth(pool: Any, gpus: int) -> None:
-    """One pool child per GPU: growing the pool past the host's GPU count (`celery control
-    pool_grow`, autoscale) is refused with a log message. No limit on a CPU-only host."""
-    if gpus <= 0 or getattr(pool, "_iq_guarded", False):
-        return
-    grow = pool.grow
-
-    def guarded_grow(n: int = 1) -> Any:
-        if pool.num_processes + n > gpus:
-            logger.error("refusing to grow the pool from %d to %d children: this host has %d "
-                         "GPU(s) and each child owns one; add a worker host instead",
-                         pool.num_processes, pool.num_processes + n, gpus)
-            return None
-        return grow(n)
-
-    pool.grow = guarded_grow
-    pool._iq_guarded = True
-
-
-def keep_batches_through_reconnects(pool: Any) -> None:
-    """When the broker connection goes, Celery flushes the pool (`Consumer.on_close`): it
-    discards every job no child has accepted yet and clears what waits to be written to a
-    child, because the broker will redeliver those messages. Here every pool job is a batch
-    whose messages the dispatcher holds by their leases, which kombu does not restore
-    (tasks/transport.py), so nothing would redeliver them: a batch discarded in the
-    milliseconds between its hand-over and its child's acceptance never came back, and the
-    dispatcher counted that child busy for good, so the worker took no more work. The flush
-    is skipped: batches in flight are written, run and settled as after any reconnect."""
-    if not getattr(pool, "_iq_keeps_batches", False):
-        pool.flush = _keep_every_batch
-        pool._iq_keeps_batches = True
-
-
-def _keep_every_batch() -> None:
-    """The pool's flush on a reconnect: nothing to drop (keep_batches_through_reconnects)."""
 
 
 def dispatcher_for(consumer: Any) -> PoolDispatcher:

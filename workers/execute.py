@@ -22,13 +22,13 @@ import orjson
 import redis
 from celery import current_app
 
-from tasks import tracing, transport
+from tasks import results, tracing
+from tasks.messages import task_message
 from tasks.errors import JobFailed
 from tasks.jobstate import Final, JobError, Status
 from tasks.logs import trace
 from tasks.names import PRIORITIES
 from tasks.redis_client import is_transient
-from tasks.results import encode as encode_outputs
 from tasks.webhooks import DELIVER_TASK
 from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
 from workers import metrics
@@ -88,7 +88,7 @@ def webhook_message(app: Any, model: str, job_id: str, kwargs: dict, trace_id: A
         payload["error"] = {"code": error.code, "message": error.message}
     delivery = {"url": hook["url"], "event": event, "job_id": job_id, "payload": payload,
                 "trace_id": trace_id}
-    return transport.task_message(app, DELIVER_TASK, str(uuid.uuid4()), delivery,
+    return task_message(app, DELIVER_TASK, str(uuid.uuid4()), delivery,
                                   queue=WEBHOOK_QUEUE, priority=PRIORITIES["normal"],
                                   summary={"job_id": job_id, "event": event})
 
@@ -139,7 +139,7 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
 
     started = time.monotonic()
     model_ns = time.time_ns()
-    results = rt.run(model, [(kw.get("inputs") or [], kw.get("options") or {})
+    returned = rt.run(model, [(kw.get("inputs") or [], kw.get("options") or {})
                              for _id, kw, _t in jobs])
     model_ns = (model_ns, time.time_ns())
     elapsed = time.monotonic() - started
@@ -147,19 +147,18 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
     metrics.get().batch_size.labels(model).observe(items)
 
     finals: list[Final] = []
-    for (job_id, kwargs, headers), result in zip(jobs, results):
+    for (job_id, kwargs, headers), result in zip(jobs, returned):
         trace_id = headers.get("trace_id")
         if isinstance(result, JobFailed):
             error = JobError(result.code, result.message)
             finals.append(Final(job_id, Status.FAILED,
-                                transport.result_meta(app, job_id, Status.FAILED, result),
+                                results.stored(job_id, error=result),
                                 error, webhook_message(app, model, job_id, kwargs, trace_id,
                                                 Status.FAILED, None, error)))
         else:
-            outputs = encode_outputs(result, kwargs.get("encoding_format"))
+            outputs = results.encode(result, kwargs.get("encoding_format"))
             finals.append(Final(job_id, Status.SUCCEEDED,
-                                transport.result_meta(app, job_id, Status.SUCCEEDED,
-                                                      {"outputs": outputs}),
+                                results.stored(job_id, outputs=outputs),
                                 None, webhook_message(app, model, job_id, kwargs, trace_id,
                                                       Status.SUCCEEDED, outputs, None)))
     write_ns = time.time_ns()
@@ -178,7 +177,7 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
         write_ns=(write_ns, time.time_ns()), ended_ns=time.time_ns())
 
     outcomes: list[JobOutcome] = []
-    for (job_id, kw, headers), result, final, fresh in zip(jobs, results, finals, written):
+    for (job_id, kw, headers), result, final, fresh in zip(jobs, returned, finals, written):
         ok = final.status is Status.SUCCEEDED
         if not fresh:
             # Another run of this job finished first (it was delivered twice); its result

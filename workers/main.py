@@ -1,16 +1,19 @@
 """Worker entry module: `celery -A workers.main worker -P prefork -Q <model queues>`.
 
-It wires things together: the Celery app with one batching task per model, the dispatcher's
-consumer bootstep, logging, metrics and the pool children's model runtime. The parent process
-buffers and batches (workers.dispatcher); each pool child, started with the spawn method,
-loads the models of the queues this worker consumes (workers.runtime). Neither this module
-nor the parent imports torch.
+It wires things together: the Celery app with one batching task per model, the worker's
+adjustments of kombu and Celery (workers.broker), the dispatcher's consumer bootstep, logging,
+metrics and the pool children's model runtime. The parent process buffers and batches
+(workers.dispatcher); each pool child, started with the spawn method, loads the models of the
+queues this worker consumes (workers.runtime). Neither this module nor the parent imports
+torch.
 """
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import sys
+from pathlib import Path
 
 from celery import Task, signals
 from celery.utils.log import current_process_index
@@ -18,13 +21,20 @@ from celery.utils.log import current_process_index
 from tasks import logs, tracing
 from tasks.celery_app import make_celery
 from tasks.names import task_name
-from workers import metrics
+from workers import broker, metrics
 from workers.dispatcher import DispatcherStep
 from workers.runtime import start_runtime, stop_runtime
 
 logger = logging.getLogger(__name__)
 
+# Spawned pool children unpickle references to this project's code, so its root must be on
+# their sys.path, which they copy from their parent's. `celery -A` puts the working directory
+# there only while it imports the app module, and takes that entry out again: so the root is
+# appended even when it is there already (it may be that entry). Only this worker spawns.
+sys.path.append(str(Path(__file__).resolve().parent.parent))
+
 celery = make_celery()
+broker.attach(celery)
 # Spawned pool children import this module too, which connects the signal handlers below.
 celery.conf.imports = ("workers.main",)
 celery.steps["consumer"].add(DispatcherStep)
