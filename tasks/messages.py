@@ -1,19 +1,49 @@
-"""The task message format both sides agree on: a Celery task message built exactly as
-`send_task` would publish it, so that the API's atomic submit (tasks/jobstate.py pushes it in
-the same script as the job record) and a pool child's webhook delivery need no kombu
-connection of their own."""
+"""The task message format both sides agree on: a model task's arguments (`JobArgs`), and a
+Celery task message built exactly as `send_task` would publish it, so that the API's atomic
+submit (tasks/jobstate.py pushes it in the same script as the job record) and a pool child's
+webhook delivery need no kombu connection of their own."""
 from __future__ import annotations
 
 import base64
 import uuid
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import orjson
 from celery.utils.saferepr import saferepr
 
 from tasks import results
 from tasks.names import list_for
+
+
+class JobArgs(NamedTuple):
+    """What a job asks of its model: its task's kwargs, as the API writes them and a worker
+    reads them."""
+    inputs: list
+    options: dict
+    submitted_at: float | None = None  # Unix time, for the queue-wait metric and traces
+    webhook: dict | None = None  # {"url", "events"}
+    encoding_format: str = "float"
+
+    def kwargs(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"inputs": self.inputs, "options": self.options,
+                               "submitted_at": self.submitted_at}
+        if self.webhook:
+            out["webhook"] = self.webhook
+        if self.encoding_format != "float":
+            out["encoding_format"] = self.encoding_format
+        return out
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any] | None) -> JobArgs:
+        """A received task's kwargs, read as leniently as a hand-made message needs."""
+        kwargs = kwargs or {}
+        inputs, options = kwargs.get("inputs"), kwargs.get("options")
+        submitted = kwargs.get("submitted_at")
+        return cls(inputs if isinstance(inputs, list) else [],
+                   options if isinstance(options, dict) else {},
+                   submitted if isinstance(submitted, (int, float)) else None,
+                   kwargs.get("webhook") or None, kwargs.get("encoding_format") or "float")
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from celery.worker.strategy import proto1_to_proto2
 
 from config import ConfigError
 from tasks import results
-from tasks.errors import JobFailed
-from tasks.jobstate import Final, JobError, JobState, Status
+from tasks.errors import ErrorCode, JobError
+from tasks.jobstate import Final, JobState, StartDecision, Status
 from tasks.keys import CONSUMING_KEY
 from tasks.logs import trace
 from tasks.names import PRIORITIES, model_of_task, queue_lists
@@ -47,8 +47,8 @@ _DISPATCHER_ATTR = "_iq_dispatcher"
 
 def _failure_info(error: JobError) -> ExceptionInfo:
     try:
-        raise JobFailed(error.code, error.message)
-    except JobFailed:
+        raise error
+    except JobError:
         return ExceptionInfo()
 
 
@@ -265,9 +265,9 @@ class PoolDispatcher:
             r.reject(requeue=True)
         else:  # NOT_RUN: cancelled, expired, missing, or finished by an earlier run
             worker_state.task_ready(r)
-            if o.reason in ("cancelled", "expired"):
+            if o.reason in (StartDecision.CANCELLED, StartDecision.EXPIRED):
                 r.send_event("task-revoked", terminated=False, signum=None,
-                             expired=o.reason == "expired")
+                             expired=o.reason is StartDecision.EXPIRED)
             r.acknowledge()
 
     def _failed_batch(self, model: str, requests: list, exc_info: ExceptionInfo) -> None:
@@ -285,13 +285,13 @@ class PoolDispatcher:
             return
         spec = self.consumer.app.conf.iq_models[model]
         if isinstance(exc, TimeLimitExceeded):
-            error = JobError("timeout", f"the batch ran past its model's time limit "
-                                        f"({spec.time_limit_s:g} s)")
+            error = JobError(ErrorCode.TIMEOUT, f"the batch ran past its model's time limit "
+                                                f"({spec.time_limit_s:g} s)")
         else:
-            error = JobError("worker_error", f"{type(exc).__name__}: {exc}")
+            error = JobError(ErrorCode.WORKER_ERROR, f"{type(exc).__name__}: {exc}")
         app = self.consumer.app
         finals = [Final(r.id, Status.FAILED,
-                        results.stored(r.id, error=JobFailed(error.code, error.message)),
+                        results.stored(r.id, error=error),
                         error, webhook_message(app, model, r.id, r.kwargs or {},
                                                trace_id_of(r), Status.FAILED, None, error))
                   for r in requests]
@@ -307,7 +307,7 @@ class PoolDispatcher:
             return
         for r in requests:
             with trace(trace_id_of(r)):
-                logger.warning("job %s failed: %s: %s", r.id, error.code, error.message)
+                logger.warning("job %s failed: %s", r.id, error)
         with self.settling():
             for r in requests:
                 r.on_failure(exc_info, return_ok=True)  # stored above: only ack and event

@@ -24,8 +24,8 @@ from celery import current_app
 
 from tasks import results, tracing
 from tasks.messages import task_message
-from tasks.errors import JobFailed
-from tasks.jobstate import Final, JobError, Status
+from tasks.errors import JobError
+from tasks.jobstate import Final, StartDecision, Status
 from tasks.logs import trace
 from tasks.names import PRIORITIES
 from tasks.redis_client import is_transient
@@ -52,7 +52,7 @@ class JobOutcome:
     runtime: float = 0.0
     outputs: int = 0
     error: JobError | None = None
-    reason: str = ""  # NOT_RUN: why ("cancelled", "expired", "succeeded", ...)
+    reason: StartDecision | None = None  # NOT_RUN: why
 
 
 # (job id, task kwargs, trace headers: the job's trace_id and its W3C traceparent, if any)
@@ -85,7 +85,7 @@ def webhook_message(app: Any, model: str, job_id: str, kwargs: dict, trace_id: A
     if outputs is not None:
         payload["result"] = {"outputs": outputs}
     if error is not None:
-        payload["error"] = {"code": error.code, "message": error.message}
+        payload["error"] = error.to_dict()
     delivery = {"url": hook["url"], "event": event, "job_id": job_id, "payload": payload,
                 "trace_id": trace_id}
     return task_message(app, DELIVER_TASK, str(uuid.uuid4()), delivery,
@@ -120,8 +120,8 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
         return [JobOutcome(job_id, Outcome.RETRY) for job_id in ids]
 
     not_run = [JobOutcome(job_id, Outcome.NOT_RUN, reason=decision)
-               for job_id, decision in zip(ids, decisions) if decision != "run"]
-    jobs = [job for job, decision in zip(jobs, decisions) if decision == "run"]
+               for job_id, decision in zip(ids, decisions) if decision is not StartDecision.RUN]
+    jobs = [job for job, decision in zip(jobs, decisions) if decision is StartDecision.RUN]
     if not jobs:
         return not_run
     items = sum(len(kw.get("inputs") or []) for _id, kw, _t in jobs)
@@ -149,12 +149,10 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
     finals: list[Final] = []
     for (job_id, kwargs, headers), result in zip(jobs, returned):
         trace_id = headers.get("trace_id")
-        if isinstance(result, JobFailed):
-            error = JobError(result.code, result.message)
-            finals.append(Final(job_id, Status.FAILED,
-                                results.stored(job_id, error=result),
-                                error, webhook_message(app, model, job_id, kwargs, trace_id,
-                                                Status.FAILED, None, error)))
+        if isinstance(result, JobError):
+            finals.append(Final(job_id, Status.FAILED, results.stored(job_id, error=result),
+                                result, webhook_message(app, model, job_id, kwargs, trace_id,
+                                                        Status.FAILED, None, result)))
         else:
             outputs = results.encode(result, kwargs.get("encoding_format"))
             finals.append(Final(job_id, Status.SUCCEEDED,
@@ -182,7 +180,8 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
         if not fresh:
             # Another run of this job finished first (it was delivered twice); its result
             # stands and this one is dropped.
-            outcomes.append(JobOutcome(job_id, Outcome.NOT_RUN, elapsed, reason="finished"))
+            outcomes.append(JobOutcome(job_id, Outcome.NOT_RUN, elapsed,
+                                       reason=StartDecision.FINISHED))
             continue
         outcomes.append(JobOutcome(job_id, Outcome.SUCCEEDED if ok else Outcome.FAILED,
                                    elapsed, len(result) if ok else 0, final.error))
@@ -192,7 +191,7 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
             with trace(headers.get("trace_id")):
                 logger.log(logging.WARNING if final.error else logging.DEBUG,
                            "job %s %s in %.3fs%s", job_id, final.status.value, elapsed,
-                           f": {final.error.code}: {final.error.message}" if final.error
+                           f": {final.error}" if final.error
                            else "")
     # One line a batch, naming each job with its status and trace id: grep either id to find
     # the batch that ran a job (a line a job, at DEBUG, would be thousands of lines a second).

@@ -12,7 +12,7 @@ import redis
 
 from config import Settings
 from config.models import ModelSpec
-from tasks.errors import JobFailed
+from tasks.errors import ErrorCode, JobError
 from tasks.jobstate import JobState
 from tasks.keys import live_key
 from tasks.redis_client import connect
@@ -91,13 +91,13 @@ class ModelRuntime:
                     time.monotonic() - started, self.member)
         return handler
 
-    def run(self, model: str, jobs: list[tuple[list, dict]]) -> list[list | JobFailed]:
+    def run(self, model: str, jobs: list[tuple[list, dict]]) -> list[list | JobError]:
         assert self.state is State.READY, f"runtime is {self.state.value}"
         handler = self.handlers.get(model)
         if handler is None:
             if model not in self.all_specs:
-                return [JobFailed("model_unavailable", f"no model {model} configured")] \
-                    * len(jobs)
+                missing = JobError(ErrorCode.MODEL_UNAVAILABLE, f"no model {model} configured")
+                return [missing] * len(jobs)
             # The worker was told to consume this model's queue after it started
             # (`celery control add_consumer`): load it now, once.
             logger.info("loading %s on first use (queue added at run time)", model)
@@ -129,7 +129,8 @@ class ModelRuntime:
         with self._redis.pipeline(transaction=False) as pipe:
             for name in list(self.specs):
                 pipe.zadd(live_key(name), {self.member: now})
-                pipe.zremrangebyscore(live_key(name), "-inf", now - 6 * self.settings.heartbeat_ttl_s)
+                pipe.zremrangebyscore(live_key(name), "-inf",
+                                      now - 6 * self.settings.heartbeat_ttl_s)
             pipe.execute()
 
     def _heartbeat(self) -> None:

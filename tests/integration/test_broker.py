@@ -285,12 +285,12 @@ def test_a_stored_result_is_what_celery_stores_and_reads(redis_url):
     import orjson
 
     from tasks import results
-    from tasks.errors import JobFailed
+    from tasks.errors import JobError
     from tasks.keys import result_key
 
     app = make_app(redis_url)
     server = redis.Redis.from_url(redis_url)
-    failure = JobFailed("inference_error", "boom")
+    failure = JobError("inference_error", "boom")
     for job_id, mine, theirs, state in (
             ("r-ok", results.stored("r-ok", outputs=[[0.5, 1.0]]), {"outputs": [[0.5, 1.0]]},
              "SUCCESS"),
@@ -305,7 +305,7 @@ def test_a_stored_result_is_what_celery_stores_and_reads(redis_url):
     assert app.AsyncResult("r-ok").result == {"outputs": [[0.5, 1.0]]}
     assert results.outputs_of(server.get(result_key("r-ok"))) == [[0.5, 1.0]]
     read_back = app.AsyncResult("r-failed").result
-    assert isinstance(read_back, JobFailed) and read_back.code == "inference_error"
+    assert isinstance(read_back, JobError) and read_back.code == "inference_error"
     assert results.outputs_of(server.get(result_key("r-failed"))) is None
 
 

@@ -4,16 +4,17 @@ changes what it relies on. Only a worker's main process runs with them (`attach`
 the worker entry modules workers/main.py and workers/webhook_main.py); the API, Flower and
 `celery -A tasks.cli` run kombu and Celery as shipped.
 
-| Module | What it adjusts or provides |
-|---|---|
-| broker.py | `Broker`: the state below, owned by one object per worker; `attach`, `install` |
-| clients.py | one Redis client per channel pool; no retries on the event loop's connections |
-| fetch.py | a fetched message is never dropped before its record (`Broker.unrecorded`); one script records it and takes what waits behind it (`Broker.prerecorded`) |
-| unacked.py | `Unacked`: kombu's unacked records by delivery tag (renew, ack, restore); a closing channel leaves what the dispatcher holds (`Broker.held`) |
-| leases.py | `Leases`: what the dispatcher holds stays invisible to other workers while it lives |
-| events.py | task events leave together every few milliseconds |
-| pool.py | the prefork pool: grown no further than the GPUs; not flushed on a reconnect |
-| patch.py | `Patch`: one replaced method, checked to be where it was |
+* broker.py: `Broker`, the state below, owned by one object per worker; `attach`, `install`.
+* clients.py: one Redis client per channel pool; no retries on the event loop's connections.
+* fetch.py: a fetched message is never dropped before its record (`Broker.unrecorded`); one
+  script records it and takes what waits behind it (`Broker.prerecorded`).
+* unacked.py: `Unacked`, kombu's unacked records by delivery tag (renew, ack, restore); a
+  closing channel leaves what the dispatcher holds (`Broker.held`).
+* leases.py: `Leases`, what the dispatcher holds stays invisible to other workers while it
+  lives, and no longer.
+* events.py: task events leave together every few milliseconds.
+* pool.py: the prefork pool is grown no further than the GPUs, and not flushed on a reconnect.
+* patch.py: `Patch`, one replaced method, checked to be where it was.
 """
 from workers.broker.broker import Broker, attach, broker_of, installed
 from workers.broker.leases import Leases
