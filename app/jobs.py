@@ -131,12 +131,6 @@ def blueprint(settings: Settings, models: dict[str, ModelSpec]) -> Blueprint:
     max_wait_s = settings.max_wait_s
     uploads_ = any(s.input_type == "image" for s in models.values())
 
-    class WaitArgs(Schema):
-        wait = fields.Float(
-            allow_nan=False, validate=validate.Range(min=0, max=max_wait_s, min_inclusive=False),
-            metadata={"description": "hold the request until the job is terminal or this many "
-                                     "seconds pass; 429 when every wait slot is taken"})
-
     @bp.post("/jobs")
     @bp.doc(summary="Submit a job", requestBody=job_request_body(models), parameters=[
         {"name": "Idempotency-Key", "in": "header", "schema": {"type": "string"}},
@@ -161,26 +155,13 @@ def blueprint(settings: Settings, models: dict[str, ModelSpec]) -> Blueprint:
         return _accepted(_ext("iq.submitter").submit(caller, _request_body))
 
     @bp.get("/jobs/<job_id>")
-    @bp.arguments(WaitArgs, location="query", as_kwargs=True)
+    @bp.arguments(_wait_args(max_wait_s), location="query", as_kwargs=True)
     @bp.response(200, Job, description="the job")
     @bp.alt_response(404, schema=Error, description="no such job")
     @bp.alt_response(429, schema=Error, description="every wait slot is taken")
     @bp.alt_response(503, schema=Error, description="Redis unreachable")
     def get_job(job_id: str, wait: float | None = None):
-        canonical = parse_job_id(job_id)
-        store, owner = _ext("iq.store"), auth.current_owner()
-        job = None
-        if canonical is not None and wait is None:
-            job = store.get(canonical, owner)
-        elif canonical is not None:
-            try:
-                job = store.wait(canonical, wait, owner)
-            except WaitRefused as refused:
-                raise TooManyWaits(f"{refused}; read the job without ?wait or retry later",
-                                   retry_after=1, status=refused.job.status.value) from None
-        if job is None:
-            raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
-        return _json(job_body(job))
+        return _json(job_body(_read_job(job_id, wait)))
 
     @bp.delete("/jobs/<job_id>")
     @bp.response(200, Job, description="cancelled")
@@ -189,21 +170,58 @@ def blueprint(settings: Settings, models: dict[str, ModelSpec]) -> Blueprint:
     def cancel_job(job_id: str):
         """Cancel a queued job: it ends `cancelled` and never runs. A job already running or
         finished answers 409 with its status."""
-        canonical = parse_job_id(job_id)
-        store = _ext("iq.store")
-        owned = canonical is not None and store.owned_by(canonical, auth.current_owner())
-        outcome = store.cancel(canonical) if owned else CancelOutcome.MISSING
-        if outcome is CancelOutcome.MISSING:
-            raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
-        job = store.get(canonical)
-        if outcome is not CancelOutcome.CANCELLED or job is None \
-                or job.status is not Status.CANCELLED:
-            status = job.status.value if job else "unknown"
-            raise Conflict(f"the job is {status} and can no longer be cancelled",
-                           headers={"X-Job-Status": status}, status=status)
-        return _json(job_body(job))
+        return _json(job_body(_cancel_job(job_id)))
 
     return bp
+
+
+def _wait_args(max_wait_s: float) -> type[Schema]:
+    class WaitArgs(Schema):
+        wait = fields.Float(
+            allow_nan=False, validate=validate.Range(min=0, max=max_wait_s, min_inclusive=False),
+            metadata={"description": "hold the request until the job is terminal or this many "
+                                     "seconds pass; 429 when every wait slot is taken"})
+
+    return WaitArgs
+
+
+def _not_found(job_id: str) -> NotFound:
+    return NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
+
+
+def _read_job(job_id: str, wait: float | None) -> JobRecord:
+    """The caller's job, once terminal or after `wait` seconds if a wait is asked."""
+    canonical = parse_job_id(job_id)
+    store, owner = _ext("iq.store"), auth.current_owner()
+    job = None
+    if canonical is not None and wait is None:
+        job = store.get(canonical, owner)
+    elif canonical is not None:
+        try:
+            job = store.wait(canonical, wait, owner)
+        except WaitRefused as refused:
+            raise TooManyWaits(f"{refused}; read the job without ?wait or retry later",
+                               retry_after=1, status=refused.job.status.value) from None
+    if job is None:
+        raise _not_found(job_id)
+    return job
+
+
+def _cancel_job(job_id: str) -> JobRecord:
+    """The caller's job, cancelled now; 404 or 409 (with its status) when it cannot be."""
+    canonical = parse_job_id(job_id)
+    store = _ext("iq.store")
+    owned = canonical is not None and store.owned_by(canonical, auth.current_owner())
+    outcome = store.cancel(canonical) if owned else CancelOutcome.MISSING
+    if outcome is CancelOutcome.MISSING:
+        raise _not_found(job_id)
+    job = store.get(canonical)
+    if outcome is not CancelOutcome.CANCELLED or job is None \
+            or job.status is not Status.CANCELLED:
+        status = job.status.value if job else "unknown"
+        raise Conflict(f"the job is {status} and can no longer be cancelled",
+                       headers={"X-Job-Status": status}, status=status)
+    return job
 
 
 def job_body(job: JobRecord) -> dict[str, Any]:

@@ -3,9 +3,9 @@
 It wires things together: the Celery app with one batching task per model, the worker's
 adjustments of kombu and Celery (workers.broker), the dispatcher's consumer bootstep, logging,
 metrics and the pool children's model runtime. The parent process buffers and batches
-(workers.dispatcher); each pool child, started with the spawn method, loads the models of the
-queues this worker consumes (workers.runtime). Neither this module nor the parent imports
-torch.
+(workers.strategy → workers.dispatcher); each pool child, started with the spawn method,
+loads the models of the queues this worker consumes (workers.runtime) and runs batches
+(workers.execute). Neither this module nor the parent imports torch.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from tasks import logs, tracing
 from tasks.celery_app import make_celery
 from tasks.names import task_name
 from workers import broker, metrics
-from workers.dispatcher import DispatcherStep
+from workers.strategy import DispatcherStep
 from workers.runtime import start_runtime, stop_runtime
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class BatchingTask(Task):
     """A model's task. Messages never reach `run` one by one: the Strategy buffers them and
     the pool runs whole batches (workers.execute.run_batch)."""
 
-    Strategy = "workers.dispatcher:batching_strategy"
+    Strategy = "workers.strategy:batching_strategy"
     acks_late = True
     reject_on_worker_lost = True
     typing = False
@@ -80,7 +80,7 @@ def load_models(sender: str | None = None, **_kw) -> None:
     tracing.setup("inference-queue-worker")  # in the child: its exporter thread is its own
     index = current_process_index(base=0) or 0
     try:
-        start_runtime(celery.conf.iq_settings, celery.conf.iq_models, sender or "worker", index)
+        start_runtime(celery, sender or "worker", index)
     except BaseException:
         # Celery would only log this and keep a child that cannot run a batch: every job
         # handed to it would fail, though none is at fault; and a child that merely exits is

@@ -1,12 +1,13 @@
 """The models one pool child owns: loaded on its device after the child starts, warmed up with a
-full-size batch, announced live through a heartbeat, and run batch by batch."""
+full-size batch, announced live through a heartbeat, and run batch by batch; with the child's
+Celery app, which builds the task messages a batch queues (webhook deliveries)."""
 from __future__ import annotations
 
 import enum
 import logging
 import threading
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import redis
 
@@ -40,8 +41,9 @@ class State(enum.Enum):
 
 
 class ModelRuntime:
-    def __init__(self, settings: Settings, specs: dict[str, ModelSpec], models: Sequence[str],
-                 hostname: str, index: int) -> None:
+    def __init__(self, app: Any, settings: Settings, specs: dict[str, ModelSpec],
+                 models: Sequence[str], hostname: str, index: int) -> None:
+        self.app = app
         self.settings = settings
         self.all_specs = specs
         self.specs = {m: specs[m] for m in models}
@@ -144,11 +146,13 @@ class ModelRuntime:
 _runtime: ModelRuntime | None = None
 
 
-def start_runtime(settings: Settings, specs: dict[str, ModelSpec], hostname: str,
-                  index: int) -> ModelRuntime:
+def start_runtime(app: Any, hostname: str, index: int) -> ModelRuntime:
+    """This child's runtime, for `app` (its settings and models file): the models whose
+    queues the worker consumes (IQ_WORKER_MODELS), all of them by default."""
     global _runtime
+    settings, specs = app.conf.iq_settings, app.conf.iq_models
     wanted = [m for m in settings.worker_models.split(",") if m] or list(specs)
-    _runtime = ModelRuntime(settings, specs, wanted, hostname, index)
+    _runtime = ModelRuntime(app, settings, specs, wanted, hostname, index)
     _runtime.start()
     return _runtime
 
