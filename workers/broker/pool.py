@@ -1,5 +1,5 @@
 """Two adjustments of the worker's prefork pool, made on the pool object when the dispatcher
-first meets it (workers/dispatcher.py)."""
+first meets it (workers/strategy.py)."""
 from __future__ import annotations
 
 import logging
