@@ -4,7 +4,9 @@ changes what it relies on. Only a worker's main process runs with them (`attach`
 the worker entry modules workers/main.py and workers/webhook_main.py); the API, Flower and
 `celery -A tasks.cli` run kombu and Celery as shipped.
 
-* broker.py: `Broker`, the state below, owned by one object per worker; `attach`, `install`.
+* state.py, broker.py: `Broker`, one per worker process, owns the state (`BrokerState`: what
+  the dispatcher holds, what Redis refused to record, what a fetch took ahead) and installs
+  the adjustments bound to it; `attach` makes a worker install its Broker when it starts.
 * clients.py: one Redis client per channel pool; no retries on the event loop's connections.
 * fetch.py: a fetched message is never dropped before its record (`Broker.unrecorded`); one
   script records it and takes what waits behind it (`Broker.prerecorded`).

@@ -1,5 +1,5 @@
-"""`Broker`: what one worker process holds of the broker's messages beyond kombu's own books,
-and the adjustments of kombu and Celery that read and write it."""
+"""`Broker`: what one worker process holds of the broker's messages beyond kombu's own books
+(BrokerState), and the adjustments of kombu and Celery that read and write it."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,27 +9,18 @@ from kombu.transport import redis as kombu_redis
 
 from workers.broker import clients, events, fetch, unacked
 from workers.broker.patch import Patch
+from workers.broker.state import BrokerState
 
 _OWNER_ATTR = "_iq_broker"
 
 
-class Broker:
-    """One per worker process. Its state:
-
-    * `held`: delivery tag → message, for each message the dispatcher holds (buffered or
-      running); a channel closing must not put these back (workers/broker/unacked.py).
-    * `unrecorded`: delivery tag → unacked record, for each message fetched whose record
-      Redis refused; this process holds their only copy (workers/broker/fetch.py).
-    * `prerecorded`: delivery tags a fetch took and recorded along with another message's
-      record, which kombu's own record must skip (workers/broker/fetch.py).
-
-    `install` applies the adjustments, bound to this object, to kombu's and Celery's classes;
+class Broker(BrokerState):
+    """One per worker process: its state (BrokerState) and the adjustments of kombu's and
+    Celery's classes that read and write it. `install` applies them, bound to this object;
     only a worker's main process does (`attach`)."""
 
     def __init__(self) -> None:
-        self.held: dict[str, Any] = {}
-        self.unrecorded: dict[str, str] = {}
-        self.prerecorded: set[str] = set()
+        super().__init__()
         self._patches: list[Patch] = []
 
     def __reduce__(self) -> tuple:

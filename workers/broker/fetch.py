@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import orjson
 import redis
@@ -26,9 +26,7 @@ from kombu.utils.encoding import bytes_to_str
 
 from tasks.redis_client import is_transient
 from workers.broker.patch import Patch
-
-if TYPE_CHECKING:
-    from workers.broker.broker import Broker
+from workers.broker.state import BrokerState
 
 logger = logging.getLogger(__name__)
 
@@ -90,20 +88,20 @@ def _take_what_waits_with_each_read(brpop_read: Callable[..., Any]) -> Callable[
     return _brpop_read
 
 
-def _record_or_keep(broker: Broker) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _record_or_keep(state: BrokerState) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def build(append: Callable[..., Any]) -> Callable[..., Any]:
         def append_or_keep(self: Any, message: Any, delivery_tag: str) -> Any:
-            if delivery_tag in broker.prerecorded:  # taken and recorded by a fetch (FETCH)
-                broker.prerecorded.discard(delivery_tag)
+            if delivery_tag in state.prerecorded:  # taken and recorded by a fetch (FETCH)
+                state.prerecorded.discard(delivery_tag)
                 return virtual.QoS.append(self, message, delivery_tag)
             try:
-                if _record_and_take(broker, self, message, delivery_tag):
+                if _record_and_take(state, self, message, delivery_tag):
                     return virtual.QoS.append(self, message, delivery_tag)
                 return append(self, message, delivery_tag)
             except redis.RedisError as exc:
                 if not is_transient(exc):
                     raise
-                broker.unrecorded[delivery_tag] = unacked_entry(message)
+                state.unrecorded[delivery_tag] = unacked_entry(message)
                 virtual.QoS.append(self, message, delivery_tag)  # kombu's in-memory books
                 logger.warning("Redis refused to record message %s as unacknowledged (%s); "
                                "this worker keeps it until Redis takes writes again",
@@ -114,7 +112,7 @@ def _record_or_keep(broker: Broker) -> Callable[[Callable[..., Any]], Callable[.
     return build
 
 
-def _record_and_take(broker: Broker, qos: Any, message: Any, delivery_tag: str) -> bool:
+def _record_and_take(state: BrokerState, qos: Any, message: Any, delivery_tag: str) -> bool:
     """For the message a BRPOP just returned: record it and take what waits behind it (handed
     on by `_brpop_read`), in one script. False where this does not apply."""
     channel = qos.channel
@@ -132,11 +130,11 @@ def _record_and_take(broker: Broker, qos: Any, message: Any, delivery_tag: str) 
                      args=[time.time(), delivery_tag, unacked_entry(message), want])
     for key, item in zip(out[::2], out[1::2]):
         payload = json.loads(bytes_to_str(item))  # as kombu's own BRPOP read parses it
-        broker.prerecorded.add(payload["properties"]["delivery_tag"])
+        state.prerecorded.add(payload["properties"]["delivery_tag"])
         channel._iq_fetched.append((bytes_to_str(key), payload))
     return True
 
 
-def patches(broker: Broker) -> list[Patch]:
+def patches(state: BrokerState) -> list[Patch]:
     return [Patch(kombu_redis.Channel, "_brpop_read", _take_what_waits_with_each_read),
-            Patch(kombu_redis.QoS, "append", _record_or_keep(broker))]
+            Patch(kombu_redis.QoS, "append", _record_or_keep(state))]

@@ -34,7 +34,7 @@ class Leases:
         # delivery tag → the message this worker holds under it (the Broker's, which a
         # closing channel reads). A tag can come back on a newer delivery of the same message;
         # only the newest holder may settle it.
-        self.held: dict[str, Any] = unacked.broker.held
+        self.held: dict[str, Any] = unacked.state.held
         self.to_ack: dict[str, Any] = {}
         self.to_restore: dict[str, Any] = {}
 
@@ -92,7 +92,7 @@ class Leases:
             self.unacked.record_kept()
         except redis.RedisError as exc:
             logger.warning("Redis still refuses to record %d fetched message(s): %s",
-                           len(self.unacked.broker.unrecorded), exc)
+                           len(self.unacked.state.unrecorded), exc)
         self._flush()
         try:
             self.unacked.renew([*self.held, *self.to_ack, *self.to_restore])

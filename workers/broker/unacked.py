@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
@@ -22,9 +22,7 @@ from kombu.utils import json
 
 from tasks.names import list_for
 from workers.broker.patch import Patch
-
-if TYPE_CHECKING:
-    from workers.broker.broker import Broker
+from workers.broker.state import BrokerState
 
 logger = logging.getLogger(__name__)
 
@@ -48,18 +46,18 @@ return 1
 class Unacked:
     """Delivered, unacknowledged messages in Redis, by delivery tag. Any Redis client will
     do; the dispatcher's own is used, so it works whatever state kombu's connection is in.
-    What Redis refused to record at fetch time is in `broker.unrecorded`, this process's
+    What Redis refused to record at fetch time is in `state.unrecorded`, this process's
     only copy, until it is recorded, acknowledged or put back."""
 
-    def __init__(self, client: Any, broker: Broker) -> None:
+    def __init__(self, client: Any, state: BrokerState) -> None:
         self.client = client
-        self.broker = broker
+        self.state = state
         self._restore = client.register_script(_RESTORE)
 
     def record_kept(self) -> int:
         """Write the unacked records Redis refused at fetch time; returns how many are still
         waiting."""
-        unrecorded = self.broker.unrecorded
+        unrecorded = self.state.unrecorded
         kept = dict(unrecorded)
         if kept:
             with self.client.pipeline(transaction=False) as pipe:
@@ -86,7 +84,7 @@ class Unacked:
                 pipe.hdel(UNACKED, *tags)
                 pipe.execute()
             for tag in tags:
-                self.broker.unrecorded.pop(tag, None)
+                self.state.unrecorded.pop(tag, None)
 
     def restore(self, tags: Iterable[str]) -> int:
         """Back to the head of their queues; returns how many were still unacknowledged."""
@@ -118,7 +116,7 @@ class Unacked:
     def _restore_kept(self, tags: list[str]) -> set[str]:
         """Push back those of `tags` never recorded in Redis (this process holds the only
         copy); returns their tags."""
-        unrecorded = self.broker.unrecorded
+        unrecorded = self.state.unrecorded
         kept = {tag: unrecorded[tag] for tag in tags if tag in unrecorded}
         if kept:
             with self.client.pipeline(transaction=False) as pipe:
@@ -144,11 +142,11 @@ def release_in_memory(message: Any) -> None:
         virtual.QoS.ack(channel.qos, message.delivery_tag)
 
 
-def _restore_only_what_no_one_holds(broker: Broker) -> Callable[[Callable[..., Any]],
+def _restore_only_what_no_one_holds(state: BrokerState) -> Callable[[Callable[..., Any]],
                                                                  Callable[..., Any]]:
     def build(restore: Callable[..., Any]) -> Callable[..., Any]:
         def restore_unacked(self: Any, client: Any = None) -> Any:
-            for tag in [t for t in self._delivered if t in broker.held]:
+            for tag in [t for t in self._delivered if t in state.held]:
                 self._delivered.pop(tag, None)
             try:
                 return restore(self, client)
@@ -163,5 +161,5 @@ def _restore_only_what_no_one_holds(broker: Broker) -> Callable[[Callable[..., A
     return build
 
 
-def patches(broker: Broker) -> list[Patch]:
-    return [Patch(kombu_redis.QoS, "restore_unacked", _restore_only_what_no_one_holds(broker))]
+def patches(state: BrokerState) -> list[Patch]:
+    return [Patch(kombu_redis.QoS, "restore_unacked", _restore_only_what_no_one_holds(state))]
