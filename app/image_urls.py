@@ -4,17 +4,12 @@ redirects, a size cap and one total deadline). This module only adapts its answe
 errors to an input's refusal; it checks nothing itself."""
 from __future__ import annotations
 
+from app.image_errors import ImageRefused
 from config import Settings
+from tasks import egress
 
 
 def fetch_image(url: str, settings: Settings, max_bytes: int) -> bytes:
-    from app.images import ImageRefused
-
-    try:
-        from tasks import egress
-    except ImportError:  # the pinned fetcher is not in this build: never fetch without it
-        raise ImageRefused("image URLs are not enabled in this deployment; send the image "
-                           "as base64 or upload it") from None
     try:
         answer = egress.fetch(url, allow=settings.image_url_allow_list, method="GET",
                               body=None, headers={"Accept": "image/*"},

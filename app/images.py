@@ -19,6 +19,8 @@ from typing import Any
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from app.image_errors import ImageRefused
+from app.image_urls import fetch_image
 from config import Settings
 from config.models import ModelSpec
 from config.preprocess import IMAGE_FORMATS, ImagePreprocess
@@ -26,10 +28,6 @@ from config.preprocess import IMAGE_FORMATS, ImagePreprocess
 _DATA_URI = re.compile(r"^data:(image/[\w.+-]+)?(;[\w-]+=[^;,]*)*;base64,", re.IGNORECASE)
 _RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
              "bicubic": Image.Resampling.BICUBIC, "lanczos": Image.Resampling.LANCZOS}
-
-
-class ImageRefused(ValueError):
-    """This input cannot be used as an image; the message says why."""
 
 
 class BadImages(Exception):
@@ -53,8 +51,6 @@ def image_bytes(value: str | bytes, spec: ModelSpec, settings: Settings) -> byte
     if isinstance(value, bytes):
         data = value
     elif value[:8].lower().startswith(("http://", "https://")):
-        from app.image_urls import fetch_image
-
         data = fetch_image(value, settings, spec.max_image_bytes)
     else:
         match = _DATA_URI.match(value)

@@ -15,6 +15,7 @@ import json
 import logging
 import random
 import threading
+import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -24,6 +25,7 @@ from config import Settings
 from tasks import egress
 from tasks.logs import trace
 from tasks.webhooks import DELIVER_TASK, headers
+from workers import webhook_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -109,13 +111,18 @@ def attempt(url: str, event: str, job_id: str, payload: dict, settings: Settings
 def register(app: Celery) -> None:
     settings = app.conf.iq_settings
     slots = HostSlots(settings.webhook_host_concurrency)
+    metrics = webhook_metrics.get()
 
     @app.task(name=DELIVER_TASK, bind=True, acks_late=True, ignore_result=True,
               max_retries=settings.webhook_retries, shared=False)
     def deliver(self, url: str, event: str, job_id: str, payload: dict,
                 trace_id: str | None = None) -> None:
         with trace(trace_id):
+            started = time.monotonic()
             result = attempt(url, event, job_id, payload, settings, slots)
+            metrics.attempts.labels(result.outcome.value).inc()
+            if result.outcome is not Outcome.BUSY:
+                metrics.attempt_seconds.observe(time.monotonic() - started)
             host, tries = host_of(url), self.request.retries
             if result.outcome is Outcome.DELIVERED:
                 logger.info("webhook %s for job %s delivered to %s (%d)", event, job_id, host,
@@ -137,6 +144,7 @@ def register(app: Celery) -> None:
             elif tries >= settings.webhook_retries:
                 # Not self.retry(): its MaxRetriesExceededError message carries the task's
                 # arguments, the URL and the whole payload.
+                metrics.given_up.inc()
                 logger.error("webhook for job %s to %s given up after %d attempts; last: %s",
                              job_id, host, tries + 1, result.status or result.detail)
             else:
