@@ -111,7 +111,7 @@ def _time(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text) if text else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobRecord:
     """A job: its record's fields (`iq:job:<id>`, a hash of these names) and, once it
     succeeded, its outputs while they are kept (`result_ttl_s`)."""

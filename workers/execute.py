@@ -15,7 +15,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 import orjson
 import redis
@@ -105,7 +105,7 @@ def execute(app: Any, rt: ModelRuntime, model: str, jobs: list[BatchJob]) -> lis
     return outcomes + not_run
 
 
-def _retry(job_ids: Any) -> list[JobOutcome]:
+def _retry(job_ids: Iterable[str]) -> list[JobOutcome]:
     return [JobOutcome(job_id, Outcome.RETRY) for job_id in job_ids]
 
 
