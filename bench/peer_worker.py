@@ -23,10 +23,12 @@ from workers import broker
 from workers.batch import BatchJob
 from workers.execute import run_batch
 from workers.runtime import start_runtime, stop_runtime
+from workers.spawn import project_on_path
 
 FLUSH_EVERY = int(os.environ.get("BENCH_FLUSH_EVERY", "32"))
 FLUSH_INTERVAL = float(os.environ.get("BENCH_FLUSH_INTERVAL", "0.005"))
 
+project_on_path()  # for the spawned pool children
 celery = make_celery()
 broker.attach(celery)  # the service's adjustments of kombu: only the batching differs
 celery.conf.imports = ("bench.peer_worker",)

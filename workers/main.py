@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
-from pathlib import Path
 
 from celery import Task, signals
 from celery.utils.log import current_process_index
@@ -22,16 +20,13 @@ from tasks import logs, tracing
 from tasks.celery_app import make_celery
 from tasks.names import task_name
 from workers import broker, metrics
-from workers.strategy import DispatcherStep
 from workers.runtime import start_runtime, stop_runtime
+from workers.spawn import project_on_path
+from workers.strategy import DispatcherStep
 
 logger = logging.getLogger(__name__)
 
-# Spawned pool children unpickle references to this project's code, so its root must be on
-# their sys.path, which they copy from their parent's. `celery -A` puts the working directory
-# there only while it imports the app module, and takes that entry out again: so the root is
-# appended even when it is there already (it may be that entry). Only this worker spawns.
-sys.path.append(str(Path(__file__).resolve().parent.parent))
+project_on_path()  # for the spawned pool children
 
 celery = make_celery()
 broker.attach(celery)
