@@ -59,9 +59,14 @@ class Settings:
     webhook_host_concurrency: int = 2
 
     # Image URLs (app/image_urls.py): hosts (or CIDRs) the API may fetch images from although
-    # they are not public, and one deadline for each fetch.
+    # they are not public, and one deadline for all of a job's fetches.
     image_url_allow: str = ""
     image_fetch_deadline_s: float = 10.0
+    # Image decoding (app/decoders.py): decoder processes per API process, the time each image
+    # may take and the memory (address space) each decoder may use.
+    image_decoders: int = 2
+    image_decode_timeout_s: float = 5.0
+    image_decode_memory_mb: int = 1024
 
     # Workers.
     heartbeat_interval_s: float = 2.0
@@ -172,6 +177,15 @@ def load_settings(
     if settings.webhook_host_concurrency < 1:
         raise ConfigError("webhook_host_concurrency must be an integer >= 1, "
                           f"got {settings.webhook_host_concurrency}")
+    if settings.image_decoders < 1:
+        raise ConfigError(f"image_decoders must be an integer >= 1, got {settings.image_decoders}")
+    if settings.image_decode_timeout_s <= 0 or settings.image_fetch_deadline_s <= 0:
+        raise ConfigError("image_decode_timeout_s and image_fetch_deadline_s must be > 0, got "
+                          f"{settings.image_decode_timeout_s} and "
+                          f"{settings.image_fetch_deadline_s}")
+    if settings.image_decode_memory_mb < 256:
+        raise ConfigError("image_decode_memory_mb must be an integer >= 256, got "
+                          f"{settings.image_decode_memory_mb}")
     if settings.webhook_timeout_s <= 0:
         raise ConfigError(f"webhook_timeout_s must be > 0, got {settings.webhook_timeout_s}")
     return settings
