@@ -126,7 +126,7 @@ class Submitter:
         """422 for a webhook this service will not call. While webhooks are off (no secret)
         the answer is a 422 on `webhook`, not a 503: retrying will not help, and the job can
         be sent without the field and polled."""
-        if not webhooks.enabled(self.settings.webhook_secret):
+        if not webhooks.accepted(self.settings.webhook_secret, self.settings.webhooks_enabled):
             raise ValidationFailed("the job is invalid",
                                    fields={"webhook": [webhooks.SECRET_MISSING]})
         try:

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -49,8 +50,11 @@ class Settings:
 
     # Webhooks. Hosts (or CIDRs) allowed even though they are private/loopback/link-local.
     webhook_allow: str = ""
-    # No default: webhooks stay off until it is set (tasks.webhooks.enabled).
+    # No default: webhooks stay off until it is set (tasks.webhooks.enabled). Only the
+    # deliverer signs; a process that only queues deliveries (the API) may instead be told
+    # that webhooks are on, and hold no secret.
     webhook_secret: str = ""
+    webhooks_enabled: bool = False
     webhook_retries: int = 8
     webhook_backoff_s: float = 2.0
     webhook_timeout_s: float = 10.0  # the whole delivery, however slowly the receiver answers
@@ -109,6 +113,13 @@ class Settings:
     # trace id), not its inputs; true restores the full arguments, for debugging.
     events_full_args: bool = False
 
+    def __repr__(self) -> str:
+        """Every setting but the secrets: what Celery's `inspect conf` and Flower show of the
+        settings the Celery app carries (tasks/celery_app.py)."""
+        shown = ", ".join(f"{f.name}={_shown(f.name, getattr(self, f.name))!r}"
+                          for f in fields(self))
+        return f"Settings({shown})"
+
     @property
     def webhook_allow_list(self) -> list[str]:
         return [h.strip() for h in self.webhook_allow.split(",") if h.strip()]
@@ -117,6 +128,21 @@ class Settings:
     def image_url_allow_list(self) -> list[str]:
         return [h.strip() for h in self.image_url_allow.split(",") if h.strip()]
 
+
+def _shown(name: str, value: Any) -> Any:
+    if name in SECRET_SETTINGS:
+        return "**" if value else ""
+    if name == "redis_url":
+        parts = urlsplit(value)
+        if parts.password:
+            user = parts.username or ""
+            host = parts.netloc.rsplit("@", 1)[1]
+            return parts._replace(netloc=f"{user}:**@{host}").geturl()
+    return value
+
+
+# Settings never shown (Settings.__repr__), beside the password in redis_url.
+SECRET_SETTINGS = frozenset({"webhook_secret"})
 
 # Environment variable → field. REDIS_URL is the one name every Redis user already knows; the
 # rest carry the IQ_ prefix so they cannot collide with other software's.
