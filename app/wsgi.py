@@ -12,3 +12,7 @@ if "gunicorn.workers.ggevent" in sys.modules:
 from app import create_app  # noqa: E402
 
 app = create_app()
+if "gunicorn.workers.ggevent" in sys.modules:  # bodies read under gevent Timeouts
+    from app.request_body import GuardedBodies
+
+    app.wsgi_app = GuardedBodies(app.wsgi_app, app.config["IQ_SETTINGS"].body_timeout_s)

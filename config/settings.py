@@ -6,6 +6,7 @@ The API, the workers and the scripts all read the same `Settings`, so a value se
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -38,6 +39,11 @@ class Settings:
     # behind other waits. gunicorn.conf.py sizes the process's connections from max_waits.
     max_waits: int = 2000
     max_waits_per_key: int = 500
+    # A request's body must have arrived this long after its headers (app/request_body.py);
+    # later, 408. Proxy headers (SCRIPT_NAME, X-Forwarded-*) are honoured only from these
+    # addresses or CIDRs, comma-separated (gunicorn.conf.py); none by default.
+    body_timeout_s: float = 30.0
+    forwarded_allow_ips: str = ""
     redis_timeout_s: float = 2.0
     job_ttl_s: int = 86_400
     # How long a finished job's outputs stay readable: what bounds Redis's memory under steady
@@ -203,6 +209,14 @@ def load_settings(
     if settings.webhook_host_concurrency < 1:
         raise ConfigError("webhook_host_concurrency must be an integer >= 1, "
                           f"got {settings.webhook_host_concurrency}")
+    if settings.body_timeout_s <= 0:
+        raise ConfigError(f"body_timeout_s must be > 0, got {settings.body_timeout_s}")
+    for entry in filter(None, (e.strip() for e in settings.forwarded_allow_ips.split(","))):
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ConfigError("forwarded_allow_ips must list IP addresses or CIDRs, got "
+                              f"{entry!r}") from None
     if settings.image_decoders < 1:
         raise ConfigError(f"image_decoders must be an integer >= 1, got {settings.image_decoders}")
     if settings.image_decode_timeout_s <= 0 or settings.image_fetch_deadline_s <= 0:
