@@ -11,7 +11,8 @@ import time
 import requests
 from PIL import Image
 
-from bench.hostile_images import api_processes, hammer, requests_to_send
+from app.decoding import MAX_JPEG_SCANS
+from bench.hostile_images import api_processes, hammer, progressive_jpeg, requests_to_send
 from tests.support.receivers import Tarpit
 
 MODEL = "vision-defaults"  # the default max_image_bytes and max_image_pixels
@@ -41,6 +42,18 @@ def test_hostile_images_in_a_loop_do_not_hold_up_the_api(stack):
         assert len(error["fields"]) + error.get("fields_omitted", 0) == indices, error
         for field, messages in error["fields"].items():
             assert field.startswith("inputs.") and REASONS[name] in messages[0], (name, error)
+
+
+def test_an_image_slow_to_decode_but_accepted_holds_up_nothing_else(stack):
+    """A progressive JPEG of 36 MP and 64 scans passes every check and takes a decoder a
+    second or two: /healthz is answered meanwhile (the API waits on the decoder's pipe, a
+    greenlet among others)."""
+    slow = {"json": {"model": MODEL, "inputs": [
+        base64.b64encode(progressive_jpeg(MAX_JPEG_SCANS)).decode()]}}
+    seen = hammer(stack.api, {"slow": slow}, seconds=4, clients=2)
+    assert {status for (_name, status) in seen["answers"]} <= {202, 503}, seen["answers"]
+    assert seen["answers"][("slow", 202)] >= 1
+    assert max(seen["probes"]) < 0.5, sorted(seen["probes"])[-5:]
 
 
 def test_a_good_image_is_still_served_beside_them(stack):
