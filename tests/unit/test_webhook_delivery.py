@@ -85,3 +85,16 @@ def test_a_delivery_is_signed_over_its_id_timestamp_and_body_with_its_tenants_ke
             receiver_secret("s3cret", "batch-jobs"), calls[1]["headers"], calls[1]["body"])
     finally:
         receiver.close()
+
+
+def test_the_secret_command_prints_each_receivers_secret(monkeypatch, capsys):
+    from tasks.webhooks import main
+
+    monkeypatch.setenv("IQ_WEBHOOK_SECRET", "s3cret")
+    assert main(["tasks.webhooks", "secret", "search-team"]) == 0
+    assert capsys.readouterr().out.strip() == receiver_secret("s3cret", "search-team")
+    assert main(["tasks.webhooks", "secret"]) == 0
+    assert capsys.readouterr().out.strip() == "whsec_" + base64.b64encode(b"s3cret").decode()
+    monkeypatch.setenv("IQ_WEBHOOK_SECRET", "change-me")
+    assert main(["tasks.webhooks", "secret"]) == 1
+    assert "IQ_WEBHOOK_SECRET" in capsys.readouterr().err
