@@ -140,8 +140,12 @@ class DecoderPool:
                                    "decode") from None
             except (OSError, EOFError):
                 decoder.stop()
-                raise ImageRefused("the image could not be decoded within the decoder's "
-                                   f"memory ({self.memory_mb} MiB)") from None
+                raise ImageRefused("the decoder died on this image (out of its "
+                                   f"{self.memory_mb} MiB of memory, or a fault of the "
+                                   "decoder)") from None
+            except BaseException:  # the request itself was cut short: its answer is unread
+                decoder.stop()
+                raise
             with self._lock:
                 self._idle.append(decoder)
         if kind != OK:
