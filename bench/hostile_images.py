@@ -137,11 +137,11 @@ def api_processes(master_pid: int) -> set[int]:
 def hammer(api: str, to_send: dict[str, dict], seconds: float, clients: int) -> dict:
     """Send `to_send` in turn from `clients` threads for `seconds` while probing /healthz
     every 20 ms. Returns the probes' latencies (s), the answers by request and status, and
-    the refusals' field names by request."""
+    the refusals' messages by request."""
     stop = time.monotonic() + seconds
     probes: list[float] = []
     answers: Counter = Counter()
-    fields: dict[str, set] = {name: set() for name in to_send}
+    refusals: dict[str, set] = {name: set() for name in to_send}
     lock = threading.Lock()
 
     def probe() -> None:
@@ -162,7 +162,8 @@ def hammer(api: str, to_send: dict[str, dict], seconds: float, clients: int) -> 
             with lock:
                 answers[(name, r.status_code)] += 1
                 if r.status_code == 422:
-                    fields[name].update(r.json()["error"].get("fields", {}))
+                    refusals[name].update(m for messages in r.json()["error"]["fields"].values()
+                                          for m in messages)
 
     threads = [threading.Thread(target=probe)] + [
         threading.Thread(target=client, args=(n,)) for n in range(clients)]
@@ -170,7 +171,7 @@ def hammer(api: str, to_send: dict[str, dict], seconds: float, clients: int) -> 
         thread.start()
     for thread in threads:
         thread.join()
-    return {"probes": probes, "answers": answers, "fields": fields}
+    return {"probes": probes, "answers": answers, "refusals": refusals}
 
 
 def main(argv: list[str] | None = None) -> int:

