@@ -1,10 +1,13 @@
 # The two commands a newcomer needs: `make run` and `make test`.
 PYTHON ?= python3
 VENV := .venv
-RUN_STAMP := $(VENV)/.run-$(shell cat requirements.txt | cksum | cut -d' ' -f1)
+# requirements/: base (every process), api, worker; run.txt (make run) and dev.txt (tests,
+# benchmarks) gather them.
+RUN_REQS := requirements/base.txt requirements/api.txt requirements/worker.txt requirements/run.txt
+RUN_STAMP := $(VENV)/.run-$(shell cat $(RUN_REQS) | cksum | cut -d' ' -f1)
 # The benchmark's peer; it declares celery<5.7 but works on 5.7, so it goes in --no-deps.
 CELERY_BATCHES := 0.11
-DEV_STAMP := $(VENV)/.dev-$(shell echo $(CELERY_BATCHES) | cat requirements.txt requirements-dev.txt - | cksum | cut -d' ' -f1)
+DEV_STAMP := $(VENV)/.dev-$(shell echo $(CELERY_BATCHES) | cat $(RUN_REQS) requirements/dev.txt - | cksum | cut -d' ' -f1)
 
 .PHONY: run test bench bench-quick gpu-check clean
 
@@ -27,12 +30,12 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 
-$(RUN_STAMP): requirements.txt | $(VENV)/bin/python
-	$(VENV)/bin/pip install -q -r requirements.txt
+$(RUN_STAMP): $(RUN_REQS) | $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -r requirements/run.txt
 	touch $@
 
-$(DEV_STAMP): requirements.txt requirements-dev.txt | $(VENV)/bin/python
-	$(VENV)/bin/pip install -q -r requirements-dev.txt
+$(DEV_STAMP): $(RUN_REQS) requirements/dev.txt | $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -r requirements/dev.txt
 	$(VENV)/bin/pip install -q --no-deps celery-batches==$(CELERY_BATCHES)
 	touch $@ $(RUN_STAMP)
 

@@ -22,7 +22,7 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     from app.submission import Submitter
 
     app = Flask(__name__)
-    app.config.update(IQ_SETTINGS=settings, MAX_CONTENT_LENGTH=settings.max_body_bytes)
+    app.config.update(MAX_CONTENT_LENGTH=settings.max_body_bytes)
     app.json = OrjsonProvider(app)
     configure_logging(settings.log_level, settings.log_format)
     if tracing.setup("inference-queue-api"):

@@ -26,7 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from app.decoding import ANSWER, OK, REQUEST, ImageRefused, Limits
+from app.decoding import ANSWER, OK, REQUEST, Limits
+from app.image_errors import ImageRefused
 
 DECODER = str(Path(__file__).with_name("decoding.py"))
 WAITING_PER_DECODER = 4

@@ -50,8 +50,9 @@ _MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7]")
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 
 
-class ImageRefused(ValueError):
-    """This input cannot be used as an image; the message says why."""
+class Refused(ValueError):
+    """This image is refused; the message says why (the API turns it into its ImageRefused:
+    this module imports nothing of the project's, as it runs on its own)."""
 
 
 @dataclass(frozen=True)
@@ -115,23 +116,23 @@ def check(image: Image.Image, data: bytes, limits: Limits) -> None:
     width, height = image.size
     pixels = width * height
     if pixels > limits.max_pixels:
-        raise ImageRefused(f"the image is {width}x{height} = {pixels} pixels; this model takes "
+        raise Refused(f"the image is {width}x{height} = {pixels} pixels; this model takes "
                            f"at most {limits.max_pixels}")
     if pixels > BOMB_FLOOR_PIXELS and pixels > MAX_PIXELS_PER_BYTE * len(data):
-        raise ImageRefused(f"the image declares {pixels} pixels in {len(data)} bytes, more than "
+        raise Refused(f"the image declares {pixels} pixels in {len(data)} bytes, more than "
                            f"{MAX_PIXELS_PER_BYTE} pixels a byte: a decompression bomb")
     samples, most = _sample_bytes(image, data), 4 * limits.max_pixels
     if samples > most:
-        raise ImageRefused(f"the image holds {samples / 2**20:.0f} MiB of samples; this model "
+        raise Refused(f"the image holds {samples / 2**20:.0f} MiB of samples; this model "
                            f"takes at most {most / 2**20:.0f} MiB (as in 8-bit RGBA at "
                            f"{limits.max_pixels} pixels)")
     if getattr(image, "is_animated", False) and pixels > limits.max_pixels // 4:
-        raise ImageRefused(f"the image is an animation on a {width}x{height} canvas; "
+        raise Refused(f"the image is an animation on a {width}x{height} canvas; "
                            f"animations may have at most {limits.max_pixels // 4} pixels")
     if image.format == "JPEG":
         scans = jpeg_scans(data, MAX_JPEG_SCANS)
         if scans > MAX_JPEG_SCANS:
-            raise ImageRefused(f"the JPEG has more than {MAX_JPEG_SCANS} scans")
+            raise Refused(f"the JPEG has more than {MAX_JPEG_SCANS} scans")
 
 
 def fit(image: Image.Image, limits: Limits) -> Image.Image:
@@ -155,25 +156,25 @@ def fit(image: Image.Image, limits: Limits) -> Image.Image:
 
 
 def picture(data: bytes, limits: Limits) -> bytes:
-    """The model's input picture as raw RGB bytes, or ImageRefused saying why not."""
+    """The model's input picture as raw RGB bytes, or Refused saying why not."""
     accepted = ", ".join(limits.formats)
     try:
         # Reads the header only. Pillow's own bomb check (an error past twice
         # Image.MAX_IMAGE_PIXELS) may fire here; the model's cap is checked in `check`.
         image = Image.open(io.BytesIO(data), formats=limits.formats)
     except UnidentifiedImageError:
-        raise ImageRefused(f"not an image in a supported format ({accepted})") from None
+        raise Refused(f"not an image in a supported format ({accepted})") from None
     except Image.DecompressionBombError:
-        raise ImageRefused(f"the image has more than {limits.max_pixels} pixels") from None
+        raise Refused(f"the image has more than {limits.max_pixels} pixels") from None
     check(image, data, limits)
     try:
         image.load()
         image = ImageOps.exif_transpose(image).convert("RGB")
         return fit(image, limits).tobytes()
     except MemoryError:
-        raise ImageRefused("the image needs more memory to decode than a decoder may use")
+        raise Refused("the image needs more memory to decode than a decoder may use")
     except Exception as exc:  # noqa: BLE001 - whatever a decoder raises, the image is bad
-        raise ImageRefused(f"the {image.format} image cannot be decoded (truncated or "
+        raise Refused(f"the {image.format} image cannot be decoded (truncated or "
                            f"corrupt): {type(exc).__name__}: {exc}") from None
 
 
@@ -191,7 +192,7 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
             return
         try:
             kind, body = OK, picture(data, Limits.from_json(header))
-        except ImageRefused as refused:
+        except Refused as refused:
             kind, body = REFUSED, str(refused).encode()
         answers.write(ANSWER.pack(kind, len(body)) + body)
         answers.flush()

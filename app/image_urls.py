@@ -4,7 +4,7 @@ redirects, a size cap and one total deadline: what is left of the job's, app/ima
 module only adapts its answers and errors to an input's refusal; it checks nothing itself."""
 from __future__ import annotations
 
-from app.decoding import ImageRefused
+from app.image_errors import ImageRefused
 from config import Settings
 from tasks import egress
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.decoders import DecoderPool
-from app.decoding import ImageRefused, Limits
+from app.decoding import Limits
+from app.image_errors import ImageRefused
 from app.image_urls import fetch_image
 from config import Settings
 from config.models import ModelSpec

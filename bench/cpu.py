@@ -32,7 +32,7 @@ from types import SimpleNamespace
 import requests
 
 from bench import profile
-from bench.__main__ import FLOWS, MODELS, Config, Stack, configs_for, start_stack
+from bench.harness import FLOWS, MODELS, Config, Stack, configs_for, start_stack
 from bench.load import percentile
 from bench.usage import Usage
 from scripts.stack import wait_until

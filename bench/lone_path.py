@@ -30,7 +30,7 @@ from urllib.parse import urlparse
 import redis
 import requests
 
-from bench.__main__ import MODELS, configs_for, start_stack
+from bench.harness import MODELS, configs_for, start_stack
 from bench.load import make_inputs
 from scripts.stack import wait_until
 

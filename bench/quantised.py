@@ -17,8 +17,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from bench.__main__ import RESULTS, RawServer, pool_raw
-from tests.support.models import minilm_folder
+from bench.harness import MODELS, RESULTS, RawServer, pool_raw
 
 DTYPES = ("float32", "int8")
 
@@ -29,7 +28,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=3.0, help="per model, size and round")
     p.add_argument("--out", default=str(RESULTS / "int8.json"))
     a = p.parse_args()
-    models = {f"minilm-{d}": {"kind": "embedding", "path": str(minilm_folder()), "dtype": d,
+    package = MODELS["minilm-embed"]["package"]  # the folder the service's minilm-embed loads
+    models = {f"minilm-{d}": {"kind": "embedding", "package": package, "dtype": d,
                               "device": "cpu", "max_batch_size": 32} for d in DTYPES}
     models_file = Path(tempfile.mkdtemp(prefix="iq-int8-")) / "models.yaml"
     models_file.write_text(yaml.safe_dump({"models": models}))

@@ -6,6 +6,7 @@ The API, the workers and the scripts all read the same `Settings`, so a value se
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import ipaddress
 import os
 from dataclasses import dataclass, fields
@@ -106,9 +107,11 @@ class Settings:
 
     log_level: str = "INFO"
     log_format: str = "text"  # or json: one JSON object a line, for log shippers
-    # The worker's Prometheus endpoint, served by its main process (0: off).
+    # The worker's Prometheus endpoint, served by its main process, and the webhook
+    # deliverer's, both on worker_metrics_host (0: off).
     worker_metrics_port: int = 9808
     worker_metrics_host: str = "127.0.0.1"
+    webhook_metrics_port: int = 9809
     # GPUs on a worker's host; -1: ask nvidia-smi (a separate process, so that the worker's
     # parent never initialises CUDA). One pool child per GPU.
     gpu_count: int = -1
@@ -153,7 +156,41 @@ SECRET_SETTINGS = frozenset({"webhook_secret"})
 # Environment variable → field. REDIS_URL is the one name every Redis user already knows; the
 # rest carry the IQ_ prefix so they cannot collide with other software's.
 ENV_NAMES: dict[str, str] = {"REDIS_URL": "redis_url"}
-ENV_NAMES.update({f"IQ_{f.name.upper()}": f.name for f in fields(Settings)})
+ENV_NAMES.update({f"IQ_{f.name.upper()}": f.name for f in fields(Settings)
+                  if f.name != "redis_url"})
+
+# IQ_ variables that something other than Settings reads, each with where: accepted beside the
+# settings' own, so that an IQ_ variable nobody reads (a typo) stops the process instead of
+# being silently ignored. README's "Process settings" documents the launchers' ones.
+OTHER_VARIABLES: dict[str, str] = {
+    "IQ_CONFIG": "load_settings: the YAML settings file",
+    "IQ_HOST": "scripts/web.sh, scripts/run.py",
+    "IQ_PORT": "scripts/web.sh, scripts/run.py",
+    "IQ_WEB_WORKERS": "gunicorn.conf.py",
+    "IQ_WORKER_CONCURRENCY": "scripts/worker.sh",
+    "IQ_WORKER_QUEUES": "scripts/worker.sh",
+    "IQ_WORKER_NAME": "scripts/worker.sh",
+    "IQ_WEBHOOK_CONCURRENCY": "scripts/webhooks.sh",
+    "IQ_VAR_DIR": "scripts/run.py, scripts/redis-server.sh",
+    "IQ_REDIS_DIR": "scripts/run.py, scripts/redis-server.sh",
+    "IQ_REDIS_PASSWORD_FILE": "scripts/run.py, scripts/redis-server.sh",
+    "IQ_REDIS_APP_PASSWORD_FILE": "scripts/run.py, scripts/redis-server.sh",
+    "IQ_REDIS_APP_USER": "scripts/run.py, scripts/redis-server.sh",
+    "IQ_API_URL": "client/inference_queue_client/client.py",
+    "IQ_API_KEY": "client/inference_queue_client/client.py",
+}
+KNOWN_VARIABLES = frozenset(ENV_NAMES) | frozenset(OTHER_VARIABLES)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line for each IQ_ variable in `environ` that nothing reads, naming the closest
+    known one."""
+    lines = []
+    for name in sorted(n for n in environ if n.startswith("IQ_") and n not in KNOWN_VARIABLES):
+        close = difflib.get_close_matches(name, KNOWN_VARIABLES, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else "no setting has a name like it"
+        lines.append(f"unknown environment variable {name}: {hint}")
+    return lines
 
 
 def _coerce(name: str, raw: Any, kind: type) -> Any:
@@ -173,6 +210,9 @@ def load_settings(
     """Build Settings: defaults, then the YAML file named by IQ_CONFIG (if any), then the
     environment, then `overrides` (tests pass theirs here)."""
     environ = os.environ if environ is None else environ
+    unknown = unknown_variables(environ)
+    if unknown:
+        raise ConfigError("\n".join(unknown + ["(README's Configuration lists every variable)"]))
     types = {f.name: type(f.default) for f in fields(Settings)}
     values: dict[str, Any] = {}
 

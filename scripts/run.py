@@ -26,7 +26,7 @@ from honcho.manager import Manager
 from honcho.printer import Message, Printer
 from kombu.utils.url import maybe_sanitize_url
 
-from config import ConfigError, load_settings
+from config import ConfigError, Settings, load_settings
 from scripts.preflight import REDIS_APP_USER, Binding, model_file_problems, port_problems, \
     reachable
 
@@ -103,7 +103,7 @@ def _announce(manager: Manager, checks: dict[str, str], block: str) -> None:
 
 
 def _bindings(env: dict[str, str]) -> dict[str, Binding]:
-    metrics_host = env.get("IQ_WORKER_METRICS_HOST", "127.0.0.1")
+    metrics_host = env.get("IQ_WORKER_METRICS_HOST") or Settings.worker_metrics_host
     return {
         "redis": Binding("Redis", "REDIS_PORT", "127.0.0.1", _port(env, "REDIS_PORT", 6379)),
         "api": Binding("the API", "IQ_PORT", env.get("IQ_HOST", "127.0.0.1"),
@@ -111,9 +111,10 @@ def _bindings(env: dict[str, str]) -> dict[str, Binding]:
         "flower": Binding("Flower", "FLOWER_PORT", env.get("FLOWER_HOST", "127.0.0.1"),
                           _port(env, "FLOWER_PORT", 5555)),
         "worker": Binding("the worker's metrics", "IQ_WORKER_METRICS_PORT", metrics_host,
-                          _port(env, "IQ_WORKER_METRICS_PORT", 9808)),
+                          _port(env, "IQ_WORKER_METRICS_PORT", Settings.worker_metrics_port)),
         "webhooks": Binding("the webhook deliverer's metrics", "IQ_WEBHOOK_METRICS_PORT",
-                            metrics_host, _port(env, "IQ_WEBHOOK_METRICS_PORT", 0)),
+                            metrics_host,
+                            _port(env, "IQ_WEBHOOK_METRICS_PORT", Settings.webhook_metrics_port)),
     }
 
 
@@ -173,6 +174,10 @@ def plan(environ: dict[str, str]) -> Run:
     """Check the ports, then make or read the secrets (nothing is written when a port is
     taken)."""
     env = dict(environ)
+    try:
+        settings = load_settings(environ=env)  # what every process would refuse, refused now
+    except ConfigError as error:
+        raise Refused(f"make run: {error}") from None
     var_dir = ROOT / (env.get("IQ_VAR_DIR") or "var")
     own_redis = not env.get("REDIS_URL")
     ports = _bindings(env)
@@ -182,8 +187,8 @@ def plan(environ: dict[str, str]) -> Run:
     known = password_file.read_text().strip() if password_file.is_file() else None
     problems = port_problems([b for b in ports.values() if b.port], known, _shown(password_file))
     try:
-        problems += model_file_problems(load_settings(environ=env).models_file)
-    except ConfigError as exc:
+        problems += model_file_problems(settings.models_file)
+    except ConfigError as exc:  # the models file itself is wrong
         problems.append(f"make run: {exc}")
     if problems:
         raise Refused("\n".join(problems))
@@ -192,13 +197,15 @@ def plan(environ: dict[str, str]) -> Run:
                IQ_WORKER_METRICS_HOST=ports["worker"].host)
     redis, login, signing = _keep_secrets(env, var_dir,
                                           ports["redis"].port if own_redis else None)
-    api, flower, worker = ports["api"], ports["flower"], ports["worker"]
+    api, flower = ports["api"], ports["flower"]
     checks = {"the API's /readyz": _url(api, "/readyz"),
               "Flower": _url(flower, "/healthcheck")}
-    metrics = [_url(api, "/metrics") + " (API)", _url(flower, "/metrics") + " (Flower)"]
-    if worker.port:
-        checks["the worker's metrics"] = _url(worker, "/metrics")
-        metrics.insert(1, _url(worker, "/metrics") + " (worker)")
+    metrics = [_url(api, "/metrics") + " (API)"]
+    for name, shown in (("worker", "worker"), ("webhooks", "webhook deliverer")):
+        if ports[name].port:
+            checks[ports[name].what] = _url(ports[name], "/metrics")
+            metrics.append(_url(ports[name], "/metrics") + f" ({shown})")
+    metrics.append(_url(flower, "/metrics") + " (Flower)")
     block = "\n".join([
         "inference-queue is up",
         f"  API       {_url(api)}   models: {_url(api, '/v1/models')}",

@@ -154,9 +154,13 @@ def start_worker(name: str, env: dict[str, str], logdir: Path, queues: list[str]
 
 def start_webhooks(name: str, env: dict[str, str], logdir: Path,
                    concurrency: int = 4) -> Service:
-    """The webhook deliverer, as scripts/webhooks.sh runs it."""
-    return start_worker(name, env, logdir, ["iq.webhooks"], concurrency=concurrency,
-                        app="workers.webhook_main", pool="threads")
+    """The webhook deliverer, as scripts/webhooks.sh runs it; `extra["metrics_url"]` is its
+    metrics endpoint."""
+    env = dict(env, IQ_WEBHOOK_METRICS_PORT=str(free_port()))
+    svc = start_worker(name, env, logdir, ["iq.webhooks"], concurrency=concurrency,
+                       app="workers.webhook_main", pool="threads")
+    svc.extra["metrics_url"] = f"http://127.0.0.1:{env['IQ_WEBHOOK_METRICS_PORT']}/metrics"
+    return svc
 
 
 def start_web(env: dict[str, str], logdir: Path, worker_class: str | None = None,

@@ -1,5 +1,5 @@
 """Outbound HTTP that cannot be turned inward: every request the service makes to a URL a
-client gave it (webhooks; later, image URLs) goes through `fetch`.
+client gave it (webhooks, image URLs) goes through `fetch`.
 
 - The host is resolved once, and every address it resolves to is checked: anything but public
   unicast (private, loopback, link-local, multicast, reserved and the other special-purpose

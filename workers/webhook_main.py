@@ -7,11 +7,13 @@ secret anyone can know.
 """
 from __future__ import annotations
 
+from celery import signals
 from kombu import Queue
 
 from tasks import logs
 from tasks.celery_app import make_celery
 from tasks.webhooks import QUEUE, SECRET_MISSING, enabled
+from workers import webhook_metrics
 from workers.webhooks import register
 
 celery = make_celery()
@@ -20,3 +22,9 @@ if not enabled(celery.conf.iq_settings.webhook_secret):
 celery.conf.task_queues = [Queue(QUEUE)]  # a worker started without -Q consumes deliveries
 register(celery)
 logs.configure_celery(celery.conf.iq_settings.log_format)
+
+
+@signals.celeryd_after_setup.connect
+def serve_metrics(sender: str, instance, conf, **_kw) -> None:
+    """Only in the deliverer itself, not in `celery -A workers.webhook_main inspect`."""
+    webhook_metrics.serve(conf.iq_settings)

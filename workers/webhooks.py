@@ -18,10 +18,10 @@ import json
 import logging
 import random
 import threading
+import time
 from dataclasses import dataclass
-from urllib.parse import urlsplit
-
 from typing import Any
+from urllib.parse import urlsplit
 
 from celery import Celery
 
@@ -31,6 +31,7 @@ from tasks.jobstate import JobState, Status
 from tasks.logs import trace
 from tasks.redis_client import connect
 from tasks.webhooks import DELIVER_TASK, headers, signing_key
+from workers import webhook_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ def register(app: Celery) -> None:
     settings = app.conf.iq_settings
     slots = HostSlots(settings.webhook_host_concurrency)
     jobs = JobState(connect(settings.redis_url, settings))
+    metrics = webhook_metrics.get()
 
     @app.task(name=DELIVER_TASK, bind=True, acks_late=True, ignore_result=True,
               max_retries=settings.webhook_retries, shared=False)
@@ -153,7 +155,11 @@ def register(app: Celery) -> None:
                 logger.warning("webhook %s for job %s dropped: the job's record is gone", event,
                                job_id)
                 return
+            started = time.monotonic()
             result = attempt(what, settings, slots)
+            metrics.attempts.labels(result.outcome.value).inc()
+            if result.outcome is not Outcome.BUSY:
+                metrics.attempt_seconds.observe(time.monotonic() - started)
             host, tries = host_of(what.url), self.request.retries
             if result.outcome is Outcome.DELIVERED:
                 logger.info("webhook %s for job %s delivered to %s (%d)", event, job_id, host,
@@ -175,6 +181,7 @@ def register(app: Celery) -> None:
             elif tries >= settings.webhook_retries:
                 # Not self.retry(): past max_retries it raises MaxRetriesExceededError, a
                 # task failure with a traceback, for what is an answer like any other.
+                metrics.given_up.inc()
                 logger.error("webhook for job %s to %s given up after %d attempts; last: %s",
                              job_id, host, tries + 1, result.status or result.detail)
             else:

@@ -25,7 +25,8 @@ from scripts.preflight import bind_error
 from scripts.stack import ROOT, free_port, start_redis, wait_until
 
 RUN = [str(ROOT / "scripts" / "run.sh")]
-PORTS = ("REDIS_PORT", "IQ_PORT", "FLOWER_PORT", "IQ_WORKER_METRICS_PORT")
+PORTS = ("REDIS_PORT", "IQ_PORT", "FLOWER_PORT", "IQ_WORKER_METRICS_PORT",
+         "IQ_WEBHOOK_METRICS_PORT")
 SECRETS = ("redis-password", "redis-app-password", "flower-password", "webhook-secret")
 # Which secret variables each process may hold (scripts/run.py's NEEDS), by its command line.
 HOLDS = {"redis-server": {"IQ_REDIS_PASSWORD_FILE", "IQ_REDIS_APP_PASSWORD_FILE"},
@@ -173,7 +174,8 @@ def test_a_redis_on_its_port_stops_make_run_with_the_variable_to_set(tmp_path):
         foreign.stop()
 
 
-@pytest.mark.parametrize("variable", ["IQ_PORT", "FLOWER_PORT", "IQ_WORKER_METRICS_PORT"])
+@pytest.mark.parametrize("variable", ["IQ_PORT", "FLOWER_PORT", "IQ_WORKER_METRICS_PORT",
+                                      "IQ_WEBHOOK_METRICS_PORT"])
 def test_an_http_server_on_a_port_stops_make_run_naming_it(tmp_path, variable):
     class Handler(http.server.BaseHTTPRequestHandler):
         server_version, sys_version = "someone-elses-server/1.0", ""
@@ -212,6 +214,8 @@ def test_make_run_on_a_running_redis_serves_a_job_and_ctrl_c_leaves_nothing(tmp_
                "flower-password" in block
         assert f"{api}/metrics (API), http://127.0.0.1:{env['IQ_WORKER_METRICS_PORT']}" \
                "/metrics (worker)" in block
+        assert f"http://127.0.0.1:{env['IQ_WEBHOOK_METRICS_PORT']}/metrics (webhook " \
+               "deliverer)" in block  # printed once it answers
         assert f"redis://iq:**@127.0.0.1:{foreign.extra['port']}/0   from REDIS_URL" in block
         assert "kill -TERM" in block
 

@@ -14,6 +14,7 @@ import uuid
 import pytest
 import requests
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from scripts.stack import ROOT, VENV_BIN, launch, start_flower, start_web, start_webhooks, \
     wait_until
@@ -21,6 +22,7 @@ from tasks.webhooks import receiver_secret, sign, signing_key
 from tests.support.receivers import Receiver, Tarpit
 
 SECRET = "test-webhook-secret"
+TIMEOUT_S = 20  # a whole delivery; the tarpit test needs it well above its own bound
 KEYS = {"tenant-a": "key-of-tenant-a-" + uuid.uuid4().hex,
         "tenant-b": "key-of-tenant-b-" + uuid.uuid4().hex}
 
@@ -32,7 +34,6 @@ def readme_receiver() -> dict:
     namespace: dict = {}
     exec(compile(block, "README.md (webhook receiver)", "exec"), namespace)
     return namespace
-TIMEOUT_S = 20  # a whole delivery; the tarpit test needs it well above its own bound
 
 
 @pytest.fixture(scope="module")
@@ -139,14 +140,28 @@ def test_a_redirect_is_a_final_answer(hooked):
         receiver.close()
 
 
+def deliverer_metrics(stack) -> dict[tuple[str, tuple], float]:
+    """The deliverer's samples, by name and labels, from its own metrics endpoint."""
+    text = requests.get(stack.workers["hooks"].extra["metrics_url"], timeout=5).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 def test_exhausted_retries_log_job_host_and_status_never_payload_or_url(hooked):
     receiver = Receiver(status=500)
     token = uuid.uuid4().hex
+    retried, given_up = ("iq_webhook_attempts_total", (("outcome", "retry"),)), \
+        ("iq_webhook_given_up_total", ())
+    before = deliverer_metrics(hooked)
     try:
         job = submit(hooked, ["hello"], {"url": f"{receiver.url}/{token}?sig={token}"}).json()
         line = f"webhook for job {job['id']} to 127.0.0.1 given up after 4 attempts; last: 500"
         wait_until(lambda: line in deliverer_log(hooked), 60, "the retries to run out")
         assert len(receiver.calls) == 4  # the first attempt and IQ_WEBHOOK_RETRIES more
+        after = deliverer_metrics(hooked)  # counted before the line is logged
+        assert after[retried] - before.get(retried, 0) >= 4
+        assert after[given_up] - before.get(given_up, 0) >= 1
+        assert after[("iq_webhook_attempt_seconds_count", ())] >= 4
         logs = "".join(p.read_text(errors="replace") for p in hooked.workdir.glob("*.log"))
         assert token not in logs
         assert "'outputs'" not in logs and '"outputs"' not in logs  # the payload's result

@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from app.decoders import WAITING_PER_DECODER, DecoderPool, DecodersBusy
-from app.decoding import MAX_JPEG_SCANS, ImageRefused, Limits, jpeg_scans, picture
+from app.decoding import MAX_JPEG_SCANS, Limits, Refused, jpeg_scans, picture
+from app.image_errors import ImageRefused
 from bench.hostile_images import animated_webp, one_bit_png, progressive_jpeg, rgba16_png
 from config import load_settings
 
@@ -51,7 +52,7 @@ def test_scans_are_counted_by_walking_the_markers():
 def test_each_hostile_form_is_refused_before_decoding(make, reason):
     data = make()
     started = time.monotonic()
-    with pytest.raises(ImageRefused, match=reason):
+    with pytest.raises(Refused, match=reason):
         picture(data, LIMITS)
     assert time.monotonic() - started < 0.5  # from the header: nothing was decoded
 

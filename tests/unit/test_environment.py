@@ -1,0 +1,89 @@
+"""An IQ_ variable that nothing reads stops the process, naming the closest known one; the
+variables that launchers read instead of Settings are listed in one place
+(config.settings.OTHER_VARIABLES), and that list, the code and the docs agree."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import fields
+
+import pytest
+
+from config import ConfigError, Settings, load_settings
+from config.settings import ENV_NAMES, KNOWN_VARIABLES, OTHER_VARIABLES, unknown_variables
+from scripts.stack import ROOT
+
+NAME = re.compile(r"\bIQ_[A-Z0-9][A-Z0-9_]*")
+
+
+@pytest.mark.parametrize("typo, hint", [
+    ("IQ_WORKER_CONCURENCY", "did you mean IQ_WORKER_CONCURRENCY?"),
+    ("IQ_JOB_TTL", "did you mean IQ_JOB_TTL_S?"),
+    ("IQ_WEBHOOK_SECRETS", "did you mean IQ_WEBHOOK_SECRET?"),
+    ("IQ_BANANA", "no setting has a name like it"),
+])
+def test_an_unknown_variable_is_refused_with_the_closest_name(typo, hint):
+    with pytest.raises(ConfigError, match=f"unknown environment variable {typo}: {hint}"):
+        load_settings(environ={typo: "1", "IQ_JOB_TTL_S": "60"})
+
+
+def test_every_unknown_variable_is_named_and_others_are_left_alone():
+    environ = {"IQ_RESULT_TTL": "5", "IQ_LOG_LEVL": "DEBUG", "PATH": "/bin",
+               "REDIS_PORT": "6380", "FLOWER_PORT": "1", "IQ_JOB_TTL_S": "60"}
+    assert unknown_variables(environ) == [
+        "unknown environment variable IQ_LOG_LEVL: did you mean IQ_LOG_LEVEL?",
+        "unknown environment variable IQ_RESULT_TTL: did you mean IQ_RESULT_TTL_S?"]
+    assert load_settings(environ={"PATH": "/bin", "REDIS_PORT": "6380"}) == Settings()
+
+
+def test_launcher_variables_are_accepted():
+    environ = {name: "x" for name in OTHER_VARIABLES if name != "IQ_CONFIG"}
+    assert load_settings(environ=environ) == Settings()
+    assert not set(OTHER_VARIABLES) & set(ENV_NAMES), "a launcher variable is also a setting"
+
+
+def tracked(*patterns: str) -> list:
+    listed = subprocess.run(["git", "ls-files", *patterns], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.split()
+    return [ROOT / name for name in listed]
+
+
+def test_each_launcher_variable_is_read_where_the_list_says():
+    for name, where in OTHER_VARIABLES.items():
+        for path in re.findall(r"[\w./-]+\.(?:py|sh)", where):
+            assert name in (ROOT / path).read_text(), f"{name} is not read in {path}"
+
+
+def test_every_variable_the_code_and_docs_name_is_known():
+    """Launchers, scripts, the client, bench and docs name only variables that a process
+    accepts (tests/ outside tests/support may name made-up ones on purpose, and so may an
+    example of the refusal)."""
+    files = [p for p in tracked() if not p.relative_to(ROOT).parts[0] == "tests"]
+    files += tracked("tests/support")
+    refusal = re.compile(r"unknown environment variable IQ_\w+")
+    named = {(name, p.relative_to(ROOT).as_posix()) for p in files
+             for name in NAME.findall(refusal.sub("", p.read_text(errors="replace")))}
+    assert {(name, path) for name, path in named if name not in KNOWN_VARIABLES} == set()
+
+
+def test_readme_documents_every_variable():
+    readme = (ROOT / "README.md").read_text()
+    settings = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    assert set(ENV_NAMES.values()) == {f.name for f in fields(Settings)}
+    assert {n for n in ENV_NAMES if f"`{n}`" not in settings} == set()
+    assert {n for n in OTHER_VARIABLES
+            if f"`{n}`" not in readme and n not in ("IQ_API_URL", "IQ_API_KEY")} == set()
+
+
+@pytest.mark.parametrize("script", ["run.sh", "web.sh", "worker.sh", "webhooks.sh",
+                                    "flower.sh"])
+def test_a_process_with_a_misspelled_variable_refuses_to_start(script):
+    """`make run` and each process of the Procfile, started as the Procfile starts them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
+    env.update(IQ_WORKER_CONCURENCY="2", IQ_WEBHOOK_SECRET="s3cret", FLOWER_BASIC_AUTH="a:b")
+    done = subprocess.run(["bash", f"scripts/{script}"], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=60)
+    assert done.returncode != 0
+    assert "unknown environment variable IQ_WORKER_CONCURENCY: did you mean " \
+           "IQ_WORKER_CONCURRENCY?" in done.stderr
