@@ -15,4 +15,5 @@ app = create_app()
 if "gunicorn.workers.ggevent" in sys.modules:  # bodies read under gevent Timeouts
     from app.request_body import GuardedBodies
 
-    app.wsgi_app = GuardedBodies(app.wsgi_app, app.config["IQ_SETTINGS"].body_timeout_s)
+    app.wsgi_app = GuardedBodies(app.wsgi_app,
+                                 app.extensions["iq.submitter"].settings.body_timeout_s)
