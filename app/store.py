@@ -98,11 +98,14 @@ class JobStore:
         """Record and queue a job, atomically (tasks/jobstate.py), under `job_id` (a new id by
         default). Returns (job, created); with an Idempotency-Key seen before, the earlier
         job and False. Raises Overloaded or IdempotencyMismatch, or StoreFull."""
+        hook = job.get("webhook")
         record = new_job(job_id or new_job_id(), model=spec.name, trace_id=trace_id,
                          inputs=len(job["inputs"]), priority=job["priority"], owner=owner,
-                         encoding_format=job.get("encoding_format", "float"))
-        args = JobArgs(job["inputs"], job["options"], time.time(), job.get("webhook") or None,
-                       record.encoding_format)
+                         encoding_format=job.get("encoding_format", "float"),
+                         webhook_url=hook["url"] if hook else "")
+        # The webhook's URL is kept in the record only (tasks/webhooks.py), not in the message.
+        args = JobArgs(job["inputs"], job["options"], time.time(),
+                       {"events": hook["events"]} if hook else None, record.encoding_format)
         summary = None if self.settings.events_full_args else {
             "model": spec.name, "inputs": record.inputs, "trace_id": trace_id}
         headers = {"trace_id": trace_id}

@@ -124,6 +124,7 @@ class JobRecord:
     priority: str = "normal"
     owner: str = ""  # the API key's name; "" when keys are off
     encoding_format: str = "float"
+    webhook_url: str = ""  # where its webhook goes, if it asked for one (tasks/webhooks.py)
     expires_at: float | None = None  # its deadline to start, by Redis's clock (seconds)
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -139,10 +140,13 @@ class JobRecord:
 
     def submitted_fields(self) -> dict[str, str]:
         """The fields `submit` writes (expiry is the script's to set, by Redis's clock)."""
-        return {"status": self.status.value, "model": self.model,
-                "created_at": iso(self.created_at), "trace_id": self.trace_id,
-                "inputs": str(self.inputs), "priority": self.priority, "owner": self.owner,
-                "encoding_format": self.encoding_format}
+        written = {"status": self.status.value, "model": self.model,
+                   "created_at": iso(self.created_at), "trace_id": self.trace_id,
+                   "inputs": str(self.inputs), "priority": self.priority, "owner": self.owner,
+                   "encoding_format": self.encoding_format}
+        if self.webhook_url:
+            written["webhook_url"] = self.webhook_url
+        return written
 
     @classmethod
     def from_fields(cls, job_id: str, raw: Mapping[str, str],
@@ -154,6 +158,7 @@ class JobRecord:
             trace_id=get("trace_id", ""), inputs=int(get("inputs") or 0),
             priority=get("priority") or "normal", owner=get("owner", ""),
             encoding_format=get("encoding_format") or "float",
+            webhook_url=get("webhook_url", ""),
             expires_at=float(get("expires_at")) if get("expires_at") else None,
             started_at=_time(get("started_at")), finished_at=_time(get("finished_at")),
             worker=get("worker"), batch=orjson.loads(get("batch")) if get("batch") else None,
@@ -163,12 +168,14 @@ class JobRecord:
 
 
 def new_job(job_id: str, *, model: str, trace_id: str, inputs: int, priority: str,
-            owner: str = "", encoding_format: str = "float") -> JobRecord:
+            owner: str = "", encoding_format: str = "float",
+            webhook_url: str = "") -> JobRecord:
     """A job as it is submitted: `queued`, created now (to the millisecond, as stored)."""
     now = datetime.now(timezone.utc)
     now = now.replace(microsecond=now.microsecond // 1000 * 1000)
     return JobRecord(job_id, Status.QUEUED, model, now, trace_id=trace_id, inputs=inputs,
-                     priority=priority, owner=owner, encoding_format=encoding_format)
+                     priority=priority, owner=owner, encoding_format=encoding_format,
+                     webhook_url=webhook_url)
 
 
 def _text(value: Any) -> str:

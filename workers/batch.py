@@ -61,32 +61,26 @@ class JobOutcome:
     reason: StartDecision | None = None  # NOT_RUN: why
 
 
-def succeeded(app: Any, model: str, job: BatchJob, outputs: list) -> Final:
+def succeeded(app: Any, job: BatchJob, outputs: list) -> Final:
     """The job's success: its outputs, encoded as it asked, stored with its webhook."""
     encoded = results.encode(outputs, job.args.encoding_format)
     return Final(job.id, Status.SUCCEEDED, results.stored(job.id, outputs=encoded), None,
-                 webhook_message(app, model, job, Status.SUCCEEDED, encoded, None))
+                 webhook_message(app, job, Status.SUCCEEDED))
 
 
-def failed(app: Any, model: str, job: BatchJob, error: JobError) -> Final:
+def failed(app: Any, job: BatchJob, error: JobError) -> Final:
     return Final(job.id, Status.FAILED, results.stored(job.id, error=error), error,
-                 webhook_message(app, model, job, Status.FAILED, None, error))
+                 webhook_message(app, job, Status.FAILED))
 
 
-def webhook_message(app: Any, model: str, job: BatchJob, status: Status,
-                    outputs: list | None, error: JobError | None) -> QueuedMessage | None:
-    """The delivery a job asked for, as a task message `finish` queues with its result."""
+def webhook_message(app: Any, job: BatchJob, status: Status) -> QueuedMessage | None:
+    """The delivery a job asked for, as a task message `finish` queues with its result. Its
+    arguments are the job and the event only: the deliverer reads the URL and the result from
+    Redis (tasks/webhooks.py), so no inspector sees them."""
     hook = job.args.webhook
     event = status.value
     if not hook or event not in (hook.get("events") or ()):
         return None
-    payload: dict[str, Any] = {"id": job.id, "model": model, "status": event}
-    if outputs is not None:
-        payload["result"] = {"outputs": outputs}
-    if error is not None:
-        payload["error"] = error.to_dict()
-    delivery = {"url": hook["url"], "event": event, "job_id": job.id, "payload": payload,
-                "trace_id": job.trace_id}
+    delivery = {"job_id": job.id, "event": event, "trace_id": job.trace_id}
     return task_message(app, DELIVER_TASK, str(uuid.uuid4()), delivery,
-                        queue=WEBHOOK_QUEUE, priority=PRIORITIES["normal"],
-                        summary={"job_id": job.id, "event": event})
+                        queue=WEBHOOK_QUEUE, priority=PRIORITIES["normal"])

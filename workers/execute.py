@@ -84,8 +84,8 @@ def execute(app: Any, rt: ModelRuntime, model: str, jobs: list[BatchJob]) -> lis
     if not to_run:
         return not_run
     ran = _run_model(rt, model, to_run)
-    finals = [failed(app, model, job, out) if isinstance(out, JobError)
-              else succeeded(app, model, job, out) for job, out in zip(to_run, ran.returned)]
+    finals = [failed(app, job, out) if isinstance(out, JobError) else succeeded(app, job, out)
+              for job, out in zip(to_run, ran.returned)]
     write_ns = time.time_ns()
     try:
         written = _with_retries(

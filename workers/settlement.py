@@ -132,7 +132,7 @@ class Settlement:
             return
         error = self._batch_error(model, exc)
         jobs = [BatchJob.of(r) for r in requests]
-        finals = [failed(self.app, model, job, error) for job in jobs]
+        finals = [failed(self.app, job, error) for job in jobs]
         try:
             self.state.finish(finals, result_ttl_s=self.settings.result_ttl_s)
         except redis.RedisError:

@@ -165,12 +165,14 @@ def test_closing_a_channel_leaves_what_the_dispatcher_holds(redis_url, broker):
         assert not server.hexists(UNACKED, free.delivery_tag)
 
 
-def test_a_message_redis_refused_to_record_is_kept_then_put_back(redis_url, broker):
+def test_a_message_redis_refused_to_record_is_kept_then_put_back(redis_url, redis_server,
+                                                                  broker):
     queue, server = empty_queue(redis_url, "iq-full-test")
+    admin = redis.Redis.from_url(redis_server.extra["admin_url"])
     with kombu.Connection(redis_url) as conn:
         publish(conn, queue, {"n": 7})
-        server.config_set("maxmemory-policy", "noeviction")
-        server.config_set("maxmemory", 1)  # every write refused from now on: Redis is full
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", 1)  # every write refused from now on: Redis is full
         try:
             message = queue(conn.default_channel).get(no_ack=False)
             # Taken off the queue, but Redis would not record it as unacknowledged: kombu
@@ -180,7 +182,7 @@ def test_a_message_redis_refused_to_record_is_kept_then_put_back(redis_url, brok
             assert not server.hexists(UNACKED, message.delivery_tag)
             assert message.delivery_tag in broker.unrecorded
         finally:
-            server.config_set("maxmemory", 0)
+            admin.config_set("maxmemory", 0)
         assert Unacked(server, broker).restore([message.delivery_tag]) == 1
         assert not broker.unrecorded
         assert queue(conn.default_channel).get(no_ack=True).payload == {"n": 7}

@@ -22,9 +22,8 @@ RUN, CANCELLED, EXPIRED, FINISHED, MISSING = (
 
 @pytest.fixture
 def client(redis_server):
-    client = redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
-    client.flushdb()
-    return client
+    redis.Redis.from_url(redis_server.extra["admin_url"]).flushdb()
+    return redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
 
 
 @pytest.fixture
