@@ -8,8 +8,9 @@ owner) and result, and POSTs them signed with the owner's key (tasks/webhooks.py
 tasks.egress (pinned to the checked address, one deadline for the whole request). Errors, 5xx,
 408 and 429 are retried with exponential backoff; any other answer, redirects included, is
 final. A host that already has `webhook_host_concurrency` deliveries in flight gets this one
-later, without spending a retry: a slow receiver holds a few threads, never all of them. Logs name the job, the host and
-the status, never the payload or the URL (which may carry a receiver's token).
+later, without spending a retry: a slow receiver holds a few threads, never all of them. Logs
+name the job, the host and the status, never the payload or the URL (which may carry a
+receiver's token).
 """
 from __future__ import annotations
 
