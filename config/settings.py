@@ -45,7 +45,26 @@ class Settings:
     # addresses or CIDRs, comma-separated (gunicorn.conf.py); none by default.
     body_timeout_s: float = 30.0
     forwarded_allow_ips: str = ""
+    # Connecting to Redis may take this long (workers; the API's calls are bounded by
+    # redis_deadline_s instead).
     redis_timeout_s: float = 2.0
+    # The most one Redis call on a request's path in the API may take, its retries included
+    # (submit, read, cancel, a wait's reads, readiness, rate limits): past it the request is
+    # answered, 503 with Retry-After, rather than held while Redis is frozen or unreachable.
+    redis_deadline_s: float = 2.0
+    # Redis Sentinel: the sentinels (host:port, comma-separated) and the name of the primary
+    # they watch. When set, every process asks them where the primary is, and again after a
+    # failover; REDIS_URL then gives the user, password, database and scheme, not the host.
+    redis_sentinels: str = ""
+    redis_master: str = "mymaster"
+    # The sentinels' own user and password, when they take one.
+    redis_sentinel_user: str = ""
+    redis_sentinel_password: str = ""
+    # A submit answers 202 once this many replicas hold the job (Redis WAIT, at most
+    # redis_wait_timeout_s); else 503, the job recorded on the primary. -1: 1 with Sentinel,
+    # 0 (no wait) without.
+    redis_wait_replicas: int = -1
+    redis_wait_timeout_s: float = 1.0
     job_ttl_s: int = 86_400
     # How long a finished job's outputs stay readable: what bounds Redis's memory under steady
     # load (bench/README.md: ~6 KB a 384-float embedding job, ~3 KB as base64).
@@ -130,6 +149,19 @@ class Settings:
         return f"Settings({shown})"
 
     @property
+    def sentinel_hosts(self) -> list[tuple[str, int]]:
+        """The sentinels as (host, port); empty without Sentinel."""
+        return [_host_port("redis_sentinels", entry)
+                for entry in self.redis_sentinels.split(",") if entry.strip()]
+
+    @property
+    def wait_replicas(self) -> int:
+        """How many replicas a submit waits for (redis_wait_replicas, -1 resolved)."""
+        if self.redis_wait_replicas >= 0:
+            return self.redis_wait_replicas
+        return 1 if self.redis_sentinels.strip() else 0
+
+    @property
     def webhook_allow_list(self) -> list[str]:
         return [h.strip() for h in self.webhook_allow.split(",") if h.strip()]
 
@@ -150,8 +182,18 @@ def _shown(name: str, value: Any) -> Any:
     return value
 
 
+def _host_port(name: str, entry: str) -> tuple[str, int]:
+    """`host:port` (`[v6 address]:port`) as (host, port), or ConfigError naming `name`."""
+    host, _, port = entry.strip().rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{name} must list host:port entries, comma-separated, got "
+                          f"{entry.strip()!r}")
+    return host, int(port)
+
+
 # Settings never shown (Settings.__repr__), beside the password in redis_url.
-SECRET_SETTINGS = frozenset({"webhook_secret"})
+SECRET_SETTINGS = frozenset({"webhook_secret", "redis_sentinel_password"})
 
 # Environment variable → field. REDIS_URL is the one name every Redis user already knows; the
 # rest carry the IQ_ prefix so they cannot collide with other software's.
@@ -268,4 +310,20 @@ def load_settings(
                           f"{settings.image_decode_memory_mb}")
     if settings.webhook_timeout_s <= 0:
         raise ConfigError(f"webhook_timeout_s must be > 0, got {settings.webhook_timeout_s}")
+    _check_redis(settings)
     return settings
+
+
+def _check_redis(settings: Settings) -> None:
+    """The Redis deadline, the sentinels and the replicas a submit waits for."""
+    if settings.redis_deadline_s <= 0:
+        raise ConfigError(f"redis_deadline_s must be > 0, got {settings.redis_deadline_s}")
+    if settings.sentinel_hosts and not settings.redis_master:
+        raise ConfigError("redis_master must name the primary the sentinels watch, got ''")
+    if settings.redis_wait_replicas < -1:
+        raise ConfigError("redis_wait_replicas must be an integer >= -1 (-1: 1 with Sentinel), "
+                          f"got {settings.redis_wait_replicas}")
+    if settings.wait_replicas and not \
+            0 < settings.redis_wait_timeout_s < settings.redis_deadline_s:
+        raise ConfigError("redis_wait_timeout_s must be > 0 and below redis_deadline_s "
+                          f"({settings.redis_deadline_s:g}), got {settings.redis_wait_timeout_s}")

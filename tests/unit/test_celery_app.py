@@ -18,3 +18,27 @@ def test_a_rediss_url_gives_every_client_its_tls_options():
     assert {k: backend[k] for k in expected} == expected
     assert not make_celery(load_settings({"redis_url": "redis://:pw@h:1/0"},
                                          environ={})).conf.broker_use_ssl
+
+
+def test_with_sentinels_broker_and_backend_ask_them_for_the_primary():
+    settings = load_settings({"redis_url": "redis://iq:p%40ss@primary.local:6379/2",
+                              "redis_sentinels": "s1:26379,[fd00::2]:26380",
+                              "redis_master": "jobs", "redis_sentinel_user": "iq",
+                              "redis_sentinel_password": "sentinel-pw"}, environ={})
+    app = make_celery(settings)
+    urls = "sentinel://iq:p%40ss@s1:26379/2;sentinel://iq:p%40ss@[fd00::2]:26380/2"
+    assert app.conf.broker_url == urls and app.conf.result_backend == urls
+    for options in (app.conf.broker_transport_options,
+                    app.conf.result_backend_transport_options):
+        assert options["master_name"] == "jobs"
+        assert {k: options["sentinel_kwargs"][k] for k in ("username", "password")} == \
+            {"username": "iq", "password": "sentinel-pw"}
+    connection = app.connection_for_write()  # kombu's Sentinel transport, every sentinel
+    assert connection.transport_cls == "sentinel" and len(connection.alt) == 2
+    assert (connection.userid, connection.password) == ("iq", "p@ss")
+    backend = app.backend  # Celery's Sentinel backend: each sentinel, the primary's login
+    assert type(backend).__name__ == "SentinelBackend"
+    assert [(h["host"], h["port"]) for h in backend.connparams["hosts"]] == \
+        [("s1", 26379), ("fd00::2", 26380)]
+    assert (backend.connparams["username"], backend.connparams["password"], \
+            backend.connparams["db"]) == ("iq", "p@ss", 2)
