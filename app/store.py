@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 import time
 import uuid
@@ -23,6 +24,8 @@ from tasks.keys import CONSUMING_KEY, idempotency_key, live_key
 from tasks.messages import JobArgs, task_message
 from tasks.names import PRIORITIES, queue_lists, task_name
 from tasks.redis_client import connect
+
+logger = logging.getLogger(__name__)
 
 
 class WaitRefused(Exception):
@@ -77,15 +80,26 @@ class JobStore:
         self.settings = settings
         self.celery = celery
         self.models = models
-        self.redis = connect(settings.redis_url, settings, max_connections=REDIS_CONNECTIONS)
+        # Every call on a request's path is bounded (redis_deadline_s): a frozen or
+        # unreachable Redis is answered with 503 in seconds, never waited out.
+        self.redis = connect(settings.redis_url, settings, max_connections=REDIS_CONNECTIONS,
+                             deadline_s=settings.redis_deadline_s)
         self.state = JobState(self.redis)
+        wanted = settings.wait_replicas
+        self.replicas = (wanted, settings.redis_wait_timeout_s) if wanted else None
         self.waiter = ResultWaiter(self.redis, settings.max_waits, settings.max_waits_per_key)
 
-    def queue_depth(self, spec: ModelSpec) -> int:
+    def queue_depths(self) -> dict[str, int]:
+        """Messages waiting on each model's queue, in one round trip."""
+        specs = list(self.models.values())
+        lists = [queue_lists(spec.queue) for spec in specs]
         with self.redis.pipeline(transaction=False) as pipe:
-            for name in queue_lists(spec.queue):
-                pipe.llen(name)
-            return int(sum(pipe.execute()))
+            for names in lists:
+                for name in names:
+                    pipe.llen(name)
+            lengths = iter(pipe.execute())
+        return {spec.name: sum(next(lengths) for _ in names)
+                for spec, names in zip(specs, lists)}
 
     def owned_by(self, job_id: str, owner: str) -> bool:
         """Whether `owner` (an API key's name; "" when keys are off) may see the job. A job
@@ -97,7 +111,8 @@ class JobStore:
                job_id: str | None = None) -> tuple[JobRecord, bool]:
         """Record and queue a job, atomically (tasks/jobstate.py), under `job_id` (a new id by
         default). Returns (job, created); with an Idempotency-Key seen before, the earlier
-        job and False. Raises Overloaded or IdempotencyMismatch, or StoreFull."""
+        job and False. Raises Overloaded or IdempotencyMismatch, StoreFull, or NotReplicated
+        (fewer replicas than `redis_wait_replicas` confirmed the job in time)."""
         hook = job.get("webhook")
         record = new_job(job_id or new_job_id(), model=spec.name, trace_id=trace_id,
                          inputs=len(job["inputs"]), priority=job["priority"], owner=owner,
@@ -121,7 +136,7 @@ class JobStore:
             record, message, depth_lists=queue_lists(spec.queue),
             max_depth=spec.max_queue_depth, ttl_s=self.settings.job_ttl_s,
             timeout_s=job.get("timeout_s") or spec.timeout_s or 0, idempotency=idempotency,
-            memory_headroom=self.settings.redis_memory_headroom)
+            memory_headroom=self.settings.redis_memory_headroom, replicas=self.replicas)
         if submitted.created:
             return record, True
         earlier = self.state.read(submitted.job_id)
@@ -132,9 +147,19 @@ class JobStore:
     def cancel(self, job_id: str) -> CancelOutcome:
         outcome = self.state.cancel(job_id)
         if outcome is CancelOutcome.CANCELLED:
-            # Workers holding it in their buffer drop it at once rather than at its start.
-            self.celery.control.revoke(job_id)
+            # Workers holding it in their buffer drop it at once rather than at its start
+            # (which refuses it anyway). The broadcast goes through kombu, whose publish
+            # retries know no deadline: it leaves on its own thread (a greenlet under
+            # gevent), so that a stalled Redis cannot hold the answer.
+            threading.Thread(target=self._revoke, args=(job_id,), name="iq-revoke",
+                             daemon=True).start()
         return outcome
+
+    def _revoke(self, job_id: str) -> None:
+        try:
+            self.celery.control.revoke(job_id)
+        except Exception as exc:  # noqa: BLE001 - best effort: the job never starts anyway
+            logger.warning("could not broadcast the revoke of job %s: %s", job_id, exc)
 
     def get(self, job_id: str, owner: str | None = None) -> JobRecord | None:
         """The job, or None when there is none; with `owner`, also None when it is another
@@ -161,7 +186,7 @@ class JobStore:
         deadline = time.monotonic() + timeout_s
         try:
             with self.watch(job_id, owner) as watch:
-                self.waiter.subscribed.wait(min(timeout_s, self.settings.redis_timeout_s))
+                self.waiter.subscribed.wait(min(timeout_s, self.settings.redis_deadline_s))
                 return watch.until_terminal(self.get(job_id, owner), deadline)
         except NoSlot as exc:
             job = self.get(job_id, owner)
@@ -186,9 +211,6 @@ class JobStore:
             out[name] = {"workers": len({m.rsplit("/", 1)[0] for m in serving}),
                          "instances": len(serving)}
         return out
-
-    def queue_depths(self) -> dict[str, int]:
-        return {name: self.queue_depth(spec) for name, spec in self.models.items()}
 
     def ping(self) -> bool:
         return bool(self.redis.ping())

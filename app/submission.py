@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+import redis
 from marshmallow import ValidationError
 
 from app import auth, images
@@ -24,11 +25,12 @@ from app.decoders import DecoderPool, DecodersBusy
 from app.errors import Conflict, RateLimited, TooManyJobs, Unavailable, ValidationFailed
 from app.metrics import ApiMetrics
 from app.schemas import flatten, job_schema, validate_job
-from app.store import JobStore
+from app.store import JobStore, new_job_id
 from config import Settings
 from config.models import ModelSpec
 from tasks import egress, webhooks
-from tasks.jobstate import IdempotencyMismatch, JobRecord, Overloaded, StoreFull
+from tasks.jobstate import (IdempotencyMismatch, JobRecord, NotReplicated, Overloaded,
+                            StoreFull)
 
 logger = logging.getLogger(__name__)
 
@@ -101,9 +103,31 @@ class Submitter:
                 self._refused(spec.name, "decoders_busy")
                 raise Unavailable("every image decoder of this API process is busy; retry "
                                   "later", retry_after=1) from None
+        submitted, created = self._record(spec, job, caller, job_id or new_job_id())
+        if created:
+            self.metrics.submitted.labels(spec.name).inc()
+            logger.debug("job %s accepted: model=%s inputs=%d priority=%s", submitted.id,
+                        spec.name, len(job["inputs"]), job["priority"])
+        return Accepted(submitted, spec, created)
+
+    def _record(self, spec: ModelSpec, job: dict, caller: Caller,
+                job_id: str) -> tuple[JobRecord, bool]:
+        """The atomic submit (app/store.py), each refusal as its APIError."""
+        key = caller.idempotency_key
         try:
-            submitted, created = self.store.submit(spec, job, caller.trace_id, key,
-                                                   owner=caller.owner, job_id=job_id)
+            return self.store.submit(spec, job, caller.trace_id, key, owner=caller.owner,
+                                     job_id=job_id)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._refused(spec.name, "store_unavailable")
+            raise self._unsure(job_id, key, exc) from None
+        except NotReplicated as exc:
+            self._refused(spec.name, "not_replicated")
+            raise Unavailable(
+                f"job {job_id} is recorded on the primary and will run, but {exc.acked} of "
+                f"{exc.wanted} replica(s) confirmed it within "
+                f"{self.settings.redis_wait_timeout_s:g}s: a failover could lose it; resend "
+                "with the same Idempotency-Key to wait for the copy again",
+                retry_after=2, job_id=job_id) from None
         except Overloaded:
             self._refused(spec.name, "queue_full")
             raise TooManyJobs(f"the queue of {spec.name} is full "
@@ -116,11 +140,19 @@ class Submitter:
             self._refused(spec.name, "store_full")
             raise Unavailable(f"the job store is nearly full ({exc}); retry later",
                               retry_after=30) from None
-        if created:
-            self.metrics.submitted.labels(spec.name).inc()
-            logger.debug("job %s accepted: model=%s inputs=%d priority=%s", submitted.id,
-                        spec.name, len(job["inputs"]), job["priority"])
-        return Accepted(submitted, spec, created)
+
+    def _unsure(self, job_id: str, key: str | None, exc: Exception) -> Unavailable:
+        """503 for a submit whose fate Redis did not tell in time: the script may have run
+        (it was sent, and Redis may run it once it resumes), so the answer names the job
+        and the way to find it again without making a second one."""
+        logger.warning("submit of job %s unanswered by Redis: %s", job_id, exc)
+        again = "resend with the same Idempotency-Key: it returns this job, never a second" \
+            if key else "send an Idempotency-Key with each submit, so that a resend returns " \
+                        "the job instead of making a second one"
+        return Unavailable(
+            f"the job store (Redis) did not answer within {self.settings.redis_deadline_s:g}s; "
+            f"job {job_id} may have been recorded and may run: {again}, or read "
+            f"/v1/jobs/{job_id} (404: it was not recorded)", retry_after=2, job_id=job_id)
 
     def _check_webhook(self, hook: dict) -> None:
         """422 for a webhook this service will not call. While webhooks are off (no secret)

@@ -26,12 +26,28 @@ end
 
 _ID_OF = f"local function id_of(key) return string.sub(key, {len(JOB_PREFIX) + 1}) end\n"
 
+# A write that changes nothing (a key's expiry set to what it is), so that a WAIT after the
+# script covers that key, which an earlier script wrote: WAIT counts from the last write of
+# its own connection.
+_TOUCH = """
+local function touch(key)
+  local ms = redis.call('pttl', key)
+  if ms > 0 then redis.call('pexpire', key, ms) end
+end
+"""
+
 # KEYS: record, idempotency claim, target list, then the model's queue lists (for its depth).
 # ARGV: job id, ttl, max depth, timeout_s (0: none), request digest ('' : no idempotency key),
 #       message, memory headroom (share of maxmemory kept free), then the record's field/value
 #       pairs.
-SUBMIT = _CLOCK + """
+# Idempotent by job id: sent again (a resend after a lost answer), it finds its record and
+# does nothing more, so a job is never queued twice.
+SUBMIT = _CLOCK + _TOUCH + """
 local ttl = tonumber(ARGV[2])
+if redis.call('exists', KEYS[1]) == 1 then
+  touch(KEYS[1])
+  return {'created', ARGV[1]}
+end
 local memory = redis.call('info', 'memory')
 local cap = tonumber(string.match(memory, 'maxmemory:(%d+)'))
 local used = tonumber(string.match(memory, 'used_memory:(%d+)'))
@@ -43,6 +59,7 @@ if ARGV[5] ~= '' then
   if earlier then
     local sep = string.find(earlier, ' ', 1, true)
     if string.sub(earlier, sep + 1) ~= ARGV[5] then return {'mismatch', ''} end
+    touch(KEYS[2])
     return {'existing', string.sub(earlier, 1, sep - 1)}
   end
 end

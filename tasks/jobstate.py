@@ -79,6 +79,15 @@ class IdempotencyMismatch(Exception):
     """An Idempotency-Key was reused with a different request body."""
 
 
+class NotReplicated(Exception):
+    """The job is recorded on the primary, but fewer replicas than asked confirmed they hold
+    it in time: it will run, unless a failover promotes a replica without it."""
+
+    def __init__(self, job_id: str, acked: int, wanted: int) -> None:
+        super().__init__(f"{acked} of {wanted} replica(s) confirmed job {job_id}")
+        self.job_id, self.acked, self.wanted = job_id, acked, wanted
+
+
 class StoreFull(Exception):
     """Redis is within its headroom of maxmemory: new jobs are refused so that the accepted
     ones keep room for their results."""
@@ -203,18 +212,25 @@ class JobState:
     def submit(self, job: JobRecord, message: QueuedMessage, *, depth_lists: Sequence[str],
                max_depth: int, ttl_s: int, timeout_s: float = 0,
                idempotency: tuple[str, str] | None = None,
-               memory_headroom: float = 0.0) -> Submitted:
+               memory_headroom: float = 0.0,
+               replicas: tuple[int, float] | None = None) -> Submitted:
         """Record the job and queue its message, or raise Overloaded, StoreFull or
         IdempotencyMismatch. With `idempotency` = (claim key, request digest) already claimed
         by an earlier request with the same digest, that earlier job's id and
-        created=False."""
+        created=False. With `replicas` = (count, timeout in seconds), also wait (Redis WAIT,
+        in the same round trip) until that many replicas hold the job, or raise
+        NotReplicated."""
         claim, digest = idempotency or (job_key(job.id) + ":no-claim", "")
         args: list[Any] = [job.id, ttl_s, max_depth, timeout_s or 0, digest, message.payload,
                            memory_headroom]
         for name, value in job.submitted_fields().items():
             args += [name, value]
-        kind, found = (_text(x) for x in self._scripts["submit"](
-            keys=[job_key(job.id), claim, message.list_key, *depth_lists], args=args))
+        keys = [job_key(job.id), claim, message.list_key, *depth_lists]
+        if replicas is None:
+            reply, acked = self._scripts["submit"](keys=keys, args=args), 0
+        else:
+            reply, acked = self._submit_and_wait(keys, args, *replicas)
+        kind, found = (_text(x) for x in reply)
         if kind == "overloaded":
             raise Overloaded()
         if kind == "full":
@@ -222,7 +238,29 @@ class JobState:
             raise StoreFull(used, cap)
         if kind == "mismatch":
             raise IdempotencyMismatch()
+        if replicas is not None and acked < replicas[0]:
+            raise NotReplicated(found, acked, replicas[0])
         return Submitted(found, kind == "created")
+
+    def _submit_and_wait(self, keys: list[str], args: list[Any], count: int,
+                         timeout_s: float) -> tuple[Any, int]:
+        """The submit script, then WAIT on the same connection: (its reply, how many
+        replicas hold what it wrote). A primary that lacks the script (a promoted replica)
+        is given it, and both are sent again: the script is idempotent by job id."""
+        script = self._scripts["submit"]
+
+        def send() -> tuple[Any, int]:
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.execute_command("WAIT", count, max(1, round(timeout_s * 1000)))
+                reply, acked = pipe.execute()
+            return reply, int(acked)
+
+        try:
+            return send()
+        except redis.exceptions.NoScriptError:
+            self.client.script_load(script.script)
+            return send()
 
     def start(self, job_ids: Sequence[str], *, worker: str,
               batch: str) -> list[StartDecision]:

@@ -12,7 +12,7 @@ import redis
 from tasks import results
 from tasks.errors import ErrorCode, JobError
 from tasks.jobstate import (CancelOutcome, Final, IdempotencyMismatch, JobRecord, JobState,
-                            Overloaded, StartDecision, Status, new_job)
+                            NotReplicated, Overloaded, StartDecision, Status, new_job)
 from tasks.messages import QueuedMessage
 
 RUN, CANCELLED, EXPIRED, FINISHED, MISSING = (
@@ -37,11 +37,12 @@ def job(job_id: str | None = None) -> JobRecord:
 
 
 def submit(state: JobState, job_id: str | None = None, *, timeout_s: float = 0,
-           idempotency: tuple[str, str] | None = None, max_depth: int = 100):
+           idempotency: tuple[str, str] | None = None, max_depth: int = 100,
+           replicas: tuple[int, float] | None = None):
     record = job(job_id)
     message = QueuedMessage("q", orjson.dumps({"id": record.id}))
     return state.submit(record, message, depth_lists=["q"], max_depth=max_depth, ttl_s=60,
-                        timeout_s=timeout_s, idempotency=idempotency)
+                        timeout_s=timeout_s, idempotency=idempotency, replicas=replicas)
 
 
 def final(job_id: str, status: Status = Status.SUCCEEDED, marker: str = "a") -> Final:
@@ -59,6 +60,36 @@ def test_submit_records_the_job_and_queues_its_message_together(state, client):
     assert state.read(submitted.id) == submitted  # every field as it was written
     assert state.owner_of(submitted.id) == "ops" and state.owner_of("none") is None
     assert [orjson.loads(m)["id"] for m in client.lrange("q", 0, -1)] == [submitted.id]
+
+
+def test_the_submit_script_sent_again_queues_nothing_more(state, client):
+    """A resend of the same script (a retry after its answer was lost: a stall, a dropped
+    connection) finds the job's record and leaves it one job with one message."""
+    record = job()
+    message = QueuedMessage("q", orjson.dumps({"id": record.id}))
+    for _ in range(2):
+        done = state.submit(record, message, depth_lists=["q"], max_depth=10, ttl_s=60,
+                            idempotency=("iq:idem:resent", "digest"))
+        assert done.created and done.job_id == record.id
+    assert client.llen("q") == 1 and state.read(record.id) == record
+
+
+def test_a_submit_that_no_replica_confirms_is_recorded_and_said_so(state, client):
+    """WAIT for a replica this Redis does not have: the job is recorded and queued (it will
+    run), and the caller is told that no replica holds it."""
+    job_id = str(uuid.uuid4())
+    with pytest.raises(NotReplicated) as refused:
+        submit(state, job_id, replicas=(1, 0.05))
+    assert (refused.value.job_id, refused.value.acked, refused.value.wanted) == (job_id, 0, 1)
+    assert state.read(job_id).status is Status.QUEUED and client.llen("q") == 1
+
+
+def test_a_primary_without_the_submit_script_is_given_it(state, client, redis_server):
+    """A promoted replica may not hold the script; the submit that waits for replicas sends
+    it by hash, so it loads it and sends both again."""
+    redis.Redis.from_url(redis_server.extra["admin_url"]).script_flush()
+    done = submit(state, replicas=(0, 0.05))
+    assert done.created and state.read(done.job_id) is not None and client.llen("q") == 1
 
 
 def test_a_full_queue_refuses_without_a_record(state, client):
