@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from honcho.environ import parse_procfile
@@ -27,6 +27,7 @@ from honcho.printer import Message, Printer
 from kombu.utils.url import maybe_sanitize_url
 
 from config import ConfigError, Settings, load_settings
+from scripts import run_redis
 from scripts.preflight import REDIS_APP_USER, Binding, model_file_problems, port_problems, \
     reachable
 
@@ -34,14 +35,15 @@ ROOT = Path(__file__).resolve().parent.parent
 NOT_UP_NOTE_S = 300  # a first model load can take minutes; after this, say what is missing
 # The variables that carry a secret, and which of them each process of the Procfile uses: a
 # process gets those, and none of the others (a process not named here gets none).
-SECRET_VARIABLES = ("REDIS_URL", "IQ_REDIS_PASSWORD_FILE", "IQ_REDIS_APP_PASSWORD_FILE",
-                    "FLOWER_BASIC_AUTH", "IQ_WEBHOOK_SECRET")
+SECRET_VARIABLES = ("REDIS_URL", "IQ_REDIS_SENTINEL_PASSWORD", "IQ_REDIS_PASSWORD_FILE",
+                    "IQ_REDIS_APP_PASSWORD_FILE", "FLOWER_BASIC_AUTH", "IQ_WEBHOOK_SECRET")
+REDIS_NEEDS = {"IQ_REDIS_PASSWORD_FILE", "IQ_REDIS_APP_PASSWORD_FILE"}
 NEEDS = {
-    "redis": {"IQ_REDIS_PASSWORD_FILE", "IQ_REDIS_APP_PASSWORD_FILE"},
-    "web": {"REDIS_URL"},
-    "worker": {"REDIS_URL"},
-    "webhooks": {"REDIS_URL", "IQ_WEBHOOK_SECRET"},
-    "flower": {"REDIS_URL", "FLOWER_BASIC_AUTH"},
+    "redis": REDIS_NEEDS,  # and each replica and sentinel (scripts/run_redis.py)
+    "web": {"REDIS_URL", "IQ_REDIS_SENTINEL_PASSWORD"},
+    "worker": {"REDIS_URL", "IQ_REDIS_SENTINEL_PASSWORD"},
+    "webhooks": {"REDIS_URL", "IQ_REDIS_SENTINEL_PASSWORD", "IQ_WEBHOOK_SECRET"},
+    "flower": {"REDIS_URL", "IQ_REDIS_SENTINEL_PASSWORD", "FLOWER_BASIC_AUTH"},
 }
 
 
@@ -129,12 +131,14 @@ class Run:
     processes: dict[str, str]  # Procfile entries to start: name -> command
     checks: dict[str, str]     # what must answer before the stack counts as up: name -> URL
     block: str                 # what is where, printed once it is up
+    # What a process adds to `env` (the replicas' and sentinels' ports and roles).
+    own_env: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def _keep_secrets(env: dict[str, str], var_dir: Path, redis_port: int | None) -> list[str]:
-    """Put the Redis URL (when make run starts its Redis), Flower's login and the webhook
-    secret into `env`, each from the environment or else kept under var_dir; return where each
-    comes from, for the block."""
+    """Put the Redis URL (when make run starts its Redis; with replicas, the sentinels too),
+    Flower's login and the webhook secret into `env`, each from the environment or else kept
+    under var_dir; return where each comes from, for the block."""
     if redis_port is None:
         redis = "from REDIS_URL, not started here"
     else:
@@ -146,6 +150,9 @@ def _keep_secrets(env: dict[str, str], var_dir: Path, redis_port: int | None) ->
                    REDIS_URL=f"redis://{REDIS_APP_USER}:{password}@127.0.0.1:{redis_port}/0")
         redis = f"started here: user {REDIS_APP_USER} (no admin commands), admin password " \
                 f"in {_shown(admin_path)}, data in {_shown(Path(env['IQ_REDIS_DIR']))}"
+        if run_redis.replicas(env):
+            env.update(run_redis.application_env(env, password))
+            redis += "; " + run_redis.described(env, redis_port, var_dir)
     if env.get("FLOWER_BASIC_AUTH"):
         login = f"user {env['FLOWER_BASIC_AUTH'].split(':', 1)[0]}, password from " \
                 "FLOWER_BASIC_AUTH"
@@ -165,8 +172,9 @@ def _keep_secrets(env: dict[str, str], var_dir: Path, redis_port: int | None) ->
 
 
 def process_env(name: str, env: dict[str, str]) -> dict[str, str]:
-    """`env` less the secrets process `name` does not use (NEEDS)."""
-    needs = NEEDS.get(name, set())
+    """`env` less the secrets process `name` does not use (NEEDS; each Redis process's are
+    `redis`'s)."""
+    needs = NEEDS.get(name, REDIS_NEEDS if name.startswith(("redis-", "sentinel-")) else set())
     return {k: v for k, v in env.items() if k not in SECRET_VARIABLES or k in needs}
 
 
@@ -183,9 +191,14 @@ def plan(environ: dict[str, str]) -> Run:
     ports = _bindings(env)
     if not own_redis:
         del ports["redis"]
+    try:
+        replicated = run_redis.bindings(env, ports["redis"].port) if own_redis else []
+    except ConfigError as error:
+        raise Refused(f"make run: {error}") from None
     password_file = var_dir / "secrets" / "redis-password"
     known = password_file.read_text().strip() if password_file.is_file() else None
-    problems = port_problems([b for b in ports.values() if b.port], known, _shown(password_file))
+    problems = port_problems([b for b in ports.values() if b.port] + replicated, known,
+                             _shown(password_file))
     try:
         problems += model_file_problems(settings.models_file)
     except ConfigError as exc:  # the models file itself is wrong
@@ -217,7 +230,10 @@ def plan(environ: dict[str, str]) -> Run:
     ])
     procfile = parse_procfile((ROOT / "Procfile").read_text()).processes
     processes = {n: cmd for n, cmd in procfile.items() if own_redis or n != "redis"}
-    return Run(env, processes, checks, block)
+    own_env = run_redis.processes(env, var_dir, ports["redis"].port) \
+        if own_redis and replicated else {}
+    processes.update({name: procfile["redis"] for name in own_env})
+    return Run(env, processes, checks, block, own_env)
 
 
 def main() -> int:
@@ -228,7 +244,8 @@ def main() -> int:
         return 1
     manager = Manager(Printer(sys.stdout))
     for name, command in run.processes.items():
-        manager.add_process(name, command, env=process_env(name, run.env), cwd=str(ROOT))
+        env = {**process_env(name, run.env), **run.own_env.get(name, {})}
+        manager.add_process(name, command, env=env, cwd=str(ROOT))
     # Started before honcho forks its readers; they only start a process and read its output.
     threading.Thread(target=_announce, args=(manager, run.checks, run.block),
                      daemon=True).start()
