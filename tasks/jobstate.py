@@ -245,22 +245,13 @@ class JobState:
     def _submit_and_wait(self, keys: list[str], args: list[Any], count: int,
                          timeout_s: float) -> tuple[Any, int]:
         """The submit script, then WAIT on the same connection: (its reply, how many
-        replicas hold what it wrote). A primary that lacks the script (a promoted replica)
-        is given it, and both are sent again: the script is idempotent by job id."""
-        script = self._scripts["submit"]
-
-        def send() -> tuple[Any, int]:
-            with self.client.pipeline(transaction=False) as pipe:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-                pipe.execute_command("WAIT", count, max(1, round(timeout_s * 1000)))
-                reply, acked = pipe.execute()
-            return reply, int(acked)
-
-        try:
-            return send()
-        except redis.exceptions.NoScriptError:
-            self.client.script_load(script.script)
-            return send()
+        replicas hold what it wrote). The script goes whole (EVAL), not by hash: a promoted
+        replica may not hold it, and a NOSCRIPT would cost a second WAIT."""
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.eval(jobscripts.SUBMIT, len(keys), *keys, *args)
+            pipe.execute_command("WAIT", count, max(1, round(timeout_s * 1000)))
+            reply, acked = pipe.execute()
+        return reply, int(acked)
 
     def start(self, job_ids: Sequence[str], *, worker: str,
               batch: str) -> list[StartDecision]:

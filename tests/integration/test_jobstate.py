@@ -84,9 +84,9 @@ def test_a_submit_that_no_replica_confirms_is_recorded_and_said_so(state, client
     assert state.read(job_id).status is Status.QUEUED and client.llen("q") == 1
 
 
-def test_a_primary_without_the_submit_script_is_given_it(state, client, redis_server):
-    """A promoted replica may not hold the script; the submit that waits for replicas sends
-    it by hash, so it loads it and sends both again."""
+def test_a_submit_that_waits_for_replicas_needs_no_cached_script(state, client, redis_server):
+    """A promoted replica may not hold the script: the submit that waits for replicas sends
+    it whole."""
     redis.Redis.from_url(redis_server.extra["admin_url"]).script_flush()
     done = submit(state, replicas=(0, 0.05))
     assert done.created and state.read(done.job_id) is not None and client.llen("q") == 1
