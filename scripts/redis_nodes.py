@@ -169,11 +169,12 @@ def start_group(workdir: Path, replicas: int = 1, sentinels: int = 3,
                 appendonly: bool = True, down_after_ms: int = 5000) -> RedisGroup:
     """A primary, `replicas` replicas and `sentinels` sentinels (quorum 2), returned once the
     replicas are in sync and every sentinel knows them all."""
-    primary = start_redis(workdir, appendonly=appendonly)
+    # As make run's (scripts/run_redis.py): each job is on a replica before its 202.
+    primary = start_redis(workdir, appendonly=appendonly, appendfsync="everysec")
     group = RedisGroup(primary, [], [])
     try:
-        group.replicas = [start_redis(workdir, appendonly=appendonly, replica_of=primary)
-                          for _ in range(replicas)]
+        group.replicas = [start_redis(workdir, appendonly=appendonly, replica_of=primary,
+                                      appendfsync="everysec") for _ in range(replicas)]
         group.sentinels = [start_sentinel(workdir, primary, down_after_ms=down_after_ms)
                            for _ in range(sentinels)]
         wait_until(group.ready, 60, "replicas in sync and sentinels that see them all")

@@ -70,10 +70,13 @@ def processes(env: dict[str, str], var_dir: Path, redis_port: int) -> dict[str, 
     nodes = _node_ports(env, redis_port)
     master = env.get("IQ_REDIS_MASTER") or Settings.redis_master
     primary = primary_port(var_dir, nodes, master)
+    fsync = env.get("REDIS_APPENDFSYNC") or "everysec"
     out: dict[str, dict[str, str]] = {}
     for port in nodes:
         name = "redis" if port == redis_port else f"redis-{port}"
-        out[name] = {"REDIS_PORT": str(port),
+        # A job is on a replica before its 202 (WAIT): a crash of one host loses none of
+        # them without an fsync per write.
+        out[name] = {"REDIS_PORT": str(port), "REDIS_APPENDFSYNC": fsync,
                      "IQ_REDIS_DIR": str(_data_dir(var_dir, port, redis_port))}
         if port != primary:
             out[name]["REDIS_REPLICA_OF"] = f"127.0.0.1:{primary}"
