@@ -1,10 +1,11 @@
-"""What a machine crash may cost against what durability costs: Redis's append-only file
-fsync'ed `everysec` (a crash can lose the last second of accepted jobs) or `always` (every
-write on disk before its answer), side by side.
+"""What a machine crash may cost against what durability costs, side by side: Redis's
+append-only file fsync'ed `everysec` (a crash can lose the last second of accepted jobs),
+`always` (every write on disk before its answer), or `everysec` with a replica that holds each
+job before its 202 (`everysec+replica`: Redis WAIT, IQ_REDIS_WAIT_REPLICAS=1).
 
 `python -m bench.durability` (options: --clients 16, --seconds 8, --rounds 2, --name, --out).
 For each policy, in alternating rounds on the same machine: a Redis with that policy (as
-scripts/redis-server.sh starts `make run`'s) and the API on it, no worker (jobs stay queued):
+scripts/redis-server.sh starts `make run`'s; and its replica), a worker and the API on it:
 
 1. submits through the API: `--clients` threads POST one-input jobs back to back for
    `--seconds`: accepted jobs per second, answer latency p50/p99;
@@ -42,7 +43,7 @@ from tasks.jobstate import JobState, new_job
 from tasks.messages import QueuedMessage
 
 RESULTS = Path(__file__).resolve().parent / "results"
-POLICIES = ("everysec", "always")
+POLICIES = ("everysec", "always", "everysec+replica")
 MODEL = "parked"  # declared, never served: its jobs stay queued
 LONE = "lone"  # served: a batch costs 5 ms
 
@@ -86,14 +87,15 @@ def api_submits(url: str, clients: int, seconds: float) -> dict:
     return closed_loop(clients, seconds, one)
 
 
-def script_submits(redis_url: str, clients: int, seconds: float) -> dict:
+def script_submits(redis_url: str, clients: int, seconds: float, replicas: int) -> dict:
     state = JobState(redis.Redis.from_url(redis_url, max_connections=clients + 4))
 
     def one() -> bool:
         job = new_job(str(uuid.uuid4()), model=MODEL, trace_id="bench", inputs=1,
                       priority="normal")
         state.submit(job, QueuedMessage("bench", orjson.dumps({"id": job.id})),
-                     depth_lists=["bench"], max_depth=10**9, ttl_s=600)
+                     depth_lists=["bench"], max_depth=10**9, ttl_s=600,
+                     replicas=(replicas, 1.0) if replicas else None)
         return True
 
     return closed_loop(clients, seconds, one)
@@ -126,25 +128,31 @@ def fsync_ms(folder: Path, times: int = 200) -> dict:
 
 
 def one_round(workdir: Path, policy: str, clients: int, seconds: float) -> dict:
-    redis_svc = start_redis(workdir, appendonly=True, appendfsync=policy)
+    fsync, replicas = policy.split("+")[0], int(policy.endswith("+replica"))
+    redis_svc = start_redis(workdir, appendonly=True, appendfsync=fsync)
     models = workdir / "models.yaml"
     models.write_text(yaml.safe_dump({"models": {
         MODEL: {"kind": "synthetic", "max_queue_depth": 10**9},
         LONE: {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0}}}))
     env = dict(os.environ, REDIS_URL=redis_svc.extra["url"], IQ_MODELS_FILE=str(models),
-               IQ_LOG_LEVEL="WARNING")
+               IQ_LOG_LEVEL="WARNING", IQ_REDIS_WAIT_REPLICAS=str(replicas))
     services = [redis_svc]
     try:
+        if replicas:
+            services.append(start_redis(workdir, appendonly=True, appendfsync=fsync,
+                                        replica_of=redis_svc))
         services.append(start_worker(f"durability-{policy}", env, workdir, [LONE]))
         services.append(start_web(env, workdir))
         url = services[-1].extra["url"]
         admin = redis.Redis.from_url(redis_svc.extra["admin_url"], decode_responses=True)
-        assert admin.config_get("appendfsync")["appendfsync"] == policy
+        assert admin.config_get("appendfsync")["appendfsync"] == fsync
+        wait_until(lambda: admin.info("replication")["connected_slaves"] == replicas, 30,
+                   "the replica in sync")
         wait_until(lambda: requests.get(f"{url}/readyz", timeout=5).json()["checks"]
                    [f"model:{LONE}"]["ok"], 120, "the worker")  # `parked` has none
         api_submits(url, clients, 1.0)  # warm-up
         return {"api": api_submits(url, clients, seconds),
-                "script": script_submits(redis_svc.extra["url"], clients, seconds),
+                "script": script_submits(redis_svc.extra["url"], clients, seconds, replicas),
                 "lone": lone_jobs(url, seconds)}
     finally:
         for svc in reversed(services):

@@ -86,6 +86,19 @@ def test_a_job_no_replica_confirms_is_refused_and_the_resend_returns_it(replicat
     assert runs(log)["unconfirmed"] == 1
 
 
+def test_the_application_may_only_ask_the_sentinels_where_the_primary_is(replicated):
+    stack, _log, _flower = replicated
+    sentinel = stack.group.sentinels[0]
+    app = redis.Redis(port=sentinel.extra["port"], username=stack.env["IQ_REDIS_SENTINEL_USER"],
+                      password=stack.env["IQ_REDIS_SENTINEL_PASSWORD"], decode_responses=True)
+    assert app.sentinel_get_master_addr_by_name("mymaster")[1] == stack.redis_svc.extra["port"]
+    for command in (("SENTINEL", "FAILOVER", "mymaster"),
+                    ("SENTINEL", "SET", "mymaster", "quorum", "1"),
+                    ("SENTINEL", "REMOVE", "mymaster"), ("ACL", "LIST")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            app.execute_command(*command)
+
+
 def running(client: redis.Redis) -> set[str]:
     return {job_id for job_id, status in job_statuses(client, sorted(every_record(client)))
             .items() if status == "running"}
