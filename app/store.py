@@ -99,8 +99,8 @@ class JobStore:
         job_id = job_id or new_job_id()
         kwargs: dict[str, Any] = {"inputs": job["inputs"], "options": job["options"],
                                   "submitted_at": time.time()}
-        if job.get("webhook"):
-            kwargs["webhook"] = job["webhook"]
+        if job.get("webhook"):  # the URL is kept in the record only (tasks/webhooks.py)
+            kwargs["webhook"] = {"events": job["webhook"]["events"]}
         if job.get("encoding_format", "float") != "float":
             kwargs["encoding_format"] = job["encoding_format"]
         priority = PRIORITIES[job["priority"]]
@@ -114,6 +114,8 @@ class JobStore:
         record = {"model": spec.name, "created_at": now_iso(), "trace_id": trace_id,
                   "inputs": str(len(job["inputs"])), "priority": job["priority"],
                   "owner": owner, "encoding_format": job.get("encoding_format", "float")}
+        if job.get("webhook"):
+            record["webhook_url"] = job["webhook"]["url"]
         idempotency = None
         if idempotency_key_:
             digest = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()

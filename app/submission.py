@@ -6,7 +6,8 @@ request costs little:
 1. the key's rate limit, before the body is read or validated;
 2. the body against its model's schema (app/schemas.py: lengths before items);
 3. the key's right to the model, the Idempotency-Key's form;
-4. the webhook URL (a DNS lookup) and image inputs (decoding, URL fetches);
+4. the webhook URL (a DNS lookup) and image inputs (URL fetches, decoding in a decoder
+   process: app/decoders.py);
 5. the atomic submit (tasks/jobstate.py): a full queue, an Idempotency-Key reused.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Callable, Mapping
 from marshmallow import ValidationError
 
 from app import auth, images
+from app.decoders import DecoderPool, DecodersBusy
 from app.errors import Conflict, RateLimited, TooManyJobs, Unavailable, ValidationFailed
 from app.metrics import ApiMetrics
 from app.schemas import flatten, job_schema, validate_job
@@ -58,6 +60,8 @@ class Submitter:
                  metrics: ApiMetrics) -> None:
         self.settings, self.models, self.store, self.metrics = settings, models, store, metrics
         self.schemas = {name: job_schema(spec) for name, spec in models.items()}
+        self.decoders = DecoderPool(settings.image_decoders, settings.image_decode_timeout_s,
+                                    settings.image_decode_memory_mb)  # started on first use
 
     def _refused(self, model: str, reason: str) -> None:
         self.metrics.rejected.labels(model if model in self.models else "unknown", reason).inc()
@@ -88,10 +92,15 @@ class Submitter:
             self._check_webhook(job["webhook"])
         if spec.input_type == "image":  # decoded, checked and resized before it is queued
             try:
-                job["inputs"] = images.canonical_inputs(spec, job["inputs"], self.settings)
+                job["inputs"] = images.canonical_inputs(spec, job["inputs"], self.settings,
+                                                        self.decoders)
             except images.BadImages as exc:
                 self._refused(spec.name, "validation")
                 raise ValidationFailed("the job is invalid", fields=exc.fields) from None
+            except DecodersBusy:
+                self._refused(spec.name, "decoders_busy")
+                raise Unavailable("every image decoder of this API process is busy; retry "
+                                  "later", retry_after=1) from None
         try:
             submitted, created = self.store.submit(spec, job, caller.trace_id, key,
                                                    owner=caller.owner, job_id=job_id)
@@ -117,7 +126,7 @@ class Submitter:
         """422 for a webhook this service will not call. While webhooks are off (no secret)
         the answer is a 422 on `webhook`, not a 503: retrying will not help, and the job can
         be sent without the field and polled."""
-        if not webhooks.enabled(self.settings.webhook_secret):
+        if not webhooks.accepted(self.settings.webhook_secret, self.settings.webhooks_enabled):
             raise ValidationFailed("the job is invalid",
                                    fields={"webhook": [webhooks.SECRET_MISSING]})
         try:

@@ -12,3 +12,8 @@ if "gunicorn.workers.ggevent" in sys.modules:
 from app import create_app  # noqa: E402
 
 app = create_app()
+if "gunicorn.workers.ggevent" in sys.modules:  # bodies read under gevent Timeouts
+    from app.request_body import GuardedBodies
+
+    app.wsgi_app = GuardedBodies(app.wsgi_app,
+                                 app.extensions["iq.submitter"].settings.body_timeout_s)

@@ -103,7 +103,7 @@ def measure(model: str, jobs: int) -> dict:
         wait_until(lambda: requests.get(f"{stack.url}/readyz", timeout=2).status_code == 200,
                    180, "the worker")
         stack.load(model, 1, 1, args, duration=2.0, warmup=0.5)  # warm
-        monitor = Monitor(stack.services[0].extra["url"])
+        monitor = Monitor(stack.services[0].extra["admin_url"])
         url = urlparse(stack.url)
         conn = http.client.HTTPConnection(url.hostname, url.port)
         done = []

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -38,6 +40,11 @@ class Settings:
     # behind other waits. gunicorn.conf.py sizes the process's connections from max_waits.
     max_waits: int = 2000
     max_waits_per_key: int = 500
+    # A request's body must have arrived this long after its headers (app/request_body.py);
+    # later, 408. Proxy headers (SCRIPT_NAME, X-Forwarded-*) are honoured only from these
+    # addresses or CIDRs, comma-separated (gunicorn.conf.py); none by default.
+    body_timeout_s: float = 30.0
+    forwarded_allow_ips: str = ""
     redis_timeout_s: float = 2.0
     job_ttl_s: int = 86_400
     # How long a finished job's outputs stay readable: what bounds Redis's memory under steady
@@ -50,8 +57,11 @@ class Settings:
 
     # Webhooks. Hosts (or CIDRs) allowed even though they are private/loopback/link-local.
     webhook_allow: str = ""
-    # No default: webhooks stay off until it is set (tasks.webhooks.enabled).
+    # No default: webhooks stay off until it is set (tasks.webhooks.enabled). Only the
+    # deliverer signs; a process that only queues deliveries (the API) may instead be told
+    # that webhooks are on, and hold no secret.
     webhook_secret: str = ""
+    webhooks_enabled: bool = False
     webhook_retries: int = 8
     webhook_backoff_s: float = 2.0
     webhook_timeout_s: float = 10.0  # the whole delivery, however slowly the receiver answers
@@ -60,9 +70,14 @@ class Settings:
     webhook_host_concurrency: int = 2
 
     # Image URLs (app/image_urls.py): hosts (or CIDRs) the API may fetch images from although
-    # they are not public, and one deadline for each fetch.
+    # they are not public, and one deadline for all of a job's fetches.
     image_url_allow: str = ""
     image_fetch_deadline_s: float = 10.0
+    # Image decoding (app/decoders.py): decoder processes per API process, the time each image
+    # may take and the memory (address space) each decoder may use.
+    image_decoders: int = 2
+    image_decode_timeout_s: float = 5.0
+    image_decode_memory_mb: int = 1024
 
     # Workers.
     heartbeat_interval_s: float = 2.0
@@ -107,6 +122,13 @@ class Settings:
     # trace id), not its inputs; true restores the full arguments, for debugging.
     events_full_args: bool = False
 
+    def __repr__(self) -> str:
+        """Every setting but the secrets: what Celery's `inspect conf` and Flower show of the
+        settings the Celery app carries (tasks/celery_app.py)."""
+        shown = ", ".join(f"{f.name}={_shown(f.name, getattr(self, f.name))!r}"
+                          for f in fields(self))
+        return f"Settings({shown})"
+
     @property
     def webhook_allow_list(self) -> list[str]:
         return [h.strip() for h in self.webhook_allow.split(",") if h.strip()]
@@ -115,6 +137,21 @@ class Settings:
     def image_url_allow_list(self) -> list[str]:
         return [h.strip() for h in self.image_url_allow.split(",") if h.strip()]
 
+
+def _shown(name: str, value: Any) -> Any:
+    if name in SECRET_SETTINGS:
+        return "**" if value else ""
+    if name == "redis_url":
+        parts = urlsplit(value)
+        if parts.password:
+            user = parts.username or ""
+            host = parts.netloc.rsplit("@", 1)[1]
+            return parts._replace(netloc=f"{user}:**@{host}").geturl()
+    return value
+
+
+# Settings never shown (Settings.__repr__), beside the password in redis_url.
+SECRET_SETTINGS = frozenset({"webhook_secret"})
 
 # Environment variable → field. REDIS_URL is the one name every Redis user already knows; the
 # rest carry the IQ_ prefix so they cannot collide with other software's.
@@ -137,6 +174,8 @@ OTHER_VARIABLES: dict[str, str] = {
     "IQ_VAR_DIR": "scripts/run.py, scripts/redis-server.sh",
     "IQ_REDIS_DIR": "scripts/run.py, scripts/redis-server.sh",
     "IQ_REDIS_PASSWORD_FILE": "scripts/run.py, scripts/redis-server.sh",
+    "IQ_REDIS_APP_PASSWORD_FILE": "scripts/run.py, scripts/redis-server.sh",
+    "IQ_REDIS_APP_USER": "scripts/run.py, scripts/redis-server.sh",
     "IQ_API_URL": "client/inference_queue_client/client.py",
     "IQ_API_KEY": "client/inference_queue_client/client.py",
 }
@@ -210,6 +249,23 @@ def load_settings(
     if settings.webhook_host_concurrency < 1:
         raise ConfigError("webhook_host_concurrency must be an integer >= 1, "
                           f"got {settings.webhook_host_concurrency}")
+    if settings.body_timeout_s <= 0:
+        raise ConfigError(f"body_timeout_s must be > 0, got {settings.body_timeout_s}")
+    for entry in filter(None, (e.strip() for e in settings.forwarded_allow_ips.split(","))):
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ConfigError("forwarded_allow_ips must list IP addresses or CIDRs, got "
+                              f"{entry!r}") from None
+    if settings.image_decoders < 1:
+        raise ConfigError(f"image_decoders must be an integer >= 1, got {settings.image_decoders}")
+    if settings.image_decode_timeout_s <= 0 or settings.image_fetch_deadline_s <= 0:
+        raise ConfigError("image_decode_timeout_s and image_fetch_deadline_s must be > 0, got "
+                          f"{settings.image_decode_timeout_s} and "
+                          f"{settings.image_fetch_deadline_s}")
+    if settings.image_decode_memory_mb < 256:
+        raise ConfigError("image_decode_memory_mb must be an integer >= 256, got "
+                          f"{settings.image_decode_memory_mb}")
     if settings.webhook_timeout_s <= 0:
         raise ConfigError(f"webhook_timeout_s must be > 0, got {settings.webhook_timeout_s}")
     return settings

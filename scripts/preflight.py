@@ -1,12 +1,27 @@
-"""Before `make run` starts anything: is every port it will bind free? A taken port stops it with
-one message per port that names the port, what holds it when that can be told (a Redis that
-answers PING, an HTTP server), and the variable to set."""
+"""Before `make run` starts anything: is every port it will bind free, and are the model files it
+will load the operator's alone?
+
+A taken port stops it with one message per port that names the port, what holds it when that
+can be told (a Redis that answers PING, an HTTP server), and the variable to set. A models file,
+model file or folder (or anything in it) that another user may write stops it too, naming the
+file: models are code (TorchScript and torch.export programs run in the worker as they were
+written; docs/security.md), so whoever may write one may run code as the worker's user."""
 from __future__ import annotations
 
 import errno
+import grp
+import importlib.util
+import os
+import pwd
 import socket
+import stat
 from dataclasses import dataclass
-from typing import NamedTuple
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+# The Redis user the application's processes connect as, in a Redis make run (or the tests'
+# stack) starts: scripts/redis-server.sh gives it every command but the administrative ones.
+REDIS_APP_USER = "iq"
 
 
 @dataclass(frozen=True)
@@ -116,4 +131,83 @@ def port_problems(bindings: list[Binding], redis_password: str | None = None,
         else:
             problems.append(f"make run: cannot bind {binding.host}:{binding.port} for "
                             f"{binding.what} ({error}); check {binding.variable}.")
+    return problems
+
+
+def _owner(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _others_in_group(gid: int, owner_uid: int) -> bool:
+    """Whether a user other than the owner is in group `gid` (a user private group, as
+    Debian and Ubuntu give each user, has none)."""
+    try:
+        members = set(grp.getgrgid(gid).gr_mem)
+    except KeyError:
+        return True
+    members |= {user.pw_name for user in pwd.getpwall() if user.pw_gid == gid}
+    try:
+        members.discard(pwd.getpwuid(owner_uid).pw_name)
+    except KeyError:
+        pass
+    return bool(members)
+
+
+def _writable_by_others(path: Path) -> str | None:
+    """Why another user may change `path`, or None."""
+    info = path.lstat()
+    mode = stat.S_IMODE(info.st_mode)
+    if stat.S_ISLNK(info.st_mode):
+        return None  # a link's own mode means nothing; what it points to is checked
+    if info.st_uid not in (0, os.getuid()):
+        return f"is owned by another user, {_owner(info.st_uid)}"
+    if stat.S_ISDIR(info.st_mode) and mode & stat.S_ISVTX:
+        return None  # sticky (/tmp): others may not replace what is not theirs
+    if mode & 0o002:
+        return f"is writable by everyone (mode {mode:04o})"
+    if mode & 0o020 and _others_in_group(info.st_gid, info.st_uid):
+        return f"is writable by its group, which has other users (mode {mode:04o})"
+    return None
+
+
+def _model_paths(models_file: Path) -> Iterator[Path]:
+    """The models file, each model's file or folder and everything in it, and each one's
+    folder (which decides who may replace it)."""
+    from config import load_models
+
+    yield models_file
+    yield models_file.resolve().parent
+    for spec in load_models(models_file).values():
+        if spec.path:
+            root = Path(spec.path).resolve()
+        elif spec.package:
+            found = importlib.util.find_spec(spec.package)
+            if found is None or not found.submodule_search_locations:
+                continue  # the worker says so when it loads it
+            root = Path(next(iter(found.submodule_search_locations)))
+        else:
+            continue
+        if not root.exists():
+            continue
+        yield root.parent
+        yield root
+        if root.is_dir():
+            yield from root.rglob("*")
+
+
+def model_file_problems(models_file: str) -> list[str]:
+    """One message per model file or folder another user may write (none: all private)."""
+    problems, seen = [], set()
+    for path in _model_paths(Path(models_file)):
+        if path in seen:
+            continue
+        seen.add(path)
+        why = _writable_by_others(path)
+        if why:
+            problems.append(
+                f"make run: {path} {why}. A model file is code the worker runs, so only you "
+                f"(or root) may write it: chmod go-w '{path}' (or chown it to yourself).")
     return problems

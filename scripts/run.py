@@ -2,10 +2,12 @@
 names one.
 
 Before anything starts, every port the stack will bind is checked (scripts/preflight.py). The
-secrets it needs are made on first use and kept under IQ_VAR_DIR (default var/), mode 0600: the
-Redis password, Flower's password, the webhook signing secret. Once the API, the worker and
-Flower answer, one block says what is where. Ctrl-C or SIGTERM stops every process it started:
-honcho signals each one's process group, and kills what is left after a few seconds.
+secrets it needs are made on first use and kept under IQ_VAR_DIR (default var/), mode 0600: its
+Redis's admin password and the application's (an ACL user without administrative commands:
+scripts/redis-server.sh), Flower's password, the webhook signing secret. Each process gets only
+the secrets it uses (`NEEDS`). Once the API, the worker and Flower answer, one block says what
+is where. Ctrl-C or SIGTERM stops every process it started: honcho signals each one's process
+group, and kills what is left after a few seconds.
 """
 from __future__ import annotations
 
@@ -25,10 +27,22 @@ from honcho.printer import Message, Printer
 from kombu.utils.url import maybe_sanitize_url
 
 from config import ConfigError, Settings, load_settings
-from scripts.preflight import Binding, port_problems, reachable
+from scripts.preflight import REDIS_APP_USER, Binding, model_file_problems, port_problems, \
+    reachable
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_UP_NOTE_S = 300  # a first model load can take minutes; after this, say what is missing
+# The variables that carry a secret, and which of them each process of the Procfile uses: a
+# process gets those, and none of the others (a process not named here gets none).
+SECRET_VARIABLES = ("REDIS_URL", "IQ_REDIS_PASSWORD_FILE", "IQ_REDIS_APP_PASSWORD_FILE",
+                    "FLOWER_BASIC_AUTH", "IQ_WEBHOOK_SECRET")
+NEEDS = {
+    "redis": {"IQ_REDIS_PASSWORD_FILE", "IQ_REDIS_APP_PASSWORD_FILE"},
+    "web": {"REDIS_URL"},
+    "worker": {"REDIS_URL"},
+    "webhooks": {"REDIS_URL", "IQ_WEBHOOK_SECRET"},
+    "flower": {"REDIS_URL", "FLOWER_BASIC_AUTH"},
+}
 
 
 class Refused(Exception):
@@ -124,12 +138,14 @@ def _keep_secrets(env: dict[str, str], var_dir: Path, redis_port: int | None) ->
     if redis_port is None:
         redis = "from REDIS_URL, not started here"
     else:
-        password, path = kept_secret(var_dir, "redis-password")
+        _admin, admin_path = kept_secret(var_dir, "redis-password")
+        password, path = kept_secret(var_dir, "redis-app-password")
         env.setdefault("IQ_REDIS_DIR", str(var_dir / "redis"))
-        env.update(IQ_REDIS_PASSWORD_FILE=str(path),
-                   REDIS_URL=f"redis://:{password}@127.0.0.1:{redis_port}/0")
-        redis = f"started here: password in {_shown(path)}, data in " \
-                f"{_shown(Path(env['IQ_REDIS_DIR']))}"
+        env.update(IQ_REDIS_PASSWORD_FILE=str(admin_path), IQ_REDIS_APP_PASSWORD_FILE=str(path),
+                   IQ_REDIS_APP_USER=REDIS_APP_USER,
+                   REDIS_URL=f"redis://{REDIS_APP_USER}:{password}@127.0.0.1:{redis_port}/0")
+        redis = f"started here: user {REDIS_APP_USER} (no admin commands), admin password " \
+                f"in {_shown(admin_path)}, data in {_shown(Path(env['IQ_REDIS_DIR']))}"
     if env.get("FLOWER_BASIC_AUTH"):
         login = f"user {env['FLOWER_BASIC_AUTH'].split(':', 1)[0]}, password from " \
                 "FLOWER_BASIC_AUTH"
@@ -142,7 +158,16 @@ def _keep_secrets(env: dict[str, str], var_dir: Path, redis_port: int | None) ->
     else:
         env["IQ_WEBHOOK_SECRET"], path = kept_secret(var_dir, "webhook-secret")
         signing = f"IQ_WEBHOOK_SECRET, kept in {_shown(path)}"
+    # The API queues deliveries and the deliverer signs them: only the deliverer holds the
+    # secret, and the API is told webhooks are on.
+    env["IQ_WEBHOOKS_ENABLED"] = "true"
     return [redis, login, signing]
+
+
+def process_env(name: str, env: dict[str, str]) -> dict[str, str]:
+    """`env` less the secrets process `name` does not use (NEEDS)."""
+    needs = NEEDS.get(name, set())
+    return {k: v for k, v in env.items() if k not in SECRET_VARIABLES or k in needs}
 
 
 def plan(environ: dict[str, str]) -> Run:
@@ -150,7 +175,7 @@ def plan(environ: dict[str, str]) -> Run:
     taken)."""
     env = dict(environ)
     try:
-        load_settings(environ=env)  # what every process it starts would refuse, refused now
+        settings = load_settings(environ=env)  # what every process would refuse, refused now
     except ConfigError as error:
         raise Refused(f"make run: {error}") from None
     var_dir = ROOT / (env.get("IQ_VAR_DIR") or "var")
@@ -161,6 +186,10 @@ def plan(environ: dict[str, str]) -> Run:
     password_file = var_dir / "secrets" / "redis-password"
     known = password_file.read_text().strip() if password_file.is_file() else None
     problems = port_problems([b for b in ports.values() if b.port], known, _shown(password_file))
+    try:
+        problems += model_file_problems(settings.models_file)
+    except ConfigError as exc:  # the models file itself is wrong
+        problems.append(f"make run: {exc}")
     if problems:
         raise Refused("\n".join(problems))
 
@@ -199,7 +228,7 @@ def main() -> int:
         return 1
     manager = Manager(Printer(sys.stdout))
     for name, command in run.processes.items():
-        manager.add_process(name, command, env=run.env, cwd=str(ROOT))
+        manager.add_process(name, command, env=process_env(name, run.env), cwd=str(ROOT))
     # Started before honcho forks its readers; they only start a process and read its output.
     threading.Thread(target=_announce, args=(manager, run.checks, run.block),
                      daemon=True).start()

@@ -22,6 +22,8 @@ import redis
 import requests
 import yaml
 
+from scripts.preflight import REDIS_APP_USER
+
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
@@ -102,24 +104,49 @@ def spawn(name: str, cmd: list[str], env: dict[str, str], logdir: Path) -> Servi
     return Service(name, proc, log)
 
 
+def _private(path: Path, text: str) -> Path:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+    path.chmod(0o600)
+    return path
+
+
 def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False,
-                password: str | None = None) -> Service:
-    """A private redis-server that requires a password, as `make run`'s does, so that every
-    client is proven to pass one along: a fresh one unless `password` is given (a restart
-    passes the old one), none for `password=""`. `extra["url"]` carries it."""
+                open_to_all: bool = False, like: Service | None = None) -> Service:
+    """A private redis-server as `make run` starts one (scripts/redis-server.sh): an admin user
+    and the application's user (REDIS_APP_USER), which cannot run administrative commands, each
+    with a fresh password, so that every client is proven to pass its own along and the
+    application's processes to need no more. `extra["url"]` is the application's URL,
+    `extra["admin_url"]` the admin's (for tests that reconfigure, freeze or kill). `like`: a
+    restart of that server (its port and passwords). `open_to_all`: no user and no password,
+    as a system package's Redis."""
+    if like is not None:
+        port, open_to_all = like.extra["port"], like.extra["password"] == ""
     port = port or free_port()
-    # Hex: redis-server reads an argument that starts with "--" as an option name, so a
-    # urlsafe token that happened to (1 in 4,096) left requirepass without a value.
-    password = secrets.token_hex(16) if password is None else password
     data = workdir / f"redis-{port}"
     data.mkdir(parents=True, exist_ok=True)
-    cmd = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-           "--save", "", "--appendonly", "yes" if appendonly else "no"]
-    cmd += ["--requirepass", password] if password else []
-    svc = spawn(f"redis-{port}", cmd, dict(os.environ), workdir)
-    url = f"redis://{f':{password}@' if password else ''}127.0.0.1:{port}/0"
-    wait_until(redis.Redis.from_url(url).ping, 20, f"redis-server on port {port}")
-    svc.extra.update(port=port, url=url, password=password)
+    if open_to_all:
+        cmd = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir",
+               str(data), "--save", "", "--appendonly", "yes" if appendonly else "no"]
+        svc = spawn(f"redis-{port}", cmd, dict(os.environ), workdir)
+        admin = app = f"redis://127.0.0.1:{port}/0"
+        svc.extra.update(password="", app_password="")
+    else:
+        # Hex: redis-server reads a word that starts with "--" as an option name.
+        admin_password = like.extra["password"] if like else secrets.token_hex(16)
+        app_password = like.extra["app_password"] if like else secrets.token_hex(16)
+        env = dict(os.environ, REDIS_PORT=str(port), IQ_REDIS_DIR=str(data),
+                   IQ_REDIS_APP_USER=REDIS_APP_USER,
+                   IQ_REDIS_PASSWORD_FILE=str(_private(data / "admin-password", admin_password)),
+                   IQ_REDIS_APP_PASSWORD_FILE=str(_private(data / "app-password", app_password)))
+        cmd = [str(ROOT / "scripts" / "redis-server.sh"), "--appendonly",
+               "yes" if appendonly else "no"]
+        svc = spawn(f"redis-{port}", cmd, env, workdir)
+        admin = f"redis://:{admin_password}@127.0.0.1:{port}/0"
+        app = f"redis://{REDIS_APP_USER}:{app_password}@127.0.0.1:{port}/0"
+        svc.extra.update(password=admin_password, app_password=app_password)
+    wait_until(redis.Redis.from_url(admin).ping, 20, f"redis-server on port {port}")
+    svc.extra.update(port=port, url=app, admin_url=admin)
     return svc
 
 
@@ -189,7 +216,13 @@ class Stack:
 
     @property
     def redis(self) -> redis.Redis:
+        """A client as the application's user (no administrative commands)."""
         return redis.Redis.from_url(self.redis_url, decode_responses=True)
+
+    @property
+    def admin(self) -> redis.Redis:
+        """A client as Redis's admin: for tests that reconfigure it or cut its clients."""
+        return redis.Redis.from_url(self.redis_svc.extra["admin_url"], decode_responses=True)
 
     def submit(self, model: str, inputs: list, **extra) -> dict:
         headers = extra.pop("headers", None)

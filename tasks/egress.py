@@ -1,9 +1,10 @@
 """Outbound HTTP that cannot be turned inward: every request the service makes to a URL a
 client gave it (webhooks, image URLs) goes through `fetch`.
 
-- The host is resolved once, and every address it resolves to is checked: private, loopback,
-  link-local, multicast and reserved addresses are refused unless the host, or a CIDR holding
-  the address, is in the caller's allow list.
+- The host is resolved once, and every address it resolves to is checked: anything but public
+  unicast (private, loopback, link-local, multicast, reserved and the other special-purpose
+  blocks, IPv4 inside IPv6 unwrapped first: tasks/addresses.py) is refused unless the host, or
+  a CIDR holding the address, is in the caller's allow list.
 - The connection goes to an address that was checked, never to a second resolution (DNS
   rebinding), with the original name in the Host header and, for https, as the TLS server
   name that the certificate is verified against.
@@ -25,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
+from tasks.addresses import is_public
+
 NOT_PUBLIC = ("the host must resolve, and only to public addresses "
               "(not private, loopback, link-local, multicast or reserved ones)")
-# Where an IPv6 address carries an IPv4 one that the network may route to.
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 
 class EgressError(Exception):
@@ -73,18 +74,6 @@ class Response:
     body: bytes
 
 
-def _public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if not ip.is_global or ip.is_multicast:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address):
-        inner = ip.ipv4_mapped or ip.sixtofour
-        if inner is None and ip in _NAT64:
-            inner = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        if inner is not None:
-            return _public(inner)
-    return True
-
-
 def _allowed(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, allow: Sequence[str]) -> bool:
     for entry in allow:
         try:
@@ -117,7 +106,7 @@ def check_url(url: str, *, allow: Sequence[str] = ()) -> Target:
     if host not in allow:
         for _family, sockaddr in addresses:
             ip = ipaddress.ip_address(sockaddr[0].split("%", 1)[0])
-            if not _public(ip) and not _allowed(ip, allow):
+            if not is_public(ip) and not _allowed(ip, allow):
                 raise Refused(NOT_PUBLIC)
     path = parts.path or "/"
     return Target(parts.scheme, host, port, f"{path}?{parts.query}" if parts.query else path,

@@ -51,6 +51,9 @@ def shared_models(ts_model: Path, workdir: Path) -> dict:
                         "labels": VISION_LABELS, "preprocess": VISION_PREPROCESS,
                         "top_k": 3, "max_batch_size": 8, "max_inputs": 8,
                         "max_image_bytes": 150_000, "max_image_pixels": 1_000_000},
+        # The same model on the default image limits (10 MiB, 40 MP): hostile images.
+        "vision-defaults": {"kind": "image", "path": str(workdir / "vision.pt2"),
+                            "labels": VISION_LABELS, "preprocess": VISION_PREPROCESS},
         # Synthetic models on their own worker: a batch costs base_ms + per_item_ms * n.
         "synthetic": {"kind": "synthetic", "base_ms": 300, "per_item_ms": 1,
                       "max_batch_size": 64, "max_wait_ms": 5, "max_inputs": 64},
@@ -68,7 +71,7 @@ def stack(tmp_path_factory) -> Stack:
     models = shared_models(build_torchscript_model(workdir / "affine.pt"), workdir)
     stack = launch(workdir, models, {
         "text": ["minilm-embed", "minilm-classify", "ts-affine", "export-linear",
-                 "tiny-seqcls", "tiny-vision"],
+                 "tiny-seqcls", "tiny-vision", "vision-defaults"],
         "synth": ["synthetic", "sleepy", "patient"],
     }, env_extra={"IQ_IMAGE_URL_ALLOW": "127.0.0.1"})  # the image URL tests' own server
     yield stack

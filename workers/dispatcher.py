@@ -292,8 +292,8 @@ class PoolDispatcher:
         finals = [Final(r.id, Status.FAILED,
                         transport.result_meta(app, r.id, Status.FAILED,
                                               JobFailed(error.code, error.message)),
-                        error, webhook_message(app, model, r.id, r.kwargs or {},
-                                               trace_id_of(r), Status.FAILED, None, error))
+                        error, webhook_message(app, r.id, r.kwargs or {}, trace_id_of(r),
+                                               Status.FAILED))
                   for r in requests]
         try:
             self.state.finish(finals, result_ttl_s=self.settings.result_ttl_s)

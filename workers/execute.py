@@ -74,23 +74,17 @@ def _with_retries(call: Callable[[], T], what: str, patience_s: float) -> T:
             pause = min(pause * 2, 2.0)
 
 
-def webhook_message(app: Any, model: str, job_id: str, kwargs: dict, trace_id: Any,
-             status: Status, outputs: list | None, error: JobError | None):
-    """The delivery a job asked for, as a task message `finish` queues with its result."""
+def webhook_message(app: Any, job_id: str, kwargs: dict, trace_id: Any, status: Status):
+    """The delivery a job asked for, as a task message `finish` queues with its result. Its
+    arguments are the job and the event only: the deliverer reads the URL and the result from
+    Redis (tasks/webhooks.py), so no inspector sees them."""
     hook = kwargs.get("webhook")
     event = status.value
     if not hook or event not in (hook.get("events") or ()):
         return None
-    payload: dict[str, Any] = {"id": job_id, "model": model, "status": event}
-    if outputs is not None:
-        payload["result"] = {"outputs": outputs}
-    if error is not None:
-        payload["error"] = {"code": error.code, "message": error.message}
-    delivery = {"url": hook["url"], "event": event, "job_id": job_id, "payload": payload,
-                "trace_id": trace_id}
+    delivery = {"job_id": job_id, "event": event, "trace_id": trace_id}
     return transport.task_message(app, DELIVER_TASK, str(uuid.uuid4()), delivery,
-                                  queue=WEBHOOK_QUEUE, priority=PRIORITIES["normal"],
-                                  summary={"job_id": job_id, "event": event})
+                                  queue=WEBHOOK_QUEUE, priority=PRIORITIES["normal"])
 
 
 def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
@@ -153,15 +147,15 @@ def run_batch(model: str, jobs: list[JobPayload]) -> list[JobOutcome]:
             error = JobError(result.code, result.message)
             finals.append(Final(job_id, Status.FAILED,
                                 transport.result_meta(app, job_id, Status.FAILED, result),
-                                error, webhook_message(app, model, job_id, kwargs, trace_id,
-                                                Status.FAILED, None, error)))
+                                error, webhook_message(app, job_id, kwargs, trace_id,
+                                                       Status.FAILED)))
         else:
             outputs = encode_outputs(result, kwargs.get("encoding_format"))
             finals.append(Final(job_id, Status.SUCCEEDED,
                                 transport.result_meta(app, job_id, Status.SUCCEEDED,
                                                       {"outputs": outputs}),
-                                None, webhook_message(app, model, job_id, kwargs, trace_id,
-                                                      Status.SUCCEEDED, outputs, None)))
+                                None, webhook_message(app, job_id, kwargs, trace_id,
+                                                      Status.SUCCEEDED)))
     write_ns = time.time_ns()
     try:
         written = _with_retries(

@@ -1,8 +1,11 @@
-"""Webhook delivery: one attempt (`attempt`, a plain function) and the task that retries it,
-run by the deliverer (workers.webhook_main, `scripts/webhooks.sh`).
+"""Webhook delivery: what to deliver (`delivery`, read from the job in Redis), one attempt
+(`attempt`, a plain function) and the task that retries it, run by the deliverer
+(workers.webhook_main, `scripts/webhooks.sh`).
 
-An attempt POSTs the signed payload through tasks.egress (pinned to the checked address, one
-deadline for the whole request). Errors, 5xx, 408 and 429 are retried with exponential
+The task's arguments are the job id and the event; its task id is the delivery's id
+(`webhook-id`, the same on every retry). An attempt reads the job's record (its webhook URL and
+owner) and result, and POSTs them signed with the owner's key (tasks/webhooks.py) through
+tasks.egress (pinned to the checked address, one deadline for the whole request). Errors, 5xx, 408 and 429 are retried with exponential
 backoff; any other answer, redirects included, is final. A host that already has
 `webhook_host_concurrency` deliveries in flight gets this one later, without spending a
 retry: a slow receiver holds a few threads, never all of them. Logs name the job, the host and
@@ -17,14 +20,17 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from celery import Celery
 
 from config import Settings
 from tasks import egress
+from tasks.jobstate import JobState, Status
 from tasks.logs import trace
-from tasks.webhooks import DELIVER_TASK, headers
+from tasks.redis_client import connect
+from tasks.webhooks import DELIVER_TASK, headers, signing_key
 from workers import webhook_metrics
 
 logger = logging.getLogger(__name__)
@@ -39,6 +45,14 @@ class Outcome(enum.Enum):
     REFUSED = "refused"  # the URL may not be called (any more)
     BUSY = "busy"  # the host is at its cap: not attempted
     RETRY = "retry"  # an error, a timeout, 5xx, 408 or 429
+
+
+@dataclass(frozen=True)
+class Delivery:
+    id: str  # webhook-id: the delivery task's id
+    url: str
+    owner: str  # the API key's name that owns the job; "" with keys off
+    payload: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -85,15 +99,33 @@ def classify(status: int) -> Outcome:
     return Outcome.FINAL
 
 
-def attempt(url: str, event: str, job_id: str, payload: dict, settings: Settings,
-            slots: HostSlots) -> Attempt:
-    host = host_of(url)
+def delivery(jobs: JobState, delivery_id: str, job_id: str, event: str) -> Delivery | None:
+    """What to POST for `event` of the job, as its record and result stand; None when the
+    record is gone (past job_ttl_s) or names no webhook."""
+    job = jobs.read(job_id)
+    if job is None or not job.fields.get("webhook_url"):
+        return None
+    payload: dict[str, Any] = {"id": job_id, "model": job.fields.get("model"), "status": event}
+    if event == Status.SUCCEEDED.value:
+        outputs = job.outputs  # kept result_ttl_s: past it, said so, as GET says it
+        payload["result"] = {"outputs": outputs} if outputs is not None else None
+        if outputs is None:
+            payload["result_expired"] = True
+    elif job.error is not None:
+        payload["error"] = {"code": job.error.code, "message": job.error.message}
+    return Delivery(delivery_id, job.fields["webhook_url"], job.fields.get("owner", ""),
+                    payload)
+
+
+def attempt(what: Delivery, settings: Settings, slots: HostSlots) -> Attempt:
+    host = host_of(what.url)
     if not slots.take(host):
         return Attempt(Outcome.BUSY)
     try:
-        body = json.dumps(payload).encode()
-        answer = egress.fetch(url, allow=settings.webhook_allow_list, method="POST", body=body,
-                              headers=headers(settings.webhook_secret, event, job_id, body),
+        body = json.dumps(what.payload).encode()
+        key = signing_key(settings.webhook_secret, what.owner)
+        answer = egress.fetch(what.url, allow=settings.webhook_allow_list, method="POST",
+                              body=body, headers=headers(key, what.id, body),
                               deadline_s=settings.webhook_timeout_s,
                               max_bytes=MAX_ANSWER_BYTES)
         status = answer.status
@@ -111,19 +143,24 @@ def attempt(url: str, event: str, job_id: str, payload: dict, settings: Settings
 def register(app: Celery) -> None:
     settings = app.conf.iq_settings
     slots = HostSlots(settings.webhook_host_concurrency)
+    jobs = JobState(connect(settings.redis_url, settings))
     metrics = webhook_metrics.get()
 
     @app.task(name=DELIVER_TASK, bind=True, acks_late=True, ignore_result=True,
               max_retries=settings.webhook_retries, shared=False)
-    def deliver(self, url: str, event: str, job_id: str, payload: dict,
-                trace_id: str | None = None) -> None:
+    def deliver(self, job_id: str, event: str, trace_id: str | None = None) -> None:
         with trace(trace_id):
+            what = delivery(jobs, self.request.id, job_id, event)
+            if what is None:
+                logger.warning("webhook %s for job %s dropped: the job's record is gone", event,
+                               job_id)
+                return
             started = time.monotonic()
-            result = attempt(url, event, job_id, payload, settings, slots)
+            result = attempt(what, settings, slots)
             metrics.attempts.labels(result.outcome.value).inc()
             if result.outcome is not Outcome.BUSY:
                 metrics.attempt_seconds.observe(time.monotonic() - started)
-            host, tries = host_of(url), self.request.retries
+            host, tries = host_of(what.url), self.request.retries
             if result.outcome is Outcome.DELIVERED:
                 logger.info("webhook %s for job %s delivered to %s (%d)", event, job_id, host,
                             result.status)
@@ -142,8 +179,8 @@ def register(app: Celery) -> None:
                 logger.debug("webhook for job %s: %s is busy; again in %.1fs", job_id, host,
                              delay)
             elif tries >= settings.webhook_retries:
-                # Not self.retry(): its MaxRetriesExceededError message carries the task's
-                # arguments, the URL and the whole payload.
+                # Not self.retry(): past max_retries it raises MaxRetriesExceededError, a
+                # task failure with a traceback, for what is an answer like any other.
                 metrics.given_up.inc()
                 logger.error("webhook for job %s to %s given up after %d attempts; last: %s",
                              job_id, host, tries + 1, result.status or result.detail)

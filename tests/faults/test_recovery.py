@@ -170,7 +170,6 @@ def test_redis_restarted_under_load(recovery, tmp_path):
     stack = start(appendonly=True)
     watch = Watch(stack)
     accepted = under_load(stack, watch)
-    port = stack.redis_svc.extra["port"]
     stack.redis_svc.stop()  # SIGTERM: Redis writes its append-only file and exits
     r = requests.post(f"{stack.api}/v1/jobs", json={"model": "slow", "inputs": ["x"]},
                       timeout=30)
@@ -179,8 +178,7 @@ def test_redis_restarted_under_load(recovery, tmp_path):
     # Which check failed, not Redis's own error text.
     assert ready.status_code == 503
     assert ready.json()["checks"]["redis"] == {"ok": False, "error": "unreachable"}
-    stack.redis_svc = start_redis(tmp_path, port=port, appendonly=True,
-                                  password=stack.redis_svc.extra["password"])
+    stack.redis_svc = start_redis(tmp_path, appendonly=True, like=stack.redis_svc)
     cleared = time.monotonic()
     check_recovery(stack, watch, accepted, log, cleared, may_rerun=set())
 
@@ -190,7 +188,7 @@ def test_every_client_connection_killed_under_load(recovery):
     stack = start()
     watch = Watch(stack)
     accepted = under_load(stack, watch)
-    server = stack.redis
+    server = stack.admin
     killed = sum(server.execute_command("CLIENT", "KILL", "TYPE", kind)
                  for kind in ("normal", "pubsub"))
     assert killed >= 4  # the worker's, the API's and this test's own
@@ -222,7 +220,7 @@ def test_a_reconnect_keeps_a_batch_no_child_has_taken_yet(recovery):
                    30, "the batch handed to the pool")
         accepted = {"handed-over": handed, **submit_load(stack, watch)}
         assert len(accepted) > 100, f"only {len(accepted)} jobs accepted"
-        killed = sum(stack.redis.execute_command("CLIENT", "KILL", "TYPE", kind)
+        killed = sum(stack.admin.execute_command("CLIENT", "KILL", "TYPE", kind)
                      for kind in ("normal", "pubsub"))
         assert killed >= 4  # the worker's, the API's and this test's own
         wait_until(lambda: control.inspect(destination=[node], timeout=2).ping(), 60,

@@ -14,7 +14,7 @@ def test_a_nearly_full_redis_refuses_new_jobs_and_finishes_the_accepted(tmp_path
     # No worker at first: the accepted jobs wait in Redis, as under a burst.
     stack = launch(tmp_path, models, {}, ready_models=[], defaults=True)
     try:
-        server = stack.redis
+        server = stack.admin
         used = int(server.info("memory")["used_memory"])
         server.config_set("maxmemory-policy", "noeviction")
         # 10% headroom of this cap is ~0.8 MB: more than a worker holds at once (2 x 16 jobs

@@ -28,7 +28,7 @@ def test_a_worker_whose_loop_hangs_is_not_ready_and_restarts_itself(tmp_path):
     stack = launch(tmp_path, models, {}, ready_models=[], defaults=True)
     proxy = RedisProxy(stack.redis_svc.extra["port"])
     try:
-        env = dict(stack.env, REDIS_URL=proxy.url(stack.redis_svc.extra["password"]))
+        env = dict(stack.env, REDIS_URL=proxy.url(stack.redis_svc.extra["app_password"]))
         worker = stack.workers["w"] = start_worker("w", env, tmp_path, ["quick"])
         wait_until(lambda: ready(stack), 120, "the worker to be ready")
         assert stack.finished(stack.submit("quick", ["before"])["id"])["status"] == "succeeded"

@@ -25,7 +25,6 @@ def test_a_worker_started_while_redis_is_away_becomes_ready(tmp_path):
     stack = launch(tmp_path, {"quick": QUICK}, {}, defaults=True, ready_models=[],
                    appendonly=True)
     try:
-        port, password = stack.redis_svc.extra["port"], stack.redis_svc.extra["password"]
         stack.redis_svc.stop()
         worker = start_worker("w", stack.env, tmp_path, ["quick"])
         stack.workers["w"] = worker
@@ -33,7 +32,7 @@ def test_a_worker_started_while_redis_is_away_becomes_ready(tmp_path):
         wait_until(lambda: "model quick ready on" in worker.tail(300)
                    and any(s in worker.tail(300) for s in ("load_models", "heartbeat failed")),
                    60, "the pool child to load its model and fail to announce it")
-        stack.redis_svc = start_redis(tmp_path, port=port, appendonly=True, password=password)
+        stack.redis_svc = start_redis(tmp_path, appendonly=True, like=stack.redis_svc)
 
         # The worker does serve: a job submitted now succeeds.
         job = stack.submit("quick", ["x"])

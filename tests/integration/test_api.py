@@ -119,7 +119,8 @@ def test_models_lists_every_model_with_live_workers(stack):
     assert r.status_code == 200
     models = {m["name"]: m for m in r.json()["models"]}
     assert set(models) == {"minilm-embed", "minilm-classify", "ts-affine", "export-linear",
-                           "tiny-seqcls", "tiny-vision", "synthetic", "sleepy", "patient"}
+                           "tiny-seqcls", "tiny-vision", "vision-defaults", "synthetic",
+                           "sleepy", "patient"}
     embed = models["minilm-embed"]
     assert embed["kind"] == "embedding" and embed["queue"] == "minilm-embed"
     assert embed["max_batch_size"] == 16 and embed["max_wait_ms"] == 5

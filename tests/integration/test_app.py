@@ -23,7 +23,7 @@ def server(redis_server):
 
 @pytest.fixture
 def api(server, tmp_path):
-    redis.Redis.from_url(server.extra["url"]).flushdb()
+    redis.Redis.from_url(server.extra["admin_url"]).flushdb()
     models = tmp_path / "models.yaml"
     models.write_text(yaml.safe_dump({"models": MODELS}))
     app = create_app({"redis_url": server.extra["url"], "models_file": str(models)})

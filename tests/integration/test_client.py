@@ -248,11 +248,10 @@ def test_a_wait_outlives_a_redis_restart(stack, iq, caplog):
     waiter = threading.Thread(target=lambda: outcome.update(job=iq.wait(job, timeout=120)))
     waiter.start()
     wait_until(lambda: retries(caplog, f"waiting for job {job.id}"), 10, "the client to wait")
-    port, password = stack.redis_svc.extra["port"], stack.redis_svc.extra["password"]
     stack.redis_svc.stop()  # SIGTERM: Redis writes its append-only file and exits
     wait_until(lambda: retries(caplog, "503 unavailable; retrying in"), 30,
                "the client to be told Redis is away")
-    stack.redis_svc = start_redis(stack.workdir, port=port, appendonly=True, password=password)
+    stack.redis_svc = start_redis(stack.workdir, appendonly=True, like=stack.redis_svc)
     waiter.join(120)
     assert not waiter.is_alive()
     assert outcome["job"].status == "succeeded" and outcome["job"].outputs == [8]

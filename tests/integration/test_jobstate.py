@@ -15,9 +15,8 @@ from tasks.jobstate import (Final, IdempotencyMismatch, JobError, JobState, Over
 
 @pytest.fixture
 def client(redis_server):
-    client = redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
-    client.flushdb()
-    return client
+    redis.Redis.from_url(redis_server.extra["admin_url"]).flushdb()
+    return redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
 
 
 @pytest.fixture

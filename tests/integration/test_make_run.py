@@ -27,7 +27,13 @@ from scripts.stack import ROOT, free_port, start_redis, wait_until
 RUN = [str(ROOT / "scripts" / "run.sh")]
 PORTS = ("REDIS_PORT", "IQ_PORT", "FLOWER_PORT", "IQ_WORKER_METRICS_PORT",
          "IQ_WEBHOOK_METRICS_PORT")
-SECRETS = ("redis-password", "flower-password", "webhook-secret")
+SECRETS = ("redis-password", "redis-app-password", "flower-password", "webhook-secret")
+# Which secret variables each process may hold (scripts/run.py's NEEDS), by its command line.
+HOLDS = {"redis-server": {"IQ_REDIS_PASSWORD_FILE", "IQ_REDIS_APP_PASSWORD_FILE"},
+         "gunicorn": {"REDIS_URL"}, "workers.main worker": {"REDIS_URL"},
+         "workers.webhook_main worker": {"REDIS_URL", "IQ_WEBHOOK_SECRET"},
+         "tasks.cli flower": {"REDIS_URL", "FLOWER_BASIC_AUTH"}}
+SECRET_VARIABLES = set().union(*HOLDS.values())
 
 pytestmark = pytest.mark.slow
 
@@ -113,8 +119,46 @@ def job_result(api: str, model: str, inputs: list) -> dict:
                       ["status"] == "succeeded" and body, 120, "the job to succeed")
 
 
+def check_app_user_and_files(env: dict[str, str], port: int) -> None:
+    """The application's Redis user may not administer Redis; Redis's files are private."""
+    app = redis.Redis.from_url(f"redis://iq:{secret(env, 'redis-app-password')}@127.0.0.1:"
+                               f"{port}/0")
+    assert app.set("iq:acl-probe", "1") and app.info("memory")["maxmemory"] > 0
+    for command in (("CONFIG", "SET", "dir", "/tmp"), ("SAVE",), ("MODULE", "LIST"),
+                    ("DEBUG", "SLEEP", "0"), ("SHUTDOWN", "NOSAVE"), ("ACL", "LIST"),
+                    ("CLIENT", "KILL", "TYPE", "normal"), ("FLUSHALL",), ("KEYS", "*")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            app.execute_command(*command)
+    data = Path(env["IQ_VAR_DIR"]) / "redis"
+    files = [p for p in data.rglob("*") if p.is_file()]
+    assert files, "Redis wrote no file"
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == \
+        {p.name: 0o600 for p in files}
+
+
+def check_each_process_holds_only_its_secrets(run: "MakeRun", env: dict[str, str]) -> None:
+    admin, flower = secret(env, "redis-password"), secret(env, "flower-password")
+    webhook = secret(env, "webhook-secret")
+    seen = set()
+    for proc in run.processes():
+        cmd = " ".join(proc.cmdline())
+        role = next((r for r in HOLDS if r in cmd), None)
+        if role is None:
+            continue  # a pool child or a shell: it holds what its parent holds
+        seen.add(role)
+        if role == "redis-server":
+            continue  # it writes its process title over its environment: /proc shows none
+        environ = proc.environ()
+        assert SECRET_VARIABLES & set(environ) == HOLDS[role], (role, sorted(environ))
+        values = " ".join(environ.values())
+        assert admin not in values and (flower not in values or role == "tasks.cli flower")
+        assert webhook not in values or role == "workers.webhook_main worker"
+    assert seen == set(HOLDS)
+
+
 def test_a_redis_on_its_port_stops_make_run_with_the_variable_to_set(tmp_path):
-    foreign = start_redis(tmp_path, password="")  # as a system package leaves one: open
+    foreign = start_redis(tmp_path, open_to_all=True)  # as a system package leaves one
     try:
         port = foreign.extra["port"]
         env = run_env(tmp_path, REDIS_PORT=str(port))
@@ -172,7 +216,7 @@ def test_make_run_on_a_running_redis_serves_a_job_and_ctrl_c_leaves_nothing(tmp_
                "/metrics (worker)" in block
         assert f"http://127.0.0.1:{env['IQ_WEBHOOK_METRICS_PORT']}/metrics (webhook " \
                "deliverer)" in block  # printed once it answers
-        assert f"redis://:**@127.0.0.1:{foreign.extra['port']}/0   from REDIS_URL" in block
+        assert f"redis://iq:**@127.0.0.1:{foreign.extra['port']}/0   from REDIS_URL" in block
         assert "kill -TERM" in block
 
         outputs = job_result(api, "minilm-embed", ["hello world"])["result"]["outputs"]
@@ -182,11 +226,12 @@ def test_make_run_on_a_running_redis_serves_a_job_and_ctrl_c_leaves_nothing(tmp_
         assert requests.get(f"{flower}/api/workers", timeout=5).status_code == 401
         assert requests.get(f"{flower}/api/workers", auth=("admin", password),
                             timeout=5).status_code == 200
-        hidden = [password, secret(env, "webhook-secret"), foreign.extra["password"]]
+        hidden = [password, secret(env, "webhook-secret"), foreign.extra["password"],
+                  foreign.extra["app_password"]]
         for proc in run.processes():
             assert not any(s in " ".join(proc.cmdline()) for s in hidden), proc.cmdline()
         assert not any(s in run.output() for s in hidden)
-        for name in SECRETS[1:]:
+        for name in ("flower-password", "webhook-secret"):
             assert stat.S_IMODE((Path(env["IQ_VAR_DIR"]) / "secrets" / name).stat().st_mode) \
                 == 0o600
         metrics_port = int(env["IQ_WORKER_METRICS_PORT"])
@@ -219,7 +264,8 @@ def test_make_runs_own_redis_is_locked_and_bounded_and_a_second_run_starts_clean
         block = first.wait_up(120)
         password = secret(env, "redis-password")
         port = int(env["REDIS_PORT"])
-        assert f"redis://:**@127.0.0.1:{port}/0   started here" in block
+        assert f"redis://iq:**@127.0.0.1:{port}/0   started here: user iq (no admin " \
+               "commands)" in block
         secrets_dir = Path(env["IQ_VAR_DIR"]) / "secrets"
         assert stat.S_IMODE(secrets_dir.stat().st_mode) == 0o700
         assert {stat.S_IMODE((secrets_dir / n).stat().st_mode) for n in SECRETS} == {0o600}
@@ -228,11 +274,13 @@ def test_make_runs_own_redis_is_locked_and_bounded_and_a_second_run_starts_clean
         locked = redis.Redis(port=port, password=password, decode_responses=True)
         assert locked.config_get("maxmemory")["maxmemory"] == str(64 * 2**20)
         assert locked.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
+        check_app_user_and_files(env, port)
         started = [" ".join(proc.cmdline()) for proc in first.processes()]
         for process in ("redis-server", "gunicorn", "workers.main worker --pool prefork",
                         "workers.webhook_main worker --pool threads", "tasks.cli flower"):
             assert any(process in cmd for cmd in started), started  # what must stop later
         assert not any(password in cmd for cmd in started)
+        check_each_process_holds_only_its_secrets(first, env)
         api = f"http://127.0.0.1:{env['IQ_PORT']}"
         job = job_result(api, "synthetic", ["abc"])
         assert job["result"]["outputs"] == [3]
@@ -249,9 +297,15 @@ def test_make_runs_own_redis_is_locked_and_bounded_and_a_second_run_starts_clean
         first.reap()
     assert left == [] and busy == []
 
+    # Files left readable by an earlier version are made private by the next run.
+    data = Path(env["IQ_VAR_DIR"]) / "redis"
+    data.chmod(0o755)
+    for path in data.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
     second = MakeRun(env, tmp_path / "second.log")
     try:
         second.wait_up(120)
+        check_app_user_and_files(env, port)
         assert secret(env, "redis-password") == password  # kept, not made anew
         again = requests.get(f"{api}/v1/jobs/{job['id']}", timeout=10).json()
         assert again["status"] == "succeeded"  # the first run's data survived it

@@ -159,12 +159,13 @@ def test_closing_a_channel_leaves_what_the_dispatcher_holds(redis_url):
         assert not server.hexists(transport.UNACKED, free.delivery_tag)
 
 
-def test_a_message_redis_refused_to_record_is_kept_then_put_back(redis_url):
+def test_a_message_redis_refused_to_record_is_kept_then_put_back(redis_url, redis_server):
     queue, server = empty_queue(redis_url, "iq-full-test")
+    admin = redis.Redis.from_url(redis_server.extra["admin_url"])
     with kombu.Connection(redis_url) as conn:
         publish(conn, queue, {"n": 7})
-        server.config_set("maxmemory-policy", "noeviction")
-        server.config_set("maxmemory", 1)  # every write refused from now on: Redis is full
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", 1)  # every write refused from now on: Redis is full
         try:
             message = queue(conn.default_channel).get(no_ack=False)
             # Taken off the queue, but Redis would not record it as unacknowledged: kombu
@@ -174,7 +175,7 @@ def test_a_message_redis_refused_to_record_is_kept_then_put_back(redis_url):
             assert not server.hexists(transport.UNACKED, message.delivery_tag)
             assert message.delivery_tag in transport.UNRECORDED
         finally:
-            server.config_set("maxmemory", 0)
+            admin.config_set("maxmemory", 0)
         assert transport.Unacked(server).restore([message.delivery_tag]) == 1
         assert not transport.UNRECORDED
         assert queue(conn.default_channel).get(no_ack=True).payload == {"n": 7}

@@ -1,21 +1,39 @@
-"""Webhooks: delivered by their own light worker (workers.webhook_main), signed, retried, never
-to private addresses unless allow-listed (the tests allow 127.0.0.1 and 127.0.0.2 only), and
-off while no secret is set."""
+"""Webhooks: delivered by their own light worker (workers.webhook_main), signed per tenant
+(Standard Webhooks) and checked by the README's own receiver code, retried without a URL or
+payload in any task argument, never to private addresses unless allow-listed (the tests allow
+127.0.0.1 and 127.0.0.2 only), and off while no secret is set."""
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+import subprocess
+import time
 import uuid
 
 import pytest
 import requests
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tasks.webhooks import sign
+from scripts.stack import ROOT, VENV_BIN, launch, start_flower, start_web, start_webhooks, \
+    wait_until
+from tasks.webhooks import receiver_secret, sign, signing_key
 from tests.support.receivers import Receiver, Tarpit
-from scripts.stack import launch, start_web, start_webhooks, wait_until
 
 SECRET = "test-webhook-secret"
 TIMEOUT_S = 20  # a whole delivery; the tarpit test needs it well above its own bound
+KEYS = {"tenant-a": "key-of-tenant-a-" + uuid.uuid4().hex,
+        "tenant-b": "key-of-tenant-b-" + uuid.uuid4().hex}
+
+
+def readme_receiver() -> dict:
+    """The receiver-side check of README.md's Webhooks section, run as it is written."""
+    text = (ROOT / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "def verify(" in b]
+    namespace: dict = {}
+    exec(compile(block, "README.md (webhook receiver)", "exec"), namespace)
+    return namespace
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +68,42 @@ def test_a_signed_webhook_is_delivered_when_the_job_succeeds(hooked):
         assert hooked.finished(job["id"])["status"] == "succeeded"
         wait_until(lambda: receiver.calls, 30, "the webhook")
         call = receiver.calls[0]
-        headers = call["headers"]
-        assert headers["x-iq-event"] == "succeeded" and headers["x-iq-job-id"] == job["id"]
-        assert headers["x-iq-signature"] == sign(SECRET, int(headers["x-iq-timestamp"]),
-                                                 call["body"])
-        payload = json.loads(call["body"])
-        assert payload["status"] == "succeeded" and payload["result"] == {"outputs": [5]}
+        payload = readme_receiver()["verify"](receiver_secret(SECRET, ""), call["headers"],
+                                              call["body"])
+        assert payload == {"id": job["id"], "model": "quick", "status": "succeeded",
+                           "result": {"outputs": [5]}}
     finally:
         receiver.close()
+
+
+def test_the_readme_receiver_rejects_replays_old_forged_and_other_tenants_deliveries(hooked):
+    receiver = Receiver()
+    try:
+        job = submit(hooked, ["replay me"], {"url": receiver.url}).json()
+        wait_until(lambda: receiver.calls, 30, "the webhook")
+        headers, body = receiver.calls[0]["headers"], receiver.calls[0]["body"]
+    finally:
+        receiver.close()
+    check = readme_receiver()
+    secret = receiver_secret(SECRET, "")
+    assert check["verify"](secret, headers, body)["id"] == job["id"]
+    with pytest.raises(ValueError, match="already seen"):  # the same request again
+        check["verify"](secret, headers, body)
+    # Captured, then replayed under a new id with the old (validly signed) timestamp.
+    old = int(time.time()) - 3600
+    stale = dict(headers, **{"webhook-id": "msg_other", "webhook-timestamp": str(old),
+                             "webhook-signature": sign(signing_key(SECRET, ""), "msg_other",
+                                                       old, body)})
+    with pytest.raises(ValueError, match="tolerance"):
+        check["verify"](secret, stale, body)
+    fresh = {**headers, "webhook-id": "msg_new"}  # a new id under the old signature
+    with pytest.raises(ValueError, match="bad signature"):
+        check["verify"](secret, fresh, body)
+    tampered = body.replace(b'"succeeded"', b'"failed"')
+    with pytest.raises(ValueError, match="bad signature"):
+        check["verify"](secret, headers, tampered)
+    with pytest.raises(ValueError, match="bad signature"):  # another tenant's secret
+        readme_receiver()["verify"](receiver_secret(SECRET, "tenant-a"), headers, body)
 
 
 def test_a_failing_receiver_is_retried_with_backoff(hooked):
@@ -81,7 +127,7 @@ def test_events_not_asked_for_are_not_sent(hooked):
         marker = submit(hooked, ["!fail"], {"url": receiver.url, "events": ["failed"]}).json()
         wait_until(lambda: receiver.calls, 30, "the later job's webhook")
         # Deliveries are queued in job order; only the failed job's one arrived.
-        assert [c["headers"]["x-iq-job-id"] for c in receiver.calls] == [marker["id"]]
+        assert [json.loads(c["body"])["id"] for c in receiver.calls] == [marker["id"]]
     finally:
         receiver.close()
 
@@ -139,7 +185,7 @@ def test_a_tarpit_receiver_does_not_hold_up_other_receivers(hooked):
         # Generous: a free thread delivers in well under a second; a held one would wait
         # for the tarpit's deadline (TIMEOUT_S).
         wait_until(lambda: receiver.calls, TIMEOUT_S * 0.75, "the normal receiver's webhook")
-        assert receiver.calls[0]["headers"]["x-iq-job-id"] == job["id"]
+        assert json.loads(receiver.calls[0]["body"])["id"] == job["id"]
         # Meanwhile the tarpit never held more than its cap, and nothing of it finished.
         assert tarpit.most_open == 2 and tarpit.accepted == 2 and tarpit.ended == 0
     finally:
@@ -174,6 +220,24 @@ def test_webhooks_are_refused_while_no_secret_is_set(hooked):
         web.stop()
 
 
+def test_an_api_told_webhooks_are_on_needs_no_secret(hooked):
+    """As make run starts it: the deliverer holds the secret, the API only IQ_WEBHOOKS_ENABLED."""
+    env = {k: v for k, v in hooked.env.items() if k != "IQ_WEBHOOK_SECRET"}
+    web = start_web(dict(env, IQ_WEBHOOKS_ENABLED="true"), hooked.workdir)
+    receiver = Receiver()
+    try:
+        r = requests.post(f"{web.extra['url']}/v1/jobs", timeout=10, json={
+            "model": "quick", "inputs": ["told"], "webhook": {"url": receiver.url}})
+        assert r.status_code == 202, r.text
+        wait_until(lambda: receiver.calls, 30, "the webhook")
+        call = receiver.calls[0]
+        assert readme_receiver()["verify"](receiver_secret(SECRET, ""), call["headers"],
+                                           call["body"])["id"] == r.json()["id"]
+    finally:
+        receiver.close()
+        web.stop()
+
+
 def test_the_deliverer_will_not_start_with_the_placeholder_secret(hooked, tmp_path):
     env = dict(hooked.env, IQ_WEBHOOK_SECRET="change-me")
     deliverer = start_webhooks("placeholder", env, tmp_path)
@@ -182,3 +246,85 @@ def test_the_deliverer_will_not_start_with_the_placeholder_secret(hooked, tmp_pa
         assert "IQ_WEBHOOK_SECRET" in deliverer.log.read_text()
     finally:
         deliverer.stop()
+
+
+def keyed_api(stack, workdir):
+    """A second API on the same stack with two API keys: each key's jobs are its tenant's."""
+    keys_file = workdir / "keys.yaml"
+    keys_file.write_text(yaml.safe_dump({"keys": [
+        {"name": name, "sha256": hashlib.sha256(key.encode()).hexdigest()}
+        for name, key in KEYS.items()]}))
+    return start_web(dict(stack.env, IQ_API_KEYS_FILE=str(keys_file)), workdir)
+
+
+def test_each_tenants_deliveries_are_signed_with_its_own_key(hooked, tmp_path):
+    web = keyed_api(hooked, tmp_path)
+    receivers = {name: Receiver() for name in KEYS}
+    try:
+        for name, key in KEYS.items():
+            r = requests.post(f"{web.extra['url']}/v1/jobs", timeout=10,
+                              headers={"Authorization": f"Bearer {key}"},
+                              json={"model": "quick", "inputs": [name],
+                                    "webhook": {"url": receivers[name].url}})
+            assert r.status_code == 202, r.text
+        wait_until(lambda: all(r.calls for r in receivers.values()), 30, "both webhooks")
+        check = readme_receiver()
+        for name, receiver in receivers.items():
+            call = receiver.calls[0]
+            other = next(n for n in KEYS if n != name)
+            for wrong in (receiver_secret(SECRET, other), receiver_secret(SECRET, "")):
+                with pytest.raises(ValueError, match="bad signature"):
+                    check["verify"](wrong, call["headers"], call["body"])
+            payload = check["verify"](receiver_secret(SECRET, name), call["headers"],
+                                      call["body"])
+            assert payload["status"] == "succeeded"
+    finally:
+        for receiver in receivers.values():
+            receiver.close()
+        web.stop()
+
+
+def celery_cli(stack, *args: str) -> str:
+    done = subprocess.run([str(VENV_BIN / "celery"), "-A", "tasks.cli", *args], cwd=ROOT,
+                          env=stack.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_no_inspector_sees_a_secret_a_receivers_url_or_a_payload(hooked, tmp_path):
+    """A delivery being retried (its receiver fails), seen through `celery inspect` and
+    Flower: neither the receiver's URL and token, nor the payload, nor Redis's passwords or
+    the webhook secret appear anywhere."""
+    token = uuid.uuid4().hex
+    receiver = Receiver(failures=2)
+    flower = start_flower(hooked.env, tmp_path, "ops:flower-test-password")
+    try:
+        auth = ("ops", "flower-test-password")
+        wait_until(lambda: any(n.startswith("hooks@") for n in requests.get(
+            f"{flower.extra['url']}/api/workers", params={"refresh": 1}, auth=auth,
+            timeout=10).json()), 30,
+            "Flower to see the deliverer")
+        url = f"{receiver.url}/{token}?token={token}"
+        job = submit(hooked, [f"secret input {token}"], {"url": url}).json()
+        wait_until(lambda: len(receiver.calls) >= 2, 30, "a delivery and its first retry")
+        shown = [celery_cli(hooked, "inspect", "conf"),
+                 celery_cli(hooked, "inspect", "scheduled"),
+                 celery_cli(hooked, "inspect", "reserved")]
+        shown += [requests.get(f"{flower.extra['url']}/api/workers", params={"refresh": 1},
+                               auth=auth, timeout=30).text,
+                  requests.get(f"{flower.extra['url']}/api/tasks", auth=auth, timeout=10).text]
+        wait_until(lambda: len(receiver.calls) >= 3, 30, "the delivery")
+        deliveries = [t for t in requests.get(f"{flower.extra['url']}/api/tasks", auth=auth,
+                                              timeout=10).json().values()
+                      if t["name"] == "iq.webhook.deliver" and job["id"] in t["kwargs"]]
+        assert deliveries and deliveries[0]["retries"] >= 1, deliveries  # seen, and retried
+        shown.append(json.dumps(deliveries))
+        assert "iq_settings" in shown[0]  # the settings are there, less their secrets
+        secrets = [token, SECRET, hooked.redis_svc.extra["password"],
+                   hooked.redis_svc.extra["app_password"], "outputs"]
+        for text in shown:
+            for secret in secrets:
+                assert secret not in text, (secret, text[:2000])
+    finally:
+        receiver.close()
+        flower.stop()

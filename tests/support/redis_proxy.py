@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 
+from scripts.preflight import REDIS_APP_USER
 from scripts.stack import free_port
 from tests.support.proxy import accept_forever
 
@@ -24,7 +25,8 @@ class RedisProxy:
                          daemon=True).start()
 
     def url(self, password: str) -> str:
-        return f"redis://:{password}@127.0.0.1:{self.port}/0"
+        """The application's URL through the proxy."""
+        return f"redis://{REDIS_APP_USER}:{password}@127.0.0.1:{self.port}/0"
 
     def close(self) -> None:
         self._server.close()

@@ -116,3 +116,23 @@ def test_api_key_mistakes_are_named(tmp_path, second, message):
 
     with pytest.raises(ConfigError, match=message):
         load_keys(keys_file(tmp_path, [{"name": "ops", "sha256": "a" * 64}, second]))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"image_decoders": 0}, "image_decoders must be an integer >= 1, got 0"),
+    ({"image_decode_timeout_s": 0}, "image_decode_timeout_s and image_fetch_deadline_s must be"),
+    ({"image_decode_memory_mb": 100}, "image_decode_memory_mb must be an integer >= 256, got 100"),
+    ({"body_timeout_s": -1}, "body_timeout_s must be > 0, got -1"),
+    ({"forwarded_allow_ips": "10.0.0.0/8, proxy.local"},
+     "forwarded_allow_ips must list IP addresses or CIDRs, got 'proxy.local'"),
+])
+def test_security_settings_are_checked(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_settings(overrides, environ={})
+
+
+def test_the_settings_repr_shows_no_secret():
+    shown = repr(load_settings({"redis_url": "redis://iq:s3cret@redis:6379/0",
+                                "webhook_secret": "hook-s3cret"}, environ={}))
+    assert "s3cret" not in shown and "redis://iq:**@redis:6379/0" in shown
+    assert "webhook_secret='**'" in shown

@@ -51,6 +51,42 @@ def test_refusals_name_the_rule_not_the_address(url):
         assert address not in message
 
 
+# Each form the security review got through (the first four), and the rest of each family.
+NOT_PUBLIC_FORMS = [
+    "::127.0.0.1",              # IPv4-compatible loopback
+    "::ffff:0:127.0.0.1",       # IPv4-translated loopback
+    "64:ff9b:1::808:808",       # local-use NAT64 (RFC 8215), whatever it carries
+    "192.0.0.8",                # IPv4 dummy address, in the IETF protocol block
+    "::a00:1", "::ffff:10.0.0.1", "::ffff:0:169.254.169.254",
+    "64:ff9b::7f00:1", "64:ff9b::a9fe:a9fe",         # NAT64 of loopback, metadata
+    "2002:7f00:1::1", "2002:c0a8:101::1",             # 6to4 of loopback, 192.168.1.1
+    "2001:0:4136:e378:8000:63bf:3fff:fdd2",           # Teredo
+    "2001:db8::1", "3fff::1", "100::1", "5f00::1", "fec0::1", "fc00::1", "fe80::1",
+    "ff02::1", "::", "192.0.0.170", "192.0.2.1", "192.88.99.1", "198.18.0.1",
+    "198.51.100.1", "203.0.113.1", "100.64.0.1", "240.0.0.1", "255.255.255.255",
+    "224.0.0.1", "0.1.2.3",
+]
+
+
+@pytest.mark.parametrize("address", NOT_PUBLIC_FORMS)
+def test_every_non_public_form_is_refused(address):
+    host = f"[{address}]" if ":" in address else address
+    with pytest.raises(egress.Refused, match="only to public addresses"):
+        egress.check_url(f"http://{host}/hook")
+
+
+@pytest.mark.parametrize("address", [
+    "8.8.8.8", "2606:4700:4700::1111", "::ffff:8.8.8.8", "64:ff9b::808:808", "2002:808:808::1",
+])
+def test_public_addresses_and_their_ipv6_forms_pass(address):
+    host = f"[{address}]" if ":" in address else address
+    assert egress.check_url(f"http://{host}/hook").addresses
+
+
+def test_an_allow_list_cidr_admits_a_special_address():
+    assert egress.check_url("http://192.0.0.8/hook", allow=["192.0.0.0/24"]).addresses
+
+
 @pytest.mark.parametrize("url, rule", [
     ("http://example.com:99999/", "ports are 1 to 65535"),
     ("ftp://example.com/", "http:// or https://"),

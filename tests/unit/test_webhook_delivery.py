@@ -1,15 +1,25 @@
 """One delivery attempt (workers.webhooks.attempt) against real local receivers, without a
-broker: what each answer means, and the per-host cap."""
+broker: what each answer means, the per-host cap, and how it is signed."""
 from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
 
 import pytest
 
 from config import load_settings
+from tasks.webhooks import receiver_secret, signing_key
 from tests.support.receivers import Receiver
-from workers.webhooks import HostSlots, Outcome, attempt
+from workers.webhooks import Delivery, HostSlots, Outcome, attempt
 
 SETTINGS = load_settings({"webhook_secret": "s3cret", "webhook_allow": "127.0.0.1",
                           "webhook_timeout_s": 10}, environ={})
+
+
+def to(url: str, owner: str = "") -> Delivery:
+    return Delivery("msg_1", url, owner, {"id": "job-1", "status": "succeeded"})
 
 
 @pytest.mark.parametrize("status, outcome", [
@@ -20,8 +30,7 @@ SETTINGS = load_settings({"webhook_secret": "s3cret", "webhook_allow": "127.0.0.
 def test_each_answer_is_delivered_final_or_retried(status, outcome):
     receiver = Receiver(status=status)
     try:
-        result = attempt(receiver.url, "succeeded", "job-1", {"id": "job-1"}, SETTINGS,
-                         HostSlots(2))
+        result = attempt(to(receiver.url), SETTINGS, HostSlots(2))
         assert (result.outcome, result.status) == (outcome, status)
         assert len(receiver.calls) == 1
     finally:
@@ -32,10 +41,10 @@ def test_a_host_at_its_cap_is_not_called_and_its_slots_come_back():
     receiver, slots = Receiver(), HostSlots(1)
     try:
         assert slots.take("127.0.0.1")  # one delivery in flight to the host
-        busy = attempt(receiver.url, "succeeded", "job-2", {}, SETTINGS, slots)
+        busy = attempt(to(receiver.url), SETTINGS, slots)
         assert busy.outcome is Outcome.BUSY and receiver.calls == []
         slots.give_back("127.0.0.1")
-        done = attempt(receiver.url, "succeeded", "job-2", {}, SETTINGS, slots)
+        done = attempt(to(receiver.url), SETTINGS, slots)
         assert done.outcome is Outcome.DELIVERED and len(receiver.calls) == 1
         assert slots.take("127.0.0.1")  # the attempt gave its slot back
     finally:
@@ -43,8 +52,49 @@ def test_a_host_at_its_cap_is_not_called_and_its_slots_come_back():
 
 
 def test_an_unreachable_receiver_is_retried_and_a_refused_url_is_not():
-    unreachable = attempt("http://127.0.0.1:1/hook", "failed", "job-3", {}, SETTINGS,
-                          HostSlots(2))
+    unreachable = attempt(to("http://127.0.0.1:1/hook"), SETTINGS, HostSlots(2))
     assert unreachable.outcome is Outcome.RETRY and "connect" in unreachable.detail
-    refused = attempt("http://10.0.0.1/hook", "failed", "job-3", {}, SETTINGS, HostSlots(2))
+    refused = attempt(to("http://10.0.0.1/hook"), SETTINGS, HostSlots(2))
     assert refused.outcome is Outcome.REFUSED
+
+
+def signature(secret: str, headers: dict, body: bytes) -> str:
+    """Standard Webhooks' check, written out: HMAC-SHA256 with the base64 key after whsec_."""
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    content = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + body
+    return "v1," + base64.b64encode(hmac.new(key, content, hashlib.sha256).digest()).decode()
+
+
+def test_a_delivery_is_signed_over_its_id_timestamp_and_body_with_its_tenants_key():
+    receiver = Receiver()
+    try:
+        for owner in ("", "search-team", "batch-jobs"):
+            assert attempt(to(receiver.url, owner), SETTINGS, HostSlots(2)).outcome \
+                is Outcome.DELIVERED
+        calls = receiver.calls
+        for call, owner in zip(calls, ("", "search-team", "batch-jobs")):
+            headers, body = call["headers"], call["body"]
+            assert headers["webhook-id"] == "msg_1" and json.loads(body)["status"] == "succeeded"
+            assert headers["webhook-signature"] == signature(
+                receiver_secret("s3cret", owner), headers, body)
+        # Without keys the key is IQ_WEBHOOK_SECRET itself; each API key gets its own.
+        assert signing_key("s3cret", "") == b"s3cret"
+        keys = {signing_key("s3cret", o) for o in ("", "search-team", "batch-jobs")}
+        assert len(keys) == 3
+        assert calls[1]["headers"]["webhook-signature"] != signature(
+            receiver_secret("s3cret", "batch-jobs"), calls[1]["headers"], calls[1]["body"])
+    finally:
+        receiver.close()
+
+
+def test_the_secret_command_prints_each_receivers_secret(monkeypatch, capsys):
+    from tasks.webhooks import main
+
+    monkeypatch.setenv("IQ_WEBHOOK_SECRET", "s3cret")
+    assert main(["tasks.webhooks", "secret", "search-team"]) == 0
+    assert capsys.readouterr().out.strip() == receiver_secret("s3cret", "search-team")
+    assert main(["tasks.webhooks", "secret"]) == 0
+    assert capsys.readouterr().out.strip() == "whsec_" + base64.b64encode(b"s3cret").decode()
+    monkeypatch.setenv("IQ_WEBHOOK_SECRET", "change-me")
+    assert main(["tasks.webhooks", "secret"]) == 1
+    assert "IQ_WEBHOOK_SECRET" in capsys.readouterr().err

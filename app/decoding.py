@@ -1,0 +1,208 @@
+"""Image decoding, in a process of its own (app/decoders.py runs a few): what makes a decoder
+slow or memory-hungry is refused from the header first, then the picture is decoded, turned
+upright, converted to RGB, resized and centre-cropped, and its raw bytes go back.
+
+Run as `python -I app/decoding.py MEMORY_MB`, it serves requests on stdin (frames below) until
+stdin closes, with its address space capped at MEMORY_MB: a picture that needs more is refused,
+never a danger to the API. It imports Pillow and the standard library only, so that it starts
+in a fraction of a second and holds nothing of the API (no settings, no secrets).
+
+The refusals before decoding, each cheap (the header, or one pass over the bytes):
+
+* more pixels than the model's `max_image_pixels` (decompression bombs);
+* more than MAX_PIXELS_PER_BYTE pixels a byte of the encoded image, once it has more than
+  BOMB_FLOOR_PIXELS: no photograph, screenshot or scan compresses that far; a blank 1-bit
+  39 MP PNG (5 KB) does;
+* more sample data than an 8-bit RGBA picture of `max_image_pixels` (a 16-bit PNG may have
+  half the pixels);
+* an animation (GIF, WebP, PNG) with more than a quarter of `max_image_pixels` on its canvas:
+  its decoder holds the canvas, in RGBA, several times over;
+* a progressive JPEG with more than MAX_JPEG_SCANS scans: each scan is a pass over the whole
+  picture, and a few bytes make one.
+
+Frames: request `>II` (header length, data length), a JSON header (`Limits`), the image;
+answer `>BI` (OK or REFUSED, length), then the picture's RGB bytes or the reason, UTF-8.
+"""
+from __future__ import annotations
+
+import io
+import json
+import re
+import resource
+import struct
+import sys
+from dataclasses import asdict, dataclass
+from typing import BinaryIO
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+MAX_JPEG_SCANS = 64
+MAX_PIXELS_PER_BYTE = 1024
+BOMB_FLOOR_PIXELS = 1_000_000
+OK, REFUSED = 1, 0
+REQUEST, ANSWER = struct.Struct(">II"), struct.Struct(">BI")
+
+_RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
+             "bicubic": Image.Resampling.BICUBIC, "lanczos": Image.Resampling.LANCZOS}
+# A JPEG marker inside entropy-coded data: FF followed by neither a stuffed 00 nor a restart.
+_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7]")
+# PNG colour type -> channels.
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+
+
+class Refused(ValueError):
+    """This image is refused; the message says why (the API turns it into its ImageRefused:
+    this module imports nothing of the project's, as it runs on its own)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one model accepts and makes of a picture (from its ModelSpec and preprocess)."""
+    formats: tuple[str, ...]
+    max_pixels: int
+    resize: tuple[int, ...]  # (side,): the shorter side; (height, width): exactly
+    crop: tuple[int, int] | None
+    interpolation: str
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> "Limits":
+        data = json.loads(raw)
+        return cls(tuple(data["formats"]), data["max_pixels"], tuple(data["resize"]),
+                   tuple(data["crop"]) if data["crop"] else None, data["interpolation"])
+
+
+def jpeg_scans(data: bytes, stop_after: int) -> int:
+    """The scans (SOS markers) of a JPEG, counted by walking its markers; stops counting past
+    `stop_after`."""
+    pos, scans = 2, 0
+    while pos + 4 <= len(data) and scans <= stop_after:
+        if data[pos] != 0xFF:
+            break  # not a marker where one must be: the decoder will say what is wrong
+        marker = data[pos + 1]
+        if marker == 0xFF:  # a fill byte
+            pos += 1
+            continue
+        if marker == 0xD9:  # end of image
+            break
+        if 0xD0 <= marker <= 0xD7 or marker == 0x01:  # no length
+            pos += 2
+            continue
+        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+        if marker == 0xDA:
+            scans += 1
+            found = _MARKER.search(data, pos)
+            if found is None:
+                break
+            pos = found.start()
+    return scans
+
+
+def _sample_bytes(image: Image.Image, data: bytes) -> float:
+    """Bytes of samples the decoder inflates: from the PNG header (bit depth and channels),
+    else one byte per band."""
+    if image.format == "PNG" and len(data) >= 26:
+        bits, colour = data[24], data[25]
+        per_pixel = _PNG_CHANNELS.get(colour, 4) * bits / 8
+    else:
+        per_pixel = len(image.getbands())
+    return image.width * image.height * per_pixel
+
+
+def check(image: Image.Image, data: bytes, limits: Limits) -> None:
+    """The refusals of the module docstring, from what the header declares."""
+    width, height = image.size
+    pixels = width * height
+    if pixels > limits.max_pixels:
+        raise Refused(f"the image is {width}x{height} = {pixels} pixels; this model takes "
+                           f"at most {limits.max_pixels}")
+    if pixels > BOMB_FLOOR_PIXELS and pixels > MAX_PIXELS_PER_BYTE * len(data):
+        raise Refused(f"the image declares {pixels} pixels in {len(data)} bytes, more than "
+                           f"{MAX_PIXELS_PER_BYTE} pixels a byte: a decompression bomb")
+    samples, most = _sample_bytes(image, data), 4 * limits.max_pixels
+    if samples > most:
+        raise Refused(f"the image holds {samples / 2**20:.0f} MiB of samples; this model "
+                           f"takes at most {most / 2**20:.0f} MiB (as in 8-bit RGBA at "
+                           f"{limits.max_pixels} pixels)")
+    if getattr(image, "is_animated", False) and pixels > limits.max_pixels // 4:
+        raise Refused(f"the image is an animation on a {width}x{height} canvas; "
+                           f"animations may have at most {limits.max_pixels // 4} pixels")
+    if image.format == "JPEG":
+        scans = jpeg_scans(data, MAX_JPEG_SCANS)
+        if scans > MAX_JPEG_SCANS:
+            raise Refused(f"the JPEG has more than {MAX_JPEG_SCANS} scans")
+
+
+def fit(image: Image.Image, limits: Limits) -> Image.Image:
+    """Resize, then centre-crop, as torchvision's Resize and CenterCrop do on a PIL image."""
+    width, height = image.size
+    if len(limits.resize) == 1:
+        side = limits.resize[0]
+        if width <= height:
+            size = (side, int(side * height / width))
+        else:
+            size = (int(side * width / height), side)
+    else:
+        size = (limits.resize[1], limits.resize[0])
+    image = image.resize(size, _RESAMPLE[limits.interpolation])
+    if limits.crop:
+        crop_h, crop_w = limits.crop
+        top = int(round((image.height - crop_h) / 2.0))
+        left = int(round((image.width - crop_w) / 2.0))
+        image = image.crop((left, top, left + crop_w, top + crop_h))
+    return image
+
+
+def picture(data: bytes, limits: Limits) -> bytes:
+    """The model's input picture as raw RGB bytes, or Refused saying why not."""
+    accepted = ", ".join(limits.formats)
+    try:
+        # Reads the header only. Pillow's own bomb check (an error past twice
+        # Image.MAX_IMAGE_PIXELS) may fire here; the model's cap is checked in `check`.
+        image = Image.open(io.BytesIO(data), formats=limits.formats)
+    except UnidentifiedImageError:
+        raise Refused(f"not an image in a supported format ({accepted})") from None
+    except Image.DecompressionBombError:
+        raise Refused(f"the image has more than {limits.max_pixels} pixels") from None
+    check(image, data, limits)
+    try:
+        image.load()
+        image = ImageOps.exif_transpose(image).convert("RGB")
+        return fit(image, limits).tobytes()
+    except MemoryError:
+        raise Refused("the image needs more memory to decode than a decoder may use")
+    except Exception as exc:  # noqa: BLE001 - whatever a decoder raises, the image is bad
+        raise Refused(f"the {image.format} image cannot be decoded (truncated or "
+                           f"corrupt): {type(exc).__name__}: {exc}") from None
+
+
+def _read(stream: BinaryIO, size: int) -> bytes | None:
+    data = stream.read(size)
+    return data if len(data) == size else None
+
+
+def serve(requests: BinaryIO, answers: BinaryIO) -> None:
+    """Answer framed requests until `requests` ends."""
+    while (head := _read(requests, REQUEST.size)) is not None:
+        header_size, data_size = REQUEST.unpack(head)
+        header, data = _read(requests, header_size), _read(requests, data_size)
+        if header is None or data is None:
+            return
+        try:
+            kind, body = OK, picture(data, Limits.from_json(header))
+        except Refused as refused:
+            kind, body = REFUSED, str(refused).encode()
+        answers.write(ANSWER.pack(kind, len(body)) + body)
+        answers.flush()
+
+
+def main(argv: list[str]) -> None:
+    memory = int(argv[1]) * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    serve(sys.stdin.buffer, sys.stdout.buffer)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,109 @@
+"""The decoder processes (app/decoders.py) and what they refuse before decoding
+(app/decoding.py): real decoder processes, real Pillow, hostile images made on the fly."""
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import pytest
+from PIL import Image
+
+from app.decoders import WAITING_PER_DECODER, DecoderPool, DecodersBusy
+from app.decoding import MAX_JPEG_SCANS, Limits, Refused, jpeg_scans, picture
+from app.image_errors import ImageRefused
+from bench.hostile_images import animated_webp, one_bit_png, progressive_jpeg, rgba16_png
+from config import load_settings
+
+DEFAULTS = load_settings(environ={})
+LIMITS = Limits(("JPEG", "PNG", "WEBP", "GIF", "BMP"), 40_000_000, (256,), (224, 224),
+                "bilinear")
+
+
+def encode(image: Image.Image, fmt: str, **options) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt, **options)
+    return out.getvalue()
+
+
+def pool(**changes) -> DecoderPool:
+    values = {"size": DEFAULTS.image_decoders, "timeout_s": DEFAULTS.image_decode_timeout_s,
+              "memory_mb": DEFAULTS.image_decode_memory_mb, **changes}
+    return DecoderPool(**values)
+
+
+def test_scans_are_counted_by_walking_the_markers():
+    assert jpeg_scans(encode(Image.new("RGB", (64, 64), "red"), "JPEG"), 100) == 1
+    progressive = encode(Image.new("RGB", (64, 64), "red"), "JPEG", progressive=True)
+    many = progressive_jpeg(300, side=64)
+    assert 1 < jpeg_scans(progressive, 100) < 20
+    assert jpeg_scans(many, 1000) == 300 and jpeg_scans(many, 100) == 101
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda: progressive_jpeg(MAX_JPEG_SCANS + 1, side=64), "more than 64 scans"),
+    (one_bit_png, "pixels a byte: a decompression bomb"),
+    (animated_webp, "pixels a byte: a decompression bomb"),
+    (rgba16_png, "298 MiB of samples; this model takes at most 153 MiB"),
+    # The same animation padded past the bomb ratio: its canvas is what is refused.
+    (lambda: animated_webp(side=4000) + b"\0" * 20_000, "animation on a 4000x4000 canvas"),
+    (lambda: encode(Image.new("L", (7000, 7000)), "PNG"), "49000000 pixels"),
+])
+def test_each_hostile_form_is_refused_before_decoding(make, reason):
+    data = make()
+    started = time.monotonic()
+    with pytest.raises(Refused, match=reason):
+        picture(data, LIMITS)
+    assert time.monotonic() - started < 0.5  # from the header: nothing was decoded
+
+
+def test_a_good_image_is_decoded_resized_and_cropped_in_a_decoder():
+    decoders = pool()
+    red = decoders.picture(encode(Image.new("RGB", (640, 480), (250, 0, 0)), "JPEG"), LIMITS)
+    assert len(red) == 224 * 224 * 3
+    assert red[:3] == picture(encode(Image.new("RGB", (640, 480), (250, 0, 0)), "JPEG"),
+                              LIMITS)[:3]
+
+
+def test_an_image_past_its_deadline_is_refused_and_its_decoder_replaced():
+    slow = progressive_jpeg(MAX_JPEG_SCANS)  # within the cap: 64 passes over 36 MP
+    decoders = pool(size=1, timeout_s=0.3)  # shortened: the default lets this one finish
+    started = time.monotonic()
+    with pytest.raises(ImageRefused, match="took longer than 0.3s to decode"):
+        decoders.picture(slow, LIMITS)
+    assert time.monotonic() - started < 2
+    good = encode(Image.new("RGB", (64, 64), "blue"), "PNG")
+    assert len(decoders.picture(good, LIMITS)) == 224 * 224 * 3  # a new decoder
+
+
+def test_an_image_that_needs_more_memory_than_a_decoder_has_is_refused():
+    big = encode(Image.new("RGBA", (6000, 6000), (10, 200, 30, 255)), "PNG")
+    small = pool(size=1, memory_mb=256)
+    with pytest.raises(ImageRefused, match="more memory"):
+        small.picture(big, LIMITS)
+    assert len(small.picture(encode(Image.new("RGB", (64, 64)), "PNG"), LIMITS)) == 224 * 224 * 3
+    assert len(pool(size=1).picture(big, LIMITS)) == 224 * 224 * 3  # the default memory
+
+
+def test_a_full_pool_answers_busy_at_once():
+    decoders = pool(size=1, timeout_s=3)
+    slow = progressive_jpeg(MAX_JPEG_SCANS)
+    outcomes: list[str] = []
+
+    def send() -> None:
+        try:
+            decoders.picture(slow, LIMITS)
+            outcomes.append("decoded")
+        except ImageRefused:
+            outcomes.append("refused")
+        except DecodersBusy:
+            outcomes.append("busy")
+
+    threads = [threading.Thread(target=send) for _ in range(WAITING_PER_DECODER + 3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # One decodes, four wait (and time out waiting, or get their turn), the rest are told
+    # at once that the pool is full.
+    assert outcomes.count("busy") >= 2, outcomes
