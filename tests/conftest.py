@@ -1,7 +1,6 @@
 """Fixtures: unit tests need nothing; integration tests share one real stack per session
-(private redis-server, two prefork `celery worker` processes, gunicorn serving the app), one
-in each xdist process that runs them. How the tests are spread over those processes:
-tests/support/parallel.py."""
+(private redis-server, two prefork `celery worker` processes, gunicorn serving the app),
+started once: its tests run in one of xdist's processes (tests/support/parallel.py)."""
 from __future__ import annotations
 
 from pathlib import Path
