@@ -12,7 +12,8 @@ sets:
   longest waits start at once instead of last; `serial` tests at the very end.
 * A `serial` test runs with no other test running in any process: each test holds a lock
   shared, a serial one holds it alone (`turn`). For what a neighbour would distort (a
-  benchmark's latency split, a timing of sleeps), not for what a loaded machine must survive.
+  benchmark's latency split, a timing of sleeps, a deadline on CPU work), not for what a
+  loaded machine must survive.
 """
 from __future__ import annotations
 
