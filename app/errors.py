@@ -11,6 +11,8 @@ from flask import Flask, jsonify
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
+from tasks.redis_client import is_out_of_memory
+
 logger = logging.getLogger(__name__)
 
 # An error names at most this many fields (and counts the rest): a body of 100,000 bad keys
@@ -145,8 +147,7 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(OperationalError)
     def _broker_down(exc: Exception):
         logger.warning("Redis unavailable: %s", exc)
-        if isinstance(exc, redis.exceptions.OutOfMemoryError) or \
-                "OOM command not allowed" in str(exc):
+        if is_out_of_memory(exc):
             # maxmemory with noeviction: Redis refuses new writes until results expire (or it
             # is given more memory); nothing stored is dropped meanwhile.
             return error_response(Unavailable("the job store (Redis) is full; retry later",

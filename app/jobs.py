@@ -21,7 +21,7 @@ from app.submission import Accepted, Caller
 from app.waiter import NoSlot
 from config import Settings
 from config.models import ModelSpec
-from tasks.jobstate import JobRecord, Status
+from tasks.jobstate import CancelOutcome, JobRecord, Status, iso
 
 
 def _ext(name: str):
@@ -94,8 +94,8 @@ def _accepted(accepted: Accepted, finished: JobRecord | None = None,
     if finished is not None and finished.terminal:
         return _json({**job_body(finished), "url": url}, 201, headers)
     return _json({"id": job.id, "status": job.status.value, "model": accepted.spec.name,
-                  "created_at": job.fields.get("created_at"), "url": url,
-                  "trace_id": job.fields.get("trace_id", g.trace_id)}, 202, headers)
+                  "created_at": iso(job.created_at), "url": url,
+                  "trace_id": job.trace_id or g.trace_id}, 202, headers)
 
 
 def _submit_and_wait(caller: Caller, wait: float) -> Response:
@@ -131,12 +131,6 @@ def blueprint(settings: Settings, models: dict[str, ModelSpec]) -> Blueprint:
     max_wait_s = settings.max_wait_s
     uploads_ = any(s.input_type == "image" for s in models.values())
 
-    class WaitArgs(Schema):
-        wait = fields.Float(
-            allow_nan=False, validate=validate.Range(min=0, max=max_wait_s, min_inclusive=False),
-            metadata={"description": "hold the request until the job is terminal or this many "
-                                     "seconds pass; 429 when every wait slot is taken"})
-
     @bp.post("/jobs")
     @bp.doc(summary="Submit a job", requestBody=job_request_body(models), parameters=[
         {"name": "Idempotency-Key", "in": "header", "schema": {"type": "string"}},
@@ -161,26 +155,13 @@ def blueprint(settings: Settings, models: dict[str, ModelSpec]) -> Blueprint:
         return _accepted(_ext("iq.submitter").submit(caller, _request_body))
 
     @bp.get("/jobs/<job_id>")
-    @bp.arguments(WaitArgs, location="query", as_kwargs=True)
+    @bp.arguments(_wait_args(max_wait_s), location="query", as_kwargs=True)
     @bp.response(200, Job, description="the job")
     @bp.alt_response(404, schema=Error, description="no such job")
     @bp.alt_response(429, schema=Error, description="every wait slot is taken")
     @bp.alt_response(503, schema=Error, description="Redis unreachable")
     def get_job(job_id: str, wait: float | None = None):
-        canonical = parse_job_id(job_id)
-        store, owner = _ext("iq.store"), auth.current_owner()
-        job = None
-        if canonical is not None and wait is None:
-            job = store.get(canonical, owner)
-        elif canonical is not None:
-            try:
-                job = store.wait(canonical, wait, owner)
-            except WaitRefused as refused:
-                raise TooManyWaits(f"{refused}; read the job without ?wait or retry later",
-                                   retry_after=1, status=refused.job.status.value) from None
-        if job is None:
-            raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
-        return _json(job_body(job))
+        return _json(job_body(_read_job(job_id, wait)))
 
     @bp.delete("/jobs/<job_id>")
     @bp.response(200, Job, description="cancelled")
@@ -189,45 +170,81 @@ def blueprint(settings: Settings, models: dict[str, ModelSpec]) -> Blueprint:
     def cancel_job(job_id: str):
         """Cancel a queued job: it ends `cancelled` and never runs. A job already running or
         finished answers 409 with its status."""
-        canonical = parse_job_id(job_id)
-        store = _ext("iq.store")
-        owned = canonical is not None and store.owned_by(canonical, auth.current_owner())
-        outcome = store.cancel(canonical) if owned else "missing"
-        if outcome == "missing":
-            raise NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
-        job = store.get(canonical)
-        if outcome != "ok" or job is None or job.status is not Status.CANCELLED:
-            status = job.status.value if job else "unknown"
-            raise Conflict(f"the job is {status} and can no longer be cancelled",
-                           headers={"X-Job-Status": status}, status=status)
-        return _json(job_body(job))
+        return _json(job_body(_cancel_job(job_id)))
 
     return bp
 
 
+def _wait_args(max_wait_s: float) -> type[Schema]:
+    class WaitArgs(Schema):
+        wait = fields.Float(
+            allow_nan=False, validate=validate.Range(min=0, max=max_wait_s, min_inclusive=False),
+            metadata={"description": "hold the request until the job is terminal or this many "
+                                     "seconds pass; 429 when every wait slot is taken"})
+
+    return WaitArgs
+
+
+def _not_found(job_id: str) -> NotFound:
+    return NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
+
+
+def _read_job(job_id: str, wait: float | None) -> JobRecord:
+    """The caller's job, once terminal or after `wait` seconds if a wait is asked."""
+    canonical = parse_job_id(job_id)
+    store, owner = _ext("iq.store"), auth.current_owner()
+    job = None
+    if canonical is not None and wait is None:
+        job = store.get(canonical, owner)
+    elif canonical is not None:
+        try:
+            job = store.wait(canonical, wait, owner)
+        except WaitRefused as refused:
+            raise TooManyWaits(f"{refused}; read the job without ?wait or retry later",
+                               retry_after=1, status=refused.job.status.value) from None
+    if job is None:
+        raise _not_found(job_id)
+    return job
+
+
+def _cancel_job(job_id: str) -> JobRecord:
+    """The caller's job, cancelled now; 404 or 409 (with its status) when it cannot be."""
+    canonical = parse_job_id(job_id)
+    store = _ext("iq.store")
+    owned = canonical is not None and store.owned_by(canonical, auth.current_owner())
+    outcome = store.cancel(canonical) if owned else CancelOutcome.MISSING
+    if outcome is CancelOutcome.MISSING:
+        raise _not_found(job_id)
+    job = store.get(canonical)
+    if outcome is not CancelOutcome.CANCELLED or job is None \
+            or job.status is not Status.CANCELLED:
+        status = job.status.value if job else "unknown"
+        raise Conflict(f"the job is {status} and can no longer be cancelled",
+                       headers={"X-Job-Status": status}, status=status)
+    return job
+
+
 def job_body(job: JobRecord) -> dict[str, Any]:
     """A job as GET /v1/jobs/<id> shows it."""
-    fields_ = job.fields
     body: dict[str, Any] = {
         "id": job.id,
-        "model": fields_.get("model"),
+        "model": job.model,
         "status": job.status.value,
-        "created_at": fields_.get("created_at"),
-        "started_at": fields_.get("started_at"),
-        "finished_at": fields_.get("finished_at") if job.terminal else None,
+        "created_at": iso(job.created_at),
+        "started_at": iso(job.started_at) if job.started_at else None,
+        "finished_at": iso(job.finished_at) if job.finished_at and job.terminal else None,
     }
-    if fields_.get("trace_id"):
-        body["trace_id"] = fields_["trace_id"]
+    if job.trace_id:
+        body["trace_id"] = job.trace_id
     # How the outputs travel, so that any reader (not only the submitter) can decode them.
-    body["encoding_format"] = fields_.get("encoding_format") or "float"
-    if fields_.get("batch"):
-        body["batch"] = json.loads(fields_["batch"])
+    body["encoding_format"] = job.encoding_format
+    if job.batch is not None:
+        body["batch"] = job.batch
     if job.status is Status.SUCCEEDED:
-        outputs = job.outputs
         # Outputs are kept result_ttl_s, the record job_ttl_s: past the first, say so.
-        body["result"] = {"outputs": outputs} if outputs is not None else None
-        if outputs is None:
+        body["result"] = {"outputs": job.outputs} if job.outputs is not None else None
+        if job.outputs is None:
             body["result_expired"] = True
     elif job.error is not None:
-        body["error"] = {"code": job.error.code, "message": job.error.message}
+        body["error"] = job.error.to_dict()
     return body

@@ -9,16 +9,18 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from dataclasses import replace
+from typing import Iterable, Iterator
 
 from celery import Celery
 
 from app.waiter import NoSlot, ResultWaiter
 from config import Settings
 from config.models import ModelSpec
-from tasks import tracing, transport
-from tasks.jobstate import JobRecord, JobState, now_iso
-from tasks.keys import CONSUMING_KEY, idempotency_key, job_key, live_key
+from tasks import tracing
+from tasks.jobstate import CancelOutcome, JobRecord, JobState, Status, new_job
+from tasks.keys import CONSUMING_KEY, idempotency_key, live_key
+from tasks.messages import JobArgs, task_message
 from tasks.names import PRIORITIES, queue_lists, task_name
 from tasks.redis_client import connect
 
@@ -88,7 +90,7 @@ class JobStore:
     def owned_by(self, job_id: str, owner: str) -> bool:
         """Whether `owner` (an API key's name; "" when keys are off) may see the job. A job
         of another key is reported as missing, not forbidden: ids do not leak."""
-        return (self.redis.hget(job_key(job_id), "owner") or "") == owner
+        return (self.state.owner_of(job_id) or "") == owner
 
     def submit(self, spec: ModelSpec, job: dict, trace_id: str,
                idempotency_key_: str | None = None, owner: str = "",
@@ -96,47 +98,40 @@ class JobStore:
         """Record and queue a job, atomically (tasks/jobstate.py), under `job_id` (a new id by
         default). Returns (job, created); with an Idempotency-Key seen before, the earlier
         job and False. Raises Overloaded or IdempotencyMismatch, or StoreFull."""
-        job_id = job_id or new_job_id()
-        kwargs: dict[str, Any] = {"inputs": job["inputs"], "options": job["options"],
-                                  "submitted_at": time.time()}
-        if job.get("webhook"):  # the URL is kept in the record only (tasks/webhooks.py)
-            kwargs["webhook"] = {"events": job["webhook"]["events"]}
-        if job.get("encoding_format", "float") != "float":
-            kwargs["encoding_format"] = job["encoding_format"]
-        priority = PRIORITIES[job["priority"]]
+        hook = job.get("webhook")
+        record = new_job(job_id or new_job_id(), model=spec.name, trace_id=trace_id,
+                         inputs=len(job["inputs"]), priority=job["priority"], owner=owner,
+                         encoding_format=job.get("encoding_format", "float"),
+                         webhook_url=hook["url"] if hook else "")
+        # The webhook's URL is kept in the record only (tasks/webhooks.py), not in the message.
+        args = JobArgs(job["inputs"], job["options"], time.time(),
+                       {"events": hook["events"]} if hook else None, record.encoding_format)
         summary = None if self.settings.events_full_args else {
-            "model": spec.name, "inputs": len(job["inputs"]), "trace_id": trace_id}
+            "model": spec.name, "inputs": record.inputs, "trace_id": trace_id}
         headers = {"trace_id": trace_id}
         tracing.inject(headers)  # the W3C trace context, when traces are on
-        message = transport.task_message(self.celery, task_name(spec.name), job_id, kwargs,
-                                         queue=spec.queue, priority=priority,
-                                         headers=headers, summary=summary)
-        record = {"model": spec.name, "created_at": now_iso(), "trace_id": trace_id,
-                  "inputs": str(len(job["inputs"])), "priority": job["priority"],
-                  "owner": owner, "encoding_format": job.get("encoding_format", "float")}
-        if job.get("webhook"):
-            record["webhook_url"] = job["webhook"]["url"]
+        message = task_message(self.celery, task_name(spec.name), record.id, args.kwargs(),
+                               queue=spec.queue, priority=PRIORITIES[job["priority"]],
+                               headers=headers, summary=summary)
         idempotency = None
         if idempotency_key_:
             digest = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()
             idempotency = (idempotency_key(owner, idempotency_key_), digest)
         submitted = self.state.submit(
-            job_id, record, message, depth_lists=queue_lists(spec.queue),
+            record, message, depth_lists=queue_lists(spec.queue),
             max_depth=spec.max_queue_depth, ttl_s=self.settings.job_ttl_s,
             timeout_s=job.get("timeout_s") or spec.timeout_s or 0, idempotency=idempotency,
             memory_headroom=self.settings.redis_memory_headroom)
         if submitted.created:
-            return JobRecord(job_id, {**record, "status": "queued"}), True
+            return record, True
         earlier = self.state.read(submitted.job_id)
         if earlier is None:  # its record ran out (job_ttl_s) at that very moment
-            earlier = JobRecord(submitted.job_id, {**record, "status": "expired"})
+            earlier = replace(record, id=submitted.job_id, status=Status.EXPIRED)
         return earlier, False
 
-    def cancel(self, job_id: str) -> str:
-        """'ok' (it will never run), 'missing', or the status that keeps it from being
-        cancelled."""
+    def cancel(self, job_id: str) -> CancelOutcome:
         outcome = self.state.cancel(job_id)
-        if outcome == "ok":
+        if outcome is CancelOutcome.CANCELLED:
             # Workers holding it in their buffer drop it at once rather than at its start.
             self.celery.control.revoke(job_id)
         return outcome
@@ -145,7 +140,7 @@ class JobStore:
         """The job, or None when there is none; with `owner`, also None when it is another
         key's job (as if it did not exist: ids do not leak)."""
         job = self.state.read(job_id)
-        if job is None or (owner is not None and job.fields.get("owner", "") != owner):
+        if job is None or (owner is not None and job.owner != owner):
             return None
         return job
 

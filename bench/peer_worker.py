@@ -16,15 +16,21 @@ from celery_batches import Batches
 
 from tasks.celery_app import make_celery
 from tasks.keys import CONSUMING_KEY
+from tasks.messages import JobArgs
 from tasks.names import task_name
 from tasks.redis_client import connect
+from workers import broker
+from workers.batch import BatchJob
 from workers.execute import run_batch
 from workers.runtime import start_runtime, stop_runtime
+from workers.spawn import project_on_path
 
 FLUSH_EVERY = int(os.environ.get("BENCH_FLUSH_EVERY", "32"))
 FLUSH_INTERVAL = float(os.environ.get("BENCH_FLUSH_INTERVAL", "0.005"))
 
+project_on_path()  # for the spawned pool children
 celery = make_celery()
+broker.attach(celery)  # the service's adjustments of kombu: only the batching differs
 celery.conf.imports = ("bench.peer_worker",)
 
 
@@ -32,7 +38,7 @@ def _register(model: str) -> None:
     def infer(self, requests):
         # The service's own batch executor: the same job state moves and result writes, so
         # that only the batching in the worker's main process differs.
-        run_batch(model, [(r.id, r.kwargs or {}, {}) for r in requests])
+        run_batch(model, [BatchJob(r.id, JobArgs.from_kwargs(r.kwargs), {}) for r in requests])
 
     celery.task(name=task_name(model), base=Batches, bind=True, shared=False,
                 flush_every=FLUSH_EVERY, flush_interval=FLUSH_INTERVAL)(infer)
@@ -64,8 +70,7 @@ celery.steps["consumer"].add(Consuming)
 
 @signals.worker_process_init.connect
 def load_models(sender=None, **_kw) -> None:
-    start_runtime(celery.conf.iq_settings, celery.conf.iq_models, sender or "peer",
-                  current_process_index(base=0) or 0)
+    start_runtime(celery, sender or "peer", current_process_index(base=0) or 0)
 
 
 @signals.worker_process_shutdown.connect

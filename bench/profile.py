@@ -71,7 +71,7 @@ WORKER_COSTS = [
     ("task events: publish", r"EventDispatcher\.flush|EventDispatcher\._publish|"
      r"_flush_events"),
     ("task events: build", r"send_event|EventDispatcher\.send"),
-    ("unacked record (and taking what waits)", r"QoS\.append|_record_and_take_more"),
+    ("unacked record (and taking what waits)", r"QoS\.append|append_or_keep|_record_and_take"),
     ("acks", r"Leases\.|Unacked\.|QoS\.ack|Message\.ack|basic_ack"),
     ("logging", r"\(logging/"),
     ("Celery request and the batching strategy", r"task_message_handler|on_task_received|"
@@ -79,10 +79,11 @@ WORKER_COSTS = [
     ("batch to the pool child", r"\(billiard/compat|_write_job|schedule_writes|apply_async|"
      r"PoolDispatcher\._apply |PoolDispatcher\.pump"),
     ("results back from the child, per-job bookkeeping", r"ResultHandler|on_return|"
-     r"PoolDispatcher\._finish|_apply\.<locals>\.finish|on_success|on_accepted"),
+     r"PoolDispatcher\._returned|Settlement\.finish|_apply\.<locals>\.finish|on_success|"
+     r"on_accepted"),
     ("BRPOP: read, re-issue", r"_brpop_read|_brpop_start|_register_BRPOP|on_poll_start|"
      r"MultiChannelPoller"),
-    ("timers: leases, heartbeats, watchdog", r"fire_timers|Timer\.|PoolDispatcher\.tick"),
+    ("timers: leases, heartbeats, watchdog", r"fire_timers|Timer\.|Liveness\.tick"),
     ("event loop poll", r"_epoll\.poll|\(kombu/asynchronous/hub"),
 ]
 

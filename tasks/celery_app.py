@@ -1,26 +1,18 @@
-"""The Celery app factory shared by the API (which only sends) and the workers."""
+"""The Celery app factory shared by the API (which only sends), Flower, the celery CLI and the
+workers. It only configures: the worker's adjustments of kombu and Celery are the worker entry
+modules' to install (workers/broker/)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from typing import Any
 
 from celery import Celery
 from kombu import Connection, Queue
 
 from config import Settings, load_models, load_settings
 from config.models import ModelSpec
-from tasks import transport
 from tasks.names import PRIORITIES, PRIORITY_SEP, PRIORITY_STEPS, task_routes
 from tasks.webhooks import DELIVER_TASK
 from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
-
-
-# Spawned pool children unpickle references to this project's code, so its root must be on
-# their sys.path, which they copy from their parent's. `celery -A` puts the working directory
-# there only while it imports the app module, and takes that entry out again: so the root is
-# appended once per process even when it is there already (it may be that entry).
-_ROOT = str(Path(__file__).resolve().parent.parent)
-_on_path = False
 
 
 def make_celery(settings: Settings | None = None,
@@ -28,64 +20,55 @@ def make_celery(settings: Settings | None = None,
     """The Celery app. The API only builds task messages with it (tasks/jobstate.py queues
     them) and broadcasts revokes; the workers run it. `models`: the parsed models file, when
     the caller has it already."""
-    global _on_path
-    if not _on_path:
-        sys.path.append(_ROOT)
-        _on_path = True
-    transport.install()
     settings = settings or load_settings()
     models = models if models is not None else load_models(settings.models_file)
     app = Celery("inference_queue", set_as_current=False)
-    redis_opts = {
-        "socket_connect_timeout": settings.redis_timeout_s,
-        "socket_timeout": max(settings.redis_timeout_s, 5.0),
-        "retry_on_timeout": True,
-    }
-    largest_batch = max(m.max_batch_size for m in models.values())
     app.conf.update(
-        broker_url=settings.redis_url,
-        result_backend=settings.redis_url,
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],
         task_routes={**task_routes(models.values()), DELIVER_TASK: {"queue": WEBHOOK_QUEUE}},
         # A worker started without -Q consumes every model's queue.
         task_queues=[Queue(m.queue) for m in models.values()],
-        # Nothing is acknowledged before its result is stored; a lost pool child's jobs are
-        # put back on the queue at once rather than failed.
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        # The batching strategy needs enough unacknowledged messages in hand to fill a batch
-        # while every child is busy: two full batches per child.
-        worker_prefetch_multiplier=settings.prefetch_multiplier or 2 * largest_batch,
-        worker_pool_start_method="spawn",
-        worker_proc_alive_timeout=settings.proc_alive_timeout_s,
-        worker_lost_wait=settings.worker_lost_wait_s,
-        # Each job's own events (received, started, succeeded/failed) for Flower. The API's
-        # task-sent event is left off: it would cost a publish per job on the submit path.
-        worker_send_task_events=True,
+        task_default_priority=PRIORITIES["normal"],
+        result_expires=settings.job_ttl_s,
+        worker_hijack_root_logger=False,
+        **_redis_conf(settings),
+        **_worker_conf(settings, models),
+    )
+    if settings.redis_url.startswith("rediss://"):
+        # kombu reads a rediss:// URL's TLS options (ssl_cert_reqs, ssl_ca_certs) from its
+        # query; Flower's Broker tab reads them only from broker_use_ssl.
+        app.conf.broker_use_ssl = Connection(settings.redis_url).ssl
+    app.conf.iq_settings = settings
+    app.conf.iq_models = models
+    return app
+
+
+def _redis_conf(settings: Settings) -> dict[str, Any]:
+    """Redis as broker and result backend: timeouts, retries, and how a dead worker's
+    messages come back."""
+    redis_opts = {
+        "socket_connect_timeout": settings.redis_timeout_s,
+        "socket_timeout": max(settings.redis_timeout_s, 5.0),
+        "retry_on_timeout": True,
+    }
+    return dict(
+        broker_url=settings.redis_url,
+        result_backend=settings.redis_url,
         # Every gunicorn thread may publish at once; a smaller pool makes them queue for it.
         broker_pool_limit=128,
-        result_expires=settings.job_ttl_s,
         broker_connection_timeout=settings.redis_timeout_s,
         broker_connection_retry_on_startup=True,
         # A worker never gives up on Redis: it reconnects however long the outage lasts.
         broker_connection_max_retries=None,
-        # Celery lowers the prefetch count after a reconnect and raises it again through its
-        # own ack callbacks; the dispatcher acknowledges by delivery tag itself
-        # (workers/leases.py), so the count would stay low. The dispatcher's buffer is what
-        # bounds the worker anyway.
-        worker_enable_prefetch_count_reduction=False,
-        # Never kill a running batch because the connection dropped: its leases are renewed
-        # and its results stored without that connection.
-        worker_cancel_long_running_tasks_on_connection_loss=False,
         # A Redis error on the consumer's connection (a full Redis refusing a write, say) is
         # reconnected from, like a dropped connection; by default it kills the worker.
         broker_channel_error_retry=True,
         broker_transport_options={
-            # Messages whose lease (workers/leases.py) has not been renewed for this long
-            # belong to a dead worker: any live worker's sweep, every few seconds (kombu's
-            # default is every 100 s), puts them back on their queues.
+            # Messages whose lease (workers/broker/leases.py) has not been renewed for this
+            # long belong to a dead worker: any live worker's sweep, every few seconds
+            # (kombu's default is every 100 s), puts them back on their queues.
             "visibility_timeout": settings.visibility_timeout_s,
             "unacked_restore_interval": max(1, min(5, settings.visibility_timeout_s // 6)),
             "unacked_restore_throttle": 1,
@@ -100,7 +83,6 @@ def make_celery(settings: Settings | None = None,
             "queue_order_strategy": "priority",
             **redis_opts,
         },
-        task_default_priority=PRIORITIES["normal"],
         result_backend_transport_options=redis_opts,
         redis_socket_connect_timeout=settings.redis_timeout_s,
         redis_socket_timeout=max(settings.redis_timeout_s, 5.0),
@@ -111,12 +93,32 @@ def make_celery(settings: Settings | None = None,
             "interval_step": 0.2,
             "interval_max": 0.5,
         },
-        worker_hijack_root_logger=False,
     )
-    if settings.redis_url.startswith("rediss://"):
-        # kombu reads a rediss:// URL's TLS options (ssl_cert_reqs, ssl_ca_certs) from its
-        # query; Flower's Broker tab reads them only from broker_use_ssl.
-        app.conf.broker_use_ssl = Connection(settings.redis_url).ssl
-    app.conf.iq_settings = settings
-    app.conf.iq_models = models
-    return app
+
+
+def _worker_conf(settings: Settings, models: dict[str, ModelSpec]) -> dict[str, Any]:
+    """How a worker takes, holds and acknowledges its jobs."""
+    largest_batch = max(m.max_batch_size for m in models.values())
+    return dict(
+        # Nothing is acknowledged before its result is stored; a lost pool child's jobs are
+        # put back on the queue at once rather than failed.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        # The batching strategy needs enough unacknowledged messages in hand to fill a batch
+        # while every child is busy: two full batches per child.
+        worker_prefetch_multiplier=settings.prefetch_multiplier or 2 * largest_batch,
+        worker_pool_start_method="spawn",
+        worker_proc_alive_timeout=settings.proc_alive_timeout_s,
+        worker_lost_wait=settings.worker_lost_wait_s,
+        # Each job's own events (received, started, succeeded/failed) for Flower. The API's
+        # task-sent event is left off: it would cost a publish per job on the submit path.
+        worker_send_task_events=True,
+        # Celery lowers the prefetch count after a reconnect and raises it again through its
+        # own ack callbacks; the dispatcher acknowledges by delivery tag itself
+        # (workers/broker/leases.py), so the count would stay low. The dispatcher's buffer is
+        # what bounds the worker anyway.
+        worker_enable_prefetch_count_reduction=False,
+        # Never kill a running batch because the connection dropped: its leases are renewed
+        # and its results stored without that connection.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+    )

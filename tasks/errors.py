@@ -1,15 +1,50 @@
-"""The failure a job ends with, as stored in the result backend and shown by the API."""
+"""Why a job failed or did not run: one type, `JobError`, with a stable code and a message for
+people. A handler returns one for a job that failed; the worker stores it in the job record
+(as JSON) and Celery stores it as the task's exception (AsyncResult raises it again); the API
+shows its code and message."""
 from __future__ import annotations
 
+import enum
 
-class JobFailed(Exception):
-    """A job failed with a stable `code` (e.g. `inference_error`, `invalid_input`) and a
-    human-readable message. Stored by Celery as the task's exception."""
+import orjson
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(code, message)
+
+class ErrorCode(enum.StrEnum):
+    INFERENCE_ERROR = "inference_error"  # the model raised on the job's inputs
+    MODEL_UNAVAILABLE = "model_unavailable"  # the worker has no such model configured
+    TIMEOUT = "timeout"  # its batch ran past the model's time_limit_s
+    WORKER_ERROR = "worker_error"  # its batch call broke outside the model
+    CANCELLED = "cancelled"  # cancelled before it ran
+    EXPIRED = "expired"  # not started before its deadline
+
+
+class JobError(Exception):
+    """A job's error: `code` (an ErrorCode) and `message`. Equal when both are."""
+
+    def __init__(self, code: ErrorCode | str, message: str) -> None:
+        code = ErrorCode(code)
+        super().__init__(code.value, message)  # plain strings: Celery stores the args as JSON
         self.code = code
         self.message = message
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, JobError) and \
+            (self.code, self.message) == (other.code, other.message)
+
+    def __hash__(self) -> int:
+        return hash((self.code, self.message))
+
+    def to_dict(self) -> dict[str, str]:
+        """As the API and webhooks show it."""
+        return {"code": self.code.value, "message": self.message}
+
+    def to_json(self) -> str:
+        return orjson.dumps(self.to_dict()).decode()
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> JobError:
+        data = orjson.loads(raw)
+        return cls(data["code"], data["message"])

@@ -1,5 +1,6 @@
 """The one owner of a job's state: its record in Redis, its status machine and the scripts that
-move it. The API and the workers both go through here; nothing else writes a job record.
+move it (tasks/jobscripts.py). The API and the workers both go through here; nothing else
+writes a job record.
 
     queued ──▶ running ──▶ succeeded | failed
       │           │
@@ -15,12 +16,13 @@ Every move is one Lua script, so each is decided once, inside Redis:
 * `start`: a batch's jobs become `running` unless they were cancelled, expired or already
   finished (a redelivered message whose result exists is not run again). Expiry is decided by
   Redis's clock, here and in `read`, never by a client's.
-* `finish`: only a job that is not terminal takes its terminal status; its result (Celery's
-  result meta, so that AsyncResult and Flower still read it) and its webhook delivery are
-  written in the same step, so a duplicate run can change nothing and a webhook is queued once.
+* `finish`: only a job that is not terminal takes its terminal status; its stored result
+  (tasks/results.py) and its webhook delivery are written in the same step, so a duplicate run
+  can change nothing and a webhook is queued once.
 * `cancel`: only a queued job is cancelled; `start` refuses a cancelled one.
 
-A terminal status is final: no later script changes it or its timestamps.
+A terminal status is final: no later script changes it or its timestamps. A job read back is a
+`JobRecord`; a new one comes from `new_job`.
 """
 from __future__ import annotations
 
@@ -32,7 +34,10 @@ from typing import Any, Mapping, Sequence
 import orjson
 import redis
 
-from tasks.keys import DONE_PREFIX, JOB_PREFIX, done_channel, job_key, result_key
+from tasks import jobscripts, results
+from tasks.errors import ErrorCode, JobError
+from tasks.keys import job_key, result_key
+from tasks.messages import QueuedMessage
 
 
 class Status(str, enum.Enum):
@@ -47,18 +52,23 @@ class Status(str, enum.Enum):
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.EXPIRED})
 
 
-@dataclass(frozen=True)
-class JobError:
-    """Why a job failed (or did not run): a stable code and a message for people."""
-    code: str
-    message: str
+class StartDecision(enum.Enum):
+    """What `start` decided for one job of a batch."""
+    RUN = "run"
+    MISSING = "missing"  # no record (never submitted, or it ran out)
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"  # its deadline passed while it waited (decided now or before)
+    FINISHED = "finished"  # it succeeded or failed already: a redelivered message
 
-    def to_json(self) -> str:
-        return orjson.dumps({"code": self.code, "message": self.message}).decode()
+
+class CancelOutcome(enum.Enum):
+    CANCELLED = "cancelled"  # it will never run
+    MISSING = "missing"
+    TOO_LATE = "too_late"  # running or terminal already: its status says which
 
 
-CANCELLED_ERROR = JobError("cancelled", "the job was cancelled before it ran")
-EXPIRED_ERROR = JobError("expired", "the job was not started before its deadline")
+CANCELLED_ERROR = JobError(ErrorCode.CANCELLED, "the job was cancelled before it ran")
+EXPIRED_ERROR = JobError(ErrorCode.EXPIRED, "the job was not started before its deadline")
 
 
 class Overloaded(Exception):
@@ -79,185 +89,93 @@ class StoreFull(Exception):
 
 
 @dataclass(frozen=True)
-class QueuedMessage:
-    """A task message ready for its Redis list (built by tasks/transport.py)."""
-    list_key: str
-    payload: bytes
-
-
-@dataclass(frozen=True)
 class Final:
     """A job's terminal outcome as a worker reports it to `finish`."""
     job_id: str
     status: Status  # SUCCEEDED or FAILED
-    meta: bytes  # Celery's result meta, JSON
+    result: bytes  # the stored result (tasks/results.py)
     error: JobError | None = None
     webhook: QueuedMessage | None = None
 
 
-@dataclass
-class JobRecord:
-    """A job as read back: the record's fields and, once it finished, Celery's result meta."""
-    id: str
-    fields: dict[str, str]
-    meta: dict[str, Any] | None = None
+def now_iso() -> str:
+    return iso(datetime.now(timezone.utc))
 
-    @property
-    def status(self) -> Status:
-        return Status(self.fields["status"])
+
+def iso(moment: datetime) -> str:
+    """A timestamp as records and the API write it: UTC, milliseconds, `Z`."""
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _time(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A job: its record's fields (`iq:job:<id>`, a hash of these names) and, once it
+    succeeded, its outputs while they are kept (`result_ttl_s`)."""
+    id: str
+    status: Status
+    model: str
+    created_at: datetime
+    trace_id: str = ""
+    inputs: int = 0  # how many inputs it has
+    priority: str = "normal"
+    owner: str = ""  # the API key's name; "" when keys are off
+    encoding_format: str = "float"
+    webhook_url: str = ""  # where its webhook goes, if it asked for one (tasks/webhooks.py)
+    expires_at: float | None = None  # its deadline to start, by Redis's clock (seconds)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    worker: str | None = None  # node name / child index / pid of its last run
+    batch: dict | None = None  # the batch it last ran in: id, jobs, items
+    runs: int = 0
+    error: JobError | None = None
+    outputs: list | None = None
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
 
-    @property
-    def error(self) -> JobError | None:
-        raw = self.fields.get("error")
-        if not raw:
-            return None
-        data = orjson.loads(raw)
-        return JobError(data["code"], data["message"])
+    def submitted_fields(self) -> dict[str, str]:
+        """The fields `submit` writes (expiry is the script's to set, by Redis's clock)."""
+        written = {"status": self.status.value, "model": self.model,
+                   "created_at": iso(self.created_at), "trace_id": self.trace_id,
+                   "inputs": str(self.inputs), "priority": self.priority, "owner": self.owner,
+                   "encoding_format": self.encoding_format}
+        if self.webhook_url:
+            written["webhook_url"] = self.webhook_url
+        return written
 
-    @property
-    def outputs(self) -> list | None:
-        result = (self.meta or {}).get("result")
-        return result.get("outputs") if isinstance(result, dict) else None
+    @classmethod
+    def from_fields(cls, job_id: str, raw: Mapping[str, str],
+                    outputs: list | None = None) -> JobRecord:
+        get = raw.get
+        return cls(
+            id=job_id, status=Status(raw["status"]), model=raw["model"],
+            created_at=datetime.fromisoformat(raw["created_at"]),
+            trace_id=get("trace_id", ""), inputs=int(get("inputs") or 0),
+            priority=get("priority") or "normal", owner=get("owner", ""),
+            encoding_format=get("encoding_format") or "float",
+            webhook_url=get("webhook_url", ""),
+            expires_at=float(get("expires_at")) if get("expires_at") else None,
+            started_at=_time(get("started_at")), finished_at=_time(get("finished_at")),
+            worker=get("worker"), batch=orjson.loads(get("batch")) if get("batch") else None,
+            runs=int(get("runs") or 0),
+            error=JobError.from_json(raw["error"]) if get("error") else None,
+            outputs=outputs)
 
 
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-# Redis's own clock, for deadlines: one clock for every process that decides expiry.
-# (redis.replicate_commands lets a script write after reading TIME on Redis 6; a no-op on 7+.)
-_CLOCK = """
-redis.replicate_commands()
-local t = redis.call('time')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-"""
-
-# Expire a queued job whose deadline passed: KEY is the record, `id` its job id.
-_EXPIRE_IF_DUE = """
-local function expire_if_due(key, id, status, expires_at, finished_at, error)
-  if status == 'queued' and expires_at and expires_at ~= '' and now > tonumber(expires_at) then
-    redis.call('hset', key, 'status', 'expired', 'finished_at', finished_at, 'error', error)
-    redis.call('publish', '""" + DONE_PREFIX + """' .. id, 'expired')
-    return true
-  end
-  return false
-end
-"""
-
-_ID_OF = f"local function id_of(key) return string.sub(key, {len(JOB_PREFIX) + 1}) end\n"
-
-# KEYS: record, idempotency claim, target list, then the model's queue lists (for its depth).
-# ARGV: job id, ttl, max depth, timeout_s (0: none), request digest ('' : no idempotency key),
-#       message, memory headroom (share of maxmemory kept free), then the record's field/value
-#       pairs.
-_SUBMIT = _CLOCK + """
-local ttl = tonumber(ARGV[2])
-local memory = redis.call('info', 'memory')
-local cap = tonumber(string.match(memory, 'maxmemory:(%d+)'))
-local used = tonumber(string.match(memory, 'used_memory:(%d+)'))
-if cap > 0 and used > (1 - tonumber(ARGV[7])) * cap then
-  return {'full', used .. ' ' .. cap}
-end
-if ARGV[5] ~= '' then
-  local earlier = redis.call('get', KEYS[2])
-  if earlier then
-    local sep = string.find(earlier, ' ', 1, true)
-    if string.sub(earlier, sep + 1) ~= ARGV[5] then return {'mismatch', ''} end
-    return {'existing', string.sub(earlier, 1, sep - 1)}
-  end
-end
-local depth = 0
-for i = 4, #KEYS do depth = depth + redis.call('llen', KEYS[i]) end
-if depth >= tonumber(ARGV[3]) then return {'overloaded', ''} end
-local fields = {'status', 'queued'}
-for i = 8, #ARGV do fields[#fields + 1] = ARGV[i] end
-local timeout = tonumber(ARGV[4])
-if timeout > 0 then
-  fields[#fields + 1] = 'expires_at'
-  fields[#fields + 1] = string.format('%.3f', now + timeout)
-end
-redis.call('hset', KEYS[1], unpack(fields))
-redis.call('expire', KEYS[1], ttl)
-if ARGV[5] ~= '' then redis.call('set', KEYS[2], ARGV[1] .. ' ' .. ARGV[5], 'EX', ttl) end
-redis.call('lpush', KEYS[3], ARGV[6])
-return {'created', ARGV[1]}
-"""
-
-# KEYS: the batch's records. ARGV: started_at, worker, batch (JSON), finished_at, expired error.
-# Returns, per job: 'run', or why it must not run ('missing', 'cancelled', 'expired', or the
-# status it already ended with).
-_START = _CLOCK + _EXPIRE_IF_DUE + _ID_OF + """
-local out = {}
-for i, key in ipairs(KEYS) do
-  local f = redis.call('hmget', key, 'status', 'expires_at')
-  local status = f[1]
-  if not status then
-    out[i] = 'missing'
-  elseif expire_if_due(key, id_of(key), status, f[2], ARGV[4], ARGV[5]) then
-    out[i] = 'expired'
-  elseif status == 'queued' or status == 'running' then
-    redis.call('hset', key, 'status', 'running', 'started_at', ARGV[1], 'worker', ARGV[2],
-               'batch', ARGV[3])
-    redis.call('hincrby', key, 'runs', 1)
-    out[i] = 'run'
-  else
-    out[i] = status
-  end
-end
-return out
-"""
-
-# KEYS: (record, result meta) per job. ARGV: finished_at, result ttl, then per job: status,
-# meta, error ('' : none), webhook list ('' : none), webhook message.
-# Returns, per job, 1 when it took its terminal status here, 0 when it already had one.
-_FINISH = _ID_OF + """
-local out = {}
-local ttl = tonumber(ARGV[2])
-for i = 1, #KEYS / 2 do
-  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 2 + 5 * (i - 1)
-  local status = redis.call('hget', key, 'status')
-  if status == 'queued' or status == 'running' then
-    redis.call('hset', key, 'status', ARGV[a + 1], 'finished_at', ARGV[1])
-    if ARGV[a + 3] ~= '' then redis.call('hset', key, 'error', ARGV[a + 3]) end
-    redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)
-    if ARGV[a + 4] ~= '' then redis.call('lpush', ARGV[a + 4], ARGV[a + 5]) end
-    redis.call('publish', '""" + DONE_PREFIX + """' .. id_of(key), ARGV[a + 1])
-    out[i] = 1
-  else
-    out[i] = 0
-  end
-end
-return out
-"""
-
-# KEYS: record. ARGV: now (ISO), cancelled error, expired error.
-_CANCEL = _CLOCK + _EXPIRE_IF_DUE + _ID_OF + """
-local f = redis.call('hmget', KEYS[1], 'status', 'expires_at')
-local status = f[1]
-if not status then return 'missing' end
-if expire_if_due(KEYS[1], id_of(KEYS[1]), status, f[2], ARGV[1], ARGV[3]) then
-  return 'expired'
-end
-if status ~= 'queued' then return status end
-redis.call('hset', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[1], 'error', ARGV[2])
-redis.call('publish', '""" + DONE_PREFIX + """' .. id_of(KEYS[1]), 'cancelled')
-return 'ok'
-"""
-
-# KEYS: record, result meta. ARGV: now (ISO), expired error. Returns {fields, meta or false}.
-_READ = _CLOCK + _EXPIRE_IF_DUE + _ID_OF + """
-local f = redis.call('hmget', KEYS[1], 'status', 'expires_at')
-if not f[1] then return {} end
-expire_if_due(KEYS[1], id_of(KEYS[1]), f[1], f[2], ARGV[1], ARGV[2])
-local meta = false
-local status = redis.call('hget', KEYS[1], 'status')
-if status == 'succeeded' or status == 'failed' then meta = redis.call('get', KEYS[2]) end
-return {redis.call('hgetall', KEYS[1]), meta}
-"""
+def new_job(job_id: str, *, model: str, trace_id: str, inputs: int, priority: str,
+            owner: str = "", encoding_format: str = "float",
+            webhook_url: str = "") -> JobRecord:
+    """A job as it is submitted: `queued`, created now (to the millisecond, as stored)."""
+    now = datetime.now(timezone.utc)
+    now = now.replace(microsecond=now.microsecond // 1000 * 1000)
+    return JobRecord(job_id, Status.QUEUED, model, now, trace_id=trace_id, inputs=inputs,
+                     priority=priority, owner=owner, encoding_format=encoding_format,
+                     webhook_url=webhook_url)
 
 
 def _text(value: Any) -> str:
@@ -277,25 +195,26 @@ class JobState:
     _scripts: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name, source in (("submit", _SUBMIT), ("start", _START), ("finish", _FINISH),
-                             ("cancel", _CANCEL), ("read", _READ)):
+        for name, source in (("submit", jobscripts.SUBMIT), ("start", jobscripts.START),
+                             ("finish", jobscripts.FINISH), ("cancel", jobscripts.CANCEL),
+                             ("read", jobscripts.READ)):
             self._scripts[name] = self.client.register_script(source)
 
-    def submit(self, job_id: str, record: Mapping[str, str], message: QueuedMessage, *,
-               depth_lists: Sequence[str], max_depth: int, ttl_s: int, timeout_s: float = 0,
+    def submit(self, job: JobRecord, message: QueuedMessage, *, depth_lists: Sequence[str],
+               max_depth: int, ttl_s: int, timeout_s: float = 0,
                idempotency: tuple[str, str] | None = None,
                memory_headroom: float = 0.0) -> Submitted:
         """Record the job and queue its message, or raise Overloaded, StoreFull or
         IdempotencyMismatch. With `idempotency` = (claim key, request digest) already claimed
         by an earlier request with the same digest, that earlier job's id and
         created=False."""
-        claim, digest = idempotency or (job_key(job_id) + ":no-claim", "")
-        args: list[Any] = [job_id, ttl_s, max_depth, timeout_s or 0, digest, message.payload,
+        claim, digest = idempotency or (job_key(job.id) + ":no-claim", "")
+        args: list[Any] = [job.id, ttl_s, max_depth, timeout_s or 0, digest, message.payload,
                            memory_headroom]
-        for name, value in record.items():
+        for name, value in job.submitted_fields().items():
             args += [name, value]
         kind, found = (_text(x) for x in self._scripts["submit"](
-            keys=[job_key(job_id), claim, message.list_key, *depth_lists], args=args))
+            keys=[job_key(job.id), claim, message.list_key, *depth_lists], args=args))
         if kind == "overloaded":
             raise Overloaded()
         if kind == "full":
@@ -305,12 +224,13 @@ class JobState:
             raise IdempotencyMismatch()
         return Submitted(found, kind == "created")
 
-    def start(self, job_ids: Sequence[str], *, worker: str, batch: str) -> list[str]:
-        """Mark a batch's jobs running; per job 'run' or the reason it must not run."""
+    def start(self, job_ids: Sequence[str], *, worker: str,
+              batch: str) -> list[StartDecision]:
+        """Mark a batch's jobs running; per job, whether to run it or why not."""
         now = now_iso()
         out = self._scripts["start"](keys=[job_key(j) for j in job_ids],
                                      args=[now, worker, batch, now, EXPIRED_ERROR.to_json()])
-        return [_text(x) for x in out]
+        return [StartDecision(_text(x)) for x in out]
 
     def finish(self, finals: Sequence[Final], *, result_ttl_s: int) -> list[bool]:
         """Give each job its terminal status, result and webhook, unless it has one already;
@@ -321,18 +241,16 @@ class JobState:
         args: list[Any] = [now_iso(), result_ttl_s]
         for final in finals:
             keys += [job_key(final.job_id), result_key(final.job_id)]
-            args += [final.status.value, final.meta,
+            args += [final.status.value, final.result,
                      final.error.to_json() if final.error else "",
                      final.webhook.list_key if final.webhook else "",
                      final.webhook.payload if final.webhook else ""]
         return [bool(x) for x in self._scripts["finish"](keys=keys, args=args)]
 
-    def cancel(self, job_id: str) -> str:
-        """'ok' (it will never run), 'missing', or the status that keeps it from being
-        cancelled."""
-        return _text(self._scripts["cancel"](
+    def cancel(self, job_id: str) -> CancelOutcome:
+        return CancelOutcome(_text(self._scripts["cancel"](
             keys=[job_key(job_id)],
-            args=[now_iso(), CANCELLED_ERROR.to_json(), EXPIRED_ERROR.to_json()]))
+            args=[now_iso(), CANCELLED_ERROR.to_json(), EXPIRED_ERROR.to_json()])))
 
     def read(self, job_id: str) -> JobRecord | None:
         """The job, expired first if its deadline has passed while it waited; None when
@@ -341,12 +259,12 @@ class JobState:
                                     args=[now_iso(), EXPIRED_ERROR.to_json()])
         if not out:
             return None
-        flat, meta = out
+        flat, stored = out
         pairs = [_text(x) for x in flat]
-        fields = dict(zip(pairs[::2], pairs[1::2]))
-        return JobRecord(job_id, fields, orjson.loads(meta) if meta else None)
+        return JobRecord.from_fields(job_id, dict(zip(pairs[::2], pairs[1::2])),
+                                     results.outputs_of(stored or None))
 
-
-__all__ = ["CANCELLED_ERROR", "EXPIRED_ERROR", "Final", "IdempotencyMismatch", "JobError",
-           "JobRecord", "JobState", "Overloaded", "QueuedMessage", "Status", "StoreFull",
-           "Submitted", "TERMINAL", "done_channel", "now_iso"]
+    def owner_of(self, job_id: str) -> str | None:
+        """The owner of the job's record (one field, no expiry); None when there is none."""
+        owner = self.client.hget(job_key(job_id), "owner")
+        return None if owner is None else _text(owner)

@@ -7,6 +7,8 @@ import json
 
 PREFIX = "iq:"
 JOB_PREFIX = f"{PREFIX}job:"
+# Pub/sub channel `iq:done:<job id>`, on which a job's move to a terminal status is announced
+# (its status only, never its result): it wakes the API's waiting requests (app/waiter.py).
 DONE_PREFIX = f"{PREFIX}done:"
 # Celery's Redis result backend names a task's result key (and channel) this way.
 RESULT_PREFIX = "celery-task-meta-"
@@ -17,14 +19,9 @@ def job_key(job_id: str) -> str:
     return f"{JOB_PREFIX}{job_id}"
 
 
-def done_channel(job_id: str) -> str:
-    """Pub/sub channel on which a job's move to a terminal status is announced (its status
-    only, never its result): it wakes the API's waiting requests."""
-    return f"{DONE_PREFIX}{job_id}"
-
-
 def result_key(job_id: str) -> str:
-    """Celery's result meta for the job: its outputs, readable with AsyncResult too."""
+    """The job's stored result (tasks/results.py), where Celery's backend keeps a task's:
+    readable with AsyncResult too."""
     return f"{RESULT_PREFIX}{job_id}"
 
 

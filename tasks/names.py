@@ -1,6 +1,7 @@
 """Task and queue names. The API sends tasks by these names; workers register them."""
 from __future__ import annotations
 
+from bisect import bisect
 from typing import Iterable
 
 TASK_PREFIX = "iq.infer."
@@ -28,3 +29,10 @@ PRIORITY_SEP = "\x06\x16"  # kombu's default separator between queue name and st
 def queue_lists(queue: str) -> list[str]:
     """The Redis lists that hold a queue's waiting messages, one per priority step."""
     return [queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
+
+
+def list_for(queue: str, priority: int) -> str:
+    """The Redis list kombu keeps a queue's messages of this priority in (Channel._q_for_pri
+    with make_celery's priority steps)."""
+    step = PRIORITY_STEPS[max(bisect(PRIORITY_STEPS, priority) - 1, 0)]
+    return f"{queue}{PRIORITY_SEP}{step}" if step else queue

@@ -32,15 +32,20 @@ def connect(url: str, settings: Settings, *, decode: bool = True,
     return redis.Redis(connection_pool=pool, retry=retry)
 
 
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Redis at maxmemory (with noeviction) refusing a write: redis-py's OutOfMemoryError, or
+    the same refusal in other words (inside a script it reaches redis-py as a plain
+    ResponseError; kombu wraps it in its OperationalError)."""
+    return isinstance(exc, redis.exceptions.OutOfMemoryError) or \
+        "OOM command not allowed" in str(exc)
+
+
 def is_transient(exc: BaseException) -> bool:
     """A Redis error that says nothing about the job: the server is away, restarting,
     loading its data, or out of memory for now. Worth retrying, never a job failure."""
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         return True  # BusyLoadingError (Redis loading its data) is a ConnectionError
-    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+    if is_out_of_memory(exc):
         return True
-    if isinstance(exc, redis.ResponseError):
-        text = str(exc)
-        return "OOM command not allowed" in text or \
-            text.startswith(("LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN"))
-    return False
+    return isinstance(exc, redis.ResponseError) and \
+        str(exc).startswith(("LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN"))

@@ -1,4 +1,5 @@
-"""How a job's outputs are written, in Redis and on the wire: as few bytes as they need.
+"""How a job's outputs are written, in Redis and on the wire: as few bytes as they need; and
+the stored result (`stored`, `outputs_of`), the one place that knows its format.
 
 A float32 model's outputs are float32 values; written through Python floats they take the
 shortest text that round-trips a *float64* (`0.0123456789123456789`, ~20 characters), twice
@@ -11,6 +12,7 @@ its little-endian float32 bytes, 5.3 characters a value, as the common embedding
 from __future__ import annotations
 
 import base64
+from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -55,12 +57,34 @@ def to_base64(vector: list[float]) -> str:
     return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
 
 
-def from_base64(text: str) -> list[float]:
-    return np.frombuffer(base64.b64decode(text), dtype="<f4").astype(float).tolist()
-
-
 def encode(outputs: list, encoding: str | None) -> list:
     """A job's outputs as it asked for them."""
     if encoding == "base64":
         return [to_base64(o) if _is_vector(o) else o for o in outputs]
     return compact(outputs)
+
+
+def stored(job_id: str, *, outputs: list | None = None,
+           error: BaseException | None = None) -> bytes:
+    """A job's result as Celery's Redis backend stores it, so that AsyncResult and Flower read
+    it: SUCCESS with `{"outputs": ...}`, or FAILURE with `error` encoded as Celery encodes an
+    exception for JSON. `outputs` as `encode` wrote them; a NaN or infinite value is null
+    (JSON has neither). tests/integration/test_broker.py checks it against Celery's own
+    `store_result`."""
+    if error is not None:
+        state = "FAILURE"
+        result: Any = {"exc_type": type(error).__qualname__, "exc_message": list(error.args),
+                       "exc_module": type(error).__module__}
+    else:
+        state, result = "SUCCESS", {"outputs": outputs}
+    meta = {"status": state, "result": result, "traceback": None, "children": None,
+            "date_done": datetime.now(timezone.utc).isoformat(), "task_id": job_id}
+    return orjson.dumps(meta, option=JSON_OPTIONS)
+
+
+def outputs_of(meta: bytes | str | None) -> list | None:
+    """The outputs of a stored result; None for a failure, or when there is none."""
+    if not meta:
+        return None
+    result = orjson.loads(meta).get("result")
+    return result.get("outputs") if isinstance(result, dict) else None

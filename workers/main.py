@@ -1,10 +1,11 @@
 """Worker entry module: `celery -A workers.main worker -P prefork -Q <model queues>`.
 
-It wires things together: the Celery app with one batching task per model, the dispatcher's
-consumer bootstep, logging, metrics and the pool children's model runtime. The parent process
-buffers and batches (workers.dispatcher); each pool child, started with the spawn method,
-loads the models of the queues this worker consumes (workers.runtime). Neither this module
-nor the parent imports torch.
+It wires things together: the Celery app with one batching task per model, the worker's
+adjustments of kombu and Celery (workers.broker), the dispatcher's consumer bootstep, logging,
+metrics and the pool children's model runtime. The parent process buffers and batches
+(workers.strategy → workers.dispatcher); each pool child, started with the spawn method,
+loads the models of the queues this worker consumes (workers.runtime) and runs batches
+(workers.execute). Neither this module nor the parent imports torch.
 """
 from __future__ import annotations
 
@@ -18,13 +19,17 @@ from celery.utils.log import current_process_index
 from tasks import logs, tracing
 from tasks.celery_app import make_celery
 from tasks.names import task_name
-from workers import metrics
-from workers.dispatcher import DispatcherStep
+from workers import broker, metrics
 from workers.runtime import start_runtime, stop_runtime
+from workers.spawn import project_on_path
+from workers.strategy import DispatcherStep
 
 logger = logging.getLogger(__name__)
 
+project_on_path()  # for the spawned pool children
+
 celery = make_celery()
+broker.attach(celery)
 # Spawned pool children import this module too, which connects the signal handlers below.
 celery.conf.imports = ("workers.main",)
 celery.steps["consumer"].add(DispatcherStep)
@@ -34,7 +39,7 @@ class BatchingTask(Task):
     """A model's task. Messages never reach `run` one by one: the Strategy buffers them and
     the pool runs whole batches (workers.execute.run_batch)."""
 
-    Strategy = "workers.dispatcher:batching_strategy"
+    Strategy = "workers.strategy:batching_strategy"
     acks_late = True
     reject_on_worker_lost = True
     typing = False
@@ -70,7 +75,7 @@ def load_models(sender: str | None = None, **_kw) -> None:
     tracing.setup("inference-queue-worker")  # in the child: its exporter thread is its own
     index = current_process_index(base=0) or 0
     try:
-        start_runtime(celery.conf.iq_settings, celery.conf.iq_models, sender or "worker", index)
+        start_runtime(celery, sender or "worker", index)
     except BaseException:
         # Celery would only log this and keep a child that cannot run a batch: every job
         # handed to it would fail, though none is at fault; and a child that merely exits is

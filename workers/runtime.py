@@ -1,18 +1,19 @@
 """The models one pool child owns: loaded on its device after the child starts, warmed up with a
-full-size batch, announced live through a heartbeat, and run batch by batch."""
+full-size batch, announced live through a heartbeat, and run batch by batch; with the child's
+Celery app, which builds the task messages a batch queues (webhook deliveries)."""
 from __future__ import annotations
 
 import enum
 import logging
 import threading
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import redis
 
 from config import Settings
 from config.models import ModelSpec
-from tasks.errors import JobFailed
+from tasks.errors import ErrorCode, JobError
 from tasks.jobstate import JobState
 from tasks.keys import live_key
 from tasks.redis_client import connect
@@ -40,8 +41,9 @@ class State(enum.Enum):
 
 
 class ModelRuntime:
-    def __init__(self, settings: Settings, specs: dict[str, ModelSpec], models: Sequence[str],
-                 hostname: str, index: int) -> None:
+    def __init__(self, app: Any, settings: Settings, specs: dict[str, ModelSpec],
+                 models: Sequence[str], hostname: str, index: int) -> None:
+        self.app = app
         self.settings = settings
         self.all_specs = specs
         self.specs = {m: specs[m] for m in models}
@@ -91,13 +93,13 @@ class ModelRuntime:
                     time.monotonic() - started, self.member)
         return handler
 
-    def run(self, model: str, jobs: list[tuple[list, dict]]) -> list[list | JobFailed]:
+    def run(self, model: str, jobs: list[tuple[list, dict]]) -> list[list | JobError]:
         assert self.state is State.READY, f"runtime is {self.state.value}"
         handler = self.handlers.get(model)
         if handler is None:
             if model not in self.all_specs:
-                return [JobFailed("model_unavailable", f"no model {model} configured")] \
-                    * len(jobs)
+                missing = JobError(ErrorCode.MODEL_UNAVAILABLE, f"no model {model} configured")
+                return [missing] * len(jobs)
             # The worker was told to consume this model's queue after it started
             # (`celery control add_consumer`): load it now, once.
             logger.info("loading %s on first use (queue added at run time)", model)
@@ -129,7 +131,8 @@ class ModelRuntime:
         with self._redis.pipeline(transaction=False) as pipe:
             for name in list(self.specs):
                 pipe.zadd(live_key(name), {self.member: now})
-                pipe.zremrangebyscore(live_key(name), "-inf", now - 6 * self.settings.heartbeat_ttl_s)
+                pipe.zremrangebyscore(live_key(name), "-inf",
+                                      now - 6 * self.settings.heartbeat_ttl_s)
             pipe.execute()
 
     def _heartbeat(self) -> None:
@@ -143,11 +146,13 @@ class ModelRuntime:
 _runtime: ModelRuntime | None = None
 
 
-def start_runtime(settings: Settings, specs: dict[str, ModelSpec], hostname: str,
-                  index: int) -> ModelRuntime:
+def start_runtime(app: Any, hostname: str, index: int) -> ModelRuntime:
+    """This child's runtime, for `app` (its settings and models file): the models whose
+    queues the worker consumes (IQ_WORKER_MODELS), all of them by default."""
     global _runtime
+    settings, specs = app.conf.iq_settings, app.conf.iq_models
     wanted = [m for m in settings.worker_models.split(",") if m] or list(specs)
-    _runtime = ModelRuntime(settings, specs, wanted, hostname, index)
+    _runtime = ModelRuntime(app, settings, specs, wanted, hostname, index)
     _runtime.start()
     return _runtime
 

@@ -33,10 +33,11 @@ ARGV = list(sys.argv)
 
 
 class Watchdog:
-    def __init__(self, limit_s: float, dispatcher: Any,
+    def __init__(self, limit_s: float, liveness: Any,
                  clock: Callable[[], float] = monotonic) -> None:
+        """`liveness`: the worker's (workers/liveness.py): its settings, leases and pool."""
         self.limit_s = limit_s
-        self.dispatcher = dispatcher
+        self.liveness = liveness
         self.clock = clock
         self.last_beat = clock()
         self.idle_since: float | None = None
@@ -81,7 +82,7 @@ class Watchdog:
         self.active = False
 
     def _watch(self) -> None:
-        ping = redis.Redis.from_url(self.dispatcher.settings.redis_url, socket_timeout=5,
+        ping = redis.Redis.from_url(self.liveness.settings.redis_url, socket_timeout=5,
                                     socket_connect_timeout=5)
         interval = max(min(self.limit_s / 4, 5.0), 0.5)
         while True:
@@ -104,15 +105,15 @@ class Watchdog:
             faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
         except (OSError, ValueError, AttributeError):
             pass
-        dispatcher = self.dispatcher
+        liveness = self.liveness
         try:
             # Everything it holds, buffered or running, back on the queues: the children
             # running some of it are killed next.
-            dispatcher.leases.unacked.restore(dispatcher.leases.snapshot())
+            liveness.leases.unacked.restore(liveness.leases.snapshot())
         except Exception:  # noqa: BLE001 - nothing may stop the restart
             logger.warning("watchdog: could not requeue held jobs; they come back when their "
                            "leases run out")
-        for pid in dispatcher.pool_pids():
+        for pid in liveness.pool_pids():
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:

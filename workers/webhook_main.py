@@ -13,10 +13,11 @@ from kombu import Queue
 from tasks import logs
 from tasks.celery_app import make_celery
 from tasks.webhooks import QUEUE, SECRET_MISSING, enabled
-from workers import webhook_metrics
+from workers import broker, webhook_metrics
 from workers.webhooks import register
 
 celery = make_celery()
+broker.attach(celery)
 if not enabled(celery.conf.iq_settings.webhook_secret):
     raise SystemExit(f"the webhook deliverer will not start: {SECRET_MISSING}")
 celery.conf.task_queues = [Queue(QUEUE)]  # a worker started without -Q consumes deliveries

@@ -5,11 +5,12 @@
 The task's arguments are the job id and the event; its task id is the delivery's id
 (`webhook-id`, the same on every retry). An attempt reads the job's record (its webhook URL and
 owner) and result, and POSTs them signed with the owner's key (tasks/webhooks.py) through
-tasks.egress (pinned to the checked address, one deadline for the whole request). Errors, 5xx, 408 and 429 are retried with exponential
-backoff; any other answer, redirects included, is final. A host that already has
-`webhook_host_concurrency` deliveries in flight gets this one later, without spending a
-retry: a slow receiver holds a few threads, never all of them. Logs name the job, the host and
-the status, never the payload or the URL (which may carry a receiver's token).
+tasks.egress (pinned to the checked address, one deadline for the whole request). Errors, 5xx,
+408 and 429 are retried with exponential backoff; any other answer, redirects included, is
+final. A host that already has `webhook_host_concurrency` deliveries in flight gets this one
+later, without spending a retry: a slow receiver holds a few threads, never all of them. Logs
+name the job, the host and the status, never the payload or the URL (which may carry a
+receiver's token).
 """
 from __future__ import annotations
 
@@ -103,18 +104,17 @@ def delivery(jobs: JobState, delivery_id: str, job_id: str, event: str) -> Deliv
     """What to POST for `event` of the job, as its record and result stand; None when the
     record is gone (past job_ttl_s) or names no webhook."""
     job = jobs.read(job_id)
-    if job is None or not job.fields.get("webhook_url"):
+    if job is None or not job.webhook_url:
         return None
-    payload: dict[str, Any] = {"id": job_id, "model": job.fields.get("model"), "status": event}
+    payload: dict[str, Any] = {"id": job_id, "model": job.model, "status": event}
     if event == Status.SUCCEEDED.value:
         outputs = job.outputs  # kept result_ttl_s: past it, said so, as GET says it
         payload["result"] = {"outputs": outputs} if outputs is not None else None
         if outputs is None:
             payload["result_expired"] = True
     elif job.error is not None:
-        payload["error"] = {"code": job.error.code, "message": job.error.message}
-    return Delivery(delivery_id, job.fields["webhook_url"], job.fields.get("owner", ""),
-                    payload)
+        payload["error"] = job.error.to_dict()
+    return Delivery(delivery_id, job.webhook_url, job.owner, payload)
 
 
 def attempt(what: Delivery, settings: Settings, slots: HostSlots) -> Attempt:

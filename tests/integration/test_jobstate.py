@@ -9,8 +9,15 @@ import orjson
 import pytest
 import redis
 
-from tasks.jobstate import (Final, IdempotencyMismatch, JobError, JobState, Overloaded,
-                            QueuedMessage, Status)
+from tasks import results
+from tasks.errors import ErrorCode, JobError
+from tasks.jobstate import (CancelOutcome, Final, IdempotencyMismatch, JobRecord, JobState,
+                            Overloaded, StartDecision, Status, new_job)
+from tasks.messages import QueuedMessage
+
+RUN, CANCELLED, EXPIRED, FINISHED, MISSING = (
+    StartDecision.RUN, StartDecision.CANCELLED, StartDecision.EXPIRED, StartDecision.FINISHED,
+    StartDecision.MISSING)
 
 
 @pytest.fixture
@@ -24,27 +31,34 @@ def state(client):
     return JobState(client)
 
 
+def job(job_id: str | None = None) -> JobRecord:
+    return new_job(job_id or str(uuid.uuid4()), model="m", trace_id="t", inputs=3,
+                   priority="high", owner="ops", encoding_format="base64")
+
+
 def submit(state: JobState, job_id: str | None = None, *, timeout_s: float = 0,
            idempotency: tuple[str, str] | None = None, max_depth: int = 100):
-    job_id = job_id or str(uuid.uuid4())
-    message = QueuedMessage("q", orjson.dumps({"id": job_id}))
-    return state.submit(job_id, {"model": "m", "created_at": "now"}, message,
-                        depth_lists=["q"], max_depth=max_depth, ttl_s=60,
+    record = job(job_id)
+    message = QueuedMessage("q", orjson.dumps({"id": record.id}))
+    return state.submit(record, message, depth_lists=["q"], max_depth=max_depth, ttl_s=60,
                         timeout_s=timeout_s, idempotency=idempotency)
 
 
 def final(job_id: str, status: Status = Status.SUCCEEDED, marker: str = "a") -> Final:
-    error = JobError("inference_error", marker) if status is Status.FAILED else None
-    return Final(job_id, status, orjson.dumps({"status": status.value, "marker": marker}),
-                 error)
+    error = JobError(ErrorCode.INFERENCE_ERROR, marker) if status is Status.FAILED else None
+    stored = results.stored(job_id, error=error) if error else \
+        results.stored(job_id, outputs=[marker])
+    return Final(job_id, status, stored, error)
 
 
 def test_submit_records_the_job_and_queues_its_message_together(state, client):
-    done = submit(state)
-    assert done.created
-    job = state.read(done.job_id)
-    assert job.status is Status.QUEUED and job.fields["model"] == "m"
-    assert [orjson.loads(m)["id"] for m in client.lrange("q", 0, -1)] == [done.job_id]
+    submitted = job()
+    done = state.submit(submitted, QueuedMessage("q", orjson.dumps({"id": submitted.id})),
+                        depth_lists=["q"], max_depth=10, ttl_s=60)
+    assert done.created and done.job_id == submitted.id
+    assert state.read(submitted.id) == submitted  # every field as it was written
+    assert state.owner_of(submitted.id) == "ops" and state.owner_of("none") is None
+    assert [orjson.loads(m)["id"] for m in client.lrange("q", 0, -1)] == [submitted.id]
 
 
 def test_a_full_queue_refuses_without_a_record(state, client):
@@ -80,44 +94,48 @@ def test_concurrent_submits_with_one_idempotency_key_make_one_job(state, client)
 
 def test_start_runs_queued_jobs_and_refuses_the_rest(state):
     queued, cancelled, done = (submit(state).job_id for _ in range(3))
-    assert state.cancel(cancelled) == "ok"
-    assert state.start([done], worker="w/0", batch="{}") == ["run"]
+    assert state.cancel(cancelled) is CancelOutcome.CANCELLED
+    assert state.start([done], worker="w/0", batch="{}") == [RUN]
     assert state.finish([final(done)], result_ttl_s=60) == [True]
     missing = str(uuid.uuid4())
     decisions = state.start([queued, cancelled, done, missing], worker="w/0", batch="{}")
-    assert decisions == ["run", "cancelled", "succeeded", "missing"]
+    assert decisions == [RUN, CANCELLED, FINISHED, MISSING]
     job = state.read(queued)
-    assert job.status is Status.RUNNING and job.fields["runs"] == "1"
+    assert job.status is Status.RUNNING and job.runs == 1 and job.worker == "w/0"
+    assert state.read(done).outputs == ["a"]
 
 
 def test_a_job_rerun_after_its_child_was_lost_runs_again(state):
     job_id = submit(state).job_id
-    assert state.start([job_id], worker="w/0", batch="{}") == ["run"]
+    assert state.start([job_id], worker="w/0", batch="{}") == [RUN]
     # Its message came back (the child died): running again is allowed, and counted.
-    assert state.start([job_id], worker="w/1", batch="{}") == ["run"]
-    assert state.read(job_id).fields["runs"] == "2"
+    assert state.start([job_id], worker="w/1", batch='{"id": "b"}') == [RUN]
+    again = state.read(job_id)
+    assert again.runs == 2 and again.worker == "w/1" and again.batch == {"id": "b"}
 
 
-def test_terminal_states_are_final(state):
+def test_terminal_states_are_final(state, client):
     job_id = submit(state).job_id
     state.start([job_id], worker="w/0", batch="{}")
     assert state.finish([final(job_id, Status.FAILED, "first")], result_ttl_s=60) == [True]
     before = state.read(job_id)
     # A duplicate run's success, a cancel and a restart change nothing, timestamps included.
     assert state.finish([final(job_id, Status.SUCCEEDED, "second")], result_ttl_s=60) == [False]
-    assert state.cancel(job_id) == "failed"
-    assert state.start([job_id], worker="w/9", batch="{}") == ["failed"]
+    assert state.cancel(job_id) is CancelOutcome.TOO_LATE
+    assert state.start([job_id], worker="w/9", batch="{}") == [FINISHED]
     after = state.read(job_id)
-    assert after.status is Status.FAILED and after.meta["marker"] == "first"
-    assert after.fields == before.fields
-    assert after.error == JobError("inference_error", "first")
+    assert after.status is Status.FAILED and after.finished_at is not None
+    assert after == before
+    assert after.error == JobError(ErrorCode.INFERENCE_ERROR, "first")
+    stored = orjson.loads(client.get(f"celery-task-meta-{job_id}"))
+    assert stored["result"]["exc_message"] == ["inference_error", "first"]
 
 
 def test_finish_queues_a_webhook_only_with_the_transition(state, client):
     job_id = submit(state).job_id
     state.start([job_id], worker="w/0", batch="{}")
     hook = QueuedMessage("hooks", b'{"hook": 1}')
-    done = Final(job_id, Status.SUCCEEDED, b'{"status": "SUCCESS"}', None, hook)
+    done = Final(job_id, Status.SUCCEEDED, results.stored(job_id, outputs=[]), None, hook)
     assert state.finish([done], result_ttl_s=60) == [True]
     assert state.finish([done], result_ttl_s=60) == [False]
     assert client.llen("hooks") == 1
@@ -142,8 +160,8 @@ def test_expiry_is_decided_by_redis_time_once(state, client):
     assert state.read(job_id).status is Status.QUEUED
     client.hset(f"iq:job:{job_id}", "expires_at", f"{deadline - 60:.3f}")  # as if 30 s passed
     assert state.read(job_id).status is Status.EXPIRED
-    assert state.start([job_id], worker="w/0", batch="{}") == ["expired"]
-    assert state.cancel(job_id) == "expired"
+    assert state.start([job_id], worker="w/0", batch="{}") == [EXPIRED]
+    assert state.cancel(job_id) is CancelOutcome.TOO_LATE
 
 
 def test_a_started_job_does_not_expire(state, client):

@@ -1,6 +1,6 @@
-"""The dispatcher's order of things (workers/dispatcher.py), with a fake pool and timer: a
-freed child gets its next batch before the last batch is acknowledged, and a batch's acks go
-to Redis together."""
+"""The dispatcher's order of things (workers/dispatcher.py, workers/settlement.py), with a fake
+pool and timer: a freed child gets its next batch before the last batch is acknowledged, and
+a batch's acks go to Redis together."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,8 +9,9 @@ from typing import Any
 
 from config import load_settings
 from config.models import parse_model
+from workers.broker import Broker
 from workers.dispatcher import PoolDispatcher
-from workers.execute import JobOutcome, Outcome
+from workers.batch import JobOutcome, Outcome
 
 
 class FakePool:
@@ -85,7 +86,7 @@ def dispatcher() -> tuple[PoolDispatcher, FakePool, FakeTimer, FakeUnacked]:
     spec = parse_model("m", {"kind": "synthetic", "max_batch_size": 4}, base=None)
     app = SimpleNamespace(conf=SimpleNamespace(
         iq_settings=load_settings({"redis_url": "redis://127.0.0.1:1/0"}, environ={}),
-        iq_models={"m": spec}))
+        iq_models={"m": spec}, iq_broker=Broker()))
     consumer = SimpleNamespace(app=app, pool=pool, timer=timer, connection=object(),
                                hostname="w@test")
     d = PoolDispatcher(consumer)
@@ -96,7 +97,7 @@ def dispatcher() -> tuple[PoolDispatcher, FakePool, FakeTimer, FakeUnacked]:
 
 def receive(d: PoolDispatcher, job_id: str) -> FakeRequest:
     request = FakeRequest(job_id)
-    request._on_ack, _reject = d.callbacks(request.message)
+    request._on_ack, _reject = d.settlement.callbacks(request.message)
     d.leases.hold(request.message)
     d.submit("m", request)
     return request
@@ -105,13 +106,13 @@ def receive(d: PoolDispatcher, job_id: str) -> FakeRequest:
 def test_a_freed_child_gets_its_next_batch_before_the_last_one_is_acknowledged():
     d, pool, timer, unacked = dispatcher()
     first = receive(d, "a")
-    assert [r[0] for r in pool.calls[0]["args"][1]] == ["a"]  # idle worker: at once
+    assert [job.id for job in pool.calls[0]["args"][1]] == ["a"]  # idle worker: at once
     second, third = receive(d, "b"), receive(d, "c")
     assert len(pool.calls) == 1  # the only child is busy: they wait in the buffer
 
     pool.calls[0]["callback"]([JobOutcome("a", Outcome.SUCCEEDED, 0.1, 1)])
     # The next batch went to the child at once; the last one's acks wait for the timer.
-    assert [r[0] for r in pool.calls[1]["args"][1]] == ["b", "c"]
+    assert [job.id for job in pool.calls[1]["args"][1]] == ["b", "c"]
     assert unacked.acked == [] and not first.acknowledged
     assert [delay for delay, _fn, _args in timer.due] == [0.001]
 

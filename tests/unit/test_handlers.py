@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from config.models import ModelSpec
-from tasks.errors import JobFailed
+from tasks.errors import JobError
 from workers.handlers.tensor import SyntheticHandler
 
 
@@ -17,7 +17,7 @@ def test_a_failing_job_fails_alone():
     h.initialize()
     results = h.run([(["a"], {}), (["!fail", "b"], {}), (["ccc"], {})])
     assert results[0] == [1] and results[2] == [3]
-    assert isinstance(results[1], JobFailed) and results[1].code == "inference_error"
+    assert isinstance(results[1], JobError) and results[1].code == "inference_error"
 
 
 class OomAbove(SyntheticHandler):
@@ -46,7 +46,7 @@ def test_out_of_memory_at_batch_one_fails_the_job():
     h.limit = 0
     h.calls = []
     (result,) = h.run([(["x", "y"], {})])
-    assert isinstance(result, JobFailed) and "OutOfMemoryError" in result.message
+    assert isinstance(result, JobError) and "OutOfMemoryError" in result.message
 
 
 def test_a_model_returning_the_wrong_number_of_outputs_is_caught():
@@ -55,4 +55,4 @@ def test_a_model_returning_the_wrong_number_of_outputs_is_caught():
             return [0] * (len(batch) - 1)
 
     (result,) = Short(spec(), "cpu").run([(["a", "b"], {})])
-    assert isinstance(result, JobFailed) and "returned 1 outputs for 2 inputs" in result.message
+    assert isinstance(result, JobError) and "returned 1 outputs for 2 inputs" in result.message

@@ -14,7 +14,7 @@ class Clock:
 
 def watchdog(limit: float = 60.0) -> tuple[Watchdog, Clock, list[str]]:
     clock = Clock()
-    dog = Watchdog(limit, dispatcher=None, clock=clock)
+    dog = Watchdog(limit, liveness=None, clock=clock)
     restarts: list[str] = []
     dog.restart = restarts.append  # type: ignore[method-assign]
     dog.active = True

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
 from config.models import ModelSpec
-from tasks.errors import JobFailed
+from tasks.errors import ErrorCode, JobError
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class Handler(ABC):
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
 
-    def run(self, jobs: Sequence[Job]) -> list[list | JobFailed]:
+    def run(self, jobs: Sequence[Job]) -> list[list | JobError]:
         flat = [item for inputs, _opts in jobs for item in inputs]
         try:
             outputs = self.predict(flat)
@@ -114,7 +114,7 @@ class Handler(ABC):
             logger.warning("batch of %d jobs failed on %s; retrying each alone",
                            len(jobs), self.spec.name, exc_info=True)
             return [self._run_one(job) for job in jobs]
-        results: list[list | JobFailed] = []
+        results: list[list | JobError] = []
         start = 0
         for inputs, options in jobs:
             chunk = outputs[start:start + len(inputs)]
@@ -125,13 +125,13 @@ class Handler(ABC):
                 results.append(self._failure(exc))
         return results
 
-    def _run_one(self, job: Job) -> list | JobFailed:
+    def _run_one(self, job: Job) -> list | JobError:
         inputs, options = job
         try:
             return self.finalize(self.predict(inputs), options)
         except Exception as exc:
             return self._failure(exc)
 
-    def _failure(self, exc: BaseException) -> JobFailed:
+    def _failure(self, exc: BaseException) -> JobError:
         logger.warning("job failed on %s: %r", self.spec.name, exc)
-        return JobFailed("inference_error", f"{type(exc).__name__}: {exc}")
+        return JobError(ErrorCode.INFERENCE_ERROR, f"{type(exc).__name__}: {exc}")

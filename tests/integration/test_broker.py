@@ -1,4 +1,5 @@
-"""kombu's Redis transport as make_celery adjusts it (tasks/transport.py), on a real Redis."""
+"""kombu and Celery as a worker adjusts them (workers/broker/), on a real Redis: each
+adjustment works, and what it relies on is still where it was."""
 from __future__ import annotations
 
 import base64
@@ -7,7 +8,11 @@ import kombu
 import pytest
 import redis
 
-from tasks import transport
+from tasks.messages import task_message
+from tasks.names import list_for
+from workers.broker import Broker, Unacked, installed
+from workers.broker.events import EVENT_FLUSH_S
+from workers.broker.unacked import UNACKED, UNACKED_INDEX
 
 
 @pytest.fixture
@@ -15,8 +20,15 @@ def redis_url(redis_server):
     return redis_server.extra["url"]
 
 
-def test_a_channel_reuses_one_client_and_follows_a_new_pool(redis_url):
-    transport.install()
+@pytest.fixture
+def broker():
+    """A worker's adjustments, installed for the test and taken out after it."""
+    broker = Broker().install()
+    yield broker
+    broker.uninstall()
+
+
+def test_a_channel_reuses_one_client_and_follows_a_new_pool(redis_url, broker):
     with kombu.Connection(redis_url) as conn:
         channel = conn.default_channel
         with channel.conn_or_acquire() as first, channel.conn_or_acquire() as second:
@@ -30,8 +42,7 @@ def test_a_channel_reuses_one_client_and_follows_a_new_pool(redis_url):
             assert renewed.ping()
 
 
-def test_messages_still_flow_and_acks_clear_the_unacked_index(redis_url):
-    transport.install()
+def test_messages_still_flow_and_acks_clear_the_unacked_index(redis_url, broker):
     queue = kombu.Queue("iq-transport-test")
     with kombu.Connection(redis_url) as conn:
         publish(conn, queue, {"n": 1})
@@ -44,7 +55,7 @@ def test_messages_still_flow_and_acks_clear_the_unacked_index(redis_url):
         assert server.zcard("unacked_index") == 0
 
 
-# -- what tasks/transport.py relies on, checked against the installed kombu and Celery ----
+# -- what workers/broker/ relies on, checked against the installed kombu and Celery ------
 
 def make_app(redis_url: str):
     from config import load_settings
@@ -54,8 +65,7 @@ def make_app(redis_url: str):
 
 
 def empty_queue(redis_url: str, name: str) -> tuple[kombu.Queue, redis.Redis]:
-    """A queue with nothing on it, and a client of its Redis, with the transport adjusted."""
-    make_app(redis_url)  # installs the transport adjustments
+    """A queue with nothing on it, and a client of its Redis."""
     server = redis.Redis.from_url(redis_url)
     server.delete(name)
     return kombu.Queue(name), server
@@ -67,18 +77,17 @@ def publish(conn: kombu.Connection, queue: kombu.Queue, *payloads: dict) -> None
                                 serializer="json")
 
 
-def test_kombu_keeps_unacked_messages_where_transport_expects_them(redis_url):
+def test_kombu_keeps_unacked_messages_where_the_broker_expects_them(redis_url, broker):
     app = make_app(redis_url)
     with app.connection_for_write() as conn:
         channel = conn.default_channel
-        assert (channel.unacked_key, channel.unacked_index_key) == \
-            (transport.UNACKED, transport.UNACKED_INDEX)
+        assert (channel.unacked_key, channel.unacked_index_key) == (UNACKED, UNACKED_INDEX)
         assert hasattr(channel.qos, "_delivered")
         for priority in (0, 3, 5, 7, 9):
-            assert transport.list_for("q", priority) == channel._q_for_pri("q", priority)
+            assert list_for("q", priority) == channel._q_for_pri("q", priority)
 
 
-def test_the_event_loop_connections_never_retry(redis_url):
+def test_the_event_loop_connections_never_retry(redis_url, broker):
     app = make_app(redis_url)
     with app.connection_for_write() as conn:
         channel = conn.default_channel
@@ -96,7 +105,7 @@ def test_a_built_message_is_what_send_task_publishes(redis_url):
     app.send_task("iq.infer.probe", kwargs=kwargs, task_id="t-1", queue="probe", priority=5,
                   headers={"trace_id": "x"})
     sent = json.loads(server.rpop("probe\x06\x165"))
-    built = transport.task_message(app, "iq.infer.probe", "t-1", kwargs, queue="probe",
+    built = task_message(app, "iq.infer.probe", "t-1", kwargs, queue="probe",
                                    priority=5, headers={"trace_id": "x"})
     mine = json.loads(built.payload)
     assert built.list_key == "probe\x06\x165"
@@ -113,53 +122,51 @@ def test_task_events_show_a_summary_not_the_inputs(redis_url):
     import json
 
     app = make_app(redis_url)
-    built = transport.task_message(app, "iq.infer.probe", "t-2", {"inputs": ["secret text"]},
+    built = task_message(app, "iq.infer.probe", "t-2", {"inputs": ["secret text"]},
                                    queue="probe", priority=5,
                                    summary={"model": "probe", "inputs": 1})
     headers = json.loads(built.payload)["headers"]
     assert "secret" not in headers["kwargsrepr"] and "'inputs': 1" in headers["kwargsrepr"]
 
 
-def test_unacked_renew_ack_and_restore_by_tag(redis_url):
+def test_unacked_renew_ack_and_restore_by_tag(redis_url, broker):
     queue, server = empty_queue(redis_url, "iq-lease-test")
-    unacked = transport.Unacked(server)
+    unacked = Unacked(server, broker)
     with kombu.Connection(redis_url) as conn:
         publish(conn, queue, *({"n": n} for n in range(3)))
         got = [queue(conn.default_channel).get(no_ack=False) for _ in range(3)]
         tags = [m.delivery_tag for m in got]
         # A lease pushes the delivery time forward, and never re-creates an acked entry.
         unacked.renew(tags, now=4_000_000_000)
-        assert server.zscore(transport.UNACKED_INDEX, tags[0]) == 4_000_000_000
+        assert server.zscore(UNACKED_INDEX, tags[0]) == 4_000_000_000
         unacked.ack([tags[0]])
         unacked.renew(tags)
-        assert server.zscore(transport.UNACKED_INDEX, tags[0]) is None
-        assert server.hlen(transport.UNACKED) == 2
+        assert server.zscore(UNACKED_INDEX, tags[0]) is None
+        assert server.hlen(UNACKED) == 2
         # Restored at most once, to the head of the queue, as kombu would.
         assert unacked.restore(tags) == 2
         assert unacked.restore(tags) == 0
-        assert server.hlen(transport.UNACKED) == 0 and server.llen("iq-lease-test") == 2
+        assert server.hlen(UNACKED) == 0 and server.llen("iq-lease-test") == 2
         again = queue(conn.default_channel).get(no_ack=True)
         assert again.payload == {"n": 1} and again.delivery_info.get("redelivered")
 
 
-def test_closing_a_channel_leaves_what_the_dispatcher_holds(redis_url):
+def test_closing_a_channel_leaves_what_the_dispatcher_holds(redis_url, broker):
     queue, server = empty_queue(redis_url, "iq-held-test")
     with kombu.Connection(redis_url) as conn:
         publish(conn, queue, {"n": 0}, {"n": 1})
         channel = conn.channel()
         held, free = (queue(channel).get(no_ack=False) for _ in range(2))
-        transport.HELD.add(held.delivery_tag)
-        try:
-            channel.close()
-        finally:
-            transport.HELD.discard(held.delivery_tag)
+        broker.held[held.delivery_tag] = held
+        channel.close()
         # The free one went back to the queue; the held one is still this worker's.
         assert server.llen("iq-held-test") == 1
-        assert server.hexists(transport.UNACKED, held.delivery_tag)
-        assert not server.hexists(transport.UNACKED, free.delivery_tag)
+        assert server.hexists(UNACKED, held.delivery_tag)
+        assert not server.hexists(UNACKED, free.delivery_tag)
 
 
-def test_a_message_redis_refused_to_record_is_kept_then_put_back(redis_url, redis_server):
+def test_a_message_redis_refused_to_record_is_kept_then_put_back(redis_url, redis_server,
+                                                                  broker):
     queue, server = empty_queue(redis_url, "iq-full-test")
     admin = redis.Redis.from_url(redis_server.extra["admin_url"])
     with kombu.Connection(redis_url) as conn:
@@ -172,16 +179,17 @@ def test_a_message_redis_refused_to_record_is_kept_then_put_back(redis_url, redi
             # would have lost it; it is kept here, its only copy.
             assert message.payload == {"n": 7}
             assert server.llen("iq-full-test") == 0
-            assert not server.hexists(transport.UNACKED, message.delivery_tag)
-            assert message.delivery_tag in transport.UNRECORDED
+            assert not server.hexists(UNACKED, message.delivery_tag)
+            assert message.delivery_tag in broker.unrecorded
         finally:
             admin.config_set("maxmemory", 0)
-        assert transport.Unacked(server).restore([message.delivery_tag]) == 1
-        assert not transport.UNRECORDED
+        assert Unacked(server, broker).restore([message.delivery_tag]) == 1
+        assert not broker.unrecorded
         assert queue(conn.default_channel).get(no_ack=True).payload == {"n": 7}
 
 
-def test_one_fetch_takes_what_waits_up_to_the_prefetch_limit_and_records_each(redis_url):
+def test_one_fetch_takes_what_waits_up_to_the_prefetch_limit_and_records_each(redis_url,
+                                                                              broker):
     import json
 
     queue, server = empty_queue(redis_url, "iq-fetch-test")
@@ -201,29 +209,28 @@ def test_one_fetch_takes_what_waits_up_to_the_prefetch_limit_and_records_each(re
             assert brpops[1] - brpops[0] == 1
             # Each is recorded as kombu records it: its message, exchange and routing key.
             for m in got:
-                message, exchange, routing_key = json.loads(server.hget(transport.UNACKED,
+                message, exchange, routing_key = json.loads(server.hget(UNACKED,
                                                                         m.delivery_tag))
                 assert message == m._raw and (exchange, routing_key) == ("", queue.name)
-                assert server.zscore(transport.UNACKED_INDEX, m.delivery_tag) is not None
-            assert not transport.PRERECORDED
+                assert server.zscore(UNACKED_INDEX, m.delivery_tag) is not None
+            assert not broker.prerecorded
             got[0].ack()
             # A fetched message goes back to its queue like any other.
-            assert transport.Unacked(server).restore([got[2].delivery_tag]) == 1
+            assert Unacked(server, broker).restore([got[2].delivery_tag]) == 1
             assert server.llen("iq-fetch-test") == 3
             got[1].ack()
         tags = [m.delivery_tag for m in got]
-        assert server.hmget(transport.UNACKED, tags) == [None] * 3
-        assert all(server.zscore(transport.UNACKED_INDEX, t) is None for t in tags)
+        assert server.hmget(UNACKED, tags) == [None] * 3
+        assert all(server.zscore(UNACKED_INDEX, t) is None for t in tags)
 
 
-def test_task_events_wait_a_few_milliseconds_to_leave_together():
+def test_task_events_wait_a_few_milliseconds_to_leave_together(broker):
     import inspect
 
     from celery.events.dispatcher import EventDispatcher
     from celery.worker.consumer import events
     from celery.worker.consumer.consumer import Consumer
 
-    transport.install()
     # Celery's worker buffers task events and has the consumer schedule their flush.
     assert "on_send_buffered=c.on_send_event_buffered" in inspect.getsource(events.Events.start)
     assert "on_send_buffered" in inspect.signature(EventDispatcher).parameters
@@ -242,8 +249,126 @@ def test_task_events_wait_a_few_milliseconds_to_leave_together():
     for _ in range(5):
         consumer.on_send_event_buffered()
     [(delay, callback, args)] = consumer.hub.later
-    assert delay == transport.EVENT_FLUSH_S and not flushed
+    assert delay == EVENT_FLUSH_S and not flushed
     callback(*args)
     assert flushed == [1]
     consumer.on_send_event_buffered()  # a new event after the flush is flushed again
     assert len(consumer.hub.later) == 2
+
+
+def test_the_pool_adjustments_replace_what_celery_calls():
+    import inspect
+    from types import SimpleNamespace
+
+    from celery.concurrency import prefork
+    from celery.worker import control
+    from celery.worker.consumer.consumer import Consumer
+
+    from workers.broker.pool import guard_pool_growth, keep_batches_through_reconnects
+
+    # A reconnect flushes the pool through the pool object's own `flush`, set per pool.
+    assert "self.pool.flush()" in inspect.getsource(Consumer.on_close)
+    assert "self.flush = " in inspect.getsource(prefork.TaskPool.on_start)
+    # `control pool_grow` (and autoscale) grow it through the pool object's `grow`.
+    assert "state.consumer.pool.grow(n)" in inspect.getsource(control.pool_grow)
+
+    grown = []
+    pool = SimpleNamespace(num_processes=1, grow=grown.append, flush=lambda: grown.clear())
+    guard_pool_growth(pool, gpus=1)
+    keep_batches_through_reconnects(pool)
+    assert pool.grow(1) is None and grown == []  # past the GPU count: refused
+    pool.num_processes = 0
+    pool.grow(1)
+    pool.flush()
+    assert grown == [1]  # the flush dropped nothing
+
+
+def test_a_stored_result_is_what_celery_stores_and_reads(redis_url):
+    import orjson
+
+    from tasks import results
+    from tasks.errors import JobError
+    from tasks.keys import result_key
+
+    app = make_app(redis_url)
+    server = redis.Redis.from_url(redis_url)
+    failure = JobError("inference_error", "boom")
+    for job_id, mine, theirs, state in (
+            ("r-ok", results.stored("r-ok", outputs=[[0.5, 1.0]]), {"outputs": [[0.5, 1.0]]},
+             "SUCCESS"),
+            ("r-failed", results.stored("r-failed", error=failure), failure, "FAILURE")):
+        app.backend.store_result(job_id, theirs, state)  # Celery's own, public route
+        stored = orjson.loads(server.get(result_key(job_id)))
+        written = orjson.loads(mine)
+        assert stored.pop("date_done") and written.pop("date_done")
+        assert written == stored
+        server.set(result_key(job_id), mine)
+        assert app.AsyncResult(job_id).state == state
+    assert app.AsyncResult("r-ok").result == {"outputs": [[0.5, 1.0]]}
+    assert results.outputs_of(server.get(result_key("r-ok"))) == [[0.5, 1.0]]
+    read_back = app.AsyncResult("r-failed").result
+    assert isinstance(read_back, JobError) and read_back.code == "inference_error"
+    assert results.outputs_of(server.get(result_key("r-failed"))) is None
+
+
+def test_only_a_starting_worker_adjusts_kombu_and_celery():
+    """The API, Flower's and the CLI's app (tasks.cli) run kombu and Celery as shipped; so
+    does a process that merely imports a worker entry module. A worker installs its Broker
+    when it starts, in its main process."""
+    import subprocess
+    import sys
+
+    from scripts.stack import ROOT
+
+    code = """
+import os
+from celery import signals
+from app import create_app
+import tasks.cli
+from workers.broker import installed
+create_app()
+assert installed() is None, "the API or tasks.cli adjusted kombu"
+os.environ['IQ_WEBHOOK_SECRET'] = 's3cret'
+import workers.main, workers.webhook_main
+assert installed() is None, "importing a worker entry module adjusted kombu"
+class Worker:  # what Celery sends worker_init with: its WorkController
+    app = workers.main.celery
+signals.worker_init.send(sender=Worker())
+assert installed() is workers.main.celery.conf.iq_broker
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_a_moved_method_fails_the_install_loudly():
+    from kombu.transport import redis as kombu_redis
+
+    from workers.broker.patch import Patch
+
+    class Moved(kombu_redis.QoS):  # `append` is inherited here, not defined
+        pass
+
+    with pytest.raises(RuntimeError, match="no longer defines append"):
+        Patch(Moved, "append", lambda original: original).apply()
+    assert installed() is None
+    first = Broker().install()
+    try:
+        with pytest.raises(RuntimeError, match="another Broker"):
+            Broker().install()
+        assert first.install() is first
+    finally:
+        first.uninstall()
+    assert installed() is None
+
+
+def test_a_pickled_broker_arrives_empty_and_uninstalled(broker):
+    """The app's configuration holds the Broker and is pickled for every spawned pool
+    child: the child's copy is a fresh one."""
+    import pickle
+
+    broker.held["t"] = object()
+    broker.unrecorded["t"] = "[]"
+    copy = pickle.loads(pickle.dumps(broker))
+    assert isinstance(copy, Broker) and copy is not broker
+    assert not copy.held and not copy.unrecorded and installed() is broker

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 import redis
 
-from tasks import transport
+from workers.broker.unacked import Unacked, release_in_memory
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +29,12 @@ def tag_of(message: Any) -> str:
 
 
 class Leases:
-    def __init__(self, unacked: transport.Unacked) -> None:
+    def __init__(self, unacked: Unacked) -> None:
         self.unacked = unacked
-        # delivery tag → the message this worker holds under it. A tag can come back on a
-        # newer delivery of the same message; only the newest holder may settle it.
-        self.held: dict[str, Any] = {}
+        # delivery tag → the message this worker holds under it (the Broker's, which a
+        # closing channel reads). A tag can come back on a newer delivery of the same message;
+        # only the newest holder may settle it.
+        self.held: dict[str, Any] = unacked.state.held
         self.to_ack: dict[str, Any] = {}
         self.to_restore: dict[str, Any] = {}
 
@@ -43,7 +44,6 @@ class Leases:
     def hold(self, message: Any) -> None:
         tag = tag_of(message)
         self.held[tag] = message
-        transport.HELD.add(tag)
 
     def _owned(self, message: Any) -> bool:
         """Whether settling `message` is this holder's business: it is held, or nobody holds
@@ -55,8 +55,7 @@ class Leases:
         tag = tag_of(message)
         if self.held.get(tag) is message:
             del self.held[tag]
-            transport.HELD.discard(tag)
-        transport.release_in_memory(message)
+        release_in_memory(message)
 
     def ack(self, messages: Iterable[Any]) -> None:
         """Done with these: remove them from Redis for good (one round trip)."""
@@ -93,7 +92,7 @@ class Leases:
             self.unacked.record_kept()
         except redis.RedisError as exc:
             logger.warning("Redis still refuses to record %d fetched message(s): %s",
-                           len(transport.UNRECORDED), exc)
+                           len(self.unacked.state.unrecorded), exc)
         self._flush()
         try:
             self.unacked.renew([*self.held, *self.to_ack, *self.to_restore])

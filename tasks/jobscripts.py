@@ -1,0 +1,140 @@
+"""The Lua scripts that move a job (tasks/jobstate.py runs them): one per move, each decided
+once, inside Redis. The record's field names here are the ones `JobRecord` reads and writes."""
+from __future__ import annotations
+
+from tasks.keys import DONE_PREFIX, JOB_PREFIX
+
+# Redis's own clock, for deadlines: one clock for every process that decides expiry.
+# (redis.replicate_commands lets a script write after reading TIME on Redis 6; a no-op on 7+.)
+_CLOCK = """
+redis.replicate_commands()
+local t = redis.call('time')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+"""
+
+# Expire a queued job whose deadline passed: KEY is the record, `id` its job id.
+_EXPIRE_IF_DUE = """
+local function expire_if_due(key, id, status, expires_at, finished_at, error)
+  if status == 'queued' and expires_at and expires_at ~= '' and now > tonumber(expires_at) then
+    redis.call('hset', key, 'status', 'expired', 'finished_at', finished_at, 'error', error)
+    redis.call('publish', '""" + DONE_PREFIX + """' .. id, 'expired')
+    return true
+  end
+  return false
+end
+"""
+
+_ID_OF = f"local function id_of(key) return string.sub(key, {len(JOB_PREFIX) + 1}) end\n"
+
+# KEYS: record, idempotency claim, target list, then the model's queue lists (for its depth).
+# ARGV: job id, ttl, max depth, timeout_s (0: none), request digest ('' : no idempotency key),
+#       message, memory headroom (share of maxmemory kept free), then the record's field/value
+#       pairs.
+SUBMIT = _CLOCK + """
+local ttl = tonumber(ARGV[2])
+local memory = redis.call('info', 'memory')
+local cap = tonumber(string.match(memory, 'maxmemory:(%d+)'))
+local used = tonumber(string.match(memory, 'used_memory:(%d+)'))
+if cap > 0 and used > (1 - tonumber(ARGV[7])) * cap then
+  return {'full', used .. ' ' .. cap}
+end
+if ARGV[5] ~= '' then
+  local earlier = redis.call('get', KEYS[2])
+  if earlier then
+    local sep = string.find(earlier, ' ', 1, true)
+    if string.sub(earlier, sep + 1) ~= ARGV[5] then return {'mismatch', ''} end
+    return {'existing', string.sub(earlier, 1, sep - 1)}
+  end
+end
+local depth = 0
+for i = 4, #KEYS do depth = depth + redis.call('llen', KEYS[i]) end
+if depth >= tonumber(ARGV[3]) then return {'overloaded', ''} end
+local fields = {}
+for i = 8, #ARGV do fields[#fields + 1] = ARGV[i] end
+local timeout = tonumber(ARGV[4])
+if timeout > 0 then
+  fields[#fields + 1] = 'expires_at'
+  fields[#fields + 1] = string.format('%.3f', now + timeout)
+end
+redis.call('hset', KEYS[1], unpack(fields))
+redis.call('expire', KEYS[1], ttl)
+if ARGV[5] ~= '' then redis.call('set', KEYS[2], ARGV[1] .. ' ' .. ARGV[5], 'EX', ttl) end
+redis.call('lpush', KEYS[3], ARGV[6])
+return {'created', ARGV[1]}
+"""
+
+# KEYS: the batch's records. ARGV: started_at, worker, batch (JSON), finished_at, expired error.
+# Returns, per job, a StartDecision: 'run', or why it must not run ('missing', 'cancelled',
+# 'expired', or 'finished': it succeeded or failed already).
+START = _CLOCK + _EXPIRE_IF_DUE + _ID_OF + """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local f = redis.call('hmget', key, 'status', 'expires_at')
+  local status = f[1]
+  if not status then
+    out[i] = 'missing'
+  elseif expire_if_due(key, id_of(key), status, f[2], ARGV[4], ARGV[5]) then
+    out[i] = 'expired'
+  elseif status == 'queued' or status == 'running' then
+    redis.call('hset', key, 'status', 'running', 'started_at', ARGV[1], 'worker', ARGV[2],
+               'batch', ARGV[3])
+    redis.call('hincrby', key, 'runs', 1)
+    out[i] = 'run'
+  elseif status == 'cancelled' or status == 'expired' then
+    out[i] = status
+  else
+    out[i] = 'finished'
+  end
+end
+return out
+"""
+
+# KEYS: (record, stored result) per job. ARGV: finished_at, result ttl, then per job: status,
+# stored result, error ('' : none), webhook list ('' : none), webhook message.
+# Returns, per job, 1 when it took its terminal status here, 0 when it already had one.
+FINISH = _ID_OF + """
+local out = {}
+local ttl = tonumber(ARGV[2])
+for i = 1, #KEYS / 2 do
+  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 2 + 5 * (i - 1)
+  local status = redis.call('hget', key, 'status')
+  if status == 'queued' or status == 'running' then
+    redis.call('hset', key, 'status', ARGV[a + 1], 'finished_at', ARGV[1])
+    if ARGV[a + 3] ~= '' then redis.call('hset', key, 'error', ARGV[a + 3]) end
+    redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)
+    if ARGV[a + 4] ~= '' then redis.call('lpush', ARGV[a + 4], ARGV[a + 5]) end
+    redis.call('publish', '""" + DONE_PREFIX + """' .. id_of(key), ARGV[a + 1])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+# KEYS: record. ARGV: now (ISO), cancelled error, expired error. Returns a CancelOutcome:
+# 'cancelled', 'missing', or 'too_late' (running or terminal: its status says which).
+CANCEL = _CLOCK + _EXPIRE_IF_DUE + _ID_OF + """
+local f = redis.call('hmget', KEYS[1], 'status', 'expires_at')
+local status = f[1]
+if not status then return 'missing' end
+if expire_if_due(KEYS[1], id_of(KEYS[1]), status, f[2], ARGV[1], ARGV[3])
+    or status ~= 'queued' then
+  return 'too_late'
+end
+redis.call('hset', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[1], 'error', ARGV[2])
+redis.call('publish', '""" + DONE_PREFIX + """' .. id_of(KEYS[1]), 'cancelled')
+return 'cancelled'
+"""
+
+# KEYS: record, stored result. ARGV: now (ISO), expired error. Returns {fields, the stored
+# result of a job that succeeded, or false}.
+READ = _CLOCK + _EXPIRE_IF_DUE + _ID_OF + """
+local f = redis.call('hmget', KEYS[1], 'status', 'expires_at')
+if not f[1] then return {} end
+expire_if_due(KEYS[1], id_of(KEYS[1]), f[1], f[2], ARGV[1], ARGV[2])
+local meta = false
+local status = redis.call('hget', KEYS[1], 'status')
+if status == 'succeeded' then meta = redis.call('get', KEYS[2]) end
+return {redis.call('hgetall', KEYS[1]), meta}
+"""

@@ -1,0 +1,86 @@
+"""What a worker's main process and its pool child exchange for one batch, as small typed
+values: the jobs (`BatchJob`), and per job an outcome (`JobOutcome`). And each job's terminal
+step (`Final`: status, stored result, webhook), built the same way by the child from the
+model's results and by the parent for a batch that never returned."""
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from tasks import results
+from tasks.errors import JobError
+from tasks.jobstate import Final, StartDecision, Status
+from tasks.messages import JobArgs, QueuedMessage, task_message
+from tasks.names import PRIORITIES
+from tasks.webhooks import DELIVER_TASK
+from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
+
+_TRACE_HEADERS = ("trace_id", "traceparent", "tracestate")
+
+
+def trace_headers(request: Any) -> dict[str, str]:
+    """A received job's trace id and W3C trace context, from its message headers."""
+    found = request.request_dict
+    nested = found.get("headers") or {}
+    return {k: found.get(k) or nested.get(k) for k in _TRACE_HEADERS
+            if found.get(k) or nested.get(k)}
+
+
+class BatchJob(NamedTuple):
+    """One job of a batch, as the parent hands it to a child (pickled: a tuple is cheap)."""
+    id: str
+    args: JobArgs
+    trace: dict[str, str]  # its trace id and W3C trace context, where it has them
+
+    @classmethod
+    def of(cls, request: Any) -> BatchJob:
+        """From Celery's `Request` for the job."""
+        return cls(request.id, JobArgs.from_kwargs(request.kwargs), trace_headers(request))
+
+    @property
+    def trace_id(self) -> str | None:
+        return self.trace.get("trace_id")
+
+
+class Outcome(enum.Enum):
+    SUCCEEDED = "succeeded"  # result stored
+    FAILED = "failed"  # failure stored
+    NOT_RUN = "not_run"  # cancelled, expired, missing or already finished: acknowledge
+    RETRY = "retry"  # nothing stored (Redis unavailable): back to the queue
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    job_id: str
+    outcome: Outcome
+    runtime: float = 0.0
+    outputs: int = 0
+    error: JobError | None = None
+    reason: StartDecision | None = None  # NOT_RUN: why
+
+
+def succeeded(app: Any, job: BatchJob, outputs: list) -> Final:
+    """The job's success: its outputs, encoded as it asked, stored with its webhook."""
+    encoded = results.encode(outputs, job.args.encoding_format)
+    return Final(job.id, Status.SUCCEEDED, results.stored(job.id, outputs=encoded), None,
+                 webhook_message(app, job, Status.SUCCEEDED))
+
+
+def failed(app: Any, job: BatchJob, error: JobError) -> Final:
+    return Final(job.id, Status.FAILED, results.stored(job.id, error=error), error,
+                 webhook_message(app, job, Status.FAILED))
+
+
+def webhook_message(app: Any, job: BatchJob, status: Status) -> QueuedMessage | None:
+    """The delivery a job asked for, as a task message `finish` queues with its result. Its
+    arguments are the job and the event only: the deliverer reads the URL and the result from
+    Redis (tasks/webhooks.py), so no inspector sees them."""
+    hook = job.args.webhook
+    event = status.value
+    if not hook or event not in (hook.get("events") or ()):
+        return None
+    delivery = {"job_id": job.id, "event": event, "trace_id": job.trace_id}
+    return task_message(app, DELIVER_TASK, str(uuid.uuid4()), delivery,
+                        queue=WEBHOOK_QUEUE, priority=PRIORITIES["normal"])
