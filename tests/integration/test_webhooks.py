@@ -44,7 +44,10 @@ def hooked(tmp_path_factory):
         "IQ_WEBHOOK_ALLOW": "127.0.0.1,127.0.0.2", "IQ_WEBHOOK_SECRET": SECRET,
         "IQ_WEBHOOK_BACKOFF_S": "0.2", "IQ_WEBHOOK_RETRIES": "3",
         "IQ_WEBHOOK_TIMEOUT_S": str(TIMEOUT_S), "IQ_WEBHOOK_HOST_CONCURRENCY": "2"})
-    stack.workers["hooks"] = start_webhooks("hooks", stack.env, workdir, concurrency=4)
+    hooks = stack.workers["hooks"] = start_webhooks("hooks", stack.env, workdir, concurrency=4)
+    # Up before any test reads its metrics (a test may be the first of this module to run).
+    wait_until(lambda: requests.get(hooks.extra["metrics_url"], timeout=2).ok, 60,
+               "the webhook deliverer's metrics")
     yield stack
     stack.stop()
 

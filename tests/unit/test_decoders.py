@@ -65,6 +65,9 @@ def test_a_good_image_is_decoded_resized_and_cropped_in_a_decoder():
                               LIMITS)[:3]
 
 
+# Its 0.3 s deadline also covers the new decoder's start (a Python process): a busy neighbour
+# stretches that past it.
+@pytest.mark.serial
 def test_an_image_past_its_deadline_is_refused_and_its_decoder_replaced():
     slow = progressive_jpeg(MAX_JPEG_SCANS)  # within the cap: 64 passes over 36 MP
     decoders = pool(size=1, timeout_s=0.3)  # shortened: the default lets this one finish
@@ -76,6 +79,7 @@ def test_an_image_past_its_deadline_is_refused_and_its_decoder_replaced():
     assert len(decoders.picture(good, LIMITS)) == 224 * 224 * 3  # a new decoder
 
 
+@pytest.mark.serial  # it decodes 36 MP within the default 5 s: busy neighbours stretch that
 def test_an_image_that_needs_more_memory_than_a_decoder_has_is_refused():
     big = encode(Image.new("RGBA", (6000, 6000), (10, 200, 30, 255)), "PNG")
     small = pool(size=1, memory_mb=256)
