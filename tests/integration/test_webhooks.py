@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import subprocess
 import time
 import uuid
@@ -19,21 +18,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from scripts.stack import ROOT, VENV_BIN, launch, start_flower, start_web, start_webhooks, \
     wait_until
 from tasks.webhooks import receiver_secret, sign, signing_key
-from tests.support.receivers import Receiver, Tarpit
+from tests.support.receivers import Receiver, Tarpit, readme_receiver
 
 SECRET = "test-webhook-secret"
 TIMEOUT_S = 20  # a whole delivery; the tarpit test needs it well above its own bound
 KEYS = {"tenant-a": "key-of-tenant-a-" + uuid.uuid4().hex,
         "tenant-b": "key-of-tenant-b-" + uuid.uuid4().hex}
-
-
-def readme_receiver() -> dict:
-    """The receiver-side check of README.md's Webhooks section, run as it is written."""
-    text = (ROOT / "README.md").read_text()
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "def verify(" in b]
-    namespace: dict = {}
-    exec(compile(block, "README.md (webhook receiver)", "exec"), namespace)
-    return namespace
 
 
 @pytest.fixture(scope="module")
