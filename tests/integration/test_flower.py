@@ -84,3 +84,24 @@ def test_no_inspector_shows_the_inputs_of_a_running_or_waiting_job(stack, flower
     assert any(job_id in page for job_id in ids)  # Flower's page lists them
     for text in shown:
         assert token not in text, text[:2000]
+
+
+def test_a_task_sent_through_flower_with_a_queued_jobs_id_does_not_become_its_result(stack,
+                                                                                     flower):
+    """Flower's send-task (an operator's login) queues an inference with a waiting job's id,
+    its own inputs and the highest priority: it is not the job's own message (no token), so
+    it neither runs as the job nor finishes it; the job runs once, on its own input."""
+    blocker = stack.submit("sleepy", ["keeps the worker busy"])
+    wait_until(lambda: stack.job(blocker["id"])["status"] == "running", 30, "the blocker")
+    victim = stack.submit("sleepy", ["v"])
+    sent = requests.post(f"{flower}/api/task/send-task/iq.infer.sleepy", auth=AUTH, timeout=30,
+                         json={"kwargs": {"inputs": ["forged by a flower user"]},
+                               "task_id": victim["id"], "priority": 0})
+    assert sent.status_code == 200, sent.text
+    done = stack.finished(victim["id"])
+    assert done["status"] == "succeeded" and done["result"]["outputs"] == [1], done
+    assert stack.job(victim["id"])  # read again: nothing changed it since
+    wait_until(lambda: f"a message for job {victim['id']} that is not the job's own" in
+               stack.workers["synth"].log.read_text(errors="replace"), 30,
+               "the worker to drop the forged message")
+    stack.finished(blocker["id"])
