@@ -5,7 +5,10 @@ upright, converted to RGB, resized and centre-cropped, and its raw bytes go back
 Run as `python -I app/decoding.py MEMORY_MB`, it serves requests on stdin (frames below) until
 stdin closes, with its address space capped at MEMORY_MB: a picture that needs more is refused,
 never a danger to the API. It imports Pillow and the standard library only, so that it starts
-in a fraction of a second and holds nothing of the API (no settings, no secrets).
+in a fraction of a second and holds nothing of the API (no settings, no secrets). Before it
+reads an image it gives up what a decoder does not need (`confine`): the network (a network
+namespace of its own, where the kernel allows one), root (started as root, it becomes
+`nobody`), and any way back to more privileges (no_new_privs); and it works from `/`.
 
 The refusals before decoding, each cheap (the header, or one pass over the bytes):
 
@@ -20,13 +23,18 @@ The refusals before decoding, each cheap (the header, or one pass over the bytes
 * a progressive JPEG with more than MAX_JPEG_SCANS scans: each scan is a pass over the whole
   picture, and a few bytes make one.
 
-Frames: request `>II` (header length, data length), a JSON header (`Limits`), the image;
-answer `>BI` (OK or REFUSED, length), then the picture's RGB bytes or the reason, UTF-8.
+Frames: first, once confined, the decoder says what it gave up: an answer frame (below) whose
+body is JSON (`uid`, `network`: "none" or "shared", `no_new_privs`). Then request `>II` (header
+length, data length), a JSON header (`Limits`), the image; answer `>BI` (OK or REFUSED,
+length), then the picture's RGB bytes or the reason, UTF-8.
 """
 from __future__ import annotations
 
+import ctypes
 import io
 import json
+import os
+import pwd
 import re
 import resource
 import struct
@@ -198,9 +206,51 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         answers.flush()
 
 
+_CLONE_NEWNET, _CLONE_NEWUSER, _PR_SET_NO_NEW_PRIVS = 0x40000000, 0x10000000, 38
+
+
+def _unshared(libc: ctypes.CDLL, flags: int) -> bool:
+    return libc.unshare(flags) == 0
+
+
+def _become_nobody() -> int:
+    try:
+        nobody = pwd.getpwnam("nobody")
+        uid, gid = nobody.pw_uid, nobody.pw_gid
+    except KeyError:
+        uid = gid = 65534
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    return uid
+
+
+def confine() -> dict:
+    """Give up what decoding does not need, before any image is read; say what was given up.
+    No network: a network namespace of its own with no interface up (as root directly; as any
+    other user inside a user namespace of its own, where the kernel allows one; else the
+    network stays, 'shared'). Pillow's format plugins are imported first, while their files
+    can still be read."""
+    Image.init()
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid = os.getuid()
+    isolated = uid == 0 and _unshared(libc, _CLONE_NEWNET)
+    if uid == 0:
+        uid = _become_nobody()
+    # (In a user namespace of its own getuid() says 65534: `uid` is the one outside.)
+    isolated = isolated or _unshared(libc, _CLONE_NEWUSER | _CLONE_NEWNET)
+    os.chdir("/")
+    no_new_privs = libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+    return {"uid": uid, "network": "none" if isolated else "shared",
+            "no_new_privs": no_new_privs}
+
+
 def main(argv: list[str]) -> None:
     memory = int(argv[1]) * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    hello = json.dumps(confine()).encode()
+    sys.stdout.buffer.write(ANSWER.pack(OK, len(hello)) + hello)
+    sys.stdout.buffer.flush()
     serve(sys.stdin.buffer, sys.stdout.buffer)
 
 

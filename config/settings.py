@@ -74,10 +74,14 @@ class Settings:
     image_url_allow: str = ""
     image_fetch_deadline_s: float = 10.0
     # Image decoding (app/decoders.py): decoder processes per API process, the time each image
-    # may take and the memory (address space) each decoder may use.
+    # may take, the decoding time all of a job's images share, the memory (address space) each
+    # decoder may use, and the decoders one API key may hold at once (0: half of them, at
+    # least one; keys off: no cap).
     image_decoders: int = 2
     image_decode_timeout_s: float = 5.0
+    image_decode_budget_s: float = 10.0
     image_decode_memory_mb: int = 1024
+    image_decoders_per_key: int = 0
 
     # Workers.
     heartbeat_interval_s: float = 2.0
@@ -136,6 +140,10 @@ class Settings:
     @property
     def image_url_allow_list(self) -> list[str]:
         return [h.strip() for h in self.image_url_allow.split(",") if h.strip()]
+
+    @property
+    def decoders_per_key(self) -> int:
+        return self.image_decoders_per_key or max(1, self.image_decoders // 2)
 
 
 def _shown(name: str, value: Any) -> Any:
@@ -262,10 +270,13 @@ def _check_images(settings: Settings) -> None:
     """The image fetching and decoding limits."""
     if settings.image_decoders < 1:
         raise ConfigError(f"image_decoders must be an integer >= 1, got {settings.image_decoders}")
-    if settings.image_decode_timeout_s <= 0 or settings.image_fetch_deadline_s <= 0:
-        raise ConfigError("image_decode_timeout_s and image_fetch_deadline_s must be > 0, got "
-                          f"{settings.image_decode_timeout_s} and "
-                          f"{settings.image_fetch_deadline_s}")
+    if not 0 <= settings.image_decoders_per_key <= settings.image_decoders:
+        raise ConfigError("image_decoders_per_key must be 0 (half the decoders) to "
+                          f"image_decoders ({settings.image_decoders}), got "
+                          f"{settings.image_decoders_per_key}")
+    for name in ("image_decode_timeout_s", "image_decode_budget_s", "image_fetch_deadline_s"):
+        if getattr(settings, name) <= 0:
+            raise ConfigError(f"{name} must be > 0, got {getattr(settings, name)}")
     if settings.image_decode_memory_mb < 256:
         raise ConfigError("image_decode_memory_mb must be an integer >= 256, got "
                           f"{settings.image_decode_memory_mb}")
