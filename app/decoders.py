@@ -230,7 +230,10 @@ class DecoderPool:
             limit = min(self.timeout_s, budget.left)
             started = time.monotonic()
             try:
-                kind, body = decoder.ask(limits.to_json(), data, started + limit)
+                try:
+                    kind, body = decoder.ask(limits.to_json(), data, started + limit)
+                finally:
+                    budget.spent += time.monotonic() - started
             except _Late:
                 decoder.stop()
                 raise (_spent(budget) if limit < self.timeout_s else ImageRefused(
@@ -243,8 +246,6 @@ class DecoderPool:
             except BaseException:  # the request itself was cut short: its answer is unread
                 decoder.stop()
                 raise
-            finally:
-                budget.spent += time.monotonic() - started
         if kind != OK:
             raise ImageRefused(body.decode())
         return body

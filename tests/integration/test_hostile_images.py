@@ -22,9 +22,10 @@ from scripts.stack import start_web
 from tests.support.receivers import Tarpit
 
 MODEL = "vision-defaults"  # the default max_image_bytes and max_image_pixels
-# Why each is refused: one of the cheap checks made before any pixel is decoded.
-REASONS = {"progressive-jpeg": "scans", "64 one-bit pngs": "pixels a byte",
-           "animated-webp": "pixels a byte", "16-bit rgba png": "MiB of samples"}
+# Why each is refused: one of the cheap checks made before any pixel is decoded; the one-bit
+# PNGs (blank, 39 MP: a second or so each) by the decoding budget the request's images share.
+REASONS = {"progressive-jpeg": "scans", "64 one-bit pngs": "of decoding in all",
+           "animated-webp": "animation on a", "16-bit rgba png": "MiB of samples"}
 
 
 def test_hostile_images_in_a_loop_do_not_hold_up_the_api(stack):
@@ -43,9 +44,11 @@ def test_hostile_images_in_a_loop_do_not_hold_up_the_api(stack):
         r = requests.post(f"{stack.api}/v1/jobs", timeout=60, **kwargs)
         assert r.status_code == 422, (name, r.text)
         error = r.json()["error"]
-        indices = 64 if name == "64 one-bit pngs" else 1
-        # An error names 30 fields at most and counts the rest.
-        assert len(error["fields"]) + error.get("fields_omitted", 0) == indices, error
+        named = len(error["fields"]) + error.get("fields_omitted", 0)  # 30 named at most
+        if name == "64 one-bit pngs":  # those past the budget; the first ones were decoded
+            assert 1 <= named < 64 and "inputs.0" not in error["fields"], error
+        else:
+            assert named == 1, error
         for field, messages in error["fields"].items():
             assert field.startswith("inputs.") and REASONS[name] in messages[0], (name, error)
 
