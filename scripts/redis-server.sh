@@ -4,17 +4,20 @@
 # machine needs nothing beyond `pip install`). Data lives in IQ_REDIS_DIR (var/redis) with the
 # append-only file on, fsync'ed as REDIS_APPENDFSYNC says: `always` by default, so that a job
 # answered 202 survives a machine crash too (make run with replicas sets `everysec`: the
-# replica holds each job before its 202; README's Reliability has the measured cost); the folder is 0700 and every file in it
-# 0600 (umask 077, and earlier runs' files made private), so that no other local user reads a
-# job's inputs or outputs from it.
+# replica holds each job before its 202; README's Reliability has the measured cost); the
+# folder is 0700 and every file in it 0600 (umask 077, and earlier runs' files made private),
+# so that no other local user reads a job's inputs or outputs from it.
 #
 # Two users, their passwords given on stdin (never on a command line):
 # * `default`, the launcher's admin, with the password in IQ_REDIS_PASSWORD_FILE; replicas
 #   authenticate to their primary as it (masteruser, masterauth), and so do sentinels;
 # * IQ_REDIS_APP_USER, the one every process of the application connects as (password in
 #   IQ_REDIS_APP_PASSWORD_FILE): every command but the administrative and dangerous ones
-#   (CONFIG, MODULE, DEBUG, SHUTDOWN, SAVE, ACL, CLIENT KILL, MONITOR, FLUSHALL, KEYS, ...).
-#   INFO stays allowed: the submit script reads `INFO memory` for its maxmemory check.
+#   (CONFIG, MODULE, DEBUG, SHUTDOWN, SAVE, ACL, CLIENT KILL, MONITOR, FLUSHALL, KEYS, ...),
+#   and of SCRIPT only LOAD and EXISTS (what redis-py needs to run the job scripts: no FLUSH,
+#   KILL or DEBUG), and no MEMORY (no PURGE). INFO stays allowed: the submit script reads
+#   `INFO memory` for its maxmemory check. (Redis 6.2 can take a subcommand from a command it
+#   denies, not deny one from a command it allows: hence `-script +script|load`.)
 # It holds at most REDIS_MAXMEMORY: past it, writes are refused (noeviction) rather than queued
 # jobs or results silently dropped.
 #
@@ -67,5 +70,5 @@ exec "$bin" - --port "$port" --bind 127.0.0.1 --dir "$dir" \
 requirepass $admin
 masteruser default
 masterauth $admin
-user $IQ_REDIS_APP_USER on >$app ~* &* +@all -@admin -@dangerous +info
+user $IQ_REDIS_APP_USER on >$app ~* &* +@all -@admin -@dangerous +info -script +script|load +script|exists -memory
 CONFIG

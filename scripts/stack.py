@@ -141,8 +141,11 @@ class Stack:
         wait_until(live, timeout, f"live workers for {', '.join(models)}")
 
     def stop(self) -> None:
-        for svc in (self.web, *self.workers.values()):
-            svc.stop()
+        """The API and the workers shut down together (each its own warm shutdown), then
+        Redis, which they write to until they are gone."""
+        front = [svc for svc in (self.web, *self.workers.values()) if svc.send()]
+        for svc in front:
+            svc.reap()
         if self.group is not None:
             self.group.stop()
         else:
