@@ -47,8 +47,16 @@ def stalled(tmp_path_factory):
     stack.stop()
 
 
-def probe_while_away(stack: Stack, away_s: float) -> list[tuple[int, float, int, float]]:
-    """/readyz and /healthz, asked in turn while Redis is away: (status, seconds) of each."""
+def probe_while_away(stack: Stack, away_s: float,
+                     known: str) -> list[tuple[int, float, int, float]]:
+    """/readyz and /healthz, asked in turn while Redis is away: (status, seconds) of each.
+    First a read and a cancel of the `known` job: each a 503 with Retry-After within the
+    deadline."""
+    for method in ("GET", "DELETE"):
+        asked = time.monotonic()
+        r = requests.request(method, f"{stack.api}/v1/jobs/{known}", timeout=30)
+        assert time.monotonic() - asked < DEADLINE_S + SLACK_S, method
+        assert r.status_code == 503 and int(r.headers["Retry-After"]) > 0, (method, r.text)
     probes = []
     until = time.monotonic() + away_s - DEADLINE_S - SLACK_S
     while time.monotonic() < until:
@@ -124,7 +132,8 @@ def freeze(stalled, seconds: float, tag: str,
     frozen = time.monotonic()
     try:
         key, maybe = unanswered_submit(stack)
-        probes = probe_while_away(stack, seconds - (time.monotonic() - frozen))
+        probes = probe_while_away(stack, seconds - (time.monotonic() - frozen),
+                                  list(load.accepted.values())[0])
         time.sleep(max(frozen + seconds - time.monotonic(), 0))
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -185,7 +194,7 @@ def test_redis_killed_under_load_and_restarted(stalled, tmp_path_factory):
     wait_until(lambda: len(load.accepted) >= 40, 60, "load under way")
     stack.redis_svc.stop(signal.SIGKILL)
     killed = time.monotonic()
-    probes = probe_while_away(stack, 8)
+    probes = probe_while_away(stack, 8, list(load.accepted.values())[0])
     assert all(ready == 503 and took < DEADLINE_S + SLACK_S and health == 200
                for ready, took, health, _ in probes), probes
     stack.redis_svc = start_redis(stack.workdir, appendonly=True, like=stack.redis_svc)
