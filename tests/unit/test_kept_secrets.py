@@ -72,6 +72,20 @@ def test_redis_data_another_user_prepared_is_refused(tmp_path):
 
 
 @needs_root
+@pytest.mark.parametrize("folder", ["sentinel-26379", "redis-6380"])
+def test_a_sentinels_or_replicas_files_another_user_prepared_are_refused(tmp_path, folder):
+    """A sentinel's configuration names the primary make run starts (and holds the
+    passwords); a replica's data is Redis's data."""
+    planted = tmp_path / "var" / folder / ("sentinel.conf" if "sentinel" in folder
+                                           else "appendonly.aof")
+    planted.parent.mkdir(parents=True)
+    planted.write_text("sentinel monitor mymaster 127.0.0.1 6380 2\n")
+    give_away(planted)
+    (problem,) = var_problems(tmp_path / "var")
+    assert f"{planted} is owned by uid {NOBODY.pw_uid}" in problem
+
+
+@needs_root
 def test_make_run_stops_before_starting_anything(tmp_path):
     var = tmp_path / "var"
     (var / "secrets").mkdir(parents=True)
