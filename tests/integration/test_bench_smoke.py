@@ -10,8 +10,9 @@ import pytest
 from scripts.stack import ROOT
 
 
-@pytest.mark.timeout(660)  # the run's own bound (600 s), not the suite's 300 s: on a loaded
-def test_quick_benchmark_writes_results_and_plot(tmp_path):  # machine it has taken over 300 s
+# Bounded by the run's own 600 s, not the suite's 300 s: on a loaded machine it took longer.
+@pytest.mark.timeout(660)
+def test_quick_benchmark_writes_results_and_plot(tmp_path):
     out = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
