@@ -67,8 +67,15 @@ def test_a_job_belongs_to_the_key_that_created_it(secured):
     assert done["status"] == "succeeded"
     assert call(secured, "GET", f"/v1/jobs/{job['id']}", "bob").status_code == 404
     assert call(secured, "GET", f"/v1/jobs/{job['id']}?wait=1", "bob").status_code == 404
-    assert call(secured, "DELETE", f"/v1/jobs/{job['id']}", "bob").status_code == 404
-    assert call(secured, "DELETE", f"/v1/jobs/{job['id']}", "alice").status_code == 409
+    for method, path in (("POST", "/cancel"), ("POST", "/retry"), ("GET", "/events"),
+                         ("DELETE", "")):
+        assert call(secured, method, f"/v1/jobs/{job['id']}{path}", "bob").status_code == 404
+    assert call(secured, "POST", f"/v1/jobs/{job['id']}/cancel", "alice").status_code == 409
+    # Each key lists its own jobs only.
+    assert job["id"] in [j["id"] for j in call(secured, "GET", "/v1/jobs", "alice").json()["jobs"]]
+    assert job["id"] not in [j["id"] for j in call(secured, "GET", "/v1/jobs", "bob").json()["jobs"]]
+    assert call(secured, "DELETE", f"/v1/jobs/{job['id']}", "alice").status_code == 204
+    assert call(secured, "GET", f"/v1/jobs/{job['id']}", "alice").status_code == 404
 
 
 def test_per_key_rate_limit_answers_429_with_retry_after(secured):
