@@ -36,7 +36,8 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
 
     celery = make_celery(settings, models)
     store = JobStore(settings, celery, models)
-    metrics = ApiMetrics(store.queue_depths, lambda: store.waiter.waiting, settings.max_waits)
+    metrics = ApiMetrics(store.queue_depths, lambda: store.waiter.waiting, settings.max_waits,
+                         store.state.kept)
     submitter = Submitter(settings, models, store, metrics)
     app.extensions.update({"celery": celery, "iq.models": models, "iq.store": store,
                            "iq.metrics": metrics, "iq.submitter": submitter})

@@ -190,11 +190,11 @@ def _read_routes(bp: Blueprint, settings: Settings, models: dict[str, ModelSpec]
                                      cursor=after, limit=limit)
         following = ":".join(page.cursor) if page.cursor else None
         query = {k: v for k, v in (("status", status), ("model", model)) if v}
+        query.update(limit=limit, cursor=following)
         return answer(JobList, {
             "jobs": [job_body(job, outputs=False) for job in page.jobs],
             "next_cursor": following,
-            "next": f"/v1/jobs?{urlencode({**query, 'limit': limit, 'cursor': following})}"
-                    if following else None})
+            "next": f"/v1/jobs?{urlencode(query, safe=':')}" if following else None})
 
 
 def _wait_args(max_wait_s: float) -> type[Schema]:

@@ -23,7 +23,7 @@ _PRELUDE = f"""
 redis.replicate_commands()
 local t = redis.call('time')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local now_ms = math.floor(now * 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])  -- exact: indexes' order
 local KEEP_S, TTL_S = tonumber(ARGV[1]), tonumber(ARGV[2])
 local FIELDS = {_FIELDS_LUA}
 local function id_of(key) return string.sub(key, {len(JOB_PREFIX) + 1}) end
@@ -31,7 +31,7 @@ local function id_of(key) return string.sub(key, {len(JOB_PREFIX) + 1}) end
 -- Drop the members of sorted set `key` scored below `bound`, the oldest `most` at most: bounded
 -- work, whatever piled up.
 local function trim(key, bound, most)
-  local n = redis.call('zcount', key, '-inf', '(' .. bound)
+  local n = redis.call('zcount', key, '-inf', string.format('(%.0f', bound))
   if n > 0 then redis.call('zremrangebyrank', key, 0, math.min(n, most) - 1) end
 end
 
@@ -51,8 +51,8 @@ end
 local function dead(key, id)
   local f = redis.call('hmget', key, 'owner', 'request')
   local index = '{dead_index("")}' .. (f[1] or '')
-  redis.call('zadd', index, now_ms, id)
-  trim(index, now_ms - TTL_S * 1000, 100)
+  redis.call('zadd', index, now_us, id)
+  trim(index, now_us - TTL_S * 1000000, 100)
   if not f[2] then return end
   redis.call('hdel', key, 'request')
   if KEEP_S <= 0 then return end
@@ -126,8 +126,8 @@ end
 redis.call('hset', KEYS[1], unpack(fields))
 redis.call('expire', KEYS[1], TTL_S)
 if ARGV[6] ~= '' then redis.call('set', KEYS[2], ARGV[3] .. ' ' .. ARGV[6], 'EX', TTL_S) end
-redis.call('zadd', KEYS[4], now_ms, ARGV[3])
-if ARGV[10] == '1' then trim(KEYS[4], now_ms - TTL_S * 1000, 1000) end
+redis.call('zadd', KEYS[4], now_us, ARGV[3])
+if ARGV[10] == '1' then trim(KEYS[4], now_us - TTL_S * 1000000, 1000) end
 if ARGV[11] == '1' then redis.call('hset', KEYS[5], 'retried_as', ARGV[3]) end
 redis.call('lpush', KEYS[3], ARGV[7])
 return {'created', ARGV[3]}
@@ -239,7 +239,7 @@ return {values, meta}
 LIST = _PRELUDE + """
 local cursor_score, cursor_id = ARGV[5], ARGV[6]
 local limit, budget, status, model = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], ARGV[10]
-trim(KEYS[1], now_ms - TTL_S * 1000, 1000)
+trim(KEYS[1], now_us - TTL_S * 1000000, 1000)
 local top = cursor_score == '' and '+inf' or cursor_score
 local rows = redis.call('zrevrangebyscore', KEYS[1], top, '-inf', 'WITHSCORES', 'LIMIT', 0,
                         budget)

@@ -35,7 +35,7 @@ def result_key(job_id: str) -> str:
 
 def owner_index(owner: str) -> str:
     """The jobs of one owner (an API key's name; "" when keys are off): a sorted set of job
-    ids by submission time (milliseconds, Redis's clock), trimmed as their records expire."""
+    ids by submission time (microseconds, Redis's clock), trimmed as their records expire."""
     return f"{PREFIX}owner:{owner}"
 
 
