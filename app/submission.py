@@ -65,7 +65,8 @@ class Submitter:
         self.settings, self.models, self.store, self.metrics = settings, models, store, metrics
         self.schemas = {name: job_schema(spec) for name, spec in models.items()}
         self.decoders = DecoderPool(settings.image_decoders, settings.image_decode_timeout_s,
-                                    settings.image_decode_memory_mb)  # started on first use
+                                    settings.image_decode_memory_mb,
+                                    settings.decoders_per_key)  # started on first use
 
     def _refused(self, model: str, reason: str) -> None:
         self.metrics.rejected.labels(model if model in self.models else "unknown", reason).inc()
@@ -81,7 +82,7 @@ class Submitter:
         if job["webhook"]:
             self._check_webhook(job["webhook"])
         if spec.input_type == "image":  # decoded, checked and resized before it is queued
-            job["inputs"] = self._canonical_images(spec, job["inputs"])
+            job["inputs"] = self._canonical_images(spec, job["inputs"], caller)
         return self._queue(caller, spec, job, job_id=job_id)
 
     def retry(self, caller: Caller, job: JobRecord, request: str | bytes) -> Accepted:
@@ -118,9 +119,10 @@ class Submitter:
             raise ValidationFailed("invalid header", fields={
                 "Idempotency-Key": ["1 to 255 visible ASCII characters"]})
 
-    def _canonical_images(self, spec: ModelSpec, inputs: list) -> list[str]:
+    def _canonical_images(self, spec: ModelSpec, inputs: list, caller: Caller) -> list[str]:
         try:
-            return images.canonical_inputs(spec, inputs, self.settings, self.decoders)
+            return images.canonical_inputs(spec, inputs, self.settings, self.decoders,
+                                           caller.owner or None)
         except images.BadImages as exc:
             self._refused(spec.name, "validation")
             raise ValidationFailed("the job is invalid", fields=exc.fields) from None
