@@ -166,6 +166,10 @@ class Submitter:
                                    fields={"webhook": [webhooks.SECRET_MISSING]})
         try:
             egress.check_url(hook["url"], allow=self.settings.webhook_allow_list)
+        except egress.NotPublic as exc:
+            raise ValidationFailed("the job is invalid", fields={"webhook.url": [
+                f"{exc}; IQ_WEBHOOK_ALLOW lists the hosts and CIDRs allowed all the "
+                "same"]}) from None
         except (egress.Refused, ValueError) as exc:
             raise ValidationFailed("the job is invalid",
                                    fields={"webhook.url": [str(exc)]}) from None
