@@ -54,11 +54,13 @@ def test_the_live_api_answers_as_its_openapi_document_says_with_every_check(stac
     that a created job can be found and a deleted one cannot. Any answer the document does
     not declare (status, header, body, content type), a 5xx, a valid request refused or an
     invalid one accepted fails it. tests/support/schemathesis.toml says what differs from
-    the tool's defaults, and why."""
+    the tool's defaults, and why. One worker: in two threads, Python 3.11's `ast` (which
+    hypothesis uses to describe a strategy) raised "AST constructor recursion depth mismatch"
+    (CPython gh-106905)."""
     run = subprocess.run(
         [str(Path(sys.executable).parent / "schemathesis"), "--config-file",
          str(SCHEMATHESIS_CONFIG), "run", f"{stack.api}/openapi.json", "--checks", "all",
-         "--max-examples", "20", "--seed", "1", "--workers", "2", "--no-shrink"],
+         "--max-examples", "20", "--seed", "1", "--workers", "1", "--no-shrink"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"})
     assert run.returncode == 0, run.stdout[-12000:] + run.stderr[-3000:]

@@ -41,7 +41,7 @@ def test_the_list_pages_through_the_callers_jobs_newest_first_without_outputs(st
     assert first["next"] == f"/v1/jobs?model=ts-affine&limit=2&cursor={first['next_cursor']}"
     second = requests.get(f"{stack.api}{first['next']}", timeout=10).json()
     assert second["jobs"][0]["id"] == made[0]
-    for job in first["jobs"] + second["jobs"]:
+    for job in first["jobs"] + second["jobs"][:1]:  # older ones are other tests' jobs
         assert job["model"] == "ts-affine" and "result" not in job
         assert job["status"] == "succeeded" and job["progress"] == {"items_done": 1, "items": 1}
     assert {j["model"] for j in listed(stack, model="ts-affine", limit=100)["jobs"]} \
