@@ -6,21 +6,17 @@ refused, and the service still serves correctly afterwards."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scripts.stack import ROOT
+from tests.support.openapi import schemathesis
 
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
                 suppress_health_check=list(HealthCheck))
@@ -43,9 +39,6 @@ def check(response: requests.Response) -> None:
         assert uuid.UUID(body["id"]) and body["status"] == "queued"
 
 
-SCHEMATHESIS_CONFIG = ROOT / "tests" / "support" / "schemathesis.toml"
-
-
 def test_the_live_api_answers_as_its_openapi_document_says_with_every_check(stack):
     """schemathesis with `--checks all` over every phase against the live stack: examples,
     coverage (each bound of each field, each documented status), fuzzing (valid and mutated
@@ -54,15 +47,8 @@ def test_the_live_api_answers_as_its_openapi_document_says_with_every_check(stac
     that a created job can be found and a deleted one cannot. Any answer the document does
     not declare (status, header, body, content type), a 5xx, a valid request refused or an
     invalid one accepted fails it. tests/support/schemathesis.toml says what differs from
-    the tool's defaults, and why. One worker: in two threads, Python 3.11's `ast` (which
-    hypothesis uses to describe a strategy) raised "AST constructor recursion depth mismatch"
-    (CPython gh-106905)."""
-    run = subprocess.run(
-        [str(Path(sys.executable).parent / "schemathesis"), "--config-file",
-         str(SCHEMATHESIS_CONFIG), "run", f"{stack.api}/openapi.json", "--checks", "all",
-         "--max-examples", "20", "--seed", "1", "--workers", "1", "--no-shrink"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"})
+    the tool's defaults, and why."""
+    run = schemathesis(stack.api)
     assert run.returncode == 0, run.stdout[-12000:] + run.stderr[-3000:]
     document = requests.get(f"{stack.api}/openapi.json", timeout=5).json()
     operations = sum(1 for item in document["paths"].values() for m in item if m != "parameters")
