@@ -12,9 +12,9 @@ from tasks.keys import (DONE_PREFIX, JOB_PREFIX, KEPT_BYTES_KEY, KEPT_KEY, MOVES
 # The fields a read returns: every field of the record but the kept request (inputs can weigh
 # a megabyte; only a retry reads them, from where `dead` moves them).
 READ_FIELDS = ("status", "model", "created_at", "trace_id", "inputs", "priority", "owner",
-               "encoding_format", "webhook_url", "webhook_events", "token", "expires_at", "started_at", "finished_at",
-               "worker", "batch", "runs", "error", "items_done", "retry_of", "retried_as",
-               "kept")
+               "encoding_format", "webhook_url", "webhook_events", "token", "expires_at",
+               "started_at", "finished_at", "worker", "batch", "runs", "error", "items_done",
+               "retry_of", "retried_as", "kept")
 _FIELDS_LUA = "{" + ", ".join(f"'{name}'" for name in READ_FIELDS) + "}"
 
 # Redis's own clock, for deadlines and indexes: one clock for every process. (Redis 6 needs

@@ -1,8 +1,8 @@
 """A job's event stream read by a real browser: headless Chromium's own `EventSource`, on a tiny
 page served from loopback, follows a job that spans several model calls to its end and posts
 what it saw back to the test. The page's server passes /v1/ through to the API byte for byte,
-so that the stream is the page's own origin, as behind a site's reverse proxy. Skipped, saying why, where Chromium is not installed (`make test`
-installs Debian's `chromium` when it runs as root)."""
+so that the stream is the page's own origin, as behind a site's reverse proxy. Skipped, saying
+why, where Chromium is not installed (`make test` installs Debian's `chromium` as root)."""
 from __future__ import annotations
 
 import json
