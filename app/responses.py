@@ -29,6 +29,10 @@ class ErrorBody(Schema):
         "description": "the job's status, when it is why (409, too_many_waits)"})
     retried_as = fields.String(metadata={
         "description": "the job that already retries this one (409 to a retry)", **_UUID})
+    job_id = fields.String(metadata={
+        "description": "the job a submit refused with 503 may have recorded (Redis did not "
+                       "answer in time, or no replica confirmed it): a resend with the same "
+                       "Idempotency-Key returns it", **_UUID})
 
 
 class Error(Schema):
