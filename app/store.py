@@ -19,8 +19,9 @@ from config import Settings
 from config.models import ModelSpec
 from tasks import tracing
 from tasks.jobstate import CancelOutcome, JobRecord, JobState, Status, new_job
-from tasks.keys import CONSUMING_KEY, idempotency_key, live_key
+from tasks.keys import idempotency_key
 from tasks.messages import JobArgs, task_message
+from tasks.presence import Presence
 from tasks.names import PRIORITIES, queue_lists, task_name
 from tasks.redis_client import connect
 
@@ -79,6 +80,7 @@ class JobStore:
         self.models = models
         self.redis = connect(settings.redis_url, settings, max_connections=REDIS_CONNECTIONS)
         self.state = JobState(self.redis)
+        self.presence = Presence(self.redis)
         self.waiter = ResultWaiter(self.redis, settings.max_waits, settings.max_waits_per_key)
 
     def queue_depth(self, spec: ModelSpec) -> int:
@@ -171,21 +173,9 @@ class JobStore:
 
     def live(self, models: Iterable[str]) -> dict[str, dict[str, int]]:
         """Live model instances per model: pool children with the model loaded (their
-        heartbeats) in workers that are consuming (their event loop's tick)."""
-        names = list(models)
-        since = time.time() - self.settings.heartbeat_ttl_s
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zrangebyscore(CONSUMING_KEY, since, "+inf")
-            for name in names:
-                pipe.zrangebyscore(live_key(name), since, "+inf")
-            consuming, *members = pipe.execute()
-        workers = set(consuming)
-        out = {}
-        for name, found in zip(names, members):
-            serving = [m for m in found if m.rsplit("/", 1)[0] in workers]
-            out[name] = {"workers": len({m.rsplit("/", 1)[0] for m in serving}),
-                         "instances": len(serving)}
-        return out
+        heartbeats) in workers that are consuming (their event loop's tick) and do not say
+        the model is unhealthy there, all by Redis's clock (tasks/presence.py)."""
+        return self.presence.live(models, self.settings.heartbeat_ttl_s)
 
     def queue_depths(self) -> dict[str, int]:
         return {name: self.queue_depth(spec) for name, spec in self.models.items()}

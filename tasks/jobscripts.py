@@ -17,6 +17,7 @@ _EXPIRE_IF_DUE = """
 local function expire_if_due(key, id, status, expires_at, finished_at, error)
   if status == 'queued' and expires_at and expires_at ~= '' and now > tonumber(expires_at) then
     redis.call('hset', key, 'status', 'expired', 'finished_at', finished_at, 'error', error)
+    redis.call('hdel', key, 'message', 'list')
     redis.call('publish', '""" + DONE_PREFIX + """' .. id, 'expired')
     return true
   end
@@ -26,10 +27,14 @@ end
 
 _ID_OF = f"local function id_of(key) return string.sub(key, {len(JOB_PREFIX) + 1}) end\n"
 
-# KEYS: record, idempotency claim, target list, then the model's queue lists (for its depth).
+# KEYS: record, idempotency claim, target list, pending jobs, the queue's wake-up list, then the
+#       model's queue lists (for its depth).
 # ARGV: job id, ttl, max depth, timeout_s (0: none), request digest ('' : no idempotency key),
 #       message, memory headroom (share of maxmemory kept free), then the record's field/value
 #       pairs.
+# The record keeps the message and its list until the job is final, for the reconciler
+# (workers/broker/scripts.py) to queue it again should it be lost; the job joins the pending
+# set; a queue that was empty gets a wake-up token for its idle workers.
 SUBMIT = _CLOCK + """
 local ttl = tonumber(ARGV[2])
 local memory = redis.call('info', 'memory')
@@ -47,9 +52,9 @@ if ARGV[5] ~= '' then
   end
 end
 local depth = 0
-for i = 4, #KEYS do depth = depth + redis.call('llen', KEYS[i]) end
+for i = 6, #KEYS do depth = depth + redis.call('llen', KEYS[i]) end
 if depth >= tonumber(ARGV[3]) then return {'overloaded', ''} end
-local fields = {}
+local fields = {'message', ARGV[6], 'list', KEYS[3]}
 for i = 8, #ARGV do fields[#fields + 1] = ARGV[i] end
 local timeout = tonumber(ARGV[4])
 if timeout > 0 then
@@ -60,18 +65,30 @@ redis.call('hset', KEYS[1], unpack(fields))
 redis.call('expire', KEYS[1], ttl)
 if ARGV[5] ~= '' then redis.call('set', KEYS[2], ARGV[1] .. ' ' .. ARGV[5], 'EX', ttl) end
 redis.call('lpush', KEYS[3], ARGV[6])
+redis.call('zadd', KEYS[4], now, ARGV[1])
+if depth == 0 and redis.call('llen', KEYS[5]) == 0 then redis.call('lpush', KEYS[5], '1') end
 return {'created', ARGV[1]}
 """
 
-# KEYS: the batch's records. ARGV: started_at, worker, batch (JSON), finished_at, expired error.
-# Returns, per job, a StartDecision: 'run', or why it must not run ('missing', 'cancelled',
-# 'expired', or 'finished': it succeeded or failed already).
+# KEYS: the batch's records, then (optional) the in-flight hash of the worker that holds their
+# messages. ARGV: started_at, worker, batch (JSON), finished_at, expired error, then (with the
+# in-flight hash) each job's delivery tag. Returns, per job, a StartDecision: 'run', or why it
+# must not run ('missing', 'cancelled', 'expired', 'finished': it succeeded or failed already,
+# or 'lapsed': its message is no longer this worker's, taken back while its lease had lapsed).
 START = _CLOCK + _EXPIRE_IF_DUE + _ID_OF + """
 local out = {}
-for i, key in ipairs(KEYS) do
+local records, held = #KEYS, nil
+if #ARGV > 5 then
+  records = #KEYS - 1
+  held = redis.call('hmget', KEYS[#KEYS], unpack(ARGV, 6))
+end
+for i = 1, records do
+  local key = KEYS[i]
   local f = redis.call('hmget', key, 'status', 'expires_at')
   local status = f[1]
-  if not status then
+  if held and not held[i] then
+    out[i] = 'lapsed'
+  elseif not status then
     out[i] = 'missing'
   elseif expire_if_due(key, id_of(key), status, f[2], ARGV[4], ARGV[5]) then
     out[i] = 'expired'
@@ -89,26 +106,34 @@ end
 return out
 """
 
-# KEYS: (record, stored result) per job. ARGV: finished_at, result ttl, then per job: status,
-# stored result, error ('' : none), webhook list ('' : none), webhook message.
+# KEYS: (record, stored result) per job, then the pending set. ARGV: finished_at, result ttl,
+# then per job: status, stored result, error ('' : none), webhook list ('' : none), webhook
+# message, the webhook queue's wake-up list.
 # Returns, per job, 1 when it took its terminal status here, 0 when it already had one.
 FINISH = _ID_OF + """
 local out = {}
 local ttl = tonumber(ARGV[2])
-for i = 1, #KEYS / 2 do
-  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 2 + 5 * (i - 1)
+local done = {}
+for i = 1, (#KEYS - 1) / 2 do
+  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 2 + 6 * (i - 1)
   local status = redis.call('hget', key, 'status')
   if status == 'queued' or status == 'running' then
     redis.call('hset', key, 'status', ARGV[a + 1], 'finished_at', ARGV[1])
     if ARGV[a + 3] ~= '' then redis.call('hset', key, 'error', ARGV[a + 3]) end
+    redis.call('hdel', key, 'message', 'list')
     redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)
-    if ARGV[a + 4] ~= '' then redis.call('lpush', ARGV[a + 4], ARGV[a + 5]) end
+    if ARGV[a + 4] ~= '' then
+      redis.call('lpush', ARGV[a + 4], ARGV[a + 5])
+      if redis.call('llen', ARGV[a + 6]) == 0 then redis.call('lpush', ARGV[a + 6], '1') end
+    end
     redis.call('publish', '""" + DONE_PREFIX + """' .. id_of(key), ARGV[a + 1])
+    done[#done + 1] = id_of(key)
     out[i] = 1
   else
     out[i] = 0
   end
 end
+if #done > 0 then redis.call('zrem', KEYS[#KEYS], unpack(done)) end
 return out
 """
 
@@ -123,12 +148,14 @@ if expire_if_due(KEYS[1], id_of(KEYS[1]), status, f[2], ARGV[1], ARGV[3])
   return 'too_late'
 end
 redis.call('hset', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[1], 'error', ARGV[2])
+redis.call('hdel', KEYS[1], 'message', 'list')
 redis.call('publish', '""" + DONE_PREFIX + """' .. id_of(KEYS[1]), 'cancelled')
 return 'cancelled'
 """
 
-# KEYS: record, stored result. ARGV: now (ISO), expired error. Returns {fields, the stored
-# result of a job that succeeded, or false}.
+# KEYS: record, stored result. ARGV: now (ISO), expired error. Returns {fields (but the queued
+# message and its list, the reconciler's), the stored result of a job that succeeded, or
+# false}.
 READ = _CLOCK + _EXPIRE_IF_DUE + _ID_OF + """
 local f = redis.call('hmget', KEYS[1], 'status', 'expires_at')
 if not f[1] then return {} end
@@ -136,5 +163,26 @@ expire_if_due(KEYS[1], id_of(KEYS[1]), f[1], f[2], ARGV[1], ARGV[2])
 local meta = false
 local status = redis.call('hget', KEYS[1], 'status')
 if status == 'succeeded' then meta = redis.call('get', KEYS[2]) end
-return {redis.call('hgetall', KEYS[1]), meta}
+local all, fields = redis.call('hgetall', KEYS[1]), {}
+for i = 1, #all, 2 do
+  if all[i] ~= 'message' and all[i] ~= 'list' then
+    fields[#fields + 1] = all[i]
+    fields[#fields + 1] = all[i + 1]
+  end
+end
+return {fields, meta}
+"""
+
+# KEYS: records. Returns, per job, how many times a pool child was lost while running it, this
+# time included (0: no record).
+CRASHED = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('exists', key) == 1 then
+    out[i] = redis.call('hincrby', key, 'crashes', 1)
+  else
+    out[i] = 0
+  end
+end
+return out
 """

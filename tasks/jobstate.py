@@ -36,8 +36,9 @@ import redis
 
 from tasks import jobscripts, results
 from tasks.errors import ErrorCode, JobError
-from tasks.keys import job_key, result_key
+from tasks.keys import PENDING_KEY, job_key, result_key, wake_key
 from tasks.messages import QueuedMessage
+from tasks.names import PRIORITY_SEP
 
 
 class Status(str, enum.Enum):
@@ -59,6 +60,8 @@ class StartDecision(enum.Enum):
     CANCELLED = "cancelled"
     EXPIRED = "expired"  # its deadline passed while it waited (decided now or before)
     FINISHED = "finished"  # it succeeded or failed already: a redelivered message
+    LAPSED = "lapsed"  # its message is no longer this worker's (taken back while its lease
+    # had lapsed): whoever holds it now runs it
 
 
 class CancelOutcome(enum.Enum):
@@ -178,6 +181,11 @@ def new_job(job_id: str, *, model: str, trace_id: str, inputs: int, priority: st
                      webhook_url=webhook_url)
 
 
+def queue_of(list_key: str) -> str:
+    """The queue a Redis list belongs to (its name before the priority step)."""
+    return list_key.split(PRIORITY_SEP, 1)[0]
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -197,7 +205,7 @@ class JobState:
     def __post_init__(self) -> None:
         for name, source in (("submit", jobscripts.SUBMIT), ("start", jobscripts.START),
                              ("finish", jobscripts.FINISH), ("cancel", jobscripts.CANCEL),
-                             ("read", jobscripts.READ)):
+                             ("read", jobscripts.READ), ("crashed", jobscripts.CRASHED)):
             self._scripts[name] = self.client.register_script(source)
 
     def submit(self, job: JobRecord, message: QueuedMessage, *, depth_lists: Sequence[str],
@@ -213,8 +221,9 @@ class JobState:
                            memory_headroom]
         for name, value in job.submitted_fields().items():
             args += [name, value]
-        kind, found = (_text(x) for x in self._scripts["submit"](
-            keys=[job_key(job.id), claim, message.list_key, *depth_lists], args=args))
+        keys = [job_key(job.id), claim, message.list_key, PENDING_KEY,
+                wake_key(queue_of(message.list_key)), *depth_lists]
+        kind, found = (_text(x) for x in self._scripts["submit"](keys=keys, args=args))
         if kind == "overloaded":
             raise Overloaded()
         if kind == "full":
@@ -224,12 +233,18 @@ class JobState:
             raise IdempotencyMismatch()
         return Submitted(found, kind == "created")
 
-    def start(self, job_ids: Sequence[str], *, worker: str,
-              batch: str) -> list[StartDecision]:
-        """Mark a batch's jobs running; per job, whether to run it or why not."""
+    def start(self, job_ids: Sequence[str], *, worker: str, batch: str,
+              held: tuple[str, Sequence[str]] | None = None) -> list[StartDecision]:
+        """Mark a batch's jobs running; per job, whether to run it or why not. `held`: the
+        in-flight hash of the worker that holds the jobs' messages and each job's delivery
+        tag: a job whose message is no longer on it is not started (LAPSED)."""
         now = now_iso()
-        out = self._scripts["start"](keys=[job_key(j) for j in job_ids],
-                                     args=[now, worker, batch, now, EXPIRED_ERROR.to_json()])
+        keys = [job_key(j) for j in job_ids]
+        args = [now, worker, batch, now, EXPIRED_ERROR.to_json()]
+        if held is not None:
+            keys.append(held[0])
+            args += list(held[1])
+        out = self._scripts["start"](keys=keys, args=args)
         return [StartDecision(_text(x)) for x in out]
 
     def finish(self, finals: Sequence[Final], *, result_ttl_s: int) -> list[bool]:
@@ -241,11 +256,18 @@ class JobState:
         args: list[Any] = [now_iso(), result_ttl_s]
         for final in finals:
             keys += [job_key(final.job_id), result_key(final.job_id)]
+            hook = final.webhook
             args += [final.status.value, final.result,
                      final.error.to_json() if final.error else "",
-                     final.webhook.list_key if final.webhook else "",
-                     final.webhook.payload if final.webhook else ""]
+                     hook.list_key if hook else "", hook.payload if hook else "",
+                     wake_key(queue_of(hook.list_key)) if hook else ""]
+        keys.append(PENDING_KEY)
         return [bool(x) for x in self._scripts["finish"](keys=keys, args=args)]
+
+    def crashed(self, job_ids: Sequence[str]) -> list[int]:
+        """Count a lost pool child against each of these jobs: per job, how many it has lost
+        so far (0: no record)."""
+        return [int(x) for x in self._scripts["crashed"](keys=[job_key(j) for j in job_ids])]
 
     def cancel(self, job_id: str) -> CancelOutcome:
         return CancelOutcome(_text(self._scripts["cancel"](
