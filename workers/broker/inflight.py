@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 from kombu.utils.encoding import bytes_to_str
 
-from tasks.keys import PENDING_KEY
+from tasks.keys import PENDING_KEY, delayed_key
 from workers.broker import scripts
 from workers.broker.state import BrokerState
 
@@ -59,6 +59,7 @@ class InFlight:
         self._restore = client.register_script(scripts.RESTORE)
         self._reap = client.register_script(scripts.REAP)
         self._reconcile = client.register_script(scripts.RECONCILE)
+        self._later = client.register_script(scripts.LATER)
 
     def beat(self) -> bool:
         """Push this worker's lease forward, or make it (again). True when it was still held."""
@@ -95,6 +96,13 @@ class InFlight:
         if not tags:
             return 0
         return int(self._restore(keys=[self.state.inflight_key], args=tags))
+
+    def later(self, tag: str, delay_s: float, queue: str, list_key: str, message: bytes) -> bool:
+        """Instead of the message held under `tag`, `message` on `queue`'s delayed set, due
+        in `delay_s` (its list: `list_key`); False when this worker no longer held it."""
+        entry = list_key.encode() + b"\n" + message
+        return bool(self._later(keys=[self.state.inflight_key, delayed_key(queue)],
+                                args=[tag, delay_s, entry]))
 
     def recover(self) -> int:
         """Back to their queues: the messages of the in-flight hash this process has no use
