@@ -71,25 +71,30 @@ return {'created', ARGV[1]}
 """
 
 # KEYS: the batch's records, then (optional) the in-flight hash of the worker that holds their
-# messages. ARGV: started_at, worker, batch (JSON), finished_at, expired error, then (with the
-# in-flight hash) each job's delivery tag. Returns, per job, a StartDecision: 'run', or why it
-# must not run ('missing', 'cancelled', 'expired', 'finished': it succeeded or failed already,
-# or 'lapsed': its message is no longer this worker's, taken back while its lease had lapsed).
+# messages. ARGV: started_at, worker, batch (JSON), finished_at, expired error, then per job its
+# token as its message carries it ('' : none) and its message's delivery tag ('' : no in-flight
+# hash). Returns, per job, a StartDecision: 'run', or why it must not run ('missing',
+# 'foreign': the message is not the job's own, its token differs from the record's;
+# 'cancelled', 'expired', 'finished': it succeeded or failed already, or 'lapsed': its message
+# is no longer this worker's, taken back while its lease had lapsed).
 START = _CLOCK + _EXPIRE_IF_DUE + _ID_OF + """
 local out = {}
-local records, held = #KEYS, nil
-if #ARGV > 5 then
-  records = #KEYS - 1
-  held = redis.call('hmget', KEYS[#KEYS], unpack(ARGV, 6))
+local records, held = (#ARGV - 5) / 2, nil
+if #KEYS > records then
+  local tags = {}
+  for i = 1, records do tags[i] = ARGV[5 + 2 * i] end
+  held = redis.call('hmget', KEYS[#KEYS], unpack(tags))
 end
 for i = 1, records do
   local key = KEYS[i]
-  local f = redis.call('hmget', key, 'status', 'expires_at')
+  local f = redis.call('hmget', key, 'status', 'expires_at', 'token')
   local status = f[1]
   if held and not held[i] then
     out[i] = 'lapsed'
   elseif not status then
     out[i] = 'missing'
+  elseif f[3] and f[3] ~= ARGV[4 + 2 * i] then
+    out[i] = 'foreign'
   elseif expire_if_due(key, id_of(key), status, f[2], ARGV[4], ARGV[5]) then
     out[i] = 'expired'
   elseif status == 'queued' or status == 'running' then
@@ -108,16 +113,18 @@ return out
 
 # KEYS: (record, stored result) per job, then the pending set. ARGV: finished_at, result ttl,
 # then per job: status, stored result, error ('' : none), webhook list ('' : none), webhook
-# message, the webhook queue's wake-up list.
-# Returns, per job, 1 when it took its terminal status here, 0 when it already had one.
+# message, the webhook queue's wake-up list, the token of the message that ran it.
+# Returns, per job, 1 when it took its terminal status here, 0 when it already had one (or the
+# message was not the job's own).
 FINISH = _ID_OF + """
 local out = {}
 local ttl = tonumber(ARGV[2])
 local done = {}
 for i = 1, (#KEYS - 1) / 2 do
-  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 2 + 6 * (i - 1)
-  local status = redis.call('hget', key, 'status')
-  if status == 'queued' or status == 'running' then
+  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 2 + 7 * (i - 1)
+  local f = redis.call('hmget', key, 'status', 'token')
+  local status = f[1]
+  if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 7]) then
     redis.call('hset', key, 'status', ARGV[a + 1], 'finished_at', ARGV[1])
     if ARGV[a + 3] ~= '' then redis.call('hset', key, 'error', ARGV[a + 3]) end
     redis.call('hdel', key, 'message', 'list')
@@ -135,6 +142,22 @@ for i = 1, (#KEYS - 1) / 2 do
 end
 if #done > 0 then redis.call('zrem', KEYS[#KEYS], unpack(done)) end
 return out
+"""
+
+# KEYS: record. ARGV: the event, the delivery's id. Returns a DeliveryClaim: 'deliver' (this
+# delivery owns the job's one webhook: the event is its terminal status and one it asked for),
+# or why not: 'missing' (no record, or no webhook), 'not_its_status', 'not_asked',
+# 'duplicate' (another delivery took it).
+CLAIM_DELIVERY = """
+local f = redis.call('hmget', KEYS[1], 'status', 'webhook_url', 'webhook_events', 'webhook_id')
+if not f[1] or not f[2] then return 'missing' end
+if f[1] ~= ARGV[1] then return 'not_its_status' end
+if f[3] and not string.find(',' .. f[3] .. ',', ',' .. ARGV[1] .. ',', 1, true) then
+  return 'not_asked'
+end
+if f[4] and f[4] ~= ARGV[2] then return 'duplicate' end
+redis.call('hset', KEYS[1], 'webhook_id', ARGV[2])
+return 'deliver'
 """
 
 # KEYS: record. ARGV: now (ISO), cancelled error, expired error. Returns a CancelOutcome:
