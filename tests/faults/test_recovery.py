@@ -152,6 +152,7 @@ def check_recovery(stack: Stack, watch: Watch, accepted: dict[str, str], log: Pa
     by_id = {job_id: counted[text] for text, job_id in accepted.items()}
     assert all(n >= 1 for n in by_id.values()), "a succeeded job never ran"
     twice = {job_id for job_id, n in by_id.items() if n > 1}
+    print(f"ran twice: {len(twice)} of {len(accepted)} (allowed: {len(may_rerun)})")
     assert twice <= may_rerun, f"{len(twice - may_rerun)} job(s) ran twice outside a killed batch"
     assert all(n <= 2 for n in by_id.values())
 
