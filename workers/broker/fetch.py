@@ -144,6 +144,7 @@ class ReliableFetch:
             # earlier connection took and never delivered goes back.
             self.inflight.beat()
             self.inflight.recover()
+            self.inflight.load_fetch()
             self._iq_consuming = True
         return super().basic_consume(queue, no_ack, *args, **kwargs)
 
@@ -187,7 +188,7 @@ class ReliableFetch:
             self._iq_want = FETCH_MAX if room is None else min(max(room, 1), FETCH_MAX)
             lists = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
             keys, args = fetch_call(_state(), lists, self._iq_want, self._delayed(queues))
-            command = ["EVALSHA", self.inflight._fetch.sha, len(keys), *keys, *args]
+            command = ["EVALSHA", self.inflight.fetch_sha(), len(keys), *keys, *args]
             self._iq_reply = "fetch"
         self._in_poll = self.client.connection
         self._brpop_sent_at = monotonic()
@@ -221,7 +222,7 @@ class ReliableFetch:
             self.client.connection.disconnect()
             raise
         except redis.exceptions.NoScriptError:
-            self.inflight._fetch.sha = self.inflight.client.script_load(self.inflight._fetch.script)
+            self.inflight.load_fetch()  # Redis restarted, or its scripts were flushed
             raise Empty() from None
         except redis.ResponseError as exc:
             # Not the message's fault nor the connection's: wait a poll before the next try.

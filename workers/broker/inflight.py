@@ -83,6 +83,15 @@ class InFlight:
         keys, args = fetch_call(self.state, lists, want, delayed)
         return fetched(self._fetch(keys=keys, args=args))
 
+    def load_fetch(self) -> str:
+        """The fetch script into Redis's script cache; its hash. The channel sends it by hash
+        (EVALSHA) on its polling connection, where redis-py's retry on NOSCRIPT does not
+        apply: loaded when a channel starts consuming, and again after Redis lost it."""
+        return str(self.client.script_load(self._fetch.script))
+
+    def fetch_sha(self) -> str:
+        return str(self._fetch.sha)
+
     def ack(self, tags: Iterable[str]) -> None:
         """Done with these: off the in-flight hash for good (one command)."""
         tags = list(tags)
