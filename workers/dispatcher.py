@@ -64,8 +64,8 @@ class PoolDispatcher:
         self.leases = Leases(InFlight(self.client, broker_of(consumer.app)))
         self.limits = TimeLimits({m: spec.time_limit_s for m, spec in models.items()})
         self.crash_loops = CrashLoops()
-        self.settlement = Settlement(consumer.app, self.leases, JobState(self.client),
-                                     self.limits)
+        self.settlement = Settlement(consumer.app, self.leases, JobState(
+            self.client, self.settings.kept_s, self.settings.job_ttl_s), self.limits)
         self.liveness = Liveness(consumer, self.client, self.leases, self._idle, self._tick,
                                  self.unhealthy)
         # Batches in the pool, and the job id of every request held (buffered or running).

@@ -1,8 +1,8 @@
 """The worker's periodic tick, on its event loop (`heartbeat_interval_s`): what Redis refused to
-settle or store settled, its watchdog fed, its consuming announced to the API (`/readyz`), the
-models it must not be counted live for marked (crash-looping children, a batch past its time
-limit), and the queues it consumes checked against its models file. (Its lease beats on the
-event loop too: workers/broker/fetch.py.)"""
+settle or store settled, its watchdog fed, its consuming announced to the API (`/readyz`),
+queue by queue, the models it must not be counted live for marked (crash-looping children, a
+batch past its time limit), and the queues it consumes checked against its models file. (Its
+lease beats on the event loop too: workers/broker/fetch.py.)"""
 from __future__ import annotations
 
 import logging
@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import redis
 
-from tasks.keys import CONSUMING_KEY
+from tasks.keys import CONSUMING_KEY, consuming_key
 from tasks.names import queue_lists
 from tasks.presence import Presence
 from workers.broker import Leases
@@ -36,6 +36,7 @@ class Liveness:
         self.also = also
         self.unhealthy = unhealthy
         self.consuming = False
+        self.announced: set[str] = set()  # the queues last announced as consumed
         self.watchdog = Watchdog(self.settings.watchdog_s, self)
 
     def tick(self) -> None:
@@ -48,19 +49,33 @@ class Liveness:
                          self.settings.models_file)
             self.consumer.cancel_task_queue(queue)
         queues = self.consumed_queues()
-        if not queues:  # no model's queue (a webhooks-only worker, or all cancelled)
-            return
-        self.watchdog.observe_idle_with_work(self.idle() and self._jobs_waiting(queues))
+        if queues:  # else no model's queue (a webhooks-only worker, or all cancelled)
+            self.watchdog.observe_idle_with_work(self.idle() and self._jobs_waiting(queues))
+        if self.consuming and (queues or self.announced):
+            self._announce(queues)
+        if queues:
+            self._mark_unhealthy()
+
+    def _announce(self, queues: list[str]) -> None:
+        """This worker consumes `queues` now, and no longer those it announced before: the
+        API counts its instances of a model only while it consumes the model's queue."""
+        host = self.consumer.hostname
         try:
-            if self.consuming:
-                self.presence.consuming(self.consumer.hostname, 6 * self.settings.heartbeat_ttl_s)
-            sick = self.unhealthy()
-            if sick:
-                # Until a while after the last tick that found it so.
-                self.presence.unhealthy(sick, self.consumer.hostname,
-                                        self.settings.heartbeat_ttl_s)
+            self.presence.consuming(host, queues, self.announced - set(queues),
+                                    6 * self.settings.heartbeat_ttl_s)
+            self.announced = set(queues)
         except redis.RedisError as exc:
             logger.warning("could not announce this worker as consuming: %s", exc)
+
+    def _mark_unhealthy(self) -> None:
+        sick = self.unhealthy()
+        if not sick:
+            return
+        try:
+            # Until a while after the last tick that found it so.
+            self.presence.unhealthy(sick, self.consumer.hostname, self.settings.heartbeat_ttl_s)
+        except redis.RedisError as exc:
+            logger.warning("could not mark %s not live here: %s", ", ".join(sick), exc)
 
     def _queues(self, known: bool) -> list[str]:
         task_consumer = getattr(self.consumer, "task_consumer", None)
@@ -97,8 +112,14 @@ class Liveness:
     def stop_consuming(self) -> None:
         self.watchdog.pause()
         self.consuming = False
+        host = self.consumer.hostname
         try:
-            self.client.zrem(CONSUMING_KEY, self.consumer.hostname)
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.zrem(CONSUMING_KEY, host)
+                for queue in self.announced:
+                    pipe.zrem(consuming_key(queue), host)
+                pipe.execute()
+            self.announced = set()
         except redis.RedisError:
             pass
 
