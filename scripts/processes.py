@@ -75,7 +75,11 @@ class Service:
             self.reap(timeout)
 
 
-def spawn(name: str, cmd: list[str], env: dict[str, str], logdir: Path) -> Service:
+def spawn(name: str, cmd: list[str], env: dict[str, str], logdir: Path,
+          wrap: list[str] | None = None) -> Service:
+    """`cmd` in a session of its own, its output in logdir/<name>.log; `wrap`: a command that
+    runs it (a network namespace, a shifted clock)."""
+    cmd = [*(wrap or []), *cmd]
     log = logdir / f"{name}.log"
     handle = open(log, "ab")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,

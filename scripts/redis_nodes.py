@@ -37,7 +37,8 @@ def _private(path: Path, text: str) -> Path:
 
 def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False,
                 open_to_all: bool = False, like: Service | None = None,
-                replica_of: Service | None = None, appendfsync: str | None = None) -> Service:
+                replica_of: Service | None = None, appendfsync: str | None = None,
+                args: list[str] | None = None) -> Service:
     """A private redis-server as `make run` starts one (scripts/redis-server.sh): an admin user
     and the application's user (REDIS_APP_USER), which cannot run administrative commands, each
     with a fresh password, so that every client is proven to pass its own along and the
@@ -45,7 +46,8 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
     `extra["admin_url"]` the admin's (for tests that reconfigure, freeze or kill). `like`: a
     restart of that server (its port and passwords; a primary's role). `replica_of`: a replica of that
     primary, with its passwords. `open_to_all`: no user and no password, as a system package's
-    Redis. `appendfsync`: the append-only file's fsync policy (the script's default if None)."""
+    Redis. `appendfsync`: the append-only file's fsync policy (the script's default if None).
+    `args`: more of redis-server's options."""
     if like is not None:
         port, open_to_all = like.extra["port"], like.extra["password"] == ""
     port = port or free_port()
@@ -53,7 +55,8 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
     data.mkdir(parents=True, exist_ok=True)
     if open_to_all:
         cmd = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir",
-               str(data), "--save", "", "--appendonly", "yes" if appendonly else "no"]
+               str(data), "--save", "", "--appendonly", "yes" if appendonly else "no",
+               *(args or [])]
         svc = spawn(f"redis-{port}", cmd, dict(os.environ), workdir)
         admin = app = f"redis://127.0.0.1:{port}/0"
         svc.extra.update(password="", app_password="")
@@ -64,7 +67,7 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
         if appendfsync:
             env["REDIS_APPENDFSYNC"] = appendfsync
         cmd = [str(ROOT / "scripts" / "redis-server.sh"), "--appendonly",
-               "yes" if appendonly else "no"]
+               "yes" if appendonly else "no", *(args or [])]
         svc = spawn(f"redis-{port}", cmd, env, workdir)
         admin = f"redis://:{passwords['password']}@127.0.0.1:{port}/0"
         app = f"redis://{REDIS_APP_USER}:{passwords['app_password']}@127.0.0.1:{port}/0"
