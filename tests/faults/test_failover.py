@@ -110,6 +110,9 @@ def test_the_primary_killed_under_load(replicated, tmp_path_factory):
     before = every_record(stack.admin)
     load = Load(stack.api, "slow", "failover").start()
     wait_until(lambda: len(load.accepted) >= 60, 60, "load under way")
+    # The worker fetches through its in-flight record (workers/broker/fetch.py) on kombu's
+    # Sentinel transport too: it is registered among the fetchers.
+    assert stack.admin.hlen("iq:fetchers") >= 1
     old = group.primary
     held = running(stack.admin)  # batches running now: the only jobs that may run twice
     accepted_before = set(load.accepted.values())
