@@ -94,13 +94,3 @@ def every_record(admin: redis.Redis) -> set[str]:
     """The id of every job record in this Redis (the admin's client: KEYS)."""
     return {key.split(":", 2)[2] for key in admin.keys("iq:job:*")}
 
-
-def messageless(admin: redis.Redis, job_ids: list[str]) -> set[str]:
-    """Of `job_ids`, those whose task message is nowhere in Redis: on no queue (list) and not
-    among the messages delivered but unacknowledged (kombu's `unacked` hash). A queued job in
-    this state will never run (README's Reliability: a BRPOP that Redis served as it died)."""
-    held = [admin.lrange(key, 0, -1) for key in admin.scan_iter(_type="list")]
-    held.append(admin.hvals("unacked") if admin.exists("unacked") else [])
-    text = "\n".join(str(item) for items in held for item in items)
-    return {job_id for job_id in job_ids if job_id not in text}
-
