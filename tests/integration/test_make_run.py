@@ -367,8 +367,11 @@ def test_make_run_with_a_replica_and_sentinels_follows_a_failover_and_restarts_o
         check_each_process_holds_only_its_secrets(first, env, sentinels=True)
         admin = redis.Redis(port=sentinel, password=secret(env, "redis-password"),
                             decode_responses=True)
-        wait_until(lambda: admin.sentinel_master("mymaster")["num-slaves"] == 1, 30,
-                   "the sentinels to see the replica")
+        # A replica the sentinel has only heard of (from the primary's INFO) is no candidate
+        # yet (NOGOODSLAVE): wait until it has reached it and read its link to the primary.
+        wait_until(lambda: any(r["master-link-status"] == "ok" and not r["is_disconnected"]
+                               for r in admin.sentinel_slaves("mymaster")), 30,
+                   "the sentinel to reach the replica")
         admin.execute_command("SENTINEL", "FAILOVER", "mymaster")
         wait_until(lambda: admin.sentinel_get_master_addr_by_name("mymaster")[1] == port + 1,
                    60, "the replica promoted")
