@@ -8,7 +8,10 @@ gevent, a waiting thread waits).
   image that has waited longest, never back to the request that freed it. With API keys, one
   key holds at most `per_owner` decoders at once; the others stay free for other keys.
 * At most `size` images are decoded at once, one per decoder; `size` × 4 more may wait for a
-  decoder, each for at most `timeout_s`. Past that the pool is full: DecodersBusy, a `503`.
+  decoder, each for at most `timeout_s`, and of those at most `per_owner` × 4 for one key, so
+  that one key never fills the line: another key always finds room, and the decoders the
+  first key's cap leaves free serve it. Past that the pool is full (for that key):
+  DecodersBusy, a `503`.
 * Each image has `timeout_s`, and a request's images share one `Budget` of decoding seconds:
   a decoder that has not answered by the earlier of the two is killed and replaced, and the
   image is refused; once the budget is spent, the request's other images are refused undecoded.
@@ -67,13 +70,16 @@ class _Waiter:
 
 class _Turns:
     """`size` decoders, handed out in the order asked for, at most `per_owner` to one owner
-    (None: an owner without a cap, as every request is when keys are off)."""
+    (None: an owner without a cap, as every request is when keys are off). At most
+    `max_waiting` wait in all, and `per_owner` × WAITING_PER_DECODER of one owner's."""
 
     def __init__(self, size: int, per_owner: int, max_waiting: int) -> None:
         self.size, self.per_owner, self.max_waiting = size, per_owner, max_waiting
+        self.owner_waiting = min(max_waiting, per_owner * WAITING_PER_DECODER)
         self._lock = threading.Lock()
         self._free = size
         self._in_use: Counter[str] = Counter()
+        self._waiting: Counter[str] = Counter()
         self._line: deque[_Waiter] = deque()
 
     def _fits(self, owner: str | None) -> bool:
@@ -85,26 +91,37 @@ class _Turns:
             if not self._free:
                 return
             if self._fits(waiter.owner):
-                self._line.remove(waiter)
+                self._leave(waiter)
                 self._free -= 1
                 if waiter.owner is not None:
                     self._in_use[waiter.owner] += 1
                 waiter.granted = True
                 waiter.event.set()
 
+    def _leave(self, waiter: _Waiter) -> None:
+        """(lock held)"""
+        self._line.remove(waiter)
+        if waiter.owner is not None:
+            self._waiting[waiter.owner] -= 1
+            if not self._waiting[waiter.owner]:
+                del self._waiting[waiter.owner]
+
     def take(self, owner: str | None, timeout_s: float) -> None:
-        """A decoder for `owner`, or DecodersBusy: the line is full, or did not reach this
-        turn within `timeout_s`."""
+        """A decoder for `owner`, or DecodersBusy: the line is full, or holds the owner's
+        share of it, or did not reach this turn within `timeout_s`."""
         waiter = _Waiter(owner)
         with self._lock:
-            if len(self._line) >= self.max_waiting:
+            if len(self._line) >= self.max_waiting or (
+                    owner is not None and self._waiting[owner] >= self.owner_waiting):
                 raise DecodersBusy()
             self._line.append(waiter)
+            if owner is not None:
+                self._waiting[owner] += 1
             self._hand_out()
         waiter.event.wait(timeout_s)
         with self._lock:
             if not waiter.granted:
-                self._line.remove(waiter)
+                self._leave(waiter)
                 raise DecodersBusy()
 
     def give_back(self, owner: str | None) -> None:

@@ -180,6 +180,39 @@ def test_one_owner_holds_at_most_its_share_of_the_decoders():
     turns.take(None, 0.2)  # keys off: no owner, no cap
 
 
+def test_one_owner_holds_at_most_its_share_of_the_waiting_line():
+    """The re-attack on issue 26 (F1): one key with a decoder busy and the shared line full of
+    its waiters (which its cap keeps from being served) got every other key a 503 while the
+    other decoder sat idle. Now a key's waiters are capped too: the rest are told at once, and
+    another key finds room and the free decoder."""
+    turns = _Turns(size=2, per_owner=1, max_waiting=2 * WAITING_PER_DECODER)
+    turns.take("a", 1)  # decoding its slow image
+    outcomes: list[str] = []
+
+    def wait_in_line() -> None:
+        try:
+            turns.take("a", 30)
+            outcomes.append("served")
+            turns.give_back("a")
+        except DecodersBusy:
+            outcomes.append("busy")
+
+    flood = [threading.Thread(target=wait_in_line) for _ in range(turns.max_waiting)]
+    for thread in flood:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while outcomes.count("busy") < turns.max_waiting - WAITING_PER_DECODER:
+        assert time.monotonic() < deadline, outcomes
+        time.sleep(0.01)
+    assert len(turns._line) == WAITING_PER_DECODER  # "a"'s share of the line, no more
+    turns.take("b", 0.5)  # room in the line, and the decoder "a"'s cap leaves free
+    turns.give_back("b")
+    turns.give_back("a")  # "a"'s waiters are served one after another
+    for thread in flood:
+        thread.join()
+    assert outcomes.count("served") == WAITING_PER_DECODER, outcomes
+
+
 def test_a_requests_images_share_one_decoding_budget():
     """Past the budget (shortened here: the default, 10 s, is the hostile-image test's) the
     image in hand is stopped and the rest are refused undecoded."""
