@@ -18,7 +18,11 @@ gevent, a waiting thread waits).
 * Each decoder's address space is capped at `memory_mb`: a picture that needs more is refused
   (or, should the decoder die of it, refused all the same).
 
-Decoders start on first use and stop when the API process does (their stdin closes).
+A decoder's refusal is a code (app/decoding.py's CODES); the client's message is worded here,
+from the model's limits, so that nothing a decoder says reaches a client (`refusal`).
+
+Decoders start on first use and stop when the API process does (their stdin closes). A decoder
+serves one image at a time, of any key, and keeps nothing between images.
 """
 from __future__ import annotations
 
@@ -37,10 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from app.decoding import ANSWER, OK, REQUEST, Limits
+from app.decoding import ANSWER, MAX_JPEG_SCANS, OK, REQUEST, Limits
 from app.image_errors import ImageRefused
 
 DECODER = str(Path(__file__).with_name("decoding.py"))
+# Where make run keeps the secrets and Redis's files: out of its decoders' sight (with /proc).
+HIDDEN_FOLDERS = ("IQ_VAR_DIR", "IQ_REDIS_DIR")
 WAITING_PER_DECODER = 4
 STARTUP_S = 30.0  # a decoder's start (Python, Pillow, its confinement): not an image's time
 logger = logging.getLogger(__name__)
@@ -144,8 +150,10 @@ class _Decoder:
     def __init__(self, memory_mb: int) -> None:
         # Isolated (-I): no PYTHON* variables, no user site, and not this folder on sys.path;
         # an environment with nothing of the API's in it.
+        hidden = [os.path.abspath(os.environ[name]) for name in HIDDEN_FOLDERS
+                  if os.environ.get(name)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", DECODER, str(memory_mb)], stdin=subprocess.PIPE,
+            [sys.executable, "-I", DECODER, str(memory_mb), *hidden], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
             close_fds=True)
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -228,11 +236,12 @@ class DecoderPool:
     def _start(self) -> _Decoder:
         decoder = _Decoder(self.memory_mb)
         held = decoder.confinement
-        if not self._warned and (held["network"] != "none" or not held["no_new_privs"]):
+        if not self._warned and (held["network"] != "none" or not held["no_new_privs"]
+                                 or not held["hidden"]):
             self._warned = True  # once per API process
             logger.warning("image decoders run with more than they need: network %s, "
-                           "no_new_privs %s (docs/security.md)", held["network"],
-                           held["no_new_privs"])
+                           "no_new_privs %s, var dir and /proc hidden %s (docs/security.md)",
+                           held["network"], held["no_new_privs"], held["hidden"])
         return decoder
 
     def picture(self, data: bytes, limits: Limits, owner: str | None = None,
@@ -264,8 +273,26 @@ class DecoderPool:
                 decoder.stop()
                 raise
         if kind != OK:
-            raise ImageRefused(body.decode())
+            raise ImageRefused(refusal(body, limits))
         return body
+
+
+def refusal(code: bytes, limits: Limits) -> str:
+    """The client's message for a decoder's refusal `code`: words and figures of the API's own,
+    whatever the decoder answered."""
+    most = limits.max_pixels
+    messages = {
+        b"format": f"not an image in a supported format ({', '.join(limits.formats)})",
+        b"pixels": f"the image has more pixels than this model takes (at most {most})",
+        b"samples": f"the image holds more MiB of samples than this model takes (at most "
+                    f"{4 * most / 2**20:.0f} MiB, as in 8-bit RGBA at {most} pixels)",
+        b"animation": f"the image is an animation on a canvas of more than {most // 4} pixels, "
+                      "the most an animation may have",
+        b"scans": f"the JPEG has more than {MAX_JPEG_SCANS} scans",
+        b"memory": "the image needs more memory to decode than a decoder may use",
+        b"corrupt": "the image cannot be decoded (truncated or corrupt)",
+    }
+    return messages.get(code, "the image was refused by its decoder")
 
 
 def _spent(budget: Budget) -> ImageRefused:
