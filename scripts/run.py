@@ -36,8 +36,8 @@ from kombu.utils.url import maybe_sanitize_url
 
 from config import ConfigError, Settings, load_settings
 from scripts import run_redis
-from scripts.preflight import REDIS_APP_USER, Binding, model_file_problems, port_problems, \
-    reachable
+from scripts.preflight import REDIS_APP_USER, Binding, guarding, model_file_problems, \
+    port_problems, reachable, writable_by_others
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_UP_NOTE_S = 300  # a first model load can take minutes; after this, say what is missing
@@ -88,8 +88,20 @@ def _refuse_foreign(path: Path, why: str) -> Refused:
 def var_problems(var_dir: Path) -> list[str]:
     """One message per folder or file under var_dir that make run would use but another user
     made (or that is a link to elsewhere): its secrets, or a sentinel's word on which node is
-    the primary, would be theirs to choose or read."""
+    the primary, would be theirs to choose or read; and one per folder above var_dir that
+    another user may write (who may rename var_dir away and put theirs in its place), as the
+    model files' check finds them."""
     problems = []
+    for above in guarding(Path(os.path.abspath(var_dir)).parent, set()):
+        try:
+            why = writable_by_others(above)
+        except FileNotFoundError:
+            continue  # made by make run, as var_dir is
+        if why:
+            problems.append(f"make run: {_shown(above)} {why}: another user may put a folder "
+                            f"of theirs in place of {_shown(var_dir)} (and so choose what make "
+                            "run's tools read as its secrets). Move IQ_VAR_DIR to a folder only "
+                            f"you can write, or: chmod go-w '{above}'.")
     folders = [var_dir / "secrets", var_dir / "redis", *sorted(var_dir.glob("redis-*")),
                *sorted(var_dir.glob("sentinel-*"))]  # the replicas' and sentinels' (run_redis)
     for path in (var_dir, *(p for folder in folders for p in (folder, *_listing(folder)))):

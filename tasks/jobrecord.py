@@ -45,7 +45,8 @@ class DeliveryClaim(enum.Enum):
     MISSING = "missing"  # no record (it ran out), or no webhook
     NOT_ITS_STATUS = "not_its_status"  # the event is not the job's terminal status
     NOT_ASKED = "not_asked"  # the job did not ask for this event
-    DUPLICATE = "duplicate"  # another delivery (another id) took the job's webhook
+    DUPLICATE = "duplicate"  # not the delivery (the id) the job's finish queued
+    DONE = "done"  # the job's delivery was answered for good already
 
 
 class CancelOutcome(enum.Enum):

@@ -219,14 +219,15 @@ return #moved
 
 # KEYS: (record, stored result) per job, then the pending set. ARGV: finished_at, result ttl,
 # then per job: status, stored result, error ('' : none), webhook list ('' : none), webhook
-# message, the webhook queue's wake-up list, the token of the message that ran it.
+# message, the webhook queue's wake-up list, the token of the message that ran it, the webhook
+# delivery's id (recorded: the one delivery CLAIM_DELIVERY lets through).
 # Returns, per job, 1 when it took its terminal status here, 0 when it already had one (or the
 # message was not the job's own).
 FINISH = _PRELUDE + f"""
 local out, done = {{}}, {{}}
 local ttl = tonumber(ARGV[4])
 for i = 1, (#KEYS - 1) / 2 do
-  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 4 + 7 * (i - 1)
+  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 4 + 8 * (i - 1)
   local f = redis.call('hmget', key, 'status', 'token')
   local status = f[1]
   if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 7]) then
@@ -237,6 +238,7 @@ for i = 1, (#KEYS - 1) / 2 do
     else dead(key, id_of(key)) end
     redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)
     if ARGV[a + 4] ~= '' then
+      redis.call('hset', key, 'webhook_id', ARGV[a + 8])
       redis.call('lpush', ARGV[a + 4], ARGV[a + 5])
       if redis.call('llen', ARGV[a + 6]) == 0 then redis.call('lpush', ARGV[a + 6], '1') end
     end
@@ -252,19 +254,32 @@ return out
 """
 
 # KEYS: record. ARGV: the event, the delivery's id. Returns a DeliveryClaim: 'deliver' (this
-# delivery owns the job's one webhook: the event is its terminal status and one it asked for),
-# or why not: 'missing' (no record, or no webhook), 'not_its_status', 'not_asked',
-# 'duplicate' (another delivery took it).
+# is the job's one delivery, as FINISH recorded its id, and the event is the job's terminal
+# status and one it asked for, and no attempt of it was answered for good yet), or why not:
+# 'missing' (no record, or no webhook), 'not_its_status', 'not_asked', 'duplicate' (not the
+# recorded id), 'done' (DELIVERY_DONE marked it). A record finished before FINISH recorded
+# ids takes the first id that claims it.
 CLAIM_DELIVERY = _PRELUDE + """
-local f = redis.call('hmget', KEYS[1], 'status', 'webhook_url', 'webhook_events', 'webhook_id')
+local f = redis.call('hmget', KEYS[1], 'status', 'webhook_url', 'webhook_events', 'webhook_id',
+                     'webhook_done')
 if not f[1] or not f[2] then return 'missing' end
 if f[1] ~= ARGV[3] then return 'not_its_status' end
 if f[3] and not string.find(',' .. f[3] .. ',', ',' .. ARGV[3] .. ',', 1, true) then
   return 'not_asked'
 end
 if f[4] and f[4] ~= ARGV[4] then return 'duplicate' end
+if f[5] then return 'done' end
 redis.call('hset', KEYS[1], 'webhook_id', ARGV[4])
 return 'deliver'
+"""
+
+# KEYS: record. ARGV: the delivery's id, its final outcome. The job's delivery got an answer
+# that ends it (delivered, refused, given up): CLAIM_DELIVERY lets no message through again,
+# even one with its id. Returns 1, or 0 when the id is not the job's delivery.
+DELIVERY_DONE = _PRELUDE + """
+if redis.call('hget', KEYS[1], 'webhook_id') ~= ARGV[3] then return 0 end
+redis.call('hset', KEYS[1], 'webhook_done', ARGV[4])
+return 1
 """
 
 # KEYS: record. ARGV: now (ISO), cancelled error, expired error. Returns a CancelOutcome:

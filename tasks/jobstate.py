@@ -22,8 +22,10 @@ Every move is one Lua script, so each is decided once, inside Redis:
 * `cancel`: only a queued job is cancelled; `start` refuses a cancelled one.
 * `progress`: a running job whose inputs span several model calls counts its items done.
 * `claim_delivery`: a webhook delivery is sent only for the job's terminal status, if the job
-  asked for that event, and by one delivery id: a message sent by hand (Flower's send-task)
-  cannot make the deliverer sign another event, or the same one twice.
+  asked for that event, only by the delivery `finish` queued (its id is recorded with the
+  result), and only until an attempt of it is answered for good (`delivery_done`): a message
+  sent by hand (Flower's send-task) cannot make the deliverer sign another event, a delivery
+  under another id, or a second copy once the first was answered.
 
 A job's record holds a short random token that its task message carries too (the `job_token`
 header): `start` and `finish` move a job only for a message with its token, so that a message
@@ -102,7 +104,7 @@ class JobState:
 
     def __post_init__(self) -> None:
         for name in ("SUBMIT", "START", "PROGRESS", "FINISH", "CANCEL", "READ", "LIST",
-                     "DELETE", "KEPT", "CLAIM_DELIVERY", "CRASHED"):
+                     "DELETE", "KEPT", "CLAIM_DELIVERY", "DELIVERY_DONE", "CRASHED"):
             self._scripts[name.lower()] = self.client.register_script(getattr(jobscripts, name))
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
@@ -202,7 +204,8 @@ class JobState:
             args += [final.status.value, final.result,
                      final.error.to_json() if final.error else "",
                      hook.list_key if hook else "", hook.payload if hook else "",
-                     wake_key(queue_of(hook.list_key)) if hook else "", final.token]
+                     wake_key(queue_of(hook.list_key)) if hook else "", final.token,
+                     hook.task_id if hook else ""]
         keys.append(PENDING_KEY)
         return [bool(x) for x in self._run("finish", keys, args)]
 
@@ -215,6 +218,10 @@ class JobState:
         """Whether delivery `delivery_id` may send `event` of the job (its retries may)."""
         return DeliveryClaim(_text(self._run("claim_delivery", [job_key(job_id)],
                                              [event, delivery_id])))
+
+    def delivery_done(self, job_id: str, delivery_id: str, outcome: str) -> bool:
+        """The job's delivery got its final answer: no message may deliver it again."""
+        return bool(self._run("delivery_done", [job_key(job_id)], [delivery_id, outcome]))
 
     def cancel(self, job_id: str) -> CancelOutcome:
         return CancelOutcome(_text(self._run(

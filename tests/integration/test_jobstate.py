@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -242,6 +243,7 @@ def finished_with_webhook(state: JobState, events: tuple[str, ...],
 
 
 def test_a_webhook_is_delivered_for_the_jobs_status_if_asked_by_one_delivery(state):
+    """A record finished before `finish` recorded its delivery's id: the first id claims it."""
     job_id = finished_with_webhook(state, ("succeeded",))
     claim = state.claim_delivery
     assert claim(job_id, "failed", "msg_forged") is DeliveryClaim.NOT_ITS_STATUS
@@ -253,3 +255,21 @@ def test_a_webhook_is_delivered_for_the_jobs_status_if_asked_by_one_delivery(sta
     assert claim(unasked, "failed", "msg_3") is DeliveryClaim.NOT_ASKED
     assert claim(str(uuid.uuid4()), "succeeded", "msg_4") is DeliveryClaim.MISSING
     assert claim(submit_with(state).id, "queued", "msg_5") is DeliveryClaim.MISSING  # no hook
+
+
+def test_only_the_delivery_the_finish_queued_is_sent_and_only_until_it_is_answered(state):
+    """The re-attack on issue 26 (F4): a delivery sent through Flower under an id of its
+    choosing took a job's webhook over before the real one (which was then dropped), and one
+    sent again under the real id was signed and sent again."""
+    record = submit_with(state, webhook_url="https://example.com/hook",
+                         webhook_events=("succeeded",))
+    state.start([record.id], worker="w/0", batch="{}")
+    hook = QueuedMessage("hooks", b"{}", "msg_real")
+    assert state.finish([replace(final(record.id), webhook=hook)], result_ttl_s=60) == [True]
+    claim = state.claim_delivery
+    assert claim(record.id, "succeeded", "msg_chosen") is DeliveryClaim.DUPLICATE  # first
+    assert claim(record.id, "succeeded", "msg_real") is DeliveryClaim.DELIVER
+    assert claim(record.id, "succeeded", "msg_real") is DeliveryClaim.DELIVER  # unanswered yet
+    assert not state.delivery_done(record.id, "msg_chosen", "delivered")
+    assert state.delivery_done(record.id, "msg_real", "delivered")
+    assert claim(record.id, "succeeded", "msg_real") is DeliveryClaim.DONE  # sent again
