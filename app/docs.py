@@ -51,6 +51,8 @@ class Job(Schema):
     finished_at = fields.String(allow_none=True)
     trace_id = fields.String()
     batch = fields.Dict()
+    model_version = fields.String(metadata={
+        "description": "the version of the model that gave the job its final status"})
     encoding_format = fields.String(validate=validate.OneOf(["float", "base64"]),
                                     metadata={"description": "how `result.outputs` travel"})
     result = fields.Dict(allow_none=True, metadata={
@@ -67,6 +69,12 @@ class ModelInput(Schema):
     sources = fields.List(fields.String())
     formats = fields.List(fields.String())
     preprocess = fields.Dict()
+
+
+class ModelVersion(Schema):
+    version = fields.String(required=True)
+    workers = fields.Integer()
+    instances = fields.Integer()
 
 
 class Model(Schema):
@@ -87,9 +95,14 @@ class Model(Schema):
     options = fields.List(fields.String(), metadata={"description": "the options it takes"})
     workers = fields.Integer(metadata={"description": "live worker nodes serving it"})
     instances = fields.Integer(metadata={"description": "live copies of the model"})
+    versions = fields.List(fields.Nested(ModelVersion), metadata={
+        "description": "the versions the live copies serve, with their workers and copies: "
+                       "two during a reload"})
 
 
 class Models(Schema):
+    revision = fields.String(metadata={
+        "description": "the revision (a hash) of the models file this API process serves"})
     models = fields.List(fields.Nested(Model), required=True)
 
 

@@ -240,6 +240,8 @@ def job_body(job: JobRecord) -> dict[str, Any]:
     body["encoding_format"] = job.encoding_format
     if job.batch is not None:
         body["batch"] = job.batch
+    if job.model_version:
+        body["model_version"] = job.model_version
     if job.status is Status.SUCCEEDED:
         # Outputs are kept result_ttl_s, the record job_ttl_s: past the first, say so.
         body["result"] = {"outputs": job.outputs} if job.outputs is not None else None

@@ -19,7 +19,7 @@ from config import Settings
 from config.models import ModelSpec
 from tasks import tracing
 from tasks.jobstate import CancelOutcome, JobRecord, JobState, Status, new_job
-from tasks.keys import CONSUMING_KEY, idempotency_key, live_key
+from tasks.keys import CONSUMING_KEY, idempotency_key, live_key, versions_key
 from tasks.messages import JobArgs, task_message
 from tasks.names import PRIORITIES, queue_lists, task_name
 from tasks.redis_client import connect
@@ -169,26 +169,36 @@ class JobStore:
                 return job
             raise WaitRefused(str(exc), job) from None
 
-    def live(self, models: Iterable[str]) -> dict[str, dict[str, int]]:
+    def live(self, models: Iterable[str]) -> dict[str, dict]:
         """Live model instances per model: pool children with the model loaded (their
-        heartbeats) in workers that are consuming (their event loop's tick)."""
+        heartbeats) in workers that are consuming (their event loop's tick); and which
+        versions they serve (two during a reload's rollout)."""
         names = list(models)
         since = time.time() - self.settings.heartbeat_ttl_s
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.zrangebyscore(CONSUMING_KEY, since, "+inf")
             for name in names:
                 pipe.zrangebyscore(live_key(name), since, "+inf")
-            consuming, *members = pipe.execute()
+                pipe.hgetall(versions_key(name))
+            consuming, *found = pipe.execute()
         workers = set(consuming)
-        out = {}
-        for name, found in zip(names, members):
-            serving = [m for m in found if m.rsplit("/", 1)[0] in workers]
-            out[name] = {"workers": len({m.rsplit("/", 1)[0] for m in serving}),
-                         "instances": len(serving)}
-        return out
+        return {name: _serving([m for m in members if m.rsplit("/", 1)[0] in workers],
+                               versions)
+                for name, members, versions in zip(names, found[::2], found[1::2])}
 
     def queue_depths(self) -> dict[str, int]:
         return {name: self.queue_depth(spec) for name, spec in self.models.items()}
 
     def ping(self) -> bool:
         return bool(self.redis.ping())
+
+
+def _serving(members: list[str], versions: dict[str, str]) -> dict:
+    """A model's live pool children (`hostname/index`) counted as /readyz and /v1/models show
+    them, in all and per version."""
+    by_version: dict[str, list[str]] = {}
+    for member in members:
+        by_version.setdefault(versions.get(member, "unknown"), []).append(member)
+    return {"workers": len({m.rsplit("/", 1)[0] for m in members}), "instances": len(members),
+            "versions": [{"version": version, "workers": len({m.rsplit("/", 1)[0] for m in ms}),
+                          "instances": len(ms)} for version, ms in sorted(by_version.items())]}

@@ -89,17 +89,19 @@ end
 return out
 """
 
-# KEYS: (record, stored result) per job. ARGV: finished_at, result ttl, then per job: status,
-# stored result, error ('' : none), webhook list ('' : none), webhook message.
+# KEYS: (record, stored result) per job. ARGV: finished_at, result ttl, model version ('' :
+# none), then per job: status, stored result, error ('' : none), webhook list ('' : none),
+# webhook message.
 # Returns, per job, 1 when it took its terminal status here, 0 when it already had one.
 FINISH = _ID_OF + """
 local out = {}
 local ttl = tonumber(ARGV[2])
 for i = 1, #KEYS / 2 do
-  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 2 + 5 * (i - 1)
+  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 3 + 5 * (i - 1)
   local status = redis.call('hget', key, 'status')
   if status == 'queued' or status == 'running' then
     redis.call('hset', key, 'status', ARGV[a + 1], 'finished_at', ARGV[1])
+    if ARGV[3] ~= '' then redis.call('hset', key, 'model_version', ARGV[3]) end
     if ARGV[a + 3] ~= '' then redis.call('hset', key, 'error', ARGV[a + 3]) end
     redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)
     if ARGV[a + 4] ~= '' then redis.call('lpush', ARGV[a + 4], ARGV[a + 5]) end

@@ -131,6 +131,7 @@ class JobRecord:
     worker: str | None = None  # node name / child index / pid of its last run
     batch: dict | None = None  # the batch it last ran in: id, jobs, items
     runs: int = 0
+    model_version: str = ""  # the version of the model that gave its terminal status
     error: JobError | None = None
     outputs: list | None = None
 
@@ -162,7 +163,7 @@ class JobRecord:
             expires_at=float(get("expires_at")) if get("expires_at") else None,
             started_at=_time(get("started_at")), finished_at=_time(get("finished_at")),
             worker=get("worker"), batch=orjson.loads(get("batch")) if get("batch") else None,
-            runs=int(get("runs") or 0),
+            runs=int(get("runs") or 0), model_version=get("model_version", ""),
             error=JobError.from_json(raw["error"]) if get("error") else None,
             outputs=outputs)
 
@@ -232,13 +233,15 @@ class JobState:
                                      args=[now, worker, batch, now, EXPIRED_ERROR.to_json()])
         return [StartDecision(_text(x)) for x in out]
 
-    def finish(self, finals: Sequence[Final], *, result_ttl_s: int) -> list[bool]:
+    def finish(self, finals: Sequence[Final], *, result_ttl_s: int,
+               model_version: str = "") -> list[bool]:
         """Give each job its terminal status, result and webhook, unless it has one already;
-        per job whether this call was the one that finished it."""
+        per job whether this call was the one that finished it. `model_version`: the version
+        of the model that ran them ("": none ran, as for a batch whose child was lost)."""
         if not finals:
             return []
         keys: list[str] = []
-        args: list[Any] = [now_iso(), result_ttl_s]
+        args: list[Any] = [now_iso(), result_ttl_s, model_version]
         for final in finals:
             keys += [job_key(final.job_id), result_key(final.job_id)]
             args += [final.status.value, final.result,

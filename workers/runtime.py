@@ -15,9 +15,10 @@ from config import Settings
 from config.models import ModelSpec
 from tasks.errors import ErrorCode, JobError
 from tasks.jobstate import JobState
-from tasks.keys import live_key
+from tasks.keys import live_key, versions_key
 from tasks.redis_client import connect
 from workers.handlers import Handler, build_handler
+from workers.versions import model_version
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class ModelRuntime:
         self.member = f"{hostname}/{index}"
         self.index = index
         self.handlers: dict[str, Handler] = {}
+        self.versions: dict[str, str] = {}  # model → the version this child serves
         self._fractions: dict[str, float] = {}
         self.state = State.STARTING
         self._stop = threading.Event()
@@ -89,8 +91,10 @@ class ModelRuntime:
         handler = load_handler(spec, device, self.settings, self._fractions[device])
         self.handlers[name] = handler
         self.specs[name] = spec
-        logger.info("model %s ready on %s (%s) in %.1fs (child %s)", name, device, spec.dtype,
-                    time.monotonic() - started, self.member)
+        self.versions[name] = model_version(spec)
+        logger.info("model %s version %s ready on %s (%s) in %.1fs (child %s)", name,
+                    self.versions[name], device, spec.dtype, time.monotonic() - started,
+                    self.member)
         return handler
 
     def run(self, model: str, jobs: list[tuple[list, dict]]) -> list[list | JobError]:
@@ -121,6 +125,7 @@ class ModelRuntime:
             with self._redis.pipeline(transaction=False) as pipe:
                 for name in self.specs:
                     pipe.zrem(live_key(name), self.member)
+                    pipe.hdel(versions_key(name), self.member)
                 pipe.execute()
         except redis.RedisError:
             pass
@@ -133,6 +138,8 @@ class ModelRuntime:
                 pipe.zadd(live_key(name), {self.member: now})
                 pipe.zremrangebyscore(live_key(name), "-inf",
                                       now - 6 * self.settings.heartbeat_ttl_s)
+                if name in self.versions:
+                    pipe.hset(versions_key(name), self.member, self.versions[name])
             pipe.execute()
 
     def _heartbeat(self) -> None:

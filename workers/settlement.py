@@ -104,7 +104,9 @@ class Settlement:
     def _settle_one(r: Any, o: JobOutcome) -> None:
         """Celery's own handling of one job's outcome: state, event, ack or requeue."""
         if o.outcome is Outcome.SUCCEEDED:
-            r.on_success((False, f"{o.outputs} output(s)", o.runtime))
+            # What Flower shows as the task's result: the outputs stay in Redis.
+            r.on_success((False, f"{o.outputs} output(s), model_version {o.model_version}",
+                          o.runtime))
         elif o.outcome is Outcome.FAILED:
             r.on_success((True, _failure_info(o.error), o.runtime))
         elif o.outcome is Outcome.RETRY:
@@ -130,7 +132,13 @@ class Settlement:
                 for r in requests:
                     r.on_failure(exc_info)
             return
-        error = self._batch_error(model, exc)
+        self.fail(requests, self._batch_error(model, exc), exc_info)
+
+    def fail(self, requests: list, error: JobError, exc_info: ExceptionInfo | None = None) -> None:
+        """Jobs that end `failed` with `error` without a result of their model's (a batch
+        that never returned, a model a reload removed): stored, then acknowledged, with
+        their task events; requeued instead when Redis refuses the store."""
+        exc_info = exc_info or _failure_info(error)
         jobs = [BatchJob.of(r) for r in requests]
         finals = [failed(self.app, job, error) for job in jobs]
         try:
@@ -152,7 +160,8 @@ class Settlement:
 
     def _batch_error(self, model: str, exc: BaseException) -> JobError:
         if isinstance(exc, TimeLimitExceeded):
-            limit = self.app.conf.iq_models[model].time_limit_s
+            spec = self.app.conf.iq_models.get(model)  # a reload may have removed it
+            limit = spec.time_limit_s if spec else 0
             return JobError(ErrorCode.TIMEOUT,
                             f"the batch ran past its model's time limit ({limit:g} s)")
         return JobError(ErrorCode.WORKER_ERROR, f"{type(exc).__name__}: {exc}")
