@@ -50,7 +50,8 @@ def readyz():
 def list_models():
     models = _ext("iq.models")
     live = _ext("iq.store").live(models)
-    return jsonify({"models": [{**spec.public(), **live[name]} for name, spec in models.items()]})
+    return jsonify({"revision": _ext("iq.revision"),
+                    "models": [{**spec.public(), **live[name]} for name, spec in models.items()]})
 
 
 @bp.get("/metrics")

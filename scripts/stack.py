@@ -140,13 +140,17 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
     return svc
 
 
-def start_worker(name: str, env: dict[str, str], logdir: Path, queues: list[str],
+def start_worker(name: str, env: dict[str, str], logdir: Path, queues: list[str] | None,
                  concurrency: int = 1, app: str = "workers.main",
                  pool: str = "prefork") -> Service:
+    """A `celery worker` named `name@<host>` on `queues` (None: every model's, as a worker
+    started without -Q)."""
     env = dict(env, IQ_WORKER_METRICS_PORT=str(free_port()))
     cmd = [str(VENV_BIN / "celery"), "-A", app, "worker", "--pool", pool,
            "--concurrency", str(concurrency), "--loglevel", "INFO",
-           "--hostname", f"{name}@%h", "--queues", ",".join(queues)]
+           "--hostname", f"{name}@%h"]
+    if queues is not None:
+        cmd += ["--queues", ",".join(queues)]
     svc = spawn(f"worker-{name}", cmd, env, logdir)
     svc.extra["metrics_url"] = f"http://127.0.0.1:{env['IQ_WORKER_METRICS_PORT']}/metrics"
     return svc

@@ -12,6 +12,7 @@ import orjson
 class ErrorCode(enum.StrEnum):
     INFERENCE_ERROR = "inference_error"  # the model raised on the job's inputs
     MODEL_UNAVAILABLE = "model_unavailable"  # the worker has no such model configured
+    MODEL_REMOVED = "model_removed"  # a reload removed its model before it ran
     TIMEOUT = "timeout"  # its batch ran past the model's time_limit_s
     WORKER_ERROR = "worker_error"  # its batch call broke outside the model
     CANCELLED = "cancelled"  # cancelled before it ran

@@ -27,6 +27,7 @@ from workers.broker import Leases, Unacked, broker_of
 from workers.execute import run_batch
 from workers.liveness import Liveness
 from workers.policy import Batch, BatchScheduler
+from workers.reload import Reloader, removed_error
 from workers.settlement import Settlement
 
 logger = logging.getLogger(__name__)
@@ -50,12 +51,20 @@ class PoolDispatcher:
         self.leases = Leases(Unacked(self.client, broker_of(consumer.app)))
         self.settlement = Settlement(consumer.app, self.leases, JobState(self.client))
         self.liveness = Liveness(consumer, self.client, self.leases, self._idle)
+        self.reloader = Reloader(self, self.client)
         self._timer_entry: Any = None
         self._timer_due: float | None = None
 
     @property
     def capacity(self) -> int:
-        return int(self.consumer.pool.num_processes or 1)
+        """Children that may hold a batch: all of them, less one being replaced by a
+        reload."""
+        return max(int(self.consumer.pool.num_processes or 1) - self.reloader.unavailable, 0)
+
+    def tick(self) -> None:
+        """The worker's periodic tick (`heartbeat_interval_s`)."""
+        self.liveness.tick()
+        self.reloader.tick()
 
     def _idle(self) -> bool:
         """A pool child is free and nothing waits in the buffer."""
@@ -80,6 +89,10 @@ class PoolDispatcher:
 
     # -- intake --------------------------------------------------------------------------
     def submit(self, model: str, request: Any) -> None:
+        if model in self.reloader.removed:
+            with self.settlement.settling():
+                self.settlement.fail([request], removed_error(model))
+            return
         kwargs = request.kwargs or {}
         inputs = kwargs.get("inputs")
         items = len(inputs) if isinstance(inputs, list) else 1
@@ -91,7 +104,7 @@ class PoolDispatcher:
 
     # -- batching ------------------------------------------------------------------------
     def pump(self, freed: int = 0) -> None:
-        idle = self.capacity - self.inflight
+        idle = max(self.capacity - self.inflight, 0)
         with self.settlement.settling():
             batches = self.scheduler.batches(monotonic(), idle=idle, busy=self.inflight,
                                              freed=freed, discard=self.settlement.revoked)
@@ -133,9 +146,11 @@ class PoolDispatcher:
             self.inflight -= 1
             self.settlement.failed_batch(batch.model, requests, exc_info)
             if not _stopping():
+                self.reloader.step()
                 self.pump(freed=1)
 
-        time_limit = self.consumer.app.conf.iq_models[batch.model].time_limit_s or None
+        spec = self.consumer.app.conf.iq_models.get(batch.model)
+        time_limit = (spec.time_limit_s if spec else 0) or None
         self.consumer.pool.apply_async(
             run_batch,
             args=(batch.model, [BatchJob.of(r) for r in requests]),
@@ -154,6 +169,7 @@ class PoolDispatcher:
             # Shutting down: the loop may not turn again, and no new batch starts.
             self.settlement.finish(model, requests, outcomes)
             return
+        self.reloader.step()  # a reload takes a child on the previous file before it is reused
         self.pump(freed=1)
         # The pool writes the freed child its next batch only when the event loop next
         # turns. Acknowledging now (a Redis round trip and an event per job) would hold that
