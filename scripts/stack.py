@@ -102,14 +102,16 @@ def _private(path: Path, text: str) -> Path:
 
 
 def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False,
-                open_to_all: bool = False, like: Service | None = None) -> Service:
+                open_to_all: bool = False, like: Service | None = None,
+                bind: list[str] | None = None) -> Service:
     """A private redis-server as `make run` starts one (scripts/redis-server.sh): an admin user
     and the application's user (REDIS_APP_USER), which cannot run administrative commands, each
     with a fresh password, so that every client is proven to pass its own along and the
     application's processes to need no more. `extra["url"]` is the application's URL,
     `extra["admin_url"]` the admin's (for tests that reconfigure, freeze or kill). `like`: a
     restart of that server (its port and passwords). `open_to_all`: no user and no password,
-    as a system package's Redis."""
+    as a system package's Redis. `bind`: addresses it listens on beside 127.0.0.1 (hosts of
+    their own, tests/support/netns.py)."""
     if like is not None:
         port, open_to_all = like.extra["port"], like.extra["password"] == ""
     port = port or free_port()
@@ -131,6 +133,8 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
                    IQ_REDIS_APP_PASSWORD_FILE=str(_private(data / "app-password", app_password)))
         cmd = [str(ROOT / "scripts" / "redis-server.sh"), "--appendonly",
                "yes" if appendonly else "no"]
+        if bind:
+            cmd += ["--bind", "127.0.0.1", *bind]
         svc = spawn(f"redis-{port}", cmd, env, workdir)
         admin = f"redis://:{admin_password}@127.0.0.1:{port}/0"
         app = f"redis://{REDIS_APP_USER}:{app_password}@127.0.0.1:{port}/0"
@@ -264,14 +268,15 @@ class Stack:
 
 def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
            env_extra: dict[str, str] | None = None, appendonly: bool = False,
-           ready_models: list[str] | None = None, defaults: bool = False) -> Stack:
+           ready_models: list[str] | None = None, defaults: bool = False,
+           bind: list[str] | None = None) -> Stack:
     """Start Redis, one single-child worker per entry of `workers` (name → queues) and the
     API; return once each model in `ready_models` (default: all) has a live instance.
     Heartbeats are quicker than the defaults, so that tests see workers come and go sooner,
     unless `defaults`: then every setting is what a user runs (no IQ_* but the models file)."""
     models_file = workdir / "models.yaml"
     models_file.write_text(yaml.safe_dump({"models": models}))
-    redis_svc = start_redis(workdir, appendonly=appendonly)
+    redis_svc = start_redis(workdir, appendonly=appendonly, bind=bind)
     base = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
     quick = {} if defaults else {"IQ_HEARTBEAT_INTERVAL_S": "0.5", "IQ_HEARTBEAT_TTL_S": "3"}
     # A webhook secret, as `make run` generates one: without it webhooks are off.

@@ -53,7 +53,7 @@ def select_models(sender: str, instance, conf, **_kw) -> None:
     # of a model that a reload adds, too.
     conf.iq_consumes_all = queues >= {s.queue for s in specs.values()}
     logger.info("worker %s serves models: %s", sender, ", ".join(models) or "(none)")
-    metrics.serve(conf.iq_settings)
+    conf.iq_metrics_address = metrics.serve(conf.iq_settings)
 
 
 @signals.worker_process_init.connect

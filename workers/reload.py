@@ -167,7 +167,8 @@ class Reloader:
     def report(self) -> None:
         status = {"revision": self.revision, "state": self.state, "at": time.time(),
                   "children_left": len(self.stale) + self.unavailable, "error": self.error,
-                  "refused": self.refused_revision}
+                  "refused": self.refused_revision,
+                  "metrics": getattr(self.app.conf, "iq_metrics_address", None)}
         try:
             self.client.hset(RELOAD_STATUS_KEY, f"worker:{self.consumer.hostname}",
                              orjson.dumps(status))
