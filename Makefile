@@ -28,6 +28,11 @@ bench: $(DEV_STAMP)
 bench-quick: $(DEV_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m bench --quick $(BENCH_ARGS)
 
+# Builds the images (Containerfile), starts compose.yaml's stack with podman, checks that it
+# serves a job (scripts/container_check.sh).
+container-check:
+	scripts/container_check.sh
+
 gpu-check: $(RUN_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m scripts.gpu_check
 
