@@ -152,6 +152,7 @@ def test_a_host_cut_off_past_the_visibility_timeout_loses_nothing_and_rejoins(tw
         wait_until(lambda: set(_runs(stack.workdir, cut.name)) & {t for _, t, _ in
                                                                    feed.since(healed_at)},
                    RECOVERY_S, "the healed host to run new jobs")
+        rejoined_at = time.time()
         assert len(_consuming(stack)) == 2
     finally:
         feed.stop.set()
@@ -169,6 +170,10 @@ def test_a_host_cut_off_past_the_visibility_timeout_loses_nothing_and_rejoins(tw
     counts = collections.Counter(_runs(stack.workdir, cut.name) + _runs(stack.workdir,
                                                                           other.name))
     twice = {token for token, n in counts.items() if n > 1}
+    last = max((_finished_at(records[i]) for _, _, i in before if i not in lost), default=cut_at)
+    print(f"\nhost cut off {cut_s}s: {len(feed.jobs)} jobs, the last held at the cut done "
+          f"{last - cut_at:.1f}s after it, {len(twice)} ran twice, {len(lost)} lost; "
+          f"rejoined {rejoined_at - healed_at:.1f}s after the heal")
     assert twice <= ran_before_cut and len(twice) <= BATCH, twice
     assert all(n <= 2 for n in counts.values())
     if lost:
