@@ -71,7 +71,7 @@ export REDIS_IMAGE
 cert="$(sed -n 's/^cert *= *//p' /etc/pip.conf 2>/dev/null | head -1)"
 lend=()
 for path in /etc/pip.conf /etc/xdg/pip /opt/pypi* /opt/wheels ${PIP_CERT:-} $cert; do
-  [ -e "$path" ] && lend+=(--volume "$path:$path:ro")
+  [ -e "$path" ] && [[ " ${lend[*]} " != *" $path:$path:ro "* ]] && lend+=(--volume "$path:$path:ro")
 done
 export API_IMAGE=localhost/inference-queue-api:latest WORKER_IMAGE=localhost/inference-queue-worker:latest
 for target in api worker; do
@@ -96,6 +96,24 @@ for candidate in "" "--cgroups=disabled" \
   run_args=none
 done
 [ "$run_args" = none ] && { echo "container check skipped: podman cannot start a container here"; exit 77; }
+
+# -- what the images hold ----------------------------------------------------------------------
+# Both run as the unprivileged user and have no pip and no compiler; the API's has no torch.
+in_image() {  # in_image IMAGE COMMAND: COMMAND's output, run by bash in a container of IMAGE
+  # shellcheck disable=SC2086 # the run arguments are separate words
+  podman run --rm $run_args --network host --entrypoint bash "$1" -c "$2" 2>&1
+}
+for image in "$API_IMAGE" "$WORKER_IMAGE"; do
+  user="$(in_image "$image" 'id -u')"
+  [ "$user" != 0 ] || { echo "container check FAILED: $image runs as root"; exit 1; }
+  tools="$(in_image "$image" 'for t in pip pip3 .venv/bin/pip gcc cc make; do command -v $t; done; true')"
+  [ -z "$tools" ] || { echo "container check FAILED: $image has build tools: $tools"; exit 1; }
+  echo "$image: $(podman image inspect --format '{{.Size}}' "$image" | awk '{printf "%.0f MB", $1/1e6}'), runs as uid $user, no pip or compiler"
+done
+if in_image "$API_IMAGE" '.venv/bin/python -c "import torch"' > /dev/null; then
+  echo "container check FAILED: the API image has torch"; exit 1
+fi
+echo "$API_IMAGE: no torch (import torch fails)"
 
 # -- the stack ---------------------------------------------------------------------------------
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
