@@ -55,8 +55,8 @@ def unavailable() -> str | None:
 
 def netem_unavailable() -> str | None:
     """Why latency cannot be added here (this sandbox's kernel has no netem), or None."""
-    probe = f"iqnetem{os.getpid()}"
-    _run("ip", "link", "add", probe, "type", "dummy", check=False)
+    probe = f"iqnetem{os.getpid()}"  # a veth pair, as the hosts' links are (dummy may be absent)
+    _run("ip", "link", "add", probe, "type", "veth", "peer", "name", f"{probe}p", check=False)
     try:
         added = _run("tc", "qdisc", "add", "dev", probe, "root", "netem", "delay", "5ms",
                      check=False)
