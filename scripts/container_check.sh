@@ -40,10 +40,13 @@ write_env() {
 
 if [ "${1:-}" = env ]; then write_env; exit 0; fi
 command -v podman > /dev/null || { echo "container check skipped: podman is not installed"; exit 77; }
-compose=(podman-compose)
-command -v podman-compose > /dev/null || {
-  echo "container check skipped: podman-compose is not installed (pip or apt: podman-compose)"
+# podman-compose: requirements/dev.txt's (Debian bookworm's 1.0.3 puts a host-network
+# container on a bridge network too, which podman refuses), else PODMAN_COMPOSE's.
+compose="${PODMAN_COMPOSE:-.venv/bin/podman-compose}"
+[ -x "$compose" ] || command -v "$compose" > /dev/null || {
+  echo "container check skipped: no $compose (make test installs it: requirements/dev.txt)"
   exit 77; }
+compose=("$compose")
 
 # -- base images ---------------------------------------------------------------------------
 debian_image() {  # debian_image TAG PACKAGES: a bookworm image with PACKAGES, made here
@@ -132,10 +135,13 @@ fi
 write_env
 project="iqcheck$$"
 up=("${compose[@]}" -p "$project" "${files[@]}" --env-file "$var/compose.env"
-    --podman-run-args "$run_args")
+    "--podman-run-args=$run_args")
 cleanup() { "${up[@]}" down -v > /dev/null 2>&1 || true; }
 trap cleanup EXIT
 "${up[@]}" up -d --no-build > "$var/compose-up.log" 2>&1 || { cat "$var/compose-up.log"; exit 1; }
+running="$(podman ps --filter "label=io.podman.compose.project=$project" --format '{{.Names}}' | wc -l)"
+[ "$running" = 5 ] || { tail -40 "$var/compose-up.log"
+  echo "container check FAILED: $running of 5 containers running"; exit 1; }
 
 api="http://127.0.0.1:$API_PORT"
 echo "waiting for $api/readyz (the worker loads its model)"
