@@ -79,10 +79,15 @@ done
 export API_IMAGE=localhost/inference-queue-api:latest WORKER_IMAGE=localhost/inference-queue-worker:latest
 for target in api worker; do
   image="localhost/inference-queue-$target:latest"
+  old="$(podman image inspect --format '{{.Id}}' "$image" 2> /dev/null || true)"
   echo "building $image (base $base)"
   podman build --quiet --isolation chroot --build-arg "BASE=$base" \
     --build-arg "PIP_FIND_LINKS=${PIP_FIND_LINKS:-}" "${lend[@]}" --target "$target" \
     -t "$image" -f Containerfile . > /dev/null
+  # The image it replaces, untagged now: gone, unless a container still uses it.
+  if [ -n "$old" ] && [ "$old" != "$(podman image inspect --format '{{.Id}}' "$image")" ]; then
+    podman rmi "$old" > /dev/null 2>&1 || true
+  fi
 done
 
 # -- how containers run here ------------------------------------------------------------------
