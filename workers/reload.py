@@ -103,6 +103,7 @@ class Reloader:
         scheduler = self.dispatcher.scheduler
         for name, spec in specs.items():
             self.removed.pop(name, None)
+            self.dispatcher.limits.declared[name] = spec.time_limit_s
             if name in old or task_name(name) in self.app.tasks:
                 scheduler.add_model(name, spec.max_batch_size, spec.max_wait_ms / 1000.0)
             else:

@@ -1,6 +1,6 @@
 """Workers on hosts of their own, started as README's "More hosts" says
 (`REDIS_URL=… scripts/worker.sh`), on the default settings: each host is a network namespace
-joined to Redis's by a veth pair (tests/support/netns.py). Node names and metrics ports never
+joined to Redis's by a veth pair (tests/support/hosts.py). Node names and metrics ports never
 collide by default; a host cut off for longer than the visibility timeout leaves its jobs to
 the other host within 60 s, only the batch it was running runs twice, and once healed it
 rejoins by itself. Latency (tc netem) is added where the kernel has netem."""
@@ -19,12 +19,12 @@ import yaml
 from config import load_settings
 from scripts.stack import ROOT, launch, spawn, wait_until
 from tasks.keys import CONSUMING_KEY
-from tests.support import netns
+from tests.support import hosts as nethosts
 
 pytestmark = pytest.mark.slow
 
-WHY = netns.unavailable()
-NETEM_WHY = WHY or netns.netem_unavailable()
+WHY = nethosts.unavailable()
+NETEM_WHY = WHY or nethosts.netem_unavailable()
 BATCH = 4
 MODEL = {"kind": "synthetic", "base_ms": 250, "per_item_ms": 0, "max_batch_size": BATCH,
          "max_inputs": 1}
@@ -52,7 +52,7 @@ def two_hosts(tmp_path_factory):
     if WHY:
         pytest.skip(WHY)
     workdir = tmp_path_factory.mktemp("hosts")
-    with netns.hosts(2) as hosts:
+    with nethosts.hosts(2) as hosts:
         stack = launch(workdir, {"work": MODEL}, {}, defaults=True, ready_models=[],
                        bind=[h.gateway for h in hosts])
         try:
@@ -176,12 +176,7 @@ def test_a_host_cut_off_past_the_visibility_timeout_loses_nothing_and_rejoins(tw
           f"rejoined {rejoined_at - healed_at:.1f}s after the heal")
     assert twice <= ran_before_cut and len(twice) <= BATCH, twice
     assert all(n <= 2 for n in counts.values())
-    if lost:
-        # kombu's fetch takes a message off its queue (BRPOP) before it records it as held:
-        # a reply the cut swallows takes its message with it. Issue 24's reliable fetch (an
-        # atomic move onto the worker's own record) closes this; until then it is reported.
-        pytest.xfail(f"{len(lost)} job(s) lost with a BRPOP reply the cut swallowed "
-                     f"(kombu's destructive fetch): {sorted(lost)}")
+    assert lost == set(), f"{len(lost)} job(s) never finished: {sorted(lost)}"
 
 
 def _final(stack, ids: list[str], timeout: float) -> dict[str, dict]:
