@@ -9,10 +9,15 @@ RUN_STAMP := $(VENV)/.run-$(shell cat $(RUN_REQS) | cksum | cut -d' ' -f1)
 CELERY_BATCHES := 0.11
 DEV_STAMP := $(VENV)/.dev-$(shell echo $(CELERY_BATCHES) | cat $(RUN_REQS) requirements/dev.txt - | cksum | cut -d' ' -f1)
 
-.PHONY: run test browser bench bench-quick gpu-check clean
+.PHONY: run reload test browser bench bench-quick gpu-check container-check clean
 
 run: $(RUN_STAMP)
 	scripts/run.sh
+
+# The models file taken up by the running stack without a restart (scripts/reload.py);
+# FILE=path installs that file in its place first (a rollback: FILE=config/models.yaml.previous).
+reload: $(RUN_STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m scripts.reload $(FILE)
 
 test: $(DEV_STAMP) browser
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
@@ -31,6 +36,11 @@ bench: $(DEV_STAMP)
 
 bench-quick: $(DEV_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m bench --quick $(BENCH_ARGS)
+
+# Builds the images (Containerfile), starts compose.yaml's stack with podman, checks that it
+# serves a job (scripts/container_check.sh).
+container-check:
+	scripts/container_check.sh
 
 gpu-check: $(RUN_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m scripts.gpu_check

@@ -22,7 +22,7 @@ from config import Settings
 from config.models import ModelSpec
 from tasks import tracing
 from tasks.jobstate import CancelOutcome, JobRecord, JobState, Page, Status, new_job
-from tasks.keys import idempotency_key
+from tasks.keys import idempotency_key, versions_key
 from tasks.messages import JOB_TOKEN_HEADER, JobArgs, task_message
 from tasks.presence import Presence
 from tasks.names import PRIORITIES, queue_lists, task_name
@@ -233,12 +233,31 @@ class JobStore:
                 return job
             raise WaitRefused(str(exc), job) from None
 
-    def live(self, models: Iterable[str]) -> dict[str, dict[str, int]]:
+    def live(self, models: Iterable[str]) -> dict[str, dict]:
         """Live model instances per model: pool children with the model loaded (their
         heartbeats) in workers consuming the model's queue (their event loop's tick) that do
-        not say the model is unhealthy there, all by Redis's clock (tasks/presence.py)."""
-        return self.presence.live({name: self.models[name].queue for name in models},
+        not say the model is unhealthy there, all by Redis's clock (tasks/presence.py); and
+        which versions they serve (two during a reload's rollout)."""
+        names = list(models)
+        live = self.presence.live({name: self.models[name].queue for name in names},
                                   self.settings.heartbeat_ttl_s)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hgetall(versions_key(name))
+            versions = pipe.execute()
+        return {name: _serving(live[name]["members"], found)
+                for name, found in zip(names, versions)}
 
     def ping(self) -> bool:
         return bool(self.redis.ping())
+
+
+def _serving(members: list[str], versions: dict[str, str]) -> dict:
+    """A model's live pool children (`hostname/index`) counted as /readyz and /v1/models show
+    them, in all and per version."""
+    by_version: dict[str, list[str]] = {}
+    for member in members:
+        by_version.setdefault(versions.get(member, "unknown"), []).append(member)
+    return {"workers": len({m.rsplit("/", 1)[0] for m in members}), "instances": len(members),
+            "versions": [{"version": version, "workers": len({m.rsplit("/", 1)[0] for m in ms}),
+                          "instances": len(ms)} for version, ms in sorted(by_version.items())]}

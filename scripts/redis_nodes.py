@@ -38,7 +38,7 @@ def _private(path: Path, text: str) -> Path:
 def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False,
                 open_to_all: bool = False, like: Service | None = None,
                 replica_of: Service | None = None, appendfsync: str | None = None,
-                args: list[str] | None = None) -> Service:
+                bind: list[str] | None = None, args: list[str] | None = None) -> Service:
     """A private redis-server as `make run` starts one (scripts/redis-server.sh): an admin user
     and the application's user (REDIS_APP_USER), which cannot run administrative commands, each
     with a fresh password, so that every client is proven to pass its own along and the
@@ -47,6 +47,7 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
     restart of that server (its port and passwords; a primary's role). `replica_of`: a replica of that
     primary, with its passwords. `open_to_all`: no user and no password, as a system package's
     Redis. `appendfsync`: the append-only file's fsync policy (the script's default if None).
+    `bind`: addresses it listens on beside 127.0.0.1 (hosts of their own, tests/support/hosts.py);
     `args`: more of redis-server's options."""
     if like is not None:
         port, open_to_all = like.extra["port"], like.extra["password"] == ""
@@ -68,6 +69,8 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
             env["REDIS_APPENDFSYNC"] = appendfsync
         cmd = [str(ROOT / "scripts" / "redis-server.sh"), "--appendonly",
                "yes" if appendonly else "no", *(args or [])]
+        if bind:
+            cmd += ["--bind", "127.0.0.1", *bind]
         svc = spawn(f"redis-{port}", cmd, env, workdir)
         admin = f"redis://:{passwords['password']}@127.0.0.1:{port}/0"
         app = f"redis://{REDIS_APP_USER}:{passwords['app_password']}@127.0.0.1:{port}/0"

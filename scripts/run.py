@@ -241,6 +241,18 @@ def _keep_secrets(env: dict[str, str], var_dir: Path, redis_port: int | None) ->
     return [redis, login, signing]
 
 
+def own_redis_url(env: dict[str, str]) -> str | None:
+    """REDIS_URL when set; else the URL of the Redis `make run` starts, from its kept password
+    (for the commands run beside it, such as `make reload`); None when there is neither."""
+    if env.get("REDIS_URL"):
+        return env["REDIS_URL"]
+    path = ROOT / (env.get("IQ_VAR_DIR") or "var") / "secrets" / "redis-app-password"
+    if not path.is_file():
+        return None
+    port = _port(env, "REDIS_PORT", 6379)
+    return f"redis://{REDIS_APP_USER}:{path.read_text().strip()}@127.0.0.1:{port}/0"
+
+
 def process_env(name: str, env: dict[str, str]) -> dict[str, str]:
     """`env` less the secrets process `name` does not use (NEEDS; each Redis process's are
     `redis`'s)."""

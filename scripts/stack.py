@@ -24,13 +24,17 @@ __all__ = ["ROOT", "VENV_BIN", "RedisGroup", "Service", "Stack", "free_port", "l
            "start_webhooks", "start_worker", "wait_until"]
 
 
-def start_worker(name: str, env: dict[str, str], logdir: Path, queues: list[str],
+def start_worker(name: str, env: dict[str, str], logdir: Path, queues: list[str] | None,
                  concurrency: int = 1, app: str = "workers.main",
                  pool: str = "prefork", wrap: list[str] | None = None) -> Service:
+    """A `celery worker` named `name@<host>` on `queues` (None: every model's, as a worker
+    started without -Q)."""
     env = dict(env, IQ_WORKER_METRICS_PORT=str(free_port()))
     cmd = [str(VENV_BIN / "celery"), "-A", app, "worker", "--pool", pool,
            "--concurrency", str(concurrency), "--loglevel", "INFO",
-           "--hostname", f"{name}@%h", "--queues", ",".join(queues)]
+           "--hostname", f"{name}@%h"]
+    if queues is not None:
+        cmd += ["--queues", ",".join(queues)]
     svc = spawn(f"worker-{name}", cmd, env, logdir, wrap)
     svc.extra["metrics_url"] = f"http://127.0.0.1:{env['IQ_WORKER_METRICS_PORT']}/metrics"
     return svc
@@ -155,19 +159,21 @@ class Stack:
 def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
            env_extra: dict[str, str] | None = None, appendonly: bool = False,
            ready_models: list[str] | None = None, defaults: bool = False,
-           replicated: bool = False, redis_args: list[str] | None = None) -> Stack:
+           replicated: bool = False, bind: list[str] | None = None,
+           redis_args: list[str] | None = None) -> Stack:
     """Start Redis, one single-child worker per entry of `workers` (name → queues) and the
     API; return once each model in `ready_models` (default: all) has a live instance.
     Heartbeats are quicker than the defaults, so that tests see workers come and go sooner,
     unless `defaults`: then every setting is what a user runs (no IQ_* but the models file
     and, when `replicated`, the sentinels). `replicated`: a primary with append-only file,
     one replica and three sentinels (scripts/redis_nodes.py), every process pointed at the
-    sentinels. `redis_args`: more of redis-server's options (one Redis only)."""
+    sentinels. `bind`: addresses the Redis listens on beside 127.0.0.1 (hosts of their own,
+    tests/support/hosts.py); `redis_args`: more of redis-server's options (one Redis only)."""
     models_file = workdir / "models.yaml"
     models_file.write_text(yaml.safe_dump({"models": models}))
     group = start_group(workdir) if replicated else None
     redis_svc = group.primary if group else start_redis(workdir, appendonly=appendonly,
-                                                        args=redis_args)
+                                                        bind=bind, args=redis_args)
     base = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
     quick = {} if defaults else {"IQ_HEARTBEAT_INTERVAL_S": "0.5", "IQ_HEARTBEAT_TTL_S": "3"}
     # A webhook secret, as `make run` generates one: without it webhooks are off.

@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 from celery import Celery
 from kombu import Connection, Queue
 
-from config import Settings, load_models, load_settings
-from config.models import ModelSpec
+from config import Settings, load_settings
+from config.models import ModelSpec, read_models
 from tasks.names import PRIORITIES, PRIORITY_SEP, PRIORITY_STEPS, task_routes
 from tasks.redis_client import sentinel_options
 from tasks.webhooks import DELIVER_TASK
@@ -18,12 +18,13 @@ from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
 
 
 def make_celery(settings: Settings | None = None,
-                models: dict[str, ModelSpec] | None = None) -> Celery:
+                models: dict[str, ModelSpec] | None = None, revision: str = "") -> Celery:
     """The Celery app. The API only builds task messages with it (tasks/jobstate.py queues
     them) and broadcasts revokes; the workers run it. `models`: the parsed models file, when
-    the caller has it already."""
+    the caller has it already, and `revision` that file's (config.models.revision_of)."""
     settings = settings or load_settings()
-    models = models if models is not None else load_models(settings.models_file)
+    if models is None:
+        models, revision = read_models(settings.models_file)
     app = Celery("inference_queue", set_as_current=False)
     app.conf.update(
         task_serializer="json",
@@ -46,6 +47,7 @@ def make_celery(settings: Settings | None = None,
             app.conf.redis_backend_use_ssl = app.conf.broker_use_ssl
     app.conf.iq_settings = settings
     app.conf.iq_models = models
+    app.conf.iq_models_revision = revision
     return app
 
 

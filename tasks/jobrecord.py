@@ -140,6 +140,7 @@ class JobRecord:
     worker: str | None = None  # node name / child index / pid of its last run
     batch: dict | None = None  # the batch it last ran in: id, jobs, items
     runs: int = 0
+    model_version: str = ""  # the version of the model that gave its terminal status
     error: JobError | None = None
     items_done: int = 0  # of a running job spanning several model calls
     retry_of: str = ""  # the job this one retries
@@ -181,7 +182,7 @@ class JobRecord:
             expires_at=float(get("expires_at")) if get("expires_at") else None,
             started_at=_time(get("started_at")), finished_at=_time(get("finished_at")),
             worker=get("worker"), batch=orjson.loads(get("batch")) if get("batch") else None,
-            runs=int(get("runs") or 0),
+            runs=int(get("runs") or 0), model_version=get("model_version", ""),
             error=JobError.from_json(raw["error"]) if get("error") else None,
             items_done=int(get("items_done") or 0), retry_of=get("retry_of") or "",
             retried_as=get("retried_as") or "", kept=int(get("kept") or 0), outputs=outputs)

@@ -14,7 +14,7 @@ from tasks.keys import (DONE_PREFIX, JOB_PREFIX, KEPT_BYTES_KEY, KEPT_KEY, MOVES
 READ_FIELDS = ("status", "model", "created_at", "trace_id", "inputs", "priority", "owner",
                "encoding_format", "webhook_url", "webhook_events", "token", "expires_at",
                "started_at", "finished_at", "worker", "batch", "runs", "error", "items_done",
-               "retry_of", "retried_as", "kept")
+               "retry_of", "retried_as", "kept", "model_version")
 _FIELDS_LUA = "{" + ", ".join(f"'{name}'" for name in READ_FIELDS) + "}"
 
 # Redis's own clock, for deadlines and indexes: one clock for every process. (Redis 6 needs
@@ -218,20 +218,21 @@ return #moved
 """
 
 # KEYS: (record, stored result) per job, then the pending set. ARGV: finished_at, result ttl,
-# then per job: status, stored result, error ('' : none), webhook list ('' : none), webhook
-# message, the webhook queue's wake-up list, the token of the message that ran it, the webhook
-# delivery's id (recorded: the one delivery CLAIM_DELIVERY lets through).
-# Returns, per job, 1 when it took its terminal status here, 0 when it already had one (or the
-# message was not the job's own).
+# model version ('' : none), then per job: status, stored result, error ('' : none), webhook
+# list ('' : none), webhook message, the webhook queue's wake-up list, the token of the message
+# that ran it, the webhook delivery's id (recorded: the one delivery CLAIM_DELIVERY lets
+# through). Returns, per job, 1 when it took its terminal status here, 0 when it already had
+# one (or the message was not the job's own).
 FINISH = _PRELUDE + f"""
 local out, done = {{}}, {{}}
 local ttl = tonumber(ARGV[4])
 for i = 1, (#KEYS - 1) / 2 do
-  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 4 + 8 * (i - 1)
+  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 8 * (i - 1)
   local f = redis.call('hmget', key, 'status', 'token')
   local status = f[1]
   if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 7]) then
     redis.call('hset', key, 'status', ARGV[a + 1], 'finished_at', ARGV[3])
+    if ARGV[5] ~= '' then redis.call('hset', key, 'model_version', ARGV[5]) end
     if ARGV[a + 3] ~= '' then redis.call('hset', key, 'error', ARGV[a + 3]) end
     redis.call('hdel', key, 'message', 'list')
     if ARGV[a + 1] == 'succeeded' then redis.call('hdel', key, 'request')

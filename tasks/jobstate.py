@@ -191,13 +191,15 @@ class JobState:
         return int(self._run("progress", [job_key(j) for j in items_done],
                              list(items_done.values())))
 
-    def finish(self, finals: Sequence[Final], *, result_ttl_s: int) -> list[bool]:
+    def finish(self, finals: Sequence[Final], *, result_ttl_s: int,
+               model_version: str = "") -> list[bool]:
         """Give each job its terminal status, result and webhook, unless it has one already;
-        per job whether this call was the one that finished it."""
+        per job whether this call was the one that finished it. `model_version`: the version
+        of the model that ran them ("": none ran, as for a batch whose child was lost)."""
         if not finals:
             return []
         keys: list[str] = []
-        args: list[Any] = [now_iso(), result_ttl_s]
+        args: list[Any] = [now_iso(), result_ttl_s, model_version]
         for final in finals:
             keys += [job_key(final.job_id), result_key(final.job_id)]
             hook = final.webhook
