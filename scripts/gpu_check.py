@@ -6,10 +6,11 @@ The stack is the tests' (scripts/stack.py): Redis, the API under gunicorn and on
 worker (spawn) with a child per GPU (two in the rehearsal), on the settings a user runs. Jobs go
 in as users send them (POST /v1/jobs) and are waited on at their URL. The checks:
 
-* children: every job ran in a pool child of the worker (its record names the process), never
-  in the worker's parent; every child loaded both models.
-* cuda_contexts (CUDA): nvidia-smi's compute apps hold those children and not the parent.
-* devices (CUDA): each child serves on its own device.
+* children: the worker has one pool child per GPU; every job ran in one of them (its record
+  names the process), never in the worker's parent; every child loaded both models.
+* cuda_contexts (CUDA): every child holds a CUDA context and the parent none (nvidia-smi's
+  compute apps, and the NVIDIA device files each process has open).
+* devices (CUDA): each child serves on a device of its own, and holds a context on no other.
 * outputs: float32 and float16 embeddings, as the API returns them, equal the CPU reference
   (cosine >= 0.999).
 * metrics: the worker's /metrics counts every job; gpu_memory (CUDA): it reports GPU memory
@@ -80,10 +81,30 @@ def cosine(a, b) -> float:
         math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
 
 
-def gpu_pids() -> set[int]:
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-                         capture_output=True, text=True, check=True).stdout
-    return {int(line) for line in out.split() if line.strip().isdigit()}
+def gpu_apps() -> dict[int, list[str]]:
+    """nvidia-smi's compute apps: pid → the bus ids of the GPUs it holds a context on."""
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_bus_id",
+                          "--format=csv,noheader"], capture_output=True, text=True,
+                         check=True).stdout
+    apps: dict[int, list[str]] = {}
+    for line in out.splitlines():
+        pid, _, bus = (part.strip() for part in line.partition(","))
+        if pid.isdigit():
+            apps.setdefault(int(pid), []).append(bus)
+    return apps
+
+
+def nvidia_files(pid: int) -> list[str]:
+    """The NVIDIA device files `pid` holds open (a CUDA context opens /dev/nvidia*)."""
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("/dev/nvidia"):
+            found.add(target)
+    return sorted(found)
 
 
 def gpu_count() -> int:
@@ -98,6 +119,19 @@ def parent_pid(pid: int) -> int | None:
         return None
     return next(int(line.split()[1]) for line in status.splitlines()
                 if line.startswith("PPid:"))
+
+
+def pool_children(parent: int) -> list[int]:
+    """The processes billiard spawned for `parent`'s pool (not its semaphore tracker)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and parent_pid(int(proc.name)) == parent:
+            try:
+                if b"spawn_main" in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return sorted(found)
 
 
 def embedder(device: str, max_batch_size: int = 32):
@@ -158,24 +192,42 @@ def check_children(stack: Stack, done: dict, mode: Mode) -> dict:
                   for jobs in done.values() for _body, record in jobs if record.worker})
     loaded = {model: sorted(child for m, _d, _t, child in ready_lines(stack) if m == model)
               for model in MODELS}
-    in_children = bool(ran) and all(pid != parent and parent_pid(pid) == parent for pid in ran)
-    every_child = all(len(set(children)) == mode.children for children in loaded.values())
-    return {"ok": in_children and every_child, "parent_pid": parent, "ran_in_pids": ran,
-            "children_by_model": loaded}
+    pool = pool_children(parent)
+    in_children = bool(ran) and parent not in ran and set(ran) <= set(pool)
+    every_child = len(pool) == mode.children and all(
+        len(set(children)) == mode.children for children in loaded.values())
+    return {"ok": in_children and every_child, "parent_pid": parent, "pool_pids": pool,
+            "ran_in_pids": ran, "children_by_model": loaded}
 
 
-def check_cuda_contexts(stack: Stack, children: dict) -> dict:
-    on_gpu = gpu_pids()
-    parent = stack.workers["gpu"].proc.pid
-    return {"ok": parent not in on_gpu and set(children["ran_in_pids"]) <= on_gpu,
-            "gpu_pids": sorted(on_gpu), "parent_has_cuda_context": parent in on_gpu}
+def check_cuda_contexts(children: dict) -> dict:
+    """Every pool child holds a CUDA context, the parent none: as nvidia-smi lists them and
+    as /proc shows the NVIDIA device files each has open. In a container nvidia-smi may list
+    the host's pids, none of ours: then /proc alone decides, and the report says so."""
+    apps = gpu_apps()
+    parent, pool = children["parent_pid"], children["pool_pids"]
+    files = {pid: nvidia_files(pid) for pid in [parent, *pool]}
+    listed = bool(apps.keys() & {parent, *pool})
+    by_smi = (parent not in apps and all(pid in apps for pid in pool)) if listed else None
+    by_files = not files[parent] and all(files[pid] for pid in pool)
+    return {"ok": by_files and by_smi is not False, "nvidia_smi_apps": apps,
+            "nvidia_smi_lists_our_pids": listed, "nvidia_files": files,
+            "parent_has_cuda_context": bool(files[parent]) or parent in apps}
 
 
-def check_devices(stack: Stack, mode: Mode) -> dict:
+def check_devices(stack: Stack, mode: Mode, children: dict) -> dict:
+    """Each child loaded its models on a device of its own (its log lines) and holds a
+    context on that GPU alone (nvidia-smi, where it lists our pids)."""
     devices = {child: device for _m, device, _t, child in ready_lines(stack)}
     distinct = set(devices.values())
-    return {"ok": len(distinct) == mode.children and all(d.startswith("cuda:") for d in distinct),
-            "device_by_child": devices}
+    apps = gpu_apps()
+    gpus = {pid: apps.get(pid, []) for pid in children["pool_pids"]}
+    by_smi = (all(len(g) == 1 for g in gpus.values())
+              and len({g[0] for g in gpus.values()}) == mode.children) \
+        if any(gpus.values()) else None
+    return {"ok": len(distinct) == mode.children and by_smi is not False
+            and all(d.startswith("cuda:") for d in distinct),
+            "device_by_child": devices, "gpus_by_pid": gpus}
 
 
 def check_outputs(done: dict, reference: list) -> dict:
@@ -216,9 +268,11 @@ def check_worker(mode: Mode, checks: dict, reference: list) -> None:
     try:
         done = run_jobs(stack, mode)
         checks["children"] = check_children(stack, done, mode)
-        checks["cuda_contexts"] = (check_cuda_contexts(stack, checks["children"])
-                                   if mode.cuda else SKIPPED)
-        checks["devices"] = check_devices(stack, mode) if mode.cuda else SKIPPED
+        if mode.cuda:
+            checks["cuda_contexts"] = check_cuda_contexts(checks["children"])
+            checks["devices"] = check_devices(stack, mode, checks["children"])
+        else:
+            checks["cuda_contexts"] = checks["devices"] = SKIPPED
         checks["outputs"] = check_outputs(done, reference)
         samples = scrape(stack)
         checks["metrics"] = check_metrics(samples, done)
