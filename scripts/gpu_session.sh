@@ -7,6 +7,8 @@
 #    its output in $OUT/gpu_bench.log.
 # The machine's facts go to $OUT/machine.txt. Paste the results into bench/README.md's GPU
 # section. Exits 1 when either step failed; the benchmark runs even when the check failed.
+# Each step is cut at 4 minutes, so the whole fits in one 10-minute device command. It needs
+# .venv built (make's stamps present: the device machine has no network) with a CUDA torch.
 set -uo pipefail
 : "${OUT:?set OUT to the folder the results go to}"
 export OUT
@@ -24,9 +26,9 @@ if ! .venv/bin/python -c 'import torch, sys; sys.exit(not torch.cuda.is_availabl
     echo "no CUDA device visible to .venv's torch (a CPU-only build?): see $OUT/machine.txt" >&2
     exit 1
 fi
-timeout 420 make gpu-check > "$OUT/gpu_check.log" 2>&1
+timeout 240 make gpu-check > "$OUT/gpu_check.log" 2>&1
 check=$?
-timeout 300 make gpu-bench GPU_BENCH_OUT="$OUT" > "$OUT/gpu_bench.log" 2>&1
+timeout 240 make gpu-bench GPU_BENCH_OUT="$OUT" > "$OUT/gpu_bench.log" 2>&1
 bench=$?
 echo "gpu-check: exit $check; gpu-bench: exit $bench; results in $OUT"
 tail -n 40 "$OUT/gpu_check.log"
