@@ -19,7 +19,8 @@ in as users send them (POST /v1/jobs) and are waited on at their URL. The checks
   CUDA one, forced by a per-process memory cap; in the rehearsal the model raises it on more
   than a quarter of the items.
 Prints a JSON report: each check `{"ok": ..., evidence}` or `"skipped: no CUDA"`, and `ok`,
-whether every check that ran passed (also written to $OUT/gpu_check.json when OUT is set).
+whether every check that ran passed. When OUT is set, also writes it to $OUT/gpu_check.json,
+beside the API's and the worker's logs.
 Exits 1 when one failed.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -279,6 +281,9 @@ def check_worker(mode: Mode, checks: dict, reference: list) -> None:
         checks["gpu_memory"] = check_gpu_memory(samples, mode) if mode.cuda else SKIPPED
     finally:
         stack.stop()
+        if os.environ.get("OUT"):  # the logs come back with the report
+            for svc in (stack.web, *stack.workers.values()):
+                shutil.copy(svc.log, Path(os.environ["OUT"], f"gpu_check_{svc.log.name}"))
 
 
 def check_oom(mode: Mode, reference: list) -> dict:
