@@ -9,7 +9,7 @@ RUN_STAMP := $(VENV)/.run-$(shell cat $(RUN_REQS) | cksum | cut -d' ' -f1)
 CELERY_BATCHES := 0.11
 DEV_STAMP := $(VENV)/.dev-$(shell echo $(CELERY_BATCHES) | cat $(RUN_REQS) requirements/dev.txt - | cksum | cut -d' ' -f1)
 
-.PHONY: run reload test browser bench bench-quick gpu-check container-check clean
+.PHONY: run reload test browser bench bench-quick gpu-check gpu-bench container-check clean
 
 run: $(RUN_STAMP)
 	scripts/run.sh
@@ -44,6 +44,15 @@ container-check:
 
 gpu-check: $(RUN_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m scripts.gpu_check
+
+# A short benchmark on a GPU host (~3 minutes): minilm-embed on the GPU (device auto), the
+# service beside the raw model on the same device. Its results go to GPU_BENCH_OUT, never into
+# bench/README.md's CPU tables.
+GPU_BENCH_OUT ?= var/gpu-bench
+gpu-bench: $(DEV_STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m bench --name gpu --models minilm-embed \
+		--configs service --clients 1 16 64 --duration 4 --rounds 2 --no-rss \
+		--out $(GPU_BENCH_OUT) $(BENCH_ARGS)
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)

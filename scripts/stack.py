@@ -160,9 +160,10 @@ def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
            env_extra: dict[str, str] | None = None, appendonly: bool = False,
            ready_models: list[str] | None = None, defaults: bool = False,
            replicated: bool = False, bind: list[str] | None = None,
-           redis_args: list[str] | None = None) -> Stack:
-    """Start Redis, one single-child worker per entry of `workers` (name → queues) and the
-    API; return once each model in `ready_models` (default: all) has a live instance.
+           redis_args: list[str] | None = None, concurrency: int = 1) -> Stack:
+    """Start Redis, one worker per entry of `workers` (name → queues) with `concurrency` pool
+    children each, and the API; return once each model in `ready_models` (default: all) has
+    a live instance.
     Heartbeats are quicker than the defaults, so that tests see workers come and go sooner,
     unless `defaults`: then every setting is what a user runs (no IQ_* but the models file
     and, when `replicated`, the sentinels). `replicated`: a primary with append-only file,
@@ -181,7 +182,8 @@ def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1",
                IQ_WEBHOOK_SECRET=secrets.token_hex(16), **quick, **(group.env() if group else {}))
     env.update(env_extra or {})
-    procs = {name: start_worker(name, env, workdir, queues) for name, queues in workers.items()}
+    procs = {name: start_worker(name, env, workdir, queues, concurrency)
+             for name, queues in workers.items()}
     web = start_web(env, workdir)
     stack = Stack(web.extra["url"], redis_svc.extra["url"], env, workdir, redis_svc, procs, web,
                   group)
