@@ -9,7 +9,7 @@ RUN_STAMP := $(VENV)/.run-$(shell cat $(RUN_REQS) | cksum | cut -d' ' -f1)
 CELERY_BATCHES := 0.11
 DEV_STAMP := $(VENV)/.dev-$(shell echo $(CELERY_BATCHES) | cat $(RUN_REQS) requirements/dev.txt - | cksum | cut -d' ' -f1)
 
-.PHONY: run test bench bench-quick gpu-check clean
+.PHONY: run test bench bench-quick gameday gpu-check clean
 
 run: $(RUN_STAMP)
 	scripts/run.sh
@@ -22,6 +22,11 @@ bench: $(DEV_STAMP)
 
 bench-quick: $(DEV_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m bench --quick $(BENCH_ARGS)
+
+# The stack as make run starts it, under open-loop traffic, with a fault a minute (10 minutes;
+# GAMEDAY_ARGS='--minutes 3 --faults redis-frozen,child-killed' to choose): bench/README.md.
+gameday: $(DEV_STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/python -m bench.gameday $(GAMEDAY_ARGS)
 
 gpu-check: $(RUN_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m scripts.gpu_check

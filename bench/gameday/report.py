@@ -1,0 +1,120 @@
+"""A game day's report in the terminal, and its picture: every job's latency over the run, p50
+and p99 per 5 s, each fault's window shaded and named, jobs never answered marked on top."""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from bench.gameday.ledger import LIMITS
+
+
+def _n(value, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
+
+
+def _lat(spread: dict) -> str:
+    return "/".join(_n(spread[k]) for k in ("p50_ms", "p99_ms", "p99_9_ms"))
+
+
+def _cpu(samples: list[list[float]]) -> str:
+    if not samples:
+        return ""
+    machine = sum(row[1] for row in samples) / len(samples)
+    stack = sum(row[2] for row in samples) / len(samples)
+    return (f"CPU, mean over the run (100 % = a core, {os.cpu_count()} cores): machine "
+            f"{machine:.0f} %, of which the stack {stack:.0f} %")
+
+
+def table(report: dict) -> str:
+    run, jobs = report["run"], report["jobs"]
+    lines = [
+        f"Game day {run['started']}: {run['model']}, {run['seconds']:.0f} s of arrivals at "
+        f"{run['rate']:.1f} jobs/s ({run['rate_source']}), {jobs['arrivals']:,} jobs, "
+        f"{len(report['faults'])} fault(s)",
+        _cpu(report["cpu"]["samples"]),
+        "",
+        f"{'fault':<32}{'at s':>6}{'serving s':>10}{'recovered s':>12}"
+        f"{'p50/p99/p99.9 ms inside':>26}{'no id <5s':>10}{'lost':>6}{'5xx':>6}"
+        f"{'rerun ok/not':>13}",
+    ]
+    for f in report["faults"]:
+        fivexx = sum(f["server_errors"].values())
+        rerun = f"{f['killed_batch_jobs']}/{f['run_twice_unexplained']}"
+        lines.append(
+            f"{f['label']:<32}{f['at_s']:>6.0f}{_n(f['serving_s'], 1):>10}"
+            f"{('never' if f['recovery_s'] is None else _n(f['recovery_s'])):>12}"
+            f"{_lat(f['latency']):>26}{f['unavailable']:>10}{f['lost']:>6}{fivexx:>6}"
+            f"{rerun:>13}")
+    out = report["latency"]["outside_faults"]
+    lines += ["", f"outside every fault window: {_lat(out)} ms (p50/p99/p99.9), "
+                  f"{out['n']:,} jobs",
+              "per minute of arrival (p50/p99/p99.9 ms, availability):"]
+    lines += [f"  {m['minute']:>2}: {_lat(m):>22}  {_n(m['availability'], 4)}"
+              for m in report["latency"]["per_minute"]]
+    lines += ["", f"answers: {report['answers']}; 5xx answers: "
+                  f"{report['server_errors']['answers'] or 'none'}, reaching a caller: "
+                  f"{report['server_errors']['reached_caller']}; client retries: "
+                  f"{report['client_retries']}",
+              f"jobs: {jobs['accepted']:,} accepted, {jobs['succeeded']:,} succeeded, "
+              f"{jobs['lost']} lost, {jobs['run_twice']} run twice "
+              f"({jobs['run_twice_in_killed_batches']} in killed batches)", "", "targets:"]
+    for t in report["targets"]:
+        verdict = "pass" if t["pass"] else "MISS: " + ", ".join(t["where"])
+        lines.append(f"  {t['target']:<36}{_n(t['measured'], 4 if t['limit'] < 1 else 1):>10}"
+                     f" {t['op']} {t['limit']:<8} {verdict}")
+    return "\n".join(lines)
+
+
+def picture(report: dict, latencies: list[tuple[float, float]], path: Path) -> None:
+    """`latencies`: (arrival s, ms or math.inf for a job never answered) per job."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, cpu) = plt.subplots(2, 1, figsize=(14, 8), dpi=110, sharex=True,
+                                  gridspec_kw={"height_ratios": [3, 1]})
+    answered = [(t, ms) for t, ms in latencies if not math.isinf(ms)]
+    ax.scatter([t for t, _ in answered], [ms for _, ms in answered], s=2, alpha=0.15,
+               color="tab:blue", linewidths=0, label="a job")
+    series = report["series"]
+    for column, name, colour in ((1, "p50 per 5 s", "tab:green"), (2, "p99 per 5 s",
+                                                                  "tab:red")):
+        points = [(row[0] + 2.5, row[column]) for row in series if row[column] is not None]
+        ax.plot([t for t, _ in points], [v for _, v in points], color=colour, lw=1.2,
+                label=name)
+    top = max([ms for _, ms in answered] + [1000]) * 1.5
+    never = [t for t, ms in latencies if math.isinf(ms)]
+    if never:
+        ax.scatter(never, [top] * len(never), marker="x", color="black", s=12,
+                   label=f"not answered ({len(never)})")
+    ax.axhline(LIMITS["p99_outside_ms"], color="grey", ls="--", lw=1,
+               label=f"p99 target {LIMITS['p99_outside_ms']} ms")
+    for f in report["faults"]:
+        start, end = f["window_s"]
+        ax.axvspan(start, end, color="orange", alpha=0.18)
+        ax.axvline(start, color="darkorange", lw=1)
+        ax.text(start, top * 1.6, f" {f['label']}", rotation=90, va="top", ha="right",
+                fontsize=8, color="saddlebrown")
+    run = report["run"]
+    ax.set(yscale="log", ylim=(1, top * 2), xlim=(0, run["seconds"] + 1),
+           ylabel="end-to-end latency (ms)",
+           title=f"Game day: {run['model']} at {run['rate']:.1f} jobs/s, "
+                 f"{report['jobs']['arrivals']:,} jobs; fault windows shaded")
+    ax.legend(loc="upper left", fontsize=8, framealpha=0.9)
+    samples = report["cpu"]["samples"]
+    for column, name, colour in ((1, "machine, all processes", "grey"),
+                                 (2, "the stack's processes", "tab:blue")):
+        cpu.plot([row[0] for row in samples], [row[column] for row in samples], lw=1,
+                 color=colour, label=name)
+    for f in report["faults"]:
+        cpu.axvspan(*f["window_s"], color="orange", alpha=0.18)
+    cpu.set(ylabel="CPU (100 % = a core)", xlabel="arrival, seconds into the run",
+            ylim=(0, None))
+    cpu.legend(loc="upper left", fontsize=8, framealpha=0.9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
