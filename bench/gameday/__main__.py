@@ -20,7 +20,7 @@ from pathlib import Path
 from bench.gameday.faults import FAULTS, Fault
 from bench.gameday.ledger import analyse, jobs_of
 from bench.gameday.play import DRAIN_S, Played, capacity, play
-from bench.gameday.report import picture, table
+from bench.gameday.report import picture, render_readme, table
 from bench.gameday.stack import Stack
 from scripts.run import ROOT
 
@@ -85,6 +85,8 @@ def run(args: argparse.Namespace, faults: list[type[Fault]]) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
     picture(report, [(j.at, j.ms) for j in jobs_of(played)], args.out / f"{name}.png")
+    if args.out == RESULTS:
+        render_readme(report, RESULTS.parent / "README.md", f"results/{name}.png")
     print(table(report))
     print(f"\nwrote {args.out / name}.json and .png; jobs and logs in {var}", flush=True)
     return report

@@ -118,3 +118,49 @@ def picture(report: dict, latencies: list[tuple[float, float]], path: Path) -> N
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+START, END = "<!-- gameday:start -->", "<!-- gameday:end -->"
+
+
+def markdown(report: dict, picture_path: str) -> str:
+    """The run as bench/README.md shows it: what ran, the picture, the faults, the minutes
+    and the targets."""
+    run, jobs = report["run"], report["jobs"]
+    out = report["latency"]["outside_faults"]
+    rows = [
+        f"Run {run['started']} on {run['machine']}: {run['model']}, "
+        f"{run['seconds']:.0f} s of arrivals at {run['rate']:.1f} jobs/s "
+        f"({run['rate_source']}), {jobs['arrivals']:,} jobs. {_cpu(report['cpu']['samples'])}.",
+        "", f"![latency over the game day, fault windows shaded]({picture_path})", "",
+        "| fault | at (s) | serving again after (s) | p99 back under its pre-fault level "
+        "after (s) | p50 / p99 / p99.9 in its window (ms) | no id within 5 s | lost | 5xx "
+        "answers | ran twice: in the killed batch / other |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for f in report["faults"]:
+        rows.append(
+            f"| {f['label']} | {f['at_s']:.0f} | {_n(f['serving_s'], 1)} | "
+            f"{'never' if f['recovery_s'] is None else _n(f['recovery_s'])} | "
+            f"{_lat(f['latency'])} | {f['unavailable']} | {f['lost']} | "
+            f"{sum(f['server_errors'].values())} | {f['killed_batch_jobs']} / "
+            f"{f['run_twice_unexplained']} |")
+    rows += ["", f"Outside every fault window: p50 / p99 / p99.9 {_lat(out)} ms over "
+                 f"{out['n']:,} jobs. Per minute of arrival:", "",
+             "| minute | jobs | p50 / p99 / p99.9 (ms) | availability |",
+             "|---:|---:|---:|---:|"]
+    rows += [f"| {m['minute']} | {m['n']:,} | {_lat(m)} | {_n(m['availability'], 4)} |"
+             for m in report["latency"]["per_minute"]]
+    rows += ["", "| target | measured | limit | |", "|---|---:|---:|---|"]
+    for t in report["targets"]:
+        verdict = "pass" if t["pass"] else "**miss**: " + ", ".join(t["where"])
+        rows.append(f"| {t['target']} | {_n(t['measured'], 4 if t['limit'] < 1 else 1)} | "
+                    f"{t['op']} {t['limit']} | {verdict} |")
+    return "\n".join(rows)
+
+
+def render_readme(report: dict, readme: Path, picture_path: str) -> None:
+    text = readme.read_text()
+    start, end = text.index(START), text.index(END)
+    readme.write_text(text[:start] + START + "\n" + markdown(report, picture_path) + "\n"
+                      + text[end:])
