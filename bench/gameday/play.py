@@ -24,13 +24,13 @@ from scripts.stack import wait_until
 from tasks.keys import JOB_PREFIX, idempotency_key
 
 DRAIN_S = 120.0  # after the last arrival, how long a job may still take to be final
-SERVING_TIMEOUT_S = 180.0
 
 
 @dataclass
 class Struck:
     """One fault as it happened (time.monotonic() times): injected, over (`recover`
-    returned), and the stack serving again after it (None: not within SERVING_TIMEOUT_S)."""
+    returned), and the stack serving again after it (None: not before the next fault's turn,
+    or the end of the traffic for the last)."""
     name: str
     label: str
     scheduled: float
@@ -93,7 +93,9 @@ def play(stack: Stack, model: str, faults: list[type[Fault]], rate: float, secon
                                     "--deadline", str(end + drain), "--out", str(out)),
                             cwd=ROOT, env=CLIENT_ENV)
     with CpuMeter(stack) as cpu:
-        struck = [strike(stack, model, fault, at) for at, fault in plan]
+        turns = [at for at, _ in plan[1:]] + [end]
+        struck = [strike(stack, model, fault, at, until)
+                  for (at, fault), until in zip(plan, turns)]
         if proc.wait() != 0:
             raise RuntimeError(f"the traffic process exited with {proc.returncode}")
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -140,16 +142,22 @@ def _busy() -> float:
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
-def strike(stack: Stack, model: str, kind: type[Fault], at: float) -> Struck:
+def strike(stack: Stack, model: str, kind: type[Fault], at: float, until: float) -> Struck:
+    """The fault at its turn, and until the stack serves again, at most until `until` (the
+    next fault keeps its turn: a schedule does not wait)."""
     time.sleep(max(at - time.monotonic(), 0))
     fault = kind(stack, model)
     injected, wall = time.monotonic(), time.time()
-    fault.inject()
-    fault.recover()
+    try:
+        fault.inject()
+        fault.recover()
+    except Exception as exc:  # noqa: BLE001 - a fault that could not be done or undone is
+        fault.notes.append(f"{type(exc).__name__}: {exc}")  # reported, and the run goes on
     over, over_wall = time.monotonic(), time.time()
     try:
         wait_until(lambda: stack.serving_since(max(over_wall, wall + 0.5), model),
-                   SERVING_TIMEOUT_S, "the stack serving again", interval=0.25)
+                   max(until - time.monotonic(), 1.0), "the stack serving again",
+                   interval=0.25)
         serving = time.monotonic()
     except TimeoutError:
         serving = None

@@ -68,6 +68,9 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+SHADES = ["orange", "tab:purple"]  # a fault's window; the next one's, told apart
+
+
 def picture(report: dict, latencies: list[tuple[float, float]], path: Path) -> None:
     """`latencies`: (arrival s, ms or math.inf for a job never answered) per job."""
     import matplotlib
@@ -93,28 +96,29 @@ def picture(report: dict, latencies: list[tuple[float, float]], path: Path) -> N
                    label=f"not answered ({len(never)})")
     ax.axhline(LIMITS["p99_outside_ms"], color="grey", ls="--", lw=1,
                label=f"p99 target {LIMITS['p99_outside_ms']} ms")
-    for f in report["faults"]:
+    for f, colour in zip(report["faults"], SHADES * len(report["faults"])):
         start, end = f["window_s"]
-        ax.axvspan(start, end, color="orange", alpha=0.18)
+        ax.axvspan(start, end, color=colour, alpha=0.18)
         ax.axvline(start, color="darkorange", lw=1)
         ax.text(start, top * 1.6, f" {f['label']}", rotation=90, va="top", ha="right",
                 fontsize=8, color="saddlebrown")
     run = report["run"]
-    ax.set(yscale="log", ylim=(1, top * 2), xlim=(0, run["seconds"] + 1),
+    bottom = 10 ** math.floor(math.log10(max(min([ms for _, ms in answered] + [10]), 1)))
+    ax.set(yscale="log", ylim=(bottom, top * 2), xlim=(0, run["seconds"] + 1),
            ylabel="end-to-end latency (ms)",
            title=f"Game day: {run['model']} at {run['rate']:.1f} jobs/s, "
                  f"{report['jobs']['arrivals']:,} jobs; fault windows shaded")
-    ax.legend(loc="upper left", fontsize=8, framealpha=0.9)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1), fontsize=8)
     samples = report["cpu"]["samples"]
     for column, name, colour in ((1, "machine, all processes", "grey"),
                                  (2, "the stack's processes", "tab:blue")):
         cpu.plot([row[0] for row in samples], [row[column] for row in samples], lw=1,
                  color=colour, label=name)
-    for f in report["faults"]:
-        cpu.axvspan(*f["window_s"], color="orange", alpha=0.18)
+    for f, colour in zip(report["faults"], SHADES * len(report["faults"])):
+        cpu.axvspan(*f["window_s"], color=colour, alpha=0.18)
     cpu.set(ylabel="CPU (100 % = a core)", xlabel="arrival, seconds into the run",
             ylim=(0, None))
-    cpu.legend(loc="upper left", fontsize=8, framealpha=0.9)
+    cpu.legend(loc="upper left", bbox_to_anchor=(1.005, 1), fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
