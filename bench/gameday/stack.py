@@ -15,14 +15,13 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 import redis
 
-from scripts.run import ROOT, plan, process_env
+from scripts.run import ROOT, _answers, plan, process_env
 from scripts.stack import free_port, wait_until
 from tasks.keys import CONSUMING_KEY, live_key
 
@@ -202,11 +201,3 @@ def _cmdline(proc: psutil.Process) -> list[str]:
         return proc.cmdline()
     except psutil.Error:
         return []
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
