@@ -12,6 +12,7 @@ import pytest
 from bench.gameday.__main__ import arguments, run
 from bench.gameday.faults import ChildKilled, Fault, RedisClientsKilled
 from scripts.stack import wait_until
+from tasks.keys import job_key
 from tasks.names import PRIORITIES, list_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("gameday")]
@@ -20,10 +21,11 @@ DELETED: list[str] = []
 
 
 class MessageDeleted(Fault):
-    """Not a fault to survive: a job accepted from the run's traffic whose message is then
-    taken off its queue, so no worker ever sees it. The run must count it lost. The worker's
-    main process is held stopped meanwhile, so that messages wait on the queue."""
-    name, label = "message-deleted", "a job's message deleted (test)"
+    """Not a fault to survive: a job accepted from the run's traffic whose message is taken
+    off its queue and whose record is deleted, so that nothing can run, find or recover it.
+    The run must count it lost. The worker's main process is held stopped meanwhile, so that
+    messages wait on the queue."""
+    name, label = "message-deleted", "a job's message and record deleted (test)"
 
     def inject(self) -> None:
         admin = self.stack.admin()
@@ -36,7 +38,8 @@ class MessageDeleted(Fault):
             self.stack.procs["worker"].signal(signal.SIGCONT)
             assert self.stack.procs["worker"].program().pid == pid
         DELETED.append(message["headers"]["id"])
-        self.notes.append(f"deleted the message of job {DELETED[-1]}")
+        admin.delete(job_key(DELETED[-1]))
+        self.notes.append(f"deleted the message and the record of job {DELETED[-1]}")
 
 
 def test_a_short_game_day_completes_and_counts_the_job_it_lost(tmp_path):
@@ -47,8 +50,7 @@ def test_a_short_game_day_completes_and_counts_the_job_it_lost(tmp_path):
     [deleted] = DELETED
     jobs = report["jobs"]
     assert jobs["arrivals"] > 400 and jobs["accepted"] == jobs["arrivals"], jobs
-    # The one job whose message went missing, and no other: every other accepted job was
-    # read back from Redis final.
+    # The one job deleted, and no other: every other accepted job was read back final.
     assert jobs["lost"] == 1 and jobs["lost_ids"] == [deleted], jobs
     assert jobs["succeeded"] == jobs["arrivals"] - 1, jobs
     faults = {f["name"]: f for f in report["faults"]}
