@@ -22,6 +22,9 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     from app.submission import Submitter
 
     app = Flask(__name__)
+    # `//v1//models` is a 404 in the JSON envelope, not Werkzeug's 308 (an HTML body, and a
+    # Location built from whatever Host the client sent).
+    app.url_map.merge_slashes = False
     app.config.update(MAX_CONTENT_LENGTH=settings.max_body_bytes)
     app.json = OrjsonProvider(app)
     configure_logging(settings.log_level, settings.log_format)

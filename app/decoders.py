@@ -4,10 +4,14 @@ pipe and waits for its answer, which under gunicorn's gevent worker yields to ev
 request (the standard library's threading, subprocess and selectors are gevent's there; without
 gevent, a waiting thread waits).
 
+* Decoders are handed out first come, first served (`_Turns`): a freed decoder goes to the
+  image that has waited longest, never back to the request that freed it. With API keys, one
+  key holds at most `per_owner` decoders at once; the others stay free for other keys.
 * At most `size` images are decoded at once, one per decoder; `size` × 4 more may wait for a
   decoder, each for at most `timeout_s`. Past that the pool is full: DecodersBusy, a `503`.
-* Each image has `timeout_s`: a decoder that has not answered by then is killed and replaced,
-  and the image is refused.
+* Each image has `timeout_s`, and a request's images share one `Budget` of decoding seconds:
+  a decoder that has not answered by the earlier of the two is killed and replaced, and the
+  image is refused; once the budget is spent, the request's other images are refused undecoded.
 * Each decoder's address space is capped at `memory_mb`: a picture that needs more is refused
   (or, should the decoder die of it, refused all the same).
 
@@ -15,6 +19,8 @@ Decoders start on first use and stop when the API process does (their stdin clos
 """
 from __future__ import annotations
 
+import json
+import logging
 import os
 import selectors
 import signal
@@ -22,7 +28,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter, deque
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -31,10 +39,82 @@ from app.image_errors import ImageRefused
 
 DECODER = str(Path(__file__).with_name("decoding.py"))
 WAITING_PER_DECODER = 4
+STARTUP_S = 30.0  # a decoder's start (Python, Pillow, its confinement): not an image's time
+logger = logging.getLogger(__name__)
 
 
 class DecodersBusy(Exception):
     """Every decoder is busy and the waiting line is full (or did not move in time)."""
+
+
+@dataclass
+class Budget:
+    """The decoding seconds a request's images share (waiting for a decoder spends none)."""
+    seconds: float
+    spent: float = 0.0
+
+    @property
+    def left(self) -> float:
+        return self.seconds - self.spent
+
+
+@dataclass(eq=False)
+class _Waiter:
+    owner: str | None
+    event: threading.Event = field(default_factory=threading.Event)
+    granted: bool = False
+
+
+class _Turns:
+    """`size` decoders, handed out in the order asked for, at most `per_owner` to one owner
+    (None: an owner without a cap, as every request is when keys are off)."""
+
+    def __init__(self, size: int, per_owner: int, max_waiting: int) -> None:
+        self.size, self.per_owner, self.max_waiting = size, per_owner, max_waiting
+        self._lock = threading.Lock()
+        self._free = size
+        self._in_use: Counter[str] = Counter()
+        self._line: deque[_Waiter] = deque()
+
+    def _fits(self, owner: str | None) -> bool:
+        return owner is None or self._in_use[owner] < self.per_owner
+
+    def _hand_out(self) -> None:
+        """Free decoders to the longest waiting whose owner is under its cap (lock held)."""
+        for waiter in list(self._line):
+            if not self._free:
+                return
+            if self._fits(waiter.owner):
+                self._line.remove(waiter)
+                self._free -= 1
+                if waiter.owner is not None:
+                    self._in_use[waiter.owner] += 1
+                waiter.granted = True
+                waiter.event.set()
+
+    def take(self, owner: str | None, timeout_s: float) -> None:
+        """A decoder for `owner`, or DecodersBusy: the line is full, or did not reach this
+        turn within `timeout_s`."""
+        waiter = _Waiter(owner)
+        with self._lock:
+            if len(self._line) >= self.max_waiting:
+                raise DecodersBusy()
+            self._line.append(waiter)
+            self._hand_out()
+        waiter.event.wait(timeout_s)
+        with self._lock:
+            if not waiter.granted:
+                self._line.remove(waiter)
+                raise DecodersBusy()
+
+    def give_back(self, owner: str | None) -> None:
+        with self._lock:
+            self._free += 1
+            if owner is not None:
+                self._in_use[owner] -= 1
+                if not self._in_use[owner]:
+                    del self._in_use[owner]
+            self._hand_out()
 
 
 class _Late(Exception):
@@ -55,6 +135,13 @@ class _Decoder:
         self.fd_in, self.fd_out = self.proc.stdin.fileno(), self.proc.stdout.fileno()
         os.set_blocking(self.fd_in, False)
         os.set_blocking(self.fd_out, False)
+        try:  # its first answer: what it gave up (app/decoding.py's confine)
+            _kind, size = ANSWER.unpack(self._receive(ANSWER.size, time.monotonic() + STARTUP_S))
+            self.confinement = json.loads(self._receive(size, time.monotonic() + STARTUP_S))
+        except (_Late, OSError, EOFError, ValueError):
+            self.stop()
+            logger.error("an image decoder did not start (exit status %s)", self.proc.returncode)
+            raise DecodersBusy() from None
 
     def _wait(self, fd: int, event: int, deadline: float) -> None:
         with selectors.DefaultSelector() as selector:
@@ -100,45 +187,57 @@ class _Decoder:
 
 
 class DecoderPool:
-    def __init__(self, size: int, timeout_s: float, memory_mb: int) -> None:
+    def __init__(self, size: int, timeout_s: float, memory_mb: int,
+                 per_owner: int | None = None) -> None:
         self.size, self.timeout_s, self.memory_mb = size, timeout_s, memory_mb
-        self._slots = threading.BoundedSemaphore(size)
+        self._turns = _Turns(size, per_owner or size, size * WAITING_PER_DECODER)
         self._lock = threading.Lock()
-        self._waiting = 0
         self._idle: list[_Decoder] = []
+        self._warned = False
 
     @contextmanager
-    def _slot(self) -> Iterator[None]:
-        with self._lock:
-            if self._waiting >= self.size * WAITING_PER_DECODER:
-                raise DecodersBusy()
-            self._waiting += 1
+    def _decoder(self, owner: str | None) -> Iterator[_Decoder]:
+        self._turns.take(owner, 2 * self.timeout_s)  # its turn comes within two decodes
         try:
-            taken = self._slots.acquire(timeout=self.timeout_s)
-        finally:
-            with self._lock:
-                self._waiting -= 1
-        if not taken:
-            raise DecodersBusy()
-        try:
-            yield
-        finally:
-            self._slots.release()
-
-    def picture(self, data: bytes, limits: Limits) -> bytes:
-        """The model's input picture (raw RGB) made from `data` by a decoder; ImageRefused
-        when the image is refused, too slow or too large to decode; DecodersBusy."""
-        with self._slot():
             with self._lock:
                 decoder = self._idle.pop() if self._idle else None
-            decoder = decoder or _Decoder(self.memory_mb)
+            decoder = decoder or self._start()
+            yield decoder
+            with self._lock:
+                self._idle.append(decoder)
+        finally:
+            self._turns.give_back(owner)
+
+    def _start(self) -> _Decoder:
+        decoder = _Decoder(self.memory_mb)
+        held = decoder.confinement
+        if not self._warned and (held["network"] != "none" or not held["no_new_privs"]):
+            self._warned = True  # once per API process
+            logger.warning("image decoders run with more than they need: network %s, "
+                           "no_new_privs %s (docs/security.md)", held["network"],
+                           held["no_new_privs"])
+        return decoder
+
+    def picture(self, data: bytes, limits: Limits, owner: str | None = None,
+                budget: Budget | None = None) -> bytes:
+        """The model's input picture (raw RGB) made from `data` by a decoder; ImageRefused
+        when the image is refused, too slow or too large to decode, or the request's `budget`
+        is spent; DecodersBusy. `owner`: the API key whose decoders it counts against."""
+        budget = budget or Budget(self.timeout_s)
+        if budget.left <= 0:
+            raise _spent(budget)
+        with self._decoder(owner) as decoder:
+            limit = min(self.timeout_s, budget.left)
+            started = time.monotonic()
             try:
-                kind, body = decoder.ask(limits.to_json(), data,
-                                         time.monotonic() + self.timeout_s)
+                try:
+                    kind, body = decoder.ask(limits.to_json(), data, started + limit)
+                finally:
+                    budget.spent += time.monotonic() - started
             except _Late:
                 decoder.stop()
-                raise ImageRefused(f"the image took longer than {self.timeout_s:g}s to "
-                                   "decode") from None
+                raise (_spent(budget) if limit < self.timeout_s else ImageRefused(
+                    f"the image took longer than {self.timeout_s:g}s to decode")) from None
             except (OSError, EOFError):
                 decoder.stop()
                 raise ImageRefused("the decoder died on this image (out of its "
@@ -147,8 +246,11 @@ class DecoderPool:
             except BaseException:  # the request itself was cut short: its answer is unread
                 decoder.stop()
                 raise
-            with self._lock:
-                self._idle.append(decoder)
         if kind != OK:
             raise ImageRefused(body.decode())
         return body
+
+
+def _spent(budget: Budget) -> ImageRefused:
+    return ImageRefused(f"not decoded: the job's images took their {budget.seconds:g}s of "
+                        "decoding in all")

@@ -5,28 +5,38 @@ upright, converted to RGB, resized and centre-cropped, and its raw bytes go back
 Run as `python -I app/decoding.py MEMORY_MB`, it serves requests on stdin (frames below) until
 stdin closes, with its address space capped at MEMORY_MB: a picture that needs more is refused,
 never a danger to the API. It imports Pillow and the standard library only, so that it starts
-in a fraction of a second and holds nothing of the API (no settings, no secrets).
+in a fraction of a second and holds nothing of the API (no settings, no secrets). Before it
+reads an image it gives up what a decoder does not need (`confine`): the network (a network
+namespace of its own, where the kernel allows one), root (started as root, it becomes
+`nobody`), and any way back to more privileges (no_new_privs); and it works from `/`.
 
-The refusals before decoding, each cheap (the header, or one pass over the bytes):
+The refusals before decoding, each cheap (what Pillow parsed of the header, or one pass over
+the bytes), none of which padding the file or reordering its chunks can get past:
 
 * more pixels than the model's `max_image_pixels` (decompression bombs);
-* more than MAX_PIXELS_PER_BYTE pixels a byte of the encoded image, once it has more than
-  BOMB_FLOOR_PIXELS: no photograph, screenshot or scan compresses that far; a blank 1-bit
-  39 MP PNG (5 KB) does;
 * more sample data than an 8-bit RGBA picture of `max_image_pixels` (a 16-bit PNG may have
-  half the pixels);
-* an animation (GIF, WebP, PNG) with more than a quarter of `max_image_pixels` on its canvas:
-  its decoder holds the canvas, in RGBA, several times over;
-* a progressive JPEG with more than MAX_JPEG_SCANS scans: each scan is a pass over the whole
-  picture, and a few bytes make one.
+  half the pixels), from the bit depth and colour type Pillow read from the PNG's IHDR;
+* an animation (GIF, WebP, PNG, MPO) with more than a quarter of `max_image_pixels` on its
+  canvas: its decoder holds the canvas, in RGBA, several times over;
+* a JPEG (or MPO, JPEGs one after another) with more than MAX_JPEG_SCANS scans: each scan of a
+  progressive JPEG is a pass over the whole picture, and a few bytes make one. Scans are
+  counted by walking the markers as libjpeg does, skipping stray bytes between segments.
 
-Frames: request `>II` (header length, data length), a JSON header (`Limits`), the image;
-answer `>BI` (OK or REFUSED, length), then the picture's RGB bytes or the reason, UTF-8.
+What the header cannot tell (a picture under every cap that is merely slow) is bounded by the
+decoder's deadline and memory, and by the budget a request's images share (app/decoders.py).
+
+Frames: first, once confined, the decoder says what it gave up: an answer frame (below) whose
+body is JSON (`uid`, `network`: "none" or "shared", `no_new_privs`). Then request `>II` (header
+length, data length), a JSON header (`Limits`), the image; answer `>BI` (OK or REFUSED,
+length), then the picture's RGB bytes or the reason, UTF-8.
 """
 from __future__ import annotations
 
+import ctypes
 import io
 import json
+import os
+import pwd
 import re
 import resource
 import struct
@@ -37,8 +47,6 @@ from typing import BinaryIO
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 MAX_JPEG_SCANS = 64
-MAX_PIXELS_PER_BYTE = 1024
-BOMB_FLOOR_PIXELS = 1_000_000
 OK, REFUSED = 1, 0
 REQUEST, ANSWER = struct.Struct(">II"), struct.Struct(">BI")
 
@@ -46,8 +54,12 @@ _RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.B
              "bicubic": Image.Resampling.BICUBIC, "lanczos": Image.Resampling.LANCZOS}
 # A JPEG marker inside entropy-coded data: FF followed by neither a stuffed 00 nor a restart.
 _MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7]")
-# PNG colour type -> channels.
-_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+# Markers without a length: TEM, RSTn, SOI, EOI (and 00, a stuffed byte out of place).
+_NO_LENGTH = frozenset({0x00, 0x01, *range(0xD0, 0xDA)})
+# Bits a pixel of the PNG raw modes Pillow reads (from IHDR's bit depth and colour type).
+_PNG_BITS = {"1": 1, "L;2": 2, "L;4": 4, "L": 8, "I;16B": 16, "P;1": 1, "P;2": 2, "P;4": 4,
+             "P": 8, "RGB": 24, "RGB;16B": 48, "LA": 16, "LA;16B": 32, "RGBA": 32,
+             "RGBA;16B": 64}
 
 
 class Refused(ValueError):
@@ -75,40 +87,39 @@ class Limits:
 
 
 def jpeg_scans(data: bytes, stop_after: int) -> int:
-    """The scans (SOS markers) of a JPEG, counted by walking its markers; stops counting past
-    `stop_after`."""
-    pos, scans = 2, 0
-    while pos + 4 <= len(data) and scans <= stop_after:
-        if data[pos] != 0xFF:
-            break  # not a marker where one must be: the decoder will say what is wrong
+    """The scans (SOS markers) of a JPEG, or of JPEGs one after another (MPO), counted by
+    walking its markers as libjpeg reads them: whatever is not a marker where one is expected
+    is skipped up to the next FF, fill bytes (FF FF) are skipped, a segment is skipped by its
+    length, a scan's data runs to the next marker. Stops counting past `stop_after`."""
+    pos, scans = 0, 0
+    while scans <= stop_after:
+        pos = data.find(b"\xff", pos)
+        if pos < 0 or pos + 1 >= len(data):
+            break
         marker = data[pos + 1]
         if marker == 0xFF:  # a fill byte
             pos += 1
-            continue
-        if marker == 0xD9:  # end of image
-            break
-        if 0xD0 <= marker <= 0xD7 or marker == 0x01:  # no length
+        elif marker in _NO_LENGTH:
             pos += 2
-            continue
-        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
-        if marker == 0xDA:
-            scans += 1
-            found = _MARKER.search(data, pos)
-            if found is None:
-                break
-            pos = found.start()
+        else:
+            pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+            if marker == 0xDA:
+                scans += 1
+                found = _MARKER.search(data, pos)
+                if found is None:
+                    break
+                pos = found.start()
     return scans
 
 
-def _sample_bytes(image: Image.Image, data: bytes) -> float:
-    """Bytes of samples the decoder inflates: from the PNG header (bit depth and channels),
-    else one byte per band."""
-    if image.format == "PNG" and len(data) >= 26:
-        bits, colour = data[24], data[25]
-        per_pixel = _PNG_CHANNELS.get(colour, 4) * bits / 8
-    else:
-        per_pixel = len(image.getbands())
-    return image.width * image.height * per_pixel
+def _sample_bytes(image: Image.Image) -> float:
+    """Bytes of samples the decoder inflates: for a PNG from its raw mode, as Pillow read it
+    from IHDR (bit depth and colour type), else one byte per band."""
+    if image.format == "PNG" and image.tile:
+        rawmode = image.tile[0].args  # Pillow's PNG tile carries its raw mode as its args
+        bits = _PNG_BITS.get(rawmode if isinstance(rawmode, str) else "", 64)
+        return image.width * image.height * bits / 8
+    return image.width * image.height * len(image.getbands())
 
 
 def check(image: Image.Image, data: bytes, limits: Limits) -> None:
@@ -117,21 +128,17 @@ def check(image: Image.Image, data: bytes, limits: Limits) -> None:
     pixels = width * height
     if pixels > limits.max_pixels:
         raise Refused(f"the image is {width}x{height} = {pixels} pixels; this model takes "
-                           f"at most {limits.max_pixels}")
-    if pixels > BOMB_FLOOR_PIXELS and pixels > MAX_PIXELS_PER_BYTE * len(data):
-        raise Refused(f"the image declares {pixels} pixels in {len(data)} bytes, more than "
-                           f"{MAX_PIXELS_PER_BYTE} pixels a byte: a decompression bomb")
-    samples, most = _sample_bytes(image, data), 4 * limits.max_pixels
+                      f"at most {limits.max_pixels}")
+    samples, most = _sample_bytes(image), 4 * limits.max_pixels
     if samples > most:
         raise Refused(f"the image holds {samples / 2**20:.0f} MiB of samples; this model "
-                           f"takes at most {most / 2**20:.0f} MiB (as in 8-bit RGBA at "
-                           f"{limits.max_pixels} pixels)")
+                      f"takes at most {most / 2**20:.0f} MiB (as in 8-bit RGBA at "
+                      f"{limits.max_pixels} pixels)")
     if getattr(image, "is_animated", False) and pixels > limits.max_pixels // 4:
         raise Refused(f"the image is an animation on a {width}x{height} canvas; "
-                           f"animations may have at most {limits.max_pixels // 4} pixels")
-    if image.format == "JPEG":
-        scans = jpeg_scans(data, MAX_JPEG_SCANS)
-        if scans > MAX_JPEG_SCANS:
+                      f"animations may have at most {limits.max_pixels // 4} pixels")
+    if image.format in ("JPEG", "MPO"):
+        if jpeg_scans(data, MAX_JPEG_SCANS) > MAX_JPEG_SCANS:
             raise Refused(f"the JPEG has more than {MAX_JPEG_SCANS} scans")
 
 
@@ -198,9 +205,51 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         answers.flush()
 
 
+_CLONE_NEWNET, _CLONE_NEWUSER, _PR_SET_NO_NEW_PRIVS = 0x40000000, 0x10000000, 38
+
+
+def _unshared(libc: ctypes.CDLL, flags: int) -> bool:
+    return libc.unshare(flags) == 0
+
+
+def _become_nobody() -> int:
+    try:
+        nobody = pwd.getpwnam("nobody")
+        uid, gid = nobody.pw_uid, nobody.pw_gid
+    except KeyError:
+        uid = gid = 65534
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    return uid
+
+
+def confine() -> dict:
+    """Give up what decoding does not need, before any image is read; say what was given up.
+    No network: a network namespace of its own with no interface up (as root directly; as any
+    other user inside a user namespace of its own, where the kernel allows one; else the
+    network stays, 'shared'). Pillow's format plugins are imported first, while their files
+    can still be read."""
+    Image.init()
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid = os.getuid()
+    isolated = uid == 0 and _unshared(libc, _CLONE_NEWNET)
+    if uid == 0:
+        uid = _become_nobody()
+    # (In a user namespace of its own getuid() says 65534: `uid` is the one outside.)
+    isolated = isolated or _unshared(libc, _CLONE_NEWUSER | _CLONE_NEWNET)
+    os.chdir("/")
+    no_new_privs = libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+    return {"uid": uid, "network": "none" if isolated else "shared",
+            "no_new_privs": no_new_privs}
+
+
 def main(argv: list[str]) -> None:
     memory = int(argv[1]) * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    hello = json.dumps(confine()).encode()
+    sys.stdout.buffer.write(ANSWER.pack(OK, len(hello)) + hello)
+    sys.stdout.buffer.flush()
     serve(sys.stdin.buffer, sys.stdout.buffer)
 
 

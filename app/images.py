@@ -7,8 +7,9 @@ reaches a queue.
 Here the encoded image is found (decoded from base64, or fetched: a job's URLs share one
 deadline, `image_fetch_deadline_s`) and capped at `max_image_bytes`; the picture is made in a
 decoder process (app/decoders.py, app/decoding.py), never in the API's own, so that no image
-can hold up the requests beside it. Pillow is told the accepted formats, so no other decoder
-ever runs. The API never imports torch.
+can hold up the requests beside it; a job's images share one budget of decoding time,
+`image_decode_budget_s`, and its key's share of the decoders. Pillow is told the accepted
+formats, so no other decoder ever runs. The API never imports torch.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from app.decoders import DecoderPool
+from app.decoders import Budget, DecoderPool
 from app.decoding import Limits
 from app.image_errors import ImageRefused
 from app.image_urls import fetch_image
@@ -92,15 +93,17 @@ def limits_of(spec: ModelSpec) -> Limits:
 
 
 def canonical_inputs(spec: ModelSpec, inputs: list[Any], settings: Settings,
-                     decoders: DecoderPool) -> list[str]:
+                     decoders: DecoderPool, owner: str | None = None) -> list[str]:
     """Every input in the canonical format (base64 of the model's input picture as RGB
-    bytes), or BadImages naming each one refused. DecodersBusy when no decoder is free."""
+    bytes), or BadImages naming each one refused. DecodersBusy when no decoder is free.
+    `owner`: the API key's name (None when keys are off), whose share of decoders it uses."""
     limits, fetches = limits_of(spec), _Fetches(settings)
+    budget = Budget(settings.image_decode_budget_s)
     out: list[str] = []
     refused: dict[str, list[str]] = {}
     for index, value in enumerate(inputs):
         try:
-            picture = decoders.picture(image_bytes(value, spec, fetches), limits)
+            picture = decoders.picture(image_bytes(value, spec, fetches), limits, owner, budget)
             out.append(base64.b64encode(picture).decode("ascii"))
         except ImageRefused as exc:
             refused[f"inputs.{index}"] = [str(exc)]

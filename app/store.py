@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import threading
 import time
 import uuid
@@ -20,7 +21,7 @@ from config.models import ModelSpec
 from tasks import tracing
 from tasks.jobstate import CancelOutcome, JobRecord, JobState, Status, new_job
 from tasks.keys import CONSUMING_KEY, idempotency_key, live_key
-from tasks.messages import JobArgs, task_message
+from tasks.messages import JOB_TOKEN_HEADER, JobArgs, task_message
 from tasks.names import PRIORITIES, queue_lists, task_name
 from tasks.redis_client import connect
 
@@ -102,13 +103,16 @@ class JobStore:
         record = new_job(job_id or new_job_id(), model=spec.name, trace_id=trace_id,
                          inputs=len(job["inputs"]), priority=job["priority"], owner=owner,
                          encoding_format=job.get("encoding_format", "float"),
-                         webhook_url=hook["url"] if hook else "")
+                         webhook_url=hook["url"] if hook else "",
+                         webhook_events=hook["events"] if hook else (),
+                         token=secrets.token_urlsafe(6))
         # The webhook's URL is kept in the record only (tasks/webhooks.py), not in the message.
         args = JobArgs(job["inputs"], job["options"], time.time(),
                        {"events": hook["events"]} if hook else None, record.encoding_format)
         summary = None if self.settings.events_full_args else {
             "model": spec.name, "inputs": record.inputs, "trace_id": trace_id}
-        headers = {"trace_id": trace_id}
+        # The token in the record and the message: only this message can run the job.
+        headers = {"trace_id": trace_id, JOB_TOKEN_HEADER: record.token}
         tracing.inject(headers)  # the W3C trace context, when traces are on
         message = task_message(self.celery, task_name(spec.name), record.id, args.kwargs(),
                                queue=spec.queue, priority=PRIORITIES[job["priority"]],

@@ -61,7 +61,8 @@ class Submitter:
         self.settings, self.models, self.store, self.metrics = settings, models, store, metrics
         self.schemas = {name: job_schema(spec) for name, spec in models.items()}
         self.decoders = DecoderPool(settings.image_decoders, settings.image_decode_timeout_s,
-                                    settings.image_decode_memory_mb)  # started on first use
+                                    settings.image_decode_memory_mb,
+                                    settings.decoders_per_key)  # started on first use
 
     def _refused(self, model: str, reason: str) -> None:
         self.metrics.rejected.labels(model if model in self.models else "unknown", reason).inc()
@@ -92,8 +93,9 @@ class Submitter:
             self._check_webhook(job["webhook"])
         if spec.input_type == "image":  # decoded, checked and resized before it is queued
             try:
-                job["inputs"] = images.canonical_inputs(spec, job["inputs"], self.settings,
-                                                        self.decoders)
+                job["inputs"] = images.canonical_inputs(
+                    spec, job["inputs"], self.settings, self.decoders,
+                    caller.key.name if caller.key else None)
             except images.BadImages as exc:
                 self._refused(spec.name, "validation")
                 raise ValidationFailed("the job is invalid", fields=exc.fields) from None

@@ -111,6 +111,38 @@ def animated_webp(side: int = SIDE) -> bytes:
     return b"RIFF" + struct.pack("<I", len(body)) + body
 
 
+def junk_after_app0(jpeg: bytes) -> bytes:
+    """The JPEG with one stray byte after its first segment (APP0), which libjpeg skips
+    (the attack on issue 26's first scan counter, which stopped walking there)."""
+    assert jpeg[2:4] == b"\xff\xe0", jpeg[2:4]
+    end = 4 + int.from_bytes(jpeg[4:6], "big")
+    return jpeg[:end] + b"\x00" + jpeg[end:]
+
+
+def as_mpo(jpeg: bytes) -> bytes:
+    """The JPEG twice over, with an APP2 MPF segment that declares both: Pillow opens it as
+    MPO, not JPEG."""
+    def mpf(second: int, size: int) -> bytes:
+        entries = struct.pack(">IIIHH", 0x20030000, size, 0, 0, 0) + \
+            struct.pack(">IIIHH", 0, size, second, 0, 0)
+        ifd = struct.pack(">H", 3) + struct.pack(">HHI4s", 0xB000, 7, 4, b"0100") + \
+            struct.pack(">HHII", 0xB001, 4, 1, 2) + \
+            struct.pack(">HHII", 0xB002, 7, len(entries), 8 + 2 + 3 * 12 + 4) + bytes(4)
+        body = b"MPF\x00" + b"MM\x00\x2a" + struct.pack(">I", 8) + ifd + entries
+        return b"\xff\xe2" + struct.pack(">H", len(body) + 2) + body
+
+    segment = len(mpf(0, 0))
+    size = len(jpeg) + segment
+    # MPF offsets count from its TIFF header: SOI, marker, length and "MPF\0" into the file.
+    return jpeg[:2] + mpf(size - (2 + 4 + 4), size) + jpeg[2:] + jpeg
+
+
+def chunk_before_ihdr(png: bytes) -> bytes:
+    """The PNG with a private chunk ahead of IHDR whose bytes sit where IHDR's bit depth and
+    colour type would be (1-bit grey), were they read at a fixed offset."""
+    return png[:8] + _chunk(b"prVt", bytes(8) + bytes([1, 0]) + bytes(3)) + png[8:]
+
+
 def requests_to_send(model: str, jpeg_scans: int = 600) -> dict[str, dict]:
     """The review's four requests, as keyword arguments of requests.post: name -> kwargs."""
     def as_json(*images: bytes) -> dict:

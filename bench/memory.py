@@ -58,7 +58,7 @@ def measure(stack, encoding: str, count: int) -> dict:
     after = int(server.info("memory")["used_memory"])
     metas = [server.get(f"celery-task-meta-{i}") for i in ids]
     stored = [len(m.encode()) for m in metas]
-    record = [int(server.memory_usage(f"iq:job:{i}") or 0) for i in ids]
+    record = [int(stack.admin.memory_usage(f"iq:job:{i}") or 0) for i in ids]  # not the app's
     out = {"encoding": encoding, "jobs": count,
            "bytes_per_result": statistics.mean(stored),
            "bytes_per_record": statistics.mean(record),

@@ -74,10 +74,14 @@ class Settings:
     image_url_allow: str = ""
     image_fetch_deadline_s: float = 10.0
     # Image decoding (app/decoders.py): decoder processes per API process, the time each image
-    # may take and the memory (address space) each decoder may use.
+    # may take, the decoding time all of a job's images share, the memory (address space) each
+    # decoder may use, and the decoders one API key may hold at once (0: half of them, at
+    # least one; keys off: no cap).
     image_decoders: int = 2
     image_decode_timeout_s: float = 5.0
+    image_decode_budget_s: float = 10.0
     image_decode_memory_mb: int = 1024
+    image_decoders_per_key: int = 0
 
     # Workers.
     heartbeat_interval_s: float = 2.0
@@ -136,6 +140,10 @@ class Settings:
     @property
     def image_url_allow_list(self) -> list[str]:
         return [h.strip() for h in self.image_url_allow.split(",") if h.strip()]
+
+    @property
+    def decoders_per_key(self) -> int:
+        return self.image_decoders_per_key or max(1, self.image_decoders // 2)
 
 
 def _shown(name: str, value: Any) -> Any:
@@ -202,40 +210,37 @@ def _coerce(name: str, raw: Any, kind: type) -> Any:
         raise ConfigError(f"{name} must be {kind.__name__}, got {raw!r}") from None
 
 
-def load_settings(
-    overrides: Mapping[str, Any] | None = None,
-    *,
-    environ: Mapping[str, str] | None = None,
-) -> Settings:
-    """Build Settings: defaults, then the YAML file named by IQ_CONFIG (if any), then the
-    environment, then `overrides` (tests pass theirs here)."""
-    environ = os.environ if environ is None else environ
-    unknown = unknown_variables(environ)
-    if unknown:
-        raise ConfigError("\n".join(unknown + ["(README's Configuration lists every variable)"]))
-    types = {f.name: type(f.default) for f in fields(Settings)}
-    values: dict[str, Any] = {}
+def _from_file(config_file: str, types: Mapping[str, type]) -> dict[str, Any]:
+    """The settings the YAML file IQ_CONFIG names."""
+    data = yaml.safe_load(Path(config_file).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{config_file}: expected a mapping at the top level")
+    values = {}
+    for key, raw in data.items():
+        if key not in types:
+            raise ConfigError(f"{config_file}: unknown setting {key!r}")
+        values[key] = _coerce(key, raw, types[key])
+    return values
 
-    config_file = environ.get("IQ_CONFIG")
-    if config_file:
-        data = yaml.safe_load(Path(config_file).read_text()) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{config_file}: expected a mapping at the top level")
-        for key, raw in data.items():
-            if key not in types:
-                raise ConfigError(f"{config_file}: unknown setting {key!r}")
-            values[key] = _coerce(key, raw, types[key])
 
-    for env_name, key in ENV_NAMES.items():
-        if env_name in environ and environ[env_name] != "":
-            values[key] = _coerce(env_name, environ[env_name], types[key])
+def _from_environ(environ: Mapping[str, str], types: Mapping[str, type]) -> dict[str, Any]:
+    """The settings the environment sets (an empty variable sets nothing)."""
+    return {key: _coerce(env_name, environ[env_name], types[key])
+            for env_name, key in ENV_NAMES.items()
+            if env_name in environ and environ[env_name] != ""}
 
-    for key, raw in (overrides or {}).items():
+
+def _from_overrides(overrides: Mapping[str, Any], types: Mapping[str, type]) -> dict[str, Any]:
+    values = {}
+    for key, raw in overrides.items():
         if key not in types:
             raise ConfigError(f"unknown setting {key!r}")
         values[key] = _coerce(key, raw, types[key])
+    return values
 
-    settings = dataclasses.replace(Settings(), **values)
+
+def _check_access(settings: Settings) -> None:
+    """The API's and the deliverer's limits."""
     if settings.max_wait_s <= 0 or settings.max_wait_s > 300:
         raise ConfigError(f"max_wait_s must be in (0, 300], got {settings.max_wait_s}")
     if settings.log_format not in ("text", "json"):
@@ -249,6 +254,8 @@ def load_settings(
     if settings.webhook_host_concurrency < 1:
         raise ConfigError("webhook_host_concurrency must be an integer >= 1, "
                           f"got {settings.webhook_host_concurrency}")
+    if settings.webhook_timeout_s <= 0:
+        raise ConfigError(f"webhook_timeout_s must be > 0, got {settings.webhook_timeout_s}")
     if settings.body_timeout_s <= 0:
         raise ConfigError(f"body_timeout_s must be > 0, got {settings.body_timeout_s}")
     for entry in filter(None, (e.strip() for e in settings.forwarded_allow_ips.split(","))):
@@ -257,15 +264,42 @@ def load_settings(
         except ValueError:
             raise ConfigError("forwarded_allow_ips must list IP addresses or CIDRs, got "
                               f"{entry!r}") from None
+
+
+def _check_images(settings: Settings) -> None:
+    """The image fetching and decoding limits."""
     if settings.image_decoders < 1:
         raise ConfigError(f"image_decoders must be an integer >= 1, got {settings.image_decoders}")
-    if settings.image_decode_timeout_s <= 0 or settings.image_fetch_deadline_s <= 0:
-        raise ConfigError("image_decode_timeout_s and image_fetch_deadline_s must be > 0, got "
-                          f"{settings.image_decode_timeout_s} and "
-                          f"{settings.image_fetch_deadline_s}")
+    if not 0 <= settings.image_decoders_per_key <= settings.image_decoders:
+        raise ConfigError("image_decoders_per_key must be 0 (half the decoders) to "
+                          f"image_decoders ({settings.image_decoders}), got "
+                          f"{settings.image_decoders_per_key}")
+    for name in ("image_decode_timeout_s", "image_decode_budget_s", "image_fetch_deadline_s"):
+        if getattr(settings, name) <= 0:
+            raise ConfigError(f"{name} must be > 0, got {getattr(settings, name)}")
     if settings.image_decode_memory_mb < 256:
         raise ConfigError("image_decode_memory_mb must be an integer >= 256, got "
                           f"{settings.image_decode_memory_mb}")
-    if settings.webhook_timeout_s <= 0:
-        raise ConfigError(f"webhook_timeout_s must be > 0, got {settings.webhook_timeout_s}")
+
+
+def load_settings(
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Build Settings: defaults, then the YAML file named by IQ_CONFIG (if any), then the
+    environment, then `overrides` (tests pass theirs here)."""
+    environ = os.environ if environ is None else environ
+    unknown = unknown_variables(environ)
+    if unknown:
+        raise ConfigError("\n".join(unknown + ["(README's Configuration lists every variable)"]))
+    types = {f.name: type(f.default) for f in fields(Settings)}
+    values: dict[str, Any] = {}
+    if environ.get("IQ_CONFIG"):
+        values.update(_from_file(environ["IQ_CONFIG"], types))
+    values.update(_from_environ(environ, types))
+    values.update(_from_overrides(overrides or {}, types))
+    settings = dataclasses.replace(Settings(), **values)
+    _check_access(settings)
+    _check_images(settings)
     return settings

@@ -10,8 +10,11 @@
 # * `default`, the launcher's admin, with the password in IQ_REDIS_PASSWORD_FILE;
 # * IQ_REDIS_APP_USER, the one every process of the application connects as (password in
 #   IQ_REDIS_APP_PASSWORD_FILE): every command but the administrative and dangerous ones
-#   (CONFIG, MODULE, DEBUG, SHUTDOWN, SAVE, ACL, CLIENT KILL, MONITOR, FLUSHALL, KEYS, ...).
-#   INFO stays allowed: the submit script reads `INFO memory` for its maxmemory check.
+#   (CONFIG, MODULE, DEBUG, SHUTDOWN, SAVE, ACL, CLIENT KILL, MONITOR, FLUSHALL, KEYS, ...),
+#   and of SCRIPT only LOAD and EXISTS (what redis-py needs to run the job scripts: no FLUSH,
+#   KILL or DEBUG), and no MEMORY (no PURGE). INFO stays allowed: the submit script reads
+#   `INFO memory` for its maxmemory check. (Redis 6.2 can take a subcommand from a command it
+#   denies, not deny one from a command it allows: hence `-script +script|load`.)
 # It holds at most REDIS_MAXMEMORY: past it, writes are refused (noeviction) rather than queued
 # jobs or results silently dropped.
 set -euo pipefail
@@ -32,5 +35,5 @@ exec "$bin" - --port "$port" --bind 127.0.0.1 --dir "$dir" \
   --appendonly yes --appendfsync everysec --save "" \
   --maxmemory "${REDIS_MAXMEMORY:-1gb}" --maxmemory-policy noeviction "$@" <<CONFIG
 requirepass $(< "$IQ_REDIS_PASSWORD_FILE")
-user $IQ_REDIS_APP_USER on >$(< "$IQ_REDIS_APP_PASSWORD_FILE") ~* &* +@all -@admin -@dangerous +info
+user $IQ_REDIS_APP_USER on >$(< "$IQ_REDIS_APP_PASSWORD_FILE") ~* &* +@all -@admin -@dangerous +info -script +script|load +script|exists -memory
 CONFIG

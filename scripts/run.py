@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import os
 import secrets
+import stat
 import sys
 import threading
 import time
@@ -60,19 +61,67 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
+def _not_ours(path: Path, info: os.stat_result) -> str | None:
+    """Why `path` (lstat'ed as `info`) cannot hold this user's secrets, or None."""
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link"
+    if info.st_uid != os.getuid():
+        return f"is owned by uid {info.st_uid}, not by you (uid {os.getuid()})"
+    return None
+
+
+def _refuse_foreign(path: Path, why: str) -> Refused:
+    return Refused(f"make run: {_shown(path)} {why}: another user may have made it (choosing "
+                   "the secrets or the data in it) or may read it. Delete it, or move "
+                   "IQ_VAR_DIR to a folder only you can write, and make run makes a new one.")
+
+
+def var_problems(var_dir: Path) -> list[str]:
+    """One message per folder or file under var_dir that make run would use but another user
+    made (or that is a link to elsewhere): its secrets would be theirs to choose or read."""
+    problems = []
+    for path in (var_dir, var_dir / "secrets", *_listing(var_dir / "secrets"),
+                 var_dir / "redis", *_listing(var_dir / "redis")):
+        try:  # var_dir itself may be a link to where the operator keeps it
+            why = _not_ours(path, path.stat() if path == var_dir else path.lstat())
+        except FileNotFoundError:
+            continue
+        if why:
+            problems.append(str(_refuse_foreign(path, why)))
+    return problems
+
+
+def _listing(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*")) if folder.is_dir() and not folder.is_symlink() else []
+
+
 def kept_secret(var_dir: Path, name: str) -> tuple[str, Path]:
     """A random secret kept in var_dir/secrets/<name>, readable by this user only; made on
-    first use, the same on every later run."""
+    first use, the same on every later run. A file or folder another user made is refused
+    (`var_problems` says so before anything is written), as is a link."""
     path = var_dir / "secrets" / name
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for folder in (var_dir, path.parent):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        why = _not_ours(folder, folder.stat() if folder == var_dir else folder.lstat())
+        if why:
+            raise _refuse_foreign(folder, why)
+        folder.chmod(0o700)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        os.write(fd, (secrets.token_urlsafe(24) + "\n").encode())
+        os.lseek(fd, 0, os.SEEK_SET)
     except FileExistsError:
-        os.chmod(path, 0o600)
-    else:
-        with os.fdopen(fd, "w") as out:
-            out.write(secrets.token_urlsafe(24) + "\n")
-    value = path.read_text().strip()
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # ELOOP: a link
+            raise _refuse_foreign(path, "is a symbolic link") from None
+        why = _not_ours(path, os.fstat(fd))
+        if why:
+            os.close(fd)
+            raise _refuse_foreign(path, why)
+        os.fchmod(fd, 0o600)
+    with os.fdopen(fd) as kept:
+        value = kept.read().strip()
     if not value:
         raise Refused(f"make run: {_shown(path)} is empty; delete it and a new one is made")
     return value, path
@@ -183,9 +232,12 @@ def plan(environ: dict[str, str]) -> Run:
     ports = _bindings(env)
     if not own_redis:
         del ports["redis"]
+    problems = var_problems(var_dir)
     password_file = var_dir / "secrets" / "redis-password"
-    known = password_file.read_text().strip() if password_file.is_file() else None
-    problems = port_problems([b for b in ports.values() if b.port], known, _shown(password_file))
+    known = password_file.read_text().strip() if password_file.is_file() and not problems \
+        else None
+    problems += port_problems([b for b in ports.values() if b.port], known,
+                              _shown(password_file))
     try:
         problems += model_file_problems(settings.models_file)
     except ConfigError as exc:  # the models file itself is wrong

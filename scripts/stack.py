@@ -73,17 +73,27 @@ class Service:
         except OSError:
             return ""
 
+    def send(self, sig: int = signal.SIGTERM) -> bool:
+        """Send `sig` to the process group; False if it has already exited."""
+        if self.proc.poll() is not None:
+            return False
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def reap(self, timeout: float = 20) -> None:
+        """Wait for the process to exit; SIGKILL its group after `timeout`."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        if self.send(sig):
+            self.reap(timeout)
 
 
 def spawn(name: str, cmd: list[str], env: dict[str, str], logdir: Path) -> Service:
@@ -254,8 +264,12 @@ class Stack:
         wait_until(live, timeout, f"live workers for {', '.join(models)}")
 
     def stop(self) -> None:
-        for svc in (self.web, *self.workers.values(), self.redis_svc):
-            svc.stop()
+        """The API and the workers shut down together (each its own warm shutdown), then
+        Redis, which they write to until they are gone."""
+        front = [svc for svc in (self.web, *self.workers.values()) if svc.send()]
+        for svc in front:
+            svc.reap()
+        self.redis_svc.stop()
 
 
 def launch(workdir: Path, models: dict, workers: dict[str, list[str]],

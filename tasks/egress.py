@@ -87,7 +87,10 @@ def _allowed(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, allow: Sequence[
 def check_url(url: str, *, allow: Sequence[str] = ()) -> Target:
     """Parse `url`, resolve its host once and check every address; raise Refused unless it
     is http(s) to public addresses, or to a host or CIDR in `allow`."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # brackets unbalanced or around no IP address: http://[::1/, http://[]/
+        raise Refused("is not a valid URL (a bracketed host must be an IPv6 address)") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise Refused("must be an http:// or https:// URL with a host")
     if parts.username is not None or parts.password is not None:

@@ -63,16 +63,20 @@ redis.call('lpush', KEYS[3], ARGV[6])
 return {'created', ARGV[1]}
 """
 
-# KEYS: the batch's records. ARGV: started_at, worker, batch (JSON), finished_at, expired error.
-# Returns, per job, a StartDecision: 'run', or why it must not run ('missing', 'cancelled',
-# 'expired', or 'finished': it succeeded or failed already).
+# KEYS: the batch's records. ARGV: started_at, worker, batch (JSON), finished_at, expired error,
+# then each job's token as its message carries it ('' : none).
+# Returns, per job, a StartDecision: 'run', or why it must not run ('missing', 'foreign': the
+# message is not the job's own, its token differs from the record's; 'cancelled', 'expired', or
+# 'finished': it succeeded or failed already).
 START = _CLOCK + _EXPIRE_IF_DUE + _ID_OF + """
 local out = {}
 for i, key in ipairs(KEYS) do
-  local f = redis.call('hmget', key, 'status', 'expires_at')
+  local f = redis.call('hmget', key, 'status', 'expires_at', 'token')
   local status = f[1]
   if not status then
     out[i] = 'missing'
+  elseif f[3] and f[3] ~= ARGV[5 + i] then
+    out[i] = 'foreign'
   elseif expire_if_due(key, id_of(key), status, f[2], ARGV[4], ARGV[5]) then
     out[i] = 'expired'
   elseif status == 'queued' or status == 'running' then
@@ -90,15 +94,17 @@ return out
 """
 
 # KEYS: (record, stored result) per job. ARGV: finished_at, result ttl, then per job: status,
-# stored result, error ('' : none), webhook list ('' : none), webhook message.
-# Returns, per job, 1 when it took its terminal status here, 0 when it already had one.
+# stored result, error ('' : none), webhook list ('' : none), webhook message, the token of the
+# message that ran it. Returns, per job, 1 when it took its terminal status here, 0 when it
+# already had one (or the message was not the job's own).
 FINISH = _ID_OF + """
 local out = {}
 local ttl = tonumber(ARGV[2])
 for i = 1, #KEYS / 2 do
-  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 2 + 5 * (i - 1)
-  local status = redis.call('hget', key, 'status')
-  if status == 'queued' or status == 'running' then
+  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 2 + 6 * (i - 1)
+  local f = redis.call('hmget', key, 'status', 'token')
+  local status = f[1]
+  if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 6]) then
     redis.call('hset', key, 'status', ARGV[a + 1], 'finished_at', ARGV[1])
     if ARGV[a + 3] ~= '' then redis.call('hset', key, 'error', ARGV[a + 3]) end
     redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)
@@ -110,6 +116,22 @@ for i = 1, #KEYS / 2 do
   end
 end
 return out
+"""
+
+# KEYS: record. ARGV: the event, the delivery's id. Returns a DeliveryClaim: 'deliver' (this
+# delivery owns the job's one webhook: the event is its terminal status and one it asked for),
+# or why not: 'missing' (no record, or no webhook), 'not_its_status', 'not_asked',
+# 'duplicate' (another delivery took it).
+CLAIM_DELIVERY = """
+local f = redis.call('hmget', KEYS[1], 'status', 'webhook_url', 'webhook_events', 'webhook_id')
+if not f[1] or not f[2] then return 'missing' end
+if f[1] ~= ARGV[1] then return 'not_its_status' end
+if f[3] and not string.find(',' .. f[3] .. ',', ',' .. ARGV[1] .. ',', 1, true) then
+  return 'not_asked'
+end
+if f[4] and f[4] ~= ARGV[2] then return 'duplicate' end
+redis.call('hset', KEYS[1], 'webhook_id', ARGV[2])
+return 'deliver'
 """
 
 # KEYS: record. ARGV: now (ISO), cancelled error, expired error. Returns a CancelOutcome:

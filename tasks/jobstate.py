@@ -20,6 +20,13 @@ Every move is one Lua script, so each is decided once, inside Redis:
   (tasks/results.py) and its webhook delivery are written in the same step, so a duplicate run
   can change nothing and a webhook is queued once.
 * `cancel`: only a queued job is cancelled; `start` refuses a cancelled one.
+* `claim_delivery`: a webhook delivery is sent only for the job's terminal status, if the job
+  asked for that event, and by one delivery id: a message sent by hand (Flower's send-task)
+  cannot make the deliverer sign another event, or the same one twice.
+
+A job's record holds a short random token that its task message carries too (the `job_token`
+header): `start` and `finish` move a job only for a message with its token, so that a message
+that is not the job's own (sent by hand with its id) can neither run as it nor finish it.
 
 A terminal status is final: no later script changes it or its timestamps. A job read back is a
 `JobRecord`; a new one comes from `new_job`.
@@ -56,9 +63,19 @@ class StartDecision(enum.Enum):
     """What `start` decided for one job of a batch."""
     RUN = "run"
     MISSING = "missing"  # no record (never submitted, or it ran out)
+    FOREIGN = "foreign"  # the message is not the job's own: its token is not the record's
     CANCELLED = "cancelled"
     EXPIRED = "expired"  # its deadline passed while it waited (decided now or before)
     FINISHED = "finished"  # it succeeded or failed already: a redelivered message
+
+
+class DeliveryClaim(enum.Enum):
+    """What `claim_delivery` decided for one attempt of a webhook delivery."""
+    DELIVER = "deliver"
+    MISSING = "missing"  # no record (it ran out), or no webhook
+    NOT_ITS_STATUS = "not_its_status"  # the event is not the job's terminal status
+    NOT_ASKED = "not_asked"  # the job did not ask for this event
+    DUPLICATE = "duplicate"  # another delivery (another id) took the job's webhook
 
 
 class CancelOutcome(enum.Enum):
@@ -96,6 +113,7 @@ class Final:
     result: bytes  # the stored result (tasks/results.py)
     error: JobError | None = None
     webhook: QueuedMessage | None = None
+    token: str = ""  # the token of the message that ran it (its `job_token` header)
 
 
 def now_iso() -> str:
@@ -125,6 +143,8 @@ class JobRecord:
     owner: str = ""  # the API key's name; "" when keys are off
     encoding_format: str = "float"
     webhook_url: str = ""  # where its webhook goes, if it asked for one (tasks/webhooks.py)
+    webhook_events: str = ""  # the events it asked for, comma-separated
+    token: str = ""  # what its own task message carries (`job_token`); never shown
     expires_at: float | None = None  # its deadline to start, by Redis's clock (seconds)
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -146,6 +166,9 @@ class JobRecord:
                    "encoding_format": self.encoding_format}
         if self.webhook_url:
             written["webhook_url"] = self.webhook_url
+            written["webhook_events"] = self.webhook_events
+        if self.token:
+            written["token"] = self.token
         return written
 
     @classmethod
@@ -158,7 +181,8 @@ class JobRecord:
             trace_id=get("trace_id", ""), inputs=int(get("inputs") or 0),
             priority=get("priority") or "normal", owner=get("owner", ""),
             encoding_format=get("encoding_format") or "float",
-            webhook_url=get("webhook_url", ""),
+            webhook_url=get("webhook_url", ""), webhook_events=get("webhook_events", ""),
+            token=get("token", ""),
             expires_at=float(get("expires_at")) if get("expires_at") else None,
             started_at=_time(get("started_at")), finished_at=_time(get("finished_at")),
             worker=get("worker"), batch=orjson.loads(get("batch")) if get("batch") else None,
@@ -168,14 +192,15 @@ class JobRecord:
 
 
 def new_job(job_id: str, *, model: str, trace_id: str, inputs: int, priority: str,
-            owner: str = "", encoding_format: str = "float",
-            webhook_url: str = "") -> JobRecord:
+            owner: str = "", encoding_format: str = "float", webhook_url: str = "",
+            webhook_events: Sequence[str] = (), token: str = "") -> JobRecord:
     """A job as it is submitted: `queued`, created now (to the millisecond, as stored)."""
     now = datetime.now(timezone.utc)
     now = now.replace(microsecond=now.microsecond // 1000 * 1000)
     return JobRecord(job_id, Status.QUEUED, model, now, trace_id=trace_id, inputs=inputs,
                      priority=priority, owner=owner, encoding_format=encoding_format,
-                     webhook_url=webhook_url)
+                     webhook_url=webhook_url, webhook_events=",".join(webhook_events),
+                     token=token)
 
 
 def _text(value: Any) -> str:
@@ -197,7 +222,8 @@ class JobState:
     def __post_init__(self) -> None:
         for name, source in (("submit", jobscripts.SUBMIT), ("start", jobscripts.START),
                              ("finish", jobscripts.FINISH), ("cancel", jobscripts.CANCEL),
-                             ("read", jobscripts.READ)):
+                             ("read", jobscripts.READ),
+                             ("claim_delivery", jobscripts.CLAIM_DELIVERY)):
             self._scripts[name] = self.client.register_script(source)
 
     def submit(self, job: JobRecord, message: QueuedMessage, *, depth_lists: Sequence[str],
@@ -224,12 +250,15 @@ class JobState:
             raise IdempotencyMismatch()
         return Submitted(found, kind == "created")
 
-    def start(self, job_ids: Sequence[str], *, worker: str,
-              batch: str) -> list[StartDecision]:
-        """Mark a batch's jobs running; per job, whether to run it or why not."""
+    def start(self, job_ids: Sequence[str], *, worker: str, batch: str,
+              tokens: Sequence[str] = ()) -> list[StartDecision]:
+        """Mark a batch's jobs running; per job, whether to run it or why not. `tokens`: each
+        job's token as its message carries it."""
         now = now_iso()
+        tokens = list(tokens) or [""] * len(job_ids)
         out = self._scripts["start"](keys=[job_key(j) for j in job_ids],
-                                     args=[now, worker, batch, now, EXPIRED_ERROR.to_json()])
+                                     args=[now, worker, batch, now, EXPIRED_ERROR.to_json(),
+                                           *tokens])
         return [StartDecision(_text(x)) for x in out]
 
     def finish(self, finals: Sequence[Final], *, result_ttl_s: int) -> list[bool]:
@@ -244,8 +273,13 @@ class JobState:
             args += [final.status.value, final.result,
                      final.error.to_json() if final.error else "",
                      final.webhook.list_key if final.webhook else "",
-                     final.webhook.payload if final.webhook else ""]
+                     final.webhook.payload if final.webhook else "", final.token]
         return [bool(x) for x in self._scripts["finish"](keys=keys, args=args)]
+
+    def claim_delivery(self, job_id: str, event: str, delivery_id: str) -> DeliveryClaim:
+        """Whether delivery `delivery_id` may send `event` of the job (its retries may)."""
+        return DeliveryClaim(_text(self._scripts["claim_delivery"](
+            keys=[job_key(job_id)], args=[event, delivery_id])))
 
     def cancel(self, job_id: str) -> CancelOutcome:
         return CancelOutcome(_text(self._scripts["cancel"](

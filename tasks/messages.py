@@ -16,6 +16,11 @@ from tasks import results
 from tasks.names import list_for
 
 
+# The message header that carries the job's token (tasks/jobstate.py): a job runs only from a
+# message that holds its record's token.
+JOB_TOKEN_HEADER = "job_token"
+
+
 class JobArgs(NamedTuple):
     """What a job asks of its model: its task's kwargs, as the API writes them and a worker
     reads them."""

@@ -17,8 +17,10 @@ Deliveries are signed as Standard Webhooks (https://www.standardwebhooks.com) sp
 The body holds the job's id and its `status`, the event: the signature covers the delivery
 id, the timestamp, the event and the body. The key is a tenant's own: with API keys, each
 key's jobs are signed with a key derived from IQ_WEBHOOK_SECRET and the API key's name, so that
-one tenant's receiver cannot forge deliveries to another's; without keys, IQ_WEBHOOK_SECRET
-itself. `python -m tasks.webhooks secret [KEY_NAME]` prints the receiver's secret in the
+one tenant's receiver cannot forge deliveries to another's; without keys, a key derived the
+same way under a label of its own, so that a receiver set up before keys were turned on does
+not hold IQ_WEBHOOK_SECRET (from which, names not being secret, every tenant's key follows).
+`python -m tasks.webhooks secret [KEY_NAME]` prints the receiver's secret in the
 Standard Webhooks form (`whsec_` + base64 of the key). Webhooks are off until
 IQ_WEBHOOK_SECRET is set: a signature under a secret everyone knows proves nothing.
 """
@@ -38,6 +40,7 @@ _NOT_SECRETS = frozenset({"", "change-me"})
 SECRET_MISSING = ("webhooks are off on this service: IQ_WEBHOOK_SECRET is not set (or is the "
                   "placeholder 'change-me'); set it to a random secret to turn them on")
 _TENANT_LABEL = b"inference-queue webhook key for API key "
+_KEYLESS_LABEL = b"inference-queue webhook key without API keys"
 
 
 def enabled(secret: str) -> bool:
@@ -52,10 +55,9 @@ def accepted(secret: str, told_enabled: bool) -> bool:
 
 def signing_key(secret: str, owner: str) -> bytes:
     """The key deliveries of `owner`'s jobs (an API key's name; "" with keys off) are
-    signed with."""
-    if not owner:
-        return secret.encode()
-    return hmac.new(secret.encode(), _TENANT_LABEL + owner.encode(), hashlib.sha256).digest()
+    signed with: never the secret itself."""
+    label = _TENANT_LABEL + owner.encode() if owner else _KEYLESS_LABEL
+    return hmac.new(secret.encode(), label, hashlib.sha256).digest()
 
 
 def receiver_secret(secret: str, owner: str) -> str:

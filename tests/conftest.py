@@ -1,5 +1,6 @@
 """Fixtures: unit tests need nothing; integration tests share one real stack per session
-(private redis-server, two prefork `celery worker` processes, gunicorn serving the app)."""
+(private redis-server, two prefork `celery worker` processes, gunicorn serving the app),
+started once: its tests run in one of xdist's processes (tests/support/parallel.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,6 +10,9 @@ import pytest
 from tests.support.models import (MINILM_PACKAGE, VISION_LABELS, VISION_PREPROCESS,
                                   build_export_model, build_image_model,
                                   build_sequence_classifier, minilm_folder)
+# The hooks that spread the suite over xdist's processes.
+from tests.support.parallel import (pytest_collection_modifyitems,  # noqa: F401
+                                    pytest_runtest_protocol)  # noqa: F401
 from scripts.stack import Stack, launch, start_redis
 
 

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from tasks import results
 from tasks.errors import JobError
 from tasks.jobstate import Final, StartDecision, Status
-from tasks.messages import JobArgs, QueuedMessage, task_message
+from tasks.messages import JOB_TOKEN_HEADER, JobArgs, QueuedMessage, task_message
 from tasks.names import PRIORITIES
 from tasks.webhooks import DELIVER_TASK
 from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
@@ -20,12 +20,15 @@ from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
 _TRACE_HEADERS = ("trace_id", "traceparent", "tracestate")
 
 
-def trace_headers(request: Any) -> dict[str, str]:
-    """A received job's trace id and W3C trace context, from its message headers."""
+def _headers(request: Any, names: tuple[str, ...]) -> dict[str, str]:
     found = request.request_dict
     nested = found.get("headers") or {}
-    return {k: found.get(k) or nested.get(k) for k in _TRACE_HEADERS
-            if found.get(k) or nested.get(k)}
+    return {k: found.get(k) or nested.get(k) for k in names if found.get(k) or nested.get(k)}
+
+
+def trace_headers(request: Any) -> dict[str, str]:
+    """A received job's trace id and W3C trace context, from its message headers."""
+    return _headers(request, _TRACE_HEADERS)
 
 
 class BatchJob(NamedTuple):
@@ -33,11 +36,14 @@ class BatchJob(NamedTuple):
     id: str
     args: JobArgs
     trace: dict[str, str]  # its trace id and W3C trace context, where it has them
+    token: str = ""  # the job's token as its message carries it (tasks/jobstate.py)
 
     @classmethod
     def of(cls, request: Any) -> BatchJob:
         """From Celery's `Request` for the job."""
-        return cls(request.id, JobArgs.from_kwargs(request.kwargs), trace_headers(request))
+        token = _headers(request, (JOB_TOKEN_HEADER,)).get(JOB_TOKEN_HEADER, "")
+        return cls(request.id, JobArgs.from_kwargs(request.kwargs), trace_headers(request),
+                   str(token))
 
     @property
     def trace_id(self) -> str | None:
@@ -65,12 +71,12 @@ def succeeded(app: Any, job: BatchJob, outputs: list) -> Final:
     """The job's success: its outputs, encoded as it asked, stored with its webhook."""
     encoded = results.encode(outputs, job.args.encoding_format)
     return Final(job.id, Status.SUCCEEDED, results.stored(job.id, outputs=encoded), None,
-                 webhook_message(app, job, Status.SUCCEEDED))
+                 webhook_message(app, job, Status.SUCCEEDED), job.token)
 
 
 def failed(app: Any, job: BatchJob, error: JobError) -> Final:
     return Final(job.id, Status.FAILED, results.stored(job.id, error=error), error,
-                 webhook_message(app, job, Status.FAILED))
+                 webhook_message(app, job, Status.FAILED), job.token)
 
 
 def webhook_message(app: Any, job: BatchJob, status: Status) -> QueuedMessage | None:

@@ -116,15 +116,20 @@ def _start(rt: ModelRuntime, jobs: list[BatchJob],
     worker = f"{rt.member}/{os.getpid()}"  # node name / child index / pid
     # Which batch a job ran in, so a client (and the tests) can see batching at work.
     info = orjson.dumps(batch).decode()
-    ids = [job.id for job in jobs]
+    ids, tokens = [job.id for job in jobs], [job.token for job in jobs]
     try:
-        decisions = _with_retries(lambda: rt.jobs.start(ids, worker=worker, batch=info),
-                                  "start a batch", rt.settings.redis_retry_s)
+        decisions = _with_retries(
+            lambda: rt.jobs.start(ids, worker=worker, batch=info, tokens=tokens),
+            "start a batch", rt.settings.redis_retry_s)
     except redis.RedisError:
         # Fail closed: a job whose start could not be recorded might have been cancelled.
         logger.warning("could not mark %d job(s) started; back to the queue", len(ids),
                        exc_info=True)
         return None
+    for job, decision in zip(jobs, decisions):
+        if decision is StartDecision.FOREIGN:
+            logger.warning("a message for job %s that is not the job's own (its token is not "
+                           "the record's: sent by hand?) was dropped", job.id)
     to_run = [job for job, d in zip(jobs, decisions) if d is StartDecision.RUN]
     not_run = [JobOutcome(job.id, Outcome.NOT_RUN, reason=d)
                for job, d in zip(jobs, decisions) if d is not StartDecision.RUN]

@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from celery import bootsteps
-from celery.utils.imports import symbol_by_name
+from celery.worker.request import Request
 from celery.worker.strategy import proto1_to_proto2
 
 from config import ConfigError
@@ -38,6 +38,16 @@ def dispatcher_for(consumer: Any) -> PoolDispatcher:
     return dispatcher
 
 
+class SummaryRequest(Request):
+    """A job's Celery request, which shows inspectors what its task events show: the
+    message's argsrepr and kwargsrepr (the job's summary, tasks/messages.py), never the
+    arguments themselves. Celery's own `info` gives the real kwargs, the job's inputs, to
+    `inspect reserved`, `query_task` and `active` (Flower's worker page among them)."""
+
+    def info(self, safe: bool = False) -> dict[str, Any]:
+        return super().info(safe=True)
+
+
 def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
     """`Task.Strategy` for batching tasks: called once per task when the consumer starts."""
     model = model_of_task(task.name)
@@ -45,7 +55,6 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
     dispatcher = dispatcher_for(consumer)
     dispatcher.scheduler.add_model(model, spec.max_batch_size, spec.max_wait_ms / 1000.0)
 
-    Request = symbol_by_name(task.Request)
     hostname = consumer.hostname
     eventer = consumer.event_dispatcher
     send_events = bool(eventer and eventer.enabled and task.send_events)
@@ -60,7 +69,7 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
         else:
             body, headers, decoded, utc = proto1_to_proto2(message, body)
         on_ack, on_reject = settlement.callbacks(message)
-        request = Request(
+        request = SummaryRequest(
             message, on_ack=on_ack, on_reject=on_reject, app=app, hostname=hostname,
             eventer=eventer, task=task, connection_errors=connection_errors,
             body=body, headers=headers, decoded=decoded, utc=utc,

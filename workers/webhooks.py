@@ -3,8 +3,11 @@
 (workers.webhook_main, `scripts/webhooks.sh`).
 
 The task's arguments are the job id and the event; its task id is the delivery's id
-(`webhook-id`, the same on every retry). An attempt reads the job's record (its webhook URL and
-owner) and result, and POSTs them signed with the owner's key (tasks/webhooks.py) through
+(`webhook-id`, the same on every retry). An attempt first claims the job's webhook for this
+delivery (tasks/jobstate.py: the event must be the job's terminal status and one it asked for,
+and no other delivery may have claimed it), so that a delivery sent by hand (Flower's
+send-task) can make the deliverer sign neither another event nor a second copy. It reads the
+job's record (its webhook URL and owner) and result, and POSTs them signed with the owner's key (tasks/webhooks.py) through
 tasks.egress (pinned to the checked address, one deadline for the whole request). Errors, 5xx,
 408 and 429 are retried with exponential backoff; any other answer, redirects included, is
 final. A host that already has `webhook_host_concurrency` deliveries in flight gets this one
@@ -28,7 +31,7 @@ from celery import Celery
 
 from config import Settings
 from tasks import egress
-from tasks.jobstate import JobState, Status
+from tasks.jobstate import DeliveryClaim, JobState, Status
 from tasks.logs import trace
 from tasks.redis_client import connect
 from tasks.webhooks import DELIVER_TASK, headers, signing_key
@@ -117,6 +120,14 @@ def delivery(jobs: JobState, delivery_id: str, job_id: str, event: str) -> Deliv
     return Delivery(delivery_id, job.webhook_url, job.owner, payload)
 
 
+_DROPPED = {
+    DeliveryClaim.MISSING: "the job's record is gone, or it asked for no webhook",
+    DeliveryClaim.NOT_ITS_STATUS: "the event is not the job's status (sent by hand?)",
+    DeliveryClaim.NOT_ASKED: "the job did not ask for this event (sent by hand?)",
+    DeliveryClaim.DUPLICATE: "another delivery of the job's webhook was sent (sent by hand?)",
+}
+
+
 def attempt(what: Delivery, settings: Settings, slots: HostSlots) -> Attempt:
     host = host_of(what.url)
     if not slots.take(host):
@@ -150,6 +161,11 @@ def register(app: Celery) -> None:
               max_retries=settings.webhook_retries, shared=False)
     def deliver(self, job_id: str, event: str, trace_id: str | None = None) -> None:
         with trace(trace_id):
+            claim = jobs.claim_delivery(job_id, event, self.request.id)
+            if claim is not DeliveryClaim.DELIVER:
+                logger.warning("webhook %s for job %s dropped: %s", event, job_id,
+                               _DROPPED[claim])
+                return
             what = delivery(jobs, self.request.id, job_id, event)
             if what is None:
                 logger.warning("webhook %s for job %s dropped: the job's record is gone", event,

@@ -6,6 +6,7 @@ refused, and the service still serves correctly afterwards."""
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -133,9 +134,13 @@ def test_hand_picked_bad_bodies(stack, data, content_type):
 
 
 def test_ten_thousand_ids_never_issued_are_all_404(stack):
+    sessions = threading.local()  # a connection kept open by each thread
+
     def probe(i: int) -> int:
         job_id = str(uuid.uuid4()) if i % 2 else f"bogus-{i}"
-        return requests.get(f"{stack.api}/v1/jobs/{job_id}", timeout=10).status_code
+        if not hasattr(sessions, "http"):
+            sessions.http = requests.Session()
+        return sessions.http.get(f"{stack.api}/v1/jobs/{job_id}", timeout=10).status_code
 
     with ThreadPoolExecutor(8) as pool:
         codes = list(pool.map(probe, range(10_000)))

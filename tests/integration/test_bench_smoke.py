@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from scripts.stack import ROOT
 
 
@@ -60,6 +62,7 @@ def test_waiting_clients_scenario_runs_end_to_end(tmp_path):
         assert probe["p99_ms"] >= probe["p50_ms"] > 0
 
 
+@pytest.mark.serial  # its latency split (fetch → start under 20 ms) is a neighbour's to distort
 def test_lone_path_marks_each_hop_of_every_job(tmp_path):
     report_file = tmp_path / "lone.json"
     out = subprocess.run([sys.executable, "-m", "bench.lone_path", "--jobs", "20",

@@ -176,3 +176,12 @@ def test_a_bad_wait_is_422_naming_it(stack, wait):
     job = stack.submit("synthetic", ["w"])
     r = requests.get(f"{stack.api}/v1/jobs/{job['id']}", params={"wait": wait}, timeout=10)
     assert_error(r, 422, "validation_error", {"wait"})
+
+
+@pytest.mark.parametrize("method, path", [("GET", "//v1//models"), ("GET", "/v1//models"),
+                                          ("POST", "//v1//jobs")])
+def test_doubled_slashes_are_a_json_404_not_a_redirect(stack, method, path):
+    r = requests.request(method, f"{stack.api}{path}", headers={"Host": "evil.example"},
+                         allow_redirects=False, timeout=10)
+    assert "Location" not in r.headers
+    assert_error(r, 404, "not_found")

@@ -1,10 +1,15 @@
 """Flower, behind basic auth, shows each batched job as its own task in its true state."""
 from __future__ import annotations
 
+import json
+import uuid
+
 import pytest
 import requests
 
+from config import load_settings
 from scripts.stack import start_flower, wait_until
+from tasks.celery_app import make_celery
 
 AUTH = ("ops", "s3cret-test-password")
 
@@ -44,3 +49,59 @@ def test_flower_lists_batched_jobs_as_success(stack, flower):
         # Private by default: the job's summary, not its inputs.
         assert "flower-" not in task["kwargs"] and "'inputs': 1" in task["kwargs"]
         assert f"'trace_id': '{job['trace_id']}'" in task["kwargs"]
+
+
+def test_no_inspector_shows_the_inputs_of_a_running_or_waiting_job(stack, flower):
+    """Flower's worker page and `/api/workers?refresh=1`, `inspect active`, `reserved` and
+    `query_task` show a job's summary, as its task events do, never its inputs."""
+    token = uuid.uuid4().hex
+    jobs = [stack.submit("sleepy", [f"private input {token} {i}"]) for i in range(9)]
+    ids = [j["id"] for j in jobs]
+    # An inspect waits its whole timeout for replies: short, so that both see one moment.
+    inspect = make_celery(load_settings(environ=stack.env)).control.inspect(timeout=1)
+
+    def running_and_waiting() -> tuple[dict, dict] | None:
+        active, reserved = inspect.active() or {}, inspect.reserved() or {}
+        running = [t for tasks in active.values() for t in tasks if t["id"] in ids]
+        waiting = [t for tasks in reserved.values() for t in tasks if t["id"] in ids]
+        return (active, reserved) if running and waiting else None
+
+    try:
+        active, reserved = wait_until(running_and_waiting, 30, "a job running, one waiting")
+        queried = inspect.query_task(*ids) or {}
+        workers = requests.get(f"{flower}/api/workers", params={"refresh": 1}, auth=AUTH,
+                               timeout=30).json()
+        (name,) = [n for n in workers if n.startswith("synth@")]
+        page = requests.get(f"{flower}/worker/{name}", auth=AUTH, timeout=30).text
+    finally:
+        for job_id in ids:
+            stack.finished(job_id)
+    seen = [task for tasks in [*active.values(), *reserved.values()] for task in tasks
+            if task["id"] in ids]
+    assert all("'inputs': 1" in task["kwargs"] for task in seen), seen  # the summary
+    assert {i for answer in queried.values() for i in answer} & set(ids)
+    shown = [json.dumps(x) for x in (active, reserved, queried, workers)] + [page]
+    assert any(job_id in page for job_id in ids)  # Flower's page lists them
+    for text in shown:
+        assert token not in text, text[:2000]
+
+
+def test_a_task_sent_through_flower_with_a_queued_jobs_id_does_not_become_its_result(stack,
+                                                                                     flower):
+    """Flower's send-task (an operator's login) queues an inference with a waiting job's id,
+    its own inputs and the highest priority: it is not the job's own message (no token), so
+    it neither runs as the job nor finishes it; the job runs once, on its own input."""
+    blocker = stack.submit("sleepy", ["keeps the worker busy"])
+    wait_until(lambda: stack.job(blocker["id"])["status"] == "running", 30, "the blocker")
+    victim = stack.submit("sleepy", ["v"])
+    sent = requests.post(f"{flower}/api/task/send-task/iq.infer.sleepy", auth=AUTH, timeout=30,
+                         json={"kwargs": {"inputs": ["forged by a flower user"]},
+                               "task_id": victim["id"], "priority": 0})
+    assert sent.status_code == 200, sent.text
+    done = stack.finished(victim["id"])
+    assert done["status"] == "succeeded" and done["result"]["outputs"] == [1], done
+    assert stack.job(victim["id"])  # read again: nothing changed it since
+    wait_until(lambda: f"a message for job {victim['id']} that is not the job's own" in
+               stack.workers["synth"].log.read_text(errors="replace"), 30,
+               "the worker to drop the forged message")
+    stack.finished(blocker["id"])

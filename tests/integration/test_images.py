@@ -190,3 +190,13 @@ def test_an_image_url_is_fetched_by_the_api_and_inward_urls_are_refused(stack, d
         url, "http://169.254.169.254/latest/meta-data/"]}, timeout=30)
     assert r.status_code == 422
     assert set(r.json()["error"]["fields"]) == {"inputs.0", "inputs.1"}  # server gone; refused
+
+
+def test_a_malformed_image_url_is_422_naming_its_input(stack):
+    malformed = ["http://[::1/", "http://[]/", "http://[zz]/", "http://[::1%25%00]/"]
+    r = requests.post(f"{stack.api}/v1/jobs", json={"model": MODEL, "inputs": malformed},
+                      timeout=30)
+    assert r.status_code == 422, r.text
+    fields = r.json()["error"]["fields"]
+    assert set(fields) == {f"inputs.{i}" for i in range(len(malformed))}
+    assert all("not a valid URL" in fields[name][0] for name in fields), fields

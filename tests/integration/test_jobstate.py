@@ -11,8 +11,8 @@ import redis
 
 from tasks import results
 from tasks.errors import ErrorCode, JobError
-from tasks.jobstate import (CancelOutcome, Final, IdempotencyMismatch, JobRecord, JobState,
-                            Overloaded, StartDecision, Status, new_job)
+from tasks.jobstate import (CancelOutcome, DeliveryClaim, Final, IdempotencyMismatch,
+                            JobRecord, JobState, Overloaded, StartDecision, Status, new_job)
 from tasks.messages import QueuedMessage
 
 RUN, CANCELLED, EXPIRED, FINISHED, MISSING = (
@@ -170,3 +170,54 @@ def test_a_started_job_does_not_expire(state, client):
     client.hset(f"iq:job:{job_id}", "expires_at", "1")
     assert state.read(job_id).status is Status.RUNNING
     assert state.finish([final(job_id)], result_ttl_s=60) == [True]
+
+
+def submit_with(state: JobState, **fields) -> JobRecord:
+    record = new_job(str(uuid.uuid4()), model="m", trace_id="t", inputs=1, priority="normal",
+                     **fields)
+    state.submit(record, QueuedMessage("q", b"{}"), depth_lists=["q"], max_depth=100,
+                 ttl_s=60)
+    return record
+
+
+def test_only_the_jobs_own_message_starts_or_finishes_it(state):
+    """A message sent by hand with a queued job's id (Flower's send-task) carries no token, or
+    a wrong one: it neither runs as the job nor finishes it; the job's own message does."""
+    record = submit_with(state, token="tok3n")
+    assert state.read(record.id).token == "tok3n"
+    for forged in ("", "guess"):
+        assert state.start([record.id], worker="w/0", batch="{}", tokens=[forged]) == \
+            [StartDecision.FOREIGN]
+        forged_final = Final(record.id, Status.FAILED, results.stored(record.id, error=JobError(
+            ErrorCode.TIMEOUT, "forged")), JobError(ErrorCode.TIMEOUT, "forged"), None, forged)
+        assert state.finish([forged_final], result_ttl_s=60) == [False]
+    assert state.read(record.id).status is Status.QUEUED and state.read(record.id).runs == 0
+    assert state.start([record.id], worker="w/0", batch="{}", tokens=["tok3n"]) == [RUN]
+    own = Final(record.id, Status.SUCCEEDED, results.stored(record.id, outputs=["own"]),
+                token="tok3n")
+    assert state.finish([own], result_ttl_s=60) == [True]
+    assert state.read(record.id).outputs == ["own"]
+    untokened = submit_with(state)  # a record from before tokens: any message runs it
+    assert state.start([untokened.id], worker="w/0", batch="{}") == [RUN]
+
+
+def finished_with_webhook(state: JobState, events: tuple[str, ...],
+                          status: Status = Status.SUCCEEDED) -> str:
+    record = submit_with(state, webhook_url="https://example.com/hook", webhook_events=events)
+    state.start([record.id], worker="w/0", batch="{}")
+    state.finish([final(record.id, status)], result_ttl_s=60)
+    return record.id
+
+
+def test_a_webhook_is_delivered_for_the_jobs_status_if_asked_by_one_delivery(state):
+    job_id = finished_with_webhook(state, ("succeeded",))
+    claim = state.claim_delivery
+    assert claim(job_id, "failed", "msg_forged") is DeliveryClaim.NOT_ITS_STATUS
+    assert claim(job_id, "cancelled", "msg_forged") is DeliveryClaim.NOT_ITS_STATUS
+    assert claim(job_id, "succeeded", "msg_1") is DeliveryClaim.DELIVER
+    assert claim(job_id, "succeeded", "msg_1") is DeliveryClaim.DELIVER  # its retry
+    assert claim(job_id, "succeeded", "msg_2") is DeliveryClaim.DUPLICATE  # sent again
+    unasked = finished_with_webhook(state, ("succeeded",), Status.FAILED)
+    assert claim(unasked, "failed", "msg_3") is DeliveryClaim.NOT_ASKED
+    assert claim(str(uuid.uuid4()), "succeeded", "msg_4") is DeliveryClaim.MISSING
+    assert claim(submit_with(state).id, "queued", "msg_5") is DeliveryClaim.MISSING  # no hook

@@ -63,13 +63,21 @@ def test_inspect_shows_buffered_and_running_jobs(scaled):
     # Stop b consuming so that a alone holds everything.
     assert "OK" in celery(scaled, "control", "cancel_consumer", "shared", "-d", node("b"))
     try:
-        jobs = [scaled.submit("shared", ["x", "y"]) for _ in range(4)]
-        # b may still answer the fetch it had sent before it stopped consuming; kombu then
-        # puts that job at the back of the queue. So wait for any job, not the first, to run.
-        wait_until(lambda: any(scaled.job(j["id"])["status"] == "running" for j in jobs), 20,
-                   "a batch")
-        active = {t["id"]: t for t in inspect_json(scaled, "active", "a")}
-        reserved = {t["id"]: t for t in inspect_json(scaled, "reserved", "a")}
+        # A batch is one job of 1 s: twenty keep a busy for 20 s, long enough for the
+        # inspections (a celery command each) to find jobs running and waiting behind on a
+        # loaded machine; with four, a slow start found them all finished.
+        jobs = [scaled.submit("shared", ["x", "y"]) for _ in range(20)]
+
+        def held() -> tuple[dict, dict] | None:
+            """What a runs, then what waits in its buffer (in that order: a job waiting now
+            cannot have run before); None until both are there (b may still answer the fetch
+            it had sent before it stopped consuming, and a loaded worker fills its buffer a
+            moment after its first batch starts)."""
+            active = {t["id"]: t for t in inspect_json(scaled, "active", "a")}
+            reserved = {t["id"]: t for t in inspect_json(scaled, "reserved", "a")}
+            return (active, reserved) if active and reserved else None
+
+        active, reserved = wait_until(held, 40, "a batch running on a and jobs held behind it")
         ids = {j["id"] for j in jobs}
         # One batch (one job) runs, the jobs behind it wait in the worker's buffer.
         assert len(active) == 1 and set(active) <= ids

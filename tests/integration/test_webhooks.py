@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import subprocess
 import time
 import uuid
@@ -19,21 +18,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from scripts.stack import ROOT, VENV_BIN, launch, start_flower, start_web, start_webhooks, \
     wait_until
 from tasks.webhooks import receiver_secret, sign, signing_key
-from tests.support.receivers import Receiver, Tarpit
+from tests.support.receivers import Receiver, Tarpit, readme_receiver
 
 SECRET = "test-webhook-secret"
 TIMEOUT_S = 20  # a whole delivery; the tarpit test needs it well above its own bound
 KEYS = {"tenant-a": "key-of-tenant-a-" + uuid.uuid4().hex,
         "tenant-b": "key-of-tenant-b-" + uuid.uuid4().hex}
-
-
-def readme_receiver() -> dict:
-    """The receiver-side check of README.md's Webhooks section, run as it is written."""
-    text = (ROOT / "README.md").read_text()
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "def verify(" in b]
-    namespace: dict = {}
-    exec(compile(block, "README.md (webhook receiver)", "exec"), namespace)
-    return namespace
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +34,10 @@ def hooked(tmp_path_factory):
         "IQ_WEBHOOK_ALLOW": "127.0.0.1,127.0.0.2", "IQ_WEBHOOK_SECRET": SECRET,
         "IQ_WEBHOOK_BACKOFF_S": "0.2", "IQ_WEBHOOK_RETRIES": "3",
         "IQ_WEBHOOK_TIMEOUT_S": str(TIMEOUT_S), "IQ_WEBHOOK_HOST_CONCURRENCY": "2"})
-    stack.workers["hooks"] = start_webhooks("hooks", stack.env, workdir, concurrency=4)
+    hooks = stack.workers["hooks"] = start_webhooks("hooks", stack.env, workdir, concurrency=4)
+    # Up before any test reads its metrics (a test may be the first of this module to run).
+    wait_until(lambda: requests.get(hooks.extra["metrics_url"], timeout=2).ok, 60,
+               "the webhook deliverer's metrics")
     yield stack
     stack.stop()
 
@@ -325,3 +318,40 @@ def test_no_inspector_sees_a_secret_a_receivers_url_or_a_payload(hooked, tmp_pat
     finally:
         receiver.close()
         flower.stop()
+
+
+def test_deliveries_sent_through_flower_are_signed_only_for_the_jobs_own_event_once(hooked,
+                                                                                   tmp_path):
+    """Flower's send-task (an operator's login) asks the deliverer for another event of a
+    succeeded job, and for its own event again under a new delivery id: none is sent. With
+    Flower read-only (FLOWER_READ_ONLY, docs/security.md) it cannot send a task at all."""
+    receiver = Receiver()
+    flower = start_flower(hooked.env, tmp_path, "ops:flower-test-password")
+    (tmp_path / "ro").mkdir()
+    read_only = start_flower(dict(hooked.env, FLOWER_READ_ONLY="true"), tmp_path / "ro",
+                             "ops:flower-test-password")
+    auth = ("ops", "flower-test-password")
+    try:
+        job = submit(hooked, ["sign me"], {"url": receiver.url, "events": ["succeeded"]}).json()
+        assert hooked.finished(job["id"])["status"] == "succeeded"
+        wait_until(lambda: receiver.calls, 30, "the job's own webhook")
+        for event in ("failed", "cancelled", "succeeded"):
+            sent = requests.post(f"{flower.extra['url']}/api/task/send-task/iq.webhook.deliver",
+                                 json={"kwargs": {"job_id": job["id"], "event": event}},
+                                 auth=auth, timeout=30)
+            assert sent.status_code == 200, sent.text
+            denied = requests.post(
+                f"{read_only.extra['url']}/api/task/send-task/iq.webhook.deliver",
+                json={"kwargs": {"job_id": job["id"], "event": event}}, auth=auth, timeout=30)
+            assert denied.status_code == 403
+        wait_until(lambda: deliverer_log(hooked).count(f"for job {job['id']} dropped") == 3,
+                   30, "the deliverer to drop the three")
+        log = deliverer_log(hooked)
+        assert f"webhook failed for job {job['id']} dropped: the event is not the job's status" \
+            in log
+        assert f"webhook succeeded for job {job['id']} dropped: another delivery" in log
+        assert len(receiver.calls) == 1
+    finally:
+        receiver.close()
+        flower.stop()
+        read_only.stop()

@@ -1,11 +1,26 @@
 """HTTP endpoints that outbound requests (webhooks, tasks.egress) are sent to in tests: a
-recording receiver, and a tarpit that answers one byte every few seconds."""
+recording receiver, a tarpit that answers one byte every few seconds, and README's own
+webhook receiver code."""
 from __future__ import annotations
 
+import re
 import socket
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_receiver() -> dict:
+    """The receiver-side check of README.md's Webhooks section, run as it is written: its
+    `verify`, `Duplicate`, `seen_ids`."""
+    text = README.read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "def verify(" in b]
+    namespace: dict = {}
+    exec(compile(block, "README.md (webhook receiver)", "exec"), namespace)
+    return namespace
 
 
 class Receiver:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from config.models import ModelSpec
@@ -29,6 +30,7 @@ def test_the_command_stops_at_out_of_memory_and_recommends_80_percent(tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.serial  # it times sleeps of a few ms: a busy neighbour stretches them
 def test_it_stops_when_doubling_no_longer_pays():
     # n items cost 4 + 0.25·n ms: items/s levels off towards 4000.
     spec = ModelSpec(name="flat", kind="synthetic", queue="flat", base_ms=4, per_item_ms=0.25)

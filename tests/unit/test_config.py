@@ -120,7 +120,10 @@ def test_api_key_mistakes_are_named(tmp_path, second, message):
 
 @pytest.mark.parametrize("overrides, message", [
     ({"image_decoders": 0}, "image_decoders must be an integer >= 1, got 0"),
-    ({"image_decode_timeout_s": 0}, "image_decode_timeout_s and image_fetch_deadline_s must be"),
+    ({"image_decode_timeout_s": 0}, "image_decode_timeout_s must be > 0, got 0"),
+    ({"image_decode_budget_s": -1}, "image_decode_budget_s must be > 0, got -1"),
+    ({"image_decoders_per_key": 3}, r"image_decoders_per_key must be 0 \(half the decoders\) "
+                                    r"to image_decoders \(2\), got 3"),
     ({"image_decode_memory_mb": 100}, "image_decode_memory_mb must be an integer >= 256, got 100"),
     ({"body_timeout_s": -1}, "body_timeout_s must be > 0, got -1"),
     ({"forwarded_allow_ips": "10.0.0.0/8, proxy.local"},

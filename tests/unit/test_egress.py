@@ -91,6 +91,10 @@ def test_an_allow_list_cidr_admits_a_special_address():
     ("http://example.com:99999/", "ports are 1 to 65535"),
     ("ftp://example.com/", "http:// or https://"),
     ("http://user:pw@example.com/", "credentials"),
+    ("http://[::1/", "not a valid URL"),
+    ("http://[]/", "not a valid URL"),
+    ("http://[zz]/", "not a valid URL"),
+    ("http://[::1%25%00]/", "not a valid URL"),
 ])
 def test_malformed_urls_are_refused_not_crashed_on(url, rule):
     with pytest.raises(egress.Refused, match=rule):
