@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -53,15 +54,19 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def describe(played: Played, model: str, started: str, source: str) -> dict:
+def describe(played: Played, model: str, started: str, source: str,
+             load: tuple[float, float, float]) -> dict:
     return {"started": started, "model": model, "rate": played.rate, "rate_source": source,
-            "seconds": played.end - played.start,
+            "seconds": played.end - played.start, "load_before": [round(x, 2) for x in load],
             "machine": f"{platform.platform()}, Python {platform.python_version()}"}
 
 
 def run(args: argparse.Namespace, faults: list[type[Fault]]) -> dict:
     """Start the stack, play the game day, stop the stack, and write and print the report."""
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    load = os.getloadavg()  # the machine before the stack adds to it
+    print(f"gameday: load average before the start {load[0]:.2f} {load[1]:.2f} "
+          f"{load[2]:.2f} ({os.cpu_count()} cores)", flush=True)
     name = args.name or f"gameday-{started.replace(':', '').replace('-', '')}"
     var = args.var or ROOT / "var" / "gameday" / name
     var.mkdir(parents=True, exist_ok=True)
@@ -80,7 +85,7 @@ def run(args: argparse.Namespace, faults: list[type[Fault]]) -> dict:
                       drain=args.drain, out=var / "jobs.jsonl")
     finally:
         stack.stop()
-    report = {"run": describe(played, args.model, started, source) | {"var": str(var)},
+    report = {"run": describe(played, args.model, started, source, load) | {"var": str(var)},
               **analyse(played)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")

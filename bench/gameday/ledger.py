@@ -172,7 +172,8 @@ def analyse(played: Played) -> dict:
         "latency": {"all": spread([j.ms for j in jobs]), "outside_faults": spread(
             [j.ms for j in outside]), "per_minute": _per_minute(jobs)},
         "series": _series(jobs),
-        "cpu": {"columns": ["s", "machine %", "stack %"], "samples": played.cpu},
+        "cpu": {"columns": ["s", "machine %", "stack %", "load average (1 min)"],
+                "samples": played.cpu},
         "faults": faults,
     }
     report["targets"] = targets(report, jobs, ws, allowed)

@@ -49,7 +49,8 @@ class Played:
     jobs: list[dict]  # one per arrival, from the traffic
     summary: dict  # the traffic's answers, 5xx and retries
     struck: list[Struck]
-    cpu: list[list[float]] = field(default_factory=list)  # [t, machine %, stack %] a second
+    # A second each: [t, machine %, stack %, the machine's 1-minute load average]
+    cpu: list[list[float]] = field(default_factory=list)
     records: dict[str, dict] = field(default_factory=dict)  # job id: status, runs
     unanswered: dict[str, dict] = field(default_factory=dict)  # token: its job, if it exists
 
@@ -101,15 +102,15 @@ def play(stack: Stack, model: str, faults: list[type[Fault]], rate: float, secon
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     played = Played(rate, start, end, [r for r in rows if "summary" not in r],
                     next(r["summary"] for r in rows if "summary" in r), struck,
-                    [[round(t - start, 1), m, s] for t, m, s in cpu.samples])
+                    [[round(t - start, 1), *rest] for t, *rest in cpu.samples])
     read_back(stack, played)
     return played
 
 
 class CpuMeter:
     """Once a second, how busy the machine's CPUs were and how much of that was the stack's
-    (100 % = one core busy for the second): on a shared machine, whether the stack had the
-    CPU it needed."""
+    (100 % = one core busy for the second), and the machine's load average: on a shared
+    machine, whether the stack had the CPU it needed."""
 
     def __init__(self, stack: Stack) -> None:
         self.stack, self.samples = stack, []
@@ -132,7 +133,7 @@ class CpuMeter:
             spent = sum(cpu - used.get(pid, 0.0) for pid, cpu in now_used.items())
             span = now - at
             self.samples.append((now, round(100 * (now_busy - busy) / span),
-                                 round(100 * spent / span)))
+                                 round(100 * spent / span), round(os.getloadavg()[0], 2)))
             busy, used, at = now_busy, now_used, now
 
 

@@ -19,13 +19,19 @@ def _lat(spread: dict) -> str:
     return "/".join(_n(spread[k]) for k in ("p50_ms", "p99_ms", "p99_9_ms"))
 
 
-def _cpu(samples: list[list[float]]) -> str:
+def _cpu(report: dict) -> str:
+    """The machine while the run played: CPU (mean) and load average (before, mean, most)."""
+    samples = report["cpu"]["samples"]
     if not samples:
         return ""
     machine = sum(row[1] for row in samples) / len(samples)
     stack = sum(row[2] for row in samples) / len(samples)
+    loads = [row[3] for row in samples]
+    before = "/".join(f"{x:.2f}" for x in report["run"]["load_before"])
     return (f"CPU, mean over the run (100 % = a core, {os.cpu_count()} cores): machine "
-            f"{machine:.0f} %, of which the stack {stack:.0f} %")
+            f"{machine:.0f} %, of which the stack {stack:.0f} %; load average (1 min) "
+            f"{sum(loads) / len(loads):.1f} mean, {max(loads):.1f} most (before the stack "
+            f"started, 1/5/15 min: {before})")
 
 
 def table(report: dict) -> str:
@@ -34,7 +40,7 @@ def table(report: dict) -> str:
         f"Game day {run['started']}: {run['model']}, {run['seconds']:.0f} s of arrivals at "
         f"{run['rate']:.1f} jobs/s ({run['rate_source']}), {jobs['arrivals']:,} jobs, "
         f"{len(report['faults'])} fault(s)",
-        _cpu(report["cpu"]["samples"]),
+        _cpu(report),
         "",
         f"{'fault':<32}{'at s':>6}{'serving s':>10}{'recovered s':>12}"
         f"{'p50/p99/p99.9 ms inside':>26}{'no id <5s':>10}{'lost':>6}{'5xx':>6}"
@@ -108,7 +114,7 @@ def picture(report: dict, latencies: list[tuple[float, float]], path: Path) -> N
            ylabel="end-to-end latency (ms)",
            title=f"Game day: {run['model']} at {run['rate']:.1f} jobs/s, "
                  f"{report['jobs']['arrivals']:,} jobs; fault windows shaded")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1), fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.04, 1), fontsize=8)
     samples = report["cpu"]["samples"]
     for column, name, colour in ((1, "machine, all processes", "grey"),
                                  (2, "the stack's processes", "tab:blue")):
@@ -118,7 +124,15 @@ def picture(report: dict, latencies: list[tuple[float, float]], path: Path) -> N
         cpu.axvspan(*f["window_s"], color=colour, alpha=0.18)
     cpu.set(ylabel="CPU (100 % = a core)", xlabel="arrival, seconds into the run",
             ylim=(0, None))
-    cpu.legend(loc="upper left", bbox_to_anchor=(1.005, 1), fontsize=8)
+    load = cpu.twinx()
+    load.plot([row[0] for row in samples], [row[3] for row in samples], lw=1, ls=":",
+              color="black", label="load average (1 min), right")
+    load.set(ylabel="load average", ylim=(0, None))
+    lines, labels = [], []
+    for axis in (cpu, load):
+        more = axis.get_legend_handles_labels()
+        lines, labels = lines + more[0], labels + more[1]
+    cpu.legend(lines, labels, loc="upper left", bbox_to_anchor=(1.04, 1), fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -135,7 +149,7 @@ def markdown(report: dict, picture_path: str) -> str:
     rows = [
         f"Run {run['started']} on {run['machine']}: {run['model']}, "
         f"{run['seconds']:.0f} s of arrivals at {run['rate']:.1f} jobs/s "
-        f"({run['rate_source']}), {jobs['arrivals']:,} jobs. {_cpu(report['cpu']['samples'])}.",
+        f"({run['rate_source']}), {jobs['arrivals']:,} jobs. {_cpu(report)}.",
         "", f"![latency over the game day, fault windows shaded]({picture_path})", "",
         "| fault | at (s) | serving again after (s) | p99 back under its pre-fault level "
         "after (s) | p50 / p99 / p99.9 in its window (ms) | no id within 5 s | lost | 5xx "

@@ -1,10 +1,11 @@
-"""The game day's ledger on a run made up here: what counts as lost, unavailable, run twice,
-recovered, and which fault a miss is blamed on. No stack: bench/gameday/ledger.py only reads
-what a run recorded."""
+"""The game day's ledger on a run made up here (and what its table says): what counts as lost,
+unavailable, run twice, recovered, and which fault a miss is blamed on. No stack: the ledger only
+reads what a run recorded."""
 from __future__ import annotations
 
 from bench.gameday.ledger import analyse
 from bench.gameday.play import Played, Struck
+from bench.gameday.report import markdown, table
 
 START = 1000.0  # time.monotonic() of the run's first second, as recorded
 
@@ -127,3 +128,15 @@ def test_server_errors_are_counted_on_the_wire_and_where_they_reach_a_caller():
     assert report["jobs"]["never_answered"] == 1 and report["jobs"]["lost"] == 0
     caller = next(t for t in report["targets"] if t["target"] == "5xx reaching a caller")
     assert not caller["pass"] and caller["where"] == ["redis-restart (1)"]
+
+
+def test_the_table_and_the_results_say_how_loaded_the_machine_was():
+    p = played(steady(120), [])
+    p.cpu = [[1.0, 150, 90, 6.5], [2.0, 190, 95, 9.5]]
+    report = {"run": {"started": "2026-12-04T05:00:00Z", "model": "m", "rate": 10.0,
+                      "rate_source": "given", "seconds": 120.0, "load_before": [4.0, 3.0, 2.0],
+                      "machine": "here"}, **analyse(p)}
+    expected = "load average (1 min) 8.0 mean, 9.5 most (before the stack started, 1/5/15 " \
+               "min: 4.00/3.00/2.00)"
+    assert expected in table(report)
+    assert expected in markdown(report, "x.png")
