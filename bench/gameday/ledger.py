@@ -4,7 +4,8 @@ fault.
 * **Availability**: the share of arrivals whose submit got a job id within 5 s, retries
   included.
 * **Lost**: accepted (a job id came back, or its Idempotency-Key made a job though no answer
-  did) and not final in Redis once the drain is over.
+  did) and not final in Redis once the drain is over and the late jobs have stopped finishing
+  (`play.read_back`).
 * **Run twice**: the job's record counts its runs (`runs`, one per start of it by a pool
   child); more than one is allowed only to the jobs a killed child was running.
 * **5xx**: every 5xx the clients' sessions got, and those that reached a caller (a 503 with
@@ -160,6 +161,7 @@ def analyse(played: Played) -> dict:
                  "lost_ids": [j.id for j in jobs if j.lost][:50],
                  "never_answered": sum(j.accepted_in is None for j in jobs),
                  "made_without_answer": len(played.unanswered),
+                 "read_back_waited_s": round(played.settled_s, 1),
                  "run_twice": len(twice),
                  "run_twice_in_killed_batches": sum(j.id in allowed for j in twice),
                  "run_twice_unexplained": sum(j.id not in allowed for j in twice),

@@ -1,6 +1,7 @@
 """Playing a game day on a started stack: the stack's capacity measured first, then open-loop
 traffic (bench/gameday/traffic.py, a process of its own) while the faults strike on their
-schedule, then a drain, then every accepted job's record read straight from Redis.
+schedule, then a drain, then every accepted job's record read straight from Redis (once the
+jobs still late have finished).
 """
 from __future__ import annotations
 
@@ -23,7 +24,12 @@ from scripts.run import ROOT
 from scripts.stack import wait_until
 from tasks.keys import JOB_PREFIX, idempotency_key
 
-DRAIN_S = 120.0  # after the last arrival, how long a job may still take to be final
+DRAIN_S = 120.0  # after the last arrival, how long the traffic's users wait for their jobs
+# Then, how long the read-back waits for the jobs still queued or running: while some finish,
+# until SETTLE_STALL_S pass without one (a dead worker's messages come back after the 30 s
+# visibility timeout), SETTLE_MOST_S at most.
+SETTLE_STALL_S = 90.0
+SETTLE_MOST_S = 600.0
 
 
 @dataclass
@@ -53,6 +59,7 @@ class Played:
     cpu: list[list[float]] = field(default_factory=list)
     records: dict[str, dict] = field(default_factory=dict)  # job id: status, runs
     unanswered: dict[str, dict] = field(default_factory=dict)  # token: its job, if it exists
+    settled_s: float = 0.0  # how long the read-back waited for late jobs to finish
 
 
 def traffic(url: str, model: str, run: str, *extra: str) -> list[str]:
@@ -170,21 +177,43 @@ def strike(stack: Stack, model: str, kind: type[Fault], at: float, until: float)
                   sorted(fault.may_rerun), fault.notes)
 
 
-def read_back(stack: Stack, played: Played) -> None:
+def read_back(stack: Stack, played: Played, stall: float = SETTLE_STALL_S,
+              most: float = SETTLE_MOST_S) -> None:
     """Every accepted job's status and run count from its record; for a submit that never got
-    its answer, the job its Idempotency-Key (its token) made, if any."""
+    its answer, the job its Idempotency-Key (its token) made, if any.
+
+    A job still queued or running once the traffic has stopped waiting may only be late (a
+    backlog on a loaded machine, a message a sweep puts back): the records are read again
+    while the stack still finishes some, until none is left, `stall` seconds pass in which
+    none finished, or `most` in all. What is still not final then is lost: a lost job never
+    finishes, so the count stops falling. A job whose record is gone cannot finish: it is not
+    waited for."""
     client = stack.admin()
     wait_until(client.ping, 60, "Redis, to read the jobs back")
-    ids = [row["id"] for row in played.jobs if row.get("id")]
-    played.records = dict(zip(ids, _records(client, ids)))
     tokens = [row["token"] for row in played.jobs if not row.get("id")]
     with client.pipeline(transaction=False) as pipe:
         for token in tokens:
             pipe.get(idempotency_key("", token))
         claims = pipe.execute()
     made = {t: c.split(" ", 1)[0] for t, c in zip(tokens, claims) if c}
-    played.unanswered = {t: {"id": job_id, **record} for (t, job_id), record
-                         in zip(made.items(), _records(client, list(made.values())))}
+    ids = [row["id"] for row in played.jobs if row.get("id")] + list(made.values())
+    since = start = time.monotonic()
+    records = dict(zip(ids, _records(client, ids)))
+    left = _unfinished(records)
+    while left and time.monotonic() - since < stall and time.monotonic() - start < most:
+        time.sleep(2)
+        records.update(zip(left, _records(client, left)))
+        now_left = _unfinished(records)
+        if len(now_left) < len(left):
+            since = time.monotonic()
+        left = now_left
+    played.settled_s = time.monotonic() - start
+    played.records = records
+    played.unanswered = {t: {"id": job_id, **records[job_id]} for t, job_id in made.items()}
+
+
+def _unfinished(records: dict[str, dict]) -> list[str]:
+    return [job_id for job_id, r in records.items() if r["status"] in ("queued", "running")]
 
 
 def _records(client: redis.Redis, ids: list[str]) -> list[dict]:

@@ -66,7 +66,8 @@ def table(report: dict) -> str:
                   f"{report['client_retries']}",
               f"jobs: {jobs['accepted']:,} accepted, {jobs['succeeded']:,} succeeded, "
               f"{jobs['lost']} lost, {jobs['run_twice']} run twice "
-              f"({jobs['run_twice_in_killed_batches']} in killed batches)", "", "targets:"]
+              f"({jobs['run_twice_in_killed_batches']} in killed batches); read back after "
+              f"waiting {jobs['read_back_waited_s']:.0f} s for late jobs", "", "targets:"]
     for t in report["targets"]:
         verdict = "pass" if t["pass"] else "MISS: " + ", ".join(t["where"])
         lines.append(f"  {t['target']:<36}{_n(t['measured'], 4 if t['limit'] < 1 else 1):>10}"
