@@ -59,6 +59,7 @@ class Job:
     ms: float  # latency; math.inf unless it succeeded and its answer came back
     accepted_in: float | None  # seconds from arrival to its job id
     lost: bool
+    final: bool  # its record read back in a final status (answered in time or not)
     runs: int
     id: str | None
     caller_5xx: bool
@@ -77,6 +78,7 @@ def jobs_of(played: Played) -> list[Job]:
             ms=(done - row["arrival"]) * 1000 if ok else math.inf,
             accepted_in=row["accepted"] - row["arrival"] if row.get("accepted") else None,
             lost=bool(record) and record["status"] not in TERMINAL,
+            final=record.get("status") in TERMINAL,
             runs=record.get("runs", 0), id=row.get("id") or record.get("id"),
             caller_5xx=(row.get("http_status") or 0) >= 500))
     return out
@@ -157,6 +159,7 @@ def analyse(played: Played) -> dict:
     report = {
         "jobs": {"arrivals": len(jobs), "accepted": sum(j.id is not None for j in jobs),
                  "succeeded": sum(not math.isinf(j.ms) for j in jobs),
+                 "final": sum(j.final for j in jobs),
                  "lost": sum(j.lost for j in jobs),
                  "lost_ids": [j.id for j in jobs if j.lost][:50],
                  "never_answered": sum(j.accepted_in is None for j in jobs),

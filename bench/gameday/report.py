@@ -64,7 +64,8 @@ def table(report: dict) -> str:
                   f"{report['server_errors']['answers'] or 'none'}, reaching a caller: "
                   f"{report['server_errors']['reached_caller']}; client retries: "
                   f"{report['client_retries']}",
-              f"jobs: {jobs['accepted']:,} accepted, {jobs['succeeded']:,} succeeded, "
+              f"jobs: {jobs['accepted']:,} accepted, {jobs['succeeded']:,} answered succeeded, "
+              f"{jobs['final']:,} final in Redis, "
               f"{jobs['lost']} lost, {jobs['run_twice']} run twice "
               f"({jobs['run_twice_in_killed_batches']} in killed batches); read back after "
               f"waiting {jobs['read_back_waited_s']:.0f} s for late jobs", "", "targets:"]

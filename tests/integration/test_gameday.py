@@ -50,9 +50,10 @@ def test_a_short_game_day_completes_and_counts_the_job_it_lost(tmp_path):
     [deleted] = DELETED
     jobs = report["jobs"]
     assert jobs["arrivals"] > 400 and jobs["accepted"] == jobs["arrivals"], jobs
-    # The one job deleted, and no other: every other accepted job was read back final.
+    # The one job deleted, and no other: every other accepted job was read back final (on a
+    # loaded machine, some after their users had stopped waiting).
     assert jobs["lost"] == 1 and jobs["lost_ids"] == [deleted], jobs
-    assert jobs["succeeded"] == jobs["arrivals"] - 1, jobs
+    assert jobs["final"] == jobs["arrivals"] - 1, jobs
     faults = {f["name"]: f for f in report["faults"]}
     assert list(faults) == ["child-killed", "message-deleted", "redis-clients-killed"]
     assert faults["child-killed"]["notes"][0].startswith("killed child")

@@ -90,7 +90,8 @@ def test_a_job_final_in_redis_is_not_lost_though_its_answer_never_came():
     rows.append(job(500, 50.0, None, record="succeeded"))
     report = analyse(played(rows, []))
     assert report["jobs"]["lost"] == 0
-    assert report["jobs"]["succeeded"] == 1199
+    assert report["jobs"]["succeeded"] == 1199  # answered to its user
+    assert report["jobs"]["final"] == 1200  # read back final
 
 
 def test_a_submit_answered_after_five_seconds_is_unavailable_and_blamed():
