@@ -78,6 +78,9 @@ def run(args: argparse.Namespace, faults: list[type[Fault]]) -> dict:
             rate, source = args.rate, "given"
         else:
             measured = capacity(stack, args.model)
+            if not measured["jobs"]:
+                raise SystemExit(f"gameday: the stack completed no job in the capacity "
+                                 f"measurement ({measured}); give a --rate")
             rate = args.share * measured["jobs_per_s"]
             source = f"{args.share:.0%} of {measured['jobs_per_s']:.1f} measured"
         print(f"gameday: {rate:.1f} jobs/s ({source})", flush=True)

@@ -179,6 +179,8 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, help="closed loop: this many users")
     parser.add_argument("--warmup", type=float, default=5.0)
     args = parser.parse_args()
+    if not args.capacity and not (args.rate and args.rate > 0):
+        parser.error(f"--rate must be > 0 for an open loop, got {args.rate}")
     if args.capacity:
         print(json.dumps(closed_loop(args)))
         return
