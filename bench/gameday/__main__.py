@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import sys
 import time
 from datetime import datetime, timezone
@@ -102,6 +103,9 @@ def run(args: argparse.Namespace, faults: list[type[Fault]]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
+    # A SIGTERM (a CI's timeout, a kill) stops the run as Ctrl-C does: the stack and the
+    # traffic are stopped on the way out, not left running in their own sessions.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     report = run(args, [FAULTS[f] for f in args.faults.split(",") if f])
     return 0 if all(t["pass"] for t in report["targets"]) else 1
 

@@ -105,12 +105,17 @@ def play(stack: Stack, model: str, faults: list[type[Fault]], rate: float, secon
                                     "--start", str(start), "--duration", str(end - start),
                                     "--deadline", str(end + drain), "--out", str(out)),
                             cwd=ROOT, env=CLIENT_ENV)
-    with CpuMeter(stack) as cpu:
-        turns = [at for at, _ in plan[1:]] + [end]
-        struck = [strike(stack, model, fault, at, until)
-                  for (at, fault), until in zip(plan, turns)]
-        if proc.wait() != 0:
-            raise RuntimeError(f"the traffic process exited with {proc.returncode}")
+    try:
+        with CpuMeter(stack) as cpu:
+            turns = [at for at, _ in plan[1:]] + [end]
+            struck = [strike(stack, model, fault, at, until)
+                      for (at, fault), until in zip(plan, turns)]
+            if proc.wait() != 0:
+                raise RuntimeError(f"the traffic process exited with {proc.returncode}")
+    finally:  # a run stopped early (Ctrl-C, SIGTERM) stops its traffic too
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     played = Played(rate, start, end, [r for r in rows if "summary" not in r],
                     next(r["summary"] for r in rows if "summary" in r), struck,
