@@ -53,6 +53,13 @@ class Settings:
     # When Redis has a maxmemory, new jobs are refused (503) once less than this share of it
     # is left, so that the jobs already accepted always have room for their results.
     redis_memory_headroom: float = 0.1
+    # A job that fails, is cancelled or expires keeps its request (inputs and options) this
+    # long (at most job_ttl_s), so that it can be retried (POST /v1/jobs/<id>/retry); 0: none
+    # is kept. Only
+    # requests of at most kept_inputs_max_bytes (as JSON) are kept, in the record while the
+    # job waits: a job that succeeds drops its own, and keeps nothing.
+    kept_inputs_ttl_s: int = 3_600
+    kept_inputs_max_bytes: int = 262_144
     api_keys_file: str = ""  # YAML of hashed API keys; none: the API is open
 
     # Webhooks. Hosts (or CIDRs) allowed even though they are private/loopback/link-local.
@@ -102,6 +109,13 @@ class Settings:
     watchdog_s: float = 60.0
     # A pool child that died mid-batch is noticed after this long.
     worker_lost_wait_s: float = 1.0
+    # A job whose model call took its pool child down this many times (the last time alone in
+    # its batch) ends failed with code `crashed` and never runs again; its batch-mates run
+    # again alone and finish.
+    max_job_crashes: int = 2
+    # A worker told to stop (SIGTERM) lets its running batches finish for this long, then
+    # stops their children and puts their jobs back on the queues.
+    stop_timeout_s: float = 25.0
     # Messages a worker holds unacknowledged per child; 0: two full batches of the largest
     # model, enough to fill a batch while every child is busy.
     prefetch_multiplier: int = 0
@@ -132,6 +146,12 @@ class Settings:
         shown = ", ".join(f"{f.name}={_shown(f.name, getattr(self, f.name))!r}"
                           for f in fields(self))
         return f"Settings({shown})"
+
+    @property
+    def kept_s(self) -> int:
+        """How long a job that did not succeed keeps its request: kept_inputs_ttl_s, within
+        the record's own life (job_ttl_s)."""
+        return min(self.kept_inputs_ttl_s, self.job_ttl_s)
 
     @property
     def webhook_allow_list(self) -> list[str]:
@@ -245,6 +265,9 @@ def _check_access(settings: Settings) -> None:
         raise ConfigError(f"max_wait_s must be in (0, 300], got {settings.max_wait_s}")
     if settings.log_format not in ("text", "json"):
         raise ConfigError(f"log_format must be text or json, got {settings.log_format!r}")
+    for name in ("kept_inputs_ttl_s", "kept_inputs_max_bytes"):
+        if getattr(settings, name) < 0:
+            raise ConfigError(f"{name} must be an integer >= 0, got {getattr(settings, name)}")
     if not 0 <= settings.redis_memory_headroom < 1:
         raise ConfigError("redis_memory_headroom must be in [0, 1), got "
                           f"{settings.redis_memory_headroom}")
@@ -282,6 +305,15 @@ def _check_images(settings: Settings) -> None:
                           f"{settings.image_decode_memory_mb}")
 
 
+def _check_workers(settings: Settings) -> None:
+    """The workers' isolation and stop limits."""
+    if settings.max_job_crashes < 1:
+        raise ConfigError(f"max_job_crashes must be an integer >= 1, got "
+                          f"{settings.max_job_crashes}")
+    if settings.stop_timeout_s <= 0:
+        raise ConfigError(f"stop_timeout_s must be > 0, got {settings.stop_timeout_s}")
+
+
 def load_settings(
     overrides: Mapping[str, Any] | None = None,
     *,
@@ -302,4 +334,5 @@ def load_settings(
     settings = dataclasses.replace(Settings(), **values)
     _check_access(settings)
     _check_images(settings)
+    _check_workers(settings)
     return settings

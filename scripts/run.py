@@ -6,14 +6,19 @@ secrets it needs are made on first use and kept under IQ_VAR_DIR (default var/),
 Redis's admin password and the application's (an ACL user without administrative commands:
 scripts/redis-server.sh), Flower's password, the webhook signing secret. Each process gets only
 the secrets it uses (`NEEDS`). Once the API, the worker and Flower answer, one block says what
-is where. Ctrl-C or SIGTERM stops every process it started: honcho signals each one's process
-group, and kills what is left after a few seconds.
+is where. A process that exits on its own (a crash, a kill) is started again, its output saying
+so (scripts/respawn.py), rather than the whole stack stopped. Ctrl-C or SIGTERM stops every
+process it started: honcho signals each one's process group, and kills what is left once the
+worker has had its `stop_timeout_s`. Its output may go through a pipe (`make run 2>&1 | tee
+run.log`): when the reader is gone (Ctrl-C stops `tee` too), the output is dropped rather than
+the stop (`Console`).
 """
 from __future__ import annotations
 
 import datetime
 import os
 import secrets
+import shlex
 import stat
 import sys
 import threading
@@ -21,7 +26,9 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
+from honcho import manager as honcho_manager
 from honcho.environ import parse_procfile
 from honcho.manager import Manager
 from honcho.printer import Message, Printer
@@ -272,15 +279,53 @@ def plan(environ: dict[str, str]) -> Run:
     return Run(env, processes, checks, block)
 
 
+class Console:
+    """The stream honcho prints to. Once its reader is gone (a broken pipe: Ctrl-C stopped
+    `tee` as well), what is printed is dropped: a BrokenPipeError raised in honcho's signal
+    handler would skip the stop, leaving every process running and this one hung."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream, self.gone = stream, False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                self.stream.write(text)
+            except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except (BrokenPipeError, ValueError):
+                self._reader_gone()
+
+    def isatty(self) -> bool:
+        return not self.gone and self.stream.isatty()
+
+    def _reader_gone(self) -> None:
+        self.gone = True
+        # Python's own flush of stdout at exit would fail again: point it at nothing.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.stream.fileno())
+        os.close(devnull)
+
+
 def main() -> int:
     try:
         run = plan(dict(os.environ))
     except Refused as refused:
         print(refused, file=sys.stderr)
         return 1
-    manager = Manager(Printer(sys.stdout))
+    # The worker's own stop (its running batches, then its children) before honcho's SIGKILL.
+    honcho_manager.KILL_WAIT = load_settings(environ=run.env).stop_timeout_s + 5
+    manager = Manager(Printer(Console(sys.stdout)))
     for name, command in run.processes.items():
-        manager.add_process(name, command, env=process_env(name, run.env), cwd=str(ROOT))
+        kept = f"exec {shlex.quote(sys.executable)} -m scripts.respawn {name} " \
+               f"{shlex.quote(command)}"
+        manager.add_process(name, kept, env=process_env(name, run.env), cwd=str(ROOT))
     # Started before honcho forks its readers; they only start a process and read its output.
     threading.Thread(target=_announce, args=(manager, run.checks, run.block),
                      daemon=True).start()

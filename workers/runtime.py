@@ -16,8 +16,10 @@ from config.models import ModelSpec
 from tasks.errors import ErrorCode, JobError
 from tasks.jobstate import JobState
 from tasks.keys import live_key
+from tasks.presence import Presence
 from tasks.redis_client import connect
 from workers.handlers import Handler, build_handler
+from workers.handlers.base import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +57,8 @@ class ModelRuntime:
         self._stop = threading.Event()
         self._redis = connect(settings.redis_url, settings)
         # The job records this child moves (start, finish): tasks/jobstate.py.
-        self.jobs = JobState(self._redis)
+        self.jobs = JobState(self._redis, settings.kept_s, settings.job_ttl_s)
+        self._presence = Presence(self._redis)
 
     def start(self) -> None:
         from workers.devices import configure_allocator
@@ -93,7 +96,8 @@ class ModelRuntime:
                     time.monotonic() - started, self.member)
         return handler
 
-    def run(self, model: str, jobs: list[tuple[list, dict]]) -> list[list | JobError]:
+    def run(self, model: str, jobs: list[tuple[list, dict]],
+            progress: Progress | None = None) -> list[list | JobError]:
         assert self.state is State.READY, f"runtime is {self.state.value}"
         handler = self.handlers.get(model)
         if handler is None:
@@ -105,7 +109,7 @@ class ModelRuntime:
             logger.info("loading %s on first use (queue added at run time)", model)
             handler = self._load(model)
             self._beat()
-        return handler.run(jobs)
+        return handler.run(jobs, progress)
 
     def record_memory(self, model: str) -> None:
         from workers.metrics import record_gpu_memory
@@ -125,15 +129,11 @@ class ModelRuntime:
         except redis.RedisError:
             pass
 
-    # Liveness lives in Redis so the API can answer /readyz without a broadcast to workers.
+    # Liveness lives in Redis so the API can answer /readyz without a broadcast to workers;
+    # stamped by Redis's clock, so that a worker whose clock is off is judged like any other.
     def _beat(self) -> None:
-        now = time.time()
-        with self._redis.pipeline(transaction=False) as pipe:
-            for name in list(self.specs):
-                pipe.zadd(live_key(name), {self.member: now})
-                pipe.zremrangebyscore(live_key(name), "-inf",
-                                      now - 6 * self.settings.heartbeat_ttl_s)
-            pipe.execute()
+        self._presence.beat([live_key(name) for name in list(self.specs)], self.member,
+                            6 * self.settings.heartbeat_ttl_s)
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_interval_s):
