@@ -159,7 +159,7 @@ class SecondWorker(Fault):
 
     def recover(self) -> None:
         time.sleep(max(self.until - time.monotonic(), 0))
-        self.stack.remove(self.worker)  # a warm shutdown: what it holds goes back
+        self.stack.remove(self.worker)  # as make run stops it: SIGTERM to its group
 
 
 FAULTS: dict[str, type[Fault]] = {f.name: f for f in (

@@ -2,11 +2,11 @@
 scripts/run.py's own `plan` (the Procfile's commands, each process's environment and
 secrets, the readiness checks), on free ports and in a var dir of the run's own.
 
-`make run` hands the processes to honcho, which stops them all when one exits; a production
-host runs them under a supervisor that restarts a process that exits (systemd, compose
-restart policies). This module is that supervisor: it starts each process as honcho would
-(a shell of its own session, in the checkout), and restarts any that exits, a second later,
-saying so; the faults kill and stop processes, and the supervisor brings them back.
+`make run` keeps each process up under scripts/respawn.py, as a production host's supervisor
+does (systemd, compose restart policies). This module is that supervisor, so that it knows
+each process's pid: it starts each process as honcho would (a shell of its own session, in the
+checkout), and restarts any that exits, a second later, saying so; the faults kill and stop
+processes, and the supervisor brings them back.
 """
 from __future__ import annotations
 
