@@ -9,7 +9,7 @@ RUN_STAMP := $(VENV)/.run-$(shell cat $(RUN_REQS) | cksum | cut -d' ' -f1)
 CELERY_BATCHES := 0.11
 DEV_STAMP := $(VENV)/.dev-$(shell echo $(CELERY_BATCHES) | cat $(RUN_REQS) requirements/dev.txt - | cksum | cut -d' ' -f1)
 
-.PHONY: run reload test browser bench bench-quick gpu-check gpu-bench container-check clean
+.PHONY: run reload test browser bench bench-quick gameday gpu-check gpu-bench container-check clean
 
 run: $(RUN_STAMP)
 	scripts/run.sh
@@ -41,6 +41,11 @@ bench-quick: $(DEV_STAMP)
 # serves a job (scripts/container_check.sh).
 container-check:
 	scripts/container_check.sh
+
+# The stack as make run starts it, under open-loop traffic, with a fault a minute (10 minutes;
+# GAMEDAY_ARGS='--minutes 3 --faults redis-frozen,child-killed' to choose): bench/README.md.
+gameday: $(DEV_STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/python -m bench.gameday $(GAMEDAY_ARGS)
 
 gpu-check: $(RUN_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m scripts.gpu_check
