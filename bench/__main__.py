@@ -23,8 +23,9 @@ import psutil
 import requests
 import yaml
 
-from bench.harness import (FLOWS, HERE, MODELS, RESULTS, Config, RawServer, Stack,
-                           api_processes, configs_for, pool, pool_raw, run_load, start_stack)
+from bench.harness import (FLOWS, HERE, MODELS, RESULTS, Config, JobsNotFinished, RawServer,
+                           Stack, api_processes, configs_for, pool, pool_raw, run_load,
+                           start_stack)
 from bench.report import evaluate_targets, plot, render_readme
 from bench.usage import Usage
 from scripts.stack import wait_until
@@ -186,6 +187,9 @@ def main() -> int:
                     flush=True)
                 configs_result, ceiling["side_by_side"] = bench_model(workdir, model, spec,
                                                                       configs, raw, a)
+            except JobsNotFinished as exc:
+                print(f"bench: jobs do not finish, stopping: {exc}", file=sys.stderr)
+                return 1
             finally:
                 raw.close()
             report["models"][model] = {"spec": spec, "raw": ceiling, "configs": configs_result}
