@@ -16,6 +16,7 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -23,8 +24,9 @@ import psutil
 import requests
 import yaml
 
-from bench.harness import (FLOWS, HERE, MODELS, RESULTS, Config, RawServer, Stack,
-                           api_processes, configs_for, pool, pool_raw, run_load, start_stack)
+from bench.harness import (FLOWS, HERE, MODELS, RESULTS, Config, JobsNotFinished, RawServer,
+                           Stack, api_processes, configs_for, pool, pool_raw, run_load,
+                           start_stack, stop_all)
 from bench.report import evaluate_targets, plot, render_readme
 from bench.usage import Usage
 from scripts.stack import wait_until
@@ -68,8 +70,13 @@ def bench_model(workdir: Path, model: str, spec: dict, configs: list[Config], ra
     stacks: list[Stack] = []
     side_by_side: dict[str, dict] = {}
     try:
-        for config in configs:
-            stacks.append(start_stack(workdir, model, spec, config, args))
+        # Started side by side: each mostly waits on its processes' imports and first beats.
+        with ThreadPoolExecutor(len(configs)) as starting:
+            started = [starting.submit(start_stack, workdir, model, spec, config, args)
+                       for config in configs]
+        stacks += [f.result() for f in started if f.exception() is None]
+        for f in started:
+            f.result()  # the first failure, once the stacks that did start are in `stacks`
         for stack in stacks:
             wait_until(lambda: requests.get(f"{stack.url}/readyz", timeout=2).status_code
                        == 200, 180, f"{stack.config.name} worker for {model}")
@@ -117,8 +124,7 @@ def bench_model(workdir: Path, model: str, spec: dict, configs: list[Config], ra
                   flush=True)
         return results, side_by_side
     finally:
-        for stack in stacks:
-            stack.stop()
+        stop_all(stacks)
 
 
 def main() -> int:
@@ -141,8 +147,8 @@ def main() -> int:
     a = p.parse_args()
     clients, duration, rounds = a.clients, a.duration, a.rounds
     if a.quick:
-        a.clients, a.duration, a.warmup, a.multi_clients, a.rounds = [1, 4], 1.0, 0.5, 2, 1
-        a.raw_seconds, a.rss_jobs = 0.3, 0
+        a.clients, a.duration, a.warmup, a.multi_clients, a.rounds = [1, 4], 0.5, 0.25, 2, 1
+        a.raw_seconds, a.rss_jobs = 0.2, 0
         a.models = a.models or ["synthetic"]
         a.configs = a.configs or ["service", "no-batching", "celery-batches"]
     else:
@@ -186,6 +192,9 @@ def main() -> int:
                     flush=True)
                 configs_result, ceiling["side_by_side"] = bench_model(workdir, model, spec,
                                                                       configs, raw, a)
+            except JobsNotFinished as exc:
+                print(f"bench: jobs do not finish, stopping: {exc}", file=sys.stderr)
+                return 1
             finally:
                 raw.close()
             report["models"][model] = {"spec": spec, "raw": ceiling, "configs": configs_result}

@@ -12,6 +12,7 @@ import importlib.util
 import subprocess
 import sys
 import tarfile
+import threading
 from io import BytesIO
 from pathlib import Path
 from types import ModuleType
@@ -47,6 +48,9 @@ def checkout(rev: str) -> Path:
 
 # Where the stack launcher lived: scripts/stack.py since c2b6f63, tests/support before.
 LAUNCHERS = ("scripts/stack.py", "tests/support/services.py")
+# Held while a launcher loads: the benchmark starts its stacks from threads, and a second
+# thread must not take a module from sys.modules before it has run.
+_loading = threading.Lock()
 
 
 def launcher(tree: Path) -> ModuleType:
@@ -54,12 +58,17 @@ def launcher(tree: Path) -> ModuleType:
     older commits), loaded from its tree: it starts processes in that tree, as that commit
     started them."""
     name = f"_bench_baseline_services_{tree.name[:12]}"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = next((tree / p for p in LAUNCHERS if (tree / p).exists()), tree / LAUNCHERS[-1])
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader, path
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    with _loading:
+        if name in sys.modules:
+            return sys.modules[name]
+        path = next((tree / p for p in LAUNCHERS if (tree / p).exists()), tree / LAUNCHERS[-1])
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec and spec.loader, path
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # its dataclasses look their module up there
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return module

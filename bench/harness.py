@@ -76,14 +76,28 @@ def configs_for(model: dict, baseline_rev: str | None = None) -> list[Config]:
     ]
 
 
+class JobsNotFinished(RuntimeError):
+    """A round's jobs did not finish in time: the stack takes jobs but does not finish them,
+    and the benchmark stops rather than wait for ever."""
+
+
 def run_load(url: str, model: str, clients: int, inputs: int, duration: float,
-             warmup: float, flow: str = FLOWS[0]) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.load", "--url", url, "--model", model, "--clients",
-         str(clients), "--inputs", str(inputs), "--duration", str(duration), "--warmup",
-         str(warmup), "--flow", flow],
-        capture_output=True, text=True, check=True, cwd=HERE.parent)
-    return json.loads(out.stdout)
+             warmup: float, flow: str = FLOWS[0], job_timeout: float | None = None) -> dict:
+    """A round of load (bench/load.py); JobsNotFinished when a job was not final within the
+    load generator's job timeout (`job_timeout`, or its default)."""
+    cmd = [sys.executable, "-m", "bench.load", "--url", url, "--model", model, "--clients",
+           str(clients), "--inputs", str(inputs), "--duration", str(duration), "--warmup",
+           str(warmup), "--flow", flow]
+    if job_timeout is not None:
+        cmd += ["--job-timeout", str(job_timeout)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=HERE.parent)
+    result = json.loads(out.stdout)
+    if result["unfinished"]:
+        jobs = ", ".join(f"{j['id']} ({j['status']})" for j in result["unfinished_jobs"])
+        raise JobsNotFinished(
+            f"{result['unfinished']} job(s) of {model} at {url} not finished "
+            f"{result['job_timeout_s']:g}s after their submit, e.g. {jobs}")
+    return result
 
 
 def pool(rounds: list[dict]) -> dict:
@@ -173,16 +187,36 @@ class Stack:
         added to `usage`."""
         flow = self.config.flow or args.flow
         with self.meter() as meter:
-            result = run_load(self.url, model, clients, inputs,
-                              args.duration if duration is None else duration,
-                              args.warmup if warmup is None else warmup, flow)
+            try:
+                result = run_load(self.url, model, clients, inputs,
+                                  args.duration if duration is None else duration,
+                                  args.warmup if warmup is None else warmup, flow)
+            except JobsNotFinished as exc:
+                raise JobsNotFinished(f"{self.config.name}: {exc}; its worker's warnings:\n"
+                                      f"{self.worker_warnings()}") from None
         if usage is not None:
             usage.add(meter.cpu, meter.calls, result["jobs"])
         return result
 
+    def worker_warnings(self, lines: int = 10) -> str:
+        """The last warnings and errors of this configuration's worker log."""
+        worker = self.services[1]
+        found = [line for line in worker.tail(500).splitlines()
+                 if "WARNING/" in line or "ERROR/" in line or "CRITICAL/" in line]
+        return "\n".join(found[-lines:]) or f"(none in {worker.log})"
+
     def stop(self) -> None:
-        for svc in reversed(self.services):
-            svc.stop()
+        stop_all([self])
+
+
+def stop_all(stacks: list[Stack]) -> None:
+    """Every stack's API and worker told to stop at once (each its own warm shutdown, seconds
+    long), then their Redis servers, which they write to until they are gone."""
+    front = [svc for stack in stacks for svc in reversed(stack.services[1:]) if svc.send()]
+    for svc in front:
+        svc.reap()
+    for stack in stacks:
+        stack.services[0].stop()
 
 
 def start_stack(workdir: Path, model: str, spec: dict, config: Config, args) -> Stack:

@@ -8,12 +8,18 @@ the one the README shows first); with `--flow get-wait`, `POST /v1/jobs` and the
         --inputs 1 --duration 10
 prints one JSON object: items/s, jobs/s, p50/p99 end-to-end latency (ms), counts and every
 latency sample.
+
+A job not final within `--job-timeout` seconds of its submit is not waited on further: its
+client stops and the JSON counts it under "unfinished" (with the first such job's id and
+status), so that a stack that takes jobs but never finishes them (a worker that drops their
+messages) ends the round instead of hanging the benchmark.
 """
 from __future__ import annotations
 
 import argparse
 import http.client
 import json
+import math
 import statistics
 import sys
 import threading
@@ -32,6 +38,11 @@ TEXTS = [
     "which makes them useful for search, clustering and deduplication.",
 ]
 
+FINAL = ("succeeded", "failed", "cancelled", "expired")
+# Seconds a job may take from its submit to a final status before its client gives up on it:
+# far above any job's latency in the benchmarks (seconds at most), far below their budgets.
+JOB_TIMEOUT_S = 30.0
+
 
 def make_inputs(model_kind: str, n: int, seed: int) -> list:
     if model_kind == "tensor":
@@ -41,7 +52,8 @@ def make_inputs(model_kind: str, n: int, seed: int) -> list:
 
 class Client(threading.Thread):
     def __init__(self, url: str, model: str, kind: str, inputs: int, stop_at: float,
-                 seed: int, prefer_wait: bool = True) -> None:
+                 seed: int, prefer_wait: bool = True,
+                 job_timeout: float = JOB_TIMEOUT_S) -> None:
         super().__init__(daemon=True)
         parsed = urlparse(url)
         self.host, self.port = parsed.hostname, parsed.port
@@ -49,13 +61,16 @@ class Client(threading.Thread):
         self.stop_at = stop_at
         self.seed = seed
         self.prefer_wait = prefer_wait
+        self.job_timeout = job_timeout
         self.samples: list[tuple[float, float]] = []  # (finished at, latency s)
         self.errors = 0
+        self.unfinished: list[dict] = []  # jobs not final within job_timeout: id, status
 
-    def _request(self, conn, method: str, path: str, body: bytes | None = None) -> dict:
+    def _request(self, conn, method: str, path: str, body: bytes | None = None,
+                 wait: int = 30) -> dict:
         headers = {"Content-Type": "application/json"} if body else {}
         if body and self.prefer_wait:
-            headers["Prefer"] = "wait=30"
+            headers["Prefer"] = f"wait={wait}"
         conn.request(method, path, body=body, headers=headers)
         response = conn.getresponse()
         data = response.read()
@@ -72,10 +87,17 @@ class Client(threading.Thread):
                                "inputs": make_inputs(self.kind, self.inputs, self.seed + i)})
             i += 1
             started = time.monotonic()
+            deadline = started + self.job_timeout
             try:
-                state = self._request(conn, "POST", "/v1/jobs", body.encode())
-                while state["status"] not in ("succeeded", "failed", "cancelled", "expired"):
-                    state = self._request(conn, "GET", f"/v1/jobs/{state['id']}?wait=30")
+                state = self._request(conn, "POST", "/v1/jobs", body.encode(),
+                                      self._wait(deadline))
+                while state["status"] not in FINAL:
+                    if time.monotonic() >= deadline:
+                        # Its stack is not finishing jobs: waiting longer would hang the round.
+                        self.unfinished.append({"id": state["id"], "status": state["status"]})
+                        return
+                    state = self._request(conn, "GET", f"/v1/jobs/{state['id']}"
+                                          f"?wait={self._wait(deadline)}")
                 if state["status"] != "succeeded":
                     self.errors += 1
                     continue
@@ -85,6 +107,11 @@ class Client(threading.Thread):
                 print(f"client error: {exc}", file=sys.stderr)
                 conn.close()
                 conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+
+    @staticmethod
+    def _wait(deadline: float) -> int:
+        """A request's wait: up to 30 s, and no later than the job's deadline."""
+        return max(1, min(30, math.ceil(deadline - time.monotonic())))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -96,11 +123,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_load(url: str, model: str, kind: str, clients: int, inputs: int, duration: float,
-             warmup: float, prefer_wait: bool = True) -> dict:
+             warmup: float, prefer_wait: bool = True,
+             job_timeout: float = JOB_TIMEOUT_S) -> dict:
     start = time.monotonic()
     stop_at = start + warmup + duration
     threads = [Client(url, model, kind, inputs, stop_at, seed=1000 * c,
-                      prefer_wait=prefer_wait)
+                      prefer_wait=prefer_wait, job_timeout=job_timeout)
                for c in range(clients)]
     for t in threads:
         t.start()
@@ -114,6 +142,9 @@ def run_load(url: str, model: str, kind: str, clients: int, inputs: int, duratio
     return {
         "clients": clients, "inputs_per_job": inputs, "duration_s": round(elapsed, 3),
         "jobs": jobs, "errors": sum(t.errors for t in threads),
+        "unfinished": sum(len(t.unfinished) for t in threads),
+        "unfinished_jobs": [job for t in threads for job in t.unfinished][:3],
+        "job_timeout_s": job_timeout,
         "jobs_per_s": jobs / elapsed, "items_per_s": jobs * inputs / elapsed,
         "p50_ms": percentile(latencies, 50) * 1000, "p99_ms": percentile(latencies, 99) * 1000,
         # Every sample, so that rounds can be pooled exactly.
@@ -133,9 +164,12 @@ def main() -> None:
     p.add_argument("--flow", choices=["prefer-wait", "get-wait"], default="prefer-wait",
                    help="a job's requests: one POST with Prefer: wait=30, or POST then "
                         "GET ?wait=30")
+    p.add_argument("--job-timeout", type=float, default=JOB_TIMEOUT_S,
+                   help="seconds a job may take to finish before its client gives up on it "
+                        "(counted under 'unfinished')")
     a = p.parse_args()
     print(json.dumps(run_load(a.url, a.model, a.kind, a.clients, a.inputs, a.duration,
-                              a.warmup, a.flow == "prefer-wait")))
+                              a.warmup, a.flow == "prefer-wait", a.job_timeout)))
 
 
 if __name__ == "__main__":

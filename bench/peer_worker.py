@@ -16,7 +16,6 @@ from celery_batches import Batches
 
 from tasks.celery_app import make_celery
 from tasks.keys import CONSUMING_KEY, consuming_key
-from tasks.messages import JobArgs
 from tasks.names import task_name
 from tasks.redis_client import connect
 from workers import broker
@@ -37,8 +36,11 @@ celery.conf.imports = ("bench.peer_worker",)
 def _register(model: str) -> None:
     def infer(self, requests):
         # The service's own batch executor: the same job state moves and result writes, so
-        # that only the batching in the worker's main process differs.
-        run_batch(model, [BatchJob(r.id, JobArgs.from_kwargs(r.kwargs), {}) for r in requests])
+        # that only the batching in the worker's main process differs. Each job as the
+        # service's parent builds it (BatchJob.of), from the headers celery-batches keeps in
+        # `request_dict`: its job_token above all, without which `start` takes the message
+        # for one sent by hand and drops it (the job would never finish).
+        run_batch(model, [BatchJob.of(r) for r in requests])
 
     celery.task(name=task_name(model), base=Batches, bind=True, shared=False,
                 flush_every=FLUSH_EVERY, flush_interval=FLUSH_INTERVAL)(infer)

@@ -266,6 +266,12 @@ class JobState:
         jobs, size = self._run("kept", [], [])
         return int(jobs), int(size)
 
+    def token_of(self, job_id: str) -> str | None:
+        """The token the job's own task message carries (one field); None when there is no
+        record, or it has no token."""
+        token = self.client.hget(job_key(job_id), "token")
+        return None if token is None else _text(token) or None
+
     def owner_of(self, job_id: str) -> str | None:
         """The owner of the job's record (one field, no expiry); None when there is none."""
         owner = self.client.hget(job_key(job_id), "owner")

@@ -31,6 +31,17 @@ def trace_headers(request: Any) -> dict[str, str]:
     return _headers(request, _TRACE_HEADERS)
 
 
+def job_token(request: Any) -> str:
+    """The job's token as a received message carries it ('' : none)."""
+    return str(_headers(request, (JOB_TOKEN_HEADER,)).get(JOB_TOKEN_HEADER, ""))
+
+
+# Logged, at WARNING, for a message that is not its job's own (tasks/jobstate.py): its token
+# is not the one in the job's record.
+FOREIGN = ("a message for job %s that is not the job's own (its token is not the record's: "
+           "sent by hand?) was dropped")
+
+
 class BatchJob(NamedTuple):
     """One job of a batch, as the parent hands it to a child (pickled: a tuple is cheap)."""
     id: str
@@ -42,10 +53,9 @@ class BatchJob(NamedTuple):
     @classmethod
     def of(cls, request: Any) -> BatchJob:
         """From Celery's `Request` for the job."""
-        token = _headers(request, (JOB_TOKEN_HEADER,)).get(JOB_TOKEN_HEADER, "")
         message = getattr(request, "message", None)
         return cls(request.id, JobArgs.from_kwargs(request.kwargs), trace_headers(request),
-                   str(token), getattr(message, "delivery_tag", "") or "")
+                   job_token(request), getattr(message, "delivery_tag", "") or "")
 
     @property
     def trace_id(self) -> str | None:

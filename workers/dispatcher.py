@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from time import monotonic
 from typing import Any
 
+import redis
 from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.worker import state as worker_state
@@ -24,7 +25,7 @@ from celery.worker import state as worker_state
 from tasks.jobstate import JobState
 from tasks.names import PRIORITIES
 from tasks.redis_client import connect
-from workers.batch import BatchJob, JobOutcome
+from workers.batch import FOREIGN, BatchJob, JobOutcome, job_token
 from workers.broker import InFlight, Leases, broker_of
 from workers.execute import run_batch
 from workers.isolation import CrashLoops, TimeLimits
@@ -116,18 +117,46 @@ class PoolDispatcher:
 
     # -- intake --------------------------------------------------------------------------
     def duplicate(self, request: Any) -> bool:
-        """Whether this worker holds the job already (a copy of its message): the copy is
-        dropped, acknowledged unless it is the very message held."""
+        """Whether a message for a job this worker holds already is dropped. A copy of the
+        message held (the same token: delivered again) is, acknowledged unless it is the very
+        message held. Of two messages with one job id and different tokens, one is not the
+        job's own (sent by hand: Flower's send-task), and the job's record tells which: the
+        newcomer is dropped, or the one held if it has not started (one running is refused by
+        its start); where the record cannot tell, the newcomer is dropped."""
         held = self.ids.get(request.id)
         if held is None or held is request or not self.leases.holds(held.message):
             return False
-        logger.warning("job %s delivered again while this worker holds it; the copy is "
-                       "dropped", request.id)
-        if held.message.delivery_tag == request.message.delivery_tag:
-            self.leases.forget([request.message])
+        if job_token(held) == job_token(request):
+            logger.warning("job %s delivered again while this worker holds it; the copy is "
+                           "dropped", request.id)
+            if held.message.delivery_tag == request.message.delivery_tag:
+                self.leases.forget([request.message])
+            else:
+                self.leases.ack([request.message])
+            return True
+        own = self._own_token(request.id)
+        if own is not None and own == job_token(request):
+            if self.scheduler.remove(held):  # the one held is not the job's own: it goes
+                logger.warning(FOREIGN, held.id)
+                worker_state.task_ready(held)
+                self.leases.ack([held.message])
+            return False
+        if own is None:
+            logger.warning("job %s: a message with another token than the one this worker "
+                           "holds, and no token in its record to tell which is the job's own; "
+                           "the newcomer is dropped", request.id)
         else:
-            self.leases.ack([request.message])
+            logger.warning(FOREIGN, request.id)
+        self.leases.ack([request.message])
         return True
+
+    def _own_token(self, job_id: str) -> str | None:
+        """The token of the job's own message, from its record; None when it cannot tell."""
+        try:
+            return self.settlement.state.token_of(job_id)
+        except redis.RedisError as exc:
+            logger.warning("could not read job %s's token: %s", job_id, exc)
+            return None
 
     def submit(self, model: str, request: Any, alone: bool = False,
                arrived: float | None = None) -> None:

@@ -32,7 +32,7 @@ from tasks.jobstate import Final, StartDecision, Status
 from tasks.logs import trace
 from tasks.redis_client import is_transient
 from workers import metrics
-from workers.batch import BatchJob, JobOutcome, Outcome, failed, succeeded
+from workers.batch import FOREIGN, BatchJob, JobOutcome, Outcome, failed, succeeded
 
 if TYPE_CHECKING:
     from workers.runtime import ModelRuntime
@@ -139,8 +139,7 @@ def _start(rt: ModelRuntime, jobs: list[BatchJob], batch: dict,
         return None
     for job, decision in zip(jobs, decisions):
         if decision is StartDecision.FOREIGN:
-            logger.warning("a message for job %s that is not the job's own (its token is not "
-                           "the record's: sent by hand?) was dropped", job.id)
+            logger.warning(FOREIGN, job.id)
     to_run = [job for job, d in zip(jobs, decisions) if d is StartDecision.RUN]
     not_run = [JobOutcome(job.id, Outcome.NOT_RUN, reason=d)
                for job, d in zip(jobs, decisions) if d is not StartDecision.RUN]

@@ -171,6 +171,10 @@ class BatchScheduler:
         deadlines = [b.deadline for b in self.buffers.values() if b.queue]
         return min(deadlines) if deadlines else None
 
+    def remove(self, job: Any) -> bool:
+        """`job` out of its buffer; False when it is in none (it was handed out)."""
+        return any(b.remove_if(lambda j: j is job) for b in self.buffers.values())
+
     def drain(self) -> list[Pending]:
         """Everything buffered, removed (used when the broker connection is replaced)."""
         out: list[Pending] = []

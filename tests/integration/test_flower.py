@@ -1,4 +1,5 @@
-"""Flower, behind basic auth, shows each batched job as its own task in its true state."""
+"""Flower, behind basic auth, shows each batched job as its own task in its true state; a task
+it sends by hand with a job's id (its send-task) is not the job's own, and is refused."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ import pytest
 import requests
 
 from config import load_settings
-from scripts.stack import start_flower, wait_until
+from scripts.stack import launch, start_flower, start_worker, wait_until
 from tasks.celery_app import make_celery
 
 AUTH = ("ops", "s3cret-test-password")
@@ -105,3 +106,36 @@ def test_a_task_sent_through_flower_with_a_queued_jobs_id_does_not_become_its_re
                stack.workers["synth"].log.read_text(errors="replace"), 30,
                "the worker to drop the forged message")
     stack.finished(blocker["id"])
+
+
+def test_a_task_sent_by_hand_ahead_of_the_jobs_own_message_is_dropped_and_the_job_runs(tmp_path):
+    """The same forgery served first: sent at the highest priority while the job's own message
+    still waits, it reaches the worker before it (here both wait, behind a high-priority job,
+    when the worker starts). The job's own message must not be dropped as a copy of the forged
+    one (the job would then wait a lease for the reconciler to queue it again): the forged one
+    leaves the buffer as not the job's own, never reaching the model, and the job runs once,
+    on its own input."""
+    runs_log = tmp_path / "runs.log"
+    models = {"sleepy": {"kind": "synthetic", "base_ms": 500, "per_item_ms": 0,
+                         "max_batch_size": 4, "max_inputs": 4, "runs_log": str(runs_log)}}
+    stack = launch(tmp_path, models, {}, ready_models=[])
+    try:
+        blocker = stack.submit("sleepy", ["blocker"], priority="high")
+        victim = stack.submit("sleepy", ["v"])
+        # What Flower's send-task does with its app: a task message of the job's id, no token.
+        forger = make_celery(load_settings(environ=stack.env))
+        forger.send_task("iq.infer.sleepy", kwargs={"inputs": ["forged by hand"]},
+                         task_id=victim["id"], priority=0)
+        stack.workers["late"] = start_worker("late", stack.env, tmp_path, ["sleepy"])
+        done = stack.finished(victim["id"])
+        assert done["status"] == "succeeded" and done["result"]["outputs"] == [1], done
+        assert stack.finished(blocker["id"])["status"] == "succeeded"
+        assert runs_log.read_text().splitlines().count("v") == 1
+        assert "forged by hand" not in runs_log.read_text()
+        log = stack.workers["late"].log.read_text(errors="replace")
+        assert f"workers.dispatcher [trace_id=-] a message for job {victim['id']} that is not " \
+               "the job's own" in log, log[-3000:]
+        assert "delivered again" not in log and "queued again from its record" not in log, \
+            log[-3000:]
+    finally:
+        stack.stop()

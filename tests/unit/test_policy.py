@@ -143,3 +143,14 @@ def test_higher_priority_jobs_leave_first_even_when_buffered_later():
     s.add("m", "normal", 1, now=0.6, priority=5)
     assert ids(s.batches(now=1.0, idle=1, busy=1, freed=1)) == [["high", "normal"]]
     assert ids(s.batches(now=1.0, idle=1, busy=1, freed=1)) == [["low1", "low2"]]
+
+
+def test_a_job_removed_from_its_buffer_is_in_no_batch():
+    s = make(max_batch=4, models=("m", "n"))
+    first, second = object(), object()  # jobs are told apart by identity, not equality
+    s.add("m", first, 1, now=0.0)
+    s.add("m", second, 2, now=0.1)
+    assert s.remove(first) and not s.remove(first)
+    assert len(s) == 1 and s.buffers["m"].items == 2
+    assert ids(s.batches(now=1.0, idle=1, busy=0)) == [[second]]
+    assert not s.remove(second)  # handed out: in no buffer
