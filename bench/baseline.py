@@ -4,7 +4,8 @@ side by side with the code it replaces (`python -m bench --baseline 9ccd8b9`).
 The commit's tree is exported (`git archive`) under var/bench-baseline/<commit>, once, and its
 stack is started by its own launcher (its scripts/stack.py, or tests/support/services.py before
 c2b6f63), whose paths point into that tree: its own Redis, API (as that commit ran it) and
-worker, on this checkout's virtualenv. Nothing of the old code is committed; var/ is ignored.
+worker, on this checkout's virtualenv (linked as its .venv). Nothing of the old code is
+committed; var/ is ignored.
 """
 from __future__ import annotations
 
@@ -42,6 +43,11 @@ def checkout(rev: str) -> Path:
         with tarfile.open(fileobj=BytesIO(archive)) as tar:
             tar.extractall(tree, filter="data")
         done.write_text(commit + "\n")
+    venv = tree / ".venv"
+    if not venv.exists() and (ROOT / ".venv").exists():
+        # Its scripts name .venv/bin/python (scripts/redis-server.sh since issue 26): this
+        # checkout's virtualenv, as the rest of its stack runs on.
+        venv.symlink_to(ROOT / ".venv")
     return tree
 
 
