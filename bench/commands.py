@@ -60,11 +60,14 @@ def admin_client(stack: Stack) -> redis.Redis:
     return redis.Redis.from_url(extra.get("admin_url", extra["url"]), decode_responses=True)
 
 
-def start_all(workdir: Path, model: str, points: list[Config], args) -> list[Stack]:
+def start_all(workdir: Path, model: str, points: list[Config], args,
+              worker_name: str | None = None) -> list[Stack]:
     stacks = []
     try:
         for config in points:
-            stacks.append(start_stack(workdir, model, MODELS[model], config, args))
+            (workdir / config.slug).mkdir(parents=True, exist_ok=True)  # logs apart
+            stacks.append(start_stack(workdir / config.slug, model, MODELS[model], config,
+                                      args, worker_name))
         for stack in stacks:
             wait_until(lambda: requests.get(f"{stack.url}/readyz", timeout=2).status_code
                        == 200, 240, f"{stack.config.name} worker for {model}")
@@ -170,7 +173,8 @@ def bytes_per_job(stack: Stack, model: str, count: int) -> dict:
 
 def bytes_side_by_side(model: str, count: int, points: list[Config], args) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="iq-bench-bytes-"))
-    stacks = start_all(workdir, model, points, args)
+    # Named as `make run` names its worker: the record keeps the name of the one that ran it.
+    stacks = start_all(workdir, model, points, args, worker_name="worker")
     try:
         return {stack.config.name: bytes_per_job(stack, model, count) for stack in stacks}
     finally:
@@ -189,6 +193,7 @@ def main() -> int:
     p.add_argument("--baseline", metavar="COMMIT", default=None)
     p.add_argument("--bytes-model", default="minilm-embed", choices=sorted(MODELS))
     p.add_argument("--bytes-jobs", type=int, default=300, help="0: no bytes measurement")
+    p.add_argument("--no-commands", action="store_true", help="bytes only")
     p.add_argument("--out", type=Path, default=RESULTS / "commands.json")
     a = p.parse_args()
     args = SimpleNamespace(clients=[a.clients], duration=a.seconds, warmup=1.0,
@@ -197,8 +202,9 @@ def main() -> int:
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     out = {"started": started, "command": " ".join(["python -m bench.commands", *sys.argv[1:]]),
            "model": a.model, "clients": a.clients, "rounds": a.rounds,
-           "seconds_per_round": a.seconds,
-           "commands": commands_per_job(a.model, a.clients, points, args)}
+           "seconds_per_round": a.seconds}
+    if not a.no_commands:
+        out["commands"] = commands_per_job(a.model, a.clients, points, args)
     if a.bytes_jobs:
         out["bytes"] = {"model": a.bytes_model, **bytes_side_by_side(
             a.bytes_model, a.bytes_jobs, points, args)}

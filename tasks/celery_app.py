@@ -10,6 +10,7 @@ from kombu import Connection, Queue
 
 from config import Settings, load_models, load_settings
 from config.models import ModelSpec
+from tasks import results
 from tasks.names import PRIORITIES, PRIORITY_SEP, PRIORITY_STEPS, task_routes
 from tasks.webhooks import DELIVER_TASK
 from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
@@ -22,10 +23,13 @@ def make_celery(settings: Settings | None = None,
     the caller has it already."""
     settings = settings or load_settings()
     models = models if models is not None else load_models(settings.models_file)
+    results.register_serializer()
     app = Celery("inference_queue", set_as_current=False)
     app.conf.update(
         task_serializer="json",
-        result_serializer="json",
+        # Stored results: JSON, or an embedding's packed float32 values (tasks/results.py).
+        result_serializer=results.SERIALIZER,
+        result_accept_content=["json", results.SERIALIZER],
         accept_content=["json"],
         task_routes={**task_routes(models.values()), DELIVER_TASK: {"queue": WEBHOOK_QUEUE}},
         # A worker started without -Q consumes every model's queue.

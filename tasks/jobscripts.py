@@ -63,7 +63,7 @@ redis.call('lpush', KEYS[3], ARGV[6])
 return {'created', ARGV[1]}
 """
 
-# KEYS: the batch's records. ARGV: started_at, worker, batch (JSON), finished_at, expired error,
+# KEYS: the batch's records. ARGV: started_at, worker, batch, finished_at, expired error,
 # then each job's token as its message carries it ('' : none).
 # Returns, per job, a StartDecision: 'run', or why it must not run ('missing', 'foreign': the
 # message is not the job's own, its token differs from the record's; 'cancelled', 'expired', or
@@ -106,6 +106,7 @@ for i = 1, #KEYS / 2 do
   local status = f[1]
   if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 6]) then
     redis.call('hset', key, 'status', ARGV[a + 1], 'finished_at', ARGV[1])
+    redis.call('hdel', key, 'token', 'expires_at', 'inputs')  -- what no read needs
     if ARGV[a + 3] ~= '' then redis.call('hset', key, 'error', ARGV[a + 3]) end
     redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)
     if ARGV[a + 4] ~= '' then redis.call('lpush', ARGV[a + 4], ARGV[a + 5]) end

@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, Sequence
 
 import orjson
 import redis
+from redis.client import NEVER_DECODE
 
 from tasks import jobscripts, results
 from tasks.errors import ErrorCode, JobError
@@ -116,17 +117,45 @@ class Final:
     token: str = ""  # the token of the message that ran it (its `job_token` header)
 
 
-def now_iso() -> str:
-    return iso(datetime.now(timezone.utc))
+def now_stamp() -> str:
+    return stamp(datetime.now(timezone.utc))
+
+
+def stamp(moment: datetime) -> str:
+    """A timestamp as records keep it: Unix milliseconds (an integer, which Redis keeps in a
+    few bytes: every byte of a record is kept for job_ttl_s)."""
+    return str(int(moment.timestamp() * 1000 + 0.5))
 
 
 def iso(moment: datetime) -> str:
-    """A timestamp as records and the API write it: UTC, milliseconds, `Z`."""
+    """A timestamp as the API writes it: UTC, milliseconds, `Z`."""
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def batch_text(batch: Mapping[str, Any]) -> str:
+    """A batch as records keep it (`start`): "<id> <jobs> <items>"."""
+    return f"{batch['id']} {batch['jobs']} {batch['items']}"
+
+
+def _batch(text: str | None) -> dict | None:
+    """A record's batch (`batch_text`, or JSON as records before kept it)."""
+    if not text:
+        return None
+    if text.startswith("{"):
+        return orjson.loads(text)
+    batch_id, jobs, items = text.split()
+    return {"id": batch_id, "jobs": int(jobs), "items": int(items)}
+
+
 def _time(text: str | None) -> datetime | None:
-    return datetime.fromisoformat(text) if text else None
+    """A record's timestamp: Unix milliseconds, or ISO 8601 as records before kept it."""
+    if not text:
+        return None
+    if text.isdigit():
+        ms = int(text)
+        return datetime.fromtimestamp(ms // 1000, timezone.utc) + timedelta(
+            milliseconds=ms % 1000)
+    return datetime.fromisoformat(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,11 +188,17 @@ class JobRecord:
         return self.status in TERMINAL
 
     def submitted_fields(self) -> dict[str, str]:
-        """The fields `submit` writes (expiry is the script's to set, by Redis's clock)."""
+        """The fields `submit` writes (expiry is the script's to set, by Redis's clock).
+        A field at its default (`from_fields` reads it back) is not written: every byte of a
+        record is kept for job_ttl_s."""
         written = {"status": self.status.value, "model": self.model,
-                   "created_at": iso(self.created_at), "trace_id": self.trace_id,
-                   "inputs": str(self.inputs), "priority": self.priority, "owner": self.owner,
-                   "encoding_format": self.encoding_format}
+                   "created_at": stamp(self.created_at), "trace_id": self.trace_id,
+                   "inputs": str(self.inputs)}
+        for name, value, default in (("priority", self.priority, "normal"),
+                                     ("owner", self.owner, ""),
+                                     ("encoding_format", self.encoding_format, "float")):
+            if value != default:
+                written[name] = value
         if self.webhook_url:
             written["webhook_url"] = self.webhook_url
             written["webhook_events"] = self.webhook_events
@@ -177,7 +212,7 @@ class JobRecord:
         get = raw.get
         return cls(
             id=job_id, status=Status(raw["status"]), model=raw["model"],
-            created_at=datetime.fromisoformat(raw["created_at"]),
+            created_at=_time(raw["created_at"]),
             trace_id=get("trace_id", ""), inputs=int(get("inputs") or 0),
             priority=get("priority") or "normal", owner=get("owner", ""),
             encoding_format=get("encoding_format") or "float",
@@ -185,7 +220,7 @@ class JobRecord:
             token=get("token", ""),
             expires_at=float(get("expires_at")) if get("expires_at") else None,
             started_at=_time(get("started_at")), finished_at=_time(get("finished_at")),
-            worker=get("worker"), batch=orjson.loads(get("batch")) if get("batch") else None,
+            worker=get("worker"), batch=_batch(get("batch")),
             runs=int(get("runs") or 0),
             error=JobError.from_json(raw["error"]) if get("error") else None,
             outputs=outputs)
@@ -254,7 +289,7 @@ class JobState:
               tokens: Sequence[str] = ()) -> list[StartDecision]:
         """Mark a batch's jobs running; per job, whether to run it or why not. `tokens`: each
         job's token as its message carries it."""
-        now = now_iso()
+        now = now_stamp()
         tokens = list(tokens) or [""] * len(job_ids)
         out = self._scripts["start"](keys=[job_key(j) for j in job_ids],
                                      args=[now, worker, batch, now, EXPIRED_ERROR.to_json(),
@@ -267,7 +302,7 @@ class JobState:
         if not finals:
             return []
         keys: list[str] = []
-        args: list[Any] = [now_iso(), result_ttl_s]
+        args: list[Any] = [now_stamp(), result_ttl_s]
         for final in finals:
             keys += [job_key(final.job_id), result_key(final.job_id)]
             args += [final.status.value, final.result,
@@ -284,21 +319,36 @@ class JobState:
     def cancel(self, job_id: str) -> CancelOutcome:
         return CancelOutcome(_text(self._scripts["cancel"](
             keys=[job_key(job_id)],
-            args=[now_iso(), CANCELLED_ERROR.to_json(), EXPIRED_ERROR.to_json()])))
+            args=[now_stamp(), CANCELLED_ERROR.to_json(), EXPIRED_ERROR.to_json()])))
 
     def read(self, job_id: str) -> JobRecord | None:
         """The job, expired first if its deadline has passed while it waited; None when
         there is no record."""
-        out = self._scripts["read"](keys=[job_key(job_id), result_key(job_id)],
-                                    args=[now_iso(), EXPIRED_ERROR.to_json()])
+        out = self._undecoded("read", [job_key(job_id), result_key(job_id)],
+                              [now_stamp(), EXPIRED_ERROR.to_json()])
         if not out:
             return None
         flat, stored = out
         pairs = [_text(x) for x in flat]
-        return JobRecord.from_fields(job_id, dict(zip(pairs[::2], pairs[1::2])),
-                                     results.outputs_of(stored or None))
+        fields = dict(zip(pairs[::2], pairs[1::2]))
+        return JobRecord.from_fields(job_id, fields, results.outputs_of(
+            stored or None, fields.get("encoding_format")))
+
+    def _undecoded(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """A script's reply as Redis sent it, bytes even where the client decodes replies:
+        a packed result (tasks/results.py) is not text."""
+        script = self._scripts[name]
+        for attempt in (1, 2):
+            try:
+                return self.client.execute_command("EVALSHA", script.sha, len(keys), *keys,
+                                                   *args, **{NEVER_DECODE: True})
+            except redis.exceptions.NoScriptError:
+                if attempt == 2:
+                    raise
+                script.sha = self.client.script_load(script.script)
 
     def owner_of(self, job_id: str) -> str | None:
-        """The owner of the job's record (one field, no expiry); None when there is none."""
-        owner = self.client.hget(job_key(job_id), "owner")
-        return None if owner is None else _text(owner)
+        """The owner of the job's record (one read, no expiry; "" when keys are off); None
+        when there is no record."""
+        status, owner = self.client.hmget(job_key(job_id), "status", "owner")
+        return None if status is None else _text(owner or "")

@@ -51,10 +51,10 @@ def setup(redis_server):
     return app, Runtime(client, url), client
 
 
-def queued(rt: Runtime, inputs: list, **args) -> BatchJob:
+def queued(rt: Runtime, inputs: list, encoding_format: str = "float", **args) -> BatchJob:
     job_id = str(uuid.uuid4())
     rt.jobs.submit(new_job(job_id, model="m", trace_id="t", inputs=len(inputs),
-                           priority="normal"),
+                           priority="normal", encoding_format=encoding_format),
                    QueuedMessage("q", b"{}"), depth_lists=["q"], max_depth=100, ttl_s=60)
     return BatchJob(job_id, JobArgs(inputs, {}, **args), {"trace_id": f"trace-{job_id}"})
 
