@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from dataclasses import replace
 
 import orjson
 import pytest
@@ -13,6 +14,7 @@ from tasks import results
 from tasks.errors import ErrorCode, JobError
 from tasks.jobstate import (CancelOutcome, DeliveryClaim, Final, IdempotencyMismatch,
                             JobRecord, JobState, Overloaded, StartDecision, Status, new_job)
+from tasks.keys import job_key
 from tasks.messages import QueuedMessage
 
 RUN, CANCELLED, EXPIRED, FINISHED, MISSING = (
@@ -59,6 +61,28 @@ def test_submit_records_the_job_and_queues_its_message_together(state, client):
     assert state.read(submitted.id) == submitted  # every field as it was written
     assert state.owner_of(submitted.id) == "ops" and state.owner_of("none") is None
     assert [orjson.loads(m)["id"] for m in client.lrange("q", 0, -1)] == [submitted.id]
+
+
+def test_a_record_keeps_only_what_differs_from_the_defaults_and_what_a_read_needs(state,
+                                                                                  client):
+    """Defaults (no owner, float outputs, normal priority) are not written; once finished,
+    neither is what only a start or a finish needs (token, deadline, input count)."""
+    plain = new_job(str(uuid.uuid4()), model="m", trace_id="t", inputs=1, priority="normal",
+                    token="tok")
+    state.submit(plain, QueuedMessage("q", b"{}"), depth_lists=["q"], max_depth=10, ttl_s=60,
+                 timeout_s=30)
+    assert state.read(plain.id).expires_at is not None
+    assert state.read(plain.id) == replace(plain, expires_at=state.read(plain.id).expires_at)
+    assert state.owner_of(plain.id) == ""  # a record with no owner field is still found
+    assert not {"owner", "encoding_format", "priority"} & set(client.hgetall(job_key(plain.id)))
+    assert state.start([plain.id], worker="w/0", batch="b1 1 1", tokens=["tok"]) == [RUN]
+    assert state.finish([replace(final(plain.id), token="tok")], result_ttl_s=60) == [True]
+    kept = client.hgetall(job_key(plain.id))
+    assert not {"token", "expires_at", "inputs"} & set(kept)
+    assert kept["created_at"] == str(int(plain.created_at.timestamp() * 1000 + 0.5))
+    done = state.read(plain.id)
+    assert done.status is Status.SUCCEEDED and done.created_at == plain.created_at
+    assert done.batch == {"id": "b1", "jobs": 1, "items": 1} and done.outputs == ["a"]
 
 
 def test_a_full_queue_refuses_without_a_record(state, client):
