@@ -4,18 +4,26 @@ from __future__ import annotations
 
 from tasks.keys import DONE_PREFIX, JOB_PREFIX
 
-# Redis's own clock, for deadlines: one clock for every process that decides expiry.
-# (redis.replicate_commands lets a script write after reading TIME on Redis 6; a no-op on 7+.)
+# Redis's own clock, for deadlines: one clock for every process that decides expiry, read
+# (TIME) only when a deadline is to be judged. (redis.replicate_commands lets a script write
+# after reading TIME on Redis 6, if called before its first write; a no-op on 7+.)
 _CLOCK = """
-redis.replicate_commands()
-local t = redis.call('time')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local clock = nil
+local function now_s()
+  if not clock then
+    redis.replicate_commands()
+    local t = redis.call('time')
+    clock = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  end
+  return clock
+end
 """
 
 # Expire a queued job whose deadline passed: KEY is the record, `id` its job id.
 _EXPIRE_IF_DUE = """
 local function expire_if_due(key, id, status, expires_at, finished_at, error)
-  if status == 'queued' and expires_at and expires_at ~= '' and now > tonumber(expires_at) then
+  if status == 'queued' and expires_at and expires_at ~= '' and now_s() > tonumber(expires_at)
+  then
     redis.call('hset', key, 'status', 'expired', 'finished_at', finished_at, 'error', error)
     redis.call('publish', '""" + DONE_PREFIX + """' .. id, 'expired')
     return true
@@ -54,7 +62,7 @@ for i = 8, #ARGV do fields[#fields + 1] = ARGV[i] end
 local timeout = tonumber(ARGV[4])
 if timeout > 0 then
   fields[#fields + 1] = 'expires_at'
-  fields[#fields + 1] = string.format('%.3f', now + timeout)
+  fields[#fields + 1] = string.format('%.3f', now_s() + timeout)
 end
 redis.call('hset', KEYS[1], unpack(fields))
 redis.call('expire', KEYS[1], ttl)
@@ -69,9 +77,10 @@ return {'created', ARGV[1]}
 # message is not the job's own, its token differs from the record's; 'cancelled', 'expired', or
 # 'finished': it succeeded or failed already).
 START = _CLOCK + _EXPIRE_IF_DUE + _ID_OF + """
+now_s()  -- before the first write (Redis 6.2)
 local out = {}
 for i, key in ipairs(KEYS) do
-  local f = redis.call('hmget', key, 'status', 'expires_at', 'token')
+  local f = redis.call('hmget', key, 'status', 'expires_at', 'token', 'runs')
   local status = f[1]
   if not status then
     out[i] = 'missing'
@@ -81,8 +90,7 @@ for i, key in ipairs(KEYS) do
     out[i] = 'expired'
   elseif status == 'queued' or status == 'running' then
     redis.call('hset', key, 'status', 'running', 'started_at', ARGV[1], 'worker', ARGV[2],
-               'batch', ARGV[3])
-    redis.call('hincrby', key, 'runs', 1)
+               'batch', ARGV[3], 'runs', (tonumber(f[4]) or 0) + 1)
     out[i] = 'run'
   elseif status == 'cancelled' or status == 'expired' then
     out[i] = status
@@ -135,7 +143,7 @@ redis.call('hset', KEYS[1], 'webhook_id', ARGV[2])
 return 'deliver'
 """
 
-# KEYS: record. ARGV: now (ISO), cancelled error, expired error. Returns a CancelOutcome:
+# KEYS: record. ARGV: now, cancelled error, expired error. Returns a CancelOutcome:
 # 'cancelled', 'missing', or 'too_late' (running or terminal: its status says which).
 CANCEL = _CLOCK + _EXPIRE_IF_DUE + _ID_OF + """
 local f = redis.call('hmget', KEYS[1], 'status', 'expires_at')
@@ -150,14 +158,18 @@ redis.call('publish', '""" + DONE_PREFIX + """' .. id_of(KEYS[1]), 'cancelled')
 return 'cancelled'
 """
 
-# KEYS: record, stored result. ARGV: now (ISO), expired error. Returns {fields, the stored
-# result of a job that succeeded, or false}.
+# KEYS: record, stored result. ARGV: now, expired error. Returns {fields, the stored result of
+# a job that succeeded, or false}: a finished job's read is one HGETALL and one GET.
 READ = _CLOCK + _EXPIRE_IF_DUE + _ID_OF + """
-local f = redis.call('hmget', KEYS[1], 'status', 'expires_at')
-if not f[1] then return {} end
-expire_if_due(KEYS[1], id_of(KEYS[1]), f[1], f[2], ARGV[1], ARGV[2])
+local flat = redis.call('hgetall', KEYS[1])
+if #flat == 0 then return {} end
+local f = {}
+for i = 1, #flat, 2 do f[flat[i]] = flat[i + 1] end
+if expire_if_due(KEYS[1], id_of(KEYS[1]), f['status'], f['expires_at'], ARGV[1], ARGV[2]) then
+  flat = redis.call('hgetall', KEYS[1])
+  f['status'] = 'expired'
+end
 local meta = false
-local status = redis.call('hget', KEYS[1], 'status')
-if status == 'succeeded' then meta = redis.call('get', KEYS[2]) end
-return {redis.call('hgetall', KEYS[1]), meta}
+if f['status'] == 'succeeded' then meta = redis.call('get', KEYS[2]) end
+return {flat, meta}
 """
