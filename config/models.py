@@ -6,6 +6,7 @@ Read by the API (validation, routing) and by the workers (loading, batching); ho
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,10 +141,8 @@ def _one_of(where: str, key: str, value: Any, allowed: tuple[str, ...]) -> str:
 
 
 def _resolve_path(raw: str, base: Path) -> str:
-    path = Path(raw).expanduser()
-    if not path.is_absolute():
-        path = (base / path).resolve()
-    return str(path)
+    """An absolute path, links kept (make run's model-file check judges the links too)."""
+    return os.path.abspath(base / Path(raw).expanduser())
 
 
 def _labels(where: str, raw: Any) -> tuple[str, ...]:

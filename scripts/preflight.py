@@ -5,7 +5,9 @@ A taken port stops it with one message per port that names the port, what holds 
 can be told (a Redis that answers PING, an HTTP server), and the variable to set. A models file,
 model file or folder (or anything in it) that another user may write stops it too, naming the
 file: models are code (TorchScript and torch.export programs run in the worker as they were
-written; docs/security.md), so whoever may write one may run code as the worker's user."""
+written; docs/security.md), so whoever may write one may run code as the worker's user. Who may
+replace a file is decided by every folder above it, up to /, and by where each link on the way
+points; who may write it, by its mode and its POSIX ACL."""
 from __future__ import annotations
 
 import errno
@@ -15,6 +17,7 @@ import os
 import pwd
 import socket
 import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, NamedTuple
@@ -170,19 +173,65 @@ def _writable_by_others(path: Path) -> str | None:
         return f"is writable by everyone (mode {mode:04o})"
     if mode & 0o020 and _others_in_group(info.st_gid, info.st_uid):
         return f"is writable by its group, which has other users (mode {mode:04o})"
+    return _acl_writers(path, info.st_uid)
+
+
+# A POSIX ACL as Linux keeps it in the system.posix_acl_access attribute (acl_ea.h): a version,
+# then (tag, permissions, id) entries. Named users' and groups' rights are cut by the mask.
+_ACL_USER, _ACL_GROUP_OBJ, _ACL_GROUP, _ACL_MASK, _ACL_WRITE = 0x02, 0x04, 0x08, 0x10, 0o2
+
+
+def _acl_writers(path: Path, owner_uid: int) -> str | None:
+    """Why the file's POSIX ACL lets another user write it, or None (no ACL: the mode says
+    all, and `ls -l` shows a `+`)."""
+    try:
+        raw = os.getxattr(path, "system.posix_acl_access", follow_symlinks=False)
+    except OSError:
+        return None  # no ACL, or a file system without them
+    entries = [struct.unpack_from("<HHI", raw, offset) for offset in range(4, len(raw), 8)]
+    mask = next((perm for tag, perm, _id in entries if tag == _ACL_MASK), 0o7)
+    for tag, perm, who in entries:
+        if not perm & mask & _ACL_WRITE:
+            continue
+        if tag == _ACL_USER and who not in (0, owner_uid):
+            return f"lets {_owner(who)} write it through its ACL (getfacl '{path}')"
+        if tag in (_ACL_GROUP, _ACL_GROUP_OBJ) and (
+                tag == _ACL_GROUP or _others_in_group(path.lstat().st_gid, owner_uid)):
+            return f"lets a group write it through its ACL (getfacl '{path}')"
     return None
 
 
+def _guarding(path: Path, seen: set[Path]) -> Iterator[Path]:
+    """`path` and everything that decides what it is: each folder above it up to /, and for
+    each link on the way, the link's target with the folders above that."""
+    for step in (path, *path.parents):
+        if step in seen:
+            continue
+        seen.add(step)
+        yield step
+        if step.is_symlink():
+            yield from _guarding(step.resolve(), seen)
+
+
 def _model_paths(models_file: Path) -> Iterator[Path]:
-    """The models file, each model's file or folder and everything in it, and each one's
-    folder (which decides who may replace it)."""
+    """The models file, each model's file or folder and everything in it, and whatever
+    decides what each of those is (_guarding)."""
+    seen: set[Path] = set()
+    yield from _guarding(Path(os.path.abspath(models_file)), seen)
+    for root in _model_roots(models_file):
+        yield from _guarding(root, seen)
+        if root.is_dir():
+            for inner in root.rglob("*"):
+                yield from _guarding(inner, seen)
+
+
+def _model_roots(models_file: Path) -> Iterator[Path]:
+    """Each declared model's file or folder, as the worker will open it."""
     from config import load_models
 
-    yield models_file
-    yield models_file.resolve().parent
     for spec in load_models(models_file).values():
         if spec.path:
-            root = Path(spec.path).resolve()
+            root = Path(spec.path)
         elif spec.package:
             found = importlib.util.find_spec(spec.package)
             if found is None or not found.submodule_search_locations:
@@ -190,21 +239,14 @@ def _model_paths(models_file: Path) -> Iterator[Path]:
             root = Path(next(iter(found.submodule_search_locations)))
         else:
             continue
-        if not root.exists():
-            continue
-        yield root.parent
-        yield root
-        if root.is_dir():
-            yield from root.rglob("*")
+        if root.exists():
+            yield root
 
 
 def model_file_problems(models_file: str) -> list[str]:
     """One message per model file or folder another user may write (none: all private)."""
-    problems, seen = [], set()
+    problems = []
     for path in _model_paths(Path(models_file)):
-        if path in seen:
-            continue
-        seen.add(path)
         why = _writable_by_others(path)
         if why:
             problems.append(

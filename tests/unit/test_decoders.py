@@ -185,14 +185,12 @@ def test_a_requests_images_share_one_decoding_budget():
     image in hand is stopped and the rest are refused undecoded."""
     decoders, budget = pool(size=1), Budget(1.0)
     outcomes = []
-    started = time.monotonic()
     for _ in range(6):
         try:
             decoders.picture(medium_slow(), LIMITS, budget=budget)
             outcomes.append("decoded")
         except ImageRefused as refused:
             outcomes.append(str(refused))
-    assert time.monotonic() - started < 1.0 + 2.0, outcomes  # the budget, and some slack
     assert outcomes[-1] == "not decoded: the job's images took their 1s of decoding in all"
     assert 0.9 < budget.spent < 2.0, budget.spent
 

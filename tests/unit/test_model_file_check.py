@@ -3,6 +3,7 @@ is code the worker runs."""
 from __future__ import annotations
 
 import os
+import struct
 import pwd
 import subprocess
 from pathlib import Path
@@ -95,3 +96,73 @@ def test_make_run_stops_before_starting_anything(declared, tmp_path):
     assert done.returncode != 0
     assert f"make run: {weights} is writable by everyone (mode 0666)" in done.stderr
     assert not (tmp_path / "var").exists()
+
+
+# What decides a model file is more than the file and its folder (the attack on issue 26, F6):
+# each case below let another user change what the worker loads, and passed before.
+
+def test_a_folder_above_the_parent_others_may_write_is_refused(declared):
+    models, _weights, _folder = declared
+    above = models.parent / "srv"
+    team = above / "team"
+    team.mkdir(parents=True)
+    for name in ("models.yaml", "affine.pt", "encoder"):
+        (models.parent / name).rename(team / name)
+    above.chmod(0o777)  # anyone may rename team/ and put their own in its place
+    problems = model_file_problems(str(team / "models.yaml"))
+    assert any(p.startswith(f"make run: {above} is writable by everyone") for p in problems)
+
+
+def test_a_models_file_that_links_to_a_file_others_may_write_is_refused(declared, tmp_path):
+    models, _weights, _folder = declared
+    target = tmp_path / "elsewhere" / "models.yaml"
+    target.parent.mkdir(mode=0o755)
+    models.rename(target)
+    target.chmod(0o666)
+    models.symlink_to(target)
+    problems = model_file_problems(str(models))
+    assert any(p.startswith(f"make run: {target} is writable by everyone") for p in problems)
+
+
+def test_a_model_link_kept_in_a_folder_others_may_write_is_refused(declared, tmp_path):
+    models, weights, _folder = declared
+    links = tmp_path / "links"
+    links.mkdir()
+    links.chmod(0o777)  # anyone may swap the link
+    (links / "affine.pt").symlink_to(weights)
+    text = models.read_text().replace("path: affine.pt", f"path: {links / 'affine.pt'}")
+    models.write_text(text)
+    problems = model_file_problems(str(models))
+    assert [p for p in problems if p.startswith(f"make run: {links} is writable by everyone")]
+
+
+def test_a_link_inside_a_model_folder_is_followed(declared, tmp_path):
+    models, _weights, folder = declared
+    outside = tmp_path / "outside.safetensors"
+    outside.write_bytes(b"weights")
+    outside.chmod(0o666)
+    (folder / "model.safetensors").symlink_to(outside)
+    problems = model_file_problems(str(models))
+    assert any(p.startswith(f"make run: {outside} is writable by everyone") for p in problems)
+
+
+def _acl(*entries: tuple[int, int, int]) -> bytes:
+    """A system.posix_acl_access value: version 2, then (tag, permissions, id) entries."""
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *entry) for entry in entries)
+
+
+ANYONE = 0xFFFFFFFF  # the id field of entries that name no one
+
+
+@pytest.mark.parametrize("mask, refused", [(0o6, True), (0o4, False)])
+def test_an_acl_that_lets_another_user_write_is_refused(declared, mask, refused):
+    models, weights, _folder = declared
+    nobody = pwd.getpwnam("nobody").pw_uid
+    os.setxattr(weights, "system.posix_acl_access", _acl(
+        (0x01, 0o6, ANYONE), (0x02, 0o6, nobody), (0x04, 0o4, ANYONE),
+        (0x10, mask, ANYONE), (0x20, 0o4, ANYONE)))
+    problems = model_file_problems(str(models))
+    expected = [f"make run: {weights} lets nobody (uid {nobody}) write it through its ACL "
+                f"(getfacl '{weights}'). A model file is code the worker runs, so only you (or "
+                f"root) may write it: chmod go-w '{weights}' (or chown it to yourself)."]
+    assert problems == (expected if refused else [])
