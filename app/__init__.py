@@ -15,7 +15,7 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     settings = load_settings(overrides)
     models = load_models(settings.models_file)
 
-    from app import auth, docs, errors, jobs, ops, trace_ids
+    from app import auth, docs, errors, events, job_actions, jobs, ops, trace_ids
     from app.json_provider import OrjsonProvider
     from app.metrics import ApiMetrics
     from app.store import JobStore
@@ -39,16 +39,21 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
 
     celery = make_celery(settings, models)
     store = JobStore(settings, celery, models)
-    metrics = ApiMetrics(store.queue_depths, lambda: store.waiter.waiting, settings.max_waits)
+    metrics = ApiMetrics(store.queue_depths, lambda: store.waiter.waiting, settings.max_waits,
+                         store.state.kept)
     submitter = Submitter(settings, models, store, metrics)
     app.extensions.update({"celery": celery, "iq.models": models, "iq.store": store,
                            "iq.metrics": metrics, "iq.submitter": submitter})
     metrics.init_app(app)
     trace_ids.init_app(app)
-    auth.init_app(app, auth.load_keys(settings.api_keys_file))
+    keys = auth.load_keys(settings.api_keys_file)
+    auth.init_app(app, keys)
     api = docs.init_app(app, models, submitter.schemas)
-    api.register_blueprint(jobs.blueprint(settings, models))
-    api.register_blueprint(ops.bp)
+    routes = jobs.blueprint(settings, models, bool(keys))
+    job_actions.register(routes, bool(keys))
+    events.register(routes, settings, bool(keys))
+    api.register_blueprint(routes)
+    api.register_blueprint(ops.blueprint(bool(keys)))
     # After flask-smorest's: app/errors.py answers every error, theirs included.
     errors.register_error_handlers(app)
     return app

@@ -1,5 +1,6 @@
 """Every error the API returns, and the one place they become HTTP responses:
-`{"error": {"code", "message", "fields"?}}`."""
+`{"error": {"code", "message", "fields"?}}`, dumped through the `Error` schema that documents
+them (app/responses.py)."""
 from __future__ import annotations
 
 import logging
@@ -7,10 +8,11 @@ from itertools import islice
 from typing import Any, Iterable, Mapping
 
 import redis
-from flask import Flask, jsonify
+from flask import Flask
 from kombu.exceptions import OperationalError
 from werkzeug.exceptions import HTTPException
 
+from app.responses import Error, answer
 from tasks.redis_client import is_out_of_memory
 
 logger = logging.getLogger(__name__)
@@ -120,11 +122,17 @@ def error_response(err: APIError):
     if err.fields_omitted:
         body["fields_omitted"] = err.fields_omitted
     body.update(getattr(err, "extra", {}))
-    response = jsonify({"error": body})
-    response.status_code = err.status
-    for name, value in err.headers.items():
-        response.headers[name] = value
-    return response
+    return answer(Error, {"error": body}, err.status, err.headers)
+
+
+# How a job's status reads in a sentence: "the job has succeeded", "the job is queued".
+_STATUS_SAID = {"queued": "is queued", "running": "is running", "succeeded": "has succeeded",
+                "failed": "has failed", "cancelled": "was cancelled", "expired": "has expired"}
+
+
+def job_is(status: str) -> str:
+    """`the job <status said>`, for messages about what a job's status allows."""
+    return f"the job {_STATUS_SAID.get(status, f'is {status}')}"
 
 
 def register_error_handlers(app: Flask) -> None:

@@ -16,6 +16,9 @@ def fetch_image(url: str, settings: Settings, max_bytes: int, deadline_s: float)
                               deadline_s=deadline_s, max_bytes=max_bytes)
     except egress.TooLarge:
         raise ImageRefused(f"the image at the URL is larger than {max_bytes} bytes") from None
+    except egress.NotPublic as exc:
+        raise ImageRefused(f"the URL is refused: {exc}; IQ_IMAGE_URL_ALLOW lists the hosts and "
+                           "CIDRs allowed all the same") from None
     except egress.Refused as exc:
         raise ImageRefused(f"the URL is refused: {exc}") from None
     except egress.DeadlineExceeded:

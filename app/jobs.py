@@ -1,27 +1,33 @@
-"""/v1/jobs: submit a job, read it back (optionally waiting for it to finish), cancel it. The
-views read the request, call the store or the submitter (app/submission.py) and write the
-answer."""
+"""/v1/jobs: submit a job, read it back (optionally waiting for it to finish), list the caller's
+jobs. The same blueprint carries the moves on one job (app/job_actions.py: cancel, retry,
+delete) and its event stream (app/events.py). The views read the request, call the store or
+the submitter (app/submission.py) and answer through the schema that documents the answer
+(app/responses.py)."""
 from __future__ import annotations
 
 import json
 import time
 from contextlib import ExitStack
-from typing import Any
+from urllib.parse import urlencode
 
-from flask import Response, current_app, g, jsonify, request
+from flask import Response, current_app, g, request
 from marshmallow import Schema, fields, validate
 from werkzeug.wsgi import LimitedStream
 
 from app import auth, uploads
-from app.docs import UPLOAD_QUERY, Blueprint, Error, Job, JobAccepted, job_request_body
-from app.errors import (Conflict, MalformedRequest, NotFound, PayloadTooLarge, TooManyWaits,
+from app.docs import (IDEMPOTENCY_KEY, LOCATION, PREFERENCE_APPLIED, REQUEST_ID, X_REQUEST_ID,
+                      Blueprint, errors, job_links, job_request_body)
+from app.errors import (MalformedRequest, NotFound, PayloadTooLarge, TooManyWaits,
                         UnsupportedMediaType, ValidationFailed)
+from app.responses import STATUSES, Job, JobList, answer, job_body, job_url
 from app.store import WaitRefused, new_job_id, parse_job_id
 from app.submission import Accepted, Caller
 from app.waiter import NoSlot
 from config import Settings
 from config.models import ModelSpec
-from tasks.jobstate import CancelOutcome, JobRecord, Status, iso
+from tasks.jobstate import JobRecord
+
+CURSOR = r"^[0-9]{1,16}:[0-9a-f-]{36}$"
 
 
 def _ext(name: str):
@@ -76,26 +82,16 @@ def _preferred_wait(max_wait_s: float) -> float | None:
     return None
 
 
-def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    response = jsonify(body)
-    response.status_code = status
-    response.headers.update(headers or {})
-    return response
-
-
-def _accepted(accepted: Accepted, finished: JobRecord | None = None,
-              wait: float | None = None) -> Response:
-    """202 with the job's URL; or 201 with the job when it `finished` within a `Prefer: wait`.
-    `wait`: the wait applied (None: none was asked, or no wait slot was free)."""
-    job, url = accepted.job, f"/v1/jobs/{accepted.job.id}"
-    headers = {"Location": url}
+def accepted(job: JobRecord, finished: JobRecord | None = None,
+             wait: float | None = None) -> Response:
+    """202 with the job as it was queued; or 201 with the job when it `finished` within a
+    `Prefer: wait`. `wait`: the wait applied (None: none was asked, or no slot was free)."""
+    headers = {"Location": job_url(job.id)}
     if wait is not None:
         headers["Preference-Applied"] = f"wait={wait:g}"
     if finished is not None and finished.terminal:
-        return _json({**job_body(finished), "url": url}, 201, headers)
-    return _json({"id": job.id, "status": job.status.value, "model": accepted.spec.name,
-                  "created_at": iso(job.created_at), "url": url,
-                  "trace_id": job.trace_id or g.trace_id}, 202, headers)
+        return answer(Job, job_body(finished), 201, headers)
+    return answer(Job, job_body(job), 202, headers)
 
 
 def _submit_and_wait(caller: Caller, wait: float) -> Response:
@@ -111,68 +107,94 @@ def _submit_and_wait(caller: Caller, wait: float) -> Response:
             watch = watching.enter_context(store.watch(job_id, caller.owner))
         except NoSlot:
             watch = None
-        accepted = submitter.submit(caller, _request_body, job_id=job_id)
-        if watch is not None and accepted.created:
-            finished = watch.until_terminal(accepted.job, deadline)
-    if watch is not None and not accepted.created:  # an earlier job of its Idempotency-Key
+        done: Accepted = submitter.submit(caller, _request_body, job_id=job_id)
+        if watch is not None and done.created:
+            finished = watch.until_terminal(done.job, deadline)
+    if watch is not None and not done.created:  # an earlier job of its Idempotency-Key
         try:
-            finished = store.wait(accepted.job.id, max(deadline - time.monotonic(), 0.001),
+            finished = store.wait(done.job.id, max(deadline - time.monotonic(), 0.001),
                                   caller.owner)
         except WaitRefused:
             watch = None
-    return _accepted(accepted, finished, wait if watch is not None else None)
+    return accepted(done.job, finished, wait if watch is not None else None)
 
 
-def blueprint(settings: Settings, models: dict[str, ModelSpec]) -> Blueprint:
-    """The /v1/jobs routes of one app: the `wait` bound comes from its settings."""
+def blueprint(settings: Settings, models: dict[str, ModelSpec], keys: bool) -> Blueprint:
+    """The /v1/jobs routes of one app that submit, read and list (app/job_actions.py and
+    app/events.py add theirs): the `wait` bound comes from its settings, the documented
+    answers and security from whether API keys are configured (`keys`)."""
     bp = Blueprint("jobs", __name__, url_prefix="/v1",
-                   description="Submit jobs, read them back (waiting for them if asked), "
-                               "cancel them")
+                   description="Submit jobs, list them, read them back (waiting for them or "
+                               "following their events if asked), cancel, retry, delete them")
+    _submit_route(bp, settings, models, keys)
+    _read_routes(bp, settings, models, keys)
+    return bp
+
+
+_JOB_HEADERS = {"Location": LOCATION, "X-Request-ID": REQUEST_ID,
+                "Preference-Applied": PREFERENCE_APPLIED}
+
+
+def _submit_route(bp: Blueprint, settings: Settings, models: dict[str, ModelSpec],
+                  keys: bool) -> None:
     max_wait_s = settings.max_wait_s
-    uploads_ = any(s.input_type == "image" for s in models.values())
+    links = {"links": job_links()}
 
     @bp.post("/jobs")
-    @bp.doc(summary="Submit a job", requestBody=job_request_body(models), parameters=[
-        {"name": "Idempotency-Key", "in": "header", "schema": {"type": "string"}},
-        {"name": "Prefer", "in": "header", "schema": {"type": "string"},
-         "description": f"wait=S (at most {max_wait_s:g}): answer 201 with the finished job "
-                        "if it is done within S seconds (RFC 7240)"},
-        *(UPLOAD_QUERY if uploads_ else [])])
-    @bp.response(202, JobAccepted, description="accepted")
-    @bp.alt_response(201, schema=Job, description="finished within Prefer: wait")
-    @bp.alt_response(400, schema=Error, description="malformed JSON")
-    @bp.alt_response(409, schema=Error, description="Idempotency-Key reused")
-    @bp.alt_response(413, schema=Error, description="body too large")
-    @bp.alt_response(415, schema=Error, description="not JSON nor an image upload")
-    @bp.alt_response(422, schema=Error, description="invalid job: `fields` names each field")
-    @bp.alt_response(429, schema=Error, description="queue full or rate limited")
-    @bp.alt_response(503, schema=Error, description="Redis unreachable")
+    @bp.doc(summary="Submit a job", operationId="submitJob",
+            requestBody=job_request_body(models),
+            parameters=[IDEMPOTENCY_KEY, X_REQUEST_ID, {
+                "name": "Prefer", "in": "header", "schema": {"type": "string"},
+                "description": f"wait=S (RFC 7240; at most {max_wait_s:g} is applied): answer "
+                               "201 with the finished job if it is done within S seconds. A "
+                               "preference the API cannot read is ignored"}],
+            responses={202: links, 201: links})
+    @bp.response(202, Job, description="accepted: the job as queued", headers=_JOB_HEADERS)
+    @bp.alt_response(201, schema=Job, description="finished within Prefer: wait",
+                     headers=_JOB_HEADERS, success=True)
+    @errors(bp, keys, e400=None, e403=None, e409="Idempotency-Key reused with another body",
+            e413=None, e415=None, e422=None,
+            e429="the model's queue is full, or the key's rate limit is used up")
     def submit_job():
         caller = Caller(auth.current_key(), g.trace_id, request.headers.get("Idempotency-Key"))
         wait = _preferred_wait(max_wait_s)
         if wait is not None:
             return _submit_and_wait(caller, wait)
-        return _accepted(_ext("iq.submitter").submit(caller, _request_body))
+        return accepted(_ext("iq.submitter").submit(caller, _request_body).job)
 
+
+def _read_routes(bp: Blueprint, settings: Settings, models: dict[str, ModelSpec],
+                 keys: bool) -> None:
     @bp.get("/jobs/<job_id>")
-    @bp.arguments(_wait_args(max_wait_s), location="query", as_kwargs=True)
-    @bp.response(200, Job, description="the job")
-    @bp.alt_response(404, schema=Error, description="no such job")
-    @bp.alt_response(429, schema=Error, description="every wait slot is taken")
-    @bp.alt_response(503, schema=Error, description="Redis unreachable")
+    @bp.doc(summary="Read a job", operationId="getJob")
+    @bp.arguments(_wait_args(settings.max_wait_s), location="query", as_kwargs=True)
+    @bp.response(200, Job, description="the job", headers={"X-Request-ID": REQUEST_ID})
+    @errors(bp, keys, e404=None, e429="every wait slot is taken (too_many_waits)")
     def get_job(job_id: str, wait: float | None = None):
-        return _json(job_body(_read_job(job_id, wait)))
+        return answer(Job, job_body(_read_job(job_id, wait)))
 
-    @bp.delete("/jobs/<job_id>")
-    @bp.response(200, Job, description="cancelled")
-    @bp.alt_response(404, schema=Error, description="no such job")
-    @bp.alt_response(409, schema=Error, description="already running or finished")
-    def cancel_job(job_id: str):
-        """Cancel a queued job: it ends `cancelled` and never runs. A job already running or
-        finished answers 409 with its status."""
-        return _json(job_body(_cancel_job(job_id)))
-
-    return bp
+    @bp.get("/jobs")
+    @bp.doc(summary="List your jobs, newest first", operationId="listJobs")
+    @bp.arguments(_list_args(models), location="query", as_kwargs=True)
+    @bp.response(200, JobList, description="a page of jobs",
+                 headers={"X-Request-ID": REQUEST_ID})
+    @errors(bp, keys, e422=None)
+    def list_jobs(limit: int, status: str = "", model: str = "", cursor: str = ""):
+        """The caller's jobs (its API key's; every job when keys are off), newest first,
+        without their outputs. `status=failed` (or cancelled, expired) lists the dead-letter
+        index: jobs that did not succeed, newest ending first. Any other filter reads at most
+        500 jobs a page: a page may hold fewer than `limit` jobs and still have a
+        `next_cursor`."""
+        after = tuple(cursor.split(":", 1)) if cursor else None
+        page = _ext("iq.store").page(auth.current_owner(), status=status, model=model,
+                                     cursor=after, limit=limit)
+        following = ":".join(page.cursor) if page.cursor else None
+        query = {k: v for k, v in (("status", status), ("model", model)) if v}
+        query.update(limit=limit, cursor=following)
+        return answer(JobList, {
+            "jobs": [job_body(job, outputs=False) for job in page.jobs],
+            "next_cursor": following,
+            "next": f"/v1/jobs?{urlencode(query, safe=':')}" if following else None})
 
 
 def _wait_args(max_wait_s: float) -> type[Schema]:
@@ -185,8 +207,29 @@ def _wait_args(max_wait_s: float) -> type[Schema]:
     return WaitArgs
 
 
-def _not_found(job_id: str) -> NotFound:
+def _list_args(models: dict[str, ModelSpec]) -> type[Schema]:
+    class ListArgs(Schema):
+        status = fields.String(validate=validate.OneOf(STATUSES))
+        model = fields.String(validate=validate.OneOf(sorted(models)))
+        limit = fields.Integer(load_default=20, validate=validate.Range(min=1, max=100),
+                               metadata={"description": "jobs a page holds at most"})
+        cursor = fields.String(validate=validate.Regexp(CURSOR), metadata={
+            "description": "the `next_cursor` of the page before"})
+
+    return ListArgs
+
+
+def not_found(job_id: str) -> NotFound:
     return NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
+
+
+def caller_job(job_id: str) -> tuple[str, JobRecord]:
+    """The canonical id and the caller's job of that id, or 404."""
+    canonical = parse_job_id(job_id)
+    job = None if canonical is None else _ext("iq.store").get(canonical, auth.current_owner())
+    if job is None:
+        raise not_found(job_id)
+    return canonical, job
 
 
 def _read_job(job_id: str, wait: float | None) -> JobRecord:
@@ -203,48 +246,5 @@ def _read_job(job_id: str, wait: float | None) -> JobRecord:
             raise TooManyWaits(f"{refused}; read the job without ?wait or retry later",
                                retry_after=1, status=refused.job.status.value) from None
     if job is None:
-        raise _not_found(job_id)
+        raise not_found(job_id)
     return job
-
-
-def _cancel_job(job_id: str) -> JobRecord:
-    """The caller's job, cancelled now; 404 or 409 (with its status) when it cannot be."""
-    canonical = parse_job_id(job_id)
-    store = _ext("iq.store")
-    owned = canonical is not None and store.owned_by(canonical, auth.current_owner())
-    outcome = store.cancel(canonical) if owned else CancelOutcome.MISSING
-    if outcome is CancelOutcome.MISSING:
-        raise _not_found(job_id)
-    job = store.get(canonical)
-    if outcome is not CancelOutcome.CANCELLED or job is None \
-            or job.status is not Status.CANCELLED:
-        status = job.status.value if job else "unknown"
-        raise Conflict(f"the job is {status} and can no longer be cancelled",
-                       headers={"X-Job-Status": status}, status=status)
-    return job
-
-
-def job_body(job: JobRecord) -> dict[str, Any]:
-    """A job as GET /v1/jobs/<id> shows it."""
-    body: dict[str, Any] = {
-        "id": job.id,
-        "model": job.model,
-        "status": job.status.value,
-        "created_at": iso(job.created_at),
-        "started_at": iso(job.started_at) if job.started_at else None,
-        "finished_at": iso(job.finished_at) if job.finished_at and job.terminal else None,
-    }
-    if job.trace_id:
-        body["trace_id"] = job.trace_id
-    # How the outputs travel, so that any reader (not only the submitter) can decode them.
-    body["encoding_format"] = job.encoding_format
-    if job.batch is not None:
-        body["batch"] = job.batch
-    if job.status is Status.SUCCEEDED:
-        # Outputs are kept result_ttl_s, the record job_ttl_s: past the first, say so.
-        body["result"] = {"outputs": job.outputs} if job.outputs is not None else None
-        if job.outputs is None:
-            body["result_expired"] = True
-    elif job.error is not None:
-        body["error"] = job.error.to_dict()
-    return body

@@ -1,6 +1,6 @@
 """Prometheus metrics for the API: requests by route and status, latency, jobs submitted and
-rejected by model and reason, requests parked waiting, and queue depth per model read from
-Redis at scrape time.
+rejected by model and reason, requests parked waiting, and, read from Redis at scrape time,
+queue depth per model and the requests kept for retries (the dead-letter store).
 
 Under gunicorn with several worker processes set PROMETHEUS_MULTIPROC_DIR (prometheus_client's
 multiprocess mode); the default single-process, multi-thread setup needs nothing.
@@ -37,6 +37,26 @@ class QueueDepthCollector:
         yield family
 
 
+class KeptCollector:
+    """What the requests kept for retries hold: jobs that did not succeed and kept theirs."""
+
+    def __init__(self, kept: Callable[[], tuple[int, int]]) -> None:
+        self.kept = kept
+
+    def collect(self):
+        jobs = GaugeMetricFamily("iq_kept_requests", "Requests of jobs that did not succeed, "
+                                 "kept for a retry (kept_inputs_ttl_s)")
+        size = GaugeMetricFamily("iq_kept_request_bytes", "Bytes those kept requests hold")
+        try:
+            count, total = self.kept()
+            jobs.add_metric([], count)
+            size.add_metric([], total)
+        except Exception:  # a scrape must not fail because Redis is down
+            pass
+        yield jobs
+        yield size
+
+
 class WaitingCollector:
     def __init__(self, waiting: Callable[[], int], cap: int) -> None:
         self.waiting, self.cap = waiting, cap
@@ -50,7 +70,7 @@ class WaitingCollector:
 
 class ApiMetrics:
     def __init__(self, depths: Callable[[], dict[str, int]], waiting: Callable[[], int],
-                 max_waits: int) -> None:
+                 max_waits: int, kept: Callable[[], tuple[int, int]]) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("iq_http_requests_total", "HTTP requests",
                                 ["route", "method", "status"], registry=self.registry)
@@ -63,6 +83,7 @@ class ApiMetrics:
                                 registry=self.registry)
         self.registry.register(QueueDepthCollector(depths))
         self.registry.register(WaitingCollector(waiting, max_waits))
+        self.registry.register(KeptCollector(kept))
 
     def init_app(self, app: Flask) -> None:
         app.before_request(self._start)

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import redis
-from flask import current_app, jsonify
+from flask import current_app
 
-from app.docs import Blueprint, Models
+from app.docs import REQUEST_ID, RETRY_AFTER, Blueprint, errors
+from app.responses import Health, Models, Readiness, answer
 
-bp = Blueprint("ops", __name__, description="Liveness, readiness, models and metrics")
 _TEXT = {"content": {"text/plain": {"schema": {"type": "string"}}}}
 
 
@@ -14,17 +14,48 @@ def _ext(name: str):
     return current_app.extensions[name]
 
 
-@bp.get("/healthz")
-@bp.doc(responses={"200": {"description": "alive"}})
-def healthz():
-    return jsonify({"status": "ok"})
+def blueprint(keys: bool) -> Blueprint:
+    """The probes, the models and the metrics (`keys`: whether API keys are configured: the
+    probes and metrics stay open, /v1/models does not)."""
+    bp = Blueprint("ops", __name__, description="Liveness, readiness, models and metrics")
+
+    @bp.get("/healthz")
+    @bp.response(200, Health, description="alive")
+    def healthz():
+        return answer(Health, {"status": "ok"})
+
+    @bp.get("/readyz")
+    @bp.response(200, Readiness, description="ready")
+    @bp.alt_response(503, schema=Readiness, description="not ready: `checks` says what fails",
+                     headers={"Retry-After": RETRY_AFTER})
+    def readyz():
+        """Ready when Redis answers and every model has at least one live instance: a pool
+        child with the model loaded, in a worker that consumes the model's queue."""
+        ready, body = _readiness()
+        return answer(Readiness, body) if ready else \
+            answer(Readiness, body, 503, {"Retry-After": "5"})
+
+    @bp.get("/v1/models")
+    @bp.doc(operationId="listModels")
+    @bp.response(200, Models, description="every configured model: its input kind, limits "
+                                          "and live instances",
+                 headers={"X-Request-ID": REQUEST_ID})
+    @errors(bp, keys)
+    def list_models():
+        models = _ext("iq.models")
+        live = _ext("iq.store").live(models)
+        return answer(Models, {"models": [{**spec.public(), **live[name]}
+                                          for name, spec in models.items()]})
+
+    @bp.get("/metrics")
+    @bp.doc(responses={"200": {"description": "Prometheus text format", **_TEXT}})
+    def metrics():
+        return _ext("iq.metrics").render()
+
+    return bp
 
 
-@bp.get("/readyz")
-@bp.doc(responses={"200": {"description": "ready"}, "503": {"description": "not ready"}})
-def readyz():
-    """Ready when Redis answers and every model has at least one live instance: a pool child
-    with the model loaded, in a worker whose main process is consuming."""
+def _readiness() -> tuple[bool, dict]:
     store = _ext("iq.store")
     checks: dict[str, dict] = {}
     try:
@@ -38,22 +69,4 @@ def readyz():
         count = live.get(name, {}).get("instances", 0)
         checks[f"model:{name}"] = {"ok": count > 0, "instances": count}
     ready = all(c["ok"] for c in checks.values())
-    body = {"status": "ready" if ready else "not_ready", "checks": checks}
-    if ready:
-        return jsonify(body)
-    return jsonify(body), 503, {"Retry-After": "5"}
-
-
-@bp.get("/v1/models")
-@bp.response(200, Models, description="every configured model: its input kind, limits and "
-                                      "live instances")
-def list_models():
-    models = _ext("iq.models")
-    live = _ext("iq.store").live(models)
-    return jsonify({"models": [{**spec.public(), **live[name]} for name, spec in models.items()]})
-
-
-@bp.get("/metrics")
-@bp.doc(responses={"200": {"description": "Prometheus text format", **_TEXT}})
-def metrics():
-    return _ext("iq.metrics").render()
+    return ready, {"status": "ready" if ready else "not_ready", "checks": checks}

@@ -20,6 +20,9 @@ from tasks.names import PRIORITIES
 from tasks.results import ENCODINGS
 from tasks.webhooks import EVENTS
 
+# An Idempotency-Key header: 1 to 255 visible ASCII characters.
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
+
 # The numbers each input dtype can hold: (smallest, largest).
 NUMBER_RANGES: dict[str, tuple[float | int, float | int]] = {
     "float32": (-3.4028234663852886e38, 3.4028234663852886e38),

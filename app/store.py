@@ -13,14 +13,15 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Iterable, Iterator
 
+import orjson
 from celery import Celery
 
 from app.waiter import NoSlot, ResultWaiter
 from config import Settings
 from config.models import ModelSpec
 from tasks import tracing
-from tasks.jobstate import CancelOutcome, JobRecord, JobState, Status, new_job
-from tasks.keys import CONSUMING_KEY, idempotency_key, live_key
+from tasks.jobstate import CancelOutcome, JobRecord, JobState, Page, Status, new_job
+from tasks.keys import consuming_key, idempotency_key, live_key
 from tasks.messages import JOB_TOKEN_HEADER, JobArgs, task_message
 from tasks.names import PRIORITIES, queue_lists, task_name
 from tasks.redis_client import connect
@@ -33,6 +34,11 @@ class WaitRefused(Exception):
         super().__init__(reason)
         self.job = job
 
+
+# Index entries one page of GET /v1/jobs reads at most, whatever the filters: its cost is
+# bounded; a page that stops there before it is full still has a cursor to go on from.
+SCAN_BUDGET = 500
+DEAD_STATUSES = frozenset({Status.FAILED.value, Status.CANCELLED.value, Status.EXPIRED.value})
 
 # Redis connections one API process opens at most; requests beyond wait for one (each round
 # trip is well under a millisecond). The result listener holds one for good.
@@ -79,7 +85,7 @@ class JobStore:
         self.celery = celery
         self.models = models
         self.redis = connect(settings.redis_url, settings, max_connections=REDIS_CONNECTIONS)
-        self.state = JobState(self.redis)
+        self.state = JobState(self.redis, settings.kept_s, settings.job_ttl_s)
         self.waiter = ResultWaiter(self.redis, settings.max_waits, settings.max_waits_per_key)
 
     def queue_depth(self, spec: ModelSpec) -> int:
@@ -95,17 +101,18 @@ class JobStore:
 
     def submit(self, spec: ModelSpec, job: dict, trace_id: str,
                idempotency_key_: str | None = None, owner: str = "",
-               job_id: str | None = None) -> tuple[JobRecord, bool]:
+               job_id: str | None = None, retry_of: str = "") -> tuple[JobRecord, bool]:
         """Record and queue a job, atomically (tasks/jobstate.py), under `job_id` (a new id by
-        default). Returns (job, created); with an Idempotency-Key seen before, the earlier
-        job and False. Raises Overloaded or IdempotencyMismatch, or StoreFull."""
+        default), as a retry of job `retry_of` if given. Returns (job, created); with an
+        Idempotency-Key seen before, the earlier job and False. Raises Overloaded,
+        IdempotencyMismatch, StoreFull or RetryRefused."""
         hook = job.get("webhook")
         record = new_job(job_id or new_job_id(), model=spec.name, trace_id=trace_id,
                          inputs=len(job["inputs"]), priority=job["priority"], owner=owner,
                          encoding_format=job.get("encoding_format", "float"),
                          webhook_url=hook["url"] if hook else "",
                          webhook_events=hook["events"] if hook else (),
-                         token=secrets.token_urlsafe(6))
+                         token=secrets.token_urlsafe(6), retry_of=retry_of)
         # The webhook's URL is kept in the record only (tasks/webhooks.py), not in the message.
         args = JobArgs(job["inputs"], job["options"], time.time(),
                        {"events": hook["events"]} if hook else None)
@@ -125,7 +132,7 @@ class JobStore:
             record, message, depth_lists=queue_lists(spec.queue),
             max_depth=spec.max_queue_depth, ttl_s=self.settings.job_ttl_s,
             timeout_s=job.get("timeout_s") or spec.timeout_s or 0, idempotency=idempotency,
-            memory_headroom=self.settings.redis_memory_headroom)
+            memory_headroom=self.settings.redis_memory_headroom, request=self._kept(job))
         if submitted.created:
             return record, True
         earlier = self.state.read(submitted.job_id)
@@ -133,12 +140,36 @@ class JobStore:
             earlier = replace(record, id=submitted.job_id, status=Status.EXPIRED)
         return earlier, False
 
+    def _kept(self, job: dict) -> bytes:
+        """The request to keep for a retry, should the job not succeed: the job as validated
+        (images as queued), when retries are on and it is small enough; else nothing."""
+        if self.settings.kept_s <= 0:
+            return b""
+        request = orjson.dumps(job)
+        return request if len(request) <= self.settings.kept_inputs_max_bytes else b""
+
     def cancel(self, job_id: str) -> CancelOutcome:
         outcome = self.state.cancel(job_id)
         if outcome is CancelOutcome.CANCELLED:
             # Workers holding it in their buffer drop it at once rather than at its start.
             self.celery.control.revoke(job_id)
         return outcome
+
+    def page(self, owner: str, *, status: str = "", model: str = "",
+             cursor: tuple[str, str] | None = None, limit: int = 20) -> Page:
+        """A page of the owner's jobs, newest first. Jobs that did not succeed are listed from
+        their own index (the dead-letter view), which holds nothing else: a filter on one of
+        those statuses reads no other job. Any other filter reads at most SCAN_BUDGET index
+        entries a page."""
+        return self.state.page(owner, dead=status in DEAD_STATUSES, status=status, model=model,
+                               cursor=cursor, limit=limit, budget=SCAN_BUDGET)
+
+    def delete(self, job_id: str, owner: str) -> str:
+        """"deleted", "missing", or the status of a job of `owner`'s not finished yet."""
+        return self.state.delete(job_id, owner)
+
+    def kept_request(self, job_id: str) -> str | bytes | None:
+        return self.state.kept_request(job_id)
 
     def get(self, job_id: str, owner: str | None = None) -> JobRecord | None:
         """The job, or None when there is none; with `owner`, also None when it is another
@@ -149,11 +180,12 @@ class JobStore:
         return job
 
     @contextmanager
-    def watch(self, job_id: str, owner: str) -> Iterator[Watch]:
-        """A watch on the job's finish for the block's life, taking a wait slot of `owner`'s
-        (raises NoSlot when none is free). Started before a job is submitted, it needs no read
-        before waiting: a finish after it started cannot be missed."""
-        with self.waiter.watch(job_id, owner) as finished:
+    def watch(self, job_id: str, owner: str, moves: bool = False) -> Iterator[Watch]:
+        """A watch on the job's finish (with `moves`, on its every move) for the block's life,
+        taking a wait slot of `owner`'s (raises NoSlot when none is free). Started before a
+        job is submitted, it needs no read before waiting: a finish after it started cannot be
+        missed."""
+        with self.waiter.watch(job_id, owner, moves) as finished:
             yield Watch(self, job_id, finished)
 
     def wait(self, job_id: str, timeout_s: float, owner: str) -> JobRecord | None:
@@ -175,18 +207,18 @@ class JobStore:
 
     def live(self, models: Iterable[str]) -> dict[str, dict[str, int]]:
         """Live model instances per model: pool children with the model loaded (their
-        heartbeats) in workers that are consuming (their event loop's tick)."""
+        heartbeats) in workers consuming the model's queue (their event loop's tick)."""
         names = list(models)
         since = time.time() - self.settings.heartbeat_ttl_s
         with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zrangebyscore(CONSUMING_KEY, since, "+inf")
             for name in names:
+                pipe.zrangebyscore(consuming_key(self.models[name].queue), since, "+inf")
                 pipe.zrangebyscore(live_key(name), since, "+inf")
-            consuming, *members = pipe.execute()
-        workers = set(consuming)
+            found = pipe.execute()
         out = {}
-        for name, found in zip(names, members):
-            serving = [m for m in found if m.rsplit("/", 1)[0] in workers]
+        for name, consuming, children in zip(names, found[::2], found[1::2]):
+            workers = set(consuming)
+            serving = [m for m in children if m.rsplit("/", 1)[0] in workers]
             out[name] = {"workers": len({m.rsplit("/", 1)[0] for m in serving}),
                          "instances": len(serving)}
         return out

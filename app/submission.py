@@ -8,7 +8,10 @@ request costs little:
 3. the key's right to the model, the Idempotency-Key's form;
 4. the webhook URL (a DNS lookup) and image inputs (URL fetches, decoding in a decoder
    process: app/decoders.py);
-5. the atomic submit (tasks/jobstate.py): a full queue, an Idempotency-Key reused.
+5. the atomic submit (tasks/jobstate.py): a full queue, an Idempotency-Key reused, a retry
+   of a job that succeeded or was retried already.
+
+A retry (`Submitter.retry`) goes through the same checks with the request its job kept.
 """
 from __future__ import annotations
 
@@ -17,13 +20,14 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+import orjson
 from marshmallow import ValidationError
 
 from app import auth, images
 from app.decoders import DecoderPool, DecodersBusy
 from app.errors import Conflict, RateLimited, TooManyJobs, Unavailable, ValidationFailed
 from app.metrics import ApiMetrics
-from app.schemas import flatten, job_schema, validate_job
+from app.schemas import IDEMPOTENCY_KEY_PATTERN, flatten, job_schema, validate_job
 from app.store import JobStore
 from config import Settings
 from config.models import ModelSpec
@@ -32,7 +36,7 @@ from tasks.jobstate import IdempotencyMismatch, JobRecord, Overloaded, StoreFull
 
 logger = logging.getLogger(__name__)
 
-_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+_IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -72,40 +76,69 @@ class Submitter:
         """Check and queue one job, under `job_id` if given; `read_body` gives the request's
         body as a job dict (or whatever JSON was sent) and is called only once the key's
         rate allows."""
+        self._take_token(caller)
+        spec, job = self._validated(read_body())
+        self._check_caller(caller, spec)
+        if job["webhook"]:
+            self._check_webhook(job["webhook"])
+        if spec.input_type == "image":  # decoded, checked and resized before it is queued
+            job["inputs"] = self._canonical_images(spec, job["inputs"], caller)
+        return self._queue(caller, spec, job, job_id=job_id)
+
+    def retry(self, caller: Caller, job: JobRecord, request: str | bytes) -> Accepted:
+        """A new job with the kept `request` of `job` (one that did not succeed), linked to
+        it. The checks of a submit, but its inputs are as they were queued (images already
+        decoded): the key's rate, the schema (the model may have changed since), the key's
+        right to the model, the webhook."""
+        self._take_token(caller)
+        spec, again = self._validated(orjson.loads(request))
+        self._check_caller(caller, spec)
+        if again["webhook"]:
+            self._check_webhook(again["webhook"])
+        return self._queue(caller, spec, again, retry_of=job.id)
+
+    def _take_token(self, caller: Caller) -> None:
         try:
             auth.check_rate(self.store.redis, caller.key)
         except RateLimited:
             self._refused("unknown", "rate_limited")
             raise
-        data = read_body()
+
+    def _validated(self, data: object) -> tuple[ModelSpec, dict]:
         try:
-            spec, job = validate_job(data, self.models, self.schemas)
+            return validate_job(data, self.models, self.schemas)
         except ValidationError as exc:
             model = data.get("model") if isinstance(data, dict) else None
             self._refused(model if isinstance(model, str) else "unknown", "validation")
             raise ValidationFailed("the job is invalid", fields=flatten(exc.messages)) from None
+
+    def _check_caller(self, caller: Caller, spec: ModelSpec) -> None:
         auth.check_model(caller.key, spec.name)
         key = caller.idempotency_key
         if key is not None and not _IDEMPOTENCY_KEY.match(key):
             raise ValidationFailed("invalid header", fields={
                 "Idempotency-Key": ["1 to 255 visible ASCII characters"]})
-        if job["webhook"]:
-            self._check_webhook(job["webhook"])
-        if spec.input_type == "image":  # decoded, checked and resized before it is queued
-            try:
-                job["inputs"] = images.canonical_inputs(
-                    spec, job["inputs"], self.settings, self.decoders,
-                    caller.key.name if caller.key else None)
-            except images.BadImages as exc:
-                self._refused(spec.name, "validation")
-                raise ValidationFailed("the job is invalid", fields=exc.fields) from None
-            except DecodersBusy:
-                self._refused(spec.name, "decoders_busy")
-                raise Unavailable("every image decoder of this API process is busy; retry "
-                                  "later", retry_after=1) from None
+
+    def _canonical_images(self, spec: ModelSpec, inputs: list, caller: Caller) -> list[str]:
         try:
-            submitted, created = self.store.submit(spec, job, caller.trace_id, key,
-                                                   owner=caller.owner, job_id=job_id)
+            return images.canonical_inputs(spec, inputs, self.settings, self.decoders,
+                                           caller.owner or None)
+        except images.BadImages as exc:
+            self._refused(spec.name, "validation")
+            raise ValidationFailed("the job is invalid", fields=exc.fields) from None
+        except DecodersBusy:
+            self._refused(spec.name, "decoders_busy")
+            raise Unavailable("every image decoder of this API process is busy; retry "
+                              "later", retry_after=1) from None
+
+    def _queue(self, caller: Caller, spec: ModelSpec, job: dict, job_id: str | None = None,
+               retry_of: str = "") -> Accepted:
+        """The atomic submit; each refusal as its APIError (a retry's own, RetryRefused, is
+        the caller's to answer)."""
+        try:
+            submitted, created = self.store.submit(spec, job, caller.trace_id,
+                                                   caller.idempotency_key, owner=caller.owner,
+                                                   job_id=job_id, retry_of=retry_of)
         except Overloaded:
             self._refused(spec.name, "queue_full")
             raise TooManyJobs(f"the queue of {spec.name} is full "
@@ -121,7 +154,7 @@ class Submitter:
         if created:
             self.metrics.submitted.labels(spec.name).inc()
             logger.debug("job %s accepted: model=%s inputs=%d priority=%s", submitted.id,
-                        spec.name, len(job["inputs"]), job["priority"])
+                         spec.name, len(job["inputs"]), job["priority"])
         return Accepted(submitted, spec, created)
 
     def _check_webhook(self, hook: dict) -> None:
@@ -133,6 +166,10 @@ class Submitter:
                                    fields={"webhook": [webhooks.SECRET_MISSING]})
         try:
             egress.check_url(hook["url"], allow=self.settings.webhook_allow_list)
+        except egress.NotPublic as exc:
+            raise ValidationFailed("the job is invalid", fields={"webhook.url": [
+                f"{exc}; IQ_WEBHOOK_ALLOW lists the hosts and CIDRs allowed all the "
+                "same"]}) from None
         except (egress.Refused, ValueError) as exc:
             raise ValidationFailed("the job is invalid",
                                    fields={"webhook.url": [str(exc)]}) from None

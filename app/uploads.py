@@ -14,14 +14,16 @@ from typing import Any
 
 from flask import Request
 
-from app.errors import MalformedRequest, ValidationFailed
+from app.errors import ValidationFailed
 
 
 def _multipart(request: Request) -> dict[str, Any]:
     try:
         job = json.loads(request.form.get("job") or "{}")
-    except ValueError as exc:
-        raise MalformedRequest(f"the `job` part is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        # The body is well-formed multipart; one of its fields is not what it must be.
+        raise ValidationFailed("the job is invalid", fields={
+            "job": [f"the `job` part is not valid JSON: {exc}"]}) from None
     if not isinstance(job, dict):
         raise ValidationFailed("the job is invalid",
                                fields={"job": ["the `job` part must be a JSON object"]})

@@ -1,14 +1,16 @@
-"""Wakes `?wait` requests when their job finishes, from one subscription per API process, and
-bounds how many may wait at once.
+"""Wakes `?wait` requests when their job finishes, and event streams when it moves, from one
+subscription per API process, and bounds how many may wait at once.
 
 Every move of a job to a terminal status is announced on its done channel
-(tasks/jobstate.py), with the status only. One listener pattern-subscribes to those channels
-and sets the Event of whichever requests wait on that job: no connection per waiting request,
-no subscription left behind, and no polling while the subscription stands. Whenever it
-(re)subscribes it wakes every waiter once, since a job may have finished while nobody
-listened; whenever it loses Redis it wakes them too, so that each reads its job again (and
-its client hears of the outage). Under gunicorn's gevent worker `threading` is gevent's, so
-the listener and each waiting request are greenlets, not threads.
+(tasks/jobstate.py), with the status only; its other moves (running, progress) on the moves
+channel, a batch of jobs a message. One listener pattern-subscribes to the done channels and
+subscribes to the moves channel, and sets the Event of whichever requests wait on that job (on
+a move other than its end, only those that asked for every move: event streams): no
+connection per waiting request, no subscription left behind, and no polling while the
+subscription stands. Whenever it (re)subscribes it wakes every waiter once, since a job may
+have finished while nobody listened; whenever it loses Redis it wakes them too, so that each
+reads its job again (and its client hears of the outage). Under gunicorn's gevent worker
+`threading` is gevent's, so the listener and each waiting request are greenlets, not threads.
 
 A wait takes a slot: at most `max_waits` in the process and `max_per_key` per API key. A
 request that finds no slot is told so at once (`NoSlot`) rather than queued behind others.
@@ -23,7 +25,7 @@ from typing import Iterator
 
 import redis
 
-from tasks.keys import DONE_PREFIX
+from tasks.keys import DONE_PREFIX, MOVES_CHANNEL
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,7 @@ class ResultWaiter:
         self.client = client
         self.max_waits, self.max_per_key = max_waits, max_per_key
         self._waiters: dict[str, set[threading.Event]] = {}
+        self._movers: dict[str, set[threading.Event]] = {}  # those woken by every move
         self._per_key: Counter[str] = Counter()
         self._count = 0
         self._lock = threading.Lock()
@@ -76,12 +79,22 @@ class ResultWaiter:
         for event in events:
             event.set()
 
+    def _moved(self, message: str) -> None:
+        """A moves message, "<move> <id> <id> ...": wake those watching every move of these
+        jobs."""
+        with self._lock:
+            events = [e for job_id in message.split()[1:]
+                      for e in self._movers.get(job_id, ())]
+        for event in events:
+            event.set()
+
     def _listen(self) -> None:
         backoff = 0.1
         while not self._closed.is_set():
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
                 pubsub.psubscribe(PREFIX + "*")
+                pubsub.subscribe(MOVES_CHANNEL)
                 while not self._closed.is_set():
                     message = pubsub.get_message(timeout=1.0)
                     # psubscribe's confirmation has been read once get_message returns.
@@ -89,7 +102,11 @@ class ResultWaiter:
                         self.subscribed.set()
                         self._wake(None)  # whatever finished while no one listened
                     backoff = 0.1
-                    if message is not None:
+                    if message is None:
+                        continue
+                    if message["type"] == "message":
+                        self._moved(str(message["data"]))
+                    else:
                         self._wake(str(message["channel"])[len(PREFIX):])
             except redis.RedisError as exc:
                 if self.subscribed.is_set():
@@ -124,22 +141,27 @@ class ResultWaiter:
                 del self._per_key[owner]
 
     @contextmanager
-    def watch(self, job_id: str, owner: str | None = None) -> Iterator[threading.Event]:
+    def watch(self, job_id: str, owner: str | None = None,
+              moves: bool = False) -> Iterator[threading.Event]:
         """An Event set when `job_id` reaches a terminal status (or the listener has just
-        resubscribed), for the `with` block's life; `owner` is the API key's name ("" or
-        None: no key). Raises NoSlot when no wait slot is free."""
+        resubscribed), for the `with` block's life; with `moves`, also when it starts running
+        or counts progress. `owner` is the API key's name ("" or None: no key). Raises NoSlot
+        when no wait slot is free."""
         self._start()
         event = threading.Event()
+        groups = (self._waiters, self._movers) if moves else (self._waiters,)
         with self._lock:
             self._take(owner)
-            self._waiters.setdefault(job_id, set()).add(event)
+            for group in groups:
+                group.setdefault(job_id, set()).add(event)
         try:
             yield event
         finally:
             with self._lock:
                 self._give_back(owner)
-                waiters = self._waiters.get(job_id)
-                if waiters is not None:
-                    waiters.discard(event)
-                    if not waiters:
-                        del self._waiters[job_id]
+                for group in groups:
+                    found = group.get(job_id)
+                    if found is not None:
+                        found.discard(event)
+                        if not found:
+                            del group[job_id]

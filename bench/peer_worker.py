@@ -15,7 +15,7 @@ from celery.utils.log import current_process_index
 from celery_batches import Batches
 
 from tasks.celery_app import make_celery
-from tasks.keys import CONSUMING_KEY
+from tasks.keys import CONSUMING_KEY, consuming_key
 from tasks.messages import JobArgs
 from tasks.names import task_name
 from tasks.redis_client import connect
@@ -49,17 +49,25 @@ for _model in celery.conf.iq_models:
 
 
 class Consuming(bootsteps.StartStopStep):
-    """What the service's dispatcher tells /readyz (tasks/keys.py CONSUMING_KEY): this
-    worker's event loop turns while it is connected."""
+    """What the service's liveness tick tells /readyz (tasks/keys.py CONSUMING_KEY and
+    consuming_key): this worker's event loop turns while it is connected, and which queues it
+    consumes."""
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
     def start(self, c) -> None:
         settings = c.app.conf.iq_settings
         client = connect(settings.redis_url, settings)
-        self.tref = c.timer.call_repeatedly(
-            settings.heartbeat_interval_s,
-            lambda: client.zadd(CONSUMING_KEY, {c.hostname: time.time()}))
+
+        def announce() -> None:
+            now = time.time()
+            with client.pipeline(transaction=False) as pipe:
+                pipe.zadd(CONSUMING_KEY, {c.hostname: now})
+                for queue in c.task_consumer.queues:
+                    pipe.zadd(consuming_key(queue.name), {c.hostname: now})
+                pipe.execute()
+
+        self.tref = c.timer.call_repeatedly(settings.heartbeat_interval_s, announce)
 
     def stop(self, c) -> None:
         self.tref.cancel()

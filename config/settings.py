@@ -53,6 +53,13 @@ class Settings:
     # When Redis has a maxmemory, new jobs are refused (503) once less than this share of it
     # is left, so that the jobs already accepted always have room for their results.
     redis_memory_headroom: float = 0.1
+    # A job that fails, is cancelled or expires keeps its request (inputs and options) this
+    # long (at most job_ttl_s), so that it can be retried (POST /v1/jobs/<id>/retry); 0: none
+    # is kept. Only
+    # requests of at most kept_inputs_max_bytes (as JSON) are kept, in the record while the
+    # job waits: a job that succeeds drops its own, and keeps nothing.
+    kept_inputs_ttl_s: int = 3_600
+    kept_inputs_max_bytes: int = 262_144
     api_keys_file: str = ""  # YAML of hashed API keys; none: the API is open
 
     # Webhooks. Hosts (or CIDRs) allowed even though they are private/loopback/link-local.
@@ -132,6 +139,12 @@ class Settings:
         shown = ", ".join(f"{f.name}={_shown(f.name, getattr(self, f.name))!r}"
                           for f in fields(self))
         return f"Settings({shown})"
+
+    @property
+    def kept_s(self) -> int:
+        """How long a job that did not succeed keeps its request: kept_inputs_ttl_s, within
+        the record's own life (job_ttl_s)."""
+        return min(self.kept_inputs_ttl_s, self.job_ttl_s)
 
     @property
     def webhook_allow_list(self) -> list[str]:
@@ -245,6 +258,9 @@ def _check_access(settings: Settings) -> None:
         raise ConfigError(f"max_wait_s must be in (0, 300], got {settings.max_wait_s}")
     if settings.log_format not in ("text", "json"):
         raise ConfigError(f"log_format must be text or json, got {settings.log_format!r}")
+    for name in ("kept_inputs_ttl_s", "kept_inputs_max_bytes"):
+        if getattr(settings, name) < 0:
+            raise ConfigError(f"{name} must be an integer >= 0, got {getattr(settings, name)}")
     if not 0 <= settings.redis_memory_headroom < 1:
         raise ConfigError("redis_memory_headroom must be in [0, 1), got "
                           f"{settings.redis_memory_headroom}")

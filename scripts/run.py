@@ -7,7 +7,9 @@ Redis's admin password and the application's (an ACL user without administrative
 scripts/redis-server.sh), Flower's password, the webhook signing secret. Each process gets only
 the secrets it uses (`NEEDS`). Once the API, the worker and Flower answer, one block says what
 is where. Ctrl-C or SIGTERM stops every process it started: honcho signals each one's process
-group, and kills what is left after a few seconds.
+group, and kills what is left after a few seconds. Its output may go through a pipe (`make run
+2>&1 | tee run.log`): when the reader is gone (Ctrl-C stops `tee` too), the output is dropped
+rather than the stop (`Console`).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from honcho.environ import parse_procfile
 from honcho.manager import Manager
@@ -272,13 +275,47 @@ def plan(environ: dict[str, str]) -> Run:
     return Run(env, processes, checks, block)
 
 
+class Console:
+    """The stream honcho prints to. Once its reader is gone (a broken pipe: Ctrl-C stopped
+    `tee` as well), what is printed is dropped: a BrokenPipeError raised in honcho's signal
+    handler would skip the stop, leaving every process running and this one hung."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream, self.gone = stream, False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                self.stream.write(text)
+            except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except (BrokenPipeError, ValueError):
+                self._reader_gone()
+
+    def isatty(self) -> bool:
+        return not self.gone and self.stream.isatty()
+
+    def _reader_gone(self) -> None:
+        self.gone = True
+        # Python's own flush of stdout at exit would fail again: point it at nothing.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.stream.fileno())
+        os.close(devnull)
+
+
 def main() -> int:
     try:
         run = plan(dict(os.environ))
     except Refused as refused:
         print(refused, file=sys.stderr)
         return 1
-    manager = Manager(Printer(sys.stdout))
+    manager = Manager(Printer(Console(sys.stdout)))
     for name, command in run.processes.items():
         manager.add_process(name, command, env=process_env(name, run.env), cwd=str(ROOT))
     # Started before honcho forks its readers; they only start a process and read its output.

@@ -40,6 +40,13 @@ class Refused(EgressError, ValueError):
     """The URL may not be called (a client's mistake or a policy): the message names the rule."""
 
 
+class NotPublic(Refused):
+    """The URL's host is not public and not in the allow list: the caller names its setting."""
+
+    def __init__(self) -> None:
+        super().__init__(NOT_PUBLIC)
+
+
 class RequestFailed(EgressError):
     """The request was allowed but did not complete: connection, TLS, protocol or deadline."""
 
@@ -104,13 +111,13 @@ def check_url(url: str, *, allow: Sequence[str] = ()) -> Target:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                    proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError):
-        raise Refused(NOT_PUBLIC) from None
+        raise NotPublic() from None
     addresses = tuple(dict.fromkeys((family, sockaddr) for family, _, _, _, sockaddr in infos))
     if host not in allow:
         for _family, sockaddr in addresses:
             ip = ipaddress.ip_address(sockaddr[0].split("%", 1)[0])
             if not is_public(ip) and not _allowed(ip, allow):
-                raise Refused(NOT_PUBLIC)
+                raise NotPublic()
     path = parts.path or "/"
     return Target(parts.scheme, host, port, f"{path}?{parts.query}" if parts.query else path,
                   addresses)

@@ -1,124 +1,206 @@
 """The Lua scripts that move a job (tasks/jobstate.py runs them): one per move, each decided
-once, inside Redis. The record's field names here are the ones `JobRecord` reads and writes."""
+once, inside Redis. The record's field names here are the ones `JobRecord` reads and writes.
+
+Every script takes two common arguments first, ARGV[1] and ARGV[2]: how long the request of a
+job that did not succeed is kept for a retry (seconds; 0: none is kept) and the records' time
+to live (`job_ttl_s`); its own arguments follow from ARGV[3]."""
 from __future__ import annotations
 
-from tasks.keys import DONE_PREFIX, JOB_PREFIX
+from tasks.keys import (DONE_PREFIX, JOB_PREFIX, KEPT_BYTES_KEY, KEPT_KEY, MOVES_CHANNEL,
+                        dead_index, kept_request, owner_index)
 
-# Redis's own clock, for deadlines: one clock for every process that decides expiry, read
-# (TIME) only when a deadline is to be judged. (redis.replicate_commands lets a script write
-# after reading TIME on Redis 6, if called before its first write; a no-op on 7+.)
-_CLOCK = """
-local clock = nil
-local function now_s()
-  if not clock then
-    redis.replicate_commands()
-    local t = redis.call('time')
-    clock = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  end
-  return clock
+# The fields a read returns: every field of the record but the kept request (inputs can weigh
+# a megabyte; only a retry reads them, from where `dead` moves them).
+READ_FIELDS = ("status", "model", "created_at", "trace_id", "inputs", "priority", "owner",
+               "encoding_format", "webhook_url", "webhook_events", "token", "expires_at",
+               "started_at", "finished_at", "worker", "batch", "runs", "error", "items_done",
+               "retry_of", "retried_as", "kept")
+_FIELDS_LUA = "{" + ", ".join(f"'{name}'" for name in READ_FIELDS) + "}"
+
+# Redis's own clock, for deadlines and indexes: one clock for every process. (Redis 6 needs
+# redis.replicate_commands to let a script write after reading TIME; a no-op on 7+.)
+_PRELUDE = f"""
+redis.replicate_commands()
+local t = redis.call('time')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])  -- exact: indexes' order
+local KEEP_S, TTL_S = tonumber(ARGV[1]), tonumber(ARGV[2])
+local FIELDS = {_FIELDS_LUA}
+local function id_of(key) return string.sub(key, {len(JOB_PREFIX) + 1}) end
+
+-- Drop the members of sorted set `key` scored below `bound`, the oldest `most` at most: bounded
+-- work, whatever piled up.
+local function trim(key, bound, most)
+  local n = redis.call('zcount', key, '-inf', string.format('(%.0f', bound))
+  if n > 0 then redis.call('zremrangebyrank', key, 0, math.min(n, most) - 1) end
 end
-"""
 
-# Expire a queued job whose deadline passed: KEY is the record, `id` its job id.
-_EXPIRE_IF_DUE = """
+-- Kept requests whose time is up leave the books of what is kept (their keys expire alone).
+local function trim_kept(most)
+  local gone = redis.call('zrangebyscore', '{KEPT_KEY}', '-inf', now, 'LIMIT', 0, most)
+  if #gone == 0 then return end
+  local bytes = 0
+  for _, member in ipairs(gone) do bytes = bytes + tonumber(string.match(member, ':(%d+)$')) end
+  redis.call('decrby', '{KEPT_BYTES_KEY}', bytes)
+  redis.call('zrem', '{KEPT_KEY}', unpack(gone))
+end
+
+-- A job that ends without succeeding (failed, cancelled, expired) joins its owner's
+-- dead-letter index, and the request kept in its record at submit moves to a key of its own,
+-- for a retry within KEEP_S. (A job that succeeds drops it: FINISH.)
+local function dead(key, id)
+  local f = redis.call('hmget', key, 'owner', 'request')
+  local index = '{dead_index("")}' .. (f[1] or '')
+  redis.call('zadd', index, now_us, id)
+  trim(index, now_us - TTL_S * 1000000, 100)
+  if not f[2] then return end
+  redis.call('hdel', key, 'request')
+  if KEEP_S <= 0 then return end
+  local size = string.len(f[2])
+  redis.call('set', '{kept_request("")}' .. id, f[2], 'EX', KEEP_S)
+  redis.call('hset', key, 'kept', size)
+  redis.call('zadd', '{KEPT_KEY}', now + KEEP_S, id .. ':' .. size)
+  redis.call('incrby', '{KEPT_BYTES_KEY}', size)
+  trim_kept(100)
+end
+
+-- Expire a queued job whose deadline passed: KEY is the record, `id` its job id.
 local function expire_if_due(key, id, status, expires_at, finished_at, error)
-  if status == 'queued' and expires_at and expires_at ~= '' and now_s() > tonumber(expires_at)
-  then
+  if status == 'queued' and expires_at and expires_at ~= '' and now > tonumber(expires_at) then
     redis.call('hset', key, 'status', 'expired', 'finished_at', finished_at, 'error', error)
-    redis.call('publish', '""" + DONE_PREFIX + """' .. id, 'expired')
+    dead(key, id)
+    redis.call('publish', '{DONE_PREFIX}' .. id, 'expired')
     return true
   end
   return false
 end
 """
 
-_ID_OF = f"local function id_of(key) return string.sub(key, {len(JOB_PREFIX) + 1}) end\n"
-
-# KEYS: record, idempotency claim, target list, then the model's queue lists (for its depth).
-# ARGV: job id, ttl, max depth, timeout_s (0: none), request digest ('' : no idempotency key),
-#       message, memory headroom (share of maxmemory kept free), then the record's field/value
-#       pairs.
-SUBMIT = _CLOCK + """
-local ttl = tonumber(ARGV[2])
+# KEYS: record, idempotency claim, target list, owner index, the record of the job it retries
+#       (any key when it retries none), then the model's queue lists (for its depth).
+# ARGV: job id, max depth, timeout_s (0: none), request digest ('' : no idempotency key),
+#       message, memory headroom (share of maxmemory kept free), the request to keep ('' :
+#       none), '1' to trim the owner index, '1' when it retries a job, then the record's
+#       field/value pairs.
+SUBMIT = _PRELUDE + """
 local memory = redis.call('info', 'memory')
 local cap = tonumber(string.match(memory, 'maxmemory:(%d+)'))
 local used = tonumber(string.match(memory, 'used_memory:(%d+)'))
-if cap > 0 and used > (1 - tonumber(ARGV[7])) * cap then
+if cap > 0 and used > (1 - tonumber(ARGV[8])) * cap then
   return {'full', used .. ' ' .. cap}
 end
-if ARGV[5] ~= '' then
+if ARGV[6] ~= '' then
   local earlier = redis.call('get', KEYS[2])
   if earlier then
     local sep = string.find(earlier, ' ', 1, true)
-    if string.sub(earlier, sep + 1) ~= ARGV[5] then return {'mismatch', ''} end
-    return {'existing', string.sub(earlier, 1, sep - 1)}
+    local earlier_id = string.sub(earlier, 1, sep - 1)
+    -- A claim whose job was deleted claims nothing: the key makes a new job.
+    if redis.call('exists', '""" + JOB_PREFIX + """' .. earlier_id) == 1 then
+      if string.sub(earlier, sep + 1) ~= ARGV[6] then return {'mismatch', ''} end
+      return {'existing', earlier_id}
+    end
+  end
+end
+if ARGV[11] == '1' then
+  local f = redis.call('hmget', KEYS[5], 'status', 'retried_as')
+  if not f[1] then return {'gone', ''} end
+  if f[2] then return {'retried', f[2]} end
+  if f[1] ~= 'failed' and f[1] ~= 'cancelled' and f[1] ~= 'expired' then
+    return {'not_retryable', f[1]}
   end
 end
 local depth = 0
-for i = 4, #KEYS do depth = depth + redis.call('llen', KEYS[i]) end
-if depth >= tonumber(ARGV[3]) then return {'overloaded', ''} end
+for i = 6, #KEYS do depth = depth + redis.call('llen', KEYS[i]) end
+if depth >= tonumber(ARGV[4]) then return {'overloaded', ''} end
 local fields = {}
-for i = 8, #ARGV do fields[#fields + 1] = ARGV[i] end
-local timeout = tonumber(ARGV[4])
+for i = 12, #ARGV do fields[#fields + 1] = ARGV[i] end
+local timeout = tonumber(ARGV[5])
 if timeout > 0 then
   fields[#fields + 1] = 'expires_at'
-  fields[#fields + 1] = string.format('%.3f', now_s() + timeout)
+  fields[#fields + 1] = string.format('%.3f', now + timeout)
+end
+if ARGV[9] ~= '' then
+  fields[#fields + 1] = 'request'
+  fields[#fields + 1] = ARGV[9]
 end
 redis.call('hset', KEYS[1], unpack(fields))
-redis.call('expire', KEYS[1], ttl)
-if ARGV[5] ~= '' then redis.call('set', KEYS[2], ARGV[1] .. ' ' .. ARGV[5], 'EX', ttl) end
-redis.call('lpush', KEYS[3], ARGV[6])
-return {'created', ARGV[1]}
+redis.call('expire', KEYS[1], TTL_S)
+if ARGV[6] ~= '' then redis.call('set', KEYS[2], ARGV[3] .. ' ' .. ARGV[6], 'EX', TTL_S) end
+redis.call('zadd', KEYS[4], now_us, ARGV[3])
+if ARGV[10] == '1' then trim(KEYS[4], now_us - TTL_S * 1000000, 1000) end
+if ARGV[11] == '1' then redis.call('hset', KEYS[5], 'retried_as', ARGV[3]) end
+redis.call('lpush', KEYS[3], ARGV[7])
+return {'created', ARGV[3]}
 """
 
 # KEYS: the batch's records. ARGV: started_at, worker, batch, finished_at, expired error,
 # then each job's token as its message carries it ('' : none).
 # Returns, per job, a StartDecision: 'run', or why it must not run ('missing', 'foreign': the
 # message is not the job's own, its token differs from the record's; 'cancelled', 'expired', or
-# 'finished': it succeeded or failed already).
-START = _CLOCK + _EXPIRE_IF_DUE + _ID_OF + """
-now_s()  -- before the first write (Redis 6.2)
-local out = {}
+# 'finished': it succeeded or failed already). The jobs that run are announced on the moves
+# channel, in one message.
+START = _PRELUDE + f"""
+local out, ran = {{}}, {{}}
 for i, key in ipairs(KEYS) do
   local f = redis.call('hmget', key, 'status', 'expires_at', 'token', 'runs')
   local status = f[1]
   if not status then
     out[i] = 'missing'
-  elseif f[3] and f[3] ~= ARGV[5 + i] then
+  elseif f[3] and f[3] ~= ARGV[7 + i] then
     out[i] = 'foreign'
-  elseif expire_if_due(key, id_of(key), status, f[2], ARGV[4], ARGV[5]) then
+  elseif expire_if_due(key, id_of(key), status, f[2], ARGV[6], ARGV[7]) then
     out[i] = 'expired'
   elseif status == 'queued' or status == 'running' then
-    redis.call('hset', key, 'status', 'running', 'started_at', ARGV[1], 'worker', ARGV[2],
-               'batch', ARGV[3], 'runs', (tonumber(f[4]) or 0) + 1)
+    redis.call('hset', key, 'status', 'running', 'started_at', ARGV[3], 'worker', ARGV[4],
+               'batch', ARGV[5], 'runs', (tonumber(f[4]) or 0) + 1)
     out[i] = 'run'
+    ran[#ran + 1] = id_of(key)
   elseif status == 'cancelled' or status == 'expired' then
     out[i] = status
   else
     out[i] = 'finished'
   end
 end
+if #ran > 0 then redis.call('publish', '{MOVES_CHANNEL}', 'running ' .. table.concat(ran, ' ')) end
 return out
+"""
+
+# KEYS: the records of jobs running in a batch that spans several model calls. ARGV: per job,
+# its items done. Only a running job moves; those that did are announced in one message.
+PROGRESS = _PRELUDE + f"""
+local moved = {{}}
+for i, key in ipairs(KEYS) do
+  if redis.call('hget', key, 'status') == 'running' then
+    redis.call('hset', key, 'items_done', ARGV[i + 2])
+    moved[#moved + 1] = id_of(key)
+  end
+end
+if #moved > 0 then
+  redis.call('publish', '{MOVES_CHANNEL}', 'progress ' .. table.concat(moved, ' '))
+end
+return #moved
 """
 
 # KEYS: (record, stored result) per job. ARGV: finished_at, result ttl, then per job: status,
 # stored result, error ('' : none), webhook list ('' : none), webhook message, the token of the
 # message that ran it. Returns, per job, 1 when it took its terminal status here, 0 when it
 # already had one (or the message was not the job's own).
-FINISH = _ID_OF + """
-local out = {}
-local ttl = tonumber(ARGV[2])
+FINISH = _PRELUDE + f"""
+local out = {{}}
+local ttl = tonumber(ARGV[4])
 for i = 1, #KEYS / 2 do
-  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 2 + 6 * (i - 1)
+  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 4 + 6 * (i - 1)
   local f = redis.call('hmget', key, 'status', 'token')
   local status = f[1]
   if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 6]) then
-    redis.call('hset', key, 'status', ARGV[a + 1], 'finished_at', ARGV[1])
-    redis.call('hdel', key, 'token', 'expires_at', 'inputs')  -- what no read needs
+    redis.call('hset', key, 'status', ARGV[a + 1], 'finished_at', ARGV[3])
     if ARGV[a + 3] ~= '' then redis.call('hset', key, 'error', ARGV[a + 3]) end
+    -- A finished record keeps what a read needs: not the token, the deadline, the request.
+    if ARGV[a + 1] == 'succeeded' then redis.call('hdel', key, 'request', 'token', 'expires_at')
+    else dead(key, id_of(key)) end
     redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)
     if ARGV[a + 4] ~= '' then redis.call('lpush', ARGV[a + 4], ARGV[a + 5]) end
-    redis.call('publish', '""" + DONE_PREFIX + """' .. id_of(key), ARGV[a + 1])
+    redis.call('publish', '{DONE_PREFIX}' .. id_of(key), ARGV[a + 1])
     out[i] = 1
   else
     out[i] = 0
@@ -131,45 +213,101 @@ return out
 # delivery owns the job's one webhook: the event is its terminal status and one it asked for),
 # or why not: 'missing' (no record, or no webhook), 'not_its_status', 'not_asked',
 # 'duplicate' (another delivery took it).
-CLAIM_DELIVERY = """
+CLAIM_DELIVERY = _PRELUDE + """
 local f = redis.call('hmget', KEYS[1], 'status', 'webhook_url', 'webhook_events', 'webhook_id')
 if not f[1] or not f[2] then return 'missing' end
-if f[1] ~= ARGV[1] then return 'not_its_status' end
-if f[3] and not string.find(',' .. f[3] .. ',', ',' .. ARGV[1] .. ',', 1, true) then
+if f[1] ~= ARGV[3] then return 'not_its_status' end
+if f[3] and not string.find(',' .. f[3] .. ',', ',' .. ARGV[3] .. ',', 1, true) then
   return 'not_asked'
 end
-if f[4] and f[4] ~= ARGV[2] then return 'duplicate' end
-redis.call('hset', KEYS[1], 'webhook_id', ARGV[2])
+if f[4] and f[4] ~= ARGV[4] then return 'duplicate' end
+redis.call('hset', KEYS[1], 'webhook_id', ARGV[4])
 return 'deliver'
 """
 
 # KEYS: record. ARGV: now, cancelled error, expired error. Returns a CancelOutcome:
 # 'cancelled', 'missing', or 'too_late' (running or terminal: its status says which).
-CANCEL = _CLOCK + _EXPIRE_IF_DUE + _ID_OF + """
+CANCEL = _PRELUDE + f"""
 local f = redis.call('hmget', KEYS[1], 'status', 'expires_at')
 local status = f[1]
 if not status then return 'missing' end
-if expire_if_due(KEYS[1], id_of(KEYS[1]), status, f[2], ARGV[1], ARGV[3])
+if expire_if_due(KEYS[1], id_of(KEYS[1]), status, f[2], ARGV[3], ARGV[5])
     or status ~= 'queued' then
   return 'too_late'
 end
-redis.call('hset', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[1], 'error', ARGV[2])
-redis.call('publish', '""" + DONE_PREFIX + """' .. id_of(KEYS[1]), 'cancelled')
+redis.call('hset', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[3], 'error', ARGV[4])
+dead(KEYS[1], id_of(KEYS[1]))
+redis.call('publish', '{DONE_PREFIX}' .. id_of(KEYS[1]), 'cancelled')
 return 'cancelled'
 """
 
-# KEYS: record, stored result. ARGV: now, expired error. Returns {fields, the stored result of
-# a job that succeeded, or false}: a finished job's read is one HGETALL and one GET.
-READ = _CLOCK + _EXPIRE_IF_DUE + _ID_OF + """
-local flat = redis.call('hgetall', KEYS[1])
-if #flat == 0 then return {} end
-local f = {}
-for i = 1, #flat, 2 do f[flat[i]] = flat[i + 1] end
-if expire_if_due(KEYS[1], id_of(KEYS[1]), f['status'], f['expires_at'], ARGV[1], ARGV[2]) then
-  flat = redis.call('hgetall', KEYS[1])
-  f['status'] = 'expired'
-end
+# KEYS: record, stored result. ARGV: now, expired error. Returns {READ_FIELDS' values,
+# the stored result of a job that succeeded, or false}; {} when there is no record.
+READ = _PRELUDE + """
+local f = redis.call('hmget', KEYS[1], 'status', 'expires_at')
+if not f[1] then return {} end
+expire_if_due(KEYS[1], id_of(KEYS[1]), f[1], f[2], ARGV[3], ARGV[4])
+local values = redis.call('hmget', KEYS[1], unpack(FIELDS))
 local meta = false
-if f['status'] == 'succeeded' then meta = redis.call('get', KEYS[2]) end
-return {flat, meta}
+if values[1] == 'succeeded' then meta = redis.call('get', KEYS[2]) end
+return {values, meta}
+"""
+
+# KEYS: an index (an owner's, or its dead-letter one). ARGV: now, expired error, the
+# cursor's score and job id ('' : from the newest), page size, scan budget, status ('' : any),
+# model ('' : any). Newest first, it reads at most `budget` entries, keeping those that match:
+# {next cursor's score and id (false: no more), then per job {id, READ_FIELDS' values}}. An
+# entry whose record is gone leaves the index; so do entries past the records' time to live.
+LIST = _PRELUDE + """
+local cursor_score, cursor_id = ARGV[5], ARGV[6]
+local limit, budget, status, model = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], ARGV[10]
+trim(KEYS[1], now_us - TTL_S * 1000000, 1000)
+local top = cursor_score == '' and '+inf' or cursor_score
+local rows = redis.call('zrevrangebyscore', KEYS[1], top, '-inf', 'WITHSCORES', 'LIMIT', 0,
+                        budget)
+local out, last_score, last_id = {false, false}, false, false
+for i = 1, #rows, 2 do
+  local id, score = rows[i], rows[i + 1]
+  -- Ties with the cursor's score that the previous page saw already are skipped.
+  if not (score == cursor_score and id >= cursor_id) then
+    local key = '""" + JOB_PREFIX + """' .. id
+    local f = redis.call('hmget', key, 'status', 'model', 'expires_at')
+    if not f[1] then
+      redis.call('zrem', KEYS[1], id)
+    else
+      if expire_if_due(key, id, f[1], f[3], ARGV[3], ARGV[4]) then f[1] = 'expired' end
+      if (status == '' or f[1] == status) and (model == '' or f[2] == model) then
+        out[#out + 1] = {id, redis.call('hmget', key, unpack(FIELDS))}
+      end
+    end
+    last_score, last_id = score, id
+    if #out - 2 == limit then break end
+  end
+end
+if #out - 2 == limit or #rows == 2 * budget then out[1], out[2] = last_score, last_id end
+return out
+"""
+
+# KEYS: record, stored result, kept request. ARGV: owner, now, expired error. Deletes a
+# finished job of `owner`'s (record, result, kept request, index entries): 'deleted';
+# 'missing' (none, or another owner's); or its status when it is not finished.
+DELETE = _PRELUDE + f"""
+local f = redis.call('hmget', KEYS[1], 'status', 'owner', 'kept', 'expires_at')
+if not f[1] or (f[2] or '') ~= ARGV[3] then return 'missing' end
+local id = id_of(KEYS[1])
+if expire_if_due(KEYS[1], id, f[1], f[4], ARGV[4], ARGV[5]) then f[1] = 'expired' end
+if f[1] == 'queued' or f[1] == 'running' then return f[1] end
+redis.call('del', KEYS[1], KEYS[2], KEYS[3])
+redis.call('zrem', '{owner_index("")}' .. ARGV[3], id)
+redis.call('zrem', '{dead_index("")}' .. ARGV[3], id)
+if f[3] and redis.call('zrem', '{KEPT_KEY}', id .. ':' .. f[3]) == 1 then
+  redis.call('decrby', '{KEPT_BYTES_KEY}', f[3])
+end
+return 'deleted'
+"""
+
+# What the kept requests hold now: {jobs, bytes}, after those whose time is up are dropped.
+KEPT = _PRELUDE + f"""
+trim_kept(1000)
+return {{redis.call('zcard', '{KEPT_KEY}'), tonumber(redis.call('get', '{KEPT_BYTES_KEY}') or 0)}}
 """

@@ -20,6 +20,7 @@ Every move is one Lua script, so each is decided once, inside Redis:
   (tasks/results.py) and its webhook delivery are written in the same step, so a duplicate run
   can change nothing and a webhook is queued once.
 * `cancel`: only a queued job is cancelled; `start` refuses a cancelled one.
+* `progress`: a running job whose inputs span several model calls counts its items done.
 * `claim_delivery`: a webhook delivery is sent only for the job's terminal status, if the job
   asked for that event, and by one delivery id: a message sent by hand (Flower's send-task)
   cannot make the deliverer sign another event, or the same one twice.
@@ -30,6 +31,12 @@ that is not the job's own (sent by hand with its id) can neither run as it nor f
 
 A terminal status is final: no later script changes it or its timestamps. A job read back is a
 `JobRecord`; a new one comes from `new_job`.
+
+Beside the record: each owner's index of its jobs, newest first (`list`), and its dead-letter
+index of the jobs that did not succeed. A job's request (inputs and options) is kept in its
+record while it waits, when it is small enough (`kept_inputs_max_bytes`): a job that succeeds
+drops it, one that fails, is cancelled or expires keeps it for `kept_inputs_ttl_s` under a key
+of its own, so that it can be retried (`submit` with `retry_of`, which links the two jobs).
 """
 from __future__ import annotations
 
@@ -44,7 +51,7 @@ from redis.client import NEVER_DECODE
 
 from tasks import jobscripts, results
 from tasks.errors import ErrorCode, JobError
-from tasks.keys import job_key, result_key
+from tasks.keys import dead_index, job_key, kept_request, owner_index, result_key
 from tasks.messages import QueuedMessage
 
 
@@ -97,6 +104,15 @@ class IdempotencyMismatch(Exception):
     """An Idempotency-Key was reused with a different request body."""
 
 
+class RetryRefused(Exception):
+    """A job cannot be retried: `reason` is "missing" (no record), "retried" (it was already,
+    as `job_id`) or the status of a job that did not end without success."""
+
+    def __init__(self, reason: str, job_id: str = "") -> None:
+        super().__init__(reason)
+        self.reason, self.job_id = reason, job_id
+
+
 class StoreFull(Exception):
     """Redis is within its headroom of maxmemory: new jobs are refused so that the accepted
     ones keep room for their results."""
@@ -132,6 +148,17 @@ def iso(moment: datetime) -> str:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _time(text: str | None) -> datetime | None:
+    """A record's timestamp: Unix milliseconds, or ISO 8601 as records before kept it."""
+    if not text:
+        return None
+    if text.isdigit():
+        ms = int(text)
+        return datetime.fromtimestamp(ms // 1000, timezone.utc) + timedelta(
+            milliseconds=ms % 1000)
+    return datetime.fromisoformat(text)
+
+
 def batch_text(batch: Mapping[str, Any]) -> str:
     """A batch as records keep it (`start`): "<id> <jobs> <items>"."""
     return f"{batch['id']} {batch['jobs']} {batch['items']}"
@@ -145,17 +172,6 @@ def _batch(text: str | None) -> dict | None:
         return orjson.loads(text)
     batch_id, jobs, items = text.split()
     return {"id": batch_id, "jobs": int(jobs), "items": int(items)}
-
-
-def _time(text: str | None) -> datetime | None:
-    """A record's timestamp: Unix milliseconds, or ISO 8601 as records before kept it."""
-    if not text:
-        return None
-    if text.isdigit():
-        ms = int(text)
-        return datetime.fromtimestamp(ms // 1000, timezone.utc) + timedelta(
-            milliseconds=ms % 1000)
-    return datetime.fromisoformat(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +197,10 @@ class JobRecord:
     batch: dict | None = None  # the batch it last ran in: id, jobs, items
     runs: int = 0
     error: JobError | None = None
+    items_done: int = 0  # of a running job spanning several model calls
+    retry_of: str = ""  # the job this one retries
+    retried_as: str = ""  # the job that retries this one
+    kept: int = 0  # bytes of its request kept for a retry (0: none was)
     outputs: list | None = None
 
     @property
@@ -204,6 +224,8 @@ class JobRecord:
             written["webhook_events"] = self.webhook_events
         if self.token:
             written["token"] = self.token
+        if self.retry_of:
+            written["retry_of"] = self.retry_of
         return written
 
     @classmethod
@@ -223,23 +245,32 @@ class JobRecord:
             worker=get("worker"), batch=_batch(get("batch")),
             runs=int(get("runs") or 0),
             error=JobError.from_json(raw["error"]) if get("error") else None,
-            outputs=outputs)
+            items_done=int(get("items_done") or 0), retry_of=get("retry_of") or "",
+            retried_as=get("retried_as") or "", kept=int(get("kept") or 0), outputs=outputs)
 
 
 def new_job(job_id: str, *, model: str, trace_id: str, inputs: int, priority: str,
             owner: str = "", encoding_format: str = "float", webhook_url: str = "",
-            webhook_events: Sequence[str] = (), token: str = "") -> JobRecord:
+            webhook_events: Sequence[str] = (), token: str = "",
+            retry_of: str = "") -> JobRecord:
     """A job as it is submitted: `queued`, created now (to the millisecond, as stored)."""
     now = datetime.now(timezone.utc)
     now = now.replace(microsecond=now.microsecond // 1000 * 1000)
     return JobRecord(job_id, Status.QUEUED, model, now, trace_id=trace_id, inputs=inputs,
                      priority=priority, owner=owner, encoding_format=encoding_format,
                      webhook_url=webhook_url, webhook_events=",".join(webhook_events),
-                     token=token)
+                     token=token, retry_of=retry_of)
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _record(job_id: str, values: Sequence[Any], stored: Any = None) -> JobRecord:
+    """A record from READ_FIELDS' values (None or false for a field it lacks)."""
+    found = {name: _text(v) for name, v in zip(jobscripts.READ_FIELDS, values) if v}
+    return JobRecord.from_fields(job_id, found, results.outputs_of(
+        stored or None, found.get("encoding_format")))
 
 
 @dataclass
@@ -249,33 +280,67 @@ class Submitted:
 
 
 @dataclass
+class Page:
+    """Jobs of an index, newest first, and where the next page starts (None: no more)."""
+    jobs: list[JobRecord]
+    cursor: tuple[str, str] | None
+
+
+@dataclass
 class JobState:
-    """The status machine over one Redis client. Each method is one round trip."""
+    """The status machine over one Redis client. Each method is one round trip. `keep_s`: how
+    long a job that did not succeed keeps its request for a retry (0: none is kept);
+    `ttl_s`: how long records live (job_ttl_s), which the indexes follow."""
     client: redis.Redis
+    keep_s: int = 0
+    ttl_s: int = 86_400
     _scripts: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name, source in (("submit", jobscripts.SUBMIT), ("start", jobscripts.START),
-                             ("finish", jobscripts.FINISH), ("cancel", jobscripts.CANCEL),
-                             ("read", jobscripts.READ),
-                             ("claim_delivery", jobscripts.CLAIM_DELIVERY)):
-            self._scripts[name] = self.client.register_script(source)
+        for name in ("SUBMIT", "START", "PROGRESS", "FINISH", "CANCEL", "READ", "LIST",
+                     "DELETE", "KEPT", "CLAIM_DELIVERY"):
+            self._scripts[name.lower()] = self.client.register_script(getattr(jobscripts, name))
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
+             ttl_s: int | None = None) -> Any:
+        """Run a script with the two arguments every script takes first."""
+        return self._scripts[name](keys=keys, args=[self.keep_s, ttl_s or self.ttl_s, *args])
+
+    def _run_undecoded(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """`_run`, its reply as Redis sent it: bytes even where the client decodes replies,
+        since a packed result (tasks/results.py) is not text."""
+        script = self._scripts[name]
+        for attempt in (1, 2):
+            try:
+                return self.client.execute_command(
+                    "EVALSHA", script.sha, len(keys), *keys, self.keep_s, self.ttl_s, *args,
+                    **{NEVER_DECODE: True})
+            except redis.exceptions.NoScriptError:
+                if attempt == 2:
+                    raise
+                script.sha = self.client.script_load(script.script)
 
     def submit(self, job: JobRecord, message: QueuedMessage, *, depth_lists: Sequence[str],
                max_depth: int, ttl_s: int, timeout_s: float = 0,
                idempotency: tuple[str, str] | None = None,
-               memory_headroom: float = 0.0) -> Submitted:
-        """Record the job and queue its message, or raise Overloaded, StoreFull or
-        IdempotencyMismatch. With `idempotency` = (claim key, request digest) already claimed
-        by an earlier request with the same digest, that earlier job's id and
-        created=False."""
+               memory_headroom: float = 0.0, request: bytes = b"") -> Submitted:
+        """Record the job, index it under its owner and queue its message, or raise
+        Overloaded, StoreFull, IdempotencyMismatch or RetryRefused. With `idempotency` =
+        (claim key, request digest) already claimed by an earlier request with the same digest,
+        that earlier job's id and created=False. `request`: what to keep for a retry, should it
+        not succeed (b"": nothing). A job with `retry_of` is made only if that job ended without
+        success and was not retried yet; both are then linked."""
         claim, digest = idempotency or (job_key(job.id) + ":no-claim", "")
-        args: list[Any] = [job.id, ttl_s, max_depth, timeout_s or 0, digest, message.payload,
-                           memory_headroom]
+        retried = job_key(job.retry_of) if job.retry_of else job_key(job.id) + ":no-retry"
+        # The owner's index drops expired entries on one submit in 16 (ids are random).
+        args: list[Any] = [job.id, max_depth, timeout_s or 0, digest, message.payload,
+                           memory_headroom, request, "1" if job.id[0] == "0" else "0",
+                           "1" if job.retry_of else "0"]
         for name, value in job.submitted_fields().items():
             args += [name, value]
-        kind, found = (_text(x) for x in self._scripts["submit"](
-            keys=[job_key(job.id), claim, message.list_key, *depth_lists], args=args))
+        kind, found = (_text(x) for x in self._run(
+            "submit", [job_key(job.id), claim, message.list_key, owner_index(job.owner),
+                       retried, *depth_lists], args, ttl_s))
         if kind == "overloaded":
             raise Overloaded()
         if kind == "full":
@@ -283,6 +348,10 @@ class JobState:
             raise StoreFull(used, cap)
         if kind == "mismatch":
             raise IdempotencyMismatch()
+        if kind in ("gone", "retried", "not_retryable"):
+            raise RetryRefused("missing" if kind == "gone" else
+                               "retried" if kind == "retried" else found,
+                               found if kind == "retried" else "")
         return Submitted(found, kind == "created")
 
     def start(self, job_ids: Sequence[str], *, worker: str, batch: str,
@@ -291,10 +360,14 @@ class JobState:
         job's token as its message carries it."""
         now = now_stamp()
         tokens = list(tokens) or [""] * len(job_ids)
-        out = self._scripts["start"](keys=[job_key(j) for j in job_ids],
-                                     args=[now, worker, batch, now, EXPIRED_ERROR.to_json(),
-                                           *tokens])
+        out = self._run("start", [job_key(j) for j in job_ids],
+                        [now, worker, batch, now, EXPIRED_ERROR.to_json(), *tokens])
         return [StartDecision(_text(x)) for x in out]
+
+    def progress(self, items_done: Mapping[str, int]) -> int:
+        """Count running jobs' items done; how many were running."""
+        return int(self._run("progress", [job_key(j) for j in items_done],
+                             list(items_done.values())))
 
     def finish(self, finals: Sequence[Final], *, result_ttl_s: int) -> list[bool]:
         """Give each job its terminal status, result and webhook, unless it has one already;
@@ -309,43 +382,53 @@ class JobState:
                      final.error.to_json() if final.error else "",
                      final.webhook.list_key if final.webhook else "",
                      final.webhook.payload if final.webhook else "", final.token]
-        return [bool(x) for x in self._scripts["finish"](keys=keys, args=args)]
+        return [bool(x) for x in self._run("finish", keys, args)]
 
     def claim_delivery(self, job_id: str, event: str, delivery_id: str) -> DeliveryClaim:
         """Whether delivery `delivery_id` may send `event` of the job (its retries may)."""
-        return DeliveryClaim(_text(self._scripts["claim_delivery"](
-            keys=[job_key(job_id)], args=[event, delivery_id])))
+        return DeliveryClaim(_text(self._run("claim_delivery", [job_key(job_id)],
+                                             [event, delivery_id])))
 
     def cancel(self, job_id: str) -> CancelOutcome:
-        return CancelOutcome(_text(self._scripts["cancel"](
-            keys=[job_key(job_id)],
-            args=[now_stamp(), CANCELLED_ERROR.to_json(), EXPIRED_ERROR.to_json()])))
+        return CancelOutcome(_text(self._run(
+            "cancel", [job_key(job_id)],
+            [now_stamp(), CANCELLED_ERROR.to_json(), EXPIRED_ERROR.to_json()])))
 
     def read(self, job_id: str) -> JobRecord | None:
         """The job, expired first if its deadline has passed while it waited; None when
         there is no record."""
-        out = self._undecoded("read", [job_key(job_id), result_key(job_id)],
-                              [now_stamp(), EXPIRED_ERROR.to_json()])
-        if not out:
-            return None
-        flat, stored = out
-        pairs = [_text(x) for x in flat]
-        fields = dict(zip(pairs[::2], pairs[1::2]))
-        return JobRecord.from_fields(job_id, fields, results.outputs_of(
-            stored or None, fields.get("encoding_format")))
+        out = self._run_undecoded("read", [job_key(job_id), result_key(job_id)],
+                                  [now_stamp(), EXPIRED_ERROR.to_json()])
+        return _record(job_id, *out) if out else None
 
-    def _undecoded(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """A script's reply as Redis sent it, bytes even where the client decodes replies:
-        a packed result (tasks/results.py) is not text."""
-        script = self._scripts[name]
-        for attempt in (1, 2):
-            try:
-                return self.client.execute_command("EVALSHA", script.sha, len(keys), *keys,
-                                                   *args, **{NEVER_DECODE: True})
-            except redis.exceptions.NoScriptError:
-                if attempt == 2:
-                    raise
-                script.sha = self.client.script_load(script.script)
+    def page(self, owner: str, *, dead: bool = False, status: str = "", model: str = "",
+             cursor: tuple[str, str] | None = None, limit: int = 20,
+             budget: int = 500) -> Page:
+        """A page of the owner's jobs (`dead`: of those that did not succeed), newest first,
+        filtered by status and model, reading at most `budget` index entries: a page may
+        hold fewer than `limit` jobs and still have a cursor to go on from."""
+        index = dead_index(owner) if dead else owner_index(owner)
+        score, after = cursor or ("", "")
+        out = self._run("list", [index], [now_stamp(), EXPIRED_ERROR.to_json(), score, after,
+                                          limit, budget, status, model])
+        jobs = [_record(_text(job_id), values) for job_id, values in out[2:]]
+        return Page(jobs, (_text(out[0]), _text(out[1])) if out[0] else None)
+
+    def delete(self, job_id: str, owner: str) -> str:
+        """Delete a finished job of `owner`'s: "deleted", "missing", or the status of a job
+        not finished."""
+        return _text(self._run("delete", [job_key(job_id), result_key(job_id),
+                                          kept_request(job_id)],
+                               [owner, now_stamp(), EXPIRED_ERROR.to_json()]))
+
+    def kept_request(self, job_id: str) -> bytes | None:
+        """The request kept for a retry of a job that did not succeed, if it still is."""
+        return self.client.get(kept_request(job_id))
+
+    def kept(self) -> tuple[int, int]:
+        """Requests kept for retries now, and their bytes."""
+        jobs, size = self._run("kept", [], [])
+        return int(jobs), int(size)
 
     def owner_of(self, job_id: str) -> str | None:
         """The owner of the job's record (one read, no expiry; "" when keys are off); None

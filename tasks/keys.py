@@ -10,6 +10,14 @@ JOB_PREFIX = f"{PREFIX}job:"
 # Pub/sub channel `iq:done:<job id>`, on which a job's move to a terminal status is announced
 # (its status only, never its result): it wakes the API's waiting requests (app/waiter.py).
 DONE_PREFIX = f"{PREFIX}done:"
+# Pub/sub channel on which workers announce jobs' other moves, a batch at a time: "running
+# <id> <id> ..." when a batch starts, "progress <id> ..." when a job spanning several model calls
+# has more items done. The API's event streams listen (app/waiter.py, app/events.py).
+MOVES_CHANNEL = f"{PREFIX}moves"
+# The kept requests of jobs that did not succeed (tasks/jobstate.py): a sorted set of
+# "<job id>:<bytes>" by the time each is dropped, and the bytes they hold in all.
+KEPT_KEY = f"{PREFIX}kept"
+KEPT_BYTES_KEY = f"{PREFIX}kept:bytes"
 # Celery's Redis result backend names a task's result key (and channel) this way.
 RESULT_PREFIX = "celery-task-meta-"
 
@@ -23,6 +31,23 @@ def result_key(job_id: str) -> str:
     """The job's stored result (tasks/results.py), where Celery's backend keeps a task's:
     readable with AsyncResult too."""
     return f"{RESULT_PREFIX}{job_id}"
+
+
+def owner_index(owner: str) -> str:
+    """The jobs of one owner (an API key's name; "" when keys are off): a sorted set of job
+    ids by submission time (microseconds, Redis's clock), trimmed as their records expire."""
+    return f"{PREFIX}owner:{owner}"
+
+
+def dead_index(owner: str) -> str:
+    """The owner's jobs that ended without succeeding (failed, cancelled, expired): a sorted
+    set of job ids by the time each ended: the dead-letter view."""
+    return f"{PREFIX}dead:{owner}"
+
+
+def kept_request(job_id: str) -> str:
+    """The request of a job that did not succeed, kept for a retry (JSON, expiring)."""
+    return f"{PREFIX}request:{job_id}"
 
 
 def idempotency_key(owner: str, key: str) -> str:
@@ -42,3 +67,9 @@ def live_key(model: str) -> str:
 # Sorted set of workers (hostname) whose main process is consuming, scored by the last tick of
 # its event loop. A child's heartbeat alone says the model is loaded, not that jobs reach it.
 CONSUMING_KEY = f"{PREFIX}consuming"
+
+
+def consuming_key(queue: str) -> str:
+    """Sorted set of the workers (hostname) consuming `queue` now, scored by their last tick:
+    a worker told to stop consuming a queue (`cancel_consumer`) leaves it at its next tick."""
+    return f"{CONSUMING_KEY}:{queue}"

@@ -58,6 +58,9 @@ def shared_models(ts_model: Path, workdir: Path) -> dict:
                       "max_batch_size": 64, "max_wait_ms": 5, "max_inputs": 64},
         "sleepy": {"kind": "synthetic", "base_ms": 3000, "per_item_ms": 0,
                    "max_batch_size": 4, "max_inputs": 4},
+        # A job of more than 2 inputs spans several model calls of 150 ms: progress to see.
+        "chunky": {"kind": "synthetic", "base_ms": 150, "per_item_ms": 0, "max_batch_size": 2,
+                   "max_inputs": 16},
         # A window far longer than any test: only the idle-worker rule can dispatch at once.
         "patient": {"kind": "synthetic", "base_ms": 10, "per_item_ms": 0,
                     "max_batch_size": 64, "max_wait_ms": 120000},
@@ -71,7 +74,7 @@ def stack(tmp_path_factory) -> Stack:
     stack = launch(workdir, models, {
         "text": ["minilm-embed", "minilm-classify", "ts-affine", "export-linear",
                  "tiny-seqcls", "tiny-vision", "vision-defaults"],
-        "synth": ["synthetic", "sleepy", "patient"],
+        "synth": ["synthetic", "sleepy", "patient", "chunky"],
     }, env_extra={"IQ_IMAGE_URL_ALLOW": "127.0.0.1"})  # the image URL tests' own server
     yield stack
     stack.stop()

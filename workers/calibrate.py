@@ -6,17 +6,26 @@ It stops at the first out-of-memory, or once doubling the batch no longer raises
 `--min-gain` (5%). It recommends `max_batch_size` = 80% of the largest size that ran (headroom
 for longer inputs than the samples), and `max_wait_ms` = the time of a call of one item:
 holding a job longer than that to fill a batch costs more than running it would have.
+
+Each batch size is timed `--repeats` times and the fastest call counts; when the slowest of a
+size's calls took more than `NOISY` longer than its fastest, other work disturbed the timings
+(a busy machine) and the recommendation is said to be untrustworthy. The plot goes to
+bench/results/calibration-MODEL.png unless `--plot` says where.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from config import load_models, load_settings
 from workers.handlers.base import Handler, is_oom
+
+RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
+NOISY = 0.25  # a size's slowest call this much over its fastest: the timings were disturbed
 
 
 @dataclass
@@ -26,6 +35,7 @@ class Step:
     items_per_s: float = 0.0
     peak_memory_mb: float | None = None  # GPU only
     oom: bool = False
+    spread: float = 0.0  # the slowest call over the fastest, less one
 
 
 @dataclass
@@ -34,6 +44,7 @@ class Calibration:
     device: str
     steps: list[Step] = field(default_factory=list)
     stopped: str = ""
+    repeats: int = 3  # timed calls per batch size
 
     @property
     def largest_safe(self) -> int:
@@ -42,6 +53,11 @@ class Calibration:
     @property
     def max_batch_size(self) -> int:
         return max(1, int(0.8 * self.largest_safe))
+
+    @property
+    def noisy(self) -> list[Step]:
+        """The sizes whose calls varied more than NOISY: their timings are not to be trusted."""
+        return [s for s in self.steps if not s.oom and s.spread > NOISY]
 
     @property
     def max_wait_ms(self) -> float:
@@ -74,12 +90,12 @@ def measure(handler: Handler, size: int, repeats: int) -> Step:
         times.append(time.perf_counter() - started)
     seconds = min(times)
     peak = torch.cuda.max_memory_allocated(handler.device) / 2**20 if cuda else None
-    return Step(size, 1000 * seconds, size / seconds, peak)
+    return Step(size, 1000 * seconds, size / seconds, peak, spread=max(times) / seconds - 1)
 
 
 def calibrate(handler: Handler, limit: int = 4096, min_gain: float = 0.05,
               repeats: int = 3) -> Calibration:
-    result = Calibration(handler.spec.name, handler.device)
+    result = Calibration(handler.spec.name, handler.device, repeats=repeats)
     size, best = 1, 0.0
     while True:
         try:
@@ -132,6 +148,16 @@ def plot(result: Calibration, path: Path) -> None:
     plt.close(fig)
 
 
+def noise_warning(result: Calibration) -> str:
+    worst = max(result.noisy, key=lambda s: s.spread)
+    sizes = ", ".join(str(s.batch_size) for s in result.noisy)
+    return (f"warning: the timings are too noisy to trust (batch sizes {sizes}: at "
+            f"{worst.batch_size}, the slowest of {result.repeats} calls took "
+            f"{worst.spread:.0%} longer than the fastest; more than {NOISY:.0%} means other "
+            "work was running). Run it again on an idle machine, or with more --repeats, "
+            "before using the recommendation above.")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m workers.calibrate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -141,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-gain", type=float, default=0.05,
                    help="stop when doubling the batch raises items/s by less than this")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per batch size")
-    p.add_argument("--plot", default=None, help="PNG to write (default calibration-MODEL.png)")
+    p.add_argument("--plot", default=None,
+                   help="PNG to write (default bench/results/calibration-MODEL.png)")
     p.add_argument("--json", action="store_true", help="print the measurements as JSON")
     a = p.parse_args(argv)
 
@@ -164,16 +191,23 @@ def main(argv: list[str] | None = None) -> int:
             continue
         peak = f"{s.peak_memory_mb:.0f}" if s.peak_memory_mb is not None else "-"
         print(f"{s.batch_size:>6} {s.ms_per_batch:>10.2f} {s.items_per_s:>10.1f} {peak:>9}")
-    plot_path = Path(a.plot or f"calibration-{a.model}.png")
+    if a.plot:
+        plot_path = Path(a.plot)
+    else:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        plot_path = RESULTS / f"calibration-{a.model}.png"
     plot(result, plot_path)
     print(f"stopped: {result.stopped}; largest safe batch: {result.largest_safe}")
     print(f"recommended for {a.model} on {result.device}:")
     print(f"  max_batch_size: {result.max_batch_size}")
     print(f"  max_wait_ms: {result.max_wait_ms:g}")
     print(f"plot: {plot_path}")
+    if result.noisy:
+        print(noise_warning(result), file=sys.stderr)
     if a.json:
         print(json.dumps({**asdict(result), "max_batch_size": result.max_batch_size,
-                          "max_wait_ms": result.max_wait_ms}))
+                          "max_wait_ms": result.max_wait_ms,
+                          "noisy": [s.batch_size for s in result.noisy]}))
     return 0
 
 

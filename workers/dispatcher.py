@@ -48,7 +48,8 @@ class PoolDispatcher:
         self.connection = consumer.connection
         self.client = connect(self.settings.redis_url, self.settings)
         self.leases = Leases(Unacked(self.client, broker_of(consumer.app)))
-        self.settlement = Settlement(consumer.app, self.leases, JobState(self.client))
+        self.settlement = Settlement(consumer.app, self.leases, JobState(
+            self.client, self.settings.kept_s, self.settings.job_ttl_s))
         self.liveness = Liveness(consumer, self.client, self.leases, self._idle)
         self._timer_entry: Any = None
         self._timer_due: float | None = None

@@ -149,12 +149,39 @@ def _run_model(rt: ModelRuntime, model: str, jobs: list[BatchJob]) -> _Ran:
             metrics.get().queue_wait.labels(model).observe(max(now - job.args.submitted_at, 0.0))
     started = time.monotonic()
     model_start_ns = time.time_ns()
-    returned = rt.run(model, [(job.args.inputs, job.args.options) for job in jobs])
+    returned = rt.run(model, [(job.args.inputs, job.args.options) for job in jobs],
+                      _Progress(rt, jobs))
     model_ns = (model_start_ns, time.time_ns())
     elapsed = time.monotonic() - started
     metrics.get().inference.labels(model).observe(elapsed)
     metrics.get().batch_size.labels(model).observe(sum(len(job.args.inputs) for job in jobs))
     return _Ran(returned, elapsed, started_ns, model_ns)
+
+
+class _Progress:
+    """Told how many of a batch's items (in order) are done after each model call, it counts
+    them in the records of jobs part done: those spanning several calls (a job larger than
+    max_batch_size runs alone, as several calls). A job done is left for `finish`. Progress
+    is a courtesy: a Redis error on the way is logged, never a job's failure."""
+
+    def __init__(self, rt: ModelRuntime, jobs: list[BatchJob]) -> None:
+        self.rt = rt
+        self.spans: list[tuple[str, int, int]] = []  # (job id, first item, items)
+        first = 0
+        for job in jobs:
+            self.spans.append((job.id, first, len(job.args.inputs)))
+            first += len(job.args.inputs)
+
+    def __call__(self, done: int) -> None:
+        part_done = {job_id: done - first for job_id, first, items in self.spans
+                     if first < done < first + items}
+        if not part_done:
+            return
+        try:
+            self.rt.jobs.progress(part_done)
+        except redis.RedisError as exc:
+            logger.warning("could not count the progress of %d job(s): %s", len(part_done),
+                           exc)
 
 
 def _outcomes(model: str, jobs: list[BatchJob], ran: _Ran, finals: list[Final],

@@ -1,6 +1,6 @@
 """The worker's periodic tick, on its event loop (`heartbeat_interval_s`): its leases renewed,
-its watchdog fed, its consuming announced to the API (`/readyz`), and the queues it consumes
-checked against its models file."""
+its watchdog fed, its consuming announced to the API (`/readyz`), queue by queue, and the
+queues it consumes checked against its models file."""
 from __future__ import annotations
 
 import logging
@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import redis
 
-from tasks.keys import CONSUMING_KEY
+from tasks.keys import CONSUMING_KEY, consuming_key
 from tasks.names import queue_lists
 from workers.broker import Leases
 from workers.watchdog import Watchdog
@@ -29,6 +29,7 @@ class Liveness:
         self.leases = leases
         self.idle = idle
         self.consuming = False
+        self.announced: set[str] = set()  # the queues last announced as consumed
         self.watchdog = Watchdog(self.settings.watchdog_s, self)
 
     def tick(self) -> None:
@@ -40,12 +41,25 @@ class Liveness:
                          self.settings.models_file)
             self.consumer.cancel_task_queue(queue)
         queues = self.consumed_queues()
-        if not queues:  # no model's queue (a webhooks-only worker, or all cancelled)
-            return
-        self.watchdog.observe_idle_with_work(self.idle() and self._jobs_waiting(queues))
+        if queues:  # else no model's queue (a webhooks-only worker, or all cancelled)
+            self.watchdog.observe_idle_with_work(self.idle() and self._jobs_waiting(queues))
+        if self.consuming and (queues or self.announced):
+            self._announce(queues)
+
+    def _announce(self, queues: list[str]) -> None:
+        """This worker consumes `queues` now, and no longer those it announced before: the
+        API counts its instances of a model only while it consumes the model's queue."""
+        host, now = self.consumer.hostname, time.time()
         try:
-            if self.consuming:
-                self.client.zadd(CONSUMING_KEY, {self.consumer.hostname: time.time()})
+            with self.client.pipeline(transaction=False) as pipe:
+                if queues:
+                    pipe.zadd(CONSUMING_KEY, {host: now})
+                for queue in queues:
+                    pipe.zadd(consuming_key(queue), {host: now})
+                for queue in self.announced - set(queues):
+                    pipe.zrem(consuming_key(queue), host)
+                pipe.execute()
+            self.announced = set(queues)
         except redis.RedisError as exc:
             logger.warning("could not announce this worker as consuming: %s", exc)
 
@@ -84,8 +98,14 @@ class Liveness:
     def stop_consuming(self) -> None:
         self.watchdog.pause()
         self.consuming = False
+        host = self.consumer.hostname
         try:
-            self.client.zrem(CONSUMING_KEY, self.consumer.hostname)
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.zrem(CONSUMING_KEY, host)
+                for queue in self.announced:
+                    pipe.zrem(consuming_key(queue), host)
+                pipe.execute()
+            self.announced = set()
         except redis.RedisError:
             pass
 

@@ -18,6 +18,7 @@ from tasks.jobstate import JobState
 from tasks.keys import live_key
 from tasks.redis_client import connect
 from workers.handlers import Handler, build_handler
+from workers.handlers.base import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class ModelRuntime:
         self._stop = threading.Event()
         self._redis = connect(settings.redis_url, settings)
         # The job records this child moves (start, finish): tasks/jobstate.py.
-        self.jobs = JobState(self._redis)
+        self.jobs = JobState(self._redis, settings.kept_s, settings.job_ttl_s)
 
     def start(self) -> None:
         from workers.devices import configure_allocator
@@ -93,7 +94,8 @@ class ModelRuntime:
                     time.monotonic() - started, self.member)
         return handler
 
-    def run(self, model: str, jobs: list[tuple[list, dict]]) -> list[list | JobError]:
+    def run(self, model: str, jobs: list[tuple[list, dict]],
+            progress: Progress | None = None) -> list[list | JobError]:
         assert self.state is State.READY, f"runtime is {self.state.value}"
         handler = self.handlers.get(model)
         if handler is None:
@@ -105,7 +107,7 @@ class ModelRuntime:
             logger.info("loading %s on first use (queue added at run time)", model)
             handler = self._load(model)
             self._beat()
-        return handler.run(jobs)
+        return handler.run(jobs, progress)
 
     def record_memory(self, model: str) -> None:
         from workers.metrics import record_gpu_memory

@@ -6,17 +6,18 @@ from Python (`Client`) or the shell (`iq-client`, or `python -m inference_queue_
     with Client("http://127.0.0.1:8000") as iq:
         vectors = iq.run("minilm-embed", ["hello world", "how are you"])
 """
-from inference_queue_client.client import Client
+from inference_queue_client.client import Client, JobEvent
 from inference_queue_client.errors import (APIError, Conflict, ConnectionFailed, DecodeError,
-                                           Forbidden, IQError, JobFailed, MalformedRequest,
-                                           MethodNotAllowed, NotFound, Overloaded,
+                                           Forbidden, InvalidRequest, IQError, JobFailed,
+                                           MalformedRequest, MethodNotAllowed,
+                                           MissingDependency, NotFound, Overloaded,
                                            PayloadTooLarge, RateLimited, Unauthorized,
                                            Unavailable, UnsupportedMediaType, ValidationError,
                                            WaitTimeout)
 from inference_queue_client.jobs import Job, decode_float32, decode_outputs
 
 __all__ = ["APIError", "Client", "Conflict", "ConnectionFailed", "DecodeError", "Forbidden",
-           "IQError", "Job", "JobFailed", "MalformedRequest", "MethodNotAllowed", "NotFound",
-           "Overloaded", "PayloadTooLarge", "RateLimited", "Unauthorized", "Unavailable",
-           "UnsupportedMediaType", "ValidationError", "WaitTimeout", "decode_float32",
-           "decode_outputs"]
+           "IQError", "InvalidRequest", "Job", "JobEvent", "JobFailed", "MalformedRequest",
+           "MethodNotAllowed", "MissingDependency", "NotFound", "Overloaded", "PayloadTooLarge",
+           "RateLimited", "Unauthorized", "Unavailable", "UnsupportedMediaType",
+           "ValidationError", "WaitTimeout", "decode_float32", "decode_outputs"]

@@ -1,6 +1,7 @@
 """`iq-client`: the client from the shell. Jobs go out as JSON lines on stdout, errors as JSON
 lines on stderr; the exit status is 0 when every job is as asked, 1 otherwise, 2 for a usage
-error and 130 after Ctrl-C (which cancels the jobs still being waited for)."""
+error and 130 after Ctrl-C (which cancels the jobs still being waited for). While it waits on
+a terminal, a progress bar is drawn on stderr (the jobs' event streams feed it)."""
 from __future__ import annotations
 
 import argparse
@@ -13,12 +14,14 @@ from typing import IO, Any, Iterable
 from inference_queue_client.client import DEFAULT_URL, Client
 from inference_queue_client.errors import APIError, IQError, WaitTimeout
 from inference_queue_client.jobs import BASE64, Job
+from inference_queue_client.progress import Bar
 
 EPILOG = """\
 examples:
   printf 'hello world\\nhow are you\\n' | iq-client submit minilm-embed --wait
   iq-client submit ts-affine inputs.jsonl --json --per-job 16 | iq-client wait
   iq-client get 8f692a53-...      iq-client cancel 8f692a53-...
+  iq-client list --status failed | iq-client retry | iq-client wait
 
 The API's address and key come from --url/--api-key or IQ_API_URL/IQ_API_KEY."""
 
@@ -56,10 +59,23 @@ def parser() -> argparse.ArgumentParser:
     wait = commands.add_parser("wait", help="wait for jobs to finish; print each")
     get = commands.add_parser("get", help="print jobs as they stand")
     cancel = commands.add_parser("cancel", help="cancel queued jobs; print each")
-    for sub in (wait, get, cancel):
+    retry = commands.add_parser("retry", help="retry jobs that failed, were cancelled or "
+                                              "expired; print each new job")
+    delete = commands.add_parser("delete", help="delete finished jobs")
+    events = commands.add_parser("events", help="print each job's moves as they happen, "
+                                                "one {event, job} line each")
+    for sub in (wait, get, cancel, retry, delete, events):
         sub.add_argument("ids", nargs="*", metavar="JOB",
                          help="job ids; none or '-': read from stdin, one a line, as ids "
                               "or as the JSON lines `submit` prints")
+    listing = commands.add_parser("list", help="print your jobs, newest first, without "
+                                               "their outputs")
+    listing.add_argument("--status", choices=["queued", "running", "succeeded", "failed",
+                                              "cancelled", "expired"],
+                         help="only these (failed: the dead-letter view)")
+    listing.add_argument("--model", help="only this model's")
+    listing.add_argument("--limit", type=int, default=100, metavar="N",
+                         help="at most N jobs (default 100; 0: all)")
     for sub in (submit, wait, get):
         sub.add_argument("--encoding-format", choices=[BASE64],
                          help="outputs as base64 float32 (submit asks the API for it; wait "
@@ -69,6 +85,9 @@ def parser() -> argparse.ArgumentParser:
                          help="stop waiting after S seconds in all (exit status 1)")
         sub.add_argument("--no-cancel", action="store_true",
                          help="leave the jobs queued on Ctrl-C")
+        sub.add_argument("--progress", action=argparse.BooleanOptionalAction,
+                         help="draw a progress bar on stderr (default: when it is a "
+                              "terminal)")
     return p
 
 
@@ -78,21 +97,29 @@ class Usage(Exception):
 
 class Output:
     """One JSON line per job on stdout, one per error on stderr; remembers whether all went
-    as asked."""
+    as asked. A progress bar, if one is drawn, is cleared before each line and drawn again
+    after it."""
 
     def __init__(self) -> None:
         self.ok = True
+        self.bar: Bar | None = None
+
+    def line(self, value: Any, stream: IO[str] | None = None) -> None:
+        if self.bar is not None:
+            self.bar.clear()
+        print(json.dumps(value), file=stream or sys.stdout, flush=True)
+        if self.bar is not None and self.bar.finished < self.bar.jobs:
+            self.bar.draw()
 
     def job(self, job: Job, fine: bool = True) -> None:
         self.ok &= fine
-        print(json.dumps(job.as_dict()), flush=True)
+        self.line(job.as_dict())
 
     def error(self, exc: IQError, job_id: str | None = None) -> None:
         self.ok = False
         body = exc.body if isinstance(exc, APIError) else {
             "code": type(exc).__name__, "message": str(exc)}
-        print(json.dumps({**({"id": job_id} if job_id else {}), "error": body}),
-              file=sys.stderr, flush=True)
+        self.line({**({"id": job_id} if job_id else {}), "error": body}, sys.stderr)
 
 
 def read_inputs(stream: IO[str], as_json: bool) -> list[Any]:
@@ -134,15 +161,17 @@ def chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
 
 
 def wait_all(client: Client, ids: list[str], args: argparse.Namespace, out: Output) -> None:
-    """Wait for each job in turn within one overall timeout; Ctrl-C cancels the unfinished."""
+    """Wait for each job in turn within one overall timeout; Ctrl-C cancels the unfinished.
+    With a progress bar, each job is followed through its event stream."""
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     pending = list(ids)
+    if pending and (args.progress if args.progress is not None else sys.stderr.isatty()):
+        out.bar = Bar(sys.stderr, len(pending))
     try:
         while pending:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             try:
-                job = client.wait(pending[0], timeout=remaining, cancel_on_interrupt=False,
-                                  encoding_format=args.encoding_format)
+                job = _wait_one(client, pending[0], remaining, args, out.bar)
                 out.job(job, job.status == "succeeded")
             except WaitTimeout as exc:
                 out.job(exc.job, False)
@@ -158,51 +187,106 @@ def wait_all(client: Client, ids: list[str], args: argparse.Namespace, out: Outp
                 except IQError as exc:
                     out.error(exc, job_id)
         raise
+    finally:
+        if out.bar is not None:
+            out.bar.clear()
+
+
+def _wait_one(client: Client, job_id: str, timeout: float | None, args: argparse.Namespace,
+              bar: Bar | None) -> Job:
+    if bar is None:
+        return client.wait(job_id, timeout=timeout, cancel_on_interrupt=False,
+                           encoding_format=args.encoding_format)
+    for _event, job in client.events(job_id, timeout=timeout,
+                                     encoding_format=args.encoding_format):
+        bar.update(job)
+    return job
+
+
+def list_jobs(args: argparse.Namespace, client: Client, out: Output) -> None:
+    listed = client.jobs(status=args.status, model=args.model,
+                         page_size=min(args.limit or 100, 100))
+    for count, job in enumerate(listed, 1):
+        out.job(job)
+        if count == args.limit:
+            return
+
+
+def _get(args: argparse.Namespace, client: Client, out: Output, job_id: str) -> None:
+    out.job(client.get(job_id, encoding_format=args.encoding_format))
+
+
+def _cancel(args: argparse.Namespace, client: Client, out: Output, job_id: str) -> None:
+    out.job(client.cancel(job_id))
+
+
+def _retry(args: argparse.Namespace, client: Client, out: Output, job_id: str) -> None:
+    out.job(client.retry(job_id))
+
+
+def _delete(args: argparse.Namespace, client: Client, out: Output, job_id: str) -> None:
+    client.delete(job_id)
+    out.line({"id": job_id, "deleted": True})
+
+
+def _events(args: argparse.Namespace, client: Client, out: Output, job_id: str) -> None:
+    for name, job in client.events(job_id):
+        out.line({"event": name, "job": job.as_dict()})
+
+
+# Commands that act on each job named, one after the other: an error is said, and the next
+# job goes on.
+EACH_JOB = {"get": _get, "cancel": _cancel, "retry": _retry, "delete": _delete,
+            "events": _events}
+
+
+def submit_jobs(args: argparse.Namespace, client: Client, out: Output) -> None:
+    try:
+        with sys.stdin if args.file == "-" else open(args.file, encoding="utf-8") as stream:
+            inputs = read_inputs(stream, args.json)
+    except OSError as exc:
+        raise Usage(f"cannot read the inputs: {exc}") from None
+    groups = list(chunks(inputs, args.per_job))
+    if args.idempotency_key and len(groups) > 1:
+        raise Usage("--idempotency-key names one job; drop --per-job")
+    # One job: the API holds the submit until it is done (Prefer: wait), unless a progress
+    # bar follows it. Several: all are submitted first, so that they can share batches,
+    # then waited for.
+    bar = args.progress if args.progress is not None else sys.stderr.isatty()
+    hold = (args.timeout or client.max_wait) \
+        if args.wait and len(groups) == 1 and not bar else None
+    submitted = []
+    for group in groups:
+        try:
+            job = client.submit(args.model, group, options=args.options,
+                                priority=args.priority, timeout_s=args.timeout_s,
+                                encoding_format=args.encoding_format,
+                                idempotency_key=args.idempotency_key,
+                                trace_id=args.trace_id, wait=hold,
+                                cancel_on_interrupt=not args.no_cancel)
+        except IQError as exc:
+            out.error(exc)
+            continue
+        if not args.wait or job.terminal:
+            out.job(job, job.status == "succeeded" if args.wait else True)
+        else:
+            submitted.append(job.id)
+    wait_all(client, submitted, args, out)
 
 
 def run(args: argparse.Namespace, client: Client, out: Output) -> None:
     if args.command == "submit":
-        try:
-            with sys.stdin if args.file == "-" else open(args.file, encoding="utf-8") as stream:
-                inputs = read_inputs(stream, args.json)
-        except OSError as exc:
-            raise Usage(f"cannot read the inputs: {exc}") from None
-        groups = list(chunks(inputs, args.per_job))
-        if args.idempotency_key and len(groups) > 1:
-            raise Usage("--idempotency-key names one job; drop --per-job")
-        # One job: the API holds the submit until it is done (Prefer: wait). Several: all are
-        # submitted first, so that they can share batches, then waited for.
-        hold = (args.timeout or client.max_wait) if args.wait and len(groups) == 1 else None
-        submitted = []
-        for group in groups:
+        submit_jobs(args, client, out)
+    elif args.command == "list":
+        list_jobs(args, client, out)
+    elif args.command == "wait":
+        wait_all(client, read_ids(args.ids, sys.stdin), args, out)
+    else:
+        for job_id in read_ids(args.ids, sys.stdin):
             try:
-                job = client.submit(args.model, group, options=args.options,
-                                    priority=args.priority, timeout_s=args.timeout_s,
-                                    encoding_format=args.encoding_format,
-                                    idempotency_key=args.idempotency_key,
-                                    trace_id=args.trace_id, wait=hold,
-                                    cancel_on_interrupt=not args.no_cancel)
+                EACH_JOB[args.command](args, client, out, job_id)
             except IQError as exc:
-                out.error(exc)
-                continue
-            if not args.wait or job.terminal:
-                out.job(job, job.status == "succeeded" if args.wait else True)
-            else:
-                submitted.append(job.id)
-        wait_all(client, submitted, args, out)
-        return
-    ids = read_ids(args.ids, sys.stdin)
-    if args.command == "wait":
-        wait_all(client, ids, args, out)
-        return
-    for job_id in ids:
-        try:
-            if args.command == "get":
-                out.job(client.get(job_id, encoding_format=args.encoding_format))
-            else:
-                out.job(client.cancel(job_id))
-        except IQError as exc:
-            out.error(exc, job_id)
+                out.error(exc, job_id)
 
 
 def main(argv: list[str] | None = None) -> int:

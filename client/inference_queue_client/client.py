@@ -1,4 +1,5 @@
-"""The client: submit, wait, get, cancel, with the retries every user of the API needs.
+"""The client: submit, wait, get, list, follow, cancel, retry, delete, with the retries every
+user of the API needs.
 
 * 429 and 503 are retried after their `Retry-After`; a dropped connection or a timeout after
   an exponential backoff. Each call gives up after `retry_for` seconds of failing (counted
@@ -8,22 +9,27 @@
 * `wait` holds the request on the API (`?wait=`, and `Prefer: wait` on a submit) rather than
   polling; a poll that comes back early (a proxy cutting it short) backs off.
 * Ctrl-C (KeyboardInterrupt) while waiting cancels the job, then propagates.
+* `events` follows a job's Server-Sent Events, reconnecting as a browser's EventSource does.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, NamedTuple, TypeVar
 
 import requests
 
-from inference_queue_client.errors import (APIError, Conflict, ConnectionFailed, IQError,
-                                           Overloaded, RateLimited, Unavailable, WaitTimeout,
-                                           api_error)
+from inference_queue_client.errors import (APIError, Conflict, ConnectionFailed,
+                                           InvalidRequest, IQError, Overloaded, RateLimited,
+                                           Unavailable, WaitTimeout, api_error)
 from inference_queue_client.jobs import Job
+from inference_queue_client.sse import read_events
+
+T = TypeVar("T")
 
 logger = logging.getLogger("inference_queue_client")
 
@@ -31,6 +37,17 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 RETRIED = (Overloaded, RateLimited, Unavailable)
 # What a dropped or silent connection raises; the request may or may not have arrived.
 DROPPED = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+
+
+class JobEvent(NamedTuple):
+    """One event of a job's stream: what happened (`queued`, `running`, `progress`, or its
+    final status) and the job as it then stood."""
+    event: str
+    job: Job
+
+
+# The API's event streams send a comment at least this often while a job is quiet.
+HEARTBEAT_S = 15.0
 
 
 def backoff(attempt: int, first: float = 0.5, cap: float = 10.0) -> float:
@@ -89,8 +106,8 @@ class Client:
         except KeyboardInterrupt:
             if hold and cancel_on_interrupt:
                 # The job's id is not known yet, but its Idempotency-Key names it.
-                self._quietly(lambda: self.cancel(self._once("POST", "/v1/jobs", body=body,
-                                                             headers=headers)["id"]))
+                self._quietly(lambda: self.cancel(self._once(
+                    "POST", "/v1/jobs", data=_json_body(body), headers=headers)["id"]))
             raise
         return Job(answer, encoding_format)
 
@@ -121,11 +138,93 @@ class Client:
         already running or finished (`job_status` says which)."""
         job_id, encoding_format = _ident(job, None)
         try:
-            return Job(self._call("DELETE", f"/v1/jobs/{job_id}"), encoding_format)
+            return Job(self._call("POST", f"/v1/jobs/{job_id}/cancel"), encoding_format)
         except Conflict as exc:
             if exc.job_status == "cancelled":  # a resent cancel: the first one went through
                 return self.get(job_id)
             raise
+
+    def retry(self, job: Job | str) -> Job:
+        """A new job with the inputs and options of `job`, which failed, was cancelled or
+        expired (its request is kept IQ_KEPT_INPUTS_TTL_S). A job retried already gives the
+        job that retried it: a resent retry makes no second job. Conflict when it cannot be
+        retried (the message says why)."""
+        job_id, encoding_format = _ident(job, None)
+        try:
+            return Job(self._call("POST", f"/v1/jobs/{job_id}/retry"), encoding_format)
+        except Conflict as exc:
+            if exc.retried_as:
+                return self.get(exc.retried_as, encoding_format=encoding_format)
+            raise
+
+    def delete(self, job: Job | str) -> None:
+        """Delete a finished job, its result and its kept request; Conflict while it is
+        queued or running (cancel it first)."""
+        job_id, _ = _ident(job, None)
+        self._call("DELETE", f"/v1/jobs/{job_id}")
+
+    def jobs(self, *, status: str | None = None, model: str | None = None,
+             page_size: int = 100) -> Iterator[Job]:
+        """Your jobs (your API key's), newest first, without their outputs, a page (one
+        request) at a time: `status="failed"` is the dead-letter view."""
+        query = {k: v for k, v in (("status", status), ("model", model)) if v}
+        cursor = None
+        while True:
+            page = self._call("GET", "/v1/jobs", params={**query, "limit": str(page_size),
+                                                         **({"cursor": cursor} if cursor
+                                                            else {})})
+            yield from (Job(body) for body in page["jobs"])
+            cursor = page["next_cursor"]
+            if not cursor:
+                return
+
+    def events(self, job: Job | str, *, timeout: float | None = None,
+               encoding_format: str | None = None) -> Iterator[JobEvent]:
+        """The job's moves as they happen (Server-Sent Events), up to and including its
+        final one; a stream the API ends early (it holds one at most max_wait_s) is taken up
+        again where it stopped (Last-Event-ID), as a browser's EventSource does. WaitTimeout
+        once `timeout` seconds have passed without the final event."""
+        job_id, encoding_format = _ident(job, encoding_format)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen: str | None = None
+        current: Job | None = None
+        while True:
+            response = self._retrying("GET", f"/v1/jobs/{job_id}/events",
+                                      lambda: self._open_stream(job_id, seen, deadline))
+            try:
+                if response.status_code == 204:  # the final event was seen already
+                    return
+                for sent in read_events(response.iter_lines(decode_unicode=True)):
+                    seen = sent.id or seen
+                    current = Job(json.loads(sent.text), encoding_format)
+                    yield JobEvent(sent.event, current)
+                    if current.terminal:
+                        return
+            except (requests.ConnectionError, requests.Timeout,
+                    requests.exceptions.ChunkedEncodingError):
+                pass  # cut off, or silent past its heartbeat: taken up again below
+            finally:
+                response.close()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(current or self.get(job_id), timeout or 0.0)
+
+    def _open_stream(self, job_id: str, seen: str | None,
+                     deadline: float | None) -> requests.Response:
+        headers = {"Accept": "text/event-stream", **({"Last-Event-ID": seen} if seen else {})}
+        # Past a heartbeat's silence the stream is taken for lost; never past the deadline.
+        silence = self.timeout + HEARTBEAT_S
+        if deadline is not None:
+            silence = max(min(silence, deadline - time.monotonic()), 0.1)
+        response = self.session.get(f"{self.url}/v1/jobs/{job_id}/events", headers=headers,
+                                    stream=True, timeout=(self.timeout, silence))
+        if response.status_code >= 400:
+            try:
+                payload: Any = response.json()
+            except ValueError:
+                payload = response.text
+            response.close()
+            raise api_error(response.status_code, payload, response.headers.get("Retry-After"))
+        return response
 
     def run(self, model: str, inputs: list[Any], *, timeout: float | None = None,
             **submit: Any) -> list[Any]:
@@ -162,33 +261,41 @@ class Client:
     # -- one call, with its retries -----------------------------------------------------------
     def _call(self, method: str, path: str, *, body: Any = None,
               params: dict[str, str] | None = None, headers: dict[str, str] | None = None,
-              hold: float = 0.0) -> dict[str, Any]:
+              hold: float = 0.0) -> Any:
+        data = _json_body(body) if body is not None else None
+        return self._retrying(method, path, lambda: self._once(
+            method, path, data=data, params=params, headers=headers, hold=hold))
+
+    def _retrying(self, method: str, path: str, attempt: Callable[[], T]) -> T:
+        """`attempt` until it succeeds, through 429 and 503 (after their Retry-After) and
+        dropped connections (after a backoff), for `retry_for` seconds of failing."""
         failing_since: float | None = None
-        attempt = 0
+        tries = 0
         while True:
             try:
-                return self._once(method, path, body=body, params=params, headers=headers,
-                                  hold=hold)
+                return attempt()
             except RETRIED as exc:
                 failure: Exception = exc
-                delay = exc.retry_after if exc.retry_after is not None else backoff(attempt)
+                delay = exc.retry_after if exc.retry_after is not None else backoff(tries)
             except DROPPED as exc:
-                failure, delay = exc, backoff(attempt)
+                failure, delay = exc, backoff(tries)
             now = time.monotonic()
             failing_since = failing_since or now
             if now - failing_since + delay > self.retry_for:
                 if isinstance(failure, APIError):
                     raise failure
                 raise ConnectionFailed(f"{method} {self.url}{path}: {failure}") from failure
-            attempt += 1
+            tries += 1
             logger.warning("%s %s: %s; retrying in %.1fs", method, path,
                            _describe(failure), delay)
             time.sleep(delay)
 
-    def _once(self, method: str, path: str, *, body: Any = None,
+    def _once(self, method: str, path: str, *, data: bytes | None = None,
               params: dict[str, str] | None = None, headers: dict[str, str] | None = None,
-              hold: float = 0.0) -> dict[str, Any]:
-        response = self.session.request(method, self.url + path, json=body, params=params,
+              hold: float = 0.0) -> Any:
+        if data is not None:
+            headers = {**(headers or {}), "Content-Type": "application/json"}
+        response = self.session.request(method, self.url + path, data=data, params=params,
                                         headers=headers,
                                         timeout=(self.timeout, self.timeout + hold))
         try:
@@ -215,6 +322,18 @@ def _ident(job: Job | str, encoding_format: str | None) -> tuple[str, str | None
     if isinstance(job, Job):
         return job.id, encoding_format or job.encoding_format
     return job, encoding_format
+
+
+def _json_body(body: Any) -> bytes:
+    """A request's body as JSON, which has no NaN nor infinity: a value it cannot carry is
+    the caller's mistake, said before anything is sent."""
+    try:
+        return json.dumps(body, allow_nan=False).encode()
+    except ValueError as exc:
+        raise InvalidRequest(f"the request cannot be sent as JSON: {exc} (JSON has no NaN "
+                             "nor infinity)") from None
+    except TypeError as exc:
+        raise InvalidRequest(f"the request cannot be sent as JSON: {exc}") from None
 
 
 def _describe(failure: Exception) -> str:

@@ -57,13 +57,18 @@ class MethodNotAllowed(APIError):
 
 
 class Conflict(APIError):
-    """409: a job that is running or finished cannot be cancelled (`job_status` says which),
-    or an Idempotency-Key was reused with another body."""
+    """409: the job's status does not allow it (`job_status` says which: a cancel of a job
+    running or finished, a retry of one that succeeded, a delete of one not finished), a job
+    retried already (`retried_as`), or an Idempotency-Key reused with another body."""
     code = "conflict"
 
     @property
     def job_status(self) -> str | None:
         return self.body.get("status")
+
+    @property
+    def retried_as(self) -> str | None:
+        return self.body.get("retried_as")
 
 
 class PayloadTooLarge(APIError):
@@ -94,6 +99,15 @@ class RateLimited(APIError):
 class Unavailable(APIError):
     """503: the API cannot reach Redis; retried after Retry-After."""
     code = "unavailable"
+
+
+class InvalidRequest(IQError, ValueError):
+    """A request the client cannot send: its body is not JSON (a NaN or an infinity among
+    the inputs, a value of a type JSON does not have)."""
+
+
+class MissingDependency(IQError, ImportError):
+    """An optional dependency a call needs is not installed (numpy for `Job.array()`)."""
 
 
 class ConnectionFailed(IQError):

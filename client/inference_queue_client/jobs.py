@@ -8,7 +8,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from inference_queue_client.errors import DecodeError, JobFailed
+from inference_queue_client.errors import DecodeError, JobFailed, MissingDependency
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "expired"})
 BASE64 = "base64"
@@ -67,6 +67,12 @@ class Job:
         return self.status in TERMINAL
 
     @property
+    def progress(self) -> dict[str, int] | None:
+        """`{"items_done", "items"}`: inputs done (counted while a job spanning several model
+        calls runs)."""
+        return self.body.get("progress")
+
+    @property
     def error(self) -> dict[str, str] | None:
         """`{"code", "message"}` of a job that failed, was cancelled or expired."""
         return self.body.get("error")
@@ -91,7 +97,11 @@ class Job:
 
     def array(self) -> Any:
         """The outputs as one numpy array (numeric outputs only; JSON's null is NaN)."""
-        import numpy as np
+        try:
+            import numpy as np
+        except ImportError:
+            raise MissingDependency("Job.array() needs numpy: pip install "
+                                    "'inference-queue-client[numpy]'") from None
 
         return np.asarray(self.result(), dtype=np.float32)
 

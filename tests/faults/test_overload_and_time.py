@@ -56,7 +56,7 @@ def test_cancel_a_queued_job_it_never_runs(faults):
     blocker = faults.submit("sleepy", ["b"] * 4)
     wait_until(lambda: faults.job(blocker["id"])["status"] == "running", 20, "blocker")
     victim = faults.submit("sleepy", ["v"])
-    r = requests.delete(f"{faults.api}/v1/jobs/{victim['id']}", timeout=10)
+    r = requests.post(f"{faults.api}/v1/jobs/{victim['id']}/cancel", timeout=10)
     assert r.status_code == 200 and r.json()["status"] == "cancelled"
     assert faults.finished(blocker["id"])["status"] == "succeeded"
     # After the worker reached it, it is still cancelled and never ran.
@@ -70,12 +70,14 @@ def test_cancel_a_queued_job_it_never_runs(faults):
 def test_cancel_a_running_or_finished_job_is_409_with_its_status(faults):
     job = faults.submit("sleepy", ["r"])
     wait_until(lambda: faults.job(job["id"])["status"] == "running", 20, "job to run")
-    r = requests.delete(f"{faults.api}/v1/jobs/{job['id']}", timeout=10)
+    r = requests.post(f"{faults.api}/v1/jobs/{job['id']}/cancel", timeout=10)
     assert r.status_code == 409 and r.json()["error"]["status"] == "running"
+    assert r.json()["error"]["message"] == "the job is running and can no longer be cancelled"
     assert faults.finished(job["id"])["status"] == "succeeded"
-    r = requests.delete(f"{faults.api}/v1/jobs/{job['id']}", timeout=10)
+    r = requests.post(f"{faults.api}/v1/jobs/{job['id']}/cancel", timeout=10)
     assert r.status_code == 409 and r.json()["error"]["status"] == "succeeded"
-    r = requests.delete(f"{faults.api}/v1/jobs/{uuid.uuid4()}", timeout=10)
+    assert r.json()["error"]["message"] == "the job has succeeded and can no longer be cancelled"
+    r = requests.post(f"{faults.api}/v1/jobs/{uuid.uuid4()}/cancel", timeout=10)
     assert r.status_code == 404
 
 

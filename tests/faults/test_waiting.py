@@ -71,8 +71,8 @@ def test_two_hundred_waiters_do_not_block_probes_or_submits(parked):
         assert not any(w.done() for w in waits), "a waiter returned before its job finished"
         # Cancelling wakes every waiter at once, long before its 30 s are up.
         for i in ids:
-            assert requests.delete(f"{api}/v1/jobs/{i}", headers=auth("a"),
-                                   timeout=10).status_code == 200
+            assert requests.post(f"{api}/v1/jobs/{i}/cancel", headers=auth("a"),
+                                 timeout=10).status_code == 200
         answers = [w.result(timeout=20) for w in waits]
     assert {r.json()["status"] for r, _ in answers} == {"cancelled"}
     assert max(seconds for _, seconds in answers) < 25
@@ -113,6 +113,10 @@ def test_waits_past_the_caps_are_answered_at_once(parked):
             assert r.json()["error"]["code"] == "too_many_waits"
             assert r.json()["error"]["status"] == "queued"
             assert int(r.headers["Retry-After"]) >= 1
+            # An event stream is held like a wait, within the same caps.
+            r, seconds = timed("GET", f"{api}/v1/jobs/{ids['a'][3]}/events", headers=auth("a"))
+            assert r.status_code == 429 and seconds < PROBE_BOUND_S
+            assert r.json()["error"]["code"] == "too_many_waits"
             # Prefer: wait is not applied: the usual 202 at once, and the job exists.
             r, seconds = timed("POST", f"{api}/v1/jobs", headers={**auth("a"),
                                "Prefer": "wait=30"}, json={"model": MODEL, "inputs": ["p"]})
@@ -126,17 +130,31 @@ def test_waits_past_the_caps_are_answered_at_once(parked):
                                headers=auth("b"))
             assert r.status_code == 429 and seconds < PROBE_BOUND_S
             # A finished job needs no slot: it is answered even now.
-            assert requests.delete(f"{api}/v1/jobs/{ids['b'][3]}", headers=auth("b"),
-                                   timeout=10).status_code == 200
+            assert requests.post(f"{api}/v1/jobs/{ids['b'][3]}/cancel", headers=auth("b"),
+                                 timeout=10).status_code == 200
             r = requests.get(f"{api}/v1/jobs/{ids['b'][3]}?wait=30", headers=auth("b"),
                              timeout=10)
             assert r.status_code == 200 and r.json()["status"] == "cancelled"
             for who in KEYS:
                 for i in ids[who]:
-                    requests.delete(f"{api}/v1/jobs/{i}", headers=auth(who), timeout=10)
+                    requests.post(f"{api}/v1/jobs/{i}/cancel", headers=auth(who), timeout=10)
             assert {f.result(timeout=20)[0].json()["status"] for f in held} == {"cancelled"}
         wait_until(lambda: waiting(api) == 0, 10, "every wait slot given back")
         r = requests.get(f"{api}/v1/jobs/{ids['a'][3]}?wait=1", headers=auth("a"), timeout=10)
         assert r.status_code == 200
     finally:
         web.stop()
+
+
+def test_an_event_stream_holds_a_wait_slot_until_it_ends(parked):
+    """A stream is a parked greenlet like a `?wait`: it holds one wait slot while it lasts,
+    sends its job's moves as they happen, and gives the slot back when it ends."""
+    job_id = submit(parked.api)
+    with requests.get(f"{parked.api}/v1/jobs/{job_id}/events", headers=auth("a"),
+                      stream=True, timeout=30) as stream:
+        assert stream.headers["Content-Type"].startswith("text/event-stream")
+        wait_until(lambda: waiting(parked.api) == 1, 20, "the stream's wait slot")
+        requests.post(f"{parked.api}/v1/jobs/{job_id}/cancel", headers=auth("a"), timeout=10)
+        text = stream.text  # the stream ends after the job's final event
+    assert re.findall(r"^event: (\w+)$", text, re.M) == ["queued", "cancelled"]
+    wait_until(lambda: waiting(parked.api) == 0, 10, "the slot given back")

@@ -1,14 +1,17 @@
-"""API keys: hashed in config, required when configured, jobs private to their key, and
-per-key rate limits."""
+"""API keys: hashed in config, required when configured, jobs private to their key, per-key
+rate limits, and the OpenAPI document that says so (its security scheme, 401 and 403),
+checked by schemathesis against this stack."""
 from __future__ import annotations
 
 import hashlib
+import re
 
 import pytest
 import requests
 import yaml
 
 from scripts.stack import launch, wait_until
+from tests.support.openapi import schemathesis
 
 KEYS = {"alice": "alice-secret-key-1234", "bob": "bob-secret-key-5678",
         "carol": "carol-secret-key-9012", "dave": "dave-secret-key-3456"}
@@ -67,8 +70,16 @@ def test_a_job_belongs_to_the_key_that_created_it(secured):
     assert done["status"] == "succeeded"
     assert call(secured, "GET", f"/v1/jobs/{job['id']}", "bob").status_code == 404
     assert call(secured, "GET", f"/v1/jobs/{job['id']}?wait=1", "bob").status_code == 404
-    assert call(secured, "DELETE", f"/v1/jobs/{job['id']}", "bob").status_code == 404
-    assert call(secured, "DELETE", f"/v1/jobs/{job['id']}", "alice").status_code == 409
+    for method, path in (("POST", "/cancel"), ("POST", "/retry"), ("GET", "/events"),
+                         ("DELETE", "")):
+        assert call(secured, method, f"/v1/jobs/{job['id']}{path}", "bob").status_code == 404
+    assert call(secured, "POST", f"/v1/jobs/{job['id']}/cancel", "alice").status_code == 409
+    # Each key lists its own jobs only.
+    for who, sees in (("alice", True), ("bob", False)):
+        listed = call(secured, "GET", "/v1/jobs", who).json()["jobs"]
+        assert (job["id"] in [j["id"] for j in listed]) is sees
+    assert call(secured, "DELETE", f"/v1/jobs/{job['id']}", "alice").status_code == 204
+    assert call(secured, "GET", f"/v1/jobs/{job['id']}", "alice").status_code == 404
 
 
 def test_per_key_rate_limit_answers_429_with_retry_after(secured):
@@ -109,3 +120,30 @@ def test_keys_are_never_logged(secured):
     written = logs()
     for key in [*KEYS.values(), "wrong-key-abc"]:
         assert key not in written
+
+
+def test_the_document_declares_the_key_and_its_refusals(secured):
+    document = call(secured, "GET", "/openapi.json").json()  # open, like the probes
+    assert document["components"]["securitySchemes"]["apiKey"] == {
+        "type": "http", "scheme": "bearer", "description": document["components"]
+        ["securitySchemes"]["apiKey"]["description"]}
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            if method == "parameters" or not path.startswith("/v1"):
+                continue
+            assert operation["security"] == [{"apiKey": []}], (method, path)
+            assert "401" in operation["responses"], (method, path)
+            assert "WWW-Authenticate" in operation["responses"]["401"]["headers"]
+    submit = document["paths"]["/v1/jobs"]["post"]["responses"]
+    assert {"403", "429"} <= set(submit)
+
+
+def test_schemathesis_finds_the_keyed_api_as_its_document_says(secured):
+    """With bob's key (one model of two: 403 for the other), every check, the stateful phase
+    included; its `ignored_auth` check sends each request without the key too and expects
+    the 401 the document declares."""
+    run = schemathesis(secured.api, "--header", f"Authorization: Bearer {KEYS['bob']}",
+                       max_examples=10)
+    assert run.returncode == 0, run.stdout[-12000:] + run.stderr[-3000:]
+    assert "Tested: 11" in run.stdout, run.stdout[-3000:]  # every operation, none skipped
+    assert re.search(r"Stateful.*?Scenarios:\s+[1-9]", run.stdout, re.S), run.stdout[-3000:]

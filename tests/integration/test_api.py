@@ -120,7 +120,7 @@ def test_models_lists_every_model_with_live_workers(stack):
     models = {m["name"]: m for m in r.json()["models"]}
     assert set(models) == {"minilm-embed", "minilm-classify", "ts-affine", "export-linear",
                            "tiny-seqcls", "tiny-vision", "vision-defaults", "synthetic",
-                           "sleepy", "patient"}
+                           "sleepy", "patient", "chunky"}
     embed = models["minilm-embed"]
     assert embed["kind"] == "embedding" and embed["queue"] == "minilm-embed"
     assert embed["max_batch_size"] == 16 and embed["max_wait_ms"] == 5

@@ -1,12 +1,14 @@
 """The Python client and its command line against the real stack: Redis, a prefork worker and
 gunicorn, with API keys on. Faults are real: an answer lost after the API acted on it, a full
-queue, a key's rate limit, Redis stopped while a client waits, Ctrl-C (SIGINT) mid-wait."""
+queue, a key's rate limit, Redis stopped while a client waits, Ctrl-C (SIGINT) mid-wait. The
+command line's progress bar is drawn on a real terminal (a pseudo-terminal)."""
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -17,7 +19,7 @@ import pytest
 import yaml
 
 from inference_queue_client import (Client, Conflict, Forbidden, JobFailed, NotFound,
-                                    Overloaded, Unauthorized, ValidationError)
+                                    Overloaded, Unauthorized, ValidationError, WaitTimeout)
 from tests.support.proxy import LossyProxy
 from scripts.stack import ROOT, launch, start_redis, wait_until
 
@@ -26,6 +28,8 @@ MODELS = {
     "quick": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0},
     # Long enough to be running when Redis goes away under a waiting client.
     "slow": {"kind": "synthetic", "base_ms": 2500, "per_item_ms": 0},
+    # A job of more than 2 inputs spans several model calls of 300 ms.
+    "chunky": {"kind": "synthetic", "base_ms": 300, "per_item_ms": 0, "max_batch_size": 2},
     # No worker serves these: jobs stay queued. `full` refuses a second job.
     "orphan": {"kind": "synthetic"},
     "full": {"kind": "synthetic", "max_queue_depth": 1},
@@ -44,8 +48,9 @@ def stack(tmp_path_factory):
          "rate_per_s": 1, "burst": 1},
     ]}))
     # Append-only, so that the jobs outlive the Redis restart of the outage test.
-    stack = launch(workdir, MODELS, {"w": ["quick", "slow"]}, appendonly=True,
-                   ready_models=["quick", "slow"], env_extra={"IQ_API_KEYS_FILE": str(keys)})
+    stack = launch(workdir, MODELS, {"w": ["quick", "slow", "chunky"]}, appendonly=True,
+                   ready_models=["quick", "slow", "chunky"],
+                   env_extra={"IQ_API_KEYS_FILE": str(keys)})
     yield stack
     stack.stop()
 
@@ -140,6 +145,37 @@ def test_a_rate_limited_submit_goes_through_after_retry_after(stack, caplog):
     assert retries(caplog, "429 rate_limited; retrying in")
 
 
+def test_list_retry_and_delete(iq):
+    job = iq.submit("orphan", ["retried"])
+    iq.cancel(job)
+    again = iq.retry(job)
+    assert again.body["retry_of"] == job.id and again.status == "queued"
+    assert iq.retry(job.id).id == again.id  # a resent retry makes no second job
+    iq.cancel(again)
+    cancelled = [j.id for j in iq.jobs(status="cancelled", page_size=1)][:2]
+    assert cancelled == [again.id, job.id]  # newest ending first, a page a request
+    assert all(j.model == "orphan" for j in iq.jobs(model="orphan"))
+    iq.delete(job)
+    with pytest.raises(NotFound):
+        iq.get(job)
+    with pytest.raises(Conflict) as queued:
+        iq.delete(iq.submit("orphan", ["waits"]))
+    assert queued.value.job_status == "queued"
+
+
+def test_events_follow_a_job_to_its_end(iq):
+    job = iq.submit("chunky", ["a", "bb", "ccc", "dddd", "eeeee", "ffffff"])
+    seen = list(iq.events(job, timeout=60))
+    names = [event for event, _ in seen]
+    assert names[-1] == "succeeded" and "progress" in names
+    done = [j.progress["items_done"] for event, j in seen if event == "progress"]
+    assert done == sorted(done) and 0 < done[0] < 6
+    assert seen[-1].job.outputs == [1, 2, 3, 4, 5, 6]
+    with pytest.raises(WaitTimeout) as timed_out:
+        list(iq.events(iq.submit("orphan", ["never"]), timeout=1))
+    assert timed_out.value.job.status == "queued"
+
+
 # -- the command line ----------------------------------------------------------------------------
 def cli(stack, *args: str, stdin: str = "", key: str = KEY) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "inference_queue_client", *args], input=stdin,
@@ -195,6 +231,54 @@ def test_cli_cancel(stack, iq):
     cancelled = cli(stack, "cancel", job.id)
     assert cancelled.returncode == 0
     assert lines(cancelled.stdout)[0]["status"] == "cancelled"
+
+
+def test_cli_list_retry_events_and_delete(stack, iq):
+    job = iq.submit("orphan", ["to retry"])
+    iq.cancel(job)
+    listed = cli(stack, "list", "--status", "cancelled", "--limit", "1")
+    assert [j["id"] for j in lines(listed.stdout)] == [job.id]
+    retried = cli(stack, "retry", stdin=listed.stdout)  # the lines `list` prints
+    assert retried.returncode == 0, retried.stderr
+    [again] = lines(retried.stdout)
+    assert again["retry_of"] == job.id
+    iq.cancel(again["id"])
+    followed = cli(stack, "events", again["id"])
+    assert [e["event"] for e in lines(followed.stdout)] == ["cancelled"]
+    deleted = cli(stack, "delete", job.id, again["id"])
+    assert lines(deleted.stdout) == [{"id": job.id, "deleted": True},
+                                     {"id": again["id"], "deleted": True}]
+
+
+def test_cli_draws_a_progress_bar_on_a_terminal_and_only_there(stack):
+    """On a terminal (stderr a pseudo-terminal here) the bar counts the jobs and the items of
+    the one being waited for; stdout stays one JSON line a job. Piped, no bar at all."""
+    inputs = "".join(f"{'x' * (i + 1)}\n" for i in range(8))
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "inference_queue_client", "submit",
+                             "chunky", "--wait", "--per-job", "4"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=follower,
+                            env=cli_env(stack))
+    os.close(follower)
+    out, _ = proc.communicate(inputs.encode(), timeout=60)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal's other side closed: all was read
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    os.close(leader)
+    assert proc.returncode == 0, drawn.decode(errors="replace")
+    assert [j["result"]["outputs"] for j in lines(out.decode())] == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    screen = drawn.decode()
+    assert "0/2 jobs" in screen and "2/2 jobs 100%" in screen
+    assert "/4 items" in screen and "\r" in screen  # items of the job waited for, redrawn
+    piped = cli(stack, "submit", "chunky", "--wait", "--per-job", "4", stdin=inputs)
+    assert piped.returncode == 0 and piped.stderr == ""
+    assert len(lines(piped.stdout)) == 2
 
 
 def interrupt_when(stack, args: list[str], said: str, tmp_path) -> tuple[int, str]:

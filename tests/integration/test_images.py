@@ -190,6 +190,11 @@ def test_an_image_url_is_fetched_by_the_api_and_inward_urls_are_refused(stack, d
         url, "http://169.254.169.254/latest/meta-data/"]}, timeout=30)
     assert r.status_code == 422
     assert set(r.json()["error"]["fields"]) == {"inputs.0", "inputs.1"}  # server gone; refused
+    # The address rule's refusal names the setting that allows a host all the same.
+    r = requests.post(f"{stack.api}/v1/jobs", json={"model": MODEL, "inputs": [
+        "http://169.254.169.254/latest/meta-data/"]}, timeout=30)
+    assert r.status_code == 422
+    assert "IQ_IMAGE_URL_ALLOW" in r.json()["error"]["fields"]["inputs.0"][0], r.text
 
 
 def test_a_malformed_image_url_is_422_naming_its_input(stack):

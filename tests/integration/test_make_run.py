@@ -50,11 +50,17 @@ def run_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 class MakeRun:
     """scripts/run.sh in its own process group, as a terminal runs `make run`."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+    def __init__(self, env: dict[str, str], log: Path, tee: bool = False) -> None:
+        """`tee`: as `make run 2>&1 | tee LOG`, the pipeline in one process group."""
         self.env, self.log = env, log
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(RUN, cwd=ROOT, env=env, stdout=out,
+        if tee:
+            self.proc = subprocess.Popen(["bash", "-c", f"{RUN[0]} 2>&1 | tee {log}"],
+                                         cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.STDOUT, start_new_session=True)
+        else:
+            with open(log, "ab") as out:
+                self.proc = subprocess.Popen(RUN, cwd=ROOT, env=env, stdout=out,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
         self.sessions: set[int] = {self.proc.pid}
 
     def output(self) -> str:
@@ -314,3 +320,24 @@ def test_make_runs_own_redis_is_locked_and_bounded_and_a_second_run_starts_clean
         left, busy = second.left_behind(), second.ports_in_use()
         second.reap()
     assert left == [] and busy == []
+
+
+def test_ctrl_c_under_tee_stops_every_process(tmp_path):
+    """`make run 2>&1 | tee run.log`, then Ctrl-C: the terminal signals tee as well, so the
+    stop's own messages meet a broken pipe; every process stops all the same, and make run
+    exits instead of hanging."""
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({"models": {"synthetic": {
+        "kind": "synthetic", "base_ms": 5, "per_item_ms": 0}}}))
+    env = run_env(tmp_path, IQ_MODELS_FILE=str(models))
+    run = MakeRun(env, tmp_path / "tee.log", tee=True)
+    try:
+        run.wait_up(120)
+        started = [" ".join(p.cmdline()) for p in run.processes()]
+        assert any("tee" in cmd for cmd in started) and any("gunicorn" in cmd for cmd in started)
+    finally:
+        code = run.stop(signal.SIGINT)  # Ctrl-C: tee, bash and make run at once
+        left, busy = run.left_behind(), run.ports_in_use()
+        run.reap()
+    assert left == [] and busy == [], left
+    assert code is not None  # the pipeline ended: make run did not hang

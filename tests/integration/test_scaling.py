@@ -6,8 +6,10 @@ import json
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
+import requests
 
 from scripts.stack import ROOT, launch, start_worker, wait_until
 
@@ -98,7 +100,22 @@ def test_add_and_cancel_consumer_move_a_worker_between_model_queues(scaled):
     queues = {q["name"] for q in inspect_json(scaled, "active_queues", "b")}
     assert "extra" in queues
 
+    def readiness() -> tuple[int, int]:
+        """extra's live instances as /readyz and /v1/models count them."""
+        ready = requests.get(f"{scaled.api}/readyz", timeout=5).json()
+        models = requests.get(f"{scaled.api}/v1/models", timeout=5).json()["models"]
+        listed = next(m for m in models if m["name"] == "extra")
+        return ready["checks"]["model:extra"]["instances"], listed["instances"]
+
+    assert readiness() == (1, 1)
+    asked = time.monotonic()
     assert "OK" in celery(scaled, "control", "cancel_consumer", "extra", "-d", node("b"))
+    # Readiness follows within a heartbeat or two (2 s each) of the command's answer, not
+    # the 20 s of a lost heartbeat.
+    wait_until(lambda: readiness() == (0, 0), 10, "extra no longer counted as live")
+    print(f"readiness followed cancel_consumer in {time.monotonic() - asked:.1f} s")
+    ready = requests.get(f"{scaled.api}/readyz", timeout=5)
+    assert ready.status_code == 503 and ready.json()["checks"]["model:extra"]["ok"] is False
     queues = {q["name"] for q in inspect_json(scaled, "active_queues", "b")}
     assert "extra" not in queues
     orphan = scaled.submit("extra", ["nobody"])

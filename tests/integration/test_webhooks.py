@@ -193,6 +193,8 @@ def test_private_loopback_link_local_and_malformed_targets_are_refused(hooked, u
     assert r.status_code == 422, r.text
     messages = r.json()["error"]["fields"]["webhook.url"]
     assert not any("10.1.2.3" in m or "::1" in m for m in messages)  # no DNS oracle
+    if url.startswith(("http://10.", "http://192.", "http://169.", "http://[::1]", "http://0.")):
+        assert "IQ_WEBHOOK_ALLOW" in messages[0], messages  # the setting that would allow it
 
 
 def test_webhooks_are_refused_while_no_secret_is_set(hooked):

@@ -103,6 +103,40 @@ def test_pip_installs_the_package_and_its_command(tmp_path):
     assert shown.returncode == 0 and "submit" in shown.stdout, shown.stderr
 
 
+def test_pip_install_from_the_checkout_leaves_it_clean(tmp_path):
+    """`pip install ./client` builds in the source folder (build/, *.egg-info): git ignores
+    what it leaves there."""
+    had_build = (ROOT / "client" / "build").exists()
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                        "--no-build-isolation", "--target", str(tmp_path / "site"),
+                        str(ROOT / "client")], check=True, timeout=120)
+        assert (ROOT / "client" / "build").is_dir()  # what the issue saw left untracked
+        left = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--",
+                               "client"], cwd=ROOT, capture_output=True, text=True, check=True)
+        assert left.stdout == ""
+    finally:
+        if not had_build:
+            shutil.rmtree(ROOT / "client" / "build", ignore_errors=True)
+
+
+def test_a_body_json_cannot_carry_is_refused_before_anything_is_sent():
+    # No server at this address: a request sent would fail as ConnectionFailed instead.
+    client = iqc.Client("http://127.0.0.1:9", retry_for=0)
+    for inputs in ([[1.0, float("nan")]], [[float("inf")]], [{1, 2}]):
+        with pytest.raises(iqc.InvalidRequest, match="cannot be sent as JSON") as refused:
+            client.submit("ts-affine", inputs)
+        assert isinstance(refused.value, iqc.IQError)
+
+
+def test_array_without_numpy_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "numpy", None)  # `import numpy` fails as if absent
+    job = iqc.Job({"id": "j", "status": "succeeded", "result": {"outputs": [[1.0]]}})
+    with pytest.raises(iqc.MissingDependency, match=r"inference-queue-client\[numpy\]"):
+        job.array()
+    assert job.outputs == [[1.0]]  # everything else works without it
+
+
 @pytest.mark.parametrize("args, stdin, said", [
     (["submit", "m"], "", "no inputs"),
     (["submit", "m", "--json"], '"ok"\nnot json\n', "inputs line 2 is not JSON"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from config.models import ModelSpec
 from tasks.errors import ErrorCode, JobError
@@ -16,6 +16,7 @@ from tasks.errors import ErrorCode, JobError
 logger = logging.getLogger(__name__)
 
 Job = tuple[list, dict]  # (inputs, options)
+Progress = Callable[[int], None]  # told how many items are done, after each model call
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -71,9 +72,10 @@ class Handler(ABC):
             )
         return outputs
 
-    def predict(self, items: Sequence) -> list:
+    def predict(self, items: Sequence, progress: Progress | None = None) -> list:
         """All items, in chunks of at most max_batch_size; a chunk that runs out of memory
-        is halved and retried before anything fails."""
+        is halved and retried before anything fails. `progress` is told how many items are
+        done after each chunk."""
         items = list(items)
         size = self.spec.max_batch_size
         out: list = []
@@ -94,6 +96,8 @@ class Handler(ABC):
                 self.release_memory()
                 continue
             i += len(chunk)
+            if progress is not None:
+                progress(i)
         return out
 
     def release_memory(self) -> None:
@@ -102,10 +106,13 @@ class Handler(ABC):
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
 
-    def run(self, jobs: Sequence[Job]) -> list[list | JobError]:
+    def run(self, jobs: Sequence[Job],
+            progress: Progress | None = None) -> list[list | JobError]:
+        """Each job's outputs (or its error), the jobs' inputs run together; `progress` is told
+        how many of their items (in order) are done after each model call."""
         flat = [item for inputs, _opts in jobs for item in inputs]
         try:
-            outputs = self.predict(flat)
+            outputs = self.predict(flat, progress)
         except Exception as exc:
             if len(jobs) == 1:
                 return [self._failure(exc)]

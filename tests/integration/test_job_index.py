@@ -1,0 +1,210 @@
+"""What the job state keeps beside each record (tasks/jobstate.py), on a real Redis without a
+worker: each owner's index and its pages, the dead-letter index, the request a job that did
+not succeed keeps for a retry (and one that succeeded drops), the retry's link, progress,
+deletion."""
+from __future__ import annotations
+
+import threading
+import uuid
+
+import orjson
+import pytest
+import redis
+
+from tasks import results
+from tasks.errors import ErrorCode, JobError
+from tasks.jobstate import (Final, JobState, RetryRefused, Status, new_job)
+from tasks.messages import QueuedMessage
+
+KEEP_S = 60
+
+
+@pytest.fixture
+def client(redis_server):
+    redis.Redis.from_url(redis_server.extra["admin_url"]).flushdb()
+    return redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
+
+
+@pytest.fixture
+def state(client):
+    return JobState(client, keep_s=KEEP_S, ttl_s=600)
+
+
+def submit(state: JobState, *, owner: str = "ops", model: str = "m", request: bytes = b"",
+           retry_of: str = "", timeout_s: float = 0) -> str:
+    record = new_job(str(uuid.uuid4()), model=model, trace_id="t", inputs=2,
+                     priority="normal", owner=owner, retry_of=retry_of)
+    state.submit(record, QueuedMessage("q", b"{}"), depth_lists=["q"], max_depth=10_000,
+                 ttl_s=600, timeout_s=timeout_s, request=request)
+    return record.id
+
+
+def run(state: JobState, job_id: str, status: Status = Status.SUCCEEDED) -> None:
+    state.start([job_id], worker="w/0", batch="{}")
+    error = JobError(ErrorCode.INFERENCE_ERROR, "boom") if status is Status.FAILED else None
+    stored = results.stored(job_id, error=error) if error else \
+        results.stored(job_id, outputs=[[1.0], [2.0]])
+    assert state.finish([Final(job_id, status, stored, error)], result_ttl_s=60) == [True]
+
+
+def ids(page) -> list[str]:
+    return [job.id for job in page.jobs]
+
+
+def test_an_owner_pages_through_its_own_jobs_newest_first(state):
+    mine = [submit(state) for _ in range(7)]
+    theirs = submit(state, owner="other")
+    first = state.page("ops", limit=3)
+    assert ids(first) == mine[::-1][:3] and first.cursor is not None
+    second = state.page("ops", limit=3, cursor=first.cursor)
+    third = state.page("ops", limit=3, cursor=second.cursor)
+    assert ids(second) + ids(third) == mine[::-1][3:] and third.cursor is None
+    assert ids(state.page("other")) == [theirs]
+
+
+def test_jobs_submitted_at_the_same_moment_are_each_listed_once(state, client):
+    made = [submit(state) for _ in range(12)]
+    # One score for all: the cursor's job id tells where a page stopped among them.
+    moment = client.zscore("iq:owner:ops", made[0])
+    client.zadd("iq:owner:ops", {job_id: moment for job_id in made})
+    seen, cursor = [], None
+    while True:
+        page = state.page("ops", limit=5, cursor=cursor)
+        seen += ids(page)
+        if page.cursor is None:
+            break
+        cursor = page.cursor
+    assert sorted(seen) == sorted(made) and len(seen) == 12
+
+
+def test_a_filtered_page_reads_at_most_its_budget_and_says_where_to_go_on(state):
+    wanted = submit(state, model="rare")
+    for _ in range(30):
+        submit(state, model="common")
+    page = state.page("ops", model="rare", limit=5, budget=10)
+    assert page.jobs == [] and page.cursor is not None  # 10 read, none matched: go on
+    found, cursor = [], page.cursor
+    while cursor:
+        page = state.page("ops", model="rare", limit=5, budget=10, cursor=cursor)
+        found += ids(page)
+        cursor = page.cursor
+    assert found == [wanted]
+
+
+def test_the_dead_letter_index_holds_the_jobs_that_did_not_succeed(state):
+    ok, failed, cancelled = submit(state), submit(state), submit(state)
+    run(state, ok)
+    run(state, failed, Status.FAILED)
+    state.cancel(cancelled)
+    dead = state.page("ops", dead=True)
+    assert ids(dead) == [cancelled, failed]  # the last to end first
+    assert ids(state.page("ops", dead=True, status="failed")) == [failed]
+    assert ids(state.page("ops", status="succeeded")) == [ok]
+
+
+def test_a_failed_cancelled_or_expired_job_keeps_its_request_and_a_success_drops_it(state,
+                                                                                      client):
+    request = orjson.dumps({"model": "m", "inputs": ["a", "b"]})
+    ok, failed, cancelled = (submit(state, request=request) for _ in range(3))
+    expired = submit(state, request=request, timeout_s=30)
+    assert client.hget(f"iq:job:{ok}", "request") == request.decode()  # while it waits
+    run(state, ok)
+    run(state, failed, Status.FAILED)
+    state.cancel(cancelled)
+    client.hset(f"iq:job:{expired}", "expires_at", "1")  # its deadline passed
+    assert state.read(expired).status is Status.EXPIRED
+    assert state.kept_request(ok) is None and client.hget(f"iq:job:{ok}", "request") is None
+    for job_id in (failed, cancelled, expired):
+        assert state.kept_request(job_id) == request.decode()
+        assert 0 < client.ttl(f"iq:request:{job_id}") <= KEEP_S
+        assert client.hget(f"iq:job:{job_id}", "request") is None  # moved, not copied
+        assert state.read(job_id).kept == len(request)
+    assert state.kept() == (3, 3 * len(request))
+
+
+def test_kept_requests_leave_the_books_when_their_time_is_up(state, client):
+    request = b'{"inputs": ["x"]}'
+    gone, kept = (submit(state, request=request) for _ in range(2))
+    for job_id in (gone, kept):
+        state.cancel(job_id)
+    client.zadd("iq:kept", {f"{gone}:{len(request)}": 1})  # as if its time were up
+    assert state.kept() == (1, len(request))
+
+
+def test_nothing_is_kept_without_a_keep_time(client):
+    state = JobState(client, keep_s=0)
+    job_id = submit(state, request=b'{"inputs": ["x"]}')
+    state.cancel(job_id)
+    assert state.kept_request(job_id) is None and state.read(job_id).kept == 0
+    assert state.kept() == (0, 0)
+
+
+def test_a_retry_links_both_jobs_once_and_only_for_a_job_that_did_not_succeed(state):
+    failed, ok = submit(state), submit(state)
+    run(state, failed, Status.FAILED)
+    run(state, ok)
+    made: list[str] = []
+    refused: list[RetryRefused] = []
+    barrier = threading.Barrier(8)
+
+    def retry() -> None:
+        barrier.wait()
+        try:
+            made.append(submit(state, retry_of=failed))
+        except RetryRefused as exc:
+            refused.append(exc)
+
+    threads = [threading.Thread(target=retry) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and len(refused) == 7  # concurrent retries make one job
+    assert {(r.reason, r.job_id) for r in refused} == {("retried", made[0])}
+    assert state.read(failed).retried_as == made[0] and state.read(made[0]).retry_of == failed
+    with pytest.raises(RetryRefused) as succeeded:
+        submit(state, retry_of=ok)
+    assert succeeded.value.reason == "succeeded"
+    with pytest.raises(RetryRefused) as missing:
+        submit(state, retry_of=str(uuid.uuid4()))
+    assert missing.value.reason == "missing"
+
+
+def test_progress_counts_only_running_jobs(state):
+    running, queued = submit(state), submit(state)
+    state.start([running], worker="w/0", batch="{}")
+    assert state.progress({running: 4, queued: 4}) == 1
+    assert state.read(running).items_done == 4 and state.read(queued).items_done == 0
+
+
+def test_start_and_progress_are_announced_a_batch_at_a_time(state, client):
+    jobs = [submit(state) for _ in range(3)]
+    pubsub = client.pubsub()
+    pubsub.subscribe("iq:moves")
+    pubsub.get_message(timeout=1)
+    state.start(jobs, worker="w/0", batch="{}")
+    state.progress({jobs[0]: 1})
+    running, progress = pubsub.get_message(timeout=2), pubsub.get_message(timeout=2)
+    assert running["data"] == "running " + " ".join(jobs)
+    assert progress["data"] == f"progress {jobs[0]}"
+
+
+def test_delete_takes_a_finished_job_and_all_it_left(state, client):
+    request = b'{"inputs": ["x"]}'
+    failed, queued = submit(state, request=request), submit(state)
+    run(state, failed, Status.FAILED)
+    assert state.delete(queued, "ops") == "queued"  # cancel it first
+    assert state.delete(failed, "other") == "missing"  # not theirs
+    assert state.delete(failed, "ops") == "deleted"
+    assert state.read(failed) is None and state.kept_request(failed) is None
+    assert client.get(f"celery-task-meta-{failed}") is None
+    assert failed not in ids(state.page("ops")) and ids(state.page("ops", dead=True)) == []
+    assert state.kept() == (0, 0)
+    assert state.delete(failed, "ops") == "missing"
+
+
+def test_an_index_entry_whose_record_is_gone_leaves_the_index(state, client):
+    kept, gone = submit(state), submit(state)
+    client.delete(f"iq:job:{gone}")  # its record expired
+    assert ids(state.page("ops")) == [kept]
+    assert client.zscore("iq:owner:ops", gone) is None
