@@ -8,11 +8,12 @@ sent (scripts as one).
 
 Purposes: `submit` (the API's submit script), `fetch` (a worker taking messages off their
 queue), `lease` (keeping a held message invisible to other workers), `start` (a batch's jobs
-marked running), `result` (outputs stored, the job's answer read), `events` (Celery's task
-events), `ack` (a message removed for good), `wake-up` (waking a waiting API request or an idle
-worker), `heartbeat` (liveness, the same however many jobs run) and `other`. A script is known
-by its SHA1, found in the tree that runs it (`script_names`), and given its purpose by name
-(`SCRIPT_PURPOSES`); a plain command by its name and its key (`_plain`).
+marked running, their progress), `result` (outputs stored, the job's answer read), `events`
+(Celery's task events, and the job moves' for Server-Sent Events), `ack` (a message removed
+for good), `wake-up` (waking a waiting API request or an idle worker), `heartbeat` (liveness,
+the same however many jobs run) and `other`. A script is known by its SHA1, found in the tree
+that runs it (`script_names`), and given its purpose by name (`SCRIPT_PURPOSES`); a plain
+command by its name and its key (`_plain`).
 """
 from __future__ import annotations
 
@@ -32,9 +33,8 @@ PURPOSES = ("submit", "fetch", "lease", "start", "result", "events", "ack", "wak
 # Lua scripts by the name their module gives them.
 SCRIPT_PURPOSES = {
     "SUBMIT": "submit", "START": "start", "FINISH": "result", "READ": "result",
-    "FETCH": "fetch", "_RESTORE": "lease", "_TAKE": "other", "CANCEL": "other",
-    "CLAIM_DELIVERY": "other",
-}
+    "FETCH": "fetch", "_RESTORE": "lease", "PROGRESS": "start",
+}  # any other (cancel, list, delete, a webhook's claim, the rate limit's): other
 
 _SCRIPT_CALLS = {"EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO", "FCALL"}
 _LINE = re.compile(rb'^\+?[0-9.]+ \[\d+ ([^\]]+)\] (.*)$')
@@ -71,8 +71,9 @@ def _plain(cmd: str, args: list[str]) -> str:
     """The purpose of a command sent on its own (or inside MULTI), by its name and key."""
     key = args[0] if args else ""
     if cmd in ("PUBLISH", "SPUBLISH"):
-        return "events" if "celeryev" in key else "wake-up" if key.startswith("iq:done:") \
-            else "other"
+        # Celery's task events and the job moves' (iq:moves, for Server-Sent Events): events.
+        return "events" if "celeryev" in key or key == "iq:moves" else \
+            "wake-up" if key.startswith("iq:done:") else "other"
     if cmd in ("SUBSCRIBE", "UNSUBSCRIBE", "PSUBSCRIBE", "PUNSUBSCRIBE"):
         return "wake-up"
     if "wake" in key:
