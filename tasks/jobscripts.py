@@ -9,8 +9,8 @@ from __future__ import annotations
 from tasks.keys import (DONE_PREFIX, JOB_PREFIX, KEPT_BYTES_KEY, KEPT_KEY, MOVES_CHANNEL,
                         dead_index, kept_request, owner_index)
 
-# The fields a read returns: every field of the record but the kept request (inputs can weigh
-# a megabyte; only a retry reads them, from where `dead` moves them).
+# The fields a read returns. (A job's request, kept for a retry, is in a key of its own:
+# inputs can weigh a megabyte and only a retry reads them.)
 READ_FIELDS = ("status", "model", "created_at", "trace_id", "inputs", "priority", "owner",
                "encoding_format", "webhook_url", "webhook_events", "token", "expires_at",
                "started_at", "finished_at", "worker", "batch", "runs", "error", "items_done",
@@ -46,18 +46,23 @@ local function trim_kept(most)
 end
 
 -- A job that ends without succeeding (failed, cancelled, expired) joins its owner's
--- dead-letter index, and the request kept in its record at submit moves to a key of its own,
--- for a retry within KEEP_S. (A job that succeeds drops it: FINISH.)
+-- dead-letter index, and the request kept at submit (in a key of its own, so that the record
+-- stays a small hash: Redis keeps a hash with a value over 64 bytes as a table, three times
+-- the bytes) is kept for a retry within KEEP_S. (A job that succeeds drops it: FINISH.)
 local function dead(key, id)
-  local f = redis.call('hmget', key, 'owner', 'request')
+  local f = redis.call('hmget', key, 'owner', 'req')
   local index = '{dead_index("")}' .. (f[1] or '')
   redis.call('zadd', index, now_us, id)
   trim(index, now_us - TTL_S * 1000000, 100)
   if not f[2] then return end
-  redis.call('hdel', key, 'request')
-  if KEEP_S <= 0 then return end
-  local size = string.len(f[2])
-  redis.call('set', '{kept_request("")}' .. id, f[2], 'EX', KEEP_S)
+  local size = tonumber(f[2])
+  if KEEP_S <= 0 then
+    redis.call('hdel', key, 'req')
+    redis.call('del', '{kept_request("")}' .. id)
+    return
+  end
+  redis.call('expire', '{kept_request("")}' .. id, KEEP_S)
+  redis.call('hdel', key, 'req')
   redis.call('hset', key, 'kept', size)
   redis.call('zadd', '{KEPT_KEY}', now + KEEP_S, id .. ':' .. size)
   redis.call('incrby', '{KEPT_BYTES_KEY}', size)
@@ -120,11 +125,14 @@ if timeout > 0 then
   fields[#fields + 1] = string.format('%.3f', now + timeout)
 end
 if ARGV[9] ~= '' then
-  fields[#fields + 1] = 'request'
-  fields[#fields + 1] = ARGV[9]
+  fields[#fields + 1] = 'req'  -- the bytes of its request, kept beside it until it ends
+  fields[#fields + 1] = string.len(ARGV[9])
 end
 redis.call('hset', KEYS[1], unpack(fields))
 redis.call('expire', KEYS[1], TTL_S)
+if ARGV[9] ~= '' then
+  redis.call('set', '""" + kept_request("") + """' .. ARGV[3], ARGV[9], 'EX', TTL_S)
+end
 if ARGV[6] ~= '' then redis.call('set', KEYS[2], ARGV[3] .. ' ' .. ARGV[6], 'EX', TTL_S) end
 redis.call('zadd', KEYS[4], now_us, ARGV[3])
 if ARGV[10] == '1' then trim(KEYS[4], now_us - TTL_S * 1000000, 1000) end
@@ -190,13 +198,15 @@ local out = {{}}
 local ttl = tonumber(ARGV[4])
 for i = 1, #KEYS / 2 do
   local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 4 + 6 * (i - 1)
-  local f = redis.call('hmget', key, 'status', 'token')
+  local f = redis.call('hmget', key, 'status', 'token', 'req')
   local status = f[1]
   if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 6]) then
     redis.call('hset', key, 'status', ARGV[a + 1], 'finished_at', ARGV[3])
     if ARGV[a + 3] ~= '' then redis.call('hset', key, 'error', ARGV[a + 3]) end
-    -- A finished record keeps what a read needs: not the token, the deadline, the request.
-    if ARGV[a + 1] == 'succeeded' then redis.call('hdel', key, 'request', 'token', 'expires_at')
+    -- A record that succeeded keeps what a read needs: not its token, deadline or request.
+    if ARGV[a + 1] == 'succeeded' then
+      redis.call('hdel', key, 'token', 'expires_at', 'req')
+      if f[3] then redis.call('del', '{kept_request("")}' .. id_of(key)) end
     else dead(key, id_of(key)) end
     redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)
     if ARGV[a + 4] ~= '' then redis.call('lpush', ARGV[a + 4], ARGV[a + 5]) end
