@@ -59,7 +59,8 @@ def _redis_conf(settings: Settings) -> dict[str, Any]:
     }
     return dict(
         broker_url=settings.redis_url,
-        result_backend=settings.redis_url,
+        # Celery's Redis backend, which reads a packed result's task id from its key.
+        result_backend=f"{results.BACKEND}+{settings.redis_url}",
         # Every gunicorn thread may publish at once; a smaller pool makes them queue for it.
         broker_pool_limit=128,
         broker_connection_timeout=settings.redis_timeout_s,

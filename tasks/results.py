@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+from celery.backends.redis import RedisBackend
 from kombu import serialization
 
 ENCODINGS = ("float", "base64")
@@ -185,3 +186,18 @@ def register_serializer() -> None:
     """Teach kombu (so Celery's result backend) `SERIALIZER`: packed results and JSON."""
     serialization.register(SERIALIZER, _stored_meta, _meta_of, content_type=CONTENT_TYPE,
                            content_encoding="binary")
+
+
+class ResultBackend(RedisBackend):
+    """Celery's Redis result backend, which also names the task in a packed result's meta:
+    the packed form does not repeat the id its key holds, and `AsyncResult.get` needs it.
+    (`BACKEND`: how tasks/celery_app.py names it.)"""
+
+    def _get_task_meta_for(self, task_id: str) -> dict:
+        meta = super()._get_task_meta_for(task_id)
+        if meta.get("status") == "SUCCESS" and meta.get("task_id") is None:
+            meta["task_id"] = task_id
+        return meta
+
+
+BACKEND = f"{__name__}:{ResultBackend.__name__}"

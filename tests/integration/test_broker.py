@@ -312,6 +312,7 @@ def test_a_stored_result_is_what_celery_stores_and_reads(redis_url):
                    job_id == "r-ok" else results.stored(job_id, error=failure))
     assert app.AsyncResult("r-ok").state == "SUCCESS"
     assert app.AsyncResult("r-ok").result == {"outputs": vectors}
+    assert app.AsyncResult("r-ok").get(timeout=5) == {"outputs": vectors}  # names its task
     assert results.outputs_of(server.get(result_key("r-ok"))) == vectors
     read_back = app.AsyncResult("r-failed").result
     assert app.AsyncResult("r-failed").state == "FAILURE"
