@@ -21,8 +21,9 @@ from config import Settings
 from config.models import ModelSpec
 from tasks import tracing
 from tasks.jobstate import CancelOutcome, JobRecord, JobState, Page, Status, new_job
-from tasks.keys import consuming_key, idempotency_key, live_key
+from tasks.keys import idempotency_key
 from tasks.messages import JOB_TOKEN_HEADER, JobArgs, task_message
+from tasks.presence import Presence
 from tasks.names import PRIORITIES, queue_lists, task_name
 from tasks.redis_client import connect
 
@@ -86,6 +87,7 @@ class JobStore:
         self.models = models
         self.redis = connect(settings.redis_url, settings, max_connections=REDIS_CONNECTIONS)
         self.state = JobState(self.redis, settings.kept_s, settings.job_ttl_s)
+        self.presence = Presence(self.redis)
         self.waiter = ResultWaiter(self.redis, settings.max_waits, settings.max_waits_per_key)
 
     def queue_depth(self, spec: ModelSpec) -> int:
@@ -207,21 +209,10 @@ class JobStore:
 
     def live(self, models: Iterable[str]) -> dict[str, dict[str, int]]:
         """Live model instances per model: pool children with the model loaded (their
-        heartbeats) in workers consuming the model's queue (their event loop's tick)."""
-        names = list(models)
-        since = time.time() - self.settings.heartbeat_ttl_s
-        with self.redis.pipeline(transaction=False) as pipe:
-            for name in names:
-                pipe.zrangebyscore(consuming_key(self.models[name].queue), since, "+inf")
-                pipe.zrangebyscore(live_key(name), since, "+inf")
-            found = pipe.execute()
-        out = {}
-        for name, consuming, children in zip(names, found[::2], found[1::2]):
-            workers = set(consuming)
-            serving = [m for m in children if m.rsplit("/", 1)[0] in workers]
-            out[name] = {"workers": len({m.rsplit("/", 1)[0] for m in serving}),
-                         "instances": len(serving)}
-        return out
+        heartbeats) in workers consuming the model's queue (their event loop's tick) that do
+        not say the model is unhealthy there, all by Redis's clock (tasks/presence.py)."""
+        return self.presence.live({name: self.models[name].queue for name in models},
+                                  self.settings.heartbeat_ttl_s)
 
     def queue_depths(self) -> dict[str, int]:
         return {name: self.queue_depth(spec) for name, spec in self.models.items()}

@@ -72,7 +72,7 @@ WORKER_COSTS = [
      r"_flush_events"),
     ("task events: build", r"send_event|EventDispatcher\.send"),
     ("unacked record (and taking what waits)", r"QoS\.append|append_or_keep|_record_and_take"),
-    ("acks", r"Leases\.|Unacked\.|QoS\.ack|Message\.ack|basic_ack"),
+    ("acks", r"Leases\.|InFlight\.|QoS\.ack|Message\.ack|basic_ack"),
     ("logging", r"\(logging/"),
     ("Celery request and the batching strategy", r"task_message_handler|on_task_received|"
      r"_receive_callback|Request\.__init__|\(workers/policy"),

@@ -33,7 +33,11 @@ PURPOSES = ("submit", "fetch", "lease", "start", "result", "events", "ack", "wak
 # Lua scripts by the name their module gives them.
 SCRIPT_PURPOSES = {
     "SUBMIT": "submit", "START": "start", "FINISH": "result", "READ": "result",
-    "FETCH": "fetch", "_RESTORE": "lease", "PROGRESS": "start",
+    "FETCH": "fetch", "_RESTORE": "lease", "PROGRESS": "start", "CRASHED": "start",
+    # Issue 24's broker scripts (workers/broker/scripts.py): the lease per worker and the
+    # recoveries that read it.
+    "BEAT": "lease", "REAP": "lease", "RECONCILE": "lease", "RESTORE": "lease",
+    "LATER": "other", "_LIVE": "heartbeat", "_STAMP": "heartbeat",
 }  # any other (cancel, list, delete, a webhook's claim, the rate limit's): other
 
 _SCRIPT_CALLS = {"EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO", "FCALL"}
@@ -82,7 +86,7 @@ def _plain(cmd: str, args: list[str]) -> str:
         return "lease" if key.startswith("iq:lease") else "heartbeat"
     if cmd in ("BRPOP", "BLPOP", "BLMOVE", "BRPOPLPUSH", "BZPOPMIN", "LMOVE", "RPOPLPUSH"):
         return "fetch"
-    if key.startswith("unacked") or key.startswith("iq:inflight"):
+    if key.startswith("unacked") or key.startswith("iq:inflight"):  # kombu's, issue 24's
         if cmd in ("HDEL", "ZREM"):
             return "ack"
         return "fetch" if cmd == "HSET" else "lease"

@@ -108,6 +108,13 @@ class Settings:
     watchdog_s: float = 60.0
     # A pool child that died mid-batch is noticed after this long.
     worker_lost_wait_s: float = 1.0
+    # A job whose model call took its pool child down this many times (the last time alone in
+    # its batch) ends failed with code `crashed` and never runs again; its batch-mates run
+    # again alone and finish.
+    max_job_crashes: int = 2
+    # A worker told to stop (SIGTERM) lets its running batches finish for this long, then
+    # stops their children and puts their jobs back on the queues.
+    stop_timeout_s: float = 25.0
     # Messages a worker holds unacknowledged per child; 0: two full batches of the largest
     # model, enough to fill a batch while every child is busy.
     prefetch_multiplier: int = 0
@@ -297,6 +304,15 @@ def _check_images(settings: Settings) -> None:
                           f"{settings.image_decode_memory_mb}")
 
 
+def _check_workers(settings: Settings) -> None:
+    """The workers' isolation and stop limits."""
+    if settings.max_job_crashes < 1:
+        raise ConfigError(f"max_job_crashes must be an integer >= 1, got "
+                          f"{settings.max_job_crashes}")
+    if settings.stop_timeout_s <= 0:
+        raise ConfigError(f"stop_timeout_s must be > 0, got {settings.stop_timeout_s}")
+
+
 def load_settings(
     overrides: Mapping[str, Any] | None = None,
     *,
@@ -317,4 +333,5 @@ def load_settings(
     settings = dataclasses.replace(Settings(), **values)
     _check_access(settings)
     _check_images(settings)
+    _check_workers(settings)
     return settings

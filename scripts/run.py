@@ -6,16 +6,19 @@ secrets it needs are made on first use and kept under IQ_VAR_DIR (default var/),
 Redis's admin password and the application's (an ACL user without administrative commands:
 scripts/redis-server.sh), Flower's password, the webhook signing secret. Each process gets only
 the secrets it uses (`NEEDS`). Once the API, the worker and Flower answer, one block says what
-is where. Ctrl-C or SIGTERM stops every process it started: honcho signals each one's process
-group, and kills what is left after a few seconds. Its output may go through a pipe (`make run
-2>&1 | tee run.log`): when the reader is gone (Ctrl-C stops `tee` too), the output is dropped
-rather than the stop (`Console`).
+is where. A process that exits on its own (a crash, a kill) is started again, its output saying
+so (scripts/respawn.py), rather than the whole stack stopped. Ctrl-C or SIGTERM stops every
+process it started: honcho signals each one's process group, and kills what is left once the
+worker has had its `stop_timeout_s`. Its output may go through a pipe (`make run 2>&1 | tee
+run.log`): when the reader is gone (Ctrl-C stops `tee` too), the output is dropped rather than
+the stop (`Console`).
 """
 from __future__ import annotations
 
 import datetime
 import os
 import secrets
+import shlex
 import stat
 import sys
 import threading
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from honcho import manager as honcho_manager
 from honcho.environ import parse_procfile
 from honcho.manager import Manager
 from honcho.printer import Message, Printer
@@ -315,9 +319,13 @@ def main() -> int:
     except Refused as refused:
         print(refused, file=sys.stderr)
         return 1
+    # The worker's own stop (its running batches, then its children) before honcho's SIGKILL.
+    honcho_manager.KILL_WAIT = load_settings(environ=run.env).stop_timeout_s + 5
     manager = Manager(Printer(Console(sys.stdout)))
     for name, command in run.processes.items():
-        manager.add_process(name, command, env=process_env(name, run.env), cwd=str(ROOT))
+        kept = f"exec {shlex.quote(sys.executable)} -m scripts.respawn {name} " \
+               f"{shlex.quote(command)}"
+        manager.add_process(name, kept, env=process_env(name, run.env), cwd=str(ROOT))
     # Started before honcho forks its readers; they only start a process and read its output.
     threading.Thread(target=_announce, args=(manager, run.checks, run.block),
                      daemon=True).start()

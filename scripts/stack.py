@@ -96,7 +96,11 @@ class Service:
             self.reap(timeout)
 
 
-def spawn(name: str, cmd: list[str], env: dict[str, str], logdir: Path) -> Service:
+def spawn(name: str, cmd: list[str], env: dict[str, str], logdir: Path,
+          wrap: list[str] | None = None) -> Service:
+    """`cmd` in a session of its own, its output in logdir/<name>.log; `wrap`: a command that
+    runs it (a network namespace, a shifted clock)."""
+    cmd = [*(wrap or []), *cmd]
     log = logdir / f"{name}.log"
     handle = open(log, "ab")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
@@ -112,14 +116,15 @@ def _private(path: Path, text: str) -> Path:
 
 
 def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False,
-                open_to_all: bool = False, like: Service | None = None) -> Service:
+                open_to_all: bool = False, like: Service | None = None,
+                args: list[str] | None = None) -> Service:
     """A private redis-server as `make run` starts one (scripts/redis-server.sh): an admin user
     and the application's user (REDIS_APP_USER), which cannot run administrative commands, each
     with a fresh password, so that every client is proven to pass its own along and the
     application's processes to need no more. `extra["url"]` is the application's URL,
     `extra["admin_url"]` the admin's (for tests that reconfigure, freeze or kill). `like`: a
     restart of that server (its port and passwords). `open_to_all`: no user and no password,
-    as a system package's Redis."""
+    as a system package's Redis. `args`: more of redis-server's options."""
     if like is not None:
         port, open_to_all = like.extra["port"], like.extra["password"] == ""
     port = port or free_port()
@@ -127,7 +132,8 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
     data.mkdir(parents=True, exist_ok=True)
     if open_to_all:
         cmd = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir",
-               str(data), "--save", "", "--appendonly", "yes" if appendonly else "no"]
+               str(data), "--save", "", "--appendonly", "yes" if appendonly else "no",
+               *(args or [])]
         svc = spawn(f"redis-{port}", cmd, dict(os.environ), workdir)
         admin = app = f"redis://127.0.0.1:{port}/0"
         svc.extra.update(password="", app_password="")
@@ -140,7 +146,7 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
                    IQ_REDIS_PASSWORD_FILE=str(_private(data / "admin-password", admin_password)),
                    IQ_REDIS_APP_PASSWORD_FILE=str(_private(data / "app-password", app_password)))
         cmd = [str(ROOT / "scripts" / "redis-server.sh"), "--appendonly",
-               "yes" if appendonly else "no"]
+               "yes" if appendonly else "no", *(args or [])]
         svc = spawn(f"redis-{port}", cmd, env, workdir)
         admin = f"redis://:{admin_password}@127.0.0.1:{port}/0"
         app = f"redis://{REDIS_APP_USER}:{app_password}@127.0.0.1:{port}/0"
@@ -152,12 +158,12 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
 
 def start_worker(name: str, env: dict[str, str], logdir: Path, queues: list[str],
                  concurrency: int = 1, app: str = "workers.main",
-                 pool: str = "prefork") -> Service:
+                 pool: str = "prefork", wrap: list[str] | None = None) -> Service:
     env = dict(env, IQ_WORKER_METRICS_PORT=str(free_port()))
     cmd = [str(VENV_BIN / "celery"), "-A", app, "worker", "--pool", pool,
            "--concurrency", str(concurrency), "--loglevel", "INFO",
            "--hostname", f"{name}@%h", "--queues", ",".join(queues)]
-    svc = spawn(f"worker-{name}", cmd, env, logdir)
+    svc = spawn(f"worker-{name}", cmd, env, logdir, wrap)
     svc.extra["metrics_url"] = f"http://127.0.0.1:{env['IQ_WORKER_METRICS_PORT']}/metrics"
     return svc
 
@@ -274,14 +280,15 @@ class Stack:
 
 def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
            env_extra: dict[str, str] | None = None, appendonly: bool = False,
-           ready_models: list[str] | None = None, defaults: bool = False) -> Stack:
+           ready_models: list[str] | None = None, defaults: bool = False,
+           redis_args: list[str] | None = None) -> Stack:
     """Start Redis, one single-child worker per entry of `workers` (name → queues) and the
     API; return once each model in `ready_models` (default: all) has a live instance.
     Heartbeats are quicker than the defaults, so that tests see workers come and go sooner,
     unless `defaults`: then every setting is what a user runs (no IQ_* but the models file)."""
     models_file = workdir / "models.yaml"
     models_file.write_text(yaml.safe_dump({"models": models}))
-    redis_svc = start_redis(workdir, appendonly=appendonly)
+    redis_svc = start_redis(workdir, appendonly=appendonly, args=redis_args)
     base = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
     quick = {} if defaults else {"IQ_HEARTBEAT_INTERVAL_S": "0.5", "IQ_HEARTBEAT_TTL_S": "3"}
     # A webhook secret, as `make run` generates one: without it webhooks are off.

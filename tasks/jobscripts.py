@@ -46,9 +46,8 @@ local function trim_kept(most)
 end
 
 -- A job that ends without succeeding (failed, cancelled, expired) joins its owner's
--- dead-letter index, and the request kept at submit (in a key of its own, so that the record
--- stays a small hash: Redis keeps a hash with a value over 64 bytes as a table, three times
--- the bytes) is kept for a retry within KEEP_S. (A job that succeeds drops it: FINISH.)
+-- dead-letter index, and the request kept at submit (in a key of its own, so that it does not
+-- weigh on the record) is kept for a retry within KEEP_S. (A job that succeeds drops it: FINISH.)
 local function dead(key, id)
   local f = redis.call('hmget', key, 'owner', 'req')
   local index = '{dead_index("")}' .. (f[1] or '')
@@ -73,6 +72,7 @@ end
 local function expire_if_due(key, id, status, expires_at, finished_at, error)
   if status == 'queued' and expires_at and expires_at ~= '' and now > tonumber(expires_at) then
     redis.call('hset', key, 'status', 'expired', 'finished_at', finished_at, 'error', error)
+    redis.call('hdel', key, 'message', 'list')
     dead(key, id)
     redis.call('publish', '{DONE_PREFIX}' .. id, 'expired')
     return true
@@ -82,11 +82,15 @@ end
 """
 
 # KEYS: record, idempotency claim, target list, owner index, the record of the job it retries
-#       (any key when it retries none), then the model's queue lists (for its depth).
+#       (any key when it retries none), pending jobs, the queue's wake-up list, then the model's
+#       queue lists (for its depth).
 # ARGV: job id, max depth, timeout_s (0: none), request digest ('' : no idempotency key),
 #       message, memory headroom (share of maxmemory kept free), the request to keep ('' :
 #       none), '1' to trim the owner index, '1' when it retries a job, then the record's
 #       field/value pairs.
+# The record keeps the message and its list until the job is final, for the reconciler
+# (workers/broker/scripts.py) to queue it again should it be lost; the job joins the pending
+# set; a queue that was empty gets a wake-up token for its idle workers.
 SUBMIT = _PRELUDE + """
 local memory = redis.call('info', 'memory')
 local cap = tonumber(string.match(memory, 'maxmemory:(%d+)'))
@@ -115,9 +119,9 @@ if ARGV[11] == '1' then
   end
 end
 local depth = 0
-for i = 6, #KEYS do depth = depth + redis.call('llen', KEYS[i]) end
+for i = 8, #KEYS do depth = depth + redis.call('llen', KEYS[i]) end
 if depth >= tonumber(ARGV[4]) then return {'overloaded', ''} end
-local fields = {}
+local fields = {'message', ARGV[7], 'list', KEYS[3]}
 for i = 12, #ARGV do fields[#fields + 1] = ARGV[i] end
 local timeout = tonumber(ARGV[5])
 if timeout > 0 then
@@ -138,23 +142,36 @@ redis.call('zadd', KEYS[4], now_us, ARGV[3])
 if ARGV[10] == '1' then trim(KEYS[4], now_us - TTL_S * 1000000, 1000) end
 if ARGV[11] == '1' then redis.call('hset', KEYS[5], 'retried_as', ARGV[3]) end
 redis.call('lpush', KEYS[3], ARGV[7])
+redis.call('zadd', KEYS[6], now, ARGV[3])
+if depth == 0 and redis.call('llen', KEYS[7]) == 0 then redis.call('lpush', KEYS[7], '1') end
 return {'created', ARGV[3]}
 """
 
-# KEYS: the batch's records. ARGV: started_at, worker, batch, finished_at, expired error,
-# then each job's token as its message carries it ('' : none).
-# Returns, per job, a StartDecision: 'run', or why it must not run ('missing', 'foreign': the
-# message is not the job's own, its token differs from the record's; 'cancelled', 'expired', or
-# 'finished': it succeeded or failed already). The jobs that run are announced on the moves
-# channel, in one message.
+# KEYS: the batch's records, then (optional) the in-flight hash of the worker that holds their
+# messages. ARGV: started_at, worker, batch, finished_at, expired error, then per job its
+# token as its message carries it ('' : none) and its message's delivery tag ('' : no in-flight
+# hash). Returns, per job, a StartDecision: 'run', or why it must not run ('missing',
+# 'foreign': the message is not the job's own, its token differs from the record's;
+# 'cancelled', 'expired', 'finished': it succeeded or failed already, or 'lapsed': its message
+# is no longer this worker's, taken back while its lease had lapsed). The jobs that run are
+# announced on the moves channel, in one message.
 START = _PRELUDE + f"""
 local out, ran = {{}}, {{}}
-for i, key in ipairs(KEYS) do
+local records, held = (#ARGV - 7) / 2, nil
+if #KEYS > records then
+  local tags = {{}}
+  for i = 1, records do tags[i] = ARGV[7 + 2 * i] end
+  held = redis.call('hmget', KEYS[#KEYS], unpack(tags))
+end
+for i = 1, records do
+  local key = KEYS[i]
   local f = redis.call('hmget', key, 'status', 'expires_at', 'token', 'runs')
   local status = f[1]
-  if not status then
+  if held and not held[i] then
+    out[i] = 'lapsed'
+  elseif not status then
     out[i] = 'missing'
-  elseif f[3] and f[3] ~= ARGV[7 + i] then
+  elseif f[3] and f[3] ~= ARGV[6 + 2 * i] then
     out[i] = 'foreign'
   elseif expire_if_due(key, id_of(key), status, f[2], ARGV[6], ARGV[7]) then
     out[i] = 'expired'
@@ -189,33 +206,42 @@ end
 return #moved
 """
 
-# KEYS: (record, stored result) per job. ARGV: finished_at, result ttl, then per job: status,
-# stored result, error ('' : none), webhook list ('' : none), webhook message, the token of the
-# message that ran it. Returns, per job, 1 when it took its terminal status here, 0 when it
-# already had one (or the message was not the job's own).
+# KEYS: (record, stored result) per job, then the pending set. ARGV: finished_at, result ttl,
+# then per job: status, stored result, error ('' : none), webhook list ('' : none), webhook
+# message, the webhook queue's wake-up list, the token of the message that ran it.
+# Returns, per job, 1 when it took its terminal status here, 0 when it already had one (or the
+# message was not the job's own).
 FINISH = _PRELUDE + f"""
-local out = {{}}
+local out, done = {{}}, {{}}
 local ttl = tonumber(ARGV[4])
-for i = 1, #KEYS / 2 do
-  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 4 + 6 * (i - 1)
+for i = 1, (#KEYS - 1) / 2 do
+  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 4 + 7 * (i - 1)
   local f = redis.call('hmget', key, 'status', 'token', 'req')
   local status = f[1]
-  if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 6]) then
+  if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 7]) then
     redis.call('hset', key, 'status', ARGV[a + 1], 'finished_at', ARGV[3])
     if ARGV[a + 3] ~= '' then redis.call('hset', key, 'error', ARGV[a + 3]) end
-    -- A record that succeeded keeps what a read needs: not its token, deadline or request.
+    -- A finished record keeps what a read needs: not its message, token, deadline or request.
     if ARGV[a + 1] == 'succeeded' then
-      redis.call('hdel', key, 'token', 'expires_at', 'req')
+      redis.call('hdel', key, 'message', 'list', 'token', 'expires_at', 'req')
       if f[3] then redis.call('del', '{kept_request("")}' .. id_of(key)) end
-    else dead(key, id_of(key)) end
+    else
+      redis.call('hdel', key, 'message', 'list')
+      dead(key, id_of(key))
+    end
     redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)
-    if ARGV[a + 4] ~= '' then redis.call('lpush', ARGV[a + 4], ARGV[a + 5]) end
+    if ARGV[a + 4] ~= '' then
+      redis.call('lpush', ARGV[a + 4], ARGV[a + 5])
+      if redis.call('llen', ARGV[a + 6]) == 0 then redis.call('lpush', ARGV[a + 6], '1') end
+    end
     redis.call('publish', '{DONE_PREFIX}' .. id_of(key), ARGV[a + 1])
+    done[#done + 1] = id_of(key)
     out[i] = 1
   else
     out[i] = 0
   end
 end
+if #done > 0 then redis.call('zrem', KEYS[#KEYS], unpack(done)) end
 return out
 """
 
@@ -246,6 +272,7 @@ if expire_if_due(KEYS[1], id_of(KEYS[1]), status, f[2], ARGV[3], ARGV[5])
   return 'too_late'
 end
 redis.call('hset', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[3], 'error', ARGV[4])
+redis.call('hdel', KEYS[1], 'message', 'list')
 dead(KEYS[1], id_of(KEYS[1]))
 redis.call('publish', '{DONE_PREFIX}' .. id_of(KEYS[1]), 'cancelled')
 return 'cancelled'
@@ -320,4 +347,18 @@ return 'deleted'
 KEPT = _PRELUDE + f"""
 trim_kept(1000)
 return {{redis.call('zcard', '{KEPT_KEY}'), tonumber(redis.call('get', '{KEPT_BYTES_KEY}') or 0)}}
+"""
+
+# KEYS: records. Returns, per job, how many times a pool child was lost while running it, this
+# time included (0: no record).
+CRASHED = _PRELUDE + """
+local out = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('exists', key) == 1 then
+    out[i] = redis.call('hincrby', key, 'crashes', 1)
+  else
+    out[i] = 0
+  end
+end
+return out
 """

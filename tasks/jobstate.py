@@ -51,8 +51,10 @@ from redis.client import NEVER_DECODE
 
 from tasks import jobscripts, results
 from tasks.errors import ErrorCode, JobError
-from tasks.keys import dead_index, job_key, kept_request, owner_index, result_key
+from tasks.keys import (PENDING_KEY, dead_index, job_key, kept_request, owner_index, result_key,
+                        wake_key)
 from tasks.messages import QueuedMessage
+from tasks.names import PRIORITY_SEP
 
 
 class Status(str, enum.Enum):
@@ -75,6 +77,8 @@ class StartDecision(enum.Enum):
     CANCELLED = "cancelled"
     EXPIRED = "expired"  # its deadline passed while it waited (decided now or before)
     FINISHED = "finished"  # it succeeded or failed already: a redelivered message
+    LAPSED = "lapsed"  # its message is no longer this worker's (taken back while its lease
+    # had lapsed): whoever holds it now runs it
 
 
 class DeliveryClaim(enum.Enum):
@@ -262,6 +266,11 @@ def new_job(job_id: str, *, model: str, trace_id: str, inputs: int, priority: st
                      token=token, retry_of=retry_of)
 
 
+def queue_of(list_key: str) -> str:
+    """The queue a Redis list belongs to (its name before the priority step)."""
+    return list_key.split(PRIORITY_SEP, 1)[0]
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -298,7 +307,7 @@ class JobState:
 
     def __post_init__(self) -> None:
         for name in ("SUBMIT", "START", "PROGRESS", "FINISH", "CANCEL", "READ", "LIST",
-                     "DELETE", "KEPT", "CLAIM_DELIVERY"):
+                     "DELETE", "KEPT", "CLAIM_DELIVERY", "CRASHED"):
             self._scripts[name.lower()] = self.client.register_script(getattr(jobscripts, name))
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
@@ -340,7 +349,8 @@ class JobState:
             args += [name, value]
         kind, found = (_text(x) for x in self._run(
             "submit", [job_key(job.id), claim, message.list_key, owner_index(job.owner),
-                       retried, *depth_lists], args, ttl_s))
+                       retried, PENDING_KEY, wake_key(queue_of(message.list_key)),
+                       *depth_lists], args, ttl_s))
         if kind == "overloaded":
             raise Overloaded()
         if kind == "full":
@@ -355,13 +365,22 @@ class JobState:
         return Submitted(found, kind == "created")
 
     def start(self, job_ids: Sequence[str], *, worker: str, batch: str,
-              tokens: Sequence[str] = ()) -> list[StartDecision]:
+              tokens: Sequence[str] = (),
+              held: tuple[str, Sequence[str]] | None = None) -> list[StartDecision]:
         """Mark a batch's jobs running; per job, whether to run it or why not. `tokens`: each
-        job's token as its message carries it."""
+        job's token as its message carries it. `held`: the in-flight hash of the worker that
+        holds the jobs' messages and each job's delivery tag: a job whose message is no longer
+        on it is not started (LAPSED)."""
         now = now_stamp()
+        keys = [job_key(j) for j in job_ids]
         tokens = list(tokens) or [""] * len(job_ids)
-        out = self._run("start", [job_key(j) for j in job_ids],
-                        [now, worker, batch, now, EXPIRED_ERROR.to_json(), *tokens])
+        tags = list(held[1]) if held is not None else [""] * len(job_ids)
+        args = [now, worker, batch, now, EXPIRED_ERROR.to_json()]
+        for token, tag in zip(tokens, tags, strict=True):
+            args += [token, tag]
+        if held is not None:
+            keys.append(held[0])
+        out = self._run("start", keys, args)
         return [StartDecision(_text(x)) for x in out]
 
     def progress(self, items_done: Mapping[str, int]) -> int:
@@ -378,11 +397,18 @@ class JobState:
         args: list[Any] = [now_stamp(), result_ttl_s]
         for final in finals:
             keys += [job_key(final.job_id), result_key(final.job_id)]
+            hook = final.webhook
             args += [final.status.value, final.result,
                      final.error.to_json() if final.error else "",
-                     final.webhook.list_key if final.webhook else "",
-                     final.webhook.payload if final.webhook else "", final.token]
+                     hook.list_key if hook else "", hook.payload if hook else "",
+                     wake_key(queue_of(hook.list_key)) if hook else "", final.token]
+        keys.append(PENDING_KEY)
         return [bool(x) for x in self._run("finish", keys, args)]
+
+    def crashed(self, job_ids: Sequence[str]) -> list[int]:
+        """Count a lost pool child against each of these jobs: per job, how many it has lost
+        so far (0: no record)."""
+        return [int(x) for x in self._run("crashed", [job_key(j) for j in job_ids], [])]
 
     def claim_delivery(self, job_id: str, event: str, delivery_id: str) -> DeliveryClaim:
         """Whether delivery `delivery_id` may send `event` of the job (its retries may)."""

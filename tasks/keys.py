@@ -73,3 +73,30 @@ def consuming_key(queue: str) -> str:
     """Sorted set of the workers (hostname) consuming `queue` now, scored by their last tick:
     a worker told to stop consuming a queue (`cancel_consumer`) leaves it at its next tick."""
     return f"{CONSUMING_KEY}:{queue}"
+
+
+def wake_key(queue: str) -> str:
+    """A list of wake-up tokens for the workers that consume `queue`: whoever puts a message
+    on the queue while it was empty adds one (at most one waits), and an idle worker blocks on
+    it (BRPOP) instead of polling. A token carries nothing: one lost costs a worker a short
+    poll, never a job (workers/broker/fetch.py)."""
+    return f"{PREFIX}wake:{queue}"
+
+
+def delayed_key(queue: str) -> str:
+    """Sorted set of `queue`'s messages that wait for a later time (scored by Redis's clock,
+    in seconds): a fetch moves the due ones onto the queue (webhook retries)."""
+    return f"{PREFIX}delayed:{queue}"
+
+
+# Sorted set of the jobs that are not final yet (queued or running), scored by Redis's clock
+# when they were submitted or last looked at: the reconciler's list of jobs to check
+# (workers/broker/scripts.py).
+PENDING_KEY = f"{PREFIX}pending"
+
+
+def unhealthy_key(model: str) -> str:
+    """Sorted set of workers (hostname) whose instances of `model` must not count as live
+    (their pool children crash-loop, or a batch ran past its time limit), each scored by
+    Redis's clock until when."""
+    return f"{PREFIX}unhealthy:{model}"

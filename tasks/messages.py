@@ -57,12 +57,13 @@ class QueuedMessage:
 
 def task_message(app: Any, name: str, task_id: str, kwargs: Mapping[str, Any], *, queue: str,
                  priority: int, headers: Mapping[str, Any] | None = None,
-                 summary: Mapping[str, Any] | None = None) -> QueuedMessage:
+                 summary: Mapping[str, Any] | None = None, retries: int = 0) -> QueuedMessage:
     """The message `app.send_task(name, kwargs=..., task_id=..., queue=..., priority=...)`
-    would push. With `summary`, task events (Flower) show it and the body's size in place of
-    the arguments themselves."""
+    would push (`retries`: as a task's retry would). With `summary`, task events (Flower) show
+    it and the body's size in place of the arguments themselves."""
     as_task = app.amqp.as_task_v2(task_id, name, kwargs=dict(kwargs), argsrepr="()",
-                                  kwargsrepr="", ignore_result=None)  # as send_task does
+                                  kwargsrepr="", ignore_result=None,  # as send_task does
+                                  retries=retries)
     raw = orjson.dumps(as_task.body, option=results.JSON_OPTIONS)
     kwargsrepr = repr({**summary, "bytes": len(raw)}) if summary is not None \
         else saferepr(dict(kwargs), app.amqp.kwargsrepr_maxsize)

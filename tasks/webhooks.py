@@ -34,6 +34,10 @@ import time
 
 DELIVER_TASK = "iq.webhook.deliver"
 QUEUE = "iq.webhooks"
+# Deliveries whose attempts are spent, newest first (JSON: delivery, job_id, event, host,
+# attempts, last answer, at), the last DEAD_LETTER_CAP of them.
+DEAD_LETTERS = "iq:webhooks:dead"
+DEAD_LETTER_CAP = 10_000
 EVENTS = ("succeeded", "failed")
 # The empty default, and the placeholder earlier versions shipped as the default.
 _NOT_SECRETS = frozenset({"", "change-me"})

@@ -37,13 +37,15 @@ class BatchJob(NamedTuple):
     args: JobArgs
     trace: dict[str, str]  # its trace id and W3C trace context, where it has them
     token: str = ""  # the job's token as its message carries it (tasks/jobstate.py)
+    tag: str = ""  # its message's delivery tag, on the worker's in-flight record
 
     @classmethod
     def of(cls, request: Any) -> BatchJob:
         """From Celery's `Request` for the job."""
         token = _headers(request, (JOB_TOKEN_HEADER,)).get(JOB_TOKEN_HEADER, "")
+        message = getattr(request, "message", None)
         return cls(request.id, JobArgs.from_kwargs(request.kwargs), trace_headers(request),
-                   str(token))
+                   str(token), getattr(message, "delivery_tag", "") or "")
 
     @property
     def trace_id(self) -> str | None:
@@ -54,7 +56,9 @@ class Outcome(enum.Enum):
     SUCCEEDED = "succeeded"  # result stored
     FAILED = "failed"  # failure stored
     NOT_RUN = "not_run"  # cancelled, expired, missing or already finished: acknowledge
-    RETRY = "retry"  # nothing stored (Redis unavailable): back to the queue
+    RETRY = "retry"  # not run, nothing stored (Redis unavailable): back to the queue
+    UNSTORED = "unstored"  # ran, but Redis refused its result: the parent keeps `final` and
+    # stores it when Redis takes writes again (running it again would run it twice)
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ class JobOutcome:
     outputs: int = 0
     error: JobError | None = None
     reason: StartDecision | None = None  # NOT_RUN: why
+    final: Final | None = None  # UNSTORED: what to store
 
 
 def succeeded(app: Any, job: BatchJob, outputs: list) -> Final:

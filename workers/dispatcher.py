@@ -13,21 +13,25 @@ when the child running it dies (`task_reject_on_worker_lost`).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from time import monotonic
 from typing import Any
 
-from billiard.einfo import ExceptionInfo
+from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
+from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.worker import state as worker_state
 
 from tasks.jobstate import JobState
 from tasks.names import PRIORITIES
 from tasks.redis_client import connect
 from workers.batch import BatchJob, JobOutcome
-from workers.broker import Leases, Unacked, broker_of
+from workers.broker import InFlight, Leases, broker_of
 from workers.execute import run_batch
+from workers.isolation import CrashLoops, TimeLimits
 from workers.liveness import Liveness
 from workers.policy import Batch, BatchScheduler
 from workers.settlement import Settlement
+from workers.stopping import StopDeadline
 
 logger = logging.getLogger(__name__)
 
@@ -37,20 +41,37 @@ def _stopping() -> bool:
     return worker_state.should_stop is not None or worker_state.should_terminate is not None
 
 
+@dataclass
+class Running:
+    """A batch handed to the pool."""
+    model: str
+    requests: list
+    started: float  # monotonic
+    limit: float  # its time limit (s)
+
+
 class PoolDispatcher:
     """One per worker: buffers every batching task's requests and feeds the pool."""
 
     def __init__(self, consumer: Any) -> None:
         self.consumer = consumer
         self.settings = consumer.app.conf.iq_settings
+        models = consumer.app.conf.iq_models
         self.scheduler = BatchScheduler()
         self.inflight = 0
         self.connection = consumer.connection
         self.client = connect(self.settings.redis_url, self.settings)
-        self.leases = Leases(Unacked(self.client, broker_of(consumer.app)))
+        self.leases = Leases(InFlight(self.client, broker_of(consumer.app)))
+        self.limits = TimeLimits({m: spec.time_limit_s for m, spec in models.items()})
+        self.crash_loops = CrashLoops()
         self.settlement = Settlement(consumer.app, self.leases, JobState(
-            self.client, self.settings.kept_s, self.settings.job_ttl_s))
-        self.liveness = Liveness(consumer, self.client, self.leases, self._idle)
+            self.client, self.settings.kept_s, self.settings.job_ttl_s), self.limits)
+        self.liveness = Liveness(consumer, self.client, self.leases, self._idle, self._tick,
+                                 self.unhealthy)
+        # Batches in the pool, and the job id of every request held (buffered or running).
+        self.running: dict[int, Running] = {}
+        self.ids: dict[str, Any] = {}
+        self.stop_deadline = StopDeadline(self, self.settings.stop_timeout_s)
         self._timer_entry: Any = None
         self._timer_due: float | None = None
 
@@ -75,19 +96,41 @@ class PoolDispatcher:
         drained = self.scheduler.drain()
         for pending in drained:
             worker_state.task_ready(pending.job)
-        if drained:
-            self.leases.restore([p.job.message for p in drained])
+        if not drained:
+            return
+        if self.leases.restore([p.job.message for p in drained]):
             logger.warning("%s: %d buffered job(s) back on their queues", why, len(drained))
+        else:
+            logger.warning("%s: %d buffered job(s) go back on their queues once Redis "
+                           "answers; until then this worker keeps their leases", why,
+                           len(drained))
 
     # -- intake --------------------------------------------------------------------------
-    def submit(self, model: str, request: Any) -> None:
+    def duplicate(self, request: Any) -> bool:
+        """Whether this worker holds the job already (a copy of its message): the copy is
+        dropped, acknowledged unless it is the very message held."""
+        held = self.ids.get(request.id)
+        if held is None or held is request or not self.leases.holds(held.message):
+            return False
+        logger.warning("job %s delivered again while this worker holds it; the copy is "
+                       "dropped", request.id)
+        if held.message.delivery_tag == request.message.delivery_tag:
+            self.leases.forget([request.message])
+        else:
+            self.leases.ack([request.message])
+        return True
+
+    def submit(self, model: str, request: Any, alone: bool = False,
+               arrived: float | None = None) -> None:
         kwargs = request.kwargs or {}
         inputs = kwargs.get("inputs")
         items = len(inputs) if isinstance(inputs, list) else 1
         priority = (request.delivery_info or {}).get("priority")
         worker_state.task_reserved(request)
-        self.scheduler.add(model, request, items, monotonic(),
-                           priority=PRIORITIES["normal"] if priority is None else int(priority))
+        self.ids[request.id] = request
+        self.scheduler.add(model, request, items, monotonic() if arrived is None else arrived,
+                           priority=PRIORITIES["normal"] if priority is None else int(priority),
+                           alone=alone)
         self.pump()
 
     # -- batching ------------------------------------------------------------------------
@@ -122,35 +165,37 @@ class PoolDispatcher:
         """The batch to a free child, as one call; its outcomes come back to `_returned`."""
         requests = [p.job for p in batch.jobs]
         self.inflight += 1
+        running = Running(batch.model, requests, monotonic(), self.limits.limit(batch.model))
+        self.running[id(running)] = running
 
         def on_accepted(pid: int, time_accepted: float) -> None:
             for r in requests:
                 r.on_accepted(pid, time_accepted)
 
         def on_return(outcomes: list[JobOutcome]) -> None:
+            self.running.pop(id(running), None)
             self._returned(batch.model, requests, outcomes)
 
         def on_error(exc_info: ExceptionInfo) -> None:
-            self.inflight -= 1
-            self.settlement.failed_batch(batch.model, requests, exc_info)
-            if not _stopping():
-                self.pump(freed=1)
+            self.running.pop(id(running), None)
+            self._lost(running, exc_info)
 
-        time_limit = self.consumer.app.conf.iq_models[batch.model].time_limit_s or None
         self.consumer.pool.apply_async(
             run_batch,
-            args=(batch.model, [BatchJob.of(r) for r in requests]),
+            args=(batch.model, [BatchJob.of(r) for r in requests],
+                  self.leases.inflight.state.inflight_key),
             accept_callback=on_accepted,
             callback=on_return,
             error_callback=on_error,
-            # Past the hard limit the child is killed and replaced; each job of the batch
-            # ends failed with code `timeout` (Settlement.failed_batch).
-            timeout=time_limit,
+            # Past the limit the child is killed and replaced; the batch's jobs run again
+            # alone, and the one that reaches the limit alone fails with `timeout`.
+            timeout=running.limit,
             correlation_id=requests[0].id,
         )
 
     def _returned(self, model: str, requests: list, outcomes: list[JobOutcome]) -> None:
         self.inflight -= 1
+        self.limits.observe(model, max((o.runtime for o in outcomes), default=0.0))
         if _stopping():
             # Shutting down: the loop may not turn again, and no new batch starts.
             self.settlement.finish(model, requests, outcomes)
@@ -161,3 +206,38 @@ class PoolDispatcher:
         # batch back for all of it, the model idle meanwhile; so the bookkeeping waits a
         # millisecond, past that write (results are stored already).
         self.consumer.timer.call_after(0.001, self.settlement.finish, (model, requests, outcomes))
+
+    def _lost(self, running: Running, exc_info: ExceptionInfo) -> None:
+        """The batch call did not return (workers/isolation.py): its jobs run again alone,
+        ahead of what arrived since, or fail."""
+        self.inflight -= 1
+        exc = exc_info.exception
+        exc = exc.exc if isinstance(exc, ExceptionWithTraceback) else exc
+        stopping = _stopping()
+        if isinstance(exc, (WorkerLostError, TimeLimitExceeded)) and not stopping:
+            self.crash_loops.lost(running.model)
+        again = self.settlement.failed_batch(running.model, running.requests, exc_info,
+                                             stopping=stopping)
+        for r in again:
+            self.submit(running.model, r, alone=True, arrived=running.started)
+        if not stopping:
+            self.pump(freed=1)
+
+    # -- the tick and the stop -----------------------------------------------------------
+    def _tick(self) -> None:
+        """Every heartbeat (workers/liveness.py): results Redis refused are stored, and the
+        ids of jobs no longer held are forgotten."""
+        self.settlement.store_kept()
+        for job_id, request in list(self.ids.items()):
+            if not self.leases.holds(request.message):
+                self.ids.pop(job_id, None)
+
+    def unhealthy(self) -> list[str]:
+        """Models whose instances here must not count as live: their children crash-loop, or
+        a batch of theirs runs past its time limit (its child not stopped yet)."""
+        now = monotonic()
+        late = {r.model for r in list(self.running.values()) if now - r.started > r.limit + 5}
+        return sorted(late | set(self.crash_loops.models()))
+
+    def running_tags(self) -> list[str]:
+        return [r.message.delivery_tag for b in list(self.running.values()) for r in b.requests]

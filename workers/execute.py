@@ -5,8 +5,14 @@ outcome per job to the parent.
 
 Results are stored here, in the child, before the call returns, so the parent acknowledges a
 job only after its result is stored (late ack): a child that dies mid-batch loses nothing.
-A Redis error on the way (a restart, a stall, a failover) is retried for a while and then
-reported as RETRY: the parent puts the job back on its queue. It never fails the job.
+A Redis error on the way (a restart, a stall, a failover) is retried for a while; then a job
+not started yet is reported as RETRY (the parent puts it back on its queue) and a job that ran
+as UNSTORED with its result (the parent keeps it and stores it when Redis takes writes again:
+running it again would run it twice). It never fails the job.
+
+A job is started only while its message is still on this worker's in-flight record
+(`held_by`): one that another worker took back while this worker's lease had lapsed (a network
+cut) is left to that worker.
 """
 from __future__ import annotations
 
@@ -50,13 +56,13 @@ def _with_retries(call: Callable[[], T], what: str, patience_s: float) -> T:
             pause = min(pause * 2, 2.0)
 
 
-def run_batch(model: str, jobs: list[BatchJob]) -> list[JobOutcome]:
+def run_batch(model: str, jobs: list[BatchJob], held_by: str = "") -> list[JobOutcome]:
     """The pool's entry point, in the child: its runtime (its Celery app and loaded models)
-    runs the batch."""
+    runs the batch. `held_by`: the in-flight hash that holds the jobs' messages."""
     from workers.runtime import runtime
 
     rt = runtime()
-    return execute(rt.app, rt, model, jobs)
+    return execute(rt.app, rt, model, jobs, held_by)
 
 
 @dataclass
@@ -68,7 +74,8 @@ class _Ran:
     model_ns: tuple[int, int]
 
 
-def execute(app: Any, rt: ModelRuntime, model: str, jobs: list[BatchJob]) -> list[JobOutcome]:
+def execute(app: Any, rt: ModelRuntime, model: str, jobs: list[BatchJob],
+            held_by: str = "") -> list[JobOutcome]:
     """Start, run, store, report: the batch's outcomes, one per job."""
     if not rt.ready:
         # Not this batch's fault: its jobs go back to the queue, for a child that can run them.
@@ -76,7 +83,7 @@ def execute(app: Any, rt: ModelRuntime, model: str, jobs: list[BatchJob]) -> lis
         return _retry(job.id for job in jobs)
     batch = {"id": uuid.uuid4().hex[:12], "jobs": len(jobs),  # kept in every job's record
              "items": sum(len(job.args.inputs) for job in jobs)}
-    started = _start(rt, jobs, batch)
+    started = _start(rt, jobs, batch, held_by)
     if started is None:
         return _retry(job.id for job in jobs)
     to_run, not_run = started
@@ -91,9 +98,10 @@ def execute(app: Any, rt: ModelRuntime, model: str, jobs: list[BatchJob]) -> lis
             lambda: rt.jobs.finish(finals, result_ttl_s=rt.settings.result_ttl_s),
             "store results", rt.settings.redis_retry_s)
     except redis.RedisError:
-        logger.warning("could not store the results of %d job(s); back to the queue",
-                       len(finals), exc_info=True)
-        return _retry(f.job_id for f in finals) + not_run
+        logger.warning("could not store the results of %d job(s) yet; the worker keeps them "
+                       "until Redis takes them", len(finals), exc_info=True)
+        return [JobOutcome(f.job_id, Outcome.UNSTORED, ran.elapsed, final=f)
+                for f in finals] + not_run
     rt.record_memory(model)
     tracing.batch_spans(
         model, [(job.id, job.trace, job.args.submitted_at) for job in to_run], batch=batch,
@@ -108,17 +116,18 @@ def _retry(job_ids: Iterable[str]) -> list[JobOutcome]:
     return [JobOutcome(job_id, Outcome.RETRY) for job_id in job_ids]
 
 
-def _start(rt: ModelRuntime, jobs: list[BatchJob],
-           batch: dict) -> tuple[list[BatchJob], list[JobOutcome]] | None:
+def _start(rt: ModelRuntime, jobs: list[BatchJob], batch: dict,
+           held_by: str) -> tuple[list[BatchJob], list[JobOutcome]] | None:
     """The jobs to run, and the outcomes of those not to run; None when Redis would not
     record the start."""
     worker = f"{rt.member}/{os.getpid()}"  # node name / child index / pid
     # Which batch a job ran in, so a client (and the tests) can see batching at work.
     info = batch_text(batch)
     ids, tokens = [job.id for job in jobs], [job.token for job in jobs]
+    held = (held_by, [job.tag for job in jobs]) if held_by else None
     try:
         decisions = _with_retries(
-            lambda: rt.jobs.start(ids, worker=worker, batch=info, tokens=tokens),
+            lambda: rt.jobs.start(ids, worker=worker, batch=info, tokens=tokens, held=held),
             "start a batch", rt.settings.redis_retry_s)
     except redis.RedisError:
         # Fail closed: a job whose start could not be recorded might have been cancelled.

@@ -1,16 +1,18 @@
-"""The worker's periodic tick, on its event loop (`heartbeat_interval_s`): its leases renewed,
-its watchdog fed, its consuming announced to the API (`/readyz`), queue by queue, and the
-queues it consumes checked against its models file."""
+"""The worker's periodic tick, on its event loop (`heartbeat_interval_s`): what Redis refused to
+settle or store settled, its watchdog fed, its consuming announced to the API (`/readyz`),
+queue by queue, the models it must not be counted live for marked (crash-looping children, a
+batch past its time limit), and the queues it consumes checked against its models file. (Its
+lease beats on the event loop too: workers/broker/fetch.py.)"""
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Callable
 
 import redis
 
 from tasks.keys import CONSUMING_KEY, consuming_key
 from tasks.names import queue_lists
+from tasks.presence import Presence
 from workers.broker import Leases
 from workers.watchdog import Watchdog
 
@@ -18,22 +20,28 @@ logger = logging.getLogger(__name__)
 
 
 class Liveness:
-    """One per worker (`PoolDispatcher.liveness`). `idle`: whether a pool child is free and
-    nothing waits in the buffer (the dispatcher's to say)."""
+    """One per worker (`PoolDispatcher.liveness`). The dispatcher's to say: `idle`, whether a
+    pool child is free and nothing waits in the buffer; `unhealthy`, the models not to be
+    counted live here; `also`, its own work every tick."""
 
     def __init__(self, consumer: Any, client: redis.Redis, leases: Leases,
-                 idle: Callable[[], bool]) -> None:
+                 idle: Callable[[], bool], also: Callable[[], None],
+                 unhealthy: Callable[[], list[str]]) -> None:
         self.consumer = consumer
         self.settings = consumer.app.conf.iq_settings
         self.client = client
+        self.presence = Presence(client)
         self.leases = leases
         self.idle = idle
+        self.also = also
+        self.unhealthy = unhealthy
         self.consuming = False
         self.announced: set[str] = set()  # the queues last announced as consumed
         self.watchdog = Watchdog(self.settings.watchdog_s, self)
 
     def tick(self) -> None:
         self.leases.tick()
+        self.also()
         self.watchdog.beat()
         for queue in self.unknown_queues():  # added at run time (`control add_consumer`)
             logger.error("queue %s belongs to no model in %s: stopped consuming it, so that "
@@ -45,23 +53,29 @@ class Liveness:
             self.watchdog.observe_idle_with_work(self.idle() and self._jobs_waiting(queues))
         if self.consuming and (queues or self.announced):
             self._announce(queues)
+        if queues:
+            self._mark_unhealthy()
 
     def _announce(self, queues: list[str]) -> None:
         """This worker consumes `queues` now, and no longer those it announced before: the
         API counts its instances of a model only while it consumes the model's queue."""
-        host, now = self.consumer.hostname, time.time()
+        host = self.consumer.hostname
         try:
-            with self.client.pipeline(transaction=False) as pipe:
-                if queues:
-                    pipe.zadd(CONSUMING_KEY, {host: now})
-                for queue in queues:
-                    pipe.zadd(consuming_key(queue), {host: now})
-                for queue in self.announced - set(queues):
-                    pipe.zrem(consuming_key(queue), host)
-                pipe.execute()
+            self.presence.consuming(host, queues, self.announced - set(queues),
+                                    6 * self.settings.heartbeat_ttl_s)
             self.announced = set(queues)
         except redis.RedisError as exc:
             logger.warning("could not announce this worker as consuming: %s", exc)
+
+    def _mark_unhealthy(self) -> None:
+        sick = self.unhealthy()
+        if not sick:
+            return
+        try:
+            # Until a while after the last tick that found it so.
+            self.presence.unhealthy(sick, self.consumer.hostname, self.settings.heartbeat_ttl_s)
+        except redis.RedisError as exc:
+            logger.warning("could not mark %s not live here: %s", ", ".join(sick), exc)
 
     def _queues(self, known: bool) -> list[str]:
         task_consumer = getattr(self.consumer, "task_consumer", None)

@@ -14,6 +14,8 @@ A worker's main process buffers jobs per model and hands batches to idle pool ch
 * Jobs the caller says to discard (revoked, expired) are dropped when a batch is formed.
 * Within a model, higher-priority jobs (lower number) leave first, FIFO within a priority:
   prefetched jobs are reordered here, so priority holds even with a full buffer.
+* A job marked `alone` (its batch lost its child: workers/isolation.py) leaves in a batch of
+  its own.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ class Pending:
     items: int
     arrived: float
     priority: int = 0
+    alone: bool = False
 
 
 @dataclass
@@ -77,12 +80,14 @@ class ModelBuffer:
 
     def take(self, discard: Callable[[Any], bool]) -> list[Pending]:
         """Up to max_batch_size items, by priority then arrival; at least one job if any
-        survives `discard`."""
+        survives `discard`; a job marked `alone` only by itself."""
         order = sorted(self.queue, key=lambda p: (p.priority, p.arrived))
         taken: list[Pending] = []
         gone: set[int] = set()
         count = 0
         for head in order:
+            if taken and head.alone:
+                continue  # it waits for a batch of its own
             if taken and count + head.items > self.max_batch_size:
                 break
             gone.add(id(head))
@@ -90,7 +95,7 @@ class ModelBuffer:
                 continue
             taken.append(head)
             count += head.items
-            if count >= self.max_batch_size:
+            if head.alone or count >= self.max_batch_size:
                 break
         self.queue = deque(p for p in self.queue if id(p) not in gone)
         self.items = sum(p.items for p in self.queue)
@@ -120,8 +125,9 @@ class BatchScheduler:
         if model not in self.buffers:
             self.buffers[model] = ModelBuffer(model, max_batch_size, max_wait_s)
 
-    def add(self, model: str, job: Any, items: int, now: float, priority: int = 0) -> None:
-        self.buffers[model].add(Pending(job, max(int(items), 1), now, priority))
+    def add(self, model: str, job: Any, items: int, now: float, priority: int = 0,
+            alone: bool = False) -> None:
+        self.buffers[model].add(Pending(job, max(int(items), 1), now, priority, alone))
 
     def __len__(self) -> int:
         return sum(len(b) for b in self.buffers.values())

@@ -16,6 +16,7 @@ from config.models import ModelSpec
 from tasks.errors import ErrorCode, JobError
 from tasks.jobstate import JobState
 from tasks.keys import live_key
+from tasks.presence import Presence
 from tasks.redis_client import connect
 from workers.handlers import Handler, build_handler
 from workers.handlers.base import Progress
@@ -57,6 +58,7 @@ class ModelRuntime:
         self._redis = connect(settings.redis_url, settings)
         # The job records this child moves (start, finish): tasks/jobstate.py.
         self.jobs = JobState(self._redis, settings.kept_s, settings.job_ttl_s)
+        self._presence = Presence(self._redis)
 
     def start(self) -> None:
         from workers.devices import configure_allocator
@@ -127,15 +129,11 @@ class ModelRuntime:
         except redis.RedisError:
             pass
 
-    # Liveness lives in Redis so the API can answer /readyz without a broadcast to workers.
+    # Liveness lives in Redis so the API can answer /readyz without a broadcast to workers;
+    # stamped by Redis's clock, so that a worker whose clock is off is judged like any other.
     def _beat(self) -> None:
-        now = time.time()
-        with self._redis.pipeline(transaction=False) as pipe:
-            for name in list(self.specs):
-                pipe.zadd(live_key(name), {self.member: now})
-                pipe.zremrangebyscore(live_key(name), "-inf",
-                                      now - 6 * self.settings.heartbeat_ttl_s)
-            pipe.execute()
+        self._presence.beat([live_key(name) for name in list(self.specs)], self.member,
+                            6 * self.settings.heartbeat_ttl_s)
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_interval_s):

@@ -74,6 +74,8 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
             eventer=eventer, task=task, connection_errors=connection_errors,
             body=body, headers=headers, decoded=decoded, utc=utc,
         )
+        if dispatcher.duplicate(request):
+            return
         dispatcher.leases.hold(message)
         if (request.expires or request.id in revoked_tasks) and settlement.revoked(request):
             return
@@ -132,4 +134,13 @@ class DispatcherStep(bootsteps.StartStopStep):
             dispatcher.liveness.stop_consuming()
             dispatcher.release_buffered("stopped consuming")
 
-    close = shutdown = stop
+    def close(self, c: Any) -> None:
+        """The worker stops: the running batches have `stop_timeout_s` to finish
+        (workers/stopping.py); results Redis still refuses are given up."""
+        self.stop(c)
+        dispatcher = getattr(c, _DISPATCHER_ATTR, None)
+        if dispatcher is not None:
+            dispatcher.stop_deadline.arm()
+            dispatcher.settlement.give_back_unstored()
+
+    shutdown = close

@@ -109,7 +109,7 @@ class Watchdog:
         try:
             # Everything it holds, buffered or running, back on the queues: the children
             # running some of it are killed next.
-            liveness.leases.unacked.restore(liveness.leases.snapshot())
+            liveness.leases.inflight.restore(liveness.leases.snapshot())
         except Exception:  # noqa: BLE001 - nothing may stop the restart
             logger.warning("watchdog: could not requeue held jobs; they come back when their "
                            "leases run out")

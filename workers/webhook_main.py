@@ -17,7 +17,8 @@ from workers import broker, webhook_metrics
 from workers.webhooks import register
 
 celery = make_celery()
-broker.attach(celery)
+# Retries wait in the webhook queue's delayed set (workers/webhooks.py); fetches move them.
+broker.attach(celery).delayed_queues.add(QUEUE)
 if not enabled(celery.conf.iq_settings.webhook_secret):
     raise SystemExit(f"the webhook deliverer will not start: {SECRET_MISSING}")
 celery.conf.task_queues = [Queue(QUEUE)]  # a worker started without -Q consumes deliveries

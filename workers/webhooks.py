@@ -14,6 +14,13 @@ final. A host that already has `webhook_host_concurrency` deliveries in flight g
 later, without spending a retry: a slow receiver holds a few threads, never all of them. Logs
 name the job, the host and the status, never the payload or the URL (which may carry a
 receiver's token).
+
+A retry is not a Celery countdown held unacknowledged by the deliverer: it moves, in one step,
+from the deliverer's in-flight record to the webhook queue's delayed set, due by Redis's clock
+(workers/broker/inflight.py, `later`), and a fetch puts it back on the queue when due. So one
+delivery of a job's event exists at every instant, whatever restarts or recovers meanwhile. A
+delivery whose attempts are spent is kept in a dead-letter list (tasks.webhooks.DEAD_LETTERS)
+and counted (`webhook_given_up_total`).
 """
 from __future__ import annotations
 
@@ -33,9 +40,13 @@ from config import Settings
 from tasks import egress
 from tasks.jobstate import DeliveryClaim, JobState, Status
 from tasks.logs import trace
+from tasks.messages import task_message
+from tasks.names import PRIORITIES
 from tasks.redis_client import connect
-from tasks.webhooks import DELIVER_TASK, headers, signing_key
+from tasks.webhooks import (DEAD_LETTER_CAP, DEAD_LETTERS, DELIVER_TASK, QUEUE, headers,
+                            signing_key)
 from workers import webhook_metrics
+from workers.broker import InFlight, broker_of
 
 logger = logging.getLogger(__name__)
 
@@ -151,11 +162,37 @@ def attempt(what: Delivery, settings: Settings, slots: HostSlots) -> Attempt:
     return Attempt(classify(status), status)
 
 
+def dead_letter(client: Any, what: Delivery, event: str, attempts: int, last: Attempt) -> None:
+    """Keep a delivery whose attempts are spent (newest first, the last DEAD_LETTER_CAP)."""
+    entry = {"delivery": what.id, "job_id": what.payload["id"], "event": event,
+             "host": host_of(what.url), "attempts": attempts,
+             "last": last.status or last.detail, "at": time.time()}
+    with client.pipeline(transaction=False) as pipe:
+        pipe.lpush(DEAD_LETTERS, json.dumps(entry))
+        pipe.ltrim(DEAD_LETTERS, 0, DEAD_LETTER_CAP - 1)
+        pipe.execute()
+
+
 def register(app: Celery) -> None:
     settings = app.conf.iq_settings
     slots = HostSlots(settings.webhook_host_concurrency)
-    jobs = JobState(connect(settings.redis_url, settings))
+    client = connect(settings.redis_url, settings)
+    jobs = JobState(client)
     metrics = webhook_metrics.get()
+    inflight: list[InFlight] = []
+
+    def later(task: Any, job_id: str, event: str, trace_id: str | None, delay: float,
+              retries: int) -> None:
+        """This delivery again in `delay` seconds (`retries`: its count of retries then)."""
+        if not inflight:  # the worker's Broker, installed once the deliverer started
+            inflight.append(InFlight(client, broker_of(app)))
+        again = task_message(app, DELIVER_TASK, task.request.id,
+                             {"job_id": job_id, "event": event, "trace_id": trace_id},
+                             queue=QUEUE, priority=PRIORITIES["normal"], retries=retries)
+        tag = (task.request.properties or {}).get("delivery_tag", "")
+        if not inflight[0].later(tag, delay, QUEUE, again.list_key, again.payload):
+            logger.warning("webhook for job %s: its delivery was taken back by another "
+                           "deliverer meanwhile; its retry is that one's", job_id)
 
     @app.task(name=DELIVER_TASK, bind=True, acks_late=True, ignore_result=True,
               max_retries=settings.webhook_retries, shared=False)
@@ -190,18 +227,17 @@ def register(app: Celery) -> None:
                 # Later, with the same retry count; jittered so that waiting deliveries do
                 # not come back all at once.
                 delay = settings.webhook_backoff_s * random.uniform(0.5, 1.5)
-                self.signature_from_request(self.request, countdown=delay,
-                                            retries=tries).apply_async()
+                later(self, job_id, event, trace_id, delay, tries)
                 logger.debug("webhook for job %s: %s is busy; again in %.1fs", job_id, host,
                              delay)
             elif tries >= settings.webhook_retries:
-                # Not self.retry(): past max_retries it raises MaxRetriesExceededError, a
-                # task failure with a traceback, for what is an answer like any other.
                 metrics.given_up.inc()
-                logger.error("webhook for job %s to %s given up after %d attempts; last: %s",
-                             job_id, host, tries + 1, result.status or result.detail)
+                dead_letter(client, what, event, tries + 1, result)
+                logger.error("webhook for job %s to %s given up after %d attempts; last: %s "
+                             "(kept in %s)", job_id, host, tries + 1,
+                             result.status or result.detail, DEAD_LETTERS)
             else:
                 countdown = settings.webhook_backoff_s * (2 ** tries)
                 logger.info("webhook for job %s: %s answered %s; retry %d in %.1fs", job_id,
                             host, result.status or result.detail, tries + 1, countdown)
-                raise self.retry(countdown=countdown)
+                later(self, job_id, event, trace_id, countdown, tries + 1)

@@ -7,6 +7,7 @@ import collections
 import pytest
 
 from scripts.stack import launch, start_worker, wait_until
+from tests.faults.test_recovery import held_by_workers
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +25,7 @@ def test_a_live_workers_jobs_are_never_handed_out_again(tmp_path):
         long_job = stack.submit("long", ["long-job"])
         wait_until(lambda: stack.job(long_job["id"])["status"] == "running", 30, "a batch")
         quick_job = stack.submit("quick", ["quick-job"])
-        wait_until(lambda: stack.redis.hlen("unacked") == 2, 30, "a to hold both jobs")
+        wait_until(lambda: held_by_workers(stack) == 2, 30, "a to hold both jobs")
         # Another worker, idle and consuming the same queues: any message whose lease ran
         # out would be swept back and run here.
         stack.workers["b"] = start_worker("b", stack.env, tmp_path, ["long", "quick"])

@@ -115,6 +115,13 @@ def running_in(stack: Stack, ids: list[str], worker_prefix: str = "") -> set[str
             if status == "running" and (worker or "").startswith(worker_prefix)}
 
 
+def held_by_workers(stack: Stack) -> int:
+    """Messages on the workers' in-flight records (workers/broker/scripts.py)."""
+    client = stack.redis
+    return sum(client.hlen(f"iq:inflight:{incarnation}")
+               for incarnation in client.hkeys("iq:fetchers"))
+
+
 def under_load(stack: Stack, watch: Watch) -> dict[str, str]:
     """Submit the load and return once some jobs finished, a batch runs and more wait."""
     accepted = submit_load(stack, watch)
@@ -145,6 +152,7 @@ def check_recovery(stack: Stack, watch: Watch, accepted: dict[str, str], log: Pa
     by_id = {job_id: counted[text] for text, job_id in accepted.items()}
     assert all(n >= 1 for n in by_id.values()), "a succeeded job never ran"
     twice = {job_id for job_id, n in by_id.items() if n > 1}
+    print(f"ran twice: {len(twice)} of {len(accepted)} (allowed: {len(may_rerun)})")
     assert twice <= may_rerun, f"{len(twice - may_rerun)} job(s) ran twice outside a killed batch"
     assert all(n <= 2 for n in by_id.values())
 
@@ -257,7 +265,7 @@ def test_warm_shutdown_under_load_runs_nothing_twice(recovery, tmp_path):
     worker.proc.wait(60)
     # Nothing is left held by the stopped worker: finished jobs are acknowledged, the buffered
     # ones are back on the queue now, not after a visibility timeout.
-    assert stack.redis.hlen("unacked") == 0
+    assert held_by_workers(stack) == 0
     stack.workers["w"] = start_worker("w", stack.env, tmp_path, ["slow"])
     cleared = time.monotonic()
     check_recovery(stack, watch, accepted, log, cleared, may_rerun=set())

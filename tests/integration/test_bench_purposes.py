@@ -22,10 +22,11 @@ def test_a_scripts_commands_take_its_purpose_and_match_commandstats(tmp_path):
         major = int(admin.info("server")["redis_version"].split(".")[0])
         before = {k: v["calls"] for k, v in admin.info("commandstats").items()}
         monitor = Monitor(server.extra["admin_url"])
-        # ARGV: keep_s, ttl_s, finished_at, result ttl, then the job's status, result, error,
-        # webhook list and message, token.
-        finish(keys=["iq:job:j1", "celery-task-meta-j1"],
-               args=[0, 60, "1", 60, "succeeded", "{}", "", "", "", ""])
+        # KEYS: record, result, the pending set. ARGV: keep_s, ttl_s, finished_at, result
+        # ttl, then the job's status, result, error, webhook list, message and wake-up list,
+        # token.
+        finish(keys=["iq:job:j1", "celery-task-meta-j1", "iq:pending"],
+               args=[0, 60, "1", 60, "succeeded", "{}", "", "", "", "", ""])
         with app.pipeline(transaction=True) as pipe:  # MULTI, ZREM, HDEL, EXEC
             pipe.zrem("unacked_index", "tag").hdel("unacked", "tag").execute()
         app.publish("/0.celeryev/task.multi", "{}")
@@ -39,8 +40,8 @@ def test_a_scripts_commands_take_its_purpose_and_match_commandstats(tmp_path):
         server.stop()
     tally = Tally(script_names(ROOT))
     tally.feed(lines, scripts_first=major < 7)
-    # FINISH: EVALSHA, TIME, HMGET, HSET, HDEL, SET (result), PUBLISH iq:done (wake-up).
-    assert tally.commands["result"] == 6
+    # FINISH: EVALSHA, TIME, HMGET, HSET, HDEL, SET, ZREM (result), PUBLISH iq:done (wake-up).
+    assert tally.commands["result"] == 7
     assert tally.round_trips["result"] == 1
     assert tally.commands["wake-up"] == 1 and tally.jobs_finished == 1
     assert tally.commands["ack"] == 4  # MULTI, ZREM, HDEL, EXEC

@@ -10,9 +10,8 @@ import redis
 
 from tasks.messages import task_message
 from tasks.names import list_for
-from workers.broker import Broker, Unacked, installed
+from workers.broker import Broker, installed
 from workers.broker.events import EVENT_FLUSH_S
-from workers.broker.unacked import UNACKED, UNACKED_INDEX
 
 
 @pytest.fixture
@@ -42,19 +41,6 @@ def test_a_channel_reuses_one_client_and_follows_a_new_pool(redis_url, broker):
             assert renewed.ping()
 
 
-def test_messages_still_flow_and_acks_clear_the_unacked_index(redis_url, broker):
-    queue = kombu.Queue("iq-transport-test")
-    with kombu.Connection(redis_url) as conn:
-        publish(conn, queue, {"n": 1})
-        message = queue(conn.default_channel).get(no_ack=False)
-        assert message is not None and message.payload == {"n": 1}
-        server = redis.Redis.from_url(redis_url)
-        assert server.hlen("unacked") == 1
-        message.ack()
-        assert server.hlen("unacked") == 0
-        assert server.zcard("unacked_index") == 0
-
-
 # -- what workers/broker/ relies on, checked against the installed kombu and Celery ------
 
 def make_app(redis_url: str):
@@ -77,12 +63,35 @@ def publish(conn: kombu.Connection, queue: kombu.Queue, *payloads: dict) -> None
                                 serializer="json")
 
 
-def test_kombu_keeps_unacked_messages_where_the_broker_expects_them(redis_url, broker):
+def test_kombu_still_has_what_the_fetch_replaces_and_reads(redis_url, broker):
+    """The fetch (workers/broker/fetch.py) replaces kombu's BRPOP command and its reply's
+    reading, and is called by kombu's poller as kombu's own was."""
+    import inspect
+
+    from kombu.transport import redis as kombu_redis
+
+    from workers.broker.fetch import ReliableChannel, ReliableQoS, ReliableSentinelChannel
+
+    poller = inspect.getsource(kombu_redis.MultiChannelPoller)
+    assert "channel._brpop_start()" in poller and "chan.handlers[type]()" in poller
+    assert "channel.qos.restore_visible(" in poller  # the recovery's periodic call
+    assert "channel._in_poll" in poller and "_brpop_sent_at" in poller
+    assert "self.handlers = {'BRPOP': self._brpop_read" in inspect.getsource(
+        kombu_redis.Channel.__init__)
+    assert "self._in_poll" in inspect.getsource(kombu_redis.Channel.close)
+    for name in ("_brpop_start", "_brpop_read", "basic_consume", "_basic_cancel",
+                 "_q_for_pri", "_flush_brpop_reauth"):
+        assert name in vars(kombu_redis.Channel), name
+    assert "qos.append(message, message.delivery_tag)" in inspect.getsource(
+        kombu_redis.virtual.Channel.basic_consume)
+    # Installed, kombu's transports open the worker's channels.
+    assert kombu_redis.Transport.Channel is ReliableChannel
+    assert kombu_redis.SentinelTransport.Channel is ReliableSentinelChannel
+    assert issubclass(ReliableSentinelChannel, kombu_redis.SentinelChannel)
     app = make_app(redis_url)
     with app.connection_for_write() as conn:
         channel = conn.default_channel
-        assert (channel.unacked_key, channel.unacked_index_key) == (UNACKED, UNACKED_INDEX)
-        assert hasattr(channel.qos, "_delivered")
+        assert isinstance(channel, ReliableChannel) and isinstance(channel.qos, ReliableQoS)
         for priority in (0, 3, 5, 7, 9):
             assert list_for("q", priority) == channel._q_for_pri("q", priority)
 
@@ -127,101 +136,6 @@ def test_task_events_show_a_summary_not_the_inputs(redis_url):
                                    summary={"model": "probe", "inputs": 1})
     headers = json.loads(built.payload)["headers"]
     assert "secret" not in headers["kwargsrepr"] and "'inputs': 1" in headers["kwargsrepr"]
-
-
-def test_unacked_renew_ack_and_restore_by_tag(redis_url, broker):
-    queue, server = empty_queue(redis_url, "iq-lease-test")
-    unacked = Unacked(server, broker)
-    with kombu.Connection(redis_url) as conn:
-        publish(conn, queue, *({"n": n} for n in range(3)))
-        got = [queue(conn.default_channel).get(no_ack=False) for _ in range(3)]
-        tags = [m.delivery_tag for m in got]
-        # A lease pushes the delivery time forward, and never re-creates an acked entry.
-        unacked.renew(tags, now=4_000_000_000)
-        assert server.zscore(UNACKED_INDEX, tags[0]) == 4_000_000_000
-        unacked.ack([tags[0]])
-        unacked.renew(tags)
-        assert server.zscore(UNACKED_INDEX, tags[0]) is None
-        assert server.hlen(UNACKED) == 2
-        # Restored at most once, to the head of the queue, as kombu would.
-        assert unacked.restore(tags) == 2
-        assert unacked.restore(tags) == 0
-        assert server.hlen(UNACKED) == 0 and server.llen("iq-lease-test") == 2
-        again = queue(conn.default_channel).get(no_ack=True)
-        assert again.payload == {"n": 1} and again.delivery_info.get("redelivered")
-
-
-def test_closing_a_channel_leaves_what_the_dispatcher_holds(redis_url, broker):
-    queue, server = empty_queue(redis_url, "iq-held-test")
-    with kombu.Connection(redis_url) as conn:
-        publish(conn, queue, {"n": 0}, {"n": 1})
-        channel = conn.channel()
-        held, free = (queue(channel).get(no_ack=False) for _ in range(2))
-        broker.held[held.delivery_tag] = held
-        channel.close()
-        # The free one went back to the queue; the held one is still this worker's.
-        assert server.llen("iq-held-test") == 1
-        assert server.hexists(UNACKED, held.delivery_tag)
-        assert not server.hexists(UNACKED, free.delivery_tag)
-
-
-def test_a_message_redis_refused_to_record_is_kept_then_put_back(redis_url, redis_server,
-                                                                  broker):
-    queue, server = empty_queue(redis_url, "iq-full-test")
-    admin = redis.Redis.from_url(redis_server.extra["admin_url"])
-    with kombu.Connection(redis_url) as conn:
-        publish(conn, queue, {"n": 7})
-        admin.config_set("maxmemory-policy", "noeviction")
-        admin.config_set("maxmemory", 1)  # every write refused from now on: Redis is full
-        try:
-            message = queue(conn.default_channel).get(no_ack=False)
-            # Taken off the queue, but Redis would not record it as unacknowledged: kombu
-            # would have lost it; it is kept here, its only copy.
-            assert message.payload == {"n": 7}
-            assert server.llen("iq-full-test") == 0
-            assert not server.hexists(UNACKED, message.delivery_tag)
-            assert message.delivery_tag in broker.unrecorded
-        finally:
-            admin.config_set("maxmemory", 0)
-        assert Unacked(server, broker).restore([message.delivery_tag]) == 1
-        assert not broker.unrecorded
-        assert queue(conn.default_channel).get(no_ack=True).payload == {"n": 7}
-
-
-def test_one_fetch_takes_what_waits_up_to_the_prefetch_limit_and_records_each(redis_url,
-                                                                              broker):
-    import json
-
-    queue, server = empty_queue(redis_url, "iq-fetch-test")
-    with kombu.Connection(redis_url) as conn:
-        publish(conn, queue, *({"n": n} for n in range(5)))
-        got = []
-        with conn.Consumer(queue, callbacks=[lambda _body, m: got.append(m)],
-                           accept=["json"]) as consumer:
-            consumer.qos(prefetch_count=3)
-            commands = server.info("commandstats")
-            conn.drain_events(timeout=5)  # one BRPOP: it and what waits behind it
-            after = server.info("commandstats")
-            # Oldest first, as BRPOP would take them, and no more than the prefetch limit.
-            assert [m.payload["n"] for m in got] == [0, 1, 2]
-            assert server.llen("iq-fetch-test") == 2
-            brpops = [c.get("cmdstat_brpop", {}).get("calls", 0) for c in (commands, after)]
-            assert brpops[1] - brpops[0] == 1
-            # Each is recorded as kombu records it: its message, exchange and routing key.
-            for m in got:
-                message, exchange, routing_key = json.loads(server.hget(UNACKED,
-                                                                        m.delivery_tag))
-                assert message == m._raw and (exchange, routing_key) == ("", queue.name)
-                assert server.zscore(UNACKED_INDEX, m.delivery_tag) is not None
-            assert not broker.prerecorded
-            got[0].ack()
-            # A fetched message goes back to its queue like any other.
-            assert Unacked(server, broker).restore([got[2].delivery_tag]) == 1
-            assert server.llen("iq-fetch-test") == 3
-            got[1].ack()
-        tags = [m.delivery_tag for m in got]
-        assert server.hmget(UNACKED, tags) == [None] * 3
-        assert all(server.zscore(UNACKED_INDEX, t) is None for t in tags)
 
 
 def test_task_events_wait_a_few_milliseconds_to_leave_together(broker):
@@ -377,7 +291,8 @@ def test_a_pickled_broker_arrives_empty_and_uninstalled(broker):
     import pickle
 
     broker.held["t"] = object()
-    broker.unrecorded["t"] = "[]"
+    broker.to_ack["u"] = object()
     copy = pickle.loads(pickle.dumps(broker))
     assert isinstance(copy, Broker) and copy is not broker
-    assert not copy.held and not copy.unrecorded and installed() is broker
+    assert not copy.held and not copy.to_ack and installed() is broker
+    assert copy.incarnation != broker.incarnation and copy.lease_s == broker.lease_s

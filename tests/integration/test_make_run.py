@@ -291,6 +291,16 @@ def test_make_runs_own_redis_is_locked_and_bounded_and_a_second_run_starts_clean
         job = job_result(api, "synthetic", ["abc"])
         assert job["result"]["outputs"] == [3]
 
+        # A part that dies is started again, and says so; the rest stays up.
+        for part in ("redis-server", "workers.main worker"):
+            victim = next(p for p in first.processes() if part in " ".join(p.cmdline())
+                          and "scripts.respawn" not in " ".join(p.cmdline()))
+            victim.kill()
+        wait_until(lambda: all(f"{name} exited with code" in first.output()
+                               for name in ("redis", "worker")), 30, "the restarts said")
+        assert job_result(api, "synthetic", ["abcd"])["result"]["outputs"] == [4]
+        assert first.proc.poll() is None
+
         # A second `make run` beside the first: refused, and told what holds each port.
         done = subprocess.run(RUN, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
         assert done.returncode != 0

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scripts.stack import ROOT, VENV_BIN, launch, start_flower, start_web, start_webhooks, \
     wait_until
-from tasks.webhooks import receiver_secret, sign, signing_key
+from tasks.webhooks import DEAD_LETTERS, receiver_secret, sign, signing_key
 from tests.support.receivers import Receiver, Tarpit, readme_receiver
 
 SECRET = "test-webhook-secret"
@@ -155,6 +155,12 @@ def test_exhausted_retries_log_job_host_and_status_never_payload_or_url(hooked):
         assert after[retried] - before.get(retried, 0) >= 4
         assert after[given_up] - before.get(given_up, 0) >= 1
         assert after[("iq_webhook_attempt_seconds_count", ())] >= 4
+        # Kept in the dead-letter list (its host, never its URL).
+        dead = [json.loads(e) for e in hooked.redis.lrange(DEAD_LETTERS, 0, -1)]
+        mine = [e for e in dead if e["job_id"] == job["id"]]
+        assert [(e["event"], e["attempts"], e["last"], e["host"]) for e in mine] == \
+            [("succeeded", 4, 500, "127.0.0.1")]
+        assert token not in json.dumps(mine)
         logs = "".join(p.read_text(errors="replace") for p in hooked.workdir.glob("*.log"))
         assert token not in logs
         assert "'outputs'" not in logs and '"outputs"' not in logs  # the payload's result

@@ -38,8 +38,9 @@ class FakeTimer:
             fn(*args)
 
 
-class FakeUnacked:
-    def __init__(self) -> None:
+class FakeInFlight:
+    def __init__(self, state) -> None:
+        self.state = state
         self.acked: list[list[str]] = []
 
     def ack(self, tags) -> None:
@@ -47,12 +48,6 @@ class FakeUnacked:
             self.acked.append(list(tags))
 
     def restore(self, tags) -> int:
-        return 0
-
-    def renew(self, tags, now=None) -> None:
-        pass
-
-    def record_kept(self) -> int:
         return 0
 
 
@@ -81,8 +76,8 @@ class FakeRequest:
         self.acknowledged = True
 
 
-def dispatcher() -> tuple[PoolDispatcher, FakePool, FakeTimer, FakeUnacked]:
-    pool, timer, unacked = FakePool(), FakeTimer(), FakeUnacked()
+def dispatcher() -> tuple[PoolDispatcher, FakePool, FakeTimer, FakeInFlight]:
+    pool, timer = FakePool(), FakeTimer()
     spec = parse_model("m", {"kind": "synthetic", "max_batch_size": 4}, base=None)
     app = SimpleNamespace(conf=SimpleNamespace(
         iq_settings=load_settings({"redis_url": "redis://127.0.0.1:1/0"}, environ={}),
@@ -90,7 +85,7 @@ def dispatcher() -> tuple[PoolDispatcher, FakePool, FakeTimer, FakeUnacked]:
     consumer = SimpleNamespace(app=app, pool=pool, timer=timer, connection=object(),
                                hostname="w@test")
     d = PoolDispatcher(consumer)
-    d.leases.unacked = unacked
+    unacked = d.leases.inflight = FakeInFlight(app.conf.iq_broker)
     d.scheduler.add_model("m", 4, 0.005)
     return d, pool, timer, unacked
 

@@ -1,140 +1,284 @@
-"""How a fetched message becomes this worker's: kombu takes it off its queue (BRPOP), then
-records it as delivered but unacknowledged (the `unacked` hash and `unacked_index`).
+"""The worker's fetch: a kombu Redis channel whose messages are never off a queue without being
+on this worker's in-flight record (workers/broker/scripts.py).
 
-* A message is never dropped between its fetch and its record. kombu records it in a second
-  command; when Redis refuses that one (it is full, or its connection just dropped), kombu lost
-  the message. It is kept instead (`Broker.unrecorded`) and handed on: `Unacked` records it,
-  acknowledges it or puts it back on its queue as soon as Redis takes writes again.
-* Messages waiting behind the one a BRPOP returned come with its record. kombu pays a BRPOP
-  and a MULTI/ZADD/HSET/EXEC round trip for every message; here the record of the message
-  BRPOP returned is one script that also takes (and records) what else waits on the same
-  queues, up to the prefetch limit, in BRPOP's order (`FETCH`). Under load, one round trip
-  and one BRPOP serve a burst of messages instead of two per message.
+kombu pops a message (BRPOP) and records it as unacknowledged in a second command: a reply lost
+on the wire (a network cut), a worker killed between the two, or a Redis that refuses the
+second (it is full) loses the message for good. Here one script (FETCH) moves what waits, up
+to the prefetch room, from the queue lists onto the worker's in-flight hash, in the order a
+BRPOP would serve them: a reply lost with its connection leaves the messages on the hash,
+where this worker finds them again once it reconnects (`InFlight.recover`) or another worker
+takes them back once this one stopped beating (`InFlight.reap`). When nothing waits, the
+channel blocks on the queues' wake-up lists (BRPOP with kombu's one-second timeout): a token
+is added by whoever puts a message on an empty queue, so an idle worker fetches at once, and a
+token lost costs a poll, never a message.
+
+The channel is kombu's own (plain or Sentinel: `ReliableChannel`, `ReliableSentinelChannel`),
+its client and connection the ones kombu made, so the fetch works over any Redis the channel
+reaches. Each message still reaches Celery's consumer as a kombu message (`_deliver`), so every
+job stays a Celery task. Installed in a worker's main process only (workers/broker/broker.py).
 """
 from __future__ import annotations
 
 import logging
-import time
+from queue import Empty
+from time import monotonic
 from typing import Any, Callable
 
-import orjson
 import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
-from kombu.utils import json
 from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads
 
-from tasks.redis_client import is_transient
+from tasks.keys import delayed_key, wake_key
+from workers.broker.inflight import InFlight, fetch_call, fetched
 from workers.broker.patch import Patch
-from workers.broker.state import BrokerState
+from workers.broker.state import BrokerState, installed
 
 logger = logging.getLogger(__name__)
 
-# Fetch script. KEYS: unacked, unacked_index, then the lists BRPOP reads, in its order.
-# ARGV: now, the delivery tag BRPOP returned, its unacked entry, how many more to take.
-# Returns list key, message, list key, message, ... for each one taken. Each further message is
-# recorded before it leaves its list (LINDEX, record, RPOP): a write Redis refuses (it is full)
-# ends the taking with nothing lost.
-FETCH = """
-redis.call('zadd', KEYS[2], ARGV[1], ARGV[2])
-redis.call('hset', KEYS[1], ARGV[2], ARGV[3])
-local out = {}
-local want = tonumber(ARGV[4])
-local taken = 0
-for i = 3, #KEYS do
-  while taken < want do
-    local item = redis.call('lindex', KEYS[i], -1)
-    if not item then break end
-    local props = cjson.decode(item)['properties']
-    local info = props['delivery_info'] or {}
-    local entry = '[' .. item .. ',' .. cjson.encode(info['exchange'] or '') .. ','
-      .. cjson.encode(info['routing_key'] or '') .. ']'
-    local tag = props['delivery_tag']
-    if type(redis.pcall('hset', KEYS[1], tag, entry)) == 'table' then return out end
-    if type(redis.pcall('zadd', KEYS[2], ARGV[1], tag)) == 'table' then return out end
-    redis.call('rpop', KEYS[i])
-    out[#out + 1] = KEYS[i]
-    out[#out + 1] = item
-    taken = taken + 1
-  end
-end
-return out
-"""
-# Most messages one fetch takes besides the one BRPOP returned, where no prefetch limit caps it.
+# Most messages one fetch takes where no prefetch limit caps it.
 FETCH_MAX = 64
-_SCRIPT_ATTR = "_iq_fetch_script"
 
 
-def unacked_entry(message: Any) -> str:
-    """A fetched message's unacked record, as kombu writes it: [message, exchange, routing
-    key] as JSON."""
-    delivery = message.delivery_info
-    return orjson.dumps([message._raw, delivery["exchange"], delivery["routing_key"]]).decode()
+def _state() -> BrokerState:
+    state = installed()
+    if state is None:
+        raise RuntimeError("the worker's fetch runs only with its Broker installed")
+    return state
 
 
-def _take_what_waits_with_each_read(brpop_read: Callable[..., Any]) -> Callable[..., Any]:
-    """BRPOP's reply is read with what the record script took behind it (`_record_and_take`),
-    each then delivered as if BRPOP had returned it."""
-    def _brpop_read(self: Any, **options: Any) -> Any:
-        self._iq_fetching, self._iq_fetched = True, []
+class ReliableQoS(kombu_redis.QoS):
+    """kombu's books of delivered messages, over the in-flight hash: FETCH recorded each
+    message already, an acknowledgement takes it off, a requeue puts it back on its queue."""
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        virtual.QoS.append(self, message, delivery_tag)  # recorded by FETCH: memory only
+
+    def ack(self, delivery_tag: str) -> None:
+        self.channel.inflight.ack([delivery_tag])
+        virtual.QoS.ack(self, delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if requeue:
+            self.channel.inflight.restore([delivery_tag])
+        else:
+            self.channel.inflight.ack([delivery_tag])
+        virtual.QoS.ack(self, delivery_tag)
+
+    def restore_unacked(self, client: Any = None) -> list:
+        """A closing channel puts back what this worker has no use for; what the dispatcher
+        holds (some of it running in a pool child) stays on the in-flight hash: requeueing it
+        would run it twice."""
+        self._flush()
+        known = self.channel.known_tags()
+        tags = [tag for tag in self._delivered if tag not in known]
+        self._delivered.clear()
         try:
-            return brpop_read(self, **options)
+            self.channel.inflight.restore(tags)
+        except redis.RedisError as exc:
+            logger.warning("could not put back %d message(s) on closing (%s): they stay with "
+                           "this worker until it reconnects, or another takes them back",
+                           len(tags), exc)
+        return []
+
+    def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> None:
+        """kombu's periodic sweep (every `unacked_restore_interval`): the recovery of what
+        stopped workers held, and the reconciler."""
+        inflight = self.channel.inflight
+        try:
+            inflight.reap()
+            inflight.reconcile()
+        except redis.RedisError as exc:
+            logger.warning("recovery of stopped workers' messages postponed: %s", exc)
+
+
+class ReliableFetch:
+    """The fetch, mixed into kombu's Redis channel classes."""
+
+    QoS = ReliableQoS
+    # What the command in flight on the polling connection is: 'fetch' (FETCH), 'wake' (a
+    # BRPOP on the wake-up lists), or None (kombu's own BRPOP, for queues read without
+    # acknowledgement: replies to control commands).
+    _iq_reply: str | None = None
+    _iq_want = 0
+    _iq_waiting = False
+    _iq_consuming = False
+    _iq_inflight: InFlight | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._iq_noack: set[str] = set()
+        super().__init__(*args, **kwargs)
+        if self.global_keyprefix:
+            raise ValueError("the worker's fetch (workers/broker/fetch.py) does not support "
+                             "kombu's global_keyprefix")
+
+    @property
+    def inflight(self) -> InFlight:
+        """This worker's in-flight record, through the channel's own (synchronous) client."""
+        client = self._create_client()
+        if self._iq_inflight is None or self._iq_inflight.client is not client:
+            self._iq_inflight = InFlight(client, _state())
+        return self._iq_inflight
+
+    def known_tags(self) -> set[str]:
+        """What this process still has a use for, this connection's deliveries included."""
+        tags = _state().known_tags()
+        for channel in list(self.connection.cycle._channels):
+            qos = getattr(channel, "_qos", None)
+            if qos is not None and channel is not self:
+                tags.update(qos._delivered)
+        return tags
+
+    # -- consuming -----------------------------------------------------------------------
+    def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
+        acked = [q for q in self.active_queues if q not in self._iq_noack]
+        if (no_ack and acked) or (not no_ack and self._iq_noack & set(self.active_queues)):
+            raise ValueError("one channel cannot consume queues both with and without "
+                             "acknowledgement (workers/broker/fetch.py)")
+        if no_ack:
+            self._iq_noack.add(queue)
+        elif not self._iq_consuming:
+            # The first queue this channel consumes: the lease first (a message taken onto
+            # the record is recovered only while its worker is registered), then what an
+            # earlier connection took and never delivered goes back.
+            self.inflight.beat()
+            self.inflight.recover()
+            self.inflight.load_fetch()
+            self._iq_consuming = True
+        return super().basic_consume(queue, no_ack, *args, **kwargs)
+
+    def _basic_cancel(self, consumer_tag: str) -> Any:
+        queue = self._tag_to_queue.get(consumer_tag)
+        out = super()._basic_cancel(consumer_tag)
+        if queue is not None and queue not in self.active_queues:
+            self._iq_noack.discard(queue)
+        return out
+
+    def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
+        if no_ack:
+            return super().basic_get(queue, no_ack=True, **kwargs)
+        lists = [self._q_for_pri(queue, pri) for pri in self.priority_steps]
+        got = self.inflight.take(lists, 1, self._delayed([queue]))
+        if got is None:
+            self.inflight.beat()
+            got = self.inflight.take(lists, 1, self._delayed([queue]))
+        if not got:
+            return None
+        message = self.Message(loads(got[0][1]), channel=self)
+        self.qos.append(message, message.delivery_tag)
+        return message
+
+    def _delayed(self, queues: list[str]) -> list[str]:
+        delayed = _state().delayed_queues
+        return [delayed_key(q) for q in queues if q in delayed]
+
+    def _brpop_start(self, timeout: Any = None) -> None:
+        if self.active_queues and set(self.active_queues) <= self._iq_noack:
+            self._iq_reply = None
+            return super()._brpop_start(timeout)
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return
+        if self._iq_waiting:
+            command = ["BRPOP", *(wake_key(q) for q in queues), timeout or self.brpop_timeout]
+            self._iq_reply = "wake"
+        else:
+            room = self.qos.can_consume_max_estimate()
+            self._iq_want = FETCH_MAX if room is None else min(max(room, 1), FETCH_MAX)
+            lists = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
+            keys, args = fetch_call(_state(), lists, self._iq_want, self._delayed(queues))
+            command = ["EVALSHA", self.inflight.fetch_sha(), len(keys), *keys, *args]
+            self._iq_reply = "fetch"
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = monotonic()
+        self.client.connection.send_command(*command)
+
+    def _brpop_read(self, **options: Any) -> Any:
+        kind, self._iq_reply = self._iq_reply, None
+        if kind is None:
+            return super()._brpop_read(**options)
+        try:
+            reply = self._iq_read(kind, **options)
+            if kind == "wake":
+                self._iq_waiting = False  # a token, or a second gone by: look again
+                raise Empty()
+            got = fetched(reply)
+            if got is None:  # no lease (it lapsed, or was never taken): beat, then fetch
+                self.inflight.beat()
+                raise Empty()
+            self._iq_waiting = len(got) < self._iq_want
+            return self._iq_deliver(got)
         finally:
-            self._iq_fetching = False
-            fetched, self._iq_fetched = self._iq_fetched, []
-            for key, payload in fetched:  # recorded already: `append` keeps them in memory only
-                self.connection._deliver(payload, key.rsplit(self.sep, 1)[0])
+            self._in_poll = None
+            self._flush_brpop_reauth()
 
-    return _brpop_read
+    def _iq_read(self, kind: str, **options: Any) -> Any:
+        try:
+            return self.client.parse_response(self.client.connection,
+                                              "EVALSHA" if kind == "fetch" else "BRPOP",
+                                              **options)
+        except self.connection_errors:
+            self.client.connection.disconnect()
+            raise
+        except redis.exceptions.NoScriptError:
+            self.inflight.load_fetch()  # Redis restarted, or its scripts were flushed
+            raise Empty() from None
+        except redis.ResponseError as exc:
+            # Not the message's fault nor the connection's: wait a poll before the next try.
+            logger.warning("fetch refused by Redis: %s", exc)
+            self._iq_waiting = True
+            raise Empty() from None
+
+    def _iq_deliver(self, got: list[tuple[str, str]]) -> bool:
+        if not got:
+            raise Empty()
+        if self._closing:
+            # Read on close: not for Celery any more; back to the queues at once.
+            self.inflight.restore([loads(raw)["properties"]["delivery_tag"] for _l, raw in got])
+            raise Empty()
+        for list_key, raw in got:
+            queue = list_key.rsplit(self.sep, 1)[0]
+            self._queue_cycle.rotate(queue)
+            self.connection._deliver(loads(raw), queue)
+        return True
 
 
-def _record_or_keep(state: BrokerState) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def build(append: Callable[..., Any]) -> Callable[..., Any]:
-        def append_or_keep(self: Any, message: Any, delivery_tag: str) -> Any:
-            if delivery_tag in state.prerecorded:  # taken and recorded by a fetch (FETCH)
-                state.prerecorded.discard(delivery_tag)
-                return virtual.QoS.append(self, message, delivery_tag)
+class ReliableChannel(ReliableFetch, kombu_redis.Channel):
+    """kombu's Redis channel with the worker's fetch."""
+
+
+class ReliableSentinelChannel(ReliableFetch, kombu_redis.SentinelChannel):
+    """kombu's Redis Sentinel channel with the worker's fetch."""
+
+
+def _beat_on_the_event_loop(register: Callable[..., Any]) -> Callable[..., Any]:
+    """The worker's lease is pushed forward every heartbeat by its event loop, through the
+    channel that consumes: whatever else the worker does, no message is renewed one by one."""
+    def register_with_event_loop(self: Any, connection: Any, loop: Any) -> Any:
+        out = register(self, connection, loop)
+        cycle = self.cycle
+        old = getattr(cycle, "_iq_beat_tref", None)
+        if old is not None:
+            old.cancel()
+        cycle._iq_beat_tref = loop.call_repeatedly(_state().heartbeat_s, _beat, cycle)
+        return out
+
+    return register_with_event_loop
+
+
+def _beat(cycle: Any) -> None:
+    for channel in list(cycle._channels):
+        if isinstance(channel, ReliableFetch) and channel._iq_consuming and not channel.closed:
             try:
-                if _record_and_take(state, self, message, delivery_tag):
-                    return virtual.QoS.append(self, message, delivery_tag)
-                return append(self, message, delivery_tag)
+                channel.inflight.beat()
             except redis.RedisError as exc:
-                if not is_transient(exc):
-                    raise
-                state.unrecorded[delivery_tag] = unacked_entry(message)
-                virtual.QoS.append(self, message, delivery_tag)  # kombu's in-memory books
-                logger.warning("Redis refused to record message %s as unacknowledged (%s); "
-                               "this worker keeps it until Redis takes writes again",
-                               delivery_tag, exc)
-
-        return append_or_keep
-
-    return build
+                logger.warning("could not renew this worker's lease: %s", exc)
+            return
 
 
-def _record_and_take(state: BrokerState, qos: Any, message: Any, delivery_tag: str) -> bool:
-    """For the message a BRPOP just returned: record it and take what waits behind it (handed
-    on by `_brpop_read`), in one script. False where this does not apply."""
-    channel = qos.channel
-    if not getattr(channel, "_iq_fetching", False) or channel.global_keyprefix:
-        return False
-    queues = list(channel.active_queues)
-    keys = [channel._q_for_pri(q, pri) for pri in channel.priority_steps for q in queues]
-    room = qos.can_consume_max_estimate()
-    want = FETCH_MAX if room is None else max(room - 1, 0)
-    with channel.conn_or_acquire() as client:
-        script = client.__dict__.get(_SCRIPT_ATTR)
-        if script is None:
-            script = client.__dict__[_SCRIPT_ATTR] = client.register_script(FETCH)
-        out = script(keys=[qos.unacked_key, qos.unacked_index_key, *keys],
-                     args=[time.time(), delivery_tag, unacked_entry(message), want])
-    for key, item in zip(out[::2], out[1::2]):
-        payload = json.loads(bytes_to_str(item))  # as kombu's own BRPOP read parses it
-        state.prerecorded.add(payload["properties"]["delivery_tag"])
-        channel._iq_fetched.append((bytes_to_str(key), payload))
-    return True
-
-
-def patches(state: BrokerState) -> list[Patch]:
-    return [Patch(kombu_redis.Channel, "_brpop_read", _take_what_waits_with_each_read),
-            Patch(kombu_redis.QoS, "append", _record_or_keep(state))]
+def patches() -> list[Patch]:
+    return [Patch(kombu_redis.Transport, "Channel", lambda _original: ReliableChannel),
+            Patch(kombu_redis.SentinelTransport, "Channel",
+                  lambda _original: ReliableSentinelChannel),
+            Patch(kombu_redis.Transport, "register_with_event_loop", _beat_on_the_event_loop)]

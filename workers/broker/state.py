@@ -1,22 +1,79 @@
 """What one worker process holds of the broker's messages beyond kombu's own books."""
 from __future__ import annotations
 
+import os
+import socket
+import uuid
 from typing import Any
+
+from celery.worker import state as worker_state
+
+from workers.broker.scripts import ALIVE_PREFIX, INFLIGHT_PREFIX
 
 
 class BrokerState:
     """The state the adjustments of workers/broker/ read and write, one object per worker
     process (a `Broker`):
 
-    * `held`: delivery tag → message, for each message the dispatcher holds (buffered or
-      running); a channel closing must not put these back (unacked.py).
-    * `unrecorded`: delivery tag → unacked record, for each message fetched whose record
-      Redis refused; this process holds their only copy (fetch.py, unacked.py).
-    * `prerecorded`: delivery tags a fetch took and recorded along with another message's
-      record, which kombu's own record must skip (fetch.py).
+    * `incarnation`: this process's name in Redis (node name, pid and a random part): its
+      in-flight hash and its lease are keyed by it (workers/broker/scripts.py).
+    * `held`: delivery tag -> message, for each message the dispatcher holds (buffered or
+      running); a closing channel must not put these back (fetch.py).
+    * `to_ack`, `to_restore`: delivery tag -> message, settlements Redis refused, tried again
+      every tick (leases.py); their messages stay on the in-flight hash meanwhile.
+    * `lease_since`: when (monotonic) this process's lease was last made, at its first beat
+      or after it lapsed; None before.
+    * `delayed_queues`: queues that have a delayed set (tasks.keys.delayed_key) whose due
+      messages a fetch moves onto them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, lease_s: float = 30.0, heartbeat_s: float = 2.0) -> None:
+        self.lease_s = lease_s
+        self.heartbeat_s = heartbeat_s
         self.held: dict[str, Any] = {}
-        self.unrecorded: dict[str, str] = {}
-        self.prerecorded: set[str] = set()
+        self.to_ack: dict[str, Any] = {}
+        self.to_restore: dict[str, Any] = {}
+        self.lease_since: float | None = None
+        self.delayed_queues: set[str] = set()
+        self.name(f"worker@{socket.gethostname()}")
+
+    def name(self, node: str) -> None:
+        """This process's node name (Celery's hostname), and so its incarnation."""
+        self.node = node
+        self.incarnation = f"{node}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+
+    @property
+    def inflight_key(self) -> str:
+        return INFLIGHT_PREFIX + self.incarnation
+
+    @property
+    def alive_key(self) -> str:
+        return ALIVE_PREFIX + self.incarnation
+
+    def known_tags(self) -> set[str]:
+        """Every delivery tag this process still has a use for: held by the dispatcher,
+        waiting to be settled, or a request Celery has reserved or runs (the webhook
+        deliverer's)."""
+        for _ in range(5):
+            try:  # another thread (the deliverer's pool, the watchdog) may change them
+                requests = [*worker_state.reserved_requests, *worker_state.active_requests]
+                tags = {*self.held, *self.to_ack, *self.to_restore}
+                break
+            except RuntimeError:
+                continue
+        else:
+            raise RuntimeError("could not read the tags this worker holds")
+        for request in requests:
+            tag = getattr(getattr(request, "message", None), "delivery_tag", None)
+            if tag is not None:
+                tags.add(tag)
+        return tags
+
+
+# The Broker (workers/broker/broker.py) whose adjustments are in place in this process.
+_installed: list[BrokerState] = []
+
+
+def installed() -> BrokerState | None:
+    """The Broker whose adjustments this process runs with, if any."""
+    return _installed[0] if _installed else None

@@ -7,6 +7,9 @@ if it holds pickled opaque objects (exported.py).
 """
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -77,12 +80,16 @@ TorchScriptHandler = ExportHandler = TensorHandler
 
 
 FAIL_MARKER = "!fail"
+CRASH_MARKER = "!crash"
+HANG_MARKER = "!hang"
 
 
 class SyntheticHandler(Handler):
     """A batch of n items costs base_ms + per_item_ms * n of sleep and returns each input's
-    length: a GPU-like cost curve with no CPU contention. An input equal to "!fail" makes the
-    model raise, to exercise failure isolation."""
+    length: a GPU-like cost curve with no CPU contention. For the fault tests, an input equal
+    to "!fail" makes the model raise; one that starts with "!crash" kills the model's process
+    (as a segfault or the host's out-of-memory killer would), one that starts with "!hang"
+    makes the call never return."""
 
     def initialize(self) -> None:
         pass
@@ -107,4 +114,8 @@ class SyntheticHandler(Handler):
                 log.write("".join(f"{x}\n" for x in batch))
         if FAIL_MARKER in batch:
             raise ValueError(f"synthetic model asked to fail by an input {FAIL_MARKER!r}")
+        if any(str(x).startswith(CRASH_MARKER) for x in batch):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if any(str(x).startswith(HANG_MARKER) for x in batch):
+            threading.Event().wait()
         return [len(str(x)) for x in batch]

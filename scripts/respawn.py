@@ -1,0 +1,50 @@
+"""`make run`'s keeper of one Procfile process: it runs the command and, when the process exits
+on its own (a crash, a kill, a watchdog's stop), starts it again and says so, instead of honcho
+stopping the whole stack because one part ended. A SIGTERM or SIGINT (honcho's stop, Ctrl-C)
+stops it for good: the process itself gets the same signal from honcho, in its process group.
+
+    python -m scripts.respawn NAME COMMAND
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+FIRST_PAUSE_S = 1.0
+LONGEST_PAUSE_S = 30.0
+# A process that ran this long before it exited is started again after the first pause.
+STEADY_S = 60.0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python -m scripts.respawn NAME COMMAND", file=sys.stderr)
+        return 2
+    name, command = argv[1], argv[2]
+    stopping = threading.Event()
+
+    def stop(_signum: int, _frame: object) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    pause = FIRST_PAUSE_S
+    while True:
+        started = time.monotonic()
+        code = subprocess.call(["/bin/sh", "-c", command])
+        if stopping.is_set():
+            return code
+        ran = time.monotonic() - started
+        pause = FIRST_PAUSE_S if ran >= STEADY_S else min(pause * 2, LONGEST_PAUSE_S)
+        print(f"{name} exited with code {code} after {ran:.0f}s; starting it again in "
+              f"{pause:.0f}s (make run keeps every process up; Ctrl-C stops them all)",
+              flush=True)
+        if stopping.wait(pause):
+            return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

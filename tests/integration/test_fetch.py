@@ -1,0 +1,257 @@
+"""The worker's fetch, in-flight record and recovery (workers/broker/) on a real Redis, through
+kombu as a worker installs it: a message is on its queue or on a worker's in-flight record at
+every instant, a worker's lease is one key on Redis's clock, and what a stopped worker held
+comes back."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from time import monotonic
+
+import kombu
+import orjson
+import pytest
+import redis
+
+from tasks.jobstate import JobState, new_job
+from tasks.keys import PENDING_KEY, delayed_key, wake_key
+from tasks.messages import QueuedMessage
+from workers.broker import Broker, InFlight
+from workers.broker.scripts import FETCHERS_KEY
+from workers.broker.state import BrokerState
+
+QUEUE = "iq-fetch-test"
+
+
+@pytest.fixture
+def admin(redis_server):
+    client = redis.Redis.from_url(redis_server.extra["admin_url"], decode_responses=True)
+    client.flushdb()
+    yield client
+    client.config_set("maxmemory", 0)
+
+
+@pytest.fixture
+def redis_url(redis_server, admin):
+    return redis_server.extra["url"]
+
+
+@pytest.fixture
+def server(redis_url):
+    return redis.Redis.from_url(redis_url, decode_responses=True)
+
+
+@pytest.fixture
+def broker():
+    broker = Broker(lease_s=30, heartbeat_s=2).install(node="t@test")
+    yield broker
+    broker.uninstall()
+
+
+def publish(conn: kombu.Connection, *payloads: dict, queue: str = QUEUE) -> None:
+    q = kombu.Queue(queue)
+    for payload in payloads:
+        conn.Producer().publish(payload, routing_key=q.name, declare=[q], serializer="json")
+
+
+def consumer(conn: kombu.Connection, got: list, prefetch: int = 10) -> kombu.Consumer:
+    c = conn.Consumer(kombu.Queue(QUEUE), callbacks=[lambda _body, m: got.append(m)],
+                      accept=["json"])
+    c.qos(prefetch_count=prefetch)
+    return c
+
+
+def calls(server: redis.Redis, command: str) -> int:
+    return server.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)
+
+
+def test_one_fetch_moves_a_burst_onto_the_in_flight_record_oldest_first(redis_url, server,
+                                                                        broker):
+    with kombu.Connection(redis_url) as conn:
+        publish(conn, *({"n": n} for n in range(5)))
+        got: list = []
+        with consumer(conn, got, prefetch=3):
+            before = {c: calls(server, c) for c in ("brpop", "rpop", "ltrim", "hset")}
+            conn.drain_events(timeout=5)
+            # One move took three (the prefetch room), in the order BRPOP would: one LTRIM
+            # off the queue, one HSET onto the record, no pop.
+            assert [m.payload["n"] for m in got] == [0, 1, 2]
+            assert {c: calls(server, c) - n for c, n in before.items()} == \
+                {"brpop": 0, "rpop": 0, "ltrim": 1, "hset": 1}
+            assert server.llen(QUEUE) == 2
+            for m in got:  # each on the record, with its list, as it was on the queue
+                entry = server.hget(broker.inflight_key, m.delivery_tag)
+                list_key, message = entry.split("\n", 1)
+                assert list_key == QUEUE and json.loads(message) == m._raw
+            assert server.hget(FETCHERS_KEY, broker.incarnation) == "t@test"
+            assert 25_000 < server.pttl(broker.alive_key) <= 30_000
+            got[0].ack()
+            got[1].requeue()  # back at the head of its queue, off the record
+            assert server.hlen(broker.inflight_key) == 1
+            assert json.loads(server.lindex(QUEUE, -1)) == got[1]._raw
+
+
+def test_the_fetch_the_lease_and_the_settlements_work_while_redis_is_full(redis_url, server,
+                                                                          admin, broker):
+    with kombu.Connection(redis_url) as conn:
+        publish(conn, {"n": 7}, {"n": 8})
+        channel = conn.channel()
+        InFlight(server, broker).beat()
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", 1)  # every denyoom write refused from now on
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            server.set("probe", "x")
+        queue = kombu.Queue(QUEUE)
+        first, second = (queue(channel).get(no_ack=False) for _ in range(2))
+        # Taken off the queue onto the record although Redis refuses writes: nothing lost.
+        assert (first.payload, second.payload) == ({"n": 7}, {"n": 8})
+        assert server.llen(QUEUE) == 0 and server.hlen(broker.inflight_key) == 2
+        server.pexpire(broker.alive_key, 5_000)
+        assert InFlight(server, broker).beat() is True  # renewed, full or not
+        assert server.pttl(broker.alive_key) > 25_000
+        first.requeue()
+        second.ack()
+        assert server.llen(QUEUE) == 1 and server.hlen(broker.inflight_key) == 0
+        channel.close()
+
+
+def test_a_reply_lost_with_its_connection_is_put_back_by_the_next_channel(redis_url, server,
+                                                                          broker):
+    with kombu.Connection(redis_url) as conn:
+        publish(conn, {"n": 1}, {"n": 2})
+        channel = conn.channel()
+        lost: list = []
+        with channel.Consumer(kombu.Queue(QUEUE), callbacks=[lambda _b, m: lost.append(m)]):
+            conn.transport.cycle._register_BRPOP(channel)  # the fetch is sent...
+            deadline = monotonic() + 5
+            while server.llen(QUEUE) and monotonic() < deadline:
+                time.sleep(0.01)
+            channel.client.connection.disconnect()  # ...and its reply never read
+            assert not lost and server.llen(QUEUE) == 0
+            assert server.hlen(broker.inflight_key) == 2  # not lost: on the record
+    with kombu.Connection(redis_url) as conn:
+        got: list = []
+        with consumer(conn, got):  # a new channel: what nobody received goes back
+            assert server.hlen(broker.inflight_key) == 0
+            conn.drain_events(timeout=5)
+        assert sorted(m.payload["n"] for m in got) == [1, 2]
+
+
+def test_closing_a_channel_leaves_what_the_dispatcher_holds(redis_url, server, broker):
+    with kombu.Connection(redis_url) as conn:
+        publish(conn, {"n": 0}, {"n": 1})
+        channel = conn.channel()
+        held, free = (kombu.Queue(QUEUE)(channel).get(no_ack=False) for _ in range(2))
+        broker.held[held.delivery_tag] = held
+        channel.close()
+        # The free one went back to the queue; the held one is still this worker's.
+        assert server.llen(QUEUE) == 1
+        assert server.hexists(broker.inflight_key, held.delivery_tag)
+        assert not server.hexists(broker.inflight_key, free.delivery_tag)
+
+
+def taken(server: redis.Redis, state: BrokerState, count: int) -> list[str]:
+    """`count` messages published now and taken onto `state`'s record; their tags."""
+    for n in range(count):
+        server.lpush(QUEUE, json.dumps({"properties": {"delivery_tag": str(uuid.uuid4())},
+                                        "n": n}))
+    inflight = InFlight(server, state)
+    if server.pttl(state.alive_key) < 0:
+        inflight.beat()
+    got = inflight.take([QUEUE], count)
+    return [json.loads(m)["properties"]["delivery_tag"] for _list, m in got]
+
+
+def test_a_stopped_workers_messages_come_back_and_a_live_ones_stay(server, broker):
+    dead, live = BrokerState(), BrokerState()
+    dead.name("dead@test")
+    live.name("live@test")
+    taken(server, dead, 2)
+    taken(server, live, 1)
+    server.delete(dead.alive_key)  # it stopped beating a lease ago
+    reaper = InFlight(server, broker)
+    reaper.beat()
+    # A worker that has not held its own lease for a whole lease takes no one's back: after
+    # Redis was away that long, every lease is gone, and the live workers must beat first.
+    assert reaper.reap() == 0 and server.hlen(dead.inflight_key) == 2
+    broker.lease_since = monotonic() - 31
+    assert reaper.reap() == 2
+    assert server.llen(QUEUE) == 2 and not server.exists(dead.inflight_key)
+    assert server.hget(FETCHERS_KEY, dead.incarnation) is None
+    assert server.hlen(live.inflight_key) == 1  # its lease lives: its messages stay
+
+
+def test_an_earlier_incarnation_of_a_node_is_taken_back_once_it_missed_its_beats(server,
+                                                                                broker):
+    before = BrokerState(lease_s=30, heartbeat_s=2)
+    before.name(broker.node)  # this worker, before it was killed and started again
+    taken(server, before, 1)
+    reaper = InFlight(server, broker)
+    reaper.beat()  # young: it takes no other node's lapsed lease yet
+    assert reaper.reap() == 0  # its lease was renewed just now: it may be a twin
+    server.pexpire(before.alive_key, 23_000)  # no beat for 7 s (three beats missed)
+    assert reaper.reap() == 1 and server.llen(QUEUE) == 1
+
+
+def submit(state: JobState, marker: str) -> str:
+    job = new_job(str(uuid.uuid4()), model="m", trace_id="t", inputs=1, priority="normal")
+    payload = orjson.dumps({"properties": {"delivery_tag": str(uuid.uuid4())}, "m": marker})
+    state.submit(job, QueuedMessage(QUEUE, payload), depth_lists=[QUEUE], max_depth=100,
+                 ttl_s=60)
+    return job.id
+
+
+def test_the_reconciler_queues_again_only_a_job_whose_message_is_nowhere(server, broker):
+    jobs = JobState(server)
+    lost, held, waiting = (submit(jobs, m) for m in ("lost", "held", "waiting"))
+    worker = InFlight(server, BrokerState())
+    worker.beat()
+    worker.take([QUEUE], 2)  # the two oldest, on a worker's record
+    message = server.hget(f"iq:job:{lost}", "message")
+    # One dropped from it, as a Redis failover that lost the write would leave it: nowhere.
+    worker.ack([json.loads(message)["properties"]["delivery_tag"]])
+    assert server.llen(QUEUE) == 1 and server.hlen(worker.state.inflight_key) == 1
+    # Not final for longer than a lease (30 s): the reconciler looks at them.
+    server.zadd(PENDING_KEY, {lost: 1, held: 1, waiting: 1})
+    assert InFlight(server, broker).reconcile() == [lost]
+    assert server.llen(QUEUE) == 2 and server.lindex(QUEUE, -1) == message
+    assert InFlight(server, broker).reconcile() == []  # one pass at a time, now and then
+    assert server.zscore(PENDING_KEY, lost) > 1  # looked at again a lease later
+
+
+def test_an_empty_queue_gets_one_wake_up_token_and_an_idle_channel_waits_on_it(redis_url,
+                                                                               server, broker):
+    jobs = JobState(server)
+    submit(jobs, "a")
+    submit(jobs, "b")  # the queue was not empty: no second token
+    assert server.llen(wake_key(QUEUE)) == 1
+    with kombu.Connection(redis_url) as conn:
+        got: list = []
+        with consumer(conn, got):
+            conn.drain_events(timeout=2)
+            assert sorted(m._raw["m"] for m in got) == ["a", "b"]
+            with pytest.raises(TimeoutError):
+                conn.drain_events(timeout=0.5)  # nothing waits: the fetch found nothing...
+            # ...so the channel blocks on the queue's wake-up list (the stale token taken),
+            # which the next submit feeds.
+            assert conn.default_channel._iq_reply == "wake"
+            assert server.llen(wake_key(QUEUE)) == 0
+            submit(jobs, "c")
+            conn.drain_events(timeout=2)
+            assert [m._raw["m"] for m in got] == ["a", "b", "c"]
+
+
+def test_a_delayed_message_is_fetched_once_due_by_redis_clock(redis_url, server, broker):
+    broker.delayed_queues.add(QUEUE)
+    now = float(server.time()[0])
+    for marker, due in (("due", now - 1), ("later", now + 600)):
+        body = json.dumps({"body": "", "properties": {"delivery_tag": marker,
+                                                       "body_encoding": "base64"},
+                           "headers": {}, "content-type": "application/json",
+                           "content-encoding": "utf-8", "m": marker})
+        server.zadd(delayed_key(QUEUE), {f"{QUEUE}\n{body}": due})
+    with kombu.Connection(redis_url) as conn:
+        message = kombu.Queue(QUEUE)(conn.channel()).get(no_ack=False)
+        assert message.delivery_tag == "due"
+        assert server.zcard(delayed_key(QUEUE)) == 1  # the later one waits

@@ -1,0 +1,53 @@
+"""A worker's stop within a bound. Told to stop (SIGTERM), Celery lets the running batches
+finish before it exits, however long they take: a call that never returns would hold the stop
+until the model's time limit, and a supervisor's patience is shorter. So `stop_timeout_s`
+after the stop began, the jobs of the batches still running go back on their queues and their
+pool children are killed; should the worker still not be gone some seconds later, it exits."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# After the children were stopped, how long the worker may still take to exit.
+EXIT_GRACE_S = 15.0
+
+
+class StopDeadline:
+    def __init__(self, dispatcher: Any, seconds: float) -> None:
+        self.dispatcher = dispatcher
+        self.seconds = seconds
+        self._armed = False
+
+    def arm(self) -> None:
+        """The stop began: from now on, the clock runs (once)."""
+        if not self._armed:
+            self._armed = True
+            threading.Thread(target=self._run, name="iq-stop-deadline", daemon=True).start()
+
+    def _run(self) -> None:
+        threading.Event().wait(self.seconds)
+        dispatcher = self.dispatcher
+        tags = dispatcher.running_tags()
+        if tags:
+            logger.warning("still running %d job(s) %gs into the stop: back on their queues, "
+                           "and their pool children stopped", len(tags), self.seconds)
+            try:
+                dispatcher.leases.inflight.restore(tags)
+            except Exception:  # noqa: BLE001 - the children must stop all the same
+                logger.warning("could not put them back; they come back when this worker's "
+                               "lease runs out", exc_info=True)
+            for pid in dispatcher.liveness.pool_pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        threading.Event().wait(EXIT_GRACE_S)
+        logger.critical("the worker has not exited %gs into its stop; exiting now",
+                        self.seconds + EXIT_GRACE_S)
+        logging.shutdown()
+        os._exit(1)
