@@ -221,9 +221,10 @@ for i = 1, (#KEYS - 1) / 2 do
   if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 7]) then
     redis.call('hset', key, 'status', ARGV[a + 1], 'finished_at', ARGV[3])
     if ARGV[a + 3] ~= '' then redis.call('hset', key, 'error', ARGV[a + 3]) end
-    -- A finished record keeps what a read needs: not its message, token, deadline or request.
+    -- A finished record keeps what a read needs (and its token, so that a message sent by
+    -- hand with its id is still told apart): not its message, deadline or request.
     if ARGV[a + 1] == 'succeeded' then
-      redis.call('hdel', key, 'message', 'list', 'token', 'expires_at', 'req')
+      redis.call('hdel', key, 'message', 'list', 'expires_at', 'req')
       if f[3] then redis.call('del', '{kept_request("")}' .. id_of(key)) end
     else
       redis.call('hdel', key, 'message', 'list')

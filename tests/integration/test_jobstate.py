@@ -66,7 +66,7 @@ def test_submit_records_the_job_and_queues_its_message_together(state, client):
 def test_a_record_keeps_only_what_differs_from_the_defaults_and_what_a_read_needs(state,
                                                                                   client):
     """Defaults (no owner, float outputs, normal priority) are not written; once it
-    succeeded, neither is what only a start or a finish needs (token, deadline)."""
+    succeeded, neither is what only a start needed (its deadline)."""
     plain = new_job(str(uuid.uuid4()), model="m", trace_id="t", inputs=1, priority="normal",
                     token="tok")
     state.submit(plain, QueuedMessage("q", b"{}"), depth_lists=["q"], max_depth=10, ttl_s=60,
@@ -78,7 +78,7 @@ def test_a_record_keeps_only_what_differs_from_the_defaults_and_what_a_read_need
     assert state.start([plain.id], worker="w/0", batch="b1 1 1", tokens=["tok"]) == [RUN]
     assert state.finish([replace(final(plain.id), token="tok")], result_ttl_s=60) == [True]
     kept = client.hgetall(job_key(plain.id))
-    assert not {"token", "expires_at", "request"} & set(kept) and kept["inputs"] == "1"
+    assert not {"expires_at", "req", "message"} & set(kept) and kept["inputs"] == "1"
     assert kept["created_at"] == str(int(plain.created_at.timestamp() * 1000 + 0.5))
     done = state.read(plain.id)
     assert done.status is Status.SUCCEEDED and done.created_at == plain.created_at
