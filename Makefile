@@ -9,10 +9,15 @@ RUN_STAMP := $(VENV)/.run-$(shell cat $(RUN_REQS) | cksum | cut -d' ' -f1)
 CELERY_BATCHES := 0.11
 DEV_STAMP := $(VENV)/.dev-$(shell echo $(CELERY_BATCHES) | cat $(RUN_REQS) requirements/dev.txt - | cksum | cut -d' ' -f1)
 
-.PHONY: run test browser bench bench-quick gpu-check clean
+.PHONY: run reload test browser bench bench-quick gameday gpu-check gpu-bench container-check clean
 
 run: $(RUN_STAMP)
 	scripts/run.sh
+
+# The models file taken up by the running stack without a restart (scripts/reload.py);
+# FILE=path installs that file in its place first (a rollback: FILE=config/models.yaml.previous).
+reload: $(RUN_STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m scripts.reload $(FILE)
 
 test: $(DEV_STAMP) browser
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
@@ -32,8 +37,27 @@ bench: $(DEV_STAMP)
 bench-quick: $(DEV_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m bench --quick $(BENCH_ARGS)
 
+# Builds the images (Containerfile), starts compose.yaml's stack with podman, checks that it
+# serves a job (scripts/container_check.sh).
+container-check:
+	scripts/container_check.sh
+
+# The stack as make run starts it, under open-loop traffic, with a fault a minute (10 minutes;
+# GAMEDAY_ARGS='--minutes 3 --faults redis-frozen,child-killed' to choose): bench/README.md.
+gameday: $(DEV_STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/python -m bench.gameday $(GAMEDAY_ARGS)
+
 gpu-check: $(RUN_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m scripts.gpu_check
+
+# A short benchmark on a GPU host (~3 minutes): minilm-embed on the GPU (device auto), the
+# service beside the raw model on the same device. Its results go to GPU_BENCH_OUT, never into
+# bench/README.md's CPU tables.
+GPU_BENCH_OUT ?= var/gpu-bench
+gpu-bench: $(DEV_STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m bench --name gpu --models minilm-embed \
+		--configs service --clients 1 16 64 --duration 4 --rounds 2 --no-rss \
+		--out $(GPU_BENCH_OUT) $(BENCH_ARGS)
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)

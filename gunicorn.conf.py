@@ -52,6 +52,9 @@ workers = int(os.environ.get("IQ_WEB_WORKERS", "1"))
 # submits and reads beside them. Past it, gunicorn stops accepting until one closes.
 worker_connections = _settings.max_waits + 1000
 timeout = 60
+# A graceful reload (SIGHUP, app/reloading.py) or stop lets the old processes finish what they
+# hold, the longest `?wait` included, before they go.
+graceful_timeout = int(_settings.max_wait_s) + 5
 preload_app = False
 control_socket_disable = True
 # Proxy headers (SCRIPT_NAME, X-Forwarded-Proto, ...) are honoured from these addresses only;

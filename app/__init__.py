@@ -5,7 +5,8 @@ from typing import Any, Mapping
 
 from flask import Flask
 
-from config import load_models, load_settings
+from config import load_settings
+from config.models import read_models
 from tasks import tracing
 from tasks.celery_app import make_celery
 from tasks.logs import configure as configure_logging
@@ -13,7 +14,7 @@ from tasks.logs import configure as configure_logging
 
 def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     settings = load_settings(overrides)
-    models = load_models(settings.models_file)
+    models, revision = read_models(settings.models_file)
 
     from app import auth, docs, errors, events, job_actions, jobs, ops, trace_ids
     from app.json_provider import OrjsonProvider
@@ -37,12 +38,13 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
         FlaskInstrumentor().instrument_app(app)
         RedisInstrumentor().instrument()
 
-    celery = make_celery(settings, models)
+    celery = make_celery(settings, models, revision)
     store = JobStore(settings, celery, models)
     metrics = ApiMetrics(store.queue_depths, lambda: store.waiter.waiting, settings.max_waits,
                          store.state.kept)
     submitter = Submitter(settings, models, store, metrics)
-    app.extensions.update({"celery": celery, "iq.models": models, "iq.store": store,
+    app.extensions.update({"celery": celery, "iq.models": models, "iq.revision": revision,
+                           "iq.store": store,
                            "iq.metrics": metrics, "iq.submitter": submitter})
     metrics.init_app(app)
     trace_ids.init_app(app)

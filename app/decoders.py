@@ -8,14 +8,21 @@ gevent, a waiting thread waits).
   image that has waited longest, never back to the request that freed it. With API keys, one
   key holds at most `per_owner` decoders at once; the others stay free for other keys.
 * At most `size` images are decoded at once, one per decoder; `size` × 4 more may wait for a
-  decoder, each for at most `timeout_s`. Past that the pool is full: DecodersBusy, a `503`.
+  decoder, each for at most `timeout_s`, and of those at most `per_owner` × 4 for one key, so
+  that one key never fills the line: another key always finds room, and the decoders the
+  first key's cap leaves free serve it. Past that the pool is full (for that key):
+  DecodersBusy, a `503`.
 * Each image has `timeout_s`, and a request's images share one `Budget` of decoding seconds:
   a decoder that has not answered by the earlier of the two is killed and replaced, and the
   image is refused; once the budget is spent, the request's other images are refused undecoded.
 * Each decoder's address space is capped at `memory_mb`: a picture that needs more is refused
   (or, should the decoder die of it, refused all the same).
 
-Decoders start on first use and stop when the API process does (their stdin closes).
+A decoder's refusal is a code (app/decoding.py's CODES); the client's message is worded here,
+from the model's limits, so that nothing a decoder says reaches a client (`refusal`).
+
+Decoders start on first use and stop when the API process does (their stdin closes). A decoder
+serves one image at a time, of any key, and keeps nothing between images.
 """
 from __future__ import annotations
 
@@ -34,10 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from app.decoding import ANSWER, OK, REQUEST, Limits
+from app.decoding import ANSWER, MAX_JPEG_SCANS, OK, REQUEST, Limits
 from app.image_errors import ImageRefused
 
 DECODER = str(Path(__file__).with_name("decoding.py"))
+# Where make run keeps the secrets and Redis's files: out of its decoders' sight (with /proc).
+HIDDEN_FOLDERS = ("IQ_VAR_DIR", "IQ_REDIS_DIR")
 WAITING_PER_DECODER = 4
 STARTUP_S = 30.0  # a decoder's start (Python, Pillow, its confinement): not an image's time
 logger = logging.getLogger(__name__)
@@ -67,13 +76,16 @@ class _Waiter:
 
 class _Turns:
     """`size` decoders, handed out in the order asked for, at most `per_owner` to one owner
-    (None: an owner without a cap, as every request is when keys are off)."""
+    (None: an owner without a cap, as every request is when keys are off). At most
+    `max_waiting` wait in all, and `per_owner` × WAITING_PER_DECODER of one owner's."""
 
     def __init__(self, size: int, per_owner: int, max_waiting: int) -> None:
         self.size, self.per_owner, self.max_waiting = size, per_owner, max_waiting
+        self.owner_waiting = min(max_waiting, per_owner * WAITING_PER_DECODER)
         self._lock = threading.Lock()
         self._free = size
         self._in_use: Counter[str] = Counter()
+        self._waiting: Counter[str] = Counter()
         self._line: deque[_Waiter] = deque()
 
     def _fits(self, owner: str | None) -> bool:
@@ -85,26 +97,37 @@ class _Turns:
             if not self._free:
                 return
             if self._fits(waiter.owner):
-                self._line.remove(waiter)
+                self._leave(waiter)
                 self._free -= 1
                 if waiter.owner is not None:
                     self._in_use[waiter.owner] += 1
                 waiter.granted = True
                 waiter.event.set()
 
+    def _leave(self, waiter: _Waiter) -> None:
+        """(lock held)"""
+        self._line.remove(waiter)
+        if waiter.owner is not None:
+            self._waiting[waiter.owner] -= 1
+            if not self._waiting[waiter.owner]:
+                del self._waiting[waiter.owner]
+
     def take(self, owner: str | None, timeout_s: float) -> None:
-        """A decoder for `owner`, or DecodersBusy: the line is full, or did not reach this
-        turn within `timeout_s`."""
+        """A decoder for `owner`, or DecodersBusy: the line is full, or holds the owner's
+        share of it, or did not reach this turn within `timeout_s`."""
         waiter = _Waiter(owner)
         with self._lock:
-            if len(self._line) >= self.max_waiting:
+            if len(self._line) >= self.max_waiting or (
+                    owner is not None and self._waiting[owner] >= self.owner_waiting):
                 raise DecodersBusy()
             self._line.append(waiter)
+            if owner is not None:
+                self._waiting[owner] += 1
             self._hand_out()
         waiter.event.wait(timeout_s)
         with self._lock:
             if not waiter.granted:
-                self._line.remove(waiter)
+                self._leave(waiter)
                 raise DecodersBusy()
 
     def give_back(self, owner: str | None) -> None:
@@ -127,8 +150,10 @@ class _Decoder:
     def __init__(self, memory_mb: int) -> None:
         # Isolated (-I): no PYTHON* variables, no user site, and not this folder on sys.path;
         # an environment with nothing of the API's in it.
+        hidden = [os.path.abspath(os.environ[name]) for name in HIDDEN_FOLDERS
+                  if os.environ.get(name)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", DECODER, str(memory_mb)], stdin=subprocess.PIPE,
+            [sys.executable, "-I", DECODER, str(memory_mb), *hidden], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
             close_fds=True)
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -211,11 +236,12 @@ class DecoderPool:
     def _start(self) -> _Decoder:
         decoder = _Decoder(self.memory_mb)
         held = decoder.confinement
-        if not self._warned and (held["network"] != "none" or not held["no_new_privs"]):
+        if not self._warned and (held["network"] != "none" or not held["no_new_privs"]
+                                 or not held["hidden"]):
             self._warned = True  # once per API process
             logger.warning("image decoders run with more than they need: network %s, "
-                           "no_new_privs %s (docs/security.md)", held["network"],
-                           held["no_new_privs"])
+                           "no_new_privs %s, var dir and /proc hidden %s (docs/security.md)",
+                           held["network"], held["no_new_privs"], held["hidden"])
         return decoder
 
     def picture(self, data: bytes, limits: Limits, owner: str | None = None,
@@ -247,8 +273,26 @@ class DecoderPool:
                 decoder.stop()
                 raise
         if kind != OK:
-            raise ImageRefused(body.decode())
+            raise ImageRefused(refusal(body, limits))
         return body
+
+
+def refusal(code: bytes, limits: Limits) -> str:
+    """The client's message for a decoder's refusal `code`: words and figures of the API's own,
+    whatever the decoder answered."""
+    most = limits.max_pixels
+    messages = {
+        b"format": f"not an image in a supported format ({', '.join(limits.formats)})",
+        b"pixels": f"the image has more pixels than this model takes (at most {most})",
+        b"samples": f"the image holds more MiB of samples than this model takes (at most "
+                    f"{4 * most / 2**20:.0f} MiB, as in 8-bit RGBA at {most} pixels)",
+        b"animation": f"the image is an animation on a canvas of more than {most // 4} pixels, "
+                      "the most an animation may have",
+        b"scans": f"the JPEG has more than {MAX_JPEG_SCANS} scans",
+        b"memory": "the image needs more memory to decode than a decoder may use",
+        b"corrupt": "the image cannot be decoded (truncated or corrupt)",
+    }
+    return messages.get(code, "the image was refused by its decoder")
 
 
 def _spent(budget: Budget) -> ImageRefused:

@@ -7,8 +7,11 @@ stdin closes, with its address space capped at MEMORY_MB: a picture that needs m
 never a danger to the API. It imports Pillow and the standard library only, so that it starts
 in a fraction of a second and holds nothing of the API (no settings, no secrets). Before it
 reads an image it gives up what a decoder does not need (`confine`): the network (a network
-namespace of its own, where the kernel allows one), root (started as root, it becomes
-`nobody`), and any way back to more privileges (no_new_privs); and it works from `/`.
+namespace of its own, where the kernel allows one), the folders named on its command line (the
+API's var dir with its secrets) and /proc (a mount namespace of its own with an empty tmpfs
+over each, where the kernel allows one), root (started as root, it becomes a user of its own,
+DECODER_UID_BASE + its pid, with no passwd entry, which no other process is, so it can signal
+or read none), and any way back to more privileges (no_new_privs); and it works from `/`.
 
 The refusals before decoding, each cheap (what Pillow parsed of the header, or one pass over
 the bytes), none of which padding the file or reordering its chunks can get past:
@@ -26,9 +29,10 @@ What the header cannot tell (a picture under every cap that is merely slow) is b
 decoder's deadline and memory, and by the budget a request's images share (app/decoders.py).
 
 Frames: first, once confined, the decoder says what it gave up: an answer frame (below) whose
-body is JSON (`uid`, `network`: "none" or "shared", `no_new_privs`). Then request `>II` (header
-length, data length), a JSON header (`Limits`), the image; answer `>BI` (OK or REFUSED,
-length), then the picture's RGB bytes or the reason, UTF-8.
+body is JSON (`uid`, `network`: "none" or "shared", `hidden`, `no_new_privs`). Then request
+`>II` (header length, data length), a JSON header (`Limits`), the image; answer `>BI` (OK or
+REFUSED, length), then the picture's RGB bytes or the refusal's code (`Refused.code`, ASCII):
+the API words the client's message itself, so that a decoder cannot pass it any text.
 """
 from __future__ import annotations
 
@@ -36,7 +40,6 @@ import ctypes
 import io
 import json
 import os
-import pwd
 import re
 import resource
 import struct
@@ -63,8 +66,16 @@ _PNG_BITS = {"1": 1, "L;2": 2, "L;4": 4, "L": 8, "I;16B": 16, "P;1": 1, "P;2": 2
 
 
 class Refused(ValueError):
-    """This image is refused; the message says why (the API turns it into its ImageRefused:
-    this module imports nothing of the project's, as it runs on its own)."""
+    """This image is refused; the message says why, `code` (one of CODES) what the decoder
+    answers the API, which words its own ImageRefused from it (this module imports nothing of
+    the project's, as it runs on its own)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+CODES = ("format", "pixels", "samples", "animation", "scans", "memory", "corrupt")
 
 
 @dataclass(frozen=True)
@@ -127,19 +138,19 @@ def check(image: Image.Image, data: bytes, limits: Limits) -> None:
     width, height = image.size
     pixels = width * height
     if pixels > limits.max_pixels:
-        raise Refused(f"the image is {width}x{height} = {pixels} pixels; this model takes "
-                      f"at most {limits.max_pixels}")
+        raise Refused("pixels", f"the image is {width}x{height} = {pixels} pixels; this "
+                      f"model takes at most {limits.max_pixels}")
     samples, most = _sample_bytes(image), 4 * limits.max_pixels
     if samples > most:
-        raise Refused(f"the image holds {samples / 2**20:.0f} MiB of samples; this model "
-                      f"takes at most {most / 2**20:.0f} MiB (as in 8-bit RGBA at "
+        raise Refused("samples", f"the image holds {samples / 2**20:.0f} MiB of samples; "
+                      f"this model takes at most {most / 2**20:.0f} MiB (as in 8-bit RGBA at "
                       f"{limits.max_pixels} pixels)")
     if getattr(image, "is_animated", False) and pixels > limits.max_pixels // 4:
-        raise Refused(f"the image is an animation on a {width}x{height} canvas; "
+        raise Refused("animation", f"the image is an animation on a {width}x{height} canvas; "
                       f"animations may have at most {limits.max_pixels // 4} pixels")
     if image.format in ("JPEG", "MPO"):
         if jpeg_scans(data, MAX_JPEG_SCANS) > MAX_JPEG_SCANS:
-            raise Refused(f"the JPEG has more than {MAX_JPEG_SCANS} scans")
+            raise Refused("scans", f"the JPEG has more than {MAX_JPEG_SCANS} scans")
 
 
 def fit(image: Image.Image, limits: Limits) -> Image.Image:
@@ -170,19 +181,19 @@ def picture(data: bytes, limits: Limits) -> bytes:
         # Image.MAX_IMAGE_PIXELS) may fire here; the model's cap is checked in `check`.
         image = Image.open(io.BytesIO(data), formats=limits.formats)
     except UnidentifiedImageError:
-        raise Refused(f"not an image in a supported format ({accepted})") from None
+        raise Refused("format", f"not an image in a supported format ({accepted})") from None
     except Image.DecompressionBombError:
-        raise Refused(f"the image has more than {limits.max_pixels} pixels") from None
+        raise Refused("pixels", f"the image has more than {limits.max_pixels} pixels") from None
     check(image, data, limits)
     try:
         image.load()
         image = ImageOps.exif_transpose(image).convert("RGB")
         return fit(image, limits).tobytes()
     except MemoryError:
-        raise Refused("the image needs more memory to decode than a decoder may use")
+        raise Refused("memory", "the image needs more memory to decode than a decoder may use")
     except Exception as exc:  # noqa: BLE001 - whatever a decoder raises, the image is bad
-        raise Refused(f"the {image.format} image cannot be decoded (truncated or "
-                           f"corrupt): {type(exc).__name__}: {exc}") from None
+        raise Refused("corrupt", f"the {image.format} image cannot be decoded (truncated or "
+                      f"corrupt): {type(exc).__name__}: {exc}") from None
 
 
 def _read(stream: BinaryIO, size: int) -> bytes | None:
@@ -200,54 +211,68 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
         try:
             kind, body = OK, picture(data, Limits.from_json(header))
         except Refused as refused:
-            kind, body = REFUSED, str(refused).encode()
+            kind, body = REFUSED, refused.code.encode()
         answers.write(ANSWER.pack(kind, len(body)) + body)
         answers.flush()
 
 
-_CLONE_NEWNET, _CLONE_NEWUSER, _PR_SET_NO_NEW_PRIVS = 0x40000000, 0x10000000, 38
+_CLONE_NEWNS, _CLONE_NEWNET, _CLONE_NEWUSER = 0x00020000, 0x40000000, 0x10000000
+_PR_SET_NO_NEW_PRIVS = 38
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 1, 2, 4, 8, 0x4000, 1 << 18
+# A decoder of an API run as root becomes uid (and gid) DECODER_UID_BASE + its pid: a user of
+# its own (no other live process has that pid), far above the ids systems hand out (and below
+# 2**32 - 2 for any pid Linux allows, at most 2**22).
+DECODER_UID_BASE = 0xE0000000
 
 
 def _unshared(libc: ctypes.CDLL, flags: int) -> bool:
     return libc.unshare(flags) == 0
 
 
-def _become_nobody() -> int:
-    try:
-        nobody = pwd.getpwnam("nobody")
-        uid, gid = nobody.pw_uid, nobody.pw_gid
-    except KeyError:
-        uid = gid = 65534
+def _hide(libc: ctypes.CDLL, folders: list[str]) -> bool:
+    """An empty, read-only tmpfs over each folder, in this process's own mount namespace
+    (entered already), its mounts made private first so that nothing leaves it."""
+    if libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        return False
+    flags = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    return all(libc.mount(b"none", os.fsencode(folder), b"tmpfs", flags, b"size=4k,mode=0") == 0
+               for folder in folders if os.path.isdir(folder))
+
+
+def _become_own_user() -> int:
+    uid = DECODER_UID_BASE + os.getpid()
     os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
     return uid
 
 
-def confine() -> dict:
+def confine(hidden: list[str]) -> dict:
     """Give up what decoding does not need, before any image is read; say what was given up.
-    No network: a network namespace of its own with no interface up (as root directly; as any
-    other user inside a user namespace of its own, where the kernel allows one; else the
-    network stays, 'shared'). Pillow's format plugins are imported first, while their files
-    can still be read."""
+    No network: a network namespace of its own with no interface up; `hidden` folders and
+    /proc out of sight: a mount namespace of its own (as root directly; as any other user
+    inside a user namespace of its own, where the kernel allows one; else the network stays,
+    'shared', and nothing is hidden). Pillow's format plugins are imported first, while their
+    files can still be read."""
     Image.init()
     libc = ctypes.CDLL(None, use_errno=True)
     uid = os.getuid()
-    isolated = uid == 0 and _unshared(libc, _CLONE_NEWNET)
+    namespaces = _CLONE_NEWNET | _CLONE_NEWNS | (0 if uid == 0 else _CLONE_NEWUSER)
+    isolated = _unshared(libc, namespaces)
+    out_of_sight = isolated and _hide(libc, ["/proc", *hidden])
     if uid == 0:
-        uid = _become_nobody()
+        uid = _become_own_user()
     # (In a user namespace of its own getuid() says 65534: `uid` is the one outside.)
-    isolated = isolated or _unshared(libc, _CLONE_NEWUSER | _CLONE_NEWNET)
     os.chdir("/")
     no_new_privs = libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
-    return {"uid": uid, "network": "none" if isolated else "shared",
+    return {"uid": uid, "network": "none" if isolated else "shared", "hidden": out_of_sight,
             "no_new_privs": no_new_privs}
 
 
 def main(argv: list[str]) -> None:
     memory = int(argv[1]) * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    hello = json.dumps(confine()).encode()
+    hello = json.dumps(confine(argv[2:])).encode()
     sys.stdout.buffer.write(ANSWER.pack(OK, len(hello)) + hello)
     sys.stdout.buffer.flush()
     serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -160,8 +160,11 @@ def register_error_handlers(app: Flask) -> None:
             # is given more memory); nothing stored is dropped meanwhile.
             return error_response(Unavailable("the job store (Redis) is full; retry later",
                                               retry_after=30))
+        # Retry-After 1: Redis restarted under a supervisor is back in a second or a few, and
+        # the client waits what it is told (at 5 s, every submit refused during a restart got
+        # its job id more than 5 s after it was sent: bench/gameday's availability).
         return error_response(Unavailable("the job store (Redis) is unreachable; retry later",
-                                          retry_after=5))
+                                          retry_after=1))
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):

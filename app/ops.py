@@ -44,7 +44,8 @@ def blueprint(keys: bool) -> Blueprint:
     def list_models():
         models = _ext("iq.models")
         live = _ext("iq.store").live(models)
-        return answer(Models, {"models": [{**spec.public(), **live[name]}
+        return answer(Models, {"revision": _ext("iq.revision"),
+                               "models": [{**spec.public(), **live[name]}
                                           for name, spec in models.items()]})
 
     @bp.get("/metrics")

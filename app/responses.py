@@ -29,6 +29,10 @@ class ErrorBody(Schema):
         "description": "the job's status, when it is why (409, too_many_waits)"})
     retried_as = fields.String(metadata={
         "description": "the job that already retries this one (409 to a retry)", **_UUID})
+    job_id = fields.String(metadata={
+        "description": "the job a submit refused with 503 may have recorded (Redis did not "
+                       "answer in time, or no replica confirmed it): a resend with the same "
+                       "Idempotency-Key returns it", **_UUID})
 
 
 class Error(Schema):
@@ -71,6 +75,8 @@ class Job(Schema):
     progress = fields.Nested(Progress, required=True, metadata={
         "description": "inputs done: counted while a job spanning several model calls runs"})
     batch = fields.Nested(BatchInfo, metadata={"description": "the model call that ran it"})
+    model_version = fields.String(metadata={
+        "description": "the version of the model that gave the job its final status"})
     result = fields.Nested(JobResult, allow_none=True, metadata={
         "description": "once succeeded; null once the outputs expired (result_ttl_s)"})
     result_expired = fields.Boolean(metadata={"description": "the outputs expired"})
@@ -121,6 +127,12 @@ class ModelInput(Schema):
     preprocess = fields.Dict()
 
 
+class ModelVersion(Schema):
+    version = fields.String(required=True)
+    workers = fields.Integer()
+    instances = fields.Integer()
+
+
 class Model(Schema):
     name = fields.String(required=True)
     kind = fields.String(required=True)
@@ -139,9 +151,14 @@ class Model(Schema):
     options = fields.List(fields.String(), metadata={"description": "the options it takes"})
     workers = fields.Integer(metadata={"description": "live worker nodes serving it"})
     instances = fields.Integer(metadata={"description": "live copies of the model"})
+    versions = fields.List(fields.Nested(ModelVersion), metadata={
+        "description": "the versions the live copies serve, with their workers and copies: "
+                       "two during a reload"})
 
 
 class Models(Schema):
+    revision = fields.String(metadata={
+        "description": "the revision (a hash) of the models file this API process serves"})
     models = fields.List(fields.Nested(Model), required=True)
 
 
@@ -192,6 +209,8 @@ def job_body(job: JobRecord, outputs: bool = True) -> dict[str, Any]:
         body["trace_id"] = job.trace_id
     if job.batch is not None:
         body["batch"] = job.batch
+    if job.model_version:
+        body["model_version"] = job.model_version
     for link in ("retry_of", "retried_as"):
         if getattr(job, link):
             body[link] = getattr(job, link)

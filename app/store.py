@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import secrets
 import threading
 import time
@@ -21,11 +22,13 @@ from config import Settings
 from config.models import ModelSpec
 from tasks import tracing
 from tasks.jobstate import CancelOutcome, JobRecord, JobState, Page, Status, new_job
-from tasks.keys import idempotency_key
+from tasks.keys import idempotency_key, versions_key
 from tasks.messages import JOB_TOKEN_HEADER, JobArgs, task_message
 from tasks.presence import Presence
 from tasks.names import PRIORITIES, queue_lists, task_name
 from tasks.redis_client import connect
+
+logger = logging.getLogger(__name__)
 
 
 class WaitRefused(Exception):
@@ -85,16 +88,27 @@ class JobStore:
         self.settings = settings
         self.celery = celery
         self.models = models
-        self.redis = connect(settings.redis_url, settings, max_connections=REDIS_CONNECTIONS)
+        # Every call on a request's path is bounded (redis_deadline_s): a frozen or
+        # unreachable Redis is answered with 503 in seconds, never waited out.
+        self.redis = connect(settings.redis_url, settings, max_connections=REDIS_CONNECTIONS,
+                             deadline_s=settings.redis_deadline_s)
         self.state = JobState(self.redis, settings.kept_s, settings.job_ttl_s)
+        wanted = settings.wait_replicas
+        self.replicas = (wanted, settings.redis_wait_timeout_s) if wanted else None
         self.presence = Presence(self.redis)
         self.waiter = ResultWaiter(self.redis, settings.max_waits, settings.max_waits_per_key)
 
-    def queue_depth(self, spec: ModelSpec) -> int:
+    def queue_depths(self) -> dict[str, int]:
+        """Messages waiting on each model's queue, in one round trip."""
+        specs = list(self.models.values())
+        lists = [queue_lists(spec.queue) for spec in specs]
         with self.redis.pipeline(transaction=False) as pipe:
-            for name in queue_lists(spec.queue):
-                pipe.llen(name)
-            return int(sum(pipe.execute()))
+            for names in lists:
+                for name in names:
+                    pipe.llen(name)
+            lengths = iter(pipe.execute())
+        return {spec.name: sum(next(lengths) for _ in names)
+                for spec, names in zip(specs, lists)}
 
     def owned_by(self, job_id: str, owner: str) -> bool:
         """Whether `owner` (an API key's name; "" when keys are off) may see the job. A job
@@ -107,7 +121,8 @@ class JobStore:
         """Record and queue a job, atomically (tasks/jobstate.py), under `job_id` (a new id by
         default), as a retry of job `retry_of` if given. Returns (job, created); with an
         Idempotency-Key seen before, the earlier job and False. Raises Overloaded,
-        IdempotencyMismatch, StoreFull or RetryRefused."""
+        IdempotencyMismatch, StoreFull, RetryRefused or NotReplicated (fewer replicas than
+        `redis_wait_replicas` confirmed the job in time)."""
         hook = job.get("webhook")
         record = new_job(job_id or new_job_id(), model=spec.name, trace_id=trace_id,
                          inputs=len(job["inputs"]), priority=job["priority"], owner=owner,
@@ -134,7 +149,8 @@ class JobStore:
             record, message, depth_lists=queue_lists(spec.queue),
             max_depth=spec.max_queue_depth, ttl_s=self.settings.job_ttl_s,
             timeout_s=job.get("timeout_s") or spec.timeout_s or 0, idempotency=idempotency,
-            memory_headroom=self.settings.redis_memory_headroom, request=self._kept(job))
+            memory_headroom=self.settings.redis_memory_headroom, request=self._kept(job),
+            replicas=self.replicas)
         if submitted.created:
             return record, True
         earlier = self.state.read(submitted.job_id)
@@ -153,9 +169,19 @@ class JobStore:
     def cancel(self, job_id: str) -> CancelOutcome:
         outcome = self.state.cancel(job_id)
         if outcome is CancelOutcome.CANCELLED:
-            # Workers holding it in their buffer drop it at once rather than at its start.
-            self.celery.control.revoke(job_id)
+            # Workers holding it in their buffer drop it at once rather than at its start
+            # (which refuses it anyway). The broadcast goes through kombu, whose publish
+            # retries know no deadline: it leaves on its own thread (a greenlet under
+            # gevent), so that a stalled Redis cannot hold the answer.
+            threading.Thread(target=self._revoke, args=(job_id,), name="iq-revoke",
+                             daemon=True).start()
         return outcome
+
+    def _revoke(self, job_id: str) -> None:
+        try:
+            self.celery.control.revoke(job_id)
+        except Exception as exc:  # noqa: BLE001 - best effort: the job never starts anyway
+            logger.warning("could not broadcast the revoke of job %s: %s", job_id, exc)
 
     def page(self, owner: str, *, status: str = "", model: str = "",
              cursor: tuple[str, str] | None = None, limit: int = 20) -> Page:
@@ -199,7 +225,7 @@ class JobStore:
         deadline = time.monotonic() + timeout_s
         try:
             with self.watch(job_id, owner) as watch:
-                self.waiter.subscribed.wait(min(timeout_s, self.settings.redis_timeout_s))
+                self.waiter.subscribed.wait(min(timeout_s, self.settings.redis_deadline_s))
                 return watch.until_terminal(self.get(job_id, owner), deadline)
         except NoSlot as exc:
             job = self.get(job_id, owner)
@@ -207,15 +233,31 @@ class JobStore:
                 return job
             raise WaitRefused(str(exc), job) from None
 
-    def live(self, models: Iterable[str]) -> dict[str, dict[str, int]]:
+    def live(self, models: Iterable[str]) -> dict[str, dict]:
         """Live model instances per model: pool children with the model loaded (their
         heartbeats) in workers consuming the model's queue (their event loop's tick) that do
-        not say the model is unhealthy there, all by Redis's clock (tasks/presence.py)."""
-        return self.presence.live({name: self.models[name].queue for name in models},
+        not say the model is unhealthy there, all by Redis's clock (tasks/presence.py); and
+        which versions they serve (two during a reload's rollout)."""
+        names = list(models)
+        live = self.presence.live({name: self.models[name].queue for name in names},
                                   self.settings.heartbeat_ttl_s)
-
-    def queue_depths(self) -> dict[str, int]:
-        return {name: self.queue_depth(spec) for name, spec in self.models.items()}
+        with self.redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hgetall(versions_key(name))
+            versions = pipe.execute()
+        return {name: _serving(live[name]["members"], found)
+                for name, found in zip(names, versions)}
 
     def ping(self) -> bool:
         return bool(self.redis.ping())
+
+
+def _serving(members: list[str], versions: dict[str, str]) -> dict:
+    """A model's live pool children (`hostname/index`) counted as /readyz and /v1/models show
+    them, in all and per version."""
+    by_version: dict[str, list[str]] = {}
+    for member in members:
+        by_version.setdefault(versions.get(member, "unknown"), []).append(member)
+    return {"workers": len({m.rsplit("/", 1)[0] for m in members}), "instances": len(members),
+            "versions": [{"version": version, "workers": len({m.rsplit("/", 1)[0] for m in ms}),
+                          "instances": len(ms)} for version, ms in sorted(by_version.items())]}

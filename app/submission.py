@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import orjson
+import redis
 from marshmallow import ValidationError
 
 from app import auth, images
@@ -28,11 +29,12 @@ from app.decoders import DecoderPool, DecodersBusy
 from app.errors import Conflict, RateLimited, TooManyJobs, Unavailable, ValidationFailed
 from app.metrics import ApiMetrics
 from app.schemas import IDEMPOTENCY_KEY_PATTERN, flatten, job_schema, validate_job
-from app.store import JobStore
+from app.store import JobStore, new_job_id
 from config import Settings
 from config.models import ModelSpec
 from tasks import egress, webhooks
-from tasks.jobstate import IdempotencyMismatch, JobRecord, Overloaded, StoreFull
+from tasks.jobstate import (IdempotencyMismatch, JobRecord, NotReplicated, Overloaded,
+                            StoreFull)
 
 logger = logging.getLogger(__name__)
 
@@ -135,10 +137,22 @@ class Submitter:
                retry_of: str = "") -> Accepted:
         """The atomic submit; each refusal as its APIError (a retry's own, RetryRefused, is
         the caller's to answer)."""
+        job_id, key = job_id or new_job_id(), caller.idempotency_key
         try:
-            submitted, created = self.store.submit(spec, job, caller.trace_id,
-                                                   caller.idempotency_key, owner=caller.owner,
-                                                   job_id=job_id, retry_of=retry_of)
+            submitted, created = self.store.submit(spec, job, caller.trace_id, key,
+                                                   owner=caller.owner, job_id=job_id,
+                                                   retry_of=retry_of)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._refused(spec.name, "store_unavailable")
+            raise self._unsure(job_id, key, exc) from None
+        except NotReplicated as exc:
+            self._refused(spec.name, "not_replicated")
+            raise Unavailable(
+                f"job {job_id} is recorded on the primary and will run, but {exc.acked} of "
+                f"{exc.wanted} replica(s) confirmed it within "
+                f"{self.settings.redis_wait_timeout_s:g}s: a failover could lose it; resend "
+                "with the same Idempotency-Key to wait for the copy again",
+                retry_after=2, job_id=job_id) from None
         except Overloaded:
             self._refused(spec.name, "queue_full")
             raise TooManyJobs(f"the queue of {spec.name} is full "
@@ -156,6 +170,19 @@ class Submitter:
             logger.debug("job %s accepted: model=%s inputs=%d priority=%s", submitted.id,
                          spec.name, len(job["inputs"]), job["priority"])
         return Accepted(submitted, spec, created)
+
+    def _unsure(self, job_id: str, key: str | None, exc: Exception) -> Unavailable:
+        """503 for a submit whose fate Redis did not tell in time: the script may have run
+        (it was sent, and Redis may run it once it resumes), so the answer names the job
+        and the way to find it again without making a second one."""
+        logger.warning("submit of job %s unanswered by Redis: %s", job_id, exc)
+        again = "resend with the same Idempotency-Key: it returns this job, never a second" \
+            if key else "send an Idempotency-Key with each submit, so that a resend returns " \
+                        "the job instead of making a second one"
+        return Unavailable(
+            f"the job store (Redis) did not answer within {self.settings.redis_deadline_s:g}s; "
+            f"job {job_id} may have been recorded and may run: {again}, or read "
+            f"/v1/jobs/{job_id} (404: it was not recorded)", retry_after=2, job_id=job_id)
 
     def _check_webhook(self, hook: dict) -> None:
         """422 for a webhook this service will not call. While webhooks are off (no secret)

@@ -13,7 +13,13 @@ from app import create_app  # noqa: E402
 
 app = create_app()
 if "gunicorn.workers.ggevent" in sys.modules:  # bodies read under gevent Timeouts
+    import os
+
+    from app.reloading import ModelsWatch
     from app.request_body import GuardedBodies
 
-    app.wsgi_app = GuardedBodies(app.wsgi_app,
-                                 app.extensions["iq.submitter"].settings.body_timeout_s)
+    settings = app.extensions["iq.submitter"].settings
+    app.wsgi_app = GuardedBodies(app.wsgi_app, settings.body_timeout_s)
+    # A models reload announced in Redis: this gunicorn reloads gracefully onto the new file.
+    ModelsWatch(app.extensions["iq.store"].redis, settings, app.extensions["iq.revision"],
+                master=os.getppid()).start()

@@ -16,6 +16,7 @@ import time
 
 from bench.load import make_inputs
 from config import load_models
+from workers.devices import device_for
 from workers.handlers import build_handler
 
 
@@ -46,7 +47,9 @@ def batch_sizes(max_batch_size: int) -> list[int]:
 class RawModel:
     def __init__(self, models_file: str, model: str) -> None:
         self.spec = load_models(models_file)[model]
-        self.handler = build_handler(self.spec, "cpu")
+        # Where the service's worker puts it (device auto: the GPU where there is one), so
+        # that a GPU run compares the service with the raw model on the same device.
+        self.handler = build_handler(self.spec, device_for(self.spec, 0))
         self.handler.initialize()
         self.handler.warmup()
         self.kind = "tensor" if self.spec.kind == "torchscript" else "text"

@@ -5,9 +5,10 @@ Read by the API (validation, routing) and by the workers (loading, batching); ho
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,9 @@ class ModelSpec:
     # Share of the device's memory this model may use; a pool child's cap on a device is the
     # sum over the models it loads there (0: no cap of its own, IQ_CUDA_MEMORY_FRACTION).
     memory_fraction: float = 0.0
+    # What the operator calls this model's version; "" (the default): a short hash of its
+    # weights and settings, computed where the weights are (workers/versions.py).
+    version: str = ""
     options: tuple[str, ...] = field(default=())
 
     @property
@@ -120,6 +124,19 @@ class ModelSpec:
         if self.labels:
             out["labels"] = list(self.labels)
         return out
+
+
+# Fields that say where a model is or what a test counts, not what it computes: left out of the
+# settings a version hashes (its weights' contents stand for its `path` or `package`).
+_NOT_DEFINING = ("name", "path", "package", "runs_log", "version")
+
+
+def settings_digest(spec: ModelSpec) -> str:
+    """A hash of the settings that define what the model computes and how it is served (every
+    field but its name, where its weights are and `version`): one of the two halves of a
+    version that is not declared."""
+    values = {k: v for k, v in asdict(spec).items() if k not in _NOT_DEFINING}
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _positive_int(where: str, key: str, value: Any) -> int:
@@ -242,17 +259,44 @@ def parse_model(name: str, raw: dict[str, Any], base: Path) -> ModelSpec:
     if fraction > 1:
         raise ConfigError(f"{where}: memory_fraction must be in (0, 1], got {fraction!r}")
     values["memory_fraction"] = fraction
+    if "version" in raw:
+        version = raw["version"]
+        if isinstance(version, bool) or not isinstance(version, (str, int, float)) \
+                or not str(version).strip():
+            raise ConfigError(f"{where}: version must be a non-empty string, got {version!r}")
+        values["version"] = str(version).strip()
     values.update(_kind_values(where, kind, raw, base))
     return ModelSpec(**values)
 
 
-def load_models(path: str | Path) -> dict[str, ModelSpec]:
-    """Parse a models file; relative model paths are taken from the project root."""
+def revision_of(content: bytes) -> str:
+    """A models file's revision: a short hash of its bytes. A reload announces the revision it
+    validated, and each process reloads only a file with that revision (scripts/reload.py)."""
+    return hashlib.sha256(content).hexdigest()[:12]
+
+
+def read_models(path: str | Path) -> tuple[dict[str, ModelSpec], str]:
+    """A models file's models and its revision, from one read of the file."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        content = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"models file not found: {path}") from None
+    return parse_models(path, content), revision_of(content)
+
+
+def load_models(path: str | Path) -> dict[str, ModelSpec]:
+    """Parse a models file; relative model paths are taken from the project root."""
+    return read_models(path)[0]
+
+
+def parse_models(path: Path, content: bytes) -> dict[str, ModelSpec]:
+    """The models of a file at `path` (its folder is where relative paths start) that holds
+    `content`."""
+    try:
+        data = yaml.safe_load(content) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     models = data.get("models") if isinstance(data, dict) else None
     if not isinstance(models, dict) or not models:
         raise ConfigError(f"{path}: expected `models:` with at least one model")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import ipaddress
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -16,12 +15,10 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from config.checks import ConfigError, check
+
 CONFIG_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = CONFIG_DIR.parent
-
-
-class ConfigError(ValueError):
-    """A setting or a model declaration is wrong; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +42,26 @@ class Settings:
     # addresses or CIDRs, comma-separated (gunicorn.conf.py); none by default.
     body_timeout_s: float = 30.0
     forwarded_allow_ips: str = ""
+    # Connecting to Redis may take this long (workers; the API's calls are bounded by
+    # redis_deadline_s instead).
     redis_timeout_s: float = 2.0
+    # The most one Redis call on a request's path in the API may take, its retries included
+    # (submit, read, cancel, a wait's reads, readiness, rate limits): past it the request is
+    # answered, 503 with Retry-After, rather than held while Redis is frozen or unreachable.
+    redis_deadline_s: float = 2.0
+    # Redis Sentinel: the sentinels (host:port, comma-separated) and the name of the primary
+    # they watch. When set, every process asks them where the primary is, and again after a
+    # failover; REDIS_URL then gives the user, password, database and scheme, not the host.
+    redis_sentinels: str = ""
+    redis_master: str = "mymaster"
+    # The sentinels' own user and password, when they take one.
+    redis_sentinel_user: str = ""
+    redis_sentinel_password: str = ""
+    # A submit answers 202 once this many replicas hold the job (Redis WAIT, at most
+    # redis_wait_timeout_s); else 503, the job recorded on the primary. -1: 1 with Sentinel,
+    # 0 (no wait) without.
+    redis_wait_replicas: int = -1
+    redis_wait_timeout_s: float = 1.0
     job_ttl_s: int = 86_400
     # How long a finished job's outputs stay readable: what bounds Redis's memory under steady
     # load (bench/README.md: ~6 KB a 384-float embedding job, ~3 KB as base64).
@@ -147,6 +163,19 @@ class Settings:
         return f"Settings({shown})"
 
     @property
+    def sentinel_hosts(self) -> list[tuple[str, int]]:
+        """The sentinels as (host, port); empty without Sentinel."""
+        return [_host_port("redis_sentinels", entry)
+                for entry in self.redis_sentinels.split(",") if entry.strip()]
+
+    @property
+    def wait_replicas(self) -> int:
+        """How many replicas a submit waits for (redis_wait_replicas, -1 resolved)."""
+        if self.redis_wait_replicas >= 0:
+            return self.redis_wait_replicas
+        return 1 if self.redis_sentinels.strip() else 0
+
+    @property
     def kept_s(self) -> int:
         """How long a job that did not succeed keeps its request: kept_inputs_ttl_s, within
         the record's own life (job_ttl_s)."""
@@ -177,8 +206,18 @@ def _shown(name: str, value: Any) -> Any:
     return value
 
 
+def _host_port(name: str, entry: str) -> tuple[str, int]:
+    """`host:port` (`[v6 address]:port`) as (host, port), or ConfigError naming `name`."""
+    host, _, port = entry.strip().rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{name} must list host:port entries, comma-separated, got "
+                          f"{entry.strip()!r}")
+    return host, int(port)
+
+
 # Settings never shown (Settings.__repr__), beside the password in redis_url.
-SECRET_SETTINGS = frozenset({"webhook_secret"})
+SECRET_SETTINGS = frozenset({"webhook_secret", "redis_sentinel_password"})
 
 # Environment variable → field. REDIS_URL is the one name every Redis user already knows; the
 # rest carry the IQ_ prefix so they cannot collide with other software's.
@@ -258,61 +297,6 @@ def _from_overrides(overrides: Mapping[str, Any], types: Mapping[str, type]) -> 
     return values
 
 
-def _check_access(settings: Settings) -> None:
-    """The API's and the deliverer's limits."""
-    if settings.max_wait_s <= 0 or settings.max_wait_s > 300:
-        raise ConfigError(f"max_wait_s must be in (0, 300], got {settings.max_wait_s}")
-    if settings.log_format not in ("text", "json"):
-        raise ConfigError(f"log_format must be text or json, got {settings.log_format!r}")
-    for name in ("kept_inputs_ttl_s", "kept_inputs_max_bytes"):
-        if getattr(settings, name) < 0:
-            raise ConfigError(f"{name} must be an integer >= 0, got {getattr(settings, name)}")
-    if not 0 <= settings.redis_memory_headroom < 1:
-        raise ConfigError("redis_memory_headroom must be in [0, 1), got "
-                          f"{settings.redis_memory_headroom}")
-    for name in ("max_waits", "max_waits_per_key"):
-        if getattr(settings, name) < 1:
-            raise ConfigError(f"{name} must be an integer >= 1, got {getattr(settings, name)}")
-    if settings.webhook_host_concurrency < 1:
-        raise ConfigError("webhook_host_concurrency must be an integer >= 1, "
-                          f"got {settings.webhook_host_concurrency}")
-    if settings.webhook_timeout_s <= 0:
-        raise ConfigError(f"webhook_timeout_s must be > 0, got {settings.webhook_timeout_s}")
-    if settings.body_timeout_s <= 0:
-        raise ConfigError(f"body_timeout_s must be > 0, got {settings.body_timeout_s}")
-    for entry in filter(None, (e.strip() for e in settings.forwarded_allow_ips.split(","))):
-        try:
-            ipaddress.ip_network(entry, strict=False)
-        except ValueError:
-            raise ConfigError("forwarded_allow_ips must list IP addresses or CIDRs, got "
-                              f"{entry!r}") from None
-
-
-def _check_images(settings: Settings) -> None:
-    """The image fetching and decoding limits."""
-    if settings.image_decoders < 1:
-        raise ConfigError(f"image_decoders must be an integer >= 1, got {settings.image_decoders}")
-    if not 0 <= settings.image_decoders_per_key <= settings.image_decoders:
-        raise ConfigError("image_decoders_per_key must be 0 (half the decoders) to "
-                          f"image_decoders ({settings.image_decoders}), got "
-                          f"{settings.image_decoders_per_key}")
-    for name in ("image_decode_timeout_s", "image_decode_budget_s", "image_fetch_deadline_s"):
-        if getattr(settings, name) <= 0:
-            raise ConfigError(f"{name} must be > 0, got {getattr(settings, name)}")
-    if settings.image_decode_memory_mb < 256:
-        raise ConfigError("image_decode_memory_mb must be an integer >= 256, got "
-                          f"{settings.image_decode_memory_mb}")
-
-
-def _check_workers(settings: Settings) -> None:
-    """The workers' isolation and stop limits."""
-    if settings.max_job_crashes < 1:
-        raise ConfigError(f"max_job_crashes must be an integer >= 1, got "
-                          f"{settings.max_job_crashes}")
-    if settings.stop_timeout_s <= 0:
-        raise ConfigError(f"stop_timeout_s must be > 0, got {settings.stop_timeout_s}")
-
-
 def load_settings(
     overrides: Mapping[str, Any] | None = None,
     *,
@@ -331,7 +315,5 @@ def load_settings(
     values.update(_from_environ(environ, types))
     values.update(_from_overrides(overrides or {}, types))
     settings = dataclasses.replace(Settings(), **values)
-    _check_access(settings)
-    _check_images(settings)
-    _check_workers(settings)
+    check(settings)
     return settings

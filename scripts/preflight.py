@@ -159,7 +159,7 @@ def _others_in_group(gid: int, owner_uid: int) -> bool:
     return bool(members)
 
 
-def _writable_by_others(path: Path) -> str | None:
+def writable_by_others(path: Path) -> str | None:
     """Why another user may change `path`, or None."""
     info = path.lstat()
     mode = stat.S_IMODE(info.st_mode)
@@ -201,28 +201,43 @@ def _acl_writers(path: Path, owner_uid: int) -> str | None:
     return None
 
 
-def _guarding(path: Path, seen: set[Path]) -> Iterator[Path]:
-    """`path` and everything that decides what it is: each folder above it up to /, and for
-    each link on the way, the link's target with the folders above that."""
+def guarding(path: Path, seen: set[Path]) -> Iterator[Path]:
+    """`path` and everything that decides what it is: each folder above it up to /, and each
+    link on the way followed one hop at a time (a chain's middle links and their folders
+    decide too), with the folders above each hop. `seen` ends a loop of links."""
     for step in (path, *path.parents):
         if step in seen:
             continue
         seen.add(step)
         yield step
         if step.is_symlink():
-            yield from _guarding(step.resolve(), seen)
+            hop = os.path.join(os.path.realpath(step.parent), os.readlink(step))
+            yield from guarding(Path(os.path.normpath(hop)), seen)
+
+
+def _inside(folder: Path) -> Iterator[Path]:
+    """Everything in `folder`, through linked folders too (each real folder once)."""
+    walked: set[str] = set()
+    for here, folders, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(here)
+        if real in walked:
+            folders.clear()
+            continue
+        walked.add(real)
+        for name in folders + files:
+            yield Path(here) / name
 
 
 def _model_paths(models_file: Path) -> Iterator[Path]:
     """The models file, each model's file or folder and everything in it, and whatever
-    decides what each of those is (_guarding)."""
+    decides what each of those is (guarding)."""
     seen: set[Path] = set()
-    yield from _guarding(Path(os.path.abspath(models_file)), seen)
+    yield from guarding(Path(os.path.abspath(models_file)), seen)
     for root in _model_roots(models_file):
-        yield from _guarding(root, seen)
+        yield from guarding(root, seen)
         if root.is_dir():
-            for inner in root.rglob("*"):
-                yield from _guarding(inner, seen)
+            for inner in _inside(root):
+                yield from guarding(inner, seen)
 
 
 def _model_roots(models_file: Path) -> Iterator[Path]:
@@ -247,7 +262,7 @@ def model_file_problems(models_file: str) -> list[str]:
     """One message per model file or folder another user may write (none: all private)."""
     problems = []
     for path in _model_paths(Path(models_file)):
-        why = _writable_by_others(path)
+        why = writable_by_others(path)
         if why:
             problems.append(
                 f"make run: {path} {why}. A model file is code the worker runs, so only you "

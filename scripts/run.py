@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -35,21 +35,23 @@ from honcho.printer import Message, Printer
 from kombu.utils.url import maybe_sanitize_url
 
 from config import ConfigError, Settings, load_settings
-from scripts.preflight import REDIS_APP_USER, Binding, model_file_problems, port_problems, \
-    reachable
+from scripts import run_redis
+from scripts.preflight import REDIS_APP_USER, Binding, guarding, model_file_problems, \
+    port_problems, reachable, writable_by_others
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_UP_NOTE_S = 300  # a first model load can take minutes; after this, say what is missing
 # The variables that carry a secret, and which of them each process of the Procfile uses: a
 # process gets those, and none of the others (a process not named here gets none).
-SECRET_VARIABLES = ("REDIS_URL", "IQ_REDIS_PASSWORD_FILE", "IQ_REDIS_APP_PASSWORD_FILE",
-                    "FLOWER_BASIC_AUTH", "IQ_WEBHOOK_SECRET")
+SECRET_VARIABLES = ("REDIS_URL", "IQ_REDIS_SENTINEL_PASSWORD", "IQ_REDIS_PASSWORD_FILE",
+                    "IQ_REDIS_APP_PASSWORD_FILE", "FLOWER_BASIC_AUTH", "IQ_WEBHOOK_SECRET")
+REDIS_NEEDS = {"IQ_REDIS_PASSWORD_FILE", "IQ_REDIS_APP_PASSWORD_FILE"}
 NEEDS = {
-    "redis": {"IQ_REDIS_PASSWORD_FILE", "IQ_REDIS_APP_PASSWORD_FILE"},
-    "web": {"REDIS_URL"},
-    "worker": {"REDIS_URL"},
-    "webhooks": {"REDIS_URL", "IQ_WEBHOOK_SECRET"},
-    "flower": {"REDIS_URL", "FLOWER_BASIC_AUTH"},
+    "redis": REDIS_NEEDS,  # and each replica and sentinel (scripts/run_redis.py)
+    "web": {"REDIS_URL", "IQ_REDIS_SENTINEL_PASSWORD"},
+    "worker": {"REDIS_URL", "IQ_REDIS_SENTINEL_PASSWORD"},
+    "webhooks": {"REDIS_URL", "IQ_REDIS_SENTINEL_PASSWORD", "IQ_WEBHOOK_SECRET"},
+    "flower": {"REDIS_URL", "IQ_REDIS_SENTINEL_PASSWORD", "FLOWER_BASIC_AUTH"},
 }
 
 
@@ -85,10 +87,24 @@ def _refuse_foreign(path: Path, why: str) -> Refused:
 
 def var_problems(var_dir: Path) -> list[str]:
     """One message per folder or file under var_dir that make run would use but another user
-    made (or that is a link to elsewhere): its secrets would be theirs to choose or read."""
+    made (or that is a link to elsewhere): its secrets, or a sentinel's word on which node is
+    the primary, would be theirs to choose or read; and one per folder above var_dir that
+    another user may write (who may rename var_dir away and put theirs in its place), as the
+    model files' check finds them."""
     problems = []
-    for path in (var_dir, var_dir / "secrets", *_listing(var_dir / "secrets"),
-                 var_dir / "redis", *_listing(var_dir / "redis")):
+    for above in guarding(Path(os.path.abspath(var_dir)).parent, set()):
+        try:
+            why = writable_by_others(above)
+        except FileNotFoundError:
+            continue  # made by make run, as var_dir is
+        if why:
+            problems.append(f"make run: {_shown(above)} {why}: another user may put a folder "
+                            f"of theirs in place of {_shown(var_dir)} (and so choose what make "
+                            "run's tools read as its secrets). Move IQ_VAR_DIR to a folder only "
+                            f"you can write, or: chmod go-w '{above}'.")
+    folders = [var_dir / "secrets", var_dir / "redis", *sorted(var_dir.glob("redis-*")),
+               *sorted(var_dir.glob("sentinel-*"))]  # the replicas' and sentinels' (run_redis)
+    for path in (var_dir, *(p for folder in folders for p in (folder, *_listing(folder)))):
         try:  # var_dir itself may be a link to where the operator keeps it
             why = _not_ours(path, path.stat() if path == var_dir else path.lstat())
         except FileNotFoundError:
@@ -185,12 +201,14 @@ class Run:
     processes: dict[str, str]  # Procfile entries to start: name -> command
     checks: dict[str, str]     # what must answer before the stack counts as up: name -> URL
     block: str                 # what is where, printed once it is up
+    # What a process adds to `env` (the replicas' and sentinels' ports and roles).
+    own_env: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def _keep_secrets(env: dict[str, str], var_dir: Path, redis_port: int | None) -> list[str]:
-    """Put the Redis URL (when make run starts its Redis), Flower's login and the webhook
-    secret into `env`, each from the environment or else kept under var_dir; return where each
-    comes from, for the block."""
+    """Put the Redis URL (when make run starts its Redis; with replicas, the sentinels too),
+    Flower's login and the webhook secret into `env`, each from the environment or else kept
+    under var_dir; return where each comes from, for the block."""
     if redis_port is None:
         redis = "from REDIS_URL, not started here"
     else:
@@ -202,6 +220,9 @@ def _keep_secrets(env: dict[str, str], var_dir: Path, redis_port: int | None) ->
                    REDIS_URL=f"redis://{REDIS_APP_USER}:{password}@127.0.0.1:{redis_port}/0")
         redis = f"started here: user {REDIS_APP_USER} (no admin commands), admin password " \
                 f"in {_shown(admin_path)}, data in {_shown(Path(env['IQ_REDIS_DIR']))}"
+        if run_redis.replicas(env):
+            env.update(run_redis.application_env(env, password))
+            redis += "; " + run_redis.described(env, redis_port, var_dir)
     if env.get("FLOWER_BASIC_AUTH"):
         login = f"user {env['FLOWER_BASIC_AUTH'].split(':', 1)[0]}, password from " \
                 "FLOWER_BASIC_AUTH"
@@ -220,9 +241,22 @@ def _keep_secrets(env: dict[str, str], var_dir: Path, redis_port: int | None) ->
     return [redis, login, signing]
 
 
+def own_redis_url(env: dict[str, str]) -> str | None:
+    """REDIS_URL when set; else the URL of the Redis `make run` starts, from its kept password
+    (for the commands run beside it, such as `make reload`); None when there is neither."""
+    if env.get("REDIS_URL"):
+        return env["REDIS_URL"]
+    path = ROOT / (env.get("IQ_VAR_DIR") or "var") / "secrets" / "redis-app-password"
+    if not path.is_file():
+        return None
+    port = _port(env, "REDIS_PORT", 6379)
+    return f"redis://{REDIS_APP_USER}:{path.read_text().strip()}@127.0.0.1:{port}/0"
+
+
 def process_env(name: str, env: dict[str, str]) -> dict[str, str]:
-    """`env` less the secrets process `name` does not use (NEEDS)."""
-    needs = NEEDS.get(name, set())
+    """`env` less the secrets process `name` does not use (NEEDS; each Redis process's are
+    `redis`'s)."""
+    needs = NEEDS.get(name, REDIS_NEEDS if name.startswith(("redis-", "sentinel-")) else set())
     return {k: v for k, v in env.items() if k not in SECRET_VARIABLES or k in needs}
 
 
@@ -239,11 +273,15 @@ def plan(environ: dict[str, str]) -> Run:
     ports = _bindings(env)
     if not own_redis:
         del ports["redis"]
+    try:
+        replicated = run_redis.bindings(env, ports["redis"].port) if own_redis else []
+    except ConfigError as error:
+        raise Refused(f"make run: {error}") from None
     problems = var_problems(var_dir)
     password_file = var_dir / "secrets" / "redis-password"
     known = password_file.read_text().strip() if password_file.is_file() and not problems \
         else None
-    problems += port_problems([b for b in ports.values() if b.port], known,
+    problems += port_problems([b for b in ports.values() if b.port] + replicated, known,
                               _shown(password_file))
     try:
         problems += model_file_problems(settings.models_file)
@@ -276,7 +314,10 @@ def plan(environ: dict[str, str]) -> Run:
     ])
     procfile = parse_procfile((ROOT / "Procfile").read_text()).processes
     processes = {n: cmd for n, cmd in procfile.items() if own_redis or n != "redis"}
-    return Run(env, processes, checks, block)
+    own_env = run_redis.processes(env, var_dir, ports["redis"].port) \
+        if own_redis and replicated else {}
+    processes.update({name: procfile["redis"] for name in own_env})
+    return Run(env, processes, checks, block, own_env)
 
 
 class Console:
@@ -325,7 +366,8 @@ def main() -> int:
     for name, command in run.processes.items():
         kept = f"exec {shlex.quote(sys.executable)} -m scripts.respawn {name} " \
                f"{shlex.quote(command)}"
-        manager.add_process(name, kept, env=process_env(name, run.env), cwd=str(ROOT))
+        env = {**process_env(name, run.env), **run.own_env.get(name, {})}
+        manager.add_process(name, kept, env=env, cwd=str(ROOT))
     # Started before honcho forks its readers; they only start a process and read its output.
     threading.Thread(target=_announce, args=(manager, run.checks, run.block),
                      daemon=True).start()

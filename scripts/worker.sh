@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One Celery worker for the configured models' queues. One pool child per GPU (each child owns
+# One Celery worker for the configured models' queues (several may run on one host: each gets
+# a node name and a metrics port of its own). One pool child per GPU (each child owns
 # one device), or one child on a CPU-only host; IQ_WORKER_CONCURRENCY overrides. The GPUs are
 # counted as the worker counts them (workers/devices.py: IQ_GPU_COUNT, else nvidia-smi, a
 # separate process, so that this parent never initialises CUDA).
@@ -10,5 +11,13 @@ gpus="$(.venv/bin/python -m workers.devices)"
 concurrency="${IQ_WORKER_CONCURRENCY:-$(( gpus > 0 ? gpus : 1 ))}"
 queues=()
 [ -n "${IQ_WORKER_QUEUES:-}" ] && queues=(--queues "$IQ_WORKER_QUEUES")
+# A node name no other worker has (liveness is counted per node name): IQ_WORKER_NAME, else
+# gpu<i> for a worker given one GPU (CUDA_VISIBLE_DEVICES=<i>), else worker-<its pid> ($$ is
+# the worker's pid: exec keeps it); then @<host name>.
+name="${IQ_WORKER_NAME:-}"
+if [ -z "$name" ]; then
+  if [[ "${CUDA_VISIBLE_DEVICES:-}" =~ ^[0-9]+$ ]]; then name="gpu$CUDA_VISIBLE_DEVICES"
+  else name="worker-$$"; fi
+fi
 exec .venv/bin/celery -A workers.main worker --pool prefork --concurrency "$concurrency" \
-  --loglevel "${IQ_LOG_LEVEL:-INFO}" --hostname "${IQ_WORKER_NAME:-worker}@%h" "${queues[@]}" "$@"
+  --loglevel "${IQ_LOG_LEVEL:-INFO}" --hostname "$name@%h" "${queues[@]}" "$@"

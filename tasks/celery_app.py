@@ -4,25 +4,28 @@ modules' to install (workers/broker/)."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from celery import Celery
 from kombu import Connection, Queue
 
-from config import Settings, load_models, load_settings
-from config.models import ModelSpec
+from config import Settings, load_settings
+from config.models import ModelSpec, read_models
 from tasks import results
 from tasks.names import PRIORITIES, PRIORITY_SEP, PRIORITY_STEPS, task_routes
+from tasks.redis_client import sentinel_options
 from tasks.webhooks import DELIVER_TASK
 from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
 
 
 def make_celery(settings: Settings | None = None,
-                models: dict[str, ModelSpec] | None = None) -> Celery:
+                models: dict[str, ModelSpec] | None = None, revision: str = "") -> Celery:
     """The Celery app. The API only builds task messages with it (tasks/jobstate.py queues
     them) and broadcasts revokes; the workers run it. `models`: the parsed models file, when
-    the caller has it already."""
+    the caller has it already, and `revision` that file's (config.models.revision_of)."""
     settings = settings or load_settings()
-    models = models if models is not None else load_models(settings.models_file)
+    if models is None:
+        models, revision = read_models(settings.models_file)
     results.register_serializer()
     app = Celery("inference_queue", set_as_current=False)
     app.conf.update(
@@ -44,8 +47,11 @@ def make_celery(settings: Settings | None = None,
         # kombu reads a rediss:// URL's TLS options (ssl_cert_reqs, ssl_ca_certs) from its
         # query; Flower's Broker tab reads them only from broker_use_ssl.
         app.conf.broker_use_ssl = Connection(settings.redis_url).ssl
+        if settings.sentinel_hosts:  # the sentinel:// URLs carry no TLS options
+            app.conf.redis_backend_use_ssl = app.conf.broker_use_ssl
     app.conf.iq_settings = settings
     app.conf.iq_models = models
+    app.conf.iq_models_revision = revision
     return app
 
 
@@ -57,10 +63,17 @@ def _redis_conf(settings: Settings) -> dict[str, Any]:
         "socket_timeout": max(settings.redis_timeout_s, 5.0),
         "retry_on_timeout": True,
     }
+    if settings.sentinel_hosts:
+        # kombu's Sentinel transport and Celery's Sentinel backend: each asks the sentinels
+        # for the primary when it connects, so each follows a failover.
+        redis_opts.update(master_name=settings.redis_master, sentinel_kwargs=sentinel_options(
+            settings, max(settings.redis_timeout_s, 5.0)))
+    url = sentinel_url(settings)
     return dict(
-        broker_url=settings.redis_url,
-        # Celery's Redis backend, which reads a packed result's task id from its key.
-        result_backend=f"{results.BACKEND}+{settings.redis_url}",
+        broker_url=url,
+        # Celery's Redis (or Sentinel) backend, which reads a packed result's task id from
+        # its key.
+        result_backend=results.backend_url(url),
         # Every gunicorn thread may publish at once; a smaller pool makes them queue for it.
         broker_pool_limit=128,
         broker_connection_timeout=settings.redis_timeout_s,
@@ -99,6 +112,20 @@ def _redis_conf(settings: Settings) -> dict[str, Any]:
             "interval_max": 0.5,
         },
     )
+
+
+def sentinel_url(settings: Settings) -> str:
+    """REDIS_URL, or with Sentinel the URL kombu and Celery take for it: each sentinel as
+    `sentinel://user:password@host:port/db`, `;`-separated (REDIS_URL's credentials and
+    database: those of the primary)."""
+    if not settings.sentinel_hosts:
+        return settings.redis_url
+    parts = urlsplit(settings.redis_url)
+    auth = parts.netloc.rpartition("@")[0]
+    auth = f"{auth}@" if auth else ""
+    db = parts.path if parts.path not in ("", "/") else "/0"
+    return ";".join(f"sentinel://{auth}{f'[{host}]' if ':' in host else host}:{port}{db}"
+                    for host, port in settings.sentinel_hosts)
 
 
 def _worker_conf(settings: Settings, models: dict[str, ModelSpec]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import orjson
 class ErrorCode(enum.StrEnum):
     INFERENCE_ERROR = "inference_error"  # the model raised on the job's inputs
     MODEL_UNAVAILABLE = "model_unavailable"  # the worker has no such model configured
+    MODEL_REMOVED = "model_removed"  # a reload removed its model before it ran
     TIMEOUT = "timeout"  # it ran past the model's time limit, alone in its batch
     CRASHED = "crashed"  # its model call took the model's process down, max_job_crashes times
     WORKER_ERROR = "worker_error"  # its batch call broke outside the model

@@ -14,7 +14,7 @@ from tasks.keys import (DONE_PREFIX, JOB_PREFIX, KEPT_BYTES_KEY, KEPT_KEY, MOVES
 READ_FIELDS = ("status", "model", "created_at", "trace_id", "inputs", "priority", "owner",
                "encoding_format", "webhook_url", "webhook_events", "token", "expires_at",
                "started_at", "finished_at", "worker", "batch", "runs", "error", "items_done",
-               "retry_of", "retried_as", "kept")
+               "retry_of", "retried_as", "kept", "model_version")
 _FIELDS_LUA = "{" + ", ".join(f"'{name}'" for name in READ_FIELDS) + "}"
 
 # Redis's own clock, for deadlines and indexes: one clock for every process. (Redis 6 needs
@@ -81,6 +81,16 @@ local function expire_if_due(key, id, status, expires_at, finished_at, error)
 end
 """
 
+# A write that changes nothing (a key's expiry set to what it is), so that a WAIT after the
+# script covers that key, which an earlier script wrote: WAIT counts from the last write of
+# its own connection.
+_TOUCH = """
+local function touch(key)
+  local ms = redis.call('pttl', key)
+  if ms > 0 then redis.call('pexpire', key, ms) end
+end
+"""
+
 # KEYS: record, idempotency claim, target list, owner index, the record of the job it retries
 #       (any key when it retries none), pending jobs, the queue's wake-up list, then the model's
 #       queue lists (for its depth).
@@ -88,10 +98,16 @@ end
 #       message, memory headroom (share of maxmemory kept free), the request to keep ('' :
 #       none), '1' to trim the owner index, '1' when it retries a job, then the record's
 #       field/value pairs.
+# Idempotent by job id: sent again (a resend after a lost answer), it finds its record and
+# does nothing more, so a job is never queued twice.
 # The record keeps the message and its list until the job is final, for the reconciler
 # (workers/broker/scripts.py) to queue it again should it be lost; the job joins the pending
 # set; a queue that was empty gets a wake-up token for its idle workers.
-SUBMIT = _PRELUDE + """
+SUBMIT = _PRELUDE + _TOUCH + """
+if redis.call('exists', KEYS[1]) == 1 then
+  touch(KEYS[1])
+  return {'created', ARGV[3]}
+end
 local memory = redis.call('info', 'memory')
 local cap = tonumber(string.match(memory, 'maxmemory:(%d+)'))
 local used = tonumber(string.match(memory, 'used_memory:(%d+)'))
@@ -106,6 +122,7 @@ if ARGV[6] ~= '' then
     -- A claim whose job was deleted claims nothing: the key makes a new job.
     if redis.call('exists', '""" + JOB_PREFIX + """' .. earlier_id) == 1 then
       if string.sub(earlier, sep + 1) ~= ARGV[6] then return {'mismatch', ''} end
+      touch(KEYS[2])
       return {'existing', earlier_id}
     end
   end
@@ -207,20 +224,27 @@ return #moved
 """
 
 # KEYS: (record, stored result) per job, then the pending set. ARGV: finished_at, result ttl,
-# then per job: status, stored result, error ('' : none), webhook list ('' : none), webhook
-# message, the webhook queue's wake-up list, the token of the message that ran it.
-# Returns, per job, 1 when it took its terminal status here, 0 when it already had one (or the
-# message was not the job's own).
+# model version ('' : none), then per job: status, stored result, error ('' : none), webhook
+# list ('' : none), webhook message, the webhook queue's wake-up list, the token of the message
+# that ran it, the webhook delivery's id (recorded: the one delivery CLAIM_DELIVERY lets
+# through). Returns, per job, 1 when it took its terminal status here, 0 when it already had
+# one (or the message was not the job's own).
 FINISH = _PRELUDE + f"""
 local out, done = {{}}, {{}}
 local ttl = tonumber(ARGV[4])
 for i = 1, (#KEYS - 1) / 2 do
-  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 4 + 7 * (i - 1)
+  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 8 * (i - 1)
   local f = redis.call('hmget', key, 'status', 'token', 'req')
   local status = f[1]
   if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 7]) then
-    redis.call('hset', key, 'status', ARGV[a + 1], 'finished_at', ARGV[3])
-    if ARGV[a + 3] ~= '' then redis.call('hset', key, 'error', ARGV[a + 3]) end
+    -- One HSET: its status, and its model version, error and webhook delivery's id if any.
+    local fields = {{'status', ARGV[a + 1], 'finished_at', ARGV[3]}}
+    if ARGV[5] ~= '' then table.insert(fields, 'model_version'); table.insert(fields, ARGV[5]) end
+    if ARGV[a + 3] ~= '' then table.insert(fields, 'error'); table.insert(fields, ARGV[a + 3]) end
+    if ARGV[a + 4] ~= '' then
+      table.insert(fields, 'webhook_id'); table.insert(fields, ARGV[a + 8])
+    end
+    redis.call('hset', key, unpack(fields))
     -- A finished record keeps what a read needs (and its token, so that a message sent by
     -- hand with its id is still told apart): not its message, deadline or request.
     if ARGV[a + 1] == 'succeeded' then
@@ -247,19 +271,32 @@ return out
 """
 
 # KEYS: record. ARGV: the event, the delivery's id. Returns a DeliveryClaim: 'deliver' (this
-# delivery owns the job's one webhook: the event is its terminal status and one it asked for),
-# or why not: 'missing' (no record, or no webhook), 'not_its_status', 'not_asked',
-# 'duplicate' (another delivery took it).
+# is the job's one delivery, as FINISH recorded its id, and the event is the job's terminal
+# status and one it asked for, and no attempt of it was answered for good yet), or why not:
+# 'missing' (no record, or no webhook), 'not_its_status', 'not_asked', 'duplicate' (not the
+# recorded id), 'done' (DELIVERY_DONE marked it). A record finished before FINISH recorded
+# ids takes the first id that claims it.
 CLAIM_DELIVERY = _PRELUDE + """
-local f = redis.call('hmget', KEYS[1], 'status', 'webhook_url', 'webhook_events', 'webhook_id')
+local f = redis.call('hmget', KEYS[1], 'status', 'webhook_url', 'webhook_events', 'webhook_id',
+                     'webhook_done')
 if not f[1] or not f[2] then return 'missing' end
 if f[1] ~= ARGV[3] then return 'not_its_status' end
 if f[3] and not string.find(',' .. f[3] .. ',', ',' .. ARGV[3] .. ',', 1, true) then
   return 'not_asked'
 end
 if f[4] and f[4] ~= ARGV[4] then return 'duplicate' end
+if f[5] then return 'done' end
 redis.call('hset', KEYS[1], 'webhook_id', ARGV[4])
 return 'deliver'
+"""
+
+# KEYS: record. ARGV: the delivery's id, its final outcome. The job's delivery got an answer
+# that ends it (delivered, refused, given up): CLAIM_DELIVERY lets no message through again,
+# even one with its id. Returns 1, or 0 when the id is not the job's delivery.
+DELIVERY_DONE = _PRELUDE + """
+if redis.call('hget', KEYS[1], 'webhook_id') ~= ARGV[3] then return 0 end
+redis.call('hset', KEYS[1], 'webhook_done', ARGV[4])
+return 1
 """
 
 # KEYS: record. ARGV: now, cancelled error, expired error. Returns a CancelOutcome:

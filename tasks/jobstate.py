@@ -22,8 +22,10 @@ Every move is one Lua script, so each is decided once, inside Redis:
 * `cancel`: only a queued job is cancelled; `start` refuses a cancelled one.
 * `progress`: a running job whose inputs span several model calls counts its items done.
 * `claim_delivery`: a webhook delivery is sent only for the job's terminal status, if the job
-  asked for that event, and by one delivery id: a message sent by hand (Flower's send-task)
-  cannot make the deliverer sign another event, or the same one twice.
+  asked for that event, only by the delivery `finish` queued (its id is recorded with the
+  result), and only until an attempt of it is answered for good (`delivery_done`): a message
+  sent by hand (Flower's send-task) cannot make the deliverer sign another event, a delivery
+  under another id, or a second copy once the first was answered.
 
 A job's record holds a short random token that its task message carries too (the `job_token`
 header): `start` and `finish` move a job only for a message with its token, so that a message
@@ -40,230 +42,27 @@ of its own, so that it can be retried (`submit` with `retry_of`, which links the
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, Sequence
 
-import orjson
 import redis
 from redis.client import NEVER_DECODE
 
 from tasks import jobscripts, results
-from tasks.errors import ErrorCode, JobError
+from tasks.jobrecord import (CANCELLED_ERROR, EXPIRED_ERROR, TERMINAL, CancelOutcome,
+                             DeliveryClaim, Final, IdempotencyMismatch, JobRecord,
+                             NotReplicated, Overloaded, RetryRefused, StartDecision, Status,
+                             StoreFull, batch_text, iso, new_job, now_iso, now_stamp)
 from tasks.keys import (PENDING_KEY, dead_index, job_key, kept_request, owner_index, result_key,
                         wake_key)
 from tasks.messages import QueuedMessage
 from tasks.names import PRIORITY_SEP
 
-
-class Status(str, enum.Enum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    EXPIRED = "expired"
-
-
-TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.EXPIRED})
-
-
-class StartDecision(enum.Enum):
-    """What `start` decided for one job of a batch."""
-    RUN = "run"
-    MISSING = "missing"  # no record (never submitted, or it ran out)
-    FOREIGN = "foreign"  # the message is not the job's own: its token is not the record's
-    CANCELLED = "cancelled"
-    EXPIRED = "expired"  # its deadline passed while it waited (decided now or before)
-    FINISHED = "finished"  # it succeeded or failed already: a redelivered message
-    LAPSED = "lapsed"  # its message is no longer this worker's (taken back while its lease
-    # had lapsed): whoever holds it now runs it
-
-
-class DeliveryClaim(enum.Enum):
-    """What `claim_delivery` decided for one attempt of a webhook delivery."""
-    DELIVER = "deliver"
-    MISSING = "missing"  # no record (it ran out), or no webhook
-    NOT_ITS_STATUS = "not_its_status"  # the event is not the job's terminal status
-    NOT_ASKED = "not_asked"  # the job did not ask for this event
-    DUPLICATE = "duplicate"  # another delivery (another id) took the job's webhook
-
-
-class CancelOutcome(enum.Enum):
-    CANCELLED = "cancelled"  # it will never run
-    MISSING = "missing"
-    TOO_LATE = "too_late"  # running or terminal already: its status says which
-
-
-CANCELLED_ERROR = JobError(ErrorCode.CANCELLED, "the job was cancelled before it ran")
-EXPIRED_ERROR = JobError(ErrorCode.EXPIRED, "the job was not started before its deadline")
-
-
-class Overloaded(Exception):
-    """The model's queue is at its configured depth."""
-
-
-class IdempotencyMismatch(Exception):
-    """An Idempotency-Key was reused with a different request body."""
-
-
-class RetryRefused(Exception):
-    """A job cannot be retried: `reason` is "missing" (no record), "retried" (it was already,
-    as `job_id`) or the status of a job that did not end without success."""
-
-    def __init__(self, reason: str, job_id: str = "") -> None:
-        super().__init__(reason)
-        self.reason, self.job_id = reason, job_id
-
-
-class StoreFull(Exception):
-    """Redis is within its headroom of maxmemory: new jobs are refused so that the accepted
-    ones keep room for their results."""
-
-    def __init__(self, used: int, cap: int) -> None:
-        super().__init__(f"Redis holds {used / 2**20:.1f} of its {cap / 2**20:.1f} MiB")
-        self.used, self.cap = used, cap
-
-
-@dataclass(frozen=True)
-class Final:
-    """A job's terminal outcome as a worker reports it to `finish`."""
-    job_id: str
-    status: Status  # SUCCEEDED or FAILED
-    result: bytes  # the stored result (tasks/results.py)
-    error: JobError | None = None
-    webhook: QueuedMessage | None = None
-    token: str = ""  # the token of the message that ran it (its `job_token` header)
-
-
-def now_stamp() -> str:
-    return stamp(datetime.now(timezone.utc))
-
-
-def stamp(moment: datetime) -> str:
-    """A timestamp as records keep it: Unix milliseconds (an integer, which Redis keeps in a
-    few bytes: every byte of a record is kept for job_ttl_s)."""
-    return str(int(moment.timestamp() * 1000 + 0.5))
-
-
-def iso(moment: datetime) -> str:
-    """A timestamp as the API writes it: UTC, milliseconds, `Z`."""
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _time(text: str | None) -> datetime | None:
-    """A record's timestamp: Unix milliseconds, or ISO 8601 as records before kept it."""
-    if not text:
-        return None
-    if text.isdigit():
-        ms = int(text)
-        return datetime.fromtimestamp(ms // 1000, timezone.utc) + timedelta(
-            milliseconds=ms % 1000)
-    return datetime.fromisoformat(text)
-
-
-def batch_text(batch: Mapping[str, Any]) -> str:
-    """A batch as records keep it (`start`): "<id> <jobs> <items>"."""
-    return f"{batch['id']} {batch['jobs']} {batch['items']}"
-
-
-def _batch(text: str | None) -> dict | None:
-    """A record's batch (`batch_text`, or JSON as records before kept it)."""
-    if not text:
-        return None
-    if text.startswith("{"):
-        return orjson.loads(text)
-    batch_id, jobs, items = text.split()
-    return {"id": batch_id, "jobs": int(jobs), "items": int(items)}
-
-
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    """A job: its record's fields (`iq:job:<id>`, a hash of these names) and, once it
-    succeeded, its outputs while they are kept (`result_ttl_s`)."""
-    id: str
-    status: Status
-    model: str
-    created_at: datetime
-    trace_id: str = ""
-    inputs: int = 0  # how many inputs it has
-    priority: str = "normal"
-    owner: str = ""  # the API key's name; "" when keys are off
-    encoding_format: str = "float"
-    webhook_url: str = ""  # where its webhook goes, if it asked for one (tasks/webhooks.py)
-    webhook_events: str = ""  # the events it asked for, comma-separated
-    token: str = ""  # what its own task message carries (`job_token`); never shown
-    expires_at: float | None = None  # its deadline to start, by Redis's clock (seconds)
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    worker: str | None = None  # node name / child index / pid of its last run
-    batch: dict | None = None  # the batch it last ran in: id, jobs, items
-    runs: int = 0
-    error: JobError | None = None
-    items_done: int = 0  # of a running job spanning several model calls
-    retry_of: str = ""  # the job this one retries
-    retried_as: str = ""  # the job that retries this one
-    kept: int = 0  # bytes of its request kept for a retry (0: none was)
-    outputs: list | None = None
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL
-
-    def submitted_fields(self) -> dict[str, str]:
-        """The fields `submit` writes (expiry is the script's to set, by Redis's clock).
-        A field at its default (`from_fields` reads it back) is not written: every byte of a
-        record is kept for job_ttl_s."""
-        written = {"status": self.status.value, "model": self.model,
-                   "created_at": stamp(self.created_at), "trace_id": self.trace_id,
-                   "inputs": str(self.inputs)}
-        for name, value, default in (("priority", self.priority, "normal"),
-                                     ("owner", self.owner, ""),
-                                     ("encoding_format", self.encoding_format, "float")):
-            if value != default:
-                written[name] = value
-        if self.webhook_url:
-            written["webhook_url"] = self.webhook_url
-            written["webhook_events"] = self.webhook_events
-        if self.token:
-            written["token"] = self.token
-        if self.retry_of:
-            written["retry_of"] = self.retry_of
-        return written
-
-    @classmethod
-    def from_fields(cls, job_id: str, raw: Mapping[str, str],
-                    outputs: list | None = None) -> JobRecord:
-        get = raw.get
-        return cls(
-            id=job_id, status=Status(raw["status"]), model=raw["model"],
-            created_at=_time(raw["created_at"]),
-            trace_id=get("trace_id", ""), inputs=int(get("inputs") or 0),
-            priority=get("priority") or "normal", owner=get("owner", ""),
-            encoding_format=get("encoding_format") or "float",
-            webhook_url=get("webhook_url", ""), webhook_events=get("webhook_events", ""),
-            token=get("token", ""),
-            expires_at=float(get("expires_at")) if get("expires_at") else None,
-            started_at=_time(get("started_at")), finished_at=_time(get("finished_at")),
-            worker=get("worker"), batch=_batch(get("batch")),
-            runs=int(get("runs") or 0),
-            error=JobError.from_json(raw["error"]) if get("error") else None,
-            items_done=int(get("items_done") or 0), retry_of=get("retry_of") or "",
-            retried_as=get("retried_as") or "", kept=int(get("kept") or 0), outputs=outputs)
-
-
-def new_job(job_id: str, *, model: str, trace_id: str, inputs: int, priority: str,
-            owner: str = "", encoding_format: str = "float", webhook_url: str = "",
-            webhook_events: Sequence[str] = (), token: str = "",
-            retry_of: str = "") -> JobRecord:
-    """A job as it is submitted: `queued`, created now (to the millisecond, as stored)."""
-    now = datetime.now(timezone.utc)
-    now = now.replace(microsecond=now.microsecond // 1000 * 1000)
-    return JobRecord(job_id, Status.QUEUED, model, now, trace_id=trace_id, inputs=inputs,
-                     priority=priority, owner=owner, encoding_format=encoding_format,
-                     webhook_url=webhook_url, webhook_events=",".join(webhook_events),
-                     token=token, retry_of=retry_of)
+# What a job is (tasks/jobrecord.py), with the state that moves it: one import for both.
+__all__ = ["CANCELLED_ERROR", "EXPIRED_ERROR", "TERMINAL", "CancelOutcome", "DeliveryClaim",
+           "Final", "IdempotencyMismatch", "JobRecord", "JobState", "NotReplicated",
+           "Overloaded", "Page", "RetryRefused", "StartDecision", "Status", "StoreFull",
+           "Submitted", "batch_text", "iso", "new_job", "now_iso", "now_stamp", "queue_of"]
 
 
 def queue_of(list_key: str) -> str:
@@ -307,7 +106,7 @@ class JobState:
 
     def __post_init__(self) -> None:
         for name in ("SUBMIT", "START", "PROGRESS", "FINISH", "CANCEL", "READ", "LIST",
-                     "DELETE", "KEPT", "CLAIM_DELIVERY", "CRASHED"):
+                     "DELETE", "KEPT", "CLAIM_DELIVERY", "DELIVERY_DONE", "CRASHED"):
             self._scripts[name.lower()] = self.client.register_script(getattr(jobscripts, name))
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
@@ -332,13 +131,16 @@ class JobState:
     def submit(self, job: JobRecord, message: QueuedMessage, *, depth_lists: Sequence[str],
                max_depth: int, ttl_s: int, timeout_s: float = 0,
                idempotency: tuple[str, str] | None = None,
-               memory_headroom: float = 0.0, request: bytes = b"") -> Submitted:
+               memory_headroom: float = 0.0, request: bytes = b"",
+               replicas: tuple[int, float] | None = None) -> Submitted:
         """Record the job, index it under its owner and queue its message, or raise
         Overloaded, StoreFull, IdempotencyMismatch or RetryRefused. With `idempotency` =
         (claim key, request digest) already claimed by an earlier request with the same digest,
         that earlier job's id and created=False. `request`: what to keep for a retry, should it
         not succeed (b"": nothing). A job with `retry_of` is made only if that job ended without
-        success and was not retried yet; both are then linked."""
+        success and was not retried yet; both are then linked. With `replicas` = (count,
+        timeout in seconds), also wait (Redis WAIT, in the same round trip) until that many
+        replicas hold the job, or raise NotReplicated."""
         claim, digest = idempotency or (job_key(job.id) + ":no-claim", "")
         retried = job_key(job.retry_of) if job.retry_of else job_key(job.id) + ":no-retry"
         # The owner's index drops expired entries on one submit in 16 (ids are random).
@@ -347,10 +149,14 @@ class JobState:
                            "1" if job.retry_of else "0"]
         for name, value in job.submitted_fields().items():
             args += [name, value]
-        kind, found = (_text(x) for x in self._run(
-            "submit", [job_key(job.id), claim, message.list_key, owner_index(job.owner),
-                       retried, PENDING_KEY, wake_key(queue_of(message.list_key)),
-                       *depth_lists], args, ttl_s))
+        keys = [job_key(job.id), claim, message.list_key, owner_index(job.owner), retried,
+                PENDING_KEY, wake_key(queue_of(message.list_key)), *depth_lists]
+        if replicas is None:
+            reply, acked = self._run("submit", keys, args, ttl_s), 0
+        else:
+            reply, acked = self._submit_and_wait(keys, [self.keep_s, ttl_s or self.ttl_s, *args],
+                                                *replicas)
+        kind, found = (_text(x) for x in reply)
         if kind == "overloaded":
             raise Overloaded()
         if kind == "full":
@@ -362,7 +168,20 @@ class JobState:
             raise RetryRefused("missing" if kind == "gone" else
                                "retried" if kind == "retried" else found,
                                found if kind == "retried" else "")
+        if replicas is not None and acked < replicas[0]:
+            raise NotReplicated(found, acked, replicas[0])
         return Submitted(found, kind == "created")
+
+    def _submit_and_wait(self, keys: list[str], args: list[Any], count: int,
+                         timeout_s: float) -> tuple[Any, int]:
+        """The submit script, then WAIT on the same connection: (its reply, how many
+        replicas hold what it wrote). The script goes whole (EVAL), not by hash: a promoted
+        replica may not hold it, and a NOSCRIPT would cost a second WAIT."""
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.eval(jobscripts.SUBMIT, len(keys), *keys, *args)
+            pipe.execute_command("WAIT", count, max(1, round(timeout_s * 1000)))
+            reply, acked = pipe.execute()
+        return reply, int(acked)
 
     def start(self, job_ids: Sequence[str], *, worker: str, batch: str,
               tokens: Sequence[str] = (),
@@ -388,20 +207,23 @@ class JobState:
         return int(self._run("progress", [job_key(j) for j in items_done],
                              list(items_done.values())))
 
-    def finish(self, finals: Sequence[Final], *, result_ttl_s: int) -> list[bool]:
+    def finish(self, finals: Sequence[Final], *, result_ttl_s: int,
+               model_version: str = "") -> list[bool]:
         """Give each job its terminal status, result and webhook, unless it has one already;
-        per job whether this call was the one that finished it."""
+        per job whether this call was the one that finished it. `model_version`: the version
+        of the model that ran them ("": none ran, as for a batch whose child was lost)."""
         if not finals:
             return []
         keys: list[str] = []
-        args: list[Any] = [now_stamp(), result_ttl_s]
+        args: list[Any] = [now_stamp(), result_ttl_s, model_version]
         for final in finals:
             keys += [job_key(final.job_id), result_key(final.job_id)]
             hook = final.webhook
             args += [final.status.value, final.result,
                      final.error.to_json() if final.error else "",
                      hook.list_key if hook else "", hook.payload if hook else "",
-                     wake_key(queue_of(hook.list_key)) if hook else "", final.token]
+                     wake_key(queue_of(hook.list_key)) if hook else "", final.token,
+                     hook.task_id if hook else ""]
         keys.append(PENDING_KEY)
         return [bool(x) for x in self._run("finish", keys, args)]
 
@@ -414,6 +236,10 @@ class JobState:
         """Whether delivery `delivery_id` may send `event` of the job (its retries may)."""
         return DeliveryClaim(_text(self._run("claim_delivery", [job_key(job_id)],
                                              [event, delivery_id])))
+
+    def delivery_done(self, job_id: str, delivery_id: str, outcome: str) -> bool:
+        """The job's delivery got its final answer: no message may deliver it again."""
+        return bool(self._run("delivery_done", [job_key(job_id)], [delivery_id, outcome]))
 
     def cancel(self, job_id: str) -> CancelOutcome:
         return CancelOutcome(_text(self._run(

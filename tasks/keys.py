@@ -64,9 +64,23 @@ def live_key(model: str) -> str:
     return f"{PREFIX}live:{model}"
 
 
+def versions_key(model: str) -> str:
+    """Hash of the version of the model each pool child serves: field `hostname/index` (a
+    member of live_key), value the version (workers/versions.py)."""
+    return f"{PREFIX}versions:{model}"
+
+
 # Sorted set of workers (hostname) whose main process is consuming, scored by the last tick of
 # its event loop. A child's heartbeat alone says the model is loaded, not that jobs reach it.
 CONSUMING_KEY = f"{PREFIX}consuming"
+
+# The models file revision the last reload announced (scripts/reload.py): every process whose
+# own file has that revision reloads it.
+MODELS_REVISION_KEY = f"{PREFIX}models:revision"
+# Hash of where each process stands with the models file: field `worker:<node name>` or
+# `api:<host>/<pid>`, value JSON {"revision", "state", "at", ...} (workers/reload.py,
+# app/reloading.py); a reload waits on it.
+RELOAD_STATUS_KEY = f"{PREFIX}reload:status"
 
 
 def consuming_key(queue: str) -> str:

@@ -53,6 +53,7 @@ class QueuedMessage:
     """A task message ready for its Redis list."""
     list_key: str
     payload: bytes
+    task_id: str = ""  # its task's id (a webhook delivery's: its webhook-id)
 
 
 def task_message(app: Any, name: str, task_id: str, kwargs: Mapping[str, Any], *, queue: str,
@@ -83,4 +84,4 @@ def task_message(app: Any, name: str, task_id: str, kwargs: Mapping[str, Any], *
             "delivery_tag": str(uuid.uuid4()),
         },
     }
-    return QueuedMessage(list_for(queue, priority), orjson.dumps(payload))
+    return QueuedMessage(list_for(queue, priority), orjson.dumps(payload), task_id)

@@ -79,10 +79,11 @@ class Presence:
         if keys:
             self._stamp(keys=keys, args=[worker, for_s, for_s])
 
-    def live(self, queues: Mapping[str, str], ttl_s: float) -> dict[str, dict[str, int]]:
+    def live(self, queues: Mapping[str, str], ttl_s: float) -> dict[str, dict]:
         """Per model (`queues`: model -> its queue), its live instances (pool children with it
         loaded whose heartbeat is younger than `ttl_s`, in workers that consume its queue and
-        have not marked it unhealthy) and the workers they are in."""
+        have not marked it unhealthy), the workers they are in, and the instances
+        (`members`: `hostname/index`)."""
         names = list(queues)
         keys = []
         for name in names:
@@ -94,5 +95,5 @@ class Presence:
             workers = {_text(w) for w in consuming} - {_text(w) for w in sick}
             serving = [m for m in map(_text, children) if m.rsplit("/", 1)[0] in workers]
             out[name] = {"workers": len({m.rsplit("/", 1)[0] for m in serving}),
-                         "instances": len(serving)}
+                         "instances": len(serving), "members": serving}
         return out

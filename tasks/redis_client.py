@@ -1,35 +1,129 @@
 """The Redis clients this project opens itself (the API's store, the workers' job-state and
-lease clients), all configured one way: bounded timeouts so that a dead Redis is an error in
-seconds rather than a hang, and redis-py's retries with backoff for a dropped connection."""
+lease clients, the webhook deliverer's), all configured one way, and which Redis errors are
+transient.
+
+* Bounded. A worker's client times out in seconds and retries a dropped connection or a
+  timeout a few times with backoff: it rides out a restart. The API's client takes a deadline
+  (`redis_deadline_s`) for each call, retries included: a dropped connection is retried while
+  the call is younger than it, a timeout never (it has spent the deadline already, and the
+  command may have run), so a frozen or unreachable Redis is a 503 within the deadline.
+* Sentinel. With `redis_sentinels` set, every client asks the sentinels where the primary is
+  when it connects (redis-py's Sentinel support), and again after its connection to a former
+  primary fails: no restart is needed after a failover.
+"""
 from __future__ import annotations
 
+import time
+from typing import Any, Callable, TypeVar
+
 import redis
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.connection import SSLConnection, parse_url
 from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from config import Settings
 
+T = TypeVar("T")
+
+
+class DeadlineRetry(Retry):
+    """redis-py's retries bounded by time: a dropped or refused connection is retried with
+    backoff while another try, as long as the last one, still fits in `deadline_s` from the
+    call's start; a timeout is not retried at all."""
+
+    def __init__(self, deadline_s: float) -> None:
+        super().__init__(ExponentialWithJitterBackoff(base=0.05, cap=0.5), -1,
+                         (redis.ConnectionError,))
+        self.deadline_s = deadline_s
+
+    def call_with_retry(self, do: Callable[[], T], fail: Callable[..., Any],
+                        is_retryable: Callable[[Exception], bool] | None = None,
+                        with_failure_count: bool = False) -> T:
+        started = time.monotonic()
+        self._backoff.reset()
+        failures = 0
+        while True:
+            tried = time.monotonic()
+            try:
+                return do()
+            except self._supported_errors as error:
+                if is_retryable and not is_retryable(error):
+                    raise
+                failures += 1
+                if with_failure_count:
+                    fail(error, failures)
+                else:
+                    fail(error)
+                now, pause = time.monotonic(), self._backoff.compute(failures)
+                if now - started + pause + (now - tried) >= self.deadline_s:
+                    raise
+                time.sleep(pause)
+
+
+class BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
+    """redis-py's Sentinel pool (the primary looked up at each connect) with the blocking
+    pool's bound on connections, which redis-py does not ship for Sentinel."""
+
 
 def connect(url: str, settings: Settings, *, decode: bool = True,
-            max_connections: int | None = None) -> redis.Redis:
-    """A client of `url`. With `max_connections`, its pool blocks: a caller past that many
-    connections in use waits (up to redis_timeout_s) for one to be free instead of failing
-    with "Too many connections" (redis-py's default pool stops at 100), as the API's
-    thousands of concurrent requests must."""
-    retry = Retry(ExponentialWithJitterBackoff(base=0.1, cap=1.0), 3)
-    options = dict(
-        socket_timeout=max(settings.redis_timeout_s, 5.0),
-        socket_connect_timeout=settings.redis_timeout_s,
-        health_check_interval=30,
-        retry=retry,
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-        decode_responses=decode,
-    )
-    if max_connections is None:
+            max_connections: int | None = None,
+            deadline_s: float | None = None) -> redis.Redis:
+    """A client of `url` (or of the primary the sentinels name, with `url`'s credentials).
+    `deadline_s`: the longest one call may take, retries included (the API's); without it,
+    a worker's retries. With `max_connections`, its pool blocks: a caller past that many
+    connections in use waits (up to the deadline, or redis_timeout_s) for one to be free
+    instead of failing with "Too many connections" (redis-py's default pool stops at 100), as
+    the API's thousands of concurrent requests must."""
+    if deadline_s is None:
+        retry: Retry = Retry(ExponentialWithJitterBackoff(base=0.1, cap=1.0), 3)
+        retry_on: list[type[Exception]] = [redis.ConnectionError, redis.TimeoutError]
+        read_s, connect_s = max(settings.redis_timeout_s, 5.0), settings.redis_timeout_s
+    else:
+        retry, retry_on = DeadlineRetry(deadline_s), [redis.ConnectionError]
+        read_s, connect_s = deadline_s, min(settings.redis_timeout_s, deadline_s)
+    options: dict[str, Any] = dict(
+        socket_timeout=read_s, socket_connect_timeout=connect_s, health_check_interval=30,
+        retry=retry, retry_on_error=retry_on, decode_responses=decode)
+    blocking = {} if max_connections is None else {
+        "max_connections": max_connections, "timeout": deadline_s or settings.redis_timeout_s}
+    if settings.sentinel_hosts:
+        return _primary(url, settings, options, blocking)
+    if not blocking:
         return redis.Redis.from_url(url, **options)
-    pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections,
-                                                 timeout=settings.redis_timeout_s, **options)
+    pool = redis.BlockingConnectionPool.from_url(url, **blocking, **options)
     return redis.Redis(connection_pool=pool, retry=retry)
+
+
+def sentinel_options(settings: Settings, timeout_s: float) -> dict[str, Any]:
+    """How the sentinels are asked (redis-py's `sentinel_kwargs`; kombu's and Celery's too):
+    their own credentials, and a timeout per sentinel such that asking all of them in turn,
+    a frozen one included, fits in `timeout_s` twice over."""
+    each = min(settings.redis_timeout_s, timeout_s / (2 * len(settings.sentinel_hosts)))
+    options: dict[str, Any] = {"socket_timeout": each, "socket_connect_timeout": each}
+    if settings.redis_sentinel_user:
+        options["username"] = settings.redis_sentinel_user
+    if settings.redis_sentinel_password:
+        options["password"] = settings.redis_sentinel_password
+    return options
+
+
+def _primary(url: str, settings: Settings, options: dict[str, Any],
+             blocking: dict[str, Any]) -> redis.Redis:
+    """A client of the primary the sentinels name, with `url`'s user, password, database and
+    TLS options (its host is not used)."""
+    params = parse_url(url)
+    params.pop("host", None)
+    params.pop("port", None)
+    if params.pop("connection_class", None) is SSLConnection:
+        params["ssl"] = True
+    sentinels = dict(sentinel_options(settings, options["socket_timeout"]),
+                     retry=Retry(NoBackoff(), 0))
+    sentinel = Sentinel(settings.sentinel_hosts, sentinel_kwargs=sentinels,
+                        **options, **params)
+    pool_class = BlockingSentinelPool if blocking else SentinelConnectionPool
+    return sentinel.master_for(settings.redis_master, connection_pool_class=pool_class,
+                               **blocking)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

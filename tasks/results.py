@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-from celery.backends.redis import RedisBackend
+from celery.backends.redis import RedisBackend, SentinelBackend
 from kombu import serialization
 
 ENCODINGS = ("float", "base64")
@@ -188,16 +188,29 @@ def register_serializer() -> None:
                            content_encoding="binary")
 
 
-class ResultBackend(RedisBackend):
-    """Celery's Redis result backend, which also names the task in a packed result's meta:
-    the packed form does not repeat the id its key holds, and `AsyncResult.get` needs it.
-    (`BACKEND`: how tasks/celery_app.py names it.)"""
+class _NamesPackedResults:
+    """What the app's result backends add to Celery's Redis and Sentinel ones: the task named
+    in a packed result's meta (the packed form does not repeat the id its key holds, and
+    `AsyncResult.get` needs it)."""
 
     def _get_task_meta_for(self, task_id: str) -> dict:
-        meta = super()._get_task_meta_for(task_id)
+        meta = super()._get_task_meta_for(task_id)  # type: ignore[misc]
         if meta.get("status") == "SUCCESS" and meta.get("task_id") is None:
             meta["task_id"] = task_id
         return meta
 
 
-BACKEND = f"{__name__}:{ResultBackend.__name__}"
+class ResultBackend(_NamesPackedResults, RedisBackend):
+    """The result backend for a redis:// or rediss:// URL."""
+
+
+class SentinelResultBackend(_NamesPackedResults, SentinelBackend):
+    """The result backend for Sentinel's `sentinel://...;sentinel://...` URL: it asks the
+    sentinels for the primary, so it follows a failover."""
+
+
+def backend_url(url: str) -> str:
+    """Celery's result_backend for Redis at `url` (tasks.celery_app.sentinel_url's): the
+    backend class that fits its scheme, named as `module:Class+url`."""
+    backend = SentinelResultBackend if url.startswith("sentinel://") else ResultBackend
+    return f"{__name__}:{backend.__name__}+{url}"

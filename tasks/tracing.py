@@ -5,11 +5,11 @@ HTTP) or `OTEL_TRACES_EXPORTER=console`. `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATT
 
 One trace per job, its id the job's `trace_id`: the API's `POST /v1/jobs` span (Flask's
 instrumentation, Redis's for the submit script) and, in the pool child that ran it,
-`iq.queue_wait` (submission to the start of its batch) and `iq.batch` (with the batch's size
-and the other jobs in it as links) over `iq.model` (the model call) and `iq.result.write`.
-The context travels in the task message's headers (W3C `traceparent`). Celery's own
-instrumentation is not used: jobs never pass through Celery's per-task tracer, they run a
-batch at a time.
+`iq.queue_wait` (submission to the start of its batch) and `iq.batch` (with the batch's size,
+the model's version and the other jobs in it as links) over `iq.model` (the model call) and
+`iq.result.write`. The context travels in the task message's headers (W3C `traceparent`).
+Celery's own instrumentation is not used: jobs never pass through Celery's per-task tracer,
+they run a batch at a time.
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def inject(headers: MutableMapping[str, Any]) -> None:
 
 
 def batch_spans(model: str, jobs: Iterable[tuple[str, dict, float | None]], *, batch: dict,
-                started_ns: int, model_ns: tuple[int, int], write_ns: tuple[int, int],
+                version: str, started_ns: int, model_ns: tuple[int, int], write_ns: tuple[int, int],
                 ended_ns: int) -> None:
     """A finished batch's spans, in each job's own trace: (job id, its message headers, its
     submission time in seconds) per job; the times in nanoseconds since the epoch."""
@@ -107,7 +107,7 @@ def batch_spans(model: str, jobs: Iterable[tuple[str, dict, float | None]], *, b
     contexts = [propagate.extract(headers) for _id, headers, _t in jobs]
     parents = [trace.get_current_span(c).get_span_context() for c in contexts]
     for i, ((job_id, _headers, submitted), context) in enumerate(zip(jobs, contexts)):
-        attributes = {"iq.job.id": job_id, "iq.model": model}
+        attributes = {"iq.job.id": job_id, "iq.model": model, "iq.model.version": version}
         if submitted:
             wait = tracer.start_span("iq.queue_wait", context=context, attributes=attributes,
                                      start_time=int(submitted * 1e9))

@@ -69,6 +69,7 @@ class JobOutcome:
     outputs: int = 0
     error: JobError | None = None
     reason: StartDecision | None = None  # NOT_RUN: why
+    model_version: str = ""  # the version of the model that ran it
     final: Final | None = None  # UNSTORED: what to store
 
 

@@ -30,6 +30,7 @@ from workers.execute import run_batch
 from workers.isolation import CrashLoops, TimeLimits
 from workers.liveness import Liveness
 from workers.policy import Batch, BatchScheduler
+from workers.reload import Reloader, removed_error
 from workers.settlement import Settlement
 from workers.stopping import StopDeadline
 
@@ -72,12 +73,20 @@ class PoolDispatcher:
         self.running: dict[int, Running] = {}
         self.ids: dict[str, Any] = {}
         self.stop_deadline = StopDeadline(self, self.settings.stop_timeout_s)
+        self.reloader = Reloader(self, self.client)
         self._timer_entry: Any = None
         self._timer_due: float | None = None
 
     @property
     def capacity(self) -> int:
-        return int(self.consumer.pool.num_processes or 1)
+        """Children that may hold a batch: all of them, less one being replaced by a
+        reload."""
+        return max(int(self.consumer.pool.num_processes or 1) - self.reloader.unavailable, 0)
+
+    def tick(self) -> None:
+        """The worker's periodic tick (`heartbeat_interval_s`)."""
+        self.liveness.tick()
+        self.reloader.tick()
 
     def _idle(self) -> bool:
         """A pool child is free and nothing waits in the buffer."""
@@ -122,6 +131,9 @@ class PoolDispatcher:
 
     def submit(self, model: str, request: Any, alone: bool = False,
                arrived: float | None = None) -> None:
+        if model in self.reloader.removed:
+            self.settlement.fail([request], removed_error(model))
+            return
         kwargs = request.kwargs or {}
         inputs = kwargs.get("inputs")
         items = len(inputs) if isinstance(inputs, list) else 1
@@ -135,7 +147,7 @@ class PoolDispatcher:
 
     # -- batching ------------------------------------------------------------------------
     def pump(self, freed: int = 0) -> None:
-        idle = self.capacity - self.inflight
+        idle = max(self.capacity - self.inflight, 0)
         with self.settlement.settling():
             batches = self.scheduler.batches(monotonic(), idle=idle, busy=self.inflight,
                                              freed=freed, discard=self.settlement.revoked)
@@ -200,6 +212,7 @@ class PoolDispatcher:
             # Shutting down: the loop may not turn again, and no new batch starts.
             self.settlement.finish(model, requests, outcomes)
             return
+        self.reloader.step()  # a reload takes a child on the previous file before it is reused
         self.pump(freed=1)
         # The pool writes the freed child its next batch only when the event loop next
         # turns. Acknowledging now (a Redis round trip and an event per job) would hold that
@@ -221,6 +234,7 @@ class PoolDispatcher:
         for r in again:
             self.submit(running.model, r, alone=True, arrived=running.started)
         if not stopping:
+            self.reloader.step()  # its replacement child may be the one a reload waits for
             self.pump(freed=1)
 
     # -- the tick and the stop -----------------------------------------------------------

@@ -95,7 +95,8 @@ def execute(app: Any, rt: ModelRuntime, model: str, jobs: list[BatchJob],
     write_ns = time.time_ns()
     try:
         written = _with_retries(
-            lambda: rt.jobs.finish(finals, result_ttl_s=rt.settings.result_ttl_s),
+            lambda: rt.jobs.finish(finals, result_ttl_s=rt.settings.result_ttl_s,
+                                   model_version=rt.versions.get(model, "")),
             "store results", rt.settings.redis_retry_s)
     except redis.RedisError:
         logger.warning("could not store the results of %d job(s) yet; the worker keeps them "
@@ -105,9 +106,10 @@ def execute(app: Any, rt: ModelRuntime, model: str, jobs: list[BatchJob],
     rt.record_memory(model)
     tracing.batch_spans(
         model, [(job.id, job.trace, job.args.submitted_at) for job in to_run], batch=batch,
+        version=rt.versions.get(model, ""),
         started_ns=ran.started_ns, model_ns=ran.model_ns, write_ns=(write_ns, time.time_ns()),
         ended_ns=time.time_ns())
-    outcomes = _outcomes(model, to_run, ran, finals, written)
+    outcomes = _outcomes(model, to_run, ran, finals, written, rt.versions.get(model, ""))
     _log_batch(model, batch["id"], to_run, ran.elapsed, outcomes)
     return outcomes + not_run
 
@@ -194,7 +196,7 @@ class _Progress:
 
 
 def _outcomes(model: str, jobs: list[BatchJob], ran: _Ran, finals: list[Final],
-              written: list[bool]) -> list[JobOutcome]:
+              written: list[bool], version: str) -> list[JobOutcome]:
     """Each job's outcome, counted and logged; a job that another run finished first (it was
     delivered twice) keeps that run's result, and this one is dropped."""
     outcomes: list[JobOutcome] = []
@@ -205,7 +207,8 @@ def _outcomes(model: str, jobs: list[BatchJob], ran: _Ran, finals: list[Final],
             continue
         ok = final.status is Status.SUCCEEDED
         outcomes.append(JobOutcome(job.id, Outcome.SUCCEEDED if ok else Outcome.FAILED,
-                                   ran.elapsed, len(out) if ok else 0, final.error))
+                                   ran.elapsed, len(out) if ok else 0, final.error,
+                                   model_version=version))
         metrics.get().jobs.labels(model, final.status.value).inc()
         metrics.get().items.labels(model, final.status.value).inc(len(job.args.inputs))
         if final.error is not None or logger.isEnabledFor(logging.DEBUG):

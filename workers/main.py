@@ -13,15 +13,15 @@ import logging
 import os
 import signal
 
-from celery import Task, signals
+from celery import signals
 from celery.utils.log import current_process_index
 
 from tasks import logs, tracing
 from tasks.celery_app import make_celery
-from tasks.names import task_name
 from workers import broker, metrics
 from workers.runtime import start_runtime, stop_runtime
 from workers.spawn import project_on_path
+from workers.model_tasks import register_model
 from workers.strategy import DispatcherStep
 
 logger = logging.getLogger(__name__)
@@ -35,25 +35,8 @@ celery.conf.imports = ("workers.main",)
 celery.steps["consumer"].add(DispatcherStep)
 
 
-class BatchingTask(Task):
-    """A model's task. Messages never reach `run` one by one: the Strategy buffers them and
-    the pool runs whole batches (workers.execute.run_batch)."""
-
-    Strategy = "workers.strategy:batching_strategy"
-    acks_late = True
-    reject_on_worker_lost = True
-    typing = False
-
-
-def _register(model: str) -> None:
-    def infer(inputs: list, options: dict | None = None) -> dict:
-        raise NotImplementedError("model tasks run in batches inside a worker")
-
-    celery.task(name=task_name(model), base=BatchingTask, shared=False)(infer)
-
-
 for _model in celery.conf.iq_models:
-    _register(_model)
+    register_model(celery, _model)
 logs.configure_celery(celery.conf.iq_settings.log_format)
 
 
@@ -66,8 +49,11 @@ def select_models(sender: str, instance, conf, **_kw) -> None:
     # The children read it as their settings.worker_models (IQ_WORKER_MODELS): they are
     # spawned, so the environment is what they inherit.
     os.environ["IQ_WORKER_MODELS"] = ",".join(models)
+    # A worker that consumes every model's queue (the default, without -Q) consumes the queue
+    # of a model that a reload adds, too.
+    conf.iq_consumes_all = queues >= {s.queue for s in specs.values()}
     logger.info("worker %s serves models: %s", sender, ", ".join(models) or "(none)")
-    metrics.serve(conf.iq_settings)
+    conf.iq_metrics_address = metrics.serve(conf.iq_settings)
 
 
 @signals.worker_process_init.connect

@@ -1,8 +1,10 @@
 """Worker metrics in Prometheus format, summed across the prefork children.
 
 Children record into prometheus_client's multiprocess files; the worker's main process serves
-them all (settings.worker_metrics_port, default 9808, 0: off; on worker_metrics_host, default
-127.0.0.1, as every other process here binds; 0.0.0.0 for a Prometheus on another host).
+them all (settings.worker_metrics_port, default 9808, or the first free port after it when
+another worker on the host has it; 0: off; on worker_metrics_host, default 127.0.0.1, as every
+other process here binds; 0.0.0.0 for a Prometheus on another host). The address is logged
+and reported in Redis with the worker's reload status (scripts/reload.py shows it).
 
 prometheus_client picks its multiprocess mode from PROMETHEUS_MULTIPROC_DIR when it is first
 imported, so nothing here imports it until the worker's main process has called `serve`,
@@ -10,6 +12,7 @@ which makes that folder (children inherit it) before anything records a value.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import tempfile
@@ -22,6 +25,8 @@ from config import Settings
 logger = logging.getLogger(__name__)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# Ports tried from the configured one: room for a worker per GPU of a large host, and more.
+PORT_RANGE = 64
 
 # (kind, name, help, labels, options): what the worker exports.
 _DECLARED: tuple[tuple[str, str, str, tuple[str, ...], dict[str, Any]], ...] = (
@@ -87,22 +92,39 @@ def child_exited(pid: int) -> None:
     multiprocess.mark_process_dead(pid)
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings) -> str | None:
     """In the worker's main process, before its pool starts: the children's multiprocess
     folder (a fresh one per worker unless PROMETHEUS_MULTIPROC_DIR names one), and every
-    child's metrics served on settings.worker_metrics_port."""
+    child's metrics served on settings.worker_metrics_port or the first free port after it;
+    the address it serves them on."""
     if not os.environ.get(MULTIPROC_ENV):
         os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="iq-worker-metrics-")
-    port = settings.worker_metrics_port
-    if port <= 0:
-        return
-    from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+    if settings.worker_metrics_port <= 0:
+        return None
+    from prometheus_client import CollectorRegistry, multiprocess
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
-    host = settings.worker_metrics_host
-    try:
-        start_http_server(port, addr=host, registry=registry)
-        logger.info("worker metrics on %s:%d/metrics", host, port)
-    except OSError as exc:
-        logger.warning("worker metrics not served: port %d: %s", port, exc)
+    return serve_registry(registry, settings.worker_metrics_port, settings.worker_metrics_host,
+                          "worker metrics")
+
+
+def serve_registry(registry: Any, first: int, host: str, what: str) -> str | None:
+    """`registry` served on the first free port from `first` (up to PORT_RANGE ports on), so
+    that several workers on one host never collide; the address, logged, or None."""
+    from prometheus_client import start_http_server
+
+    for port in range(first, min(first + PORT_RANGE, 65536)):
+        try:
+            start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                logger.warning("%s not served: port %d: %s", what, port, exc)
+                return None
+            continue
+        taken = f" ({first}-{port - 1} taken)" if port != first else ""
+        logger.info("%s on %s:%d/metrics%s", what, host, port, taken)
+        return f"{host}:{port}"
+    logger.warning("%s not served: ports %d-%d are all taken", what, first,
+                   first + PORT_RANGE - 1)
+    return None

@@ -122,8 +122,17 @@ class BatchScheduler:
         self.buffers: dict[str, ModelBuffer] = {}
 
     def add_model(self, model: str, max_batch_size: int, max_wait_s: float) -> None:
-        if model not in self.buffers:
-            self.buffers[model] = ModelBuffer(model, max_batch_size, max_wait_s)
+        """A model's buffer; for a model it has already, its new limits (a reload), the jobs
+        it holds kept."""
+        held = self.buffers.get(model)
+        self.buffers[model] = ModelBuffer(model, max_batch_size, max_wait_s)
+        if held is not None:
+            self.buffers[model].queue, self.buffers[model].items = held.queue, held.items
+
+    def remove_model(self, model: str) -> list[Pending]:
+        """A model's buffer gone (a reload removed the model): what it held."""
+        held = self.buffers.pop(model, None)
+        return list(held.queue) if held is not None else []
 
     def add(self, model: str, job: Any, items: int, now: float, priority: int = 0,
             alone: bool = False) -> None:

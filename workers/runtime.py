@@ -15,11 +15,12 @@ from config import Settings
 from config.models import ModelSpec
 from tasks.errors import ErrorCode, JobError
 from tasks.jobstate import JobState
-from tasks.keys import live_key
+from tasks.keys import live_key, versions_key
 from tasks.presence import Presence
 from tasks.redis_client import connect
 from workers.handlers import Handler, build_handler
 from workers.handlers.base import Progress
+from workers.versions import model_version
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class ModelRuntime:
         self.member = f"{hostname}/{index}"
         self.index = index
         self.handlers: dict[str, Handler] = {}
+        self.versions: dict[str, str] = {}  # model → the version this child serves
         self._fractions: dict[str, float] = {}
         self.state = State.STARTING
         self._stop = threading.Event()
@@ -92,8 +94,10 @@ class ModelRuntime:
         handler = load_handler(spec, device, self.settings, self._fractions[device])
         self.handlers[name] = handler
         self.specs[name] = spec
-        logger.info("model %s ready on %s (%s) in %.1fs (child %s)", name, device, spec.dtype,
-                    time.monotonic() - started, self.member)
+        self.versions[name] = model_version(spec)
+        logger.info("model %s version %s ready on %s (%s) in %.1fs (child %s)", name,
+                    self.versions[name], device, spec.dtype, time.monotonic() - started,
+                    self.member)
         return handler
 
     def run(self, model: str, jobs: list[tuple[list, dict]],
@@ -125,6 +129,7 @@ class ModelRuntime:
             with self._redis.pipeline(transaction=False) as pipe:
                 for name in self.specs:
                     pipe.zrem(live_key(name), self.member)
+                    pipe.hdel(versions_key(name), self.member)
                 pipe.execute()
         except redis.RedisError:
             pass
@@ -134,6 +139,11 @@ class ModelRuntime:
     def _beat(self) -> None:
         self._presence.beat([live_key(name) for name in list(self.specs)], self.member,
                             6 * self.settings.heartbeat_ttl_s)
+        if self.versions:  # what each model's copy here serves (GET /v1/models)
+            with self._redis.pipeline(transaction=False) as pipe:
+                for name, version in list(self.versions.items()):
+                    pipe.hset(versions_key(name), self.member, version)
+                pipe.execute()
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_interval_s):

@@ -115,7 +115,9 @@ class Settlement:
     def _settle_one(self, r: Any, o: JobOutcome) -> None:
         """Celery's own handling of one job's outcome: state, event, ack or requeue."""
         if o.outcome is Outcome.SUCCEEDED:
-            r.on_success((False, f"{o.outputs} output(s)", o.runtime))
+            # What Flower shows as the task's result: the outputs stay in Redis.
+            r.on_success((False, f"{o.outputs} output(s), model_version {o.model_version}",
+                          o.runtime))
         elif o.outcome is Outcome.FAILED:
             r.on_success((True, _failure_info(o.error), o.runtime))
         elif o.outcome is Outcome.RETRY:
@@ -177,7 +179,7 @@ class Settlement:
         if isinstance(exc, ExceptionWithTraceback):
             exc = exc.exc
         if not isinstance(exc, (WorkerLostError, TimeLimitExceeded)):
-            self._fail(requests, JobError(ErrorCode.WORKER_ERROR, f"{type(exc).__name__}: {exc}"))
+            self.fail(requests, JobError(ErrorCode.WORKER_ERROR, f"{type(exc).__name__}: {exc}"))
             return []
         if stopping:  # stopped by this worker's own stop: back to the queues, no one's fault
             with self.settling():
@@ -195,7 +197,7 @@ class Settlement:
                                        self.settings.max_job_crashes)
             (again if verdict is Verdict.ALONE else failing.setdefault(verdict, [])).append(r)
         for verdict, failed_requests in failing.items():
-            self._fail(failed_requests, self._lost_error(model, verdict))
+            self.fail(failed_requests, self._lost_error(model, verdict))
         for r in again:
             worker_state.task_ready(r)
         if again and len(requests) > 1:
@@ -219,8 +221,10 @@ class Settlement:
                         f"{self.settings.max_job_crashes} times, the last time alone in its "
                         "batch")
 
-    def _fail(self, requests: list, error: JobError) -> None:
-        """These jobs end failed with `error`; kept and stored later if Redis refuses."""
+    def fail(self, requests: list, error: JobError) -> None:
+        """These jobs end failed with `error` without a result of their model's (a batch
+        that never returned, a model a reload removed); kept and stored later if Redis
+        refuses."""
         jobs = [BatchJob.of(r) for r in requests]
         finals = [failed(self.app, job, error) for job in jobs]
         for job in jobs:

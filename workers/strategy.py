@@ -120,7 +120,7 @@ class DispatcherStep(bootsteps.StartStopStep):
                 "models file that declares them")
         liveness.start_consuming()
         self._tick = c.timer.call_repeatedly(dispatcher.settings.heartbeat_interval_s,
-                                             liveness.tick)
+                                             dispatcher.tick)
 
     def stop(self, c: Any) -> None:
         """Consuming ends: on a reconnect (`stop`), at a warm shutdown (`close`, before the

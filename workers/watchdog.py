@@ -26,6 +26,8 @@ from typing import Any, Callable
 
 import redis
 
+from tasks.redis_client import connect
+
 logger = logging.getLogger(__name__)
 
 # The command line this worker was started with, before anything could change sys.argv.
@@ -82,8 +84,8 @@ class Watchdog:
         self.active = False
 
     def _watch(self) -> None:
-        ping = redis.Redis.from_url(self.liveness.settings.redis_url, socket_timeout=5,
-                                    socket_connect_timeout=5)
+        settings = self.liveness.settings
+        ping = connect(settings.redis_url, settings, deadline_s=5.0)  # the primary, by Sentinel too
         interval = max(min(self.limit_s / 4, 5.0), 0.5)
         while True:
             threading.Event().wait(interval)

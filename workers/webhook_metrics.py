@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from config import Settings
 
@@ -40,12 +40,10 @@ def get() -> WebhookMetrics:
 
 
 def serve(settings: Settings) -> None:
-    """In the deliverer, before it consumes: its metrics on settings.webhook_metrics_port."""
-    port, host = settings.webhook_metrics_port, settings.worker_metrics_host
-    if port <= 0:
-        return
-    try:
-        start_http_server(port, addr=host, registry=get().registry)
-        logger.info("webhook deliverer metrics on %s:%d/metrics", host, port)
-    except OSError as exc:
-        logger.warning("webhook deliverer metrics not served: port %d: %s", port, exc)
+    """In the deliverer, before it consumes: its metrics on settings.webhook_metrics_port, or
+    the first free port after it (several deliverers on one host)."""
+    from workers.metrics import serve_registry
+
+    if settings.webhook_metrics_port > 0:
+        serve_registry(get().registry, settings.webhook_metrics_port,
+                       settings.worker_metrics_host, "webhook deliverer metrics")

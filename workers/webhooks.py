@@ -3,10 +3,14 @@
 (workers.webhook_main, `scripts/webhooks.sh`).
 
 The task's arguments are the job id and the event; its task id is the delivery's id
-(`webhook-id`, the same on every retry). An attempt first claims the job's webhook for this
-delivery (tasks/jobstate.py: the event must be the job's terminal status and one it asked for,
-and no other delivery may have claimed it), so that a delivery sent by hand (Flower's
-send-task) can make the deliverer sign neither another event nor a second copy. It reads the
+(`webhook-id`, the same on every retry), chosen when the job finished and recorded with its
+result. An attempt first claims the job's webhook for this delivery (tasks/jobstate.py: the
+event must be the job's terminal status and one it asked for, the id the recorded one, and no
+attempt of it answered for good yet); an answer that ends the delivery (delivered, final,
+refused, given up) is recorded too. So a delivery sent by hand (Flower's send-task) can make
+the deliverer sign neither another event, nor a delivery under an id of its choosing, nor a
+copy of one already answered (a copy sent while the real one waits for a retry is still
+signed: the receiver's check of seen ids drops it). It reads the
 job's record (its webhook URL and owner) and result, and POSTs them signed with the owner's key (tasks/webhooks.py) through
 tasks.egress (pinned to the checked address, one deadline for the whole request). Errors, 5xx,
 408 and 429 are retried with exponential backoff; any other answer, redirects included, is
@@ -135,8 +139,10 @@ _DROPPED = {
     DeliveryClaim.MISSING: "the job's record is gone, or it asked for no webhook",
     DeliveryClaim.NOT_ITS_STATUS: "the event is not the job's status (sent by hand?)",
     DeliveryClaim.NOT_ASKED: "the job did not ask for this event (sent by hand?)",
-    DeliveryClaim.DUPLICATE: "another delivery of the job's webhook was sent (sent by hand?)",
+    DeliveryClaim.DUPLICATE: "not the delivery the job queued (sent by hand?)",
+    DeliveryClaim.DONE: "the job's delivery was answered already (sent by hand?)",
 }
+_ENDS = (Outcome.DELIVERED, Outcome.FINAL, Outcome.REFUSED)
 
 
 def attempt(what: Delivery, settings: Settings, slots: HostSlots) -> Attempt:
@@ -214,6 +220,9 @@ def register(app: Celery) -> None:
             if result.outcome is not Outcome.BUSY:
                 metrics.attempt_seconds.observe(time.monotonic() - started)
             host, tries = host_of(what.url), self.request.retries
+            if result.outcome in _ENDS or (result.outcome is Outcome.RETRY
+                                           and tries >= settings.webhook_retries):
+                jobs.delivery_done(job_id, self.request.id, result.outcome.value)
             if result.outcome is Outcome.DELIVERED:
                 logger.info("webhook %s for job %s delivered to %s (%d)", event, job_id, host,
                             result.status)

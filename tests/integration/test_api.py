@@ -41,6 +41,10 @@ def test_poll_until_succeeded(stack):
     assert body["created_at"] <= body["started_at"] <= body["finished_at"]
     outputs = body["result"]["outputs"]
     assert len(outputs) == 2 and all(len(v) == 384 for v in outputs)
+    # The version that served it, as /v1/models lists what the live copies serve.
+    served = {m["name"]: [v["version"] for v in m["versions"]]
+              for m in requests.get(f"{stack.api}/v1/models", timeout=5).json()["models"]}
+    assert served["minilm-embed"] == [body["model_version"]]
 
 
 def test_wait_returns_as_soon_as_the_job_finishes(stack):

@@ -63,9 +63,9 @@ def test_invalid_jobs_name_each_field_and_queue_nothing(api, server):
 
 def test_cancel_a_queued_job_then_not_again(api):
     url = api.post("/v1/jobs", json={"model": "echo", "inputs": ["a"]}).get_json()["url"]
-    r = api.delete(url)
+    r = api.post(f"{url}/cancel")
     assert r.status_code == 200 and r.get_json()["status"] == "cancelled"
-    again = api.delete(url)
+    again = api.post(f"{url}/cancel")
     assert again.status_code == 409 and again.get_json()["error"]["status"] == "cancelled"
     job = api.get(url).get_json()
     assert job["status"] == "cancelled" and job["error"]["code"] == "cancelled"

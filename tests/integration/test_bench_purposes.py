@@ -23,10 +23,10 @@ def test_a_scripts_commands_take_its_purpose_and_match_commandstats(tmp_path):
         before = {k: v["calls"] for k, v in admin.info("commandstats").items()}
         monitor = Monitor(server.extra["admin_url"])
         # KEYS: record, result, the pending set. ARGV: keep_s, ttl_s, finished_at, result
-        # ttl, then the job's status, result, error, webhook list, message and wake-up list,
-        # token.
+        # ttl, model version, then the job's status, result, error, webhook list, message and
+        # wake-up list, token, webhook delivery id.
         finish(keys=["iq:job:j1", "celery-task-meta-j1", "iq:pending"],
-               args=[0, 60, "1", 60, "succeeded", "{}", "", "", "", "", ""])
+               args=[0, 60, "1", 60, "v1", "succeeded", "{}", "", "", "", "", "", ""])
         with app.pipeline(transaction=True) as pipe:  # MULTI, ZREM, HDEL, EXEC
             pipe.zrem("unacked_index", "tag").hdel("unacked", "tag").execute()
         app.publish("/0.celeryev/task.multi", "{}")
@@ -40,7 +40,8 @@ def test_a_scripts_commands_take_its_purpose_and_match_commandstats(tmp_path):
         server.stop()
     tally = Tally(script_names(ROOT))
     tally.feed(lines, scripts_first=major < 7)
-    # FINISH: EVALSHA, TIME, HMGET, HSET, HDEL, SET, ZREM (result), PUBLISH iq:done (wake-up).
+    # FINISH: EVALSHA, TIME, HMGET, HSET (its model version in it), HDEL, SET, ZREM (result),
+    # PUBLISH iq:done (wake-up).
     assert tally.commands["result"] == 7
     assert tally.round_trips["result"] == 1
     assert tally.commands["wake-up"] == 1 and tally.jobs_finished == 1

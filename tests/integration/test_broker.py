@@ -234,6 +234,31 @@ def test_a_stored_result_is_what_celery_stores_and_reads(redis_url):
     assert results.outputs_of(server.get(result_key("r-failed"))) is None
 
 
+def test_through_the_sentinels_celery_stores_and_reads_a_packed_result(tmp_path):
+    """With Sentinel, the result backend is Celery's Sentinel one extended as the Redis one is
+    (tasks/results.py): it asks the sentinels for the primary, stores an embedding's outputs
+    packed, and AsyncResult reads a packed result back, naming its task."""
+    from config import load_settings
+    from scripts.redis_nodes import start_group
+    from tasks import results
+    from tasks.celery_app import make_celery
+    from tasks.keys import result_key
+
+    group = start_group(tmp_path, replicas=0, sentinels=1)
+    try:
+        app = make_celery(load_settings({"redis_url": group.primary.extra["url"]},
+                                        environ=group.env()))
+        assert isinstance(app.backend, results.SentinelResultBackend)
+        server = redis.Redis.from_url(group.primary.extra["url"])
+        vectors = [[0.5, 1.0, -0.25], [0.125]]
+        app.backend.store_result("s-celery", {"outputs": vectors}, "SUCCESS")
+        assert server.get(result_key("s-celery")) == results.stored("s-celery", outputs=vectors)
+        server.set(result_key("s-ok"), results.stored("s-ok", outputs=vectors))
+        assert app.AsyncResult("s-ok").get(timeout=5) == {"outputs": vectors}
+    finally:
+        group.stop()
+
+
 def test_only_a_starting_worker_adjusts_kombu_and_celery():
     """The API, Flower's and the CLI's app (tasks.cli) run kombu and Celery as shipped; so
     does a process that merely imports a worker entry module. A worker installs its Broker

@@ -113,7 +113,7 @@ def test_redis_unreachable_is_503_within_seconds(tmp_path):
         assert time.monotonic() - started < 10
         assert r.status_code == 503, r.get_data(as_text=True)
         assert r.json["error"]["code"] == "unavailable"
-        assert int(r.headers["Retry-After"]) > 0
+        assert r.headers["Retry-After"] == "1"  # a restarting Redis is back within seconds
     ready = client.get("/readyz")
     assert ready.status_code == 503 and ready.json["checks"]["redis"]["ok"] is False
     assert client.get("/healthz").status_code == 200

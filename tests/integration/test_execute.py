@@ -29,6 +29,7 @@ class Runtime:
         self.member = "w@test/0"
         self.settings = load_settings({"redis_url": url, "redis_retry_s": 0}, environ={})
         self.jobs = JobState(client)
+        self.versions = {"m": "v1"}  # model → the version this child serves
         self.calls: list[list] = []
 
     def run(self, model: str, jobs: list[tuple[list, dict]], progress=None) -> list:

@@ -16,6 +16,7 @@ import requests
 import yaml
 from PIL import Image
 
+from app.decoders import WAITING_PER_DECODER
 from app.decoding import MAX_JPEG_SCANS
 from bench.hostile_images import api_processes, hammer, progressive_jpeg, requests_to_send
 from scripts.stack import start_web
@@ -96,11 +97,14 @@ def test_a_jobs_image_urls_share_one_deadline(stack):
 
 
 def test_a_tenant_flooding_the_decoders_leaves_another_tenant_its_share(stack, tmp_path):
-    """Tenant A keeps two requests of 20 slow-but-accepted JPEGs (64 scans, 9 MP) in
-    flight; tenant B sends one small PNG at a time. On the defaults (2 decoders, at most 1 per
+    """Tenant A keeps ten requests of 20 slow-but-accepted JPEGs (64 scans, 9 MP) in
+    flight, more than a decoder, the waiting line (2 × 4) and one more; tenant B sends one
+    small PNG at a time. On the defaults (2 decoders, at most 1 per
     key, a request's images sharing 10 s of decoding) every one of B's images is decoded at
     once, and A's requests end at their budget, their other images refused undecoded. Before,
-    two such requests held both decoders for a minute and B got only 503s."""
+    two such requests held both decoders for a minute and B got only 503s; and then (the
+    re-attack, F1) A's waiters filled the shared line, so B got 503 at once with a decoder
+    idle."""
     keys = {"a": "key-of-tenant-a-0123456789", "b": "key-of-tenant-b-0123456789"}
     keys_file = tmp_path / "keys.yaml"
     keys_file.write_text(yaml.safe_dump({"keys": [
@@ -121,8 +125,10 @@ def test_a_tenant_flooding_the_decoders_leaves_another_tenant_its_share(stack, t
                               data={"job": json.dumps({"model": MODEL})}, files=flood,
                               timeout=300)
             a_answers.append((r.status_code, r.json()))
+            if r.status_code == 503:
+                time.sleep(0.2)  # and again, as a flooder would
 
-    flooders = [threading.Thread(target=tenant_a) for _ in range(2)]
+    flooders = [threading.Thread(target=tenant_a) for _ in range(2 * WAITING_PER_DECODER + 2)]
     try:
         for thread in flooders:
             thread.start()

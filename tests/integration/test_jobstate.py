@@ -13,7 +13,8 @@ import redis
 from tasks import results
 from tasks.errors import ErrorCode, JobError
 from tasks.jobstate import (CancelOutcome, DeliveryClaim, Final, IdempotencyMismatch,
-                            JobRecord, JobState, Overloaded, StartDecision, Status, new_job)
+                            JobRecord, JobState, NotReplicated, Overloaded, StartDecision,
+                            Status, new_job)
 from tasks.keys import job_key
 from tasks.messages import QueuedMessage
 
@@ -39,11 +40,12 @@ def job(job_id: str | None = None) -> JobRecord:
 
 
 def submit(state: JobState, job_id: str | None = None, *, timeout_s: float = 0,
-           idempotency: tuple[str, str] | None = None, max_depth: int = 100):
+           idempotency: tuple[str, str] | None = None, max_depth: int = 100,
+           replicas: tuple[int, float] | None = None):
     record = job(job_id)
     message = QueuedMessage("q", orjson.dumps({"id": record.id}))
     return state.submit(record, message, depth_lists=["q"], max_depth=max_depth, ttl_s=60,
-                        timeout_s=timeout_s, idempotency=idempotency)
+                        timeout_s=timeout_s, idempotency=idempotency, replicas=replicas)
 
 
 def final(job_id: str, status: Status = Status.SUCCEEDED, marker: str = "a") -> Final:
@@ -76,13 +78,45 @@ def test_a_record_keeps_only_what_differs_from_the_defaults_and_what_a_read_need
     assert state.owner_of(plain.id) == ""  # a record with no owner field is still found
     assert not {"owner", "encoding_format", "priority"} & set(client.hgetall(job_key(plain.id)))
     assert state.start([plain.id], worker="w/0", batch="b1 1 1", tokens=["tok"]) == [RUN]
-    assert state.finish([replace(final(plain.id), token="tok")], result_ttl_s=60) == [True]
+    assert state.finish([replace(final(plain.id), token="tok")], result_ttl_s=60,
+                        model_version="v1") == [True]
     kept = client.hgetall(job_key(plain.id))
     assert not {"expires_at", "req", "message"} & set(kept) and kept["inputs"] == "1"
+    assert kept["model_version"] == "v1" and state.read(plain.id).model_version == "v1"
     assert kept["created_at"] == str(int(plain.created_at.timestamp() * 1000 + 0.5))
     done = state.read(plain.id)
     assert done.status is Status.SUCCEEDED and done.created_at == plain.created_at
     assert done.batch == {"id": "b1", "jobs": 1, "items": 1} and done.outputs == ["a"]
+
+
+def test_the_submit_script_sent_again_queues_nothing_more(state, client):
+    """A resend of the same script (a retry after its answer was lost: a stall, a dropped
+    connection) finds the job's record and leaves it one job with one message."""
+    record = job()
+    message = QueuedMessage("q", orjson.dumps({"id": record.id}))
+    for _ in range(2):
+        done = state.submit(record, message, depth_lists=["q"], max_depth=10, ttl_s=60,
+                            idempotency=("iq:idem:resent", "digest"))
+        assert done.created and done.job_id == record.id
+    assert client.llen("q") == 1 and state.read(record.id) == record
+
+
+def test_a_submit_that_no_replica_confirms_is_recorded_and_said_so(state, client):
+    """WAIT for a replica this Redis does not have: the job is recorded and queued (it will
+    run), and the caller is told that no replica holds it."""
+    job_id = str(uuid.uuid4())
+    with pytest.raises(NotReplicated) as refused:
+        submit(state, job_id, replicas=(1, 0.05))
+    assert (refused.value.job_id, refused.value.acked, refused.value.wanted) == (job_id, 0, 1)
+    assert state.read(job_id).status is Status.QUEUED and client.llen("q") == 1
+
+
+def test_a_submit_that_waits_for_replicas_needs_no_cached_script(state, client, redis_server):
+    """A promoted replica may not hold the script: the submit that waits for replicas sends
+    it whole."""
+    redis.Redis.from_url(redis_server.extra["admin_url"]).script_flush()
+    done = submit(state, replicas=(0, 0.05))
+    assert done.created and state.read(done.job_id) is not None and client.llen("q") == 1
 
 
 def test_a_full_queue_refuses_without_a_record(state, client):
@@ -234,6 +268,7 @@ def finished_with_webhook(state: JobState, events: tuple[str, ...],
 
 
 def test_a_webhook_is_delivered_for_the_jobs_status_if_asked_by_one_delivery(state):
+    """A record finished before `finish` recorded its delivery's id: the first id claims it."""
     job_id = finished_with_webhook(state, ("succeeded",))
     claim = state.claim_delivery
     assert claim(job_id, "failed", "msg_forged") is DeliveryClaim.NOT_ITS_STATUS
@@ -245,3 +280,21 @@ def test_a_webhook_is_delivered_for_the_jobs_status_if_asked_by_one_delivery(sta
     assert claim(unasked, "failed", "msg_3") is DeliveryClaim.NOT_ASKED
     assert claim(str(uuid.uuid4()), "succeeded", "msg_4") is DeliveryClaim.MISSING
     assert claim(submit_with(state).id, "queued", "msg_5") is DeliveryClaim.MISSING  # no hook
+
+
+def test_only_the_delivery_the_finish_queued_is_sent_and_only_until_it_is_answered(state):
+    """The re-attack on issue 26 (F4): a delivery sent through Flower under an id of its
+    choosing took a job's webhook over before the real one (which was then dropped), and one
+    sent again under the real id was signed and sent again."""
+    record = submit_with(state, webhook_url="https://example.com/hook",
+                         webhook_events=("succeeded",))
+    state.start([record.id], worker="w/0", batch="{}")
+    hook = QueuedMessage("hooks", b"{}", "msg_real")
+    assert state.finish([replace(final(record.id), webhook=hook)], result_ttl_s=60) == [True]
+    claim = state.claim_delivery
+    assert claim(record.id, "succeeded", "msg_chosen") is DeliveryClaim.DUPLICATE  # first
+    assert claim(record.id, "succeeded", "msg_real") is DeliveryClaim.DELIVER
+    assert claim(record.id, "succeeded", "msg_real") is DeliveryClaim.DELIVER  # unanswered yet
+    assert not state.delivery_done(record.id, "msg_chosen", "delivered")
+    assert state.delivery_done(record.id, "msg_real", "delivered")
+    assert claim(record.id, "succeeded", "msg_real") is DeliveryClaim.DONE  # sent again

@@ -21,6 +21,7 @@ import redis
 import requests
 import yaml
 
+from inference_queue_client import Client
 from scripts.preflight import bind_error
 from scripts.stack import ROOT, free_port, start_redis, wait_until
 
@@ -28,12 +29,14 @@ RUN = [str(ROOT / "scripts" / "run.sh")]
 PORTS = ("REDIS_PORT", "IQ_PORT", "FLOWER_PORT", "IQ_WORKER_METRICS_PORT",
          "IQ_WEBHOOK_METRICS_PORT")
 SECRETS = ("redis-password", "redis-app-password", "flower-password", "webhook-secret")
-# Which secret variables each process may hold (scripts/run.py's NEEDS), by its command line.
+# Which secret variables each process may hold (scripts/run.py's NEEDS), by its command line;
+# with replicas, every process of the application also holds the sentinels' password.
 HOLDS = {"redis-server": {"IQ_REDIS_PASSWORD_FILE", "IQ_REDIS_APP_PASSWORD_FILE"},
          "gunicorn": {"REDIS_URL"}, "workers.main worker": {"REDIS_URL"},
          "workers.webhook_main worker": {"REDIS_URL", "IQ_WEBHOOK_SECRET"},
          "tasks.cli flower": {"REDIS_URL", "FLOWER_BASIC_AUTH"}}
-SECRET_VARIABLES = set().union(*HOLDS.values())
+SENTINEL_PASSWORD = "IQ_REDIS_SENTINEL_PASSWORD"
+SECRET_VARIABLES = set().union(*HOLDS.values(), {SENTINEL_PASSWORD})
 
 pytestmark = pytest.mark.slow
 
@@ -143,7 +146,8 @@ def check_app_user_and_files(env: dict[str, str], port: int) -> None:
         {p.name: 0o600 for p in files}
 
 
-def check_each_process_holds_only_its_secrets(run: "MakeRun", env: dict[str, str]) -> None:
+def check_each_process_holds_only_its_secrets(run: "MakeRun", env: dict[str, str],
+                                              sentinels: bool = False) -> None:
     admin, flower = secret(env, "redis-password"), secret(env, "flower-password")
     webhook = secret(env, "webhook-secret")
     seen = set()
@@ -156,7 +160,8 @@ def check_each_process_holds_only_its_secrets(run: "MakeRun", env: dict[str, str
         if role == "redis-server":
             continue  # it writes its process title over its environment: /proc shows none
         environ = proc.environ()
-        assert SECRET_VARIABLES & set(environ) == HOLDS[role], (role, sorted(environ))
+        holds = HOLDS[role] | ({SENTINEL_PASSWORD} if sentinels else set())
+        assert SECRET_VARIABLES & set(environ) == holds, (role, sorted(environ))
         values = " ".join(environ.values())
         assert admin not in values and (flower not in values or role == "tasks.cli flower")
         assert webhook not in values or role == "workers.webhook_main worker"
@@ -325,6 +330,68 @@ def test_make_runs_own_redis_is_locked_and_bounded_and_a_second_run_starts_clean
         assert secret(env, "redis-password") == password  # kept, not made anew
         again = requests.get(f"{api}/v1/jobs/{job['id']}", timeout=10).json()
         assert again["status"] == "succeeded"  # the first run's data survived it
+    finally:
+        second.stop(signal.SIGINT)
+        left, busy = second.left_behind(), second.ports_in_use()
+        second.reap()
+    assert left == [] and busy == []
+
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive free ports."""
+    def run_of_free() -> int | None:
+        first = free_port()
+        ok = all(bind_error("127.0.0.1", first + i) is None for i in range(count))
+        return first if ok and first + count <= 65535 else None
+
+    return wait_until(run_of_free, 10, f"{count} consecutive free ports")
+
+
+def test_make_run_with_a_replica_and_sentinels_follows_a_failover_and_restarts_on_it(tmp_path):
+    """REDIS_REPLICAS=1: a primary, a replica and three sentinels, every process pointed at
+    the sentinels; a failover is followed without a restart, and the next make run starts the
+    promoted node as the primary, its data kept."""
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({"models": {"synthetic": {
+        "kind": "synthetic", "base_ms": 5, "per_item_ms": 0}}}))
+    port, sentinel = free_ports(2), free_ports(3)
+    env = run_env(tmp_path, IQ_MODELS_FILE=str(models), REDIS_REPLICAS="1",
+                  REDIS_PORT=str(port), REDIS_SENTINEL_PORT=str(sentinel))
+    api = f"http://127.0.0.1:{env['IQ_PORT']}"
+    first = MakeRun(env, tmp_path / "first.log")
+    try:
+        block = first.wait_up(120)
+        assert f"primary on {port}, replica(s) on {port + 1}, sentinels on {sentinel}-" \
+               f"{sentinel + 2} (master mymaster)" in block
+        job = job_result(api, "synthetic", ["abc"])
+        check_each_process_holds_only_its_secrets(first, env, sentinels=True)
+        admin = redis.Redis(port=sentinel, password=secret(env, "redis-password"),
+                            decode_responses=True)
+        # A replica the sentinel has only heard of (from the primary's INFO) is no candidate
+        # yet (NOGOODSLAVE): wait until it has reached it and read its link to the primary.
+        wait_until(lambda: any(r["master-link-status"] == "ok" and not r["is_disconnected"]
+                               for r in admin.sentinel_slaves("mymaster")), 30,
+                   "the sentinel to reach the replica")
+        admin.execute_command("SENTINEL", "FAILOVER", "mymaster")
+        wait_until(lambda: admin.sentinel_get_master_addr_by_name("mymaster")[1] == port + 1,
+                   60, "the replica promoted")
+        # Refused (503) until the old primary, now a replica, holds the job too: the client
+        # resends with the same Idempotency-Key until it does.
+        with Client(api) as client:
+            assert client.run("synthetic", ["after the failover"], timeout=60) == [18]
+    finally:
+        first.stop(signal.SIGINT)
+        left, busy = first.left_behind(), first.ports_in_use()
+        first.reap()
+    assert left == [] and busy == []
+    data = Path(env["IQ_VAR_DIR"])
+    assert {stat.S_IMODE(p.stat().st_mode) for p in data.glob("sentinel-*/*")} == {0o600}
+
+    second = MakeRun(env, tmp_path / "second.log")
+    try:
+        assert f"primary on {port + 1}, replica(s) on {port}," in second.wait_up(120)
+        again = requests.get(f"{api}/v1/jobs/{job['id']}", timeout=10).json()
+        assert again["status"] == "succeeded"  # kept through the failover and the restart
     finally:
         second.stop(signal.SIGINT)
         left, busy = second.left_behind(), second.ports_in_use()

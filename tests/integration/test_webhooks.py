@@ -331,7 +331,8 @@ def test_no_inspector_sees_a_secret_a_receivers_url_or_a_payload(hooked, tmp_pat
 def test_deliveries_sent_through_flower_are_signed_only_for_the_jobs_own_event_once(hooked,
                                                                                    tmp_path):
     """Flower's send-task (an operator's login) asks the deliverer for another event of a
-    succeeded job, and for its own event again under a new delivery id: none is sent. With
+    succeeded job, for its own event again under a new delivery id, and (the re-attack, F4)
+    under the delivered one's own id: none is sent. With
     Flower read-only (FLOWER_READ_ONLY, docs/security.md) it cannot send a task at all."""
     receiver = Receiver()
     flower = start_flower(hooked.env, tmp_path, "ops:flower-test-password")
@@ -343,21 +344,29 @@ def test_deliveries_sent_through_flower_are_signed_only_for_the_jobs_own_event_o
         job = submit(hooked, ["sign me"], {"url": receiver.url, "events": ["succeeded"]}).json()
         assert hooked.finished(job["id"])["status"] == "succeeded"
         wait_until(lambda: receiver.calls, 30, "the job's own webhook")
-        for event in ("failed", "cancelled", "succeeded"):
+        own_id = receiver.calls[0]["headers"]["webhook-id"]
+        wait_until(lambda: f"for job {job['id']} delivered" in deliverer_log(hooked), 30,
+                   "the deliverer to record the answer")
+        for event, task_id in (("failed", None), ("cancelled", None), ("succeeded", None),
+                               ("succeeded", own_id)):
+            options = {"task_id": task_id} if task_id else {}
             sent = requests.post(f"{flower.extra['url']}/api/task/send-task/iq.webhook.deliver",
-                                 json={"kwargs": {"job_id": job["id"], "event": event}},
-                                 auth=auth, timeout=30)
+                                 json={"kwargs": {"job_id": job["id"], "event": event},
+                                       **options}, auth=auth, timeout=30)
             assert sent.status_code == 200, sent.text
             denied = requests.post(
                 f"{read_only.extra['url']}/api/task/send-task/iq.webhook.deliver",
                 json={"kwargs": {"job_id": job["id"], "event": event}}, auth=auth, timeout=30)
             assert denied.status_code == 403
-        wait_until(lambda: deliverer_log(hooked).count(f"for job {job['id']} dropped") == 3,
-                   30, "the deliverer to drop the three")
+        wait_until(lambda: deliverer_log(hooked).count(f"for job {job['id']} dropped") == 4,
+                   30, "the deliverer to drop the four")
         log = deliverer_log(hooked)
         assert f"webhook failed for job {job['id']} dropped: the event is not the job's status" \
             in log
-        assert f"webhook succeeded for job {job['id']} dropped: another delivery" in log
+        assert f"webhook succeeded for job {job['id']} dropped: not the delivery the job " \
+            "queued" in log
+        assert f"webhook succeeded for job {job['id']} dropped: the job's delivery was " \
+            "answered already" in log
         assert len(receiver.calls) == 1
     finally:
         receiver.close()

@@ -136,6 +136,33 @@ def test_security_settings_are_checked(overrides, message):
 
 def test_the_settings_repr_shows_no_secret():
     shown = repr(load_settings({"redis_url": "redis://iq:s3cret@redis:6379/0",
-                                "webhook_secret": "hook-s3cret"}, environ={}))
+                                "webhook_secret": "hook-s3cret",
+                                "redis_sentinel_password": "sentinel-s3cret"}, environ={}))
     assert "s3cret" not in shown and "redis://iq:**@redis:6379/0" in shown
-    assert "webhook_secret='**'" in shown
+    assert "webhook_secret='**'" in shown and "redis_sentinel_password='**'" in shown
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"redis_deadline_s": 0}, "redis_deadline_s must be > 0, got 0"),
+    ({"redis_sentinels": "h1:26379,h2"},
+     "redis_sentinels must list host:port entries, comma-separated, got 'h2'"),
+    ({"redis_sentinels": "h1:99999"}, "redis_sentinels must list host:port .*got 'h1:99999'"),
+    ({"redis_sentinels": "h1:26379", "redis_master": ""}, "redis_master must name the primary"),
+    ({"redis_wait_replicas": -2}, "redis_wait_replicas must be an integer >= -1"),
+    ({"redis_wait_replicas": 1, "redis_wait_timeout_s": 2},
+     r"redis_wait_timeout_s must be > 0 and below redis_deadline_s \(2\), got 2"),
+])
+def test_redis_settings_are_checked(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_settings(overrides, environ={})
+
+
+def test_sentinels_are_read_and_turn_the_replica_wait_on():
+    plain = load_settings(environ={})
+    assert plain.sentinel_hosts == [] and plain.wait_replicas == 0
+    sentinel = load_settings(environ={"IQ_REDIS_SENTINELS": "10.0.0.1:26379, [::1]:26380"})
+    assert sentinel.sentinel_hosts == [("10.0.0.1", 26379), ("::1", 26380)]
+    assert sentinel.wait_replicas == 1  # on by default with Sentinel
+    assert load_settings({"redis_wait_replicas": 0}, environ={
+        "IQ_REDIS_SENTINELS": "h:1"}).wait_replicas == 0
+    assert load_settings({"redis_wait_replicas": 2}, environ={}).wait_replicas == 2

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import io
+import json
 import os
-import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from app.decoders import WAITING_PER_DECODER, Budget, DecoderPool, DecodersBusy, _Turns
-from app.decoding import MAX_JPEG_SCANS, Limits, Refused, jpeg_scans, picture
+import app.decoders as decoders_module
+from app.decoders import DECODER, WAITING_PER_DECODER, Budget, DecoderPool, DecodersBusy, \
+    _Turns
+from app.decoding import ANSWER, DECODER_UID_BASE, MAX_JPEG_SCANS, Limits, Refused, \
+    jpeg_scans, picture
 from app.image_errors import ImageRefused
 from bench.hostile_images import animated_webp, as_mpo, chunk_before_ihdr, junk_after_app0, \
     one_bit_png, progressive_jpeg, rgba16_png
@@ -180,6 +188,39 @@ def test_one_owner_holds_at_most_its_share_of_the_decoders():
     turns.take(None, 0.2)  # keys off: no owner, no cap
 
 
+def test_one_owner_holds_at_most_its_share_of_the_waiting_line():
+    """The re-attack on issue 26 (F1): one key with a decoder busy and the shared line full of
+    its waiters (which its cap keeps from being served) got every other key a 503 while the
+    other decoder sat idle. Now a key's waiters are capped too: the rest are told at once, and
+    another key finds room and the free decoder."""
+    turns = _Turns(size=2, per_owner=1, max_waiting=2 * WAITING_PER_DECODER)
+    turns.take("a", 1)  # decoding its slow image
+    outcomes: list[str] = []
+
+    def wait_in_line() -> None:
+        try:
+            turns.take("a", 30)
+            outcomes.append("served")
+            turns.give_back("a")
+        except DecodersBusy:
+            outcomes.append("busy")
+
+    flood = [threading.Thread(target=wait_in_line) for _ in range(turns.max_waiting)]
+    for thread in flood:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while outcomes.count("busy") < turns.max_waiting - WAITING_PER_DECODER:
+        assert time.monotonic() < deadline, outcomes
+        time.sleep(0.01)
+    assert len(turns._line) == WAITING_PER_DECODER  # "a"'s share of the line, no more
+    turns.take("b", 0.5)  # room in the line, and the decoder "a"'s cap leaves free
+    turns.give_back("b")
+    turns.give_back("a")  # "a"'s waiters are served one after another
+    for thread in flood:
+        thread.join()
+    assert outcomes.count("served") == WAITING_PER_DECODER, outcomes
+
+
 def test_a_requests_images_share_one_decoding_budget():
     """Past the budget (shortened here: the default, 10 s, is the hostile-image test's) the
     image in hand is stopped and the rest are refused undecoded."""
@@ -195,21 +236,96 @@ def test_a_requests_images_share_one_decoding_budget():
     assert 0.9 < budget.spent < 2.0, budget.spent
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="dropping to nobody needs an API run as root")
-def test_a_decoder_of_an_api_run_as_root_is_nobody_without_network_or_new_privileges():
+def test_a_refusal_reaches_the_client_in_the_apis_words_whatever_the_decoder_says(
+        tmp_path, monkeypatch):
+    """The re-attack on issue 26 (F5): a decoder's refusal text went into the client's 422
+    word for word, a way out for whatever code a hostile image got running in a decoder."""
+    truncated = encode(Image.new("RGB", (64, 64), "red"), "PNG")[:-30]
+    with pytest.raises(ImageRefused) as refused:
+        pool(size=1).picture(truncated, LIMITS)
+    assert str(refused.value) == "the image cannot be decoded (truncated or corrupt)"
+    lying = tmp_path / "lying_decoder.py"  # what a decoder taken over could answer
+    lying.write_text(LYING_DECODER)
+    monkeypatch.setattr(decoders_module, "DECODER", str(lying))
+    with pytest.raises(ImageRefused) as refused:
+        pool(size=1).picture(truncated, LIMITS)
+    assert str(refused.value) == "the image was refused by its decoder"
+
+
+LYING_DECODER = """
+import json, struct, sys
+hello = json.dumps({"uid": 0, "network": "none", "hidden": True, "no_new_privs": True})
+sys.stdout.buffer.write(struct.pack(">BI", 1, len(hello)) + hello.encode())
+sys.stdout.buffer.flush()
+while head := sys.stdin.buffer.read(8):
+    sys.stdin.buffer.read(sum(struct.unpack(">II", head)))
+    said = b"var/secrets/redis-password: admin-password-XYZ"
+    sys.stdout.buffer.write(struct.pack(">BI", 0, len(said)) + said)
+    sys.stdout.buffer.flush()
+"""
+
+
+def secrets_folder(tmp_path) -> Path:
+    """A var dir whose secret anyone could read, but for the decoder's mount namespace."""
+    var = tmp_path / "var"
+    (var / "secrets").mkdir(parents=True)
+    (var / "secrets" / "redis-password").write_text("admin-password-XYZ\n")
+    for path in (tmp_path, var, var / "secrets"):
+        path.chmod(0o755)
+    (var / "secrets" / "redis-password").chmod(0o644)
+    return var
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="a user of its own needs an API run as root")
+def test_a_decoder_of_an_api_run_as_root_is_a_user_of_its_own_without_network_or_secrets(
+        tmp_path, monkeypatch):
+    var = secrets_folder(tmp_path)
+    monkeypatch.setenv("IQ_VAR_DIR", str(var))
     decoders = pool(size=1)
     decoders.picture(encode(Image.new("RGB", (64, 64), "blue"), "PNG"), LIMITS)
     (decoder,) = decoders._idle
-    pid, nobody = decoder.proc.pid, pwd.getpwnam("nobody")
+    pid = decoder.proc.pid
+    own = DECODER_UID_BASE + pid  # no passwd entry, no other process: none it may signal
     status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status"))
-    assert status["Uid"].split() == [str(nobody.pw_uid)] * 4
-    assert status["Gid"].split() == [str(nobody.pw_gid)] * 4
+    assert status["Uid"].split() == [str(own)] * 4
+    assert status["Gid"].split() == [str(own)] * 4
     assert status["Groups"].split() == []
     assert status["NoNewPrivs"].strip() == "1" and int(status["CapEff"], 16) == 0
     assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
     assert os.readlink(f"/proc/{pid}/cwd") == "/"
-    assert decoder.confinement == {"uid": nobody.pw_uid, "network": "none",
+    # What it sees there: an empty folder where the secrets are, and no other process.
+    assert os.listdir(f"/proc/{pid}/root{var}") == [] and os.listdir(var) == ["secrets"]
+    assert os.listdir(f"/proc/{pid}/root/proc") == []
+    assert decoder.confinement == {"uid": own, "network": "none", "hidden": True,
                                    "no_new_privs": True}
     # Still decodes: nothing it needs was given up.
     assert len(decoders.picture(encode(Image.new("RGB", (640, 480)), "JPEG"), LIMITS)) == \
         224 * 224 * 3
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="starts a decoder as another user, as root")
+def test_a_decoder_of_an_api_run_as_an_ordinary_user_sees_neither_its_secrets_nor_proc():
+    """An API run as an ordinary user (uid 4242 here) keeps its uid in its decoders: they
+    hide the var dir and /proc in a user and mount namespace of their own instead."""
+    reachable = Path(tempfile.mkdtemp())  # pytest's tmp_path is root's alone
+    try:
+        confined_as(4242, secrets_folder(reachable))
+    finally:
+        shutil.rmtree(reachable)
+
+
+def confined_as(uid: int, var: Path) -> None:
+    """A decoder started by `uid` (whose secret it is), told to hide `var`."""
+    os.chown(var / "secrets" / "redis-password", uid, uid)
+    as_uid = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    decoder = subprocess.Popen([*as_uid, sys.executable, "-I", DECODER, "512", str(var)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        _kind, size = ANSWER.unpack(decoder.stdout.read(ANSWER.size))
+        held = json.loads(decoder.stdout.read(size))
+        assert held == {"uid": uid, "network": "none", "hidden": True, "no_new_privs": True}
+        assert os.listdir(f"/proc/{decoder.pid}/root{var}") == []
+        assert os.listdir(f"/proc/{decoder.pid}/root/proc") == []
+    finally:
+        decoder.kill()
+        decoder.wait()

@@ -81,7 +81,7 @@ def dispatcher() -> tuple[PoolDispatcher, FakePool, FakeTimer, FakeInFlight]:
     spec = parse_model("m", {"kind": "synthetic", "max_batch_size": 4}, base=None)
     app = SimpleNamespace(conf=SimpleNamespace(
         iq_settings=load_settings({"redis_url": "redis://127.0.0.1:1/0"}, environ={}),
-        iq_models={"m": spec}, iq_broker=Broker()))
+        iq_models={"m": spec}, iq_models_revision="", iq_broker=Broker()))
     consumer = SimpleNamespace(app=app, pool=pool, timer=timer, connection=object(),
                                hostname="w@test")
     d = PoolDispatcher(consumer)

@@ -72,6 +72,20 @@ def test_redis_data_another_user_prepared_is_refused(tmp_path):
 
 
 @needs_root
+@pytest.mark.parametrize("folder", ["sentinel-26379", "redis-6380"])
+def test_a_sentinels_or_replicas_files_another_user_prepared_are_refused(tmp_path, folder):
+    """A sentinel's configuration names the primary make run starts (and holds the
+    passwords); a replica's data is Redis's data."""
+    planted = tmp_path / "var" / folder / ("sentinel.conf" if "sentinel" in folder
+                                           else "appendonly.aof")
+    planted.parent.mkdir(parents=True)
+    planted.write_text("sentinel monitor mymaster 127.0.0.1 6380 2\n")
+    give_away(planted)
+    (problem,) = var_problems(tmp_path / "var")
+    assert f"{planted} is owned by uid {NOBODY.pw_uid}" in problem
+
+
+@needs_root
 def test_make_run_stops_before_starting_anything(tmp_path):
     var = tmp_path / "var"
     (var / "secrets").mkdir(parents=True)
@@ -85,3 +99,19 @@ def test_make_run_stops_before_starting_anything(tmp_path):
     assert f"make run: {var}/secrets/webhook-secret is owned by uid {NOBODY.pw_uid}" \
         in done.stderr
     assert sorted(p.name for p in var.rglob("*")) == ["secrets", "webhook-secret"]
+
+
+@pytest.mark.parametrize("mode, refused", [(0o777, True), (0o1777, False), (0o755, False)])
+def test_a_folder_above_the_var_dir_others_may_write_is_refused(tmp_path, mode, refused):
+    """The re-attack on issue 26 (F9's note): whoever may write the folder above IQ_VAR_DIR
+    may rename var/ away and put theirs in its place; a sticky one (/tmp) does not let them."""
+    above = tmp_path / "srv"
+    above.mkdir()
+    above.chmod(mode)
+    var = above / "var"
+    kept_secret(var, "webhook-secret")
+    problems = [p for p in var_problems(var) if p.startswith(f"make run: {above} ")]
+    assert bool(problems) is refused, problems
+    if refused:
+        assert f"make run: {above} is writable by everyone (mode 0777): another user may put " \
+            f"a folder of theirs in place of {var}" in problems[0]

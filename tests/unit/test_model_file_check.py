@@ -146,6 +146,44 @@ def test_a_link_inside_a_model_folder_is_followed(declared, tmp_path):
     assert any(p.startswith(f"make run: {outside} is writable by everyone") for p in problems)
 
 
+# The re-attack on issue 26 (F6): two more layouts that let another user change what is loaded.
+
+def test_each_link_of_a_chain_is_followed_with_its_folder(declared, tmp_path):
+    """affine.pt -> pub/mid.pt -> the weights: whoever may write pub/ may point the middle
+    link at a file of theirs, though the first link's folder and the final file are private."""
+    models, weights, _folder = declared
+    links, pub = tmp_path / "links", tmp_path / "pub"
+    links.mkdir(mode=0o755)
+    pub.mkdir()
+    pub.chmod(0o777)
+    (pub / "mid.pt").symlink_to(weights)
+    (links / "affine.pt").symlink_to("../pub/mid.pt")
+    models.write_text(models.read_text().replace("path: affine.pt",
+                                                 f"path: {links / 'affine.pt'}"))
+    problems = model_file_problems(str(models))
+    assert [p for p in problems if p.startswith(f"make run: {pub} is writable by everyone")]
+
+
+def test_a_linked_folder_inside_a_model_folder_is_walked(declared, tmp_path):
+    models, _weights, folder = declared
+    shared = tmp_path / "shared" / "pool"
+    shared.mkdir(parents=True, mode=0o755)
+    (shared / "config.json").write_text("{}")
+    (shared / "config.json").chmod(0o666)
+    (folder / "2_Dense").symlink_to(shared, target_is_directory=True)
+    problems = model_file_problems(str(models))
+    inner = folder / "2_Dense" / "config.json"
+    assert [p for p in problems if p.startswith(f"make run: {inner} is writable by everyone")]
+
+
+def test_links_that_loop_end_the_walk(declared):
+    models, _weights, folder = declared
+    (folder / "1_Pooling" / "again").symlink_to(folder, target_is_directory=True)
+    (folder / "a").symlink_to(folder / "b")
+    (folder / "b").symlink_to(folder / "a")
+    assert model_file_problems(str(models)) == []
+
+
 def _acl(*entries: tuple[int, int, int]) -> bytes:
     """A system.posix_acl_access value: version 2, then (tag, permissions, id) entries."""
     return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *entry) for entry in entries)

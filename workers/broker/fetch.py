@@ -115,7 +115,12 @@ class ReliableFetch:
 
     @property
     def inflight(self) -> InFlight:
-        """This worker's in-flight record, through the channel's own (synchronous) client."""
+        """This worker's in-flight record, through the channel's own (synchronous) client.
+        On a channel that closes after kombu closed its transport (a Sentinel connection does
+        so when it fails over to its next sentinel), no pool can be built again: the last
+        client serves, its pool reconnecting (to the primary the sentinels name now)."""
+        if self._iq_inflight is not None and self.connection.client is None:
+            return self._iq_inflight
         client = self._create_client()
         if self._iq_inflight is None or self._iq_inflight.client is not client:
             self._iq_inflight = InFlight(client, _state())

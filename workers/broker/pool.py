@@ -1,5 +1,7 @@
 """Two adjustments of the worker's prefork pool, made on the pool object when the dispatcher
-first meets it (workers/strategy.py)."""
+first meets it (workers/strategy.py); and the two looks inside it a reload needs
+(workers/reload.py): which children take work, and stopping an idle one so that the pool
+starts another in its place."""
 from __future__ import annotations
 
 import logging
@@ -43,3 +45,36 @@ def keep_batches_through_reconnects(pool: Any) -> None:
 
 def _keep_every_batch() -> None:
     """The pool's flush on a reconnect: nothing to drop (keep_batches_through_reconnects)."""
+
+
+def _asynpool(pool: Any) -> Any:
+    """Celery's AsynPool inside its prefork TaskPool (None before the pool started)."""
+    return getattr(pool, "_pool", None)
+
+
+def ready_children(pool: Any) -> set[int]:
+    """The pids of the children that take work: started, their models loaded (the pool
+    hears from a child only once its initializer, which loads them, returned)."""
+    inner = _asynpool(pool)
+    if inner is None:
+        return set()
+    return {p.pid for p in inner._pool if p._is_alive() and p.inqW_fd in inner._all_inqueues}
+
+
+def retire_idle_child(pool: Any, among: set[int]) -> int | None:
+    """Stop one child of `among` that holds no batch, nor is being written one: it is taken
+    out of the children the pool writes to, then terminated as the pool shrinks a child
+    (`terminate_controlled`: no error logged), and the pool starts another in its place.
+    Returns its pid; None when every one of them is busy."""
+    inner = _asynpool(pool)
+    if inner is None:
+        return None
+    busy = inner._busy_workers | inner._active_writes
+    for proc in list(inner._pool):
+        fd = proc.inqW_fd
+        if proc.pid in among and proc._is_alive() and fd in inner._all_inqueues \
+                and fd not in busy:
+            inner._all_inqueues.discard(fd)
+            proc.terminate_controlled()
+            return proc.pid
+    return None

@@ -1,0 +1,83 @@
+"""An API process's side of a models-file reload (scripts/reload.py announces one in Redis).
+
+Under gunicorn, each API process looks at the announced revision every heartbeat. When it
+differs from the revision of the file the process serves, and the file on disk now has the
+announced revision, it asks its gunicorn master for a graceful reload (SIGHUP, once per master
+and revision): the master starts new processes, which read the new file (the app is not
+preloaded), and the old ones finish the requests they hold before they exit, so no request is
+dropped. A process whose file is not the announced one (another host's, not yet updated)
+keeps serving and says so. Each process reports the revision it serves (tasks/keys.py
+RELOAD_STATUS_KEY) until it hands over, for the reload command to wait on."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import redis
+
+from config import Settings
+from config.models import revision_of
+from tasks.keys import MODELS_REVISION_KEY, PREFIX, RELOAD_STATUS_KEY
+
+logger = logging.getLogger(__name__)
+
+
+class ModelsWatch:
+    """One per API process under gunicorn; `master`: the gunicorn master's pid."""
+
+    def __init__(self, client: redis.Redis, settings: Settings, revision: str,
+                 master: int) -> None:
+        self.client, self.settings, self.revision, self.master = (client, settings, revision,
+                                                                  master)
+        self.field = f"api:{socket.gethostname()}/{os.getpid()}"
+        self.error = ""
+        self.handed_over = False
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="iq-models-watch", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self.handed_over:
+            try:
+                self.check()
+            except redis.RedisError as exc:
+                logger.debug("models watch: %s", exc)
+            time.sleep(self.settings.heartbeat_interval_s)
+
+    def check(self) -> None:
+        announced = self.client.get(MODELS_REVISION_KEY)
+        if announced and announced != self.revision:
+            self._reload_to(announced)
+        if self.handed_over:  # the processes that replace this one report from now on
+            self.client.hdel(RELOAD_STATUS_KEY, self.field)
+            return
+        status = {"revision": self.revision, "state": "refused" if self.error else "serving",
+                  "at": time.time(), "error": self.error}
+        self.client.hset(RELOAD_STATUS_KEY, self.field, orjson.dumps(status))
+
+    def _reload_to(self, announced: str) -> None:
+        path = Path(self.settings.models_file)
+        try:
+            found = revision_of(path.read_bytes())
+        except OSError as exc:
+            found = f"unreadable ({exc})"
+        if found != announced:
+            error = f"{path} has revision {found}, not the announced {announced}"
+            if error != self.error:
+                logger.error("models reload refused, still serving revision %s: %s",
+                             self.revision, error)
+            self.error = error
+            return
+        # One SIGHUP per master and revision, whichever of its processes sees it first.
+        claim = f"{PREFIX}reload:hup:{socket.gethostname()}:{self.master}:{announced}"
+        if self.client.set(claim, str(os.getpid()), nx=True, ex=3600):
+            logger.info("models file revision %s announced: reloading gunicorn (pid %d) "
+                        "gracefully", announced, self.master)
+            os.kill(self.master, signal.SIGHUP)
+        self.handed_over = True

@@ -1,0 +1,117 @@
+"""Game day: `make gameday` (or `python -m bench.gameday`).
+
+Starts the stack `make run` starts (bench/gameday/stack.py), on free ports with a var dir of
+its own, measures its capacity, then sends open-loop traffic at a share of it for
+`--minutes` while a fault strikes every `--every` seconds, and reports availability, latency
+per minute and per fault window, recovery, lost and twice-run jobs and 5xx answers against
+the targets: bench/results/<name>.json and .png, and a table here. Exit status 1 when a target
+was missed (the table says which fault), 0 when all were met.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench.gameday.faults import FAULTS, Fault
+from bench.gameday.ledger import analyse, jobs_of
+from bench.gameday.play import DRAIN_S, Played, capacity, play
+from bench.gameday.report import picture, render_readme, table
+from bench.gameday.stack import Stack
+from scripts.run import ROOT
+
+RESULTS = ROOT / "bench" / "results"
+
+
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.gameday",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0,
+                        help="minutes of traffic (longer if the last fault needs it)")
+    parser.add_argument("--rate", type=float,
+                        help="arrivals per second (default: --share of the measured capacity)")
+    parser.add_argument("--share", type=float, default=0.5,
+                        help="share of the measured capacity to send (default 0.5)")
+    parser.add_argument("--faults", default=",".join(FAULTS),
+                        help=f"comma-separated, in order; known: {', '.join(FAULTS)}")
+    parser.add_argument("--every", type=float, default=60.0, help="seconds between faults")
+    parser.add_argument("--drain", type=float, default=DRAIN_S,
+                        help="seconds after the last arrival for jobs to finish")
+    parser.add_argument("--model", default="minilm-embed")
+    parser.add_argument("--name", help="results' name (default gameday-<UTC time>)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the results go")
+    parser.add_argument("--var", type=Path, help="the stack's var dir: secrets, Redis's data, "
+                        "logs, the jobs (default var/gameday/<name>)")
+    args = parser.parse_args(argv)
+    unknown = [f for f in args.faults.split(",") if f and f not in FAULTS]
+    if unknown:
+        parser.error(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+    return args
+
+
+def describe(played: Played, model: str, started: str, source: str,
+             load: tuple[float, float, float]) -> dict:
+    return {"started": started, "model": model, "rate": played.rate, "rate_source": source,
+            "seconds": played.end - played.start, "load_before": [round(x, 2) for x in load],
+            "machine": f"{platform.platform()}, Python {platform.python_version()}"}
+
+
+def run(args: argparse.Namespace, faults: list[type[Fault]]) -> dict:
+    """Start the stack, play the game day, stop the stack, and write and print the report."""
+    started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    load = os.getloadavg()  # the machine before the stack adds to it
+    print(f"gameday: load average before the start {load[0]:.2f} {load[1]:.2f} "
+          f"{load[2]:.2f} ({os.cpu_count()} cores)", flush=True)
+    name = args.name or f"gameday-{started.replace(':', '').replace('-', '')}"
+    var = args.var or ROOT / "var" / "gameday" / name
+    var.mkdir(parents=True, exist_ok=True)
+    print(f"gameday: starting the stack in {var} (logs in {var / 'logs'})", flush=True)
+    stack = Stack(var)
+    try:
+        stack.start()
+        if args.rate:
+            rate, source = args.rate, "given"
+        else:
+            measured = capacity(stack, args.model)
+            if not measured["jobs"]:
+                raise SystemExit(f"gameday: the stack completed no job in the capacity "
+                                 f"measurement ({measured}); give a --rate")
+            rate = args.share * measured["jobs_per_s"]
+            source = f"{args.share:.0%} of {measured['jobs_per_s']:.1f} measured"
+        print(f"gameday: {rate:.1f} jobs/s ({source})", flush=True)
+        played = play(stack, args.model, faults, rate, args.minutes * 60, every=args.every,
+                      drain=args.drain, out=var / "jobs.jsonl")
+    finally:
+        stack.stop()
+    report = {"run": describe(played, args.model, started, source, load) | {"var": str(var)},
+              **analyse(played)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    picture(report, [(j.at, j.ms) for j in jobs_of(played)], args.out / f"{name}.png")
+    if args.out == RESULTS:
+        render_readme(report, RESULTS.parent / "README.md", f"results/{name}.png")
+    print(table(report))
+    print(f"\nwrote {args.out / name}.json and .png; jobs and logs in {var}", flush=True)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
+    # A SIGTERM (a CI's timeout, a kill) stops the run as Ctrl-C does: the stack and the
+    # traffic are stopped on the way out, not left running in their own sessions.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    report = run(args, [FAULTS[f] for f in args.faults.split(",") if f])
+    return 0 if all(t["pass"] for t in report["targets"]) else 1
+
+
+if __name__ == "__main__":
+    t = time.monotonic()
+    code = main()
+    print(f"gameday: {time.monotonic() - t:.0f} s in all")
+    sys.exit(code)

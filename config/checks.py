@@ -1,0 +1,91 @@
+"""Each setting's bounds, checked once when the settings are loaded (config/settings.py): every
+error names the setting and the value it got."""
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+# The checks take config.settings.Settings, not imported here: settings.py imports this module.
+Settings = Any
+
+
+class ConfigError(ValueError):
+    """A setting or a model declaration is wrong; the message names it."""
+
+
+def check(settings: Settings) -> None:
+    """Raise ConfigError for the first setting out of its bounds."""
+    _check_access(settings)
+    _check_images(settings)
+    _check_redis(settings)
+    _check_workers(settings)
+
+
+def _check_access(settings: Settings) -> None:
+    """The API's and the deliverer's limits."""
+    if settings.max_wait_s <= 0 or settings.max_wait_s > 300:
+        raise ConfigError(f"max_wait_s must be in (0, 300], got {settings.max_wait_s}")
+    if settings.log_format not in ("text", "json"):
+        raise ConfigError(f"log_format must be text or json, got {settings.log_format!r}")
+    for name in ("kept_inputs_ttl_s", "kept_inputs_max_bytes"):
+        if getattr(settings, name) < 0:
+            raise ConfigError(f"{name} must be an integer >= 0, got {getattr(settings, name)}")
+    if not 0 <= settings.redis_memory_headroom < 1:
+        raise ConfigError("redis_memory_headroom must be in [0, 1), got "
+                          f"{settings.redis_memory_headroom}")
+    for name in ("max_waits", "max_waits_per_key"):
+        if getattr(settings, name) < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {getattr(settings, name)}")
+    if settings.webhook_host_concurrency < 1:
+        raise ConfigError("webhook_host_concurrency must be an integer >= 1, "
+                          f"got {settings.webhook_host_concurrency}")
+    if settings.webhook_timeout_s <= 0:
+        raise ConfigError(f"webhook_timeout_s must be > 0, got {settings.webhook_timeout_s}")
+    if settings.body_timeout_s <= 0:
+        raise ConfigError(f"body_timeout_s must be > 0, got {settings.body_timeout_s}")
+    for entry in filter(None, (e.strip() for e in settings.forwarded_allow_ips.split(","))):
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ConfigError("forwarded_allow_ips must list IP addresses or CIDRs, got "
+                              f"{entry!r}") from None
+
+
+def _check_images(settings: Settings) -> None:
+    """The image fetching and decoding limits."""
+    if settings.image_decoders < 1:
+        raise ConfigError(f"image_decoders must be an integer >= 1, got {settings.image_decoders}")
+    if not 0 <= settings.image_decoders_per_key <= settings.image_decoders:
+        raise ConfigError("image_decoders_per_key must be 0 (half the decoders) to "
+                          f"image_decoders ({settings.image_decoders}), got "
+                          f"{settings.image_decoders_per_key}")
+    for name in ("image_decode_timeout_s", "image_decode_budget_s", "image_fetch_deadline_s"):
+        if getattr(settings, name) <= 0:
+            raise ConfigError(f"{name} must be > 0, got {getattr(settings, name)}")
+    if settings.image_decode_memory_mb < 256:
+        raise ConfigError("image_decode_memory_mb must be an integer >= 256, got "
+                          f"{settings.image_decode_memory_mb}")
+
+
+def _check_workers(settings: Settings) -> None:
+    """The workers' isolation and stop limits."""
+    if settings.max_job_crashes < 1:
+        raise ConfigError(f"max_job_crashes must be an integer >= 1, got "
+                          f"{settings.max_job_crashes}")
+    if settings.stop_timeout_s <= 0:
+        raise ConfigError(f"stop_timeout_s must be > 0, got {settings.stop_timeout_s}")
+
+
+def _check_redis(settings: Settings) -> None:
+    """The Redis deadline, the sentinels and the replicas a submit waits for."""
+    if settings.redis_deadline_s <= 0:
+        raise ConfigError(f"redis_deadline_s must be > 0, got {settings.redis_deadline_s}")
+    if settings.sentinel_hosts and not settings.redis_master:
+        raise ConfigError("redis_master must name the primary the sentinels watch, got ''")
+    if settings.redis_wait_replicas < -1:
+        raise ConfigError("redis_wait_replicas must be an integer >= -1 (-1: 1 with Sentinel), "
+                          f"got {settings.redis_wait_replicas}")
+    if settings.wait_replicas and not \
+            0 < settings.redis_wait_timeout_s < settings.redis_deadline_s:
+        raise ConfigError("redis_wait_timeout_s must be > 0 and below redis_deadline_s "
+                          f"({settings.redis_deadline_s:g}), got {settings.redis_wait_timeout_s}")

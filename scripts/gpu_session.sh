@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# What a session lent a GPU runs, as one command (the device tool returns what lands in $OUT):
+#   OUT=/some/dir scripts/gpu_session.sh
+# 1. `make gpu-check` (scripts/gpu_check.py): the CUDA path, checked; its JSON report in
+#    $OUT/gpu_check.json, its output in $OUT/gpu_check.log.
+# 2. `make gpu-bench`: the short GPU benchmark (~3 minutes); $OUT/gpu.json, $OUT/gpu.png and
+#    its output in $OUT/gpu_bench.log.
+# The machine's facts go to $OUT/machine.txt. Paste the results into bench/README.md's GPU
+# section. Exits 1 when either step failed; the benchmark runs even when the check failed.
+# Each step is cut at 4 minutes, so the whole fits in one 10-minute device command. It needs
+# .venv built (make's stamps present: the device machine has no network) with a CUDA torch.
+set -uo pipefail
+: "${OUT:?set OUT to the folder the results go to}"
+export OUT
+cd "$(dirname "$0")/.."
+mkdir -p "$OUT"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+{
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    git rev-parse HEAD
+    nvidia-smi
+    .venv/bin/python -c 'import torch; print("torch", torch.__version__, "cuda",
+        torch.version.cuda, "available", torch.cuda.is_available())'
+} > "$OUT/machine.txt" 2>&1
+if ! .venv/bin/python -c 'import torch, sys; sys.exit(not torch.cuda.is_available())'; then
+    echo "no CUDA device visible to .venv's torch (a CPU-only build?): see $OUT/machine.txt" >&2
+    exit 1
+fi
+timeout 240 make gpu-check > "$OUT/gpu_check.log" 2>&1
+check=$?
+timeout 240 make gpu-bench GPU_BENCH_OUT="$OUT" > "$OUT/gpu_bench.log" 2>&1
+bench=$?
+echo "gpu-check: exit $check; gpu-bench: exit $bench; results in $OUT"
+tail -n 40 "$OUT/gpu_check.log"
+grep -E "items/s|PASS|MISS" "$OUT/gpu_bench.log"
+[ "$check" -eq 0 ] && [ "$bench" -eq 0 ]

@@ -1,0 +1,193 @@
+"""`make reload` (`python -m scripts.reload [FILE]`): the models file taken up by every running
+process, without a restart.
+
+1. The file is checked as every process would read it (config/models.py), its model files must
+   exist and be the operator's alone (scripts/preflight.py). A file that fails changes nothing:
+   the reason is printed and the exit status is 1. With FILE, FILE is checked and then
+   installed in place of the models file the processes read (IQ_MODELS_FILE), atomically; the
+   file it replaces is kept beside it as `<name>.previous`, so that a rollback is
+   `make reload FILE=config/models.yaml.previous`.
+2. Its revision (a hash of its bytes) is announced in Redis. Each worker takes the new file in
+   its main process and replaces its pool children one at a time, each after its batch
+   (workers/reload.py); each API process has its gunicorn reload gracefully (app/reloading.py).
+   A process whose own file is not the announced one keeps serving and reports why.
+3. It waits until every live worker and API process serves the new revision ("reload done":
+   exit 0), one refused (2) or `--timeout` passed (3), saying where each one stands.
+
+`reload()` does the same from Python, for scripts that reload and wait.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import orjson
+import redis
+
+from config import ConfigError, load_settings
+from config.models import parse_models, revision_of
+from scripts.preflight import model_file_problems
+from tasks.keys import CONSUMING_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
+
+DONE, INVALID, REFUSED, TIMED_OUT = 0, 1, 2, 3
+# A process's report older than this many heartbeats is a process that is gone.
+STALE_BEATS = 5
+
+
+class Invalid(Exception):
+    """The new models file cannot be used; the message says why. Nothing was changed."""
+
+
+@dataclass
+class Result:
+    status: int  # DONE, INVALID, REFUSED or TIMED_OUT
+    revision: str = ""
+    lines: list[str] = field(default_factory=list)
+
+
+def _missing_files(target: Path, content: bytes) -> list[str]:
+    problems = []
+    for spec in parse_models(target, content).values():
+        if spec.path and not Path(spec.path).exists():
+            problems.append(f"models.{spec.name}: {spec.path} does not exist")
+        if spec.package and importlib.util.find_spec(spec.package) is None:
+            problems.append(f"models.{spec.name}: package {spec.package} is not installed")
+    return problems
+
+
+def install(target: Path, source: Path | None) -> str:
+    """Check `source` (default: `target` itself) as the models file at `target` and put it
+    there; its revision. Raises Invalid, changing nothing."""
+    try:
+        content = (source or target).read_bytes()
+        problems = _missing_files(target, content)
+    except (OSError, ConfigError) as exc:
+        raise Invalid(str(exc)) from None
+    if source is None or source.resolve() == target.resolve():
+        problems += model_file_problems(str(target))
+        if problems:
+            raise Invalid("\n".join(problems))
+        return revision_of(content)
+    # Checked where it will be read from (relative paths start at its folder), then moved
+    # into place in one rename.
+    staged = target.with_name(f".{target.name}.{os.getpid()}")
+    staged.write_bytes(content)
+    try:
+        problems += model_file_problems(str(staged))
+        if problems:
+            raise Invalid("\n".join(problems))
+        if target.exists():
+            shutil.copy2(target, target.with_name(target.name + ".previous"))
+        os.replace(staged, target)
+    finally:
+        staged.unlink(missing_ok=True)
+    return revision_of(content)
+
+
+def _statuses(client: redis.Redis, beat_s: float) -> dict[str, dict]:
+    """The live processes' reports, by field (`worker:<node>`, `api:<host>/<pid>`); reports
+    of processes long gone are removed."""
+    now, live = time.time(), {}
+    for name, raw in client.hgetall(RELOAD_STATUS_KEY).items():
+        status = orjson.loads(raw)
+        age = now - float(status.get("at", 0))
+        if age > 100 * beat_s:
+            client.hdel(RELOAD_STATUS_KEY, name)
+        elif age <= STALE_BEATS * beat_s:
+            live[name] = status
+    return live
+
+
+def _standing(client: redis.Redis, revision: str, beat_s: float,
+              ttl_s: float) -> tuple[dict[str, str], int]:
+    """Where each live worker and API process stands with `revision` ("done", "refused: why"
+    or "pending: …"), and how many API processes report."""
+    statuses = _statuses(client, beat_s)
+    consuming = client.zrangebyscore(CONSUMING_KEY, time.time() - ttl_s, "+inf")
+    names = {f"worker:{n}" for n in consuming} | {n for n in statuses if n.startswith("api:")}
+    out = {}
+    for name in sorted(names):
+        status = statuses.get(name)
+        if status is None:
+            out[name] = "pending: no report yet"
+        elif status.get("refused") == revision or (status.get("error") and
+                                                   status.get("revision") != revision):
+            out[name] = f"refused: {status['error']}"
+        elif status["revision"] == revision and status["state"] == "serving":
+            out[name] = "done"
+        else:
+            left = status.get("children_left")
+            out[name] = f"pending: {status['state']} ({status['revision']})" + \
+                (f", {left} child(ren) to replace" if left else "")
+    return out, sum(1 for n in names if n.startswith("api:"))
+
+
+def reload(source: str | Path | None = None, *, timeout_s: float = 600,
+           say: Callable[[str], None] = print, redis_url: str | None = None) -> Result:
+    """Check and install the models file (`source`, or the one in place), announce it, and
+    wait for every live worker and API process to serve it (see the module's docstring)."""
+    settings = load_settings()
+    target = Path(settings.models_file)
+    try:
+        revision = install(target, Path(source) if source else None)
+    except Invalid as exc:
+        say(f"reload refused, nothing changed: {exc}")
+        return Result(INVALID, lines=[str(exc)])
+    client = redis.Redis.from_url(redis_url or settings.redis_url, decode_responses=True,
+                                  socket_timeout=max(settings.redis_timeout_s, 5.0))
+    beat, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
+    _, apis_before = _standing(client, revision, beat, ttl)
+    client.set(MODELS_REVISION_KEY, revision)
+    say(f"models file {target} revision {revision} announced")
+    deadline, shown = time.monotonic() + timeout_s, {}
+    while True:
+        standing, apis = _standing(client, revision, beat, ttl)
+        for name, where in standing.items():
+            if shown.get(name) != where:
+                say(f"  {name}: {where}")
+        shown = standing
+        lines = [f"{n}: {w}" for n, w in standing.items()]
+        pending = [n for n, w in standing.items() if w.startswith("pending")]
+        if not pending and apis >= apis_before:
+            refused = [n for n, w in standing.items() if w.startswith("refused")]
+            if refused:
+                say(f"reload to {revision} refused by {', '.join(refused)}")
+                return Result(REFUSED, revision, lines)
+            say(f"reload done: every worker child and API process on revision {revision}")
+            return Result(DONE, revision, lines)
+        if time.monotonic() > deadline:
+            say(f"reload to {revision} not done after {timeout_s:g}s: "
+                f"{', '.join(pending) or 'API processes not back'}")
+            return Result(TIMED_OUT, revision, lines)
+        time.sleep(min(0.5, beat))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make reload", description=__doc__.split("\n\n")[0])
+    parser.add_argument("file", nargs="?", help="a models file to check and install in place "
+                        "of the one the processes read (default: reload that one as it is)")
+    parser.add_argument("--timeout", type=float, default=600,
+                        help="seconds to wait for every process (default 600)")
+    args = parser.parse_args(argv)
+    from scripts.run import own_redis_url
+
+    try:
+        return reload(args.file, timeout_s=args.timeout,
+                      redis_url=own_redis_url(dict(os.environ))).status
+    except ConfigError as exc:
+        print(f"make reload: {exc}", file=sys.stderr)
+        return INVALID
+    except redis.RedisError as exc:
+        print(f"make reload: Redis: {exc}", file=sys.stderr)
+        return REFUSED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

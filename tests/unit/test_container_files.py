@@ -1,0 +1,67 @@
+"""The Containerfile and compose.yaml, read without building (building them takes minutes:
+`make container-check` does, and tests/integration/test_container.py runs it when asked). What
+can be checked from the files alone is checked here, so that a renamed script, a moved folder,
+a misspelled variable or a secret handed to the wrong process fails the suite."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from config.settings import KNOWN_VARIABLES
+from scripts.run import NEEDS, SECRET_VARIABLES
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
+SERVICES = COMPOSE["services"]
+# compose's service names against the Procfile's (scripts/run.py NEEDS is by Procfile name).
+PROCFILE_NAME = {"api": "web", "worker": "worker", "webhooks": "webhooks", "flower": "flower",
+                 "redis": "redis"}
+# The variables compose passes only where a secret stands in them (`${...PASSWORD}` etc.).
+SECRET_HOLDERS = {"REDIS_URL", "IQ_WEBHOOK_SECRET", "FLOWER_BASIC_AUTH"}
+
+
+def stages() -> dict[str, list[str]]:
+    """Each stage of the Containerfile: the repository paths its COPY lines take (not those
+    copied from another stage)."""
+    found: dict[str, list[str]] = {}
+    current = ""
+    for line in (ROOT / "Containerfile").read_text().splitlines():
+        if m := re.match(r"FROM\s+\S+\s+AS\s+(\S+)", line, re.I):
+            current = m.group(1)
+            found[current] = []
+        elif line.startswith("COPY") and "--from=" not in line:
+            found[current] += shlex.split(line)[1:-1]
+    return found
+
+
+def test_every_path_the_containerfile_copies_exists():
+    missing = [(stage, path) for stage, paths in stages().items() for path in paths
+               if not (ROOT / path).exists()]
+    assert missing == [], f"COPY of paths that are not in the repository: {missing}"
+
+
+@pytest.mark.parametrize("service", sorted(s for s in SERVICES if "command" in SERVICES[s]))
+def test_each_service_starts_a_launcher_its_image_holds(service):
+    spec = SERVICES[service]
+    image = spec["image"]
+    target = "api" if "inference-queue-api" in image else "worker"
+    launcher = spec["command"][0]
+    assert (ROOT / launcher).is_file(), f"{service}: {launcher} is not in the repository"
+    copied = stages()[target]
+    assert any(launcher.startswith(path.rstrip("/") + "/") or launcher == path
+               for path in copied), f"{service}: the {target} image does not copy {launcher}"
+
+
+@pytest.mark.parametrize("service", sorted(SERVICES))
+def test_each_service_gets_only_known_variables_and_its_own_secrets(service):
+    environment = SERVICES[service].get("environment", {})
+    unknown = [name for name in environment
+               if name.startswith("IQ_") and name not in KNOWN_VARIABLES]
+    assert unknown == [], f"{service}: variables no process knows (a typo stops it): {unknown}"
+    needs = NEEDS[PROCFILE_NAME[service]]
+    given = {name for name in environment if name in SECRET_VARIABLES or name in SECRET_HOLDERS}
+    assert given <= needs, f"{service} gets secrets it does not use: {sorted(given - needs)}"

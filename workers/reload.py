@@ -1,0 +1,183 @@
+"""A worker's side of a models-file reload (scripts/reload.py announces one): the main process
+takes the new file (new models' tasks and queues, new batching limits, removed models' jobs
+failed with `model_removed`), then replaces its pool children one at a time, each after the
+batch it holds: a spawned child reads the models file anew, so the new one loads the new
+models. The worker keeps serving from its other children; with one child, jobs wait for the
+load. Where it stands is written to Redis (tasks/keys.py RELOAD_STATUS_KEY) for the reload
+command to wait on.
+
+    serving ──(announced revision ≠ its own)──▶ reloading ──(every child replaced)──▶ serving
+                 │ its file is not the announced one, or does not parse
+                 └──▶ refused (keeps serving the models it has)
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import orjson
+import redis
+
+from config import ConfigError
+from config.models import ModelSpec, read_models
+from tasks.errors import ErrorCode, JobError
+from tasks.keys import MODELS_REVISION_KEY, RELOAD_STATUS_KEY
+from tasks.names import task_name
+from workers.broker.pool import ready_children, retire_idle_child
+from workers.model_tasks import register_model
+
+logger = logging.getLogger(__name__)
+
+# How often, while children are being replaced, the worker looks whether the next can go.
+STEP_S = 0.25
+
+
+class Reloader:
+    """One per worker (`PoolDispatcher.reloader`). `dispatcher`: its PoolDispatcher."""
+
+    def __init__(self, dispatcher: Any, client: redis.Redis) -> None:
+        self.dispatcher = dispatcher
+        self.consumer = dispatcher.consumer
+        self.app = self.consumer.app
+        self.client = client
+        self.revision: str = self.app.conf.iq_models_revision
+        self.state = "serving"
+        self.error = ""
+        self.refused_revision = ""
+        self.stale: set[int] = set()  # children still on the previous file
+        self.retiring: int | None = None
+        self.before_retiring: set[int] = set()
+        self.removed: dict[str, ModelSpec] = {}
+        self.app.conf.iq_removed_models = self.removed  # for Liveness: still its queues
+        self._timer: Any = None
+
+    @property
+    def unavailable(self) -> int:
+        """Children out of service for the reload: one stopping, or its replacement loading."""
+        return 1 if self.retiring is not None else 0
+
+    # -- the tick ------------------------------------------------------------------------
+    def tick(self) -> None:
+        """From the worker's tick: start a reload when one was announced, say where it
+        stands."""
+        try:
+            announced = self.client.get(MODELS_REVISION_KEY)
+        except redis.RedisError:
+            return
+        if announced and announced not in (self.revision, self.refused_revision):
+            self.begin(announced)
+        self.step()
+        self.report()
+
+    def begin(self, revision: str) -> None:
+        path = self.app.conf.iq_settings.models_file
+        try:
+            specs, found = read_models(path)
+            if found != revision:
+                raise ConfigError(f"{path} has revision {found}, not the announced {revision}: "
+                                  "this host's models file is not the one the reload checked")
+        except ConfigError as exc:
+            self.refused_revision, self.error, self.state = revision, str(exc), "refused"
+            logger.error("reload to models file revision %s refused; still serving %s: %s",
+                         revision, self.revision, exc)
+            return
+        previous, self.revision = self.revision, revision
+        self.refused_revision, self.error, self.state = "", "", "reloading"
+        self.apply(specs)
+        self.stale = self._pids()
+        logger.info("reloading models file %s (revision %s → %s): %d child(ren) to replace, "
+                    "one at a time", path, previous, revision, len(self.stale))
+        if self._timer is None:
+            self._timer = self.consumer.timer.call_repeatedly(STEP_S, self.step)
+        self.step()
+
+    # -- the main process's own models ---------------------------------------------------
+    def apply(self, specs: dict[str, ModelSpec]) -> None:
+        """The new models file in this main process: what the dispatcher and the settlement
+        read (batching limits, time limits), the new models' tasks and queues, the removed
+        models' jobs failed. Children started from now on load the new models."""
+        old = self.app.conf.iq_models
+        self.app.conf.iq_models = specs
+        scheduler = self.dispatcher.scheduler
+        for name, spec in specs.items():
+            self.removed.pop(name, None)
+            self.dispatcher.limits.declared[name] = spec.time_limit_s
+            if name in old or task_name(name) in self.app.tasks:
+                scheduler.add_model(name, spec.max_batch_size, spec.max_wait_ms / 1000.0)
+            else:
+                task = register_model(self.app, name)
+                self.consumer.strategies[task.name] = task.start_strategy(self.app,
+                                                                          self.consumer)
+            if getattr(self.app.conf, "iq_consumes_all", False):
+                consumed = set(self.dispatcher.liveness.consumed_queues())
+                if spec.queue not in consumed:
+                    self.consumer.add_task_queue(spec.queue)
+        for name in old.keys() - specs.keys():
+            self.removed[name] = old[name]
+            self.retire_model(name)
+        consumed = set(self.dispatcher.liveness.consumed_queues())
+        os.environ["IQ_WORKER_MODELS"] = ",".join(
+            name for name, spec in specs.items() if spec.queue in consumed)
+
+    def retire_model(self, name: str) -> None:
+        """A model the new file removed: what waits in the buffer fails now; its queue stays
+        consumed, so that what is still queued (or queued by an API not yet reloaded) fails
+        too, at once, rather than wait for a worker that will never come."""
+        held = self.dispatcher.scheduler.remove_model(name)
+        if held:
+            self.dispatcher.settlement.fail([p.job for p in held], removed_error(name))
+        logger.warning("model %s removed by the reload: %d buffered job(s) failed; its queue's "
+                       "jobs fail as they arrive", name, len(held))
+
+    # -- the children, one at a time -----------------------------------------------------
+    def _pids(self) -> set[int]:
+        pool = getattr(self.consumer.pool, "_pool", None)
+        return {p.pid for p in getattr(pool, "_pool", ())}
+
+    def step(self) -> None:
+        """Replace the next child on the previous file once the last replacement is up:
+        a child that holds no batch goes now; else the next to hand back its batch
+        (`PoolDispatcher._returned` calls this before it hands out more)."""
+        pool = self.consumer.pool
+        if self.retiring is not None:
+            gone = self.retiring not in self._pids()
+            fresh = ready_children(pool) - self.before_retiring
+            if not (gone and fresh):
+                return
+            self.retiring = None
+            self.dispatcher.pump()  # the replacement takes work
+        self.stale &= self._pids()
+        if self.stale:
+            self.before_retiring = self._pids()
+            self.retiring = retire_idle_child(pool, self.stale)
+            if self.retiring is not None:
+                self.stale.discard(self.retiring)
+                logger.info("reload: child %d stops after its batch; %d more to replace",
+                            self.retiring, len(self.stale))
+            return
+        if self.state == "reloading":
+            self.state = "serving"
+            logger.info("reload done: every child on models file revision %s", self.revision)
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self.report()
+
+    def report(self) -> None:
+        status = {"revision": self.revision, "state": self.state, "at": time.time(),
+                  "children_left": len(self.stale) + self.unavailable, "error": self.error,
+                  "refused": self.refused_revision,
+                  "metrics": getattr(self.app.conf, "iq_metrics_address", None)}
+        try:
+            self.client.hset(RELOAD_STATUS_KEY, f"worker:{self.consumer.hostname}",
+                             orjson.dumps(status))
+        except redis.RedisError as exc:
+            logger.warning("could not report the reload's state: %s", exc)
+
+
+def removed_error(model: str) -> JobError:
+    return JobError(ErrorCode.MODEL_REMOVED,
+                    f"model {model} was removed from the models file by a reload before the "
+                    "job ran")
