@@ -9,6 +9,7 @@ committed; var/ is ignored.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import tarfile
 from io import BytesIO
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPORTS = ROOT / "var" / "bench-baseline"
@@ -51,6 +53,9 @@ def checkout(rev: str) -> Path:
     return tree
 
 
+# The packages a launcher imports from its own tree.
+_PACKAGES = ("scripts", "tests")
+
 # Where the stack launcher lived: scripts/stack.py since c2b6f63, tests/support before.
 LAUNCHERS = ("scripts/stack.py", "tests/support/services.py")
 
@@ -67,5 +72,27 @@ def launcher(tree: Path) -> ModuleType:
     assert spec and spec.loader, path
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
+    with _own_packages(tree):
+        spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def _own_packages(tree: Path) -> Iterator[None]:
+    """While a launcher loads, `scripts` and `tests` are its tree's: a launcher split in
+    modules (scripts/stack.py importing scripts/processes.py, whose ROOT is where processes
+    start) must not start this checkout's code. The loaded modules keep their references."""
+    def ours(name: str) -> bool:
+        return name.split(".", 1)[0] in _PACKAGES
+
+    saved = {k: m for k, m in sys.modules.items() if ours(k)}
+    for k in saved:
+        del sys.modules[k]
+    sys.path.insert(0, str(tree))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(tree))
+        for k in [k for k in sys.modules if ours(k)]:
+            del sys.modules[k]
+        sys.modules.update(saved)
