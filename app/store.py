@@ -132,7 +132,7 @@ class JobStore:
                          token=secrets.token_urlsafe(6), retry_of=retry_of)
         # The webhook's URL is kept in the record only (tasks/webhooks.py), not in the message.
         args = JobArgs(job["inputs"], job["options"], time.time(),
-                       {"events": hook["events"]} if hook else None, record.encoding_format)
+                       {"events": hook["events"]} if hook else None)
         summary = None if self.settings.events_full_args else {
             "model": spec.name, "inputs": record.inputs, "trace_id": trace_id}
         # The token in the record and the message: only this message can run the job.

@@ -219,7 +219,10 @@ def stop_all(stacks: list[Stack]) -> None:
         stack.services[0].stop()
 
 
-def start_stack(workdir: Path, model: str, spec: dict, config: Config, args) -> Stack:
+def start_stack(workdir: Path, model: str, spec: dict, config: Config, args,
+                worker_name: str | None = None) -> Stack:
+    """One configuration's stack; its worker named `worker_name` (`make run`'s is "worker"),
+    by default after the model and the configuration."""
     models_file = workdir / f"{model}-{config.slug}.yaml"
     declared = dict(spec)
     if config.max_batch_size:
@@ -233,7 +236,8 @@ def start_stack(workdir: Path, model: str, spec: dict, config: Config, args) -> 
                BENCH_FLUSH_INTERVAL=str(config.flush_interval))
     services = [redis_svc]
     try:
-        services.append(launch.start_worker(f"bench-{model}-{config.slug}", env, workdir,
+        services.append(launch.start_worker(worker_name or f"bench-{model}-{config.slug}",
+                                            env, workdir,
                                             [model], app=config.app))
         # An earlier commit's API as that commit's benchmark ran it (a gthread API before the
         # gevent one: a thread per client and some to spare).

@@ -11,6 +11,7 @@ from kombu import Connection, Queue
 
 from config import Settings, load_settings
 from config.models import ModelSpec, read_models
+from tasks import results
 from tasks.names import PRIORITIES, PRIORITY_SEP, PRIORITY_STEPS, task_routes
 from tasks.redis_client import sentinel_options
 from tasks.webhooks import DELIVER_TASK
@@ -25,10 +26,13 @@ def make_celery(settings: Settings | None = None,
     settings = settings or load_settings()
     if models is None:
         models, revision = read_models(settings.models_file)
+    results.register_serializer()
     app = Celery("inference_queue", set_as_current=False)
     app.conf.update(
         task_serializer="json",
-        result_serializer="json",
+        # Stored results: JSON, or an embedding's packed float32 values (tasks/results.py).
+        result_serializer=results.SERIALIZER,
+        result_accept_content=["json", results.SERIALIZER],
         accept_content=["json"],
         task_routes={**task_routes(models.values()), DELIVER_TASK: {"queue": WEBHOOK_QUEUE}},
         # A worker started without -Q consumes every model's queue.
@@ -67,7 +71,9 @@ def _redis_conf(settings: Settings) -> dict[str, Any]:
     url = sentinel_url(settings)
     return dict(
         broker_url=url,
-        result_backend=url,
+        # Celery's Redis (or Sentinel) backend, which reads a packed result's task id from
+        # its key.
+        result_backend=results.backend_url(url),
         # Every gunicorn thread may publish at once; a smaller pool makes them queue for it.
         broker_pool_limit=128,
         broker_connection_timeout=settings.redis_timeout_s,

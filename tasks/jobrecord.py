@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any, Mapping, Sequence
 
 import orjson
 
@@ -105,17 +105,50 @@ class Final:
     token: str = ""  # the token of the message that ran it (its `job_token` header)
 
 
+def now_stamp() -> str:
+    return stamp(datetime.now(timezone.utc))
+
+
+def stamp(moment: datetime) -> str:
+    """A timestamp as records keep it: Unix milliseconds (an integer, which Redis keeps in a
+    few bytes: every byte of a record is kept for job_ttl_s)."""
+    return str(int(moment.timestamp() * 1000 + 0.5))
+
+
 def now_iso() -> str:
     return iso(datetime.now(timezone.utc))
 
 
 def iso(moment: datetime) -> str:
-    """A timestamp as records and the API write it: UTC, milliseconds, `Z`."""
+    """A timestamp as the API writes it: UTC, milliseconds, `Z`."""
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _time(text: str | None) -> datetime | None:
-    return datetime.fromisoformat(text) if text else None
+    """A record's timestamp: Unix milliseconds (`stamp`), or ISO 8601 as records before
+    kept it."""
+    if not text:
+        return None
+    if text.isdigit():
+        ms = int(text)
+        return datetime.fromtimestamp(ms // 1000, timezone.utc) + timedelta(
+            milliseconds=ms % 1000)
+    return datetime.fromisoformat(text)
+
+
+def batch_text(batch: Mapping[str, Any]) -> str:
+    """A batch as records keep it (`start`): "<id> <jobs> <items>"."""
+    return f"{batch['id']} {batch['jobs']} {batch['items']}"
+
+
+def _batch(text: str | None) -> dict | None:
+    """A record's batch (`batch_text`, or JSON as records before kept it)."""
+    if not text:
+        return None
+    if text.startswith("{"):
+        return orjson.loads(text)
+    batch_id, jobs, items = text.split()
+    return {"id": batch_id, "jobs": int(jobs), "items": int(items)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,11 +186,17 @@ class JobRecord:
         return self.status in TERMINAL
 
     def submitted_fields(self) -> dict[str, str]:
-        """The fields `submit` writes (expiry is the script's to set, by Redis's clock)."""
+        """The fields `submit` writes (expiry is the script's to set, by Redis's clock).
+        A field at its default (`from_fields` reads it back) is not written: every byte of a
+        record is kept for job_ttl_s."""
         written = {"status": self.status.value, "model": self.model,
-                   "created_at": iso(self.created_at), "trace_id": self.trace_id,
-                   "inputs": str(self.inputs), "priority": self.priority, "owner": self.owner,
-                   "encoding_format": self.encoding_format}
+                   "created_at": stamp(self.created_at), "trace_id": self.trace_id,
+                   "inputs": str(self.inputs)}
+        for name, value, default in (("priority", self.priority, "normal"),
+                                     ("owner", self.owner, ""),
+                                     ("encoding_format", self.encoding_format, "float")):
+            if value != default:
+                written[name] = value
         if self.webhook_url:
             written["webhook_url"] = self.webhook_url
             written["webhook_events"] = self.webhook_events
@@ -173,7 +212,7 @@ class JobRecord:
         get = raw.get
         return cls(
             id=job_id, status=Status(raw["status"]), model=raw["model"],
-            created_at=datetime.fromisoformat(raw["created_at"]),
+            created_at=_time(raw["created_at"]),
             trace_id=get("trace_id", ""), inputs=int(get("inputs") or 0),
             priority=get("priority") or "normal", owner=get("owner", ""),
             encoding_format=get("encoding_format") or "float",
@@ -181,7 +220,7 @@ class JobRecord:
             token=get("token", ""),
             expires_at=float(get("expires_at")) if get("expires_at") else None,
             started_at=_time(get("started_at")), finished_at=_time(get("finished_at")),
-            worker=get("worker"), batch=orjson.loads(get("batch")) if get("batch") else None,
+            worker=get("worker"), batch=_batch(get("batch")),
             runs=int(get("runs") or 0), model_version=get("model_version", ""),
             error=JobError.from_json(raw["error"]) if get("error") else None,
             items_done=int(get("items_done") or 0), retry_of=get("retry_of") or "",

@@ -9,8 +9,8 @@ from __future__ import annotations
 from tasks.keys import (DONE_PREFIX, JOB_PREFIX, KEPT_BYTES_KEY, KEPT_KEY, MOVES_CHANNEL,
                         dead_index, kept_request, owner_index)
 
-# The fields a read returns: every field of the record but the kept request (inputs can weigh
-# a megabyte; only a retry reads them, from where `dead` moves them).
+# The fields a read returns. (A job's request, kept for a retry, is in a key of its own:
+# inputs can weigh a megabyte and only a retry reads them.)
 READ_FIELDS = ("status", "model", "created_at", "trace_id", "inputs", "priority", "owner",
                "encoding_format", "webhook_url", "webhook_events", "token", "expires_at",
                "started_at", "finished_at", "worker", "batch", "runs", "error", "items_done",
@@ -46,18 +46,22 @@ local function trim_kept(most)
 end
 
 -- A job that ends without succeeding (failed, cancelled, expired) joins its owner's
--- dead-letter index, and the request kept in its record at submit moves to a key of its own,
--- for a retry within KEEP_S. (A job that succeeds drops it: FINISH.)
+-- dead-letter index, and the request kept at submit (in a key of its own, so that it does not
+-- weigh on the record) is kept for a retry within KEEP_S. (A job that succeeds drops it: FINISH.)
 local function dead(key, id)
-  local f = redis.call('hmget', key, 'owner', 'request')
+  local f = redis.call('hmget', key, 'owner', 'req')
   local index = '{dead_index("")}' .. (f[1] or '')
   redis.call('zadd', index, now_us, id)
   trim(index, now_us - TTL_S * 1000000, 100)
   if not f[2] then return end
-  redis.call('hdel', key, 'request')
-  if KEEP_S <= 0 then return end
-  local size = string.len(f[2])
-  redis.call('set', '{kept_request("")}' .. id, f[2], 'EX', KEEP_S)
+  local size = tonumber(f[2])
+  if KEEP_S <= 0 then
+    redis.call('hdel', key, 'req')
+    redis.call('del', '{kept_request("")}' .. id)
+    return
+  end
+  redis.call('expire', '{kept_request("")}' .. id, KEEP_S)
+  redis.call('hdel', key, 'req')
   redis.call('hset', key, 'kept', size)
   redis.call('zadd', '{KEPT_KEY}', now + KEEP_S, id .. ':' .. size)
   redis.call('incrby', '{KEPT_BYTES_KEY}', size)
@@ -142,11 +146,14 @@ if timeout > 0 then
   fields[#fields + 1] = string.format('%.3f', now + timeout)
 end
 if ARGV[9] ~= '' then
-  fields[#fields + 1] = 'request'
-  fields[#fields + 1] = ARGV[9]
+  fields[#fields + 1] = 'req'  -- the bytes of its request, kept beside it until it ends
+  fields[#fields + 1] = string.len(ARGV[9])
 end
 redis.call('hset', KEYS[1], unpack(fields))
 redis.call('expire', KEYS[1], TTL_S)
+if ARGV[9] ~= '' then
+  redis.call('set', '""" + kept_request("") + """' .. ARGV[3], ARGV[9], 'EX', TTL_S)
+end
 if ARGV[6] ~= '' then redis.call('set', KEYS[2], ARGV[3] .. ' ' .. ARGV[6], 'EX', TTL_S) end
 redis.call('zadd', KEYS[4], now_us, ARGV[3])
 if ARGV[10] == '1' then trim(KEYS[4], now_us - TTL_S * 1000000, 1000) end
@@ -158,7 +165,7 @@ return {'created', ARGV[3]}
 """
 
 # KEYS: the batch's records, then (optional) the in-flight hash of the worker that holds their
-# messages. ARGV: started_at, worker, batch (JSON), finished_at, expired error, then per job its
+# messages. ARGV: started_at, worker, batch, finished_at, expired error, then per job its
 # token as its message carries it ('' : none) and its message's delivery tag ('' : no in-flight
 # hash). Returns, per job, a StartDecision: 'run', or why it must not run ('missing',
 # 'foreign': the message is not the job's own, its token differs from the record's;
@@ -175,7 +182,7 @@ if #KEYS > records then
 end
 for i = 1, records do
   local key = KEYS[i]
-  local f = redis.call('hmget', key, 'status', 'expires_at', 'token')
+  local f = redis.call('hmget', key, 'status', 'expires_at', 'token', 'runs')
   local status = f[1]
   if held and not held[i] then
     out[i] = 'lapsed'
@@ -187,8 +194,7 @@ for i = 1, records do
     out[i] = 'expired'
   elseif status == 'queued' or status == 'running' then
     redis.call('hset', key, 'status', 'running', 'started_at', ARGV[3], 'worker', ARGV[4],
-               'batch', ARGV[5])
-    redis.call('hincrby', key, 'runs', 1)
+               'batch', ARGV[5], 'runs', (tonumber(f[4]) or 0) + 1)
     out[i] = 'run'
     ran[#ran + 1] = id_of(key)
   elseif status == 'cancelled' or status == 'expired' then
@@ -228,18 +234,28 @@ local out, done = {{}}, {{}}
 local ttl = tonumber(ARGV[4])
 for i = 1, (#KEYS - 1) / 2 do
   local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 8 * (i - 1)
-  local f = redis.call('hmget', key, 'status', 'token')
+  local f = redis.call('hmget', key, 'status', 'token', 'req')
   local status = f[1]
   if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 7]) then
-    redis.call('hset', key, 'status', ARGV[a + 1], 'finished_at', ARGV[3])
-    if ARGV[5] ~= '' then redis.call('hset', key, 'model_version', ARGV[5]) end
-    if ARGV[a + 3] ~= '' then redis.call('hset', key, 'error', ARGV[a + 3]) end
-    redis.call('hdel', key, 'message', 'list')
-    if ARGV[a + 1] == 'succeeded' then redis.call('hdel', key, 'request')
-    else dead(key, id_of(key)) end
+    -- One HSET: its status, and its model version, error and webhook delivery's id if any.
+    local fields = {{'status', ARGV[a + 1], 'finished_at', ARGV[3]}}
+    if ARGV[5] ~= '' then table.insert(fields, 'model_version'); table.insert(fields, ARGV[5]) end
+    if ARGV[a + 3] ~= '' then table.insert(fields, 'error'); table.insert(fields, ARGV[a + 3]) end
+    if ARGV[a + 4] ~= '' then
+      table.insert(fields, 'webhook_id'); table.insert(fields, ARGV[a + 8])
+    end
+    redis.call('hset', key, unpack(fields))
+    -- A finished record keeps what a read needs (and its token, so that a message sent by
+    -- hand with its id is still told apart): not its message, deadline or request.
+    if ARGV[a + 1] == 'succeeded' then
+      redis.call('hdel', key, 'message', 'list', 'expires_at', 'req')
+      if f[3] then redis.call('del', '{kept_request("")}' .. id_of(key)) end
+    else
+      redis.call('hdel', key, 'message', 'list')
+      dead(key, id_of(key))
+    end
     redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)
     if ARGV[a + 4] ~= '' then
-      redis.call('hset', key, 'webhook_id', ARGV[a + 8])
       redis.call('lpush', ARGV[a + 4], ARGV[a + 5])
       if redis.call('llen', ARGV[a + 6]) == 0 then redis.call('lpush', ARGV[a + 6], '1') end
     end
@@ -283,7 +299,7 @@ redis.call('hset', KEYS[1], 'webhook_done', ARGV[4])
 return 1
 """
 
-# KEYS: record. ARGV: now (ISO), cancelled error, expired error. Returns a CancelOutcome:
+# KEYS: record. ARGV: now, cancelled error, expired error. Returns a CancelOutcome:
 # 'cancelled', 'missing', or 'too_late' (running or terminal: its status says which).
 CANCEL = _PRELUDE + f"""
 local f = redis.call('hmget', KEYS[1], 'status', 'expires_at')
@@ -300,7 +316,7 @@ redis.call('publish', '{DONE_PREFIX}' .. id_of(KEYS[1]), 'cancelled')
 return 'cancelled'
 """
 
-# KEYS: record, stored result. ARGV: now (ISO), expired error. Returns {READ_FIELDS' values,
+# KEYS: record, stored result. ARGV: now, expired error. Returns {READ_FIELDS' values,
 # the stored result of a job that succeeded, or false}; {} when there is no record.
 READ = _PRELUDE + """
 local f = redis.call('hmget', KEYS[1], 'status', 'expires_at')
@@ -312,7 +328,7 @@ if values[1] == 'succeeded' then meta = redis.call('get', KEYS[2]) end
 return {values, meta}
 """
 
-# KEYS: an index (an owner's, or its dead-letter one). ARGV: now (ISO), expired error, the
+# KEYS: an index (an owner's, or its dead-letter one). ARGV: now, expired error, the
 # cursor's score and job id ('' : from the newest), page size, scan budget, status ('' : any),
 # model ('' : any). Newest first, it reads at most `budget` entries, keeping those that match:
 # {next cursor's score and id (false: no more), then per job {id, READ_FIELDS' values}}. An
@@ -347,7 +363,7 @@ if #out - 2 == limit or #rows == 2 * budget then out[1], out[2] = last_score, la
 return out
 """
 
-# KEYS: record, stored result, kept request. ARGV: owner, now (ISO), expired error. Deletes a
+# KEYS: record, stored result, kept request. ARGV: owner, now, expired error. Deletes a
 # finished job of `owner`'s (record, result, kept request, index entries): 'deleted';
 # 'missing' (none, or another owner's); or its status when it is not finished.
 DELETE = _PRELUDE + f"""

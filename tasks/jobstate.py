@@ -46,12 +46,13 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import redis
+from redis.client import NEVER_DECODE
 
 from tasks import jobscripts, results
 from tasks.jobrecord import (CANCELLED_ERROR, EXPIRED_ERROR, TERMINAL, CancelOutcome,
                              DeliveryClaim, Final, IdempotencyMismatch, JobRecord,
                              NotReplicated, Overloaded, RetryRefused, StartDecision, Status,
-                             StoreFull, iso, new_job, now_iso)
+                             StoreFull, batch_text, iso, new_job, now_iso, now_stamp)
 from tasks.keys import (PENDING_KEY, dead_index, job_key, kept_request, owner_index, result_key,
                         wake_key)
 from tasks.messages import QueuedMessage
@@ -61,7 +62,7 @@ from tasks.names import PRIORITY_SEP
 __all__ = ["CANCELLED_ERROR", "EXPIRED_ERROR", "TERMINAL", "CancelOutcome", "DeliveryClaim",
            "Final", "IdempotencyMismatch", "JobRecord", "JobState", "NotReplicated",
            "Overloaded", "Page", "RetryRefused", "StartDecision", "Status", "StoreFull",
-           "Submitted", "iso", "new_job", "now_iso", "queue_of"]
+           "Submitted", "batch_text", "iso", "new_job", "now_iso", "now_stamp", "queue_of"]
 
 
 def queue_of(list_key: str) -> str:
@@ -76,7 +77,8 @@ def _text(value: Any) -> str:
 def _record(job_id: str, values: Sequence[Any], stored: Any = None) -> JobRecord:
     """A record from READ_FIELDS' values (None or false for a field it lacks)."""
     found = {name: _text(v) for name, v in zip(jobscripts.READ_FIELDS, values) if v}
-    return JobRecord.from_fields(job_id, found, results.outputs_of(stored or None))
+    return JobRecord.from_fields(job_id, found, results.outputs_of(
+        stored or None, found.get("encoding_format")))
 
 
 @dataclass
@@ -111,6 +113,20 @@ class JobState:
              ttl_s: int | None = None) -> Any:
         """Run a script with the two arguments every script takes first."""
         return self._scripts[name](keys=keys, args=[self.keep_s, ttl_s or self.ttl_s, *args])
+
+    def _run_undecoded(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """`_run`, its reply as Redis sent it: bytes even where the client decodes replies,
+        since a packed result (tasks/results.py) is not text."""
+        script = self._scripts[name]
+        for attempt in (1, 2):
+            try:
+                return self.client.execute_command(
+                    "EVALSHA", script.sha, len(keys), *keys, self.keep_s, self.ttl_s, *args,
+                    **{NEVER_DECODE: True})
+            except redis.exceptions.NoScriptError:
+                if attempt == 2:
+                    raise
+                script.sha = self.client.script_load(script.script)
 
     def submit(self, job: JobRecord, message: QueuedMessage, *, depth_lists: Sequence[str],
                max_depth: int, ttl_s: int, timeout_s: float = 0,
@@ -174,7 +190,7 @@ class JobState:
         job's token as its message carries it. `held`: the in-flight hash of the worker that
         holds the jobs' messages and each job's delivery tag: a job whose message is no longer
         on it is not started (LAPSED)."""
-        now = now_iso()
+        now = now_stamp()
         keys = [job_key(j) for j in job_ids]
         tokens = list(tokens) or [""] * len(job_ids)
         tags = list(held[1]) if held is not None else [""] * len(job_ids)
@@ -199,7 +215,7 @@ class JobState:
         if not finals:
             return []
         keys: list[str] = []
-        args: list[Any] = [now_iso(), result_ttl_s, model_version]
+        args: list[Any] = [now_stamp(), result_ttl_s, model_version]
         for final in finals:
             keys += [job_key(final.job_id), result_key(final.job_id)]
             hook = final.webhook
@@ -228,13 +244,13 @@ class JobState:
     def cancel(self, job_id: str) -> CancelOutcome:
         return CancelOutcome(_text(self._run(
             "cancel", [job_key(job_id)],
-            [now_iso(), CANCELLED_ERROR.to_json(), EXPIRED_ERROR.to_json()])))
+            [now_stamp(), CANCELLED_ERROR.to_json(), EXPIRED_ERROR.to_json()])))
 
     def read(self, job_id: str) -> JobRecord | None:
         """The job, expired first if its deadline has passed while it waited; None when
         there is no record."""
-        out = self._run("read", [job_key(job_id), result_key(job_id)],
-                        [now_iso(), EXPIRED_ERROR.to_json()])
+        out = self._run_undecoded("read", [job_key(job_id), result_key(job_id)],
+                                  [now_stamp(), EXPIRED_ERROR.to_json()])
         return _record(job_id, *out) if out else None
 
     def page(self, owner: str, *, dead: bool = False, status: str = "", model: str = "",
@@ -245,7 +261,7 @@ class JobState:
         hold fewer than `limit` jobs and still have a cursor to go on from."""
         index = dead_index(owner) if dead else owner_index(owner)
         score, after = cursor or ("", "")
-        out = self._run("list", [index], [now_iso(), EXPIRED_ERROR.to_json(), score, after,
+        out = self._run("list", [index], [now_stamp(), EXPIRED_ERROR.to_json(), score, after,
                                           limit, budget, status, model])
         jobs = [_record(_text(job_id), values) for job_id, values in out[2:]]
         return Page(jobs, (_text(out[0]), _text(out[1])) if out[0] else None)
@@ -255,7 +271,7 @@ class JobState:
         not finished."""
         return _text(self._run("delete", [job_key(job_id), result_key(job_id),
                                           kept_request(job_id)],
-                               [owner, now_iso(), EXPIRED_ERROR.to_json()]))
+                               [owner, now_stamp(), EXPIRED_ERROR.to_json()]))
 
     def kept_request(self, job_id: str) -> bytes | None:
         """The request kept for a retry of a job that did not succeed, if it still is."""
@@ -273,6 +289,7 @@ class JobState:
         return None if token is None else _text(token) or None
 
     def owner_of(self, job_id: str) -> str | None:
-        """The owner of the job's record (one field, no expiry); None when there is none."""
-        owner = self.client.hget(job_key(job_id), "owner")
-        return None if owner is None else _text(owner)
+        """The owner of the job's record (one read, no expiry; "" when keys are off); None
+        when there is no record."""
+        status, owner = self.client.hmget(job_key(job_id), "status", "owner")
+        return None if status is None else _text(owner or "")

@@ -28,15 +28,12 @@ class JobArgs(NamedTuple):
     options: dict
     submitted_at: float | None = None  # Unix time, for the queue-wait metric and traces
     webhook: dict | None = None  # {"url", "events"}
-    encoding_format: str = "float"
 
     def kwargs(self) -> dict[str, Any]:
         out: dict[str, Any] = {"inputs": self.inputs, "options": self.options,
                                "submitted_at": self.submitted_at}
         if self.webhook:
             out["webhook"] = self.webhook
-        if self.encoding_format != "float":
-            out["encoding_format"] = self.encoding_format
         return out
 
     @classmethod
@@ -48,7 +45,7 @@ class JobArgs(NamedTuple):
         return cls(inputs if isinstance(inputs, list) else [],
                    options if isinstance(options, dict) else {},
                    submitted if isinstance(submitted, (int, float)) else None,
-                   kwargs.get("webhook") or None, kwargs.get("encoding_format") or "float")
+                   kwargs.get("webhook") or None)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,10 @@ shortest text that round-trips a float32 (`0.012345679`), and leaves any other v
 float64 model's) untouched: nothing is rounded. A job may also ask for
 `"encoding_format": "base64"` (embedding models): each output vector becomes the base64 of
 its little-endian float32 bytes, 5.3 characters a value, as the common embeddings APIs offer.
+
+In Redis, outputs that are all float32 vectors (an embedding model's) are kept packed: their
+float32 bytes, 4 bytes a value (`stored`), turned into numbers or base64 only when read
+(`outputs_of`), so one encoding or the other is a choice of the reader, not of the store.
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import orjson
+from celery.backends.redis import RedisBackend, SentinelBackend
+from kombu import serialization
 
 ENCODINGS = ("float", "base64")
 # orjson writes numpy float32 values as the shortest text that round-trips a float32 (and a
@@ -64,27 +70,147 @@ def encode(outputs: list, encoding: str | None) -> list:
     return compact(outputs)
 
 
+# A stored result whose outputs are all float32 vectors (an embedding model's) is packed: a NUL
+# (no JSON text starts with one), then for one vector "1" and its values; for several "n", the
+# count (uint16), each one's length (uint32) and their values one after another. Values are
+# little-endian float32, 4 bytes each (~10 as text). Anything else is Celery's JSON meta.
+_PACKED = b"\x00"
+_ONE, _MANY = b"1", b"n"
+# Celery reads stored results with this serializer (tasks/celery_app.py), so AsyncResult and
+# Flower see packed outputs as the numbers they hold.
+SERIALIZER = "iq-result"
+CONTENT_TYPE = "application/x-iq-result"
+
+
+def _packable(outputs: Any) -> list[np.ndarray] | None:
+    """Each output as float32, when every one is a vector that float32 holds exactly."""
+    if not isinstance(outputs, list) or not outputs or len(outputs) > 0xFFFF:
+        return None
+    vectors = []
+    for output in outputs:
+        if not _is_vector(output) or all(isinstance(x, int) for x in output):
+            return None
+        wide = np.asarray(output, dtype=np.float64)
+        narrow = _narrow(wide)
+        if narrow.dtype != np.float32:
+            return None
+        vectors.append(narrow)
+    return vectors
+
+
+def pack(vectors: list[np.ndarray]) -> bytes:
+    values = [v.astype("<f4").tobytes() for v in vectors]
+    if len(vectors) == 1:
+        return b"".join([_PACKED, _ONE, *values])
+    lengths = np.asarray([len(v) for v in vectors], dtype="<u4")
+    return b"".join([_PACKED, _MANY, len(vectors).to_bytes(2, "little"), lengths.tobytes(),
+                     *values])
+
+
+def unpack(raw: bytes) -> list[np.ndarray]:
+    """The float32 vectors of a packed result (`pack`)."""
+    if raw[1:2] == _ONE:
+        return [np.frombuffer(raw, dtype="<f4", offset=2)]
+    count = int.from_bytes(raw[2:4], "little")
+    lengths = np.frombuffer(raw, dtype="<u4", count=count, offset=4)
+    values = np.frombuffer(raw, dtype="<f4", offset=4 + 4 * count)
+    return np.split(values, np.cumsum(lengths)[:-1])
+
+
 def stored(job_id: str, *, outputs: list | None = None,
            error: BaseException | None = None) -> bytes:
-    """A job's result as Celery's Redis backend stores it, so that AsyncResult and Flower read
-    it: SUCCESS with `{"outputs": ...}`, or FAILURE with `error` encoded as Celery encodes an
-    exception for JSON. `outputs` as `encode` wrote them; a NaN or infinite value is null
-    (JSON has neither). tests/integration/test_broker.py checks it against Celery's own
+    """A job's result as it is kept in Redis, where Celery's backend keeps a task's: outputs
+    that are all float32 vectors packed (`pack`), else Celery's JSON meta (SUCCESS with
+    `{"outputs": ...}`, or FAILURE with `error` encoded as Celery encodes an exception for
+    JSON; a NaN or infinite value is null). Either way AsyncResult reads it with this app
+    (`SERIALIZER`); tests/integration/test_broker.py checks it against Celery's own
     `store_result`."""
-    if error is not None:
-        state = "FAILURE"
-        result: Any = {"exc_type": type(error).__qualname__, "exc_message": list(error.args),
-                       "exc_module": type(error).__module__}
+    if error is None:
+        vectors = _packable(outputs)
+        if vectors is not None:
+            return pack(vectors)
+        state: str = "SUCCESS"
+        result: Any = {"outputs": compact(outputs)}
     else:
-        state, result = "SUCCESS", {"outputs": outputs}
+        state = "FAILURE"
+        result = {"exc_type": type(error).__qualname__, "exc_message": list(error.args),
+                  "exc_module": type(error).__module__}
     meta = {"status": state, "result": result, "traceback": None, "children": None,
             "date_done": datetime.now(timezone.utc).isoformat(), "task_id": job_id}
     return orjson.dumps(meta, option=JSON_OPTIONS)
 
 
-def outputs_of(meta: bytes | str | None) -> list | None:
-    """The outputs of a stored result; None for a failure, or when there is none."""
+def _as_numbers(vectors: list[np.ndarray]) -> list:
+    """Float32 vectors as JSON numbers: each value the shortest text that round-trips its
+    float32, read back as the Python float that text means (what the JSON meta held)."""
+    return orjson.loads(orjson.dumps(vectors, option=JSON_OPTIONS))
+
+
+def outputs_of(meta: bytes | str | None, encoding: str | None = None) -> list | None:
+    """The outputs of a stored result, written as `encoding` asks (`encode`); None for a
+    failure, or when there is none."""
     if not meta:
         return None
+    if isinstance(meta, bytes) and meta.startswith(_PACKED):
+        vectors = unpack(meta)
+        if encoding == "base64":
+            return [base64.b64encode(v.tobytes()).decode() for v in vectors]
+        return _as_numbers(vectors)
     result = orjson.loads(meta).get("result")
-    return result.get("outputs") if isinstance(result, dict) else None
+    outputs = result.get("outputs") if isinstance(result, dict) else None
+    return encode(outputs, encoding) if encoding == "base64" and outputs else outputs
+
+
+def _meta_of(raw: bytes | str) -> dict:
+    """Celery's meta of a stored result (the serializer's decoder)."""
+    if isinstance(raw, bytes) and raw.startswith(_PACKED):
+        return {"status": "SUCCESS", "result": {"outputs": _as_numbers(unpack(raw))},
+                "traceback": None, "children": None, "date_done": None, "task_id": None}
+    return orjson.loads(raw)
+
+
+def _stored_meta(meta: Any) -> bytes:
+    """What Celery stores (the serializer's encoder): a success's meta packed where `stored`
+    would pack it, anything else JSON (Celery also tries it on an exception's arguments)."""
+    meta_of_success = isinstance(meta, dict) and meta.get("status") == "SUCCESS" and \
+        not meta.get("traceback") and not meta.get("children")
+    result = meta.get("result") if meta_of_success else None
+    if isinstance(result, dict) and set(result) == {"outputs"}:
+        vectors = _packable(result["outputs"])
+        if vectors is not None:
+            return pack(vectors)
+    return orjson.dumps(meta, option=JSON_OPTIONS)
+
+
+def register_serializer() -> None:
+    """Teach kombu (so Celery's result backend) `SERIALIZER`: packed results and JSON."""
+    serialization.register(SERIALIZER, _stored_meta, _meta_of, content_type=CONTENT_TYPE,
+                           content_encoding="binary")
+
+
+class _NamesPackedResults:
+    """What the app's result backends add to Celery's Redis and Sentinel ones: the task named
+    in a packed result's meta (the packed form does not repeat the id its key holds, and
+    `AsyncResult.get` needs it)."""
+
+    def _get_task_meta_for(self, task_id: str) -> dict:
+        meta = super()._get_task_meta_for(task_id)  # type: ignore[misc]
+        if meta.get("status") == "SUCCESS" and meta.get("task_id") is None:
+            meta["task_id"] = task_id
+        return meta
+
+
+class ResultBackend(_NamesPackedResults, RedisBackend):
+    """The result backend for a redis:// or rediss:// URL."""
+
+
+class SentinelResultBackend(_NamesPackedResults, SentinelBackend):
+    """The result backend for Sentinel's `sentinel://...;sentinel://...` URL: it asks the
+    sentinels for the primary, so it follows a failover."""
+
+
+def backend_url(url: str) -> str:
+    """Celery's result_backend for Redis at `url` (tasks.celery_app.sentinel_url's): the
+    backend class that fits its scheme, named as `module:Class+url`."""
+    backend = SentinelResultBackend if url.startswith("sentinel://") else ResultBackend
+    return f"{__name__}:{backend.__name__}+{url}"

@@ -84,9 +84,9 @@ class JobOutcome:
 
 
 def succeeded(app: Any, job: BatchJob, outputs: list) -> Final:
-    """The job's success: its outputs, encoded as it asked, stored with its webhook."""
-    encoded = results.encode(outputs, job.args.encoding_format)
-    return Final(job.id, Status.SUCCEEDED, results.stored(job.id, outputs=encoded), None,
+    """The job's success: its outputs stored (packed where they can be: the reader encodes
+    them as the job asked), with its webhook."""
+    return Final(job.id, Status.SUCCEEDED, results.stored(job.id, outputs=outputs), None,
                  webhook_message(app, job, Status.SUCCEEDED), job.token)
 
 

@@ -23,12 +23,11 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
-import orjson
 import redis
 
 from tasks import tracing
 from tasks.errors import JobError
-from tasks.jobstate import Final, StartDecision, Status
+from tasks.jobstate import Final, StartDecision, Status, batch_text
 from tasks.logs import trace
 from tasks.redis_client import is_transient
 from workers import metrics
@@ -82,7 +81,7 @@ def execute(app: Any, rt: ModelRuntime, model: str, jobs: list[BatchJob],
         # Not this batch's fault: its jobs go back to the queue, for a child that can run them.
         logger.error("runtime is %s: %d job(s) back to their queue", rt.state.value, len(jobs))
         return _retry(job.id for job in jobs)
-    batch = {"id": uuid.uuid4().hex, "jobs": len(jobs),
+    batch = {"id": uuid.uuid4().hex[:12], "jobs": len(jobs),  # kept in every job's record
              "items": sum(len(job.args.inputs) for job in jobs)}
     started = _start(rt, jobs, batch, held_by)
     if started is None:
@@ -125,7 +124,7 @@ def _start(rt: ModelRuntime, jobs: list[BatchJob], batch: dict,
     record the start."""
     worker = f"{rt.member}/{os.getpid()}"  # node name / child index / pid
     # Which batch a job ran in, so a client (and the tests) can see batching at work.
-    info = orjson.dumps(batch).decode()
+    info = batch_text(batch)
     ids, tokens = [job.id for job in jobs], [job.token for job in jobs]
     held = (held_by, [job.tag for job in jobs]) if held_by else None
     try:

@@ -17,7 +17,6 @@ import os
 import signal
 import time
 import uuid
-from datetime import datetime
 
 import pytest
 import redis
@@ -25,6 +24,7 @@ import requests
 
 from config import Settings
 from scripts.stack import launch, start_flower, start_redis, start_webhooks, wait_until
+from tasks.jobrecord import JobRecord
 from tests.support.load import Load, every_record, job_statuses, runs
 from tests.support.receivers import Receiver
 
@@ -146,8 +146,8 @@ def test_the_primary_killed_under_load(replicated, tmp_path_factory):
     # script: one the old primary served as it was killed is on the promoted replica's record
     # (or queued again by the reconciler), never lost.
     lost = {j for j, s in job_statuses(stack.redis, ids).items() if s != "succeeded"}
-    finished = {job_id: datetime.fromisoformat(stack.redis.hget(f"iq:job:{job_id}",
-                                                               "finished_at")).timestamp()
+    finished = {job_id: JobRecord.from_fields(job_id, stack.redis.hgetall(
+                    f"iq:job:{job_id}")).finished_at.timestamp()
                 for job_id in accepted_before - lost}
     ran = runs(log)
     twice = {load.accepted[text] for text in load.accepted if ran[text] > 1}

@@ -198,6 +198,9 @@ def test_the_pool_adjustments_replace_what_celery_calls():
 
 
 def test_a_stored_result_is_what_celery_stores_and_reads(redis_url):
+    """Celery's own store_result and `stored` write the same thing (an embedding's outputs
+    packed: 4 bytes a value, a failure as Celery's JSON), and AsyncResult reads either back
+    as numbers (the app's result serializer)."""
     import orjson
 
     from tasks import results
@@ -207,22 +210,53 @@ def test_a_stored_result_is_what_celery_stores_and_reads(redis_url):
     app = make_app(redis_url)
     server = redis.Redis.from_url(redis_url)
     failure = JobError("inference_error", "boom")
-    for job_id, mine, theirs, state in (
-            ("r-ok", results.stored("r-ok", outputs=[[0.5, 1.0]]), {"outputs": [[0.5, 1.0]]},
-             "SUCCESS"),
-            ("r-failed", results.stored("r-failed", error=failure), failure, "FAILURE")):
-        app.backend.store_result(job_id, theirs, state)  # Celery's own, public route
-        stored = orjson.loads(server.get(result_key(job_id)))
-        written = orjson.loads(mine)
-        assert stored.pop("date_done") and written.pop("date_done")
-        assert written == stored
-        server.set(result_key(job_id), mine)
-        assert app.AsyncResult(job_id).state == state
-    assert app.AsyncResult("r-ok").result == {"outputs": [[0.5, 1.0]]}
-    assert results.outputs_of(server.get(result_key("r-ok"))) == [[0.5, 1.0]]
+    vectors = [[0.5, 1.0, -0.25], [0.125]]
+    app.backend.store_result("r-ok", {"outputs": vectors}, "SUCCESS")  # Celery's own route
+    mine = results.stored("r-ok", outputs=vectors)
+    assert server.get(result_key("r-ok")) == mine
+    assert len(mine) == 2 + 2 + 2 * 4 + 4 * 4  # prefix, count, lengths, float32 values
+    assert len(results.stored("one", outputs=[[0.5] * 384])) == 2 + 384 * 4
+    app.backend.store_result("r-failed", failure, "FAILURE")
+    stored = orjson.loads(server.get(result_key("r-failed")))
+    written = orjson.loads(results.stored("r-failed", error=failure))
+    assert stored.pop("date_done") and written.pop("date_done")
+    assert written == stored
+    for job_id in ("r-ok", "r-failed"):  # as the workers write them
+        server.set(result_key(job_id), results.stored(job_id, outputs=vectors) if
+                   job_id == "r-ok" else results.stored(job_id, error=failure))
+    assert app.AsyncResult("r-ok").state == "SUCCESS"
+    assert app.AsyncResult("r-ok").result == {"outputs": vectors}
+    assert app.AsyncResult("r-ok").get(timeout=5) == {"outputs": vectors}  # names its task
+    assert results.outputs_of(server.get(result_key("r-ok"))) == vectors
     read_back = app.AsyncResult("r-failed").result
+    assert app.AsyncResult("r-failed").state == "FAILURE"
     assert isinstance(read_back, JobError) and read_back.code == "inference_error"
     assert results.outputs_of(server.get(result_key("r-failed"))) is None
+
+
+def test_through_the_sentinels_celery_stores_and_reads_a_packed_result(tmp_path):
+    """With Sentinel, the result backend is Celery's Sentinel one extended as the Redis one is
+    (tasks/results.py): it asks the sentinels for the primary, stores an embedding's outputs
+    packed, and AsyncResult reads a packed result back, naming its task."""
+    from config import load_settings
+    from scripts.redis_nodes import start_group
+    from tasks import results
+    from tasks.celery_app import make_celery
+    from tasks.keys import result_key
+
+    group = start_group(tmp_path, replicas=0, sentinels=1)
+    try:
+        app = make_celery(load_settings({"redis_url": group.primary.extra["url"]},
+                                        environ=group.env()))
+        assert isinstance(app.backend, results.SentinelResultBackend)
+        server = redis.Redis.from_url(group.primary.extra["url"])
+        vectors = [[0.5, 1.0, -0.25], [0.125]]
+        app.backend.store_result("s-celery", {"outputs": vectors}, "SUCCESS")
+        assert server.get(result_key("s-celery")) == results.stored("s-celery", outputs=vectors)
+        server.set(result_key("s-ok"), results.stored("s-ok", outputs=vectors))
+        assert app.AsyncResult("s-ok").get(timeout=5) == {"outputs": vectors}
+    finally:
+        group.stop()
 
 
 def test_only_a_starting_worker_adjusts_kombu_and_celery():

@@ -29,6 +29,7 @@ class Runtime:
         self.member = "w@test/0"
         self.settings = load_settings({"redis_url": url, "redis_retry_s": 0}, environ={})
         self.jobs = JobState(client)
+        self.versions = {"m": "v1"}  # model → the version this child serves
         self.calls: list[list] = []
 
     def run(self, model: str, jobs: list[tuple[list, dict]], progress=None) -> list:
@@ -51,10 +52,10 @@ def setup(redis_server):
     return app, Runtime(client, url), client
 
 
-def queued(rt: Runtime, inputs: list, **args) -> BatchJob:
+def queued(rt: Runtime, inputs: list, encoding_format: str = "float", **args) -> BatchJob:
     job_id = str(uuid.uuid4())
     rt.jobs.submit(new_job(job_id, model="m", trace_id="t", inputs=len(inputs),
-                           priority="normal"),
+                           priority="normal", encoding_format=encoding_format),
                    QueuedMessage("q", b"{}"), depth_lists=["q"], max_depth=100, ttl_s=60)
     return BatchJob(job_id, JobArgs(inputs, {}, **args), {"trace_id": f"trace-{job_id}"})
 

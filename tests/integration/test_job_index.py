@@ -107,17 +107,19 @@ def test_a_failed_cancelled_or_expired_job_keeps_its_request_and_a_success_drops
     request = orjson.dumps({"model": "m", "inputs": ["a", "b"]})
     ok, failed, cancelled = (submit(state, request=request) for _ in range(3))
     expired = submit(state, request=request, timeout_s=30)
-    assert client.hget(f"iq:job:{ok}", "request") == request.decode()  # while it waits
+    # While it waits, beside its record (which stays a small hash).
+    assert client.get(f"iq:request:{ok}") == request.decode()
+    assert client.hget(f"iq:job:{ok}", "req") == str(len(request))
     run(state, ok)
     run(state, failed, Status.FAILED)
     state.cancel(cancelled)
     client.hset(f"iq:job:{expired}", "expires_at", "1")  # its deadline passed
     assert state.read(expired).status is Status.EXPIRED
-    assert state.kept_request(ok) is None and client.hget(f"iq:job:{ok}", "request") is None
+    assert state.kept_request(ok) is None and client.hget(f"iq:job:{ok}", "req") is None
     for job_id in (failed, cancelled, expired):
         assert state.kept_request(job_id) == request.decode()
         assert 0 < client.ttl(f"iq:request:{job_id}") <= KEEP_S
-        assert client.hget(f"iq:job:{job_id}", "request") is None  # moved, not copied
+        assert client.hget(f"iq:job:{job_id}", "req") is None
         assert state.read(job_id).kept == len(request)
     assert state.kept() == (3, 3 * len(request))
 

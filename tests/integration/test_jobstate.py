@@ -15,6 +15,7 @@ from tasks.errors import ErrorCode, JobError
 from tasks.jobstate import (CancelOutcome, DeliveryClaim, Final, IdempotencyMismatch,
                             JobRecord, JobState, NotReplicated, Overloaded, StartDecision,
                             Status, new_job)
+from tasks.keys import job_key
 from tasks.messages import QueuedMessage
 
 RUN, CANCELLED, EXPIRED, FINISHED, MISSING = (
@@ -62,6 +63,30 @@ def test_submit_records_the_job_and_queues_its_message_together(state, client):
     assert state.read(submitted.id) == submitted  # every field as it was written
     assert state.owner_of(submitted.id) == "ops" and state.owner_of("none") is None
     assert [orjson.loads(m)["id"] for m in client.lrange("q", 0, -1)] == [submitted.id]
+
+
+def test_a_record_keeps_only_what_differs_from_the_defaults_and_what_a_read_needs(state,
+                                                                                  client):
+    """Defaults (no owner, float outputs, normal priority) are not written; once it
+    succeeded, neither is what only a start needed (its deadline)."""
+    plain = new_job(str(uuid.uuid4()), model="m", trace_id="t", inputs=1, priority="normal",
+                    token="tok")
+    state.submit(plain, QueuedMessage("q", b"{}"), depth_lists=["q"], max_depth=10, ttl_s=60,
+                 timeout_s=30)
+    assert state.read(plain.id).expires_at is not None
+    assert state.read(plain.id) == replace(plain, expires_at=state.read(plain.id).expires_at)
+    assert state.owner_of(plain.id) == ""  # a record with no owner field is still found
+    assert not {"owner", "encoding_format", "priority"} & set(client.hgetall(job_key(plain.id)))
+    assert state.start([plain.id], worker="w/0", batch="b1 1 1", tokens=["tok"]) == [RUN]
+    assert state.finish([replace(final(plain.id), token="tok")], result_ttl_s=60,
+                        model_version="v1") == [True]
+    kept = client.hgetall(job_key(plain.id))
+    assert not {"expires_at", "req", "message"} & set(kept) and kept["inputs"] == "1"
+    assert kept["model_version"] == "v1" and state.read(plain.id).model_version == "v1"
+    assert kept["created_at"] == str(int(plain.created_at.timestamp() * 1000 + 0.5))
+    done = state.read(plain.id)
+    assert done.status is Status.SUCCEEDED and done.created_at == plain.created_at
+    assert done.batch == {"id": "b1", "jobs": 1, "items": 1} and done.outputs == ["a"]
 
 
 def test_the_submit_script_sent_again_queues_nothing_more(state, client):

@@ -170,3 +170,26 @@ def test_the_client_decodes_base64_embeddings_by_itself(stack):
     # The same float32 values: one way read from text, the other from their bytes.
     assert np.array_equal(np.asarray(done.outputs, dtype=np.float32),
                           np.asarray(as_numbers, dtype=np.float32))
+
+
+def test_an_embedding_is_kept_packed_and_its_record_holds_what_a_read_needs(stack):
+    """A finished one-input embedding keeps its 384 float32 values as their 1,536 bytes (plus
+    a 2-byte prefix), not as text, and a record without what only a running job needs; both
+    come back as the same numbers to the API and to Celery's AsyncResult."""
+    import numpy as np
+    import redis
+
+    from config import load_settings
+    from tasks.celery_app import make_celery
+    from tasks.keys import job_key, result_key
+
+    body = stack.finished(stack.submit("minilm-embed", ["kept in few bytes"])["id"])
+    raw = redis.Redis.from_url(stack.redis_url).get(result_key(body["id"]))
+    assert len(raw) == 2 + 384 * 4
+    assert np.array_equal(np.frombuffer(raw[2:], dtype="<f4"),
+                          np.asarray(body["result"]["outputs"][0], dtype=np.float32))
+    record = stack.redis.hgetall(job_key(body["id"]))
+    assert not {"expires_at", "req", "message", "priority", "encoding_format"} & set(record)
+    assert record["created_at"].isdigit() and record["finished_at"].isdigit()
+    app = make_celery(load_settings({"redis_url": stack.redis_url}, environ={}))
+    assert app.AsyncResult(body["id"]).result == {"outputs": body["result"]["outputs"]}

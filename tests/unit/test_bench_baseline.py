@@ -1,4 +1,5 @@
 """bench.baseline starts an earlier commit's stack with that commit's own launcher."""
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,3 +29,18 @@ def test_the_launcher_is_found_where_the_commit_kept_it(tmp_path, launchers, exp
 def test_a_baseline_that_is_no_commit_is_named_in_the_error():
     with pytest.raises(SystemExit, match="--baseline no-such-rev: not a commit"):
         baseline.resolve("no-such-rev")
+
+
+def test_a_launcher_split_in_modules_imports_its_own_tree(tmp_path):
+    """main's scripts/stack.py imports scripts/processes.py (whose ROOT is where processes
+    start): the tree's, not this checkout's, which stays as it was for everyone else."""
+    import scripts.processes as ours
+
+    tree = tmp_path / "commit-split"
+    (tree / "scripts").mkdir(parents=True)
+    (tree / "scripts" / "processes.py").write_text("ROOT = 'the tree'\n")
+    (tree / "scripts" / "stack.py").write_text("from scripts.processes import ROOT\n")
+    assert baseline.launcher(tree).ROOT == "the tree"
+    import scripts.processes as again
+
+    assert again is ours and str(tree) not in sys.path

@@ -45,3 +45,30 @@ def test_base64_is_little_endian_float32():
     assert len(text) == 44  # 8 values x 4 bytes, base64
     assert np.frombuffer(base64.b64decode(text), dtype="<f4").tolist() == vector
     assert encode([vector, {"not": "a vector"}], "base64") == [text, {"not": "a vector"}]
+
+
+def test_float32_vectors_are_kept_packed_and_read_as_the_same_numbers_or_base64():
+    from tasks.results import outputs_of, stored
+
+    vectors = [embedding(384, 1), embedding(7, 2)]
+    as_json = orjson.dumps({"result": {"outputs": compact(vectors)}}, option=JSON_OPTIONS)
+    for outputs in ([vectors[0]], vectors):
+        kept = stored("j", outputs=outputs)
+        assert len(kept) < 4 * sum(map(len, outputs)) + 16  # 4 bytes a value
+        # The numbers a reader gets are the very ones the JSON meta held, text for text.
+        assert orjson.dumps(outputs_of(kept)) == orjson.dumps(compact(outputs),
+                                                             option=JSON_OPTIONS)
+        assert outputs_of(kept, "base64") == [to_base64(o) for o in outputs]
+    assert outputs_of(as_json) == orjson.loads(orjson.dumps(compact(vectors),
+                                                            option=JSON_OPTIONS))
+
+
+def test_what_is_not_all_float32_vectors_stays_json():
+    from tasks.results import outputs_of, stored
+
+    for outputs in ([{"label": "a", "score": 0.5}], [[1, 2, 3]], [[0.1, 0.2]],
+                    [[float("nan"), 1.5]], [embedding(4), "text"]):
+        kept = stored("j", outputs=outputs)
+        assert kept.startswith(b"{")
+        assert outputs_of(kept) == orjson.loads(orjson.dumps(compact(outputs),
+                                                             option=JSON_OPTIONS))
