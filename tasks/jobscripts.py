@@ -1,5 +1,7 @@
 """The Lua scripts that move a job (tasks/jobstate.py runs them): one per move, each decided
 once, inside Redis. The record's field names here are the ones `JobRecord` reads and writes.
+Beside them, on the same prelude: the scripts of the indexes and kept requests
+(tasks/indexscripts.py) and of webhook delivery (tasks/deliveryscripts.py).
 
 Every script takes two common arguments first, ARGV[1] and ARGV[2]: how long the request of a
 job that did not succeed is kept for a retry (seconds; 0: none is kept) and the records' time
@@ -7,7 +9,7 @@ to live (`job_ttl_s`); its own arguments follow from ARGV[3]."""
 from __future__ import annotations
 
 from tasks.keys import (DONE_PREFIX, JOB_PREFIX, KEPT_BYTES_KEY, KEPT_KEY, MOVES_CHANNEL,
-                        dead_index, kept_request, owner_index)
+                        dead_index, kept_request)
 
 # The fields a read returns. (A job's request, kept for a retry, is in a key of its own:
 # inputs can weigh a megabyte and only a retry reads them.)
@@ -17,9 +19,10 @@ READ_FIELDS = ("status", "model", "created_at", "trace_id", "inputs", "priority"
                "retry_of", "retried_as", "kept", "model_version")
 _FIELDS_LUA = "{" + ", ".join(f"'{name}'" for name in READ_FIELDS) + "}"
 
-# Redis's own clock, for deadlines and indexes: one clock for every process. (Redis 6 needs
-# redis.replicate_commands to let a script write after reading TIME; a no-op on 7+.)
-_PRELUDE = f"""
+# What every job script runs first (here and in its sibling modules). Redis's own clock, for
+# deadlines and indexes: one clock for every process. (Redis 6 needs redis.replicate_commands
+# to let a script write after reading TIME; a no-op on 7+.)
+PRELUDE = f"""
 redis.replicate_commands()
 local t = redis.call('time')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -103,7 +106,7 @@ end
 # The record keeps the message and its list until the job is final, for the reconciler
 # (workers/broker/scripts.py) to queue it again should it be lost; the job joins the pending
 # set; a queue that was empty gets a wake-up token for its idle workers.
-SUBMIT = _PRELUDE + _TOUCH + """
+SUBMIT = PRELUDE + _TOUCH + """
 if redis.call('exists', KEYS[1]) == 1 then
   touch(KEYS[1])
   return {'created', ARGV[3]}
@@ -172,7 +175,7 @@ return {'created', ARGV[3]}
 # 'cancelled', 'expired', 'finished': it succeeded or failed already, or 'lapsed': its message
 # is no longer this worker's, taken back while its lease had lapsed). The jobs that run are
 # announced on the moves channel, in one message.
-START = _PRELUDE + f"""
+START = PRELUDE + f"""
 local out, ran = {{}}, {{}}
 local records, held = (#ARGV - 7) / 2, nil
 if #KEYS > records then
@@ -209,7 +212,7 @@ return out
 
 # KEYS: the records of jobs running in a batch that spans several model calls. ARGV: per job,
 # its items done. Only a running job moves; those that did are announced in one message.
-PROGRESS = _PRELUDE + f"""
+PROGRESS = PRELUDE + f"""
 local moved = {{}}
 for i, key in ipairs(KEYS) do
   if redis.call('hget', key, 'status') == 'running' then
@@ -229,7 +232,7 @@ return #moved
 # that ran it, the webhook delivery's id (recorded: the one delivery CLAIM_DELIVERY lets
 # through). Returns, per job, 1 when it took its terminal status here, 0 when it already had
 # one (or the message was not the job's own).
-FINISH = _PRELUDE + f"""
+FINISH = PRELUDE + f"""
 local out, done = {{}}, {{}}
 local ttl = tonumber(ARGV[4])
 for i = 1, (#KEYS - 1) / 2 do
@@ -270,38 +273,9 @@ if #done > 0 then redis.call('zrem', KEYS[#KEYS], unpack(done)) end
 return out
 """
 
-# KEYS: record. ARGV: the event, the delivery's id. Returns a DeliveryClaim: 'deliver' (this
-# is the job's one delivery, as FINISH recorded its id, and the event is the job's terminal
-# status and one it asked for, and no attempt of it was answered for good yet), or why not:
-# 'missing' (no record, or no webhook), 'not_its_status', 'not_asked', 'duplicate' (not the
-# recorded id), 'done' (DELIVERY_DONE marked it). A record finished before FINISH recorded
-# ids takes the first id that claims it.
-CLAIM_DELIVERY = _PRELUDE + """
-local f = redis.call('hmget', KEYS[1], 'status', 'webhook_url', 'webhook_events', 'webhook_id',
-                     'webhook_done')
-if not f[1] or not f[2] then return 'missing' end
-if f[1] ~= ARGV[3] then return 'not_its_status' end
-if f[3] and not string.find(',' .. f[3] .. ',', ',' .. ARGV[3] .. ',', 1, true) then
-  return 'not_asked'
-end
-if f[4] and f[4] ~= ARGV[4] then return 'duplicate' end
-if f[5] then return 'done' end
-redis.call('hset', KEYS[1], 'webhook_id', ARGV[4])
-return 'deliver'
-"""
-
-# KEYS: record. ARGV: the delivery's id, its final outcome. The job's delivery got an answer
-# that ends it (delivered, refused, given up): CLAIM_DELIVERY lets no message through again,
-# even one with its id. Returns 1, or 0 when the id is not the job's delivery.
-DELIVERY_DONE = _PRELUDE + """
-if redis.call('hget', KEYS[1], 'webhook_id') ~= ARGV[3] then return 0 end
-redis.call('hset', KEYS[1], 'webhook_done', ARGV[4])
-return 1
-"""
-
 # KEYS: record. ARGV: now, cancelled error, expired error. Returns a CancelOutcome:
 # 'cancelled', 'missing', or 'too_late' (running or terminal: its status says which).
-CANCEL = _PRELUDE + f"""
+CANCEL = PRELUDE + f"""
 local f = redis.call('hmget', KEYS[1], 'status', 'expires_at')
 local status = f[1]
 if not status then return 'missing' end
@@ -318,7 +292,7 @@ return 'cancelled'
 
 # KEYS: record, stored result. ARGV: now, expired error. Returns {READ_FIELDS' values,
 # the stored result of a job that succeeded, or false}; {} when there is no record.
-READ = _PRELUDE + """
+READ = PRELUDE + """
 local f = redis.call('hmget', KEYS[1], 'status', 'expires_at')
 if not f[1] then return {} end
 expire_if_due(KEYS[1], id_of(KEYS[1]), f[1], f[2], ARGV[3], ARGV[4])
@@ -328,68 +302,9 @@ if values[1] == 'succeeded' then meta = redis.call('get', KEYS[2]) end
 return {values, meta}
 """
 
-# KEYS: an index (an owner's, or its dead-letter one). ARGV: now, expired error, the
-# cursor's score and job id ('' : from the newest), page size, scan budget, status ('' : any),
-# model ('' : any). Newest first, it reads at most `budget` entries, keeping those that match:
-# {next cursor's score and id (false: no more), then per job {id, READ_FIELDS' values}}. An
-# entry whose record is gone leaves the index; so do entries past the records' time to live.
-LIST = _PRELUDE + """
-local cursor_score, cursor_id = ARGV[5], ARGV[6]
-local limit, budget, status, model = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], ARGV[10]
-trim(KEYS[1], now_us - TTL_S * 1000000, 1000)
-local top = cursor_score == '' and '+inf' or cursor_score
-local rows = redis.call('zrevrangebyscore', KEYS[1], top, '-inf', 'WITHSCORES', 'LIMIT', 0,
-                        budget)
-local out, last_score, last_id = {false, false}, false, false
-for i = 1, #rows, 2 do
-  local id, score = rows[i], rows[i + 1]
-  -- Ties with the cursor's score that the previous page saw already are skipped.
-  if not (score == cursor_score and id >= cursor_id) then
-    local key = '""" + JOB_PREFIX + """' .. id
-    local f = redis.call('hmget', key, 'status', 'model', 'expires_at')
-    if not f[1] then
-      redis.call('zrem', KEYS[1], id)
-    else
-      if expire_if_due(key, id, f[1], f[3], ARGV[3], ARGV[4]) then f[1] = 'expired' end
-      if (status == '' or f[1] == status) and (model == '' or f[2] == model) then
-        out[#out + 1] = {id, redis.call('hmget', key, unpack(FIELDS))}
-      end
-    end
-    last_score, last_id = score, id
-    if #out - 2 == limit then break end
-  end
-end
-if #out - 2 == limit or #rows == 2 * budget then out[1], out[2] = last_score, last_id end
-return out
-"""
-
-# KEYS: record, stored result, kept request. ARGV: owner, now, expired error. Deletes a
-# finished job of `owner`'s (record, result, kept request, index entries): 'deleted';
-# 'missing' (none, or another owner's); or its status when it is not finished.
-DELETE = _PRELUDE + f"""
-local f = redis.call('hmget', KEYS[1], 'status', 'owner', 'kept', 'expires_at')
-if not f[1] or (f[2] or '') ~= ARGV[3] then return 'missing' end
-local id = id_of(KEYS[1])
-if expire_if_due(KEYS[1], id, f[1], f[4], ARGV[4], ARGV[5]) then f[1] = 'expired' end
-if f[1] == 'queued' or f[1] == 'running' then return f[1] end
-redis.call('del', KEYS[1], KEYS[2], KEYS[3])
-redis.call('zrem', '{owner_index("")}' .. ARGV[3], id)
-redis.call('zrem', '{dead_index("")}' .. ARGV[3], id)
-if f[3] and redis.call('zrem', '{KEPT_KEY}', id .. ':' .. f[3]) == 1 then
-  redis.call('decrby', '{KEPT_BYTES_KEY}', f[3])
-end
-return 'deleted'
-"""
-
-# What the kept requests hold now: {jobs, bytes}, after those whose time is up are dropped.
-KEPT = _PRELUDE + f"""
-trim_kept(1000)
-return {{redis.call('zcard', '{KEPT_KEY}'), tonumber(redis.call('get', '{KEPT_BYTES_KEY}') or 0)}}
-"""
-
 # KEYS: records. Returns, per job, how many times a pool child was lost while running it, this
 # time included (0: no record).
-CRASHED = _PRELUDE + """
+CRASHED = PRELUDE + """
 local out = {}
 for i, key in ipairs(KEYS) do
   if redis.call('exists', key) == 1 then

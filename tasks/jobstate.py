@@ -1,5 +1,6 @@
 """The one owner of a job's state: its record in Redis, its status machine and the scripts that
-move it (tasks/jobscripts.py). The API and the workers both go through here; nothing else
+move it (tasks/jobscripts.py; the indexes' in tasks/indexscripts.py, webhook delivery's in
+tasks/deliveryscripts.py). The API and the workers both go through here; nothing else
 writes a job record.
 
     queued ──▶ running ──▶ succeeded | failed
@@ -48,7 +49,7 @@ from typing import Any, Mapping, Sequence
 import redis
 from redis.client import NEVER_DECODE
 
-from tasks import jobscripts, results
+from tasks import deliveryscripts, indexscripts, jobscripts, results
 from tasks.jobrecord import (CANCELLED_ERROR, EXPIRED_ERROR, TERMINAL, CancelOutcome,
                              DeliveryClaim, Final, IdempotencyMismatch, JobRecord,
                              NotReplicated, Overloaded, RetryRefused, StartDecision, Status,
@@ -63,6 +64,12 @@ __all__ = ["CANCELLED_ERROR", "EXPIRED_ERROR", "TERMINAL", "CancelOutcome", "Del
            "Final", "IdempotencyMismatch", "JobRecord", "JobState", "NotReplicated",
            "Overloaded", "Page", "RetryRefused", "StartDecision", "Status", "StoreFull",
            "Submitted", "batch_text", "iso", "new_job", "now_iso", "now_stamp", "queue_of"]
+
+
+# The scripts a JobState runs, by the module that holds them.
+_SCRIPTS = ((jobscripts, ("SUBMIT", "START", "PROGRESS", "FINISH", "CANCEL", "READ", "CRASHED")),
+            (indexscripts, ("LIST", "DELETE", "KEPT")),
+            (deliveryscripts, ("CLAIM_DELIVERY", "DELIVERY_DONE")))
 
 
 def queue_of(list_key: str) -> str:
@@ -105,9 +112,9 @@ class JobState:
     _scripts: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("SUBMIT", "START", "PROGRESS", "FINISH", "CANCEL", "READ", "LIST",
-                     "DELETE", "KEPT", "CLAIM_DELIVERY", "DELIVERY_DONE", "CRASHED"):
-            self._scripts[name.lower()] = self.client.register_script(getattr(jobscripts, name))
+        for module, names in _SCRIPTS:
+            for name in names:
+                self._scripts[name.lower()] = self.client.register_script(getattr(module, name))
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
              ttl_s: int | None = None) -> Any:
