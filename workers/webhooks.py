@@ -1,6 +1,6 @@
 """Webhook delivery: what to deliver (`delivery`, read from the job in Redis), one attempt
-(`attempt`, a plain function) and the task that retries it, run by the deliverer
-(workers.webhook_main, `scripts/webhooks.sh`).
+(`attempt`, a plain function) and the task that retries it (its steps: `Deliverer`), run by
+the deliverer (workers.webhook_main, `scripts/webhooks.sh`).
 
 The task's arguments are the job id and the event; its task id is the delivery's id
 (`webhook-id`, the same on every retry), chosen when the job finished and recorded with its
@@ -179,74 +179,92 @@ def dead_letter(client: Any, what: Delivery, event: str, attempts: int, last: At
         pipe.execute()
 
 
-def register(app: Celery) -> None:
-    settings = app.conf.iq_settings
-    slots = HostSlots(settings.webhook_host_concurrency)
-    client = connect(settings.redis_url, settings)
-    jobs = JobState(client)
-    metrics = webhook_metrics.get()
-    inflight: list[InFlight] = []
+class Deliverer:
+    """What the delivery task does, over the deliverer's own Redis client: claim the job's
+    delivery, make one attempt, then settle its outcome (recorded, logged, retried later or
+    given up)."""
 
-    def later(task: Any, job_id: str, event: str, trace_id: str | None, delay: float,
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self.settings: Settings = app.conf.iq_settings
+        self.slots = HostSlots(self.settings.webhook_host_concurrency)
+        self.client = connect(self.settings.redis_url, self.settings)
+        self.jobs = JobState(self.client)
+        self.metrics = webhook_metrics.get()
+        self._inflight: InFlight | None = None  # the worker's Broker's, once it started
+
+    def deliver(self, task: Any, job_id: str, event: str, trace_id: str | None) -> None:
+        """One run of the delivery task `task` (its request: the delivery's id, retries)."""
+        claim = self.jobs.claim_delivery(job_id, event, task.request.id)
+        if claim is not DeliveryClaim.DELIVER:
+            logger.warning("webhook %s for job %s dropped: %s", event, job_id, _DROPPED[claim])
+            return
+        what = delivery(self.jobs, task.request.id, job_id, event)
+        if what is None:
+            logger.warning("webhook %s for job %s dropped: the job's record is gone", event,
+                           job_id)
+            return
+        started = time.monotonic()
+        result = attempt(what, self.settings, self.slots)
+        self.metrics.attempts.labels(result.outcome.value).inc()
+        if result.outcome is not Outcome.BUSY:
+            self.metrics.attempt_seconds.observe(time.monotonic() - started)
+        self.settle(task, job_id, event, trace_id, what, result)
+
+    def settle(self, task: Any, job_id: str, event: str, trace_id: str | None,
+               what: Delivery, result: Attempt) -> None:
+        """Record an answer that ends the delivery, say what became of it, and send it again
+        later (a busy host, a retry) or keep it as given up."""
+        settings, host, tries = self.settings, host_of(what.url), task.request.retries
+        if result.outcome in _ENDS or (result.outcome is Outcome.RETRY
+                                       and tries >= settings.webhook_retries):
+            self.jobs.delivery_done(job_id, task.request.id, result.outcome.value)
+        if result.outcome is Outcome.DELIVERED:
+            logger.info("webhook %s for job %s delivered to %s (%d)", event, job_id, host,
+                        result.status)
+        elif result.outcome is Outcome.REFUSED:
+            logger.warning("webhook for job %s to %s refused: %s", job_id, host, result.detail)
+        elif result.outcome is Outcome.FINAL:
+            logger.warning("webhook for job %s: %s answered %d; not retried", job_id, host,
+                           result.status)
+        elif result.outcome is Outcome.BUSY:
+            # Later, with the same retry count; jittered so that waiting deliveries do not
+            # come back all at once.
+            delay = settings.webhook_backoff_s * random.uniform(0.5, 1.5)
+            self.later(task, job_id, event, trace_id, delay, tries)
+            logger.debug("webhook for job %s: %s is busy; again in %.1fs", job_id, host, delay)
+        elif tries >= settings.webhook_retries:
+            self.metrics.given_up.inc()
+            dead_letter(self.client, what, event, tries + 1, result)
+            logger.error("webhook for job %s to %s given up after %d attempts; last: %s "
+                         "(kept in %s)", job_id, host, tries + 1,
+                         result.status or result.detail, DEAD_LETTERS)
+        else:
+            countdown = settings.webhook_backoff_s * (2 ** tries)
+            logger.info("webhook for job %s: %s answered %s; retry %d in %.1fs", job_id,
+                        host, result.status or result.detail, tries + 1, countdown)
+            self.later(task, job_id, event, trace_id, countdown, tries + 1)
+
+    def later(self, task: Any, job_id: str, event: str, trace_id: str | None, delay: float,
               retries: int) -> None:
         """This delivery again in `delay` seconds (`retries`: its count of retries then)."""
-        if not inflight:  # the worker's Broker, installed once the deliverer started
-            inflight.append(InFlight(client, broker_of(app)))
-        again = task_message(app, DELIVER_TASK, task.request.id,
+        if self._inflight is None:  # the worker's Broker, installed once the deliverer started
+            self._inflight = InFlight(self.client, broker_of(self.app))
+        again = task_message(self.app, DELIVER_TASK, task.request.id,
                              {"job_id": job_id, "event": event, "trace_id": trace_id},
                              queue=QUEUE, priority=PRIORITIES["normal"], retries=retries)
         tag = (task.request.properties or {}).get("delivery_tag", "")
-        if not inflight[0].later(tag, delay, QUEUE, again.list_key, again.payload):
+        if not self._inflight.later(tag, delay, QUEUE, again.list_key, again.payload):
             logger.warning("webhook for job %s: its delivery was taken back by another "
                            "deliverer meanwhile; its retry is that one's", job_id)
 
+
+def register(app: Celery) -> None:
+    """The delivery task, bound to a Deliverer made now (in the deliverer's process)."""
+    deliverer = Deliverer(app)
+
     @app.task(name=DELIVER_TASK, bind=True, acks_late=True, ignore_result=True,
-              max_retries=settings.webhook_retries, shared=False)
+              max_retries=deliverer.settings.webhook_retries, shared=False)
     def deliver(self, job_id: str, event: str, trace_id: str | None = None) -> None:
         with trace(trace_id):
-            claim = jobs.claim_delivery(job_id, event, self.request.id)
-            if claim is not DeliveryClaim.DELIVER:
-                logger.warning("webhook %s for job %s dropped: %s", event, job_id,
-                               _DROPPED[claim])
-                return
-            what = delivery(jobs, self.request.id, job_id, event)
-            if what is None:
-                logger.warning("webhook %s for job %s dropped: the job's record is gone", event,
-                               job_id)
-                return
-            started = time.monotonic()
-            result = attempt(what, settings, slots)
-            metrics.attempts.labels(result.outcome.value).inc()
-            if result.outcome is not Outcome.BUSY:
-                metrics.attempt_seconds.observe(time.monotonic() - started)
-            host, tries = host_of(what.url), self.request.retries
-            if result.outcome in _ENDS or (result.outcome is Outcome.RETRY
-                                           and tries >= settings.webhook_retries):
-                jobs.delivery_done(job_id, self.request.id, result.outcome.value)
-            if result.outcome is Outcome.DELIVERED:
-                logger.info("webhook %s for job %s delivered to %s (%d)", event, job_id, host,
-                            result.status)
-            elif result.outcome is Outcome.REFUSED:
-                logger.warning("webhook for job %s to %s refused: %s", job_id, host,
-                               result.detail)
-            elif result.outcome is Outcome.FINAL:
-                logger.warning("webhook for job %s: %s answered %d; not retried", job_id, host,
-                               result.status)
-            elif result.outcome is Outcome.BUSY:
-                # Later, with the same retry count; jittered so that waiting deliveries do
-                # not come back all at once.
-                delay = settings.webhook_backoff_s * random.uniform(0.5, 1.5)
-                later(self, job_id, event, trace_id, delay, tries)
-                logger.debug("webhook for job %s: %s is busy; again in %.1fs", job_id, host,
-                             delay)
-            elif tries >= settings.webhook_retries:
-                metrics.given_up.inc()
-                dead_letter(client, what, event, tries + 1, result)
-                logger.error("webhook for job %s to %s given up after %d attempts; last: %s "
-                             "(kept in %s)", job_id, host, tries + 1,
-                             result.status or result.detail, DEAD_LETTERS)
-            else:
-                countdown = settings.webhook_backoff_s * (2 ** tries)
-                logger.info("webhook for job %s: %s answered %s; retry %d in %.1fs", job_id,
-                            host, result.status or result.detail, tries + 1, countdown)
-                later(self, job_id, event, trace_id, countdown, tries + 1)
+            deliverer.deliver(self, job_id, event, trace_id)
