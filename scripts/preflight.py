@@ -27,6 +27,10 @@ from typing import Iterator, NamedTuple
 REDIS_APP_USER = "iq"
 
 
+class Refused(Exception):
+    """A setting make run cannot start with; the message says which and why."""
+
+
 @dataclass(frozen=True)
 class Binding:
     what: str      # what make run would serve there: "Redis", "the API"

@@ -2,24 +2,22 @@
 names one.
 
 Before anything starts, every port the stack will bind is checked (scripts/preflight.py). The
-secrets it needs are made on first use and kept under IQ_VAR_DIR (default var/), mode 0600: its
-Redis's admin password and the application's (an ACL user without administrative commands:
-scripts/redis-server.sh), Flower's password, the webhook signing secret. Each process gets only
-the secrets it uses (`NEEDS`). Once the API, the worker and Flower answer, one block says what
-is where. A process that exits on its own (a crash, a kill) is started again, its output saying
-so (scripts/respawn.py), rather than the whole stack stopped. Ctrl-C or SIGTERM stops every
-process it started: honcho signals each one's process group, and kills what is left once the
-worker has had its `stop_timeout_s`. Its output may go through a pipe (`make run 2>&1 | tee
-run.log`): when the reader is gone (Ctrl-C stops `tee` too), the output is dropped rather than
-the stop (`Console`).
+secrets it needs are made on first use and kept under IQ_VAR_DIR (default var/), mode 0600, in
+files and folders this user made (scripts/var_dir.py): its Redis's admin password and the
+application's (an ACL user without administrative commands: scripts/redis-server.sh), Flower's
+password, the webhook signing secret. Each process gets only the secrets it uses (`NEEDS`). Once
+the API, the worker and Flower answer, one block says what is where. A process that exits on its
+own (a crash, a kill) is started again, its output saying so (scripts/respawn.py), rather than
+the whole stack stopped. Ctrl-C or SIGTERM stops every process it started: honcho signals each
+one's process group, and kills what is left once the worker has had its `stop_timeout_s`. Its
+output may go through a pipe (`make run 2>&1 | tee run.log`): when the reader is gone (Ctrl-C
+stops `tee` too), the output is dropped rather than the stop (`Console`).
 """
 from __future__ import annotations
 
 import datetime
 import os
-import secrets
 import shlex
-import stat
 import sys
 import threading
 import time
@@ -36,8 +34,9 @@ from kombu.utils.url import maybe_sanitize_url
 
 from config import ConfigError, Settings, load_settings
 from scripts import run_redis
-from scripts.preflight import REDIS_APP_USER, Binding, guarding, model_file_problems, \
-    port_problems, reachable, writable_by_others
+from scripts.preflight import REDIS_APP_USER, Binding, Refused, model_file_problems, \
+    port_problems, reachable
+from scripts.var_dir import kept_secret, shown, var_problems
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_UP_NOTE_S = 300  # a first model load can take minutes; after this, say what is missing
@@ -55,99 +54,11 @@ NEEDS = {
 }
 
 
-class Refused(Exception):
-    """A setting make run cannot start with; the message says which and why."""
-
-
 def _port(env: dict[str, str], variable: str, default: int) -> int:
     raw = env.get(variable) or str(default)
     if not raw.isdigit() or int(raw) > 65535:
         raise Refused(f"make run: {variable} must be a port number (0-65535), got {raw!r}")
     return int(raw)
-
-
-def _shown(path: Path) -> str:
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-
-
-def _not_ours(path: Path, info: os.stat_result) -> str | None:
-    """Why `path` (lstat'ed as `info`) cannot hold this user's secrets, or None."""
-    if stat.S_ISLNK(info.st_mode):
-        return "is a symbolic link"
-    if info.st_uid != os.getuid():
-        return f"is owned by uid {info.st_uid}, not by you (uid {os.getuid()})"
-    return None
-
-
-def _refuse_foreign(path: Path, why: str) -> Refused:
-    return Refused(f"make run: {_shown(path)} {why}: another user may have made it (choosing "
-                   "the secrets or the data in it) or may read it. Delete it, or move "
-                   "IQ_VAR_DIR to a folder only you can write, and make run makes a new one.")
-
-
-def var_problems(var_dir: Path) -> list[str]:
-    """One message per folder or file under var_dir that make run would use but another user
-    made (or that is a link to elsewhere): its secrets, or a sentinel's word on which node is
-    the primary, would be theirs to choose or read; and one per folder above var_dir that
-    another user may write (who may rename var_dir away and put theirs in its place), as the
-    model files' check finds them."""
-    problems = []
-    for above in guarding(Path(os.path.abspath(var_dir)).parent, set()):
-        try:
-            why = writable_by_others(above)
-        except FileNotFoundError:
-            continue  # made by make run, as var_dir is
-        if why:
-            problems.append(f"make run: {_shown(above)} {why}: another user may put a folder "
-                            f"of theirs in place of {_shown(var_dir)} (and so choose what make "
-                            "run's tools read as its secrets). Move IQ_VAR_DIR to a folder only "
-                            f"you can write, or: chmod go-w '{above}'.")
-    folders = [var_dir / "secrets", var_dir / "redis", *sorted(var_dir.glob("redis-*")),
-               *sorted(var_dir.glob("sentinel-*"))]  # the replicas' and sentinels' (run_redis)
-    for path in (var_dir, *(p for folder in folders for p in (folder, *_listing(folder)))):
-        try:  # var_dir itself may be a link to where the operator keeps it
-            why = _not_ours(path, path.stat() if path == var_dir else path.lstat())
-        except FileNotFoundError:
-            continue
-        if why:
-            problems.append(str(_refuse_foreign(path, why)))
-    return problems
-
-
-def _listing(folder: Path) -> list[Path]:
-    return sorted(folder.rglob("*")) if folder.is_dir() and not folder.is_symlink() else []
-
-
-def kept_secret(var_dir: Path, name: str) -> tuple[str, Path]:
-    """A random secret kept in var_dir/secrets/<name>, readable by this user only; made on
-    first use, the same on every later run. A file or folder another user made is refused
-    (`var_problems` says so before anything is written), as is a link."""
-    path = var_dir / "secrets" / name
-    for folder in (var_dir, path.parent):
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        why = _not_ours(folder, folder.stat() if folder == var_dir else folder.lstat())
-        if why:
-            raise _refuse_foreign(folder, why)
-        folder.chmod(0o700)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        os.write(fd, (secrets.token_urlsafe(24) + "\n").encode())
-        os.lseek(fd, 0, os.SEEK_SET)
-    except FileExistsError:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:  # ELOOP: a link
-            raise _refuse_foreign(path, "is a symbolic link") from None
-        why = _not_ours(path, os.fstat(fd))
-        if why:
-            os.close(fd)
-            raise _refuse_foreign(path, why)
-        os.fchmod(fd, 0o600)
-    with os.fdopen(fd) as kept:
-        value = kept.read().strip()
-    if not value:
-        raise Refused(f"make run: {_shown(path)} is empty; delete it and a new one is made")
-    return value, path
 
 
 def _answers(url: str) -> bool:
@@ -219,7 +130,7 @@ def _keep_secrets(env: dict[str, str], var_dir: Path, redis_port: int | None) ->
                    IQ_REDIS_APP_USER=REDIS_APP_USER,
                    REDIS_URL=f"redis://{REDIS_APP_USER}:{password}@127.0.0.1:{redis_port}/0")
         redis = f"started here: user {REDIS_APP_USER} (no admin commands), admin password " \
-                f"in {_shown(admin_path)}, data in {_shown(Path(env['IQ_REDIS_DIR']))}"
+                f"in {shown(admin_path)}, data in {shown(Path(env['IQ_REDIS_DIR']))}"
         if run_redis.replicas(env):
             env.update(run_redis.application_env(env, password))
             redis += "; " + run_redis.described(env, redis_port, var_dir)
@@ -229,12 +140,12 @@ def _keep_secrets(env: dict[str, str], var_dir: Path, redis_port: int | None) ->
     else:
         password, path = kept_secret(var_dir, "flower-password")
         env["FLOWER_BASIC_AUTH"] = f"admin:{password}"
-        login = f"user admin, password in {_shown(path)}"
+        login = f"user admin, password in {shown(path)}"
     if env.get("IQ_WEBHOOK_SECRET"):
         signing = "IQ_WEBHOOK_SECRET from the environment"
     else:
         env["IQ_WEBHOOK_SECRET"], path = kept_secret(var_dir, "webhook-secret")
-        signing = f"IQ_WEBHOOK_SECRET, kept in {_shown(path)}"
+        signing = f"IQ_WEBHOOK_SECRET, kept in {shown(path)}"
     # The API queues deliveries and the deliverer signs them: only the deliverer holds the
     # secret, and the API is told webhooks are on.
     env["IQ_WEBHOOKS_ENABLED"] = "true"
@@ -282,7 +193,7 @@ def plan(environ: dict[str, str]) -> Run:
     known = password_file.read_text().strip() if password_file.is_file() and not problems \
         else None
     problems += port_problems([b for b in ports.values() if b.port] + replicated, known,
-                              _shown(password_file))
+                              shown(password_file))
     try:
         problems += model_file_problems(settings.models_file)
     except ConfigError as exc:  # the models file itself is wrong
@@ -298,10 +209,10 @@ def plan(environ: dict[str, str]) -> Run:
     checks = {"the API's /readyz": _url(api, "/readyz"),
               "Flower": _url(flower, "/healthcheck")}
     metrics = [_url(api, "/metrics") + " (API)"]
-    for name, shown in (("worker", "worker"), ("webhooks", "webhook deliverer")):
+    for name, label in (("worker", "worker"), ("webhooks", "webhook deliverer")):
         if ports[name].port:
             checks[ports[name].what] = _url(ports[name], "/metrics")
-            metrics.append(_url(ports[name], "/metrics") + f" ({shown})")
+            metrics.append(_url(ports[name], "/metrics") + f" ({label})")
     metrics.append(_url(flower, "/metrics") + " (Flower)")
     block = "\n".join([
         "inference-queue is up",

@@ -1,5 +1,5 @@
 """`make run` keeps its secrets under IQ_VAR_DIR only when this user made them
-(scripts/run.py): a secret file or folder another user prepared, or a link, is refused by name
+(scripts/var_dir.py): a secret file or folder another user prepared, or a link, is refused by name
 before anything starts, so that nobody else chooses (or reads) the webhook key or the Redis
 passwords."""
 from __future__ import annotations
@@ -11,8 +11,9 @@ import subprocess
 
 import pytest
 
-from scripts.run import Refused, kept_secret, var_problems
+from scripts.preflight import Refused
 from scripts.stack import ROOT
+from scripts.var_dir import kept_secret, var_problems
 
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="giving a file away needs root")
 NOBODY = pwd.getpwnam("nobody")
