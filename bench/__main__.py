@@ -60,6 +60,61 @@ def raw_beside(clients: int, inputs: int, max_batch_size: int) -> tuple[str, int
     return None
 
 
+def start_stacks(stacks: list[Stack], workdir: Path, model: str, spec: dict,
+                 configs: list[Config], args) -> None:
+    """Every configuration's stack, added to `stacks` once started (so that the caller stops
+    those that did start should another fail), then each waited for until it is ready."""
+    # Started side by side: each mostly waits on its processes' imports and first beats.
+    with ThreadPoolExecutor(len(configs)) as starting:
+        started = [starting.submit(start_stack, workdir, model, spec, config, args)
+                   for config in configs]
+    stacks += [f.result() for f in started if f.exception() is None]
+    for f in started:
+        f.result()  # the first failure, once the stacks that did start are in `stacks`
+    for stack in stacks:
+        wait_until(lambda: requests.get(f"{stack.url}/readyz", timeout=2).status_code
+                   == 200, 180, f"{stack.config.name} worker for {model}")
+
+
+def measure_point(model: str, stacks: list[Stack], raw: RawServer, clients: int, inputs: int,
+                  args, results: dict[str, dict], side_by_side: dict[str, dict]) -> None:
+    """One point (`clients` clients, `inputs` inputs a job) in rounds that visit the
+    configurations, and the raw model where a target compares against it, in a rotating
+    order. Each configuration's pooled point goes into `results` (its sweep, or its multi
+    point), the raw model's into `side_by_side`."""
+    rounds: dict[str, list[dict]] = {s.config.name: [] for s in stacks}
+    usage = {s.config.name: Usage() for s in stacks}
+    beside = raw_beside(clients, inputs, raw.max_batch_size)
+    raw_rounds: list[dict] = []
+    for r in range(args.rounds):
+        turns: list[Stack | None] = [*stacks, *([None] if beside else [])]
+        for stack in turns[r % len(turns):] + turns[:r % len(turns)]:
+            if stack is None:
+                raw_rounds.append(raw.measure(beside[1], args.duration))
+            else:
+                name = stack.config.name
+                rounds[name].append(stack.load(model, clients, inputs, args, usage[name]))
+    label = f"{clients:3} clients" if inputs == 1 else "32-input jobs"
+    for stack in stacks:
+        name = stack.config.name
+        point = {**pool(rounds[name]), **usage[name].report()}
+        print(f"  {model:13} {name:21} {label}: "
+              f"{point['items_per_s']:8.1f} items/s  p50 {point['p50_ms']:7.1f} ms  "
+              f"p99 {point['p99_ms']:7.1f} ms  queue-path CPU "
+              f"{point['queue_path_cpu_ms_per_job']:.2f} ms/job  "
+              f"rounds {point['rounds_items_per_s']}", flush=True)
+        if inputs == 1:
+            results[name]["sweep"].append(point)
+        else:
+            results[name]["multi"] = point
+    if raw_rounds:
+        pooled = pool_raw(raw_rounds)
+        side_by_side[beside[0]] = pooled
+        print(f"  {model:13} {'raw model, batch ' + str(beside[1]):21} {label}: "
+              f"{pooled['items_per_s']:8.1f} items/s  call {pooled['call_ms']:7.1f} ms"
+              f"  rounds {pooled['rounds_items_per_s']}", flush=True)
+
+
 def bench_model(workdir: Path, model: str, spec: dict, configs: list[Config], raw: RawServer,
                 args) -> tuple[dict, dict]:
     """Every configuration's stack up at once, idle but for the one being measured; each
@@ -70,52 +125,12 @@ def bench_model(workdir: Path, model: str, spec: dict, configs: list[Config], ra
     stacks: list[Stack] = []
     side_by_side: dict[str, dict] = {}
     try:
-        # Started side by side: each mostly waits on its processes' imports and first beats.
-        with ThreadPoolExecutor(len(configs)) as starting:
-            started = [starting.submit(start_stack, workdir, model, spec, config, args)
-                       for config in configs]
-        stacks += [f.result() for f in started if f.exception() is None]
-        for f in started:
-            f.result()  # the first failure, once the stacks that did start are in `stacks`
-        for stack in stacks:
-            wait_until(lambda: requests.get(f"{stack.url}/readyz", timeout=2).status_code
-                       == 200, 180, f"{stack.config.name} worker for {model}")
+        start_stacks(stacks, workdir, model, spec, configs, args)
         results: dict[str, dict] = {s.config.name: {"config": asdict(s.config), "sweep": []}
                                     for s in stacks}
         points = [(clients, 1) for clients in args.clients] + [(args.multi_clients, 32)]
         for clients, inputs in points:
-            rounds: dict[str, list[dict]] = {s.config.name: [] for s in stacks}
-            usage = {s.config.name: Usage() for s in stacks}
-            beside = raw_beside(clients, inputs, raw.max_batch_size)
-            raw_rounds: list[dict] = []
-            for r in range(args.rounds):
-                turns: list[Stack | None] = [*stacks, *([None] if beside else [])]
-                for stack in turns[r % len(turns):] + turns[:r % len(turns)]:
-                    if stack is None:
-                        raw_rounds.append(raw.measure(beside[1], args.duration))
-                    else:
-                        name = stack.config.name
-                        rounds[name].append(stack.load(model, clients, inputs, args,
-                                                       usage[name]))
-            label = f"{clients:3} clients" if inputs == 1 else "32-input jobs"
-            for stack in stacks:
-                name = stack.config.name
-                point = {**pool(rounds[name]), **usage[name].report()}
-                print(f"  {model:13} {name:21} {label}: "
-                      f"{point['items_per_s']:8.1f} items/s  p50 {point['p50_ms']:7.1f} ms  "
-                      f"p99 {point['p99_ms']:7.1f} ms  queue-path CPU "
-                      f"{point['queue_path_cpu_ms_per_job']:.2f} ms/job  "
-                      f"rounds {point['rounds_items_per_s']}", flush=True)
-                if inputs == 1:
-                    results[name]["sweep"].append(point)
-                else:
-                    results[name]["multi"] = point
-            if raw_rounds:
-                pooled = pool_raw(raw_rounds)
-                side_by_side[beside[0]] = pooled
-                print(f"  {model:13} {'raw model, batch ' + str(beside[1]):21} {label}: "
-                      f"{pooled['items_per_s']:8.1f} items/s  call {pooled['call_ms']:7.1f} ms"
-                      f"  rounds {pooled['rounds_items_per_s']}", flush=True)
+            measure_point(model, stacks, raw, clients, inputs, args, results, side_by_side)
         service = next((s for s in stacks if s.config.name == "service"), None)
         if args.rss_jobs and service and model == "synthetic":
             rss = rss_growth(service.url, model, service.web_pid, args.rss_jobs, 32)
@@ -127,7 +142,9 @@ def bench_model(workdir: Path, model: str, spec: dict, configs: list[Config], ra
         stop_all(stacks)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The command line, with the settings of a full or a quick (`--quick`) run filled in
+    where it leaves them out."""
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke run")
     p.add_argument("--name", default=None)
@@ -157,12 +174,12 @@ def main() -> int:
     a.clients = clients or a.clients
     a.duration = duration or a.duration
     a.rounds = rounds or a.rounds
-    name = a.name or ("quick" if a.quick else "latest")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    return a
 
-    workdir = Path(tempfile.mkdtemp(prefix="iq-bench-"))
-    report = {
+
+def new_report(a: argparse.Namespace, name: str) -> dict:
+    """The report's header: the run's name, command, method and machine; no models yet."""
+    return {
         "name": name, "quick": a.quick,
         "command": "python -m bench" + (" --quick" if a.quick else "")
                    + (f" --flow {a.flow}" if a.flow != FLOWS[0] else "")
@@ -177,27 +194,43 @@ def main() -> int:
                     "platform": platform.platform(), "python": platform.python_version()},
         "models": {},
     }
+
+
+def bench_one(workdir: Path, model: str, a: argparse.Namespace) -> dict:
+    """One model: the raw model's ceiling, then every chosen configuration beside it. Raises
+    JobsNotFinished when a configuration's jobs do not finish."""
+    spec = MODELS[model]
+    models_file = workdir / f"{model}.yaml"
+    models_file.write_text(yaml.safe_dump({"models": {model: spec}}))
+    configs = [replace(c, flow=c.flow or a.flow) for c in configs_for(spec, a.baseline)
+               if not a.configs or c.name in a.configs or c.tree]
+    raw = RawServer(models_file, model)
+    try:
+        ceiling = raw.sweep(a.raw_seconds)
+        print(f"  {model:13} raw: " + ", ".join(
+            f"b{r['batch_size']}={r['items_per_s']:.0f}/s" for r in ceiling["batches"]),
+            flush=True)
+        configs_result, ceiling["side_by_side"] = bench_model(workdir, model, spec,
+                                                              configs, raw, a)
+    finally:
+        raw.close()
+    return {"spec": spec, "raw": ceiling, "configs": configs_result}
+
+
+def main() -> int:
+    a = parse_args()
+    name = a.name or ("quick" if a.quick else "latest")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    workdir = Path(tempfile.mkdtemp(prefix="iq-bench-"))
+    report = new_report(a, name)
     try:
         for model in a.models or list(MODELS):
-            spec = MODELS[model]
-            models_file = workdir / f"{model}.yaml"
-            models_file.write_text(yaml.safe_dump({"models": {model: spec}}))
-            configs = [replace(c, flow=c.flow or a.flow) for c in configs_for(spec, a.baseline)
-                       if not a.configs or c.name in a.configs or c.tree]
-            raw = RawServer(models_file, model)
-            try:
-                ceiling = raw.sweep(a.raw_seconds)
-                print(f"  {model:13} raw: " + ", ".join(
-                    f"b{r['batch_size']}={r['items_per_s']:.0f}/s" for r in ceiling["batches"]),
-                    flush=True)
-                configs_result, ceiling["side_by_side"] = bench_model(workdir, model, spec,
-                                                                      configs, raw, a)
-            except JobsNotFinished as exc:
-                print(f"bench: jobs do not finish, stopping: {exc}", file=sys.stderr)
-                return 1
-            finally:
-                raw.close()
-            report["models"][model] = {"spec": spec, "raw": ceiling, "configs": configs_result}
+            report["models"][model] = bench_one(workdir, model, a)
+    except JobsNotFinished as exc:
+        print(f"bench: jobs do not finish, stopping: {exc}", file=sys.stderr)
+        return 1
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
