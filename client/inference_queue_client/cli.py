@@ -29,6 +29,32 @@ The API's address and key come from --url/--api-key or IQ_API_URL/IQ_API_KEY."""
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="iq-client", description=__doc__, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    _connection_arguments(p)
+    commands = p.add_subparsers(dest="command", required=True)
+    submit = commands.add_parser("submit", help="submit jobs; print each job")
+    _submit_arguments(submit)
+    wait = commands.add_parser("wait", help="wait for jobs to finish; print each")
+    get = commands.add_parser("get", help="print jobs as they stand")
+    cancel = commands.add_parser("cancel", help="cancel queued jobs; print each")
+    retry = commands.add_parser("retry", help="retry jobs that failed, were cancelled or "
+                                              "expired; print each new job")
+    delete = commands.add_parser("delete", help="delete finished jobs")
+    events = commands.add_parser("events", help="print each job's moves as they happen, "
+                                                "one {event, job} line each")
+    for sub in (wait, get, cancel, retry, delete, events):
+        _job_ids_argument(sub)
+    listing = commands.add_parser("list", help="print your jobs, newest first, without "
+                                               "their outputs")
+    _list_arguments(listing)
+    for sub in (submit, wait, get):
+        _encoding_argument(sub)
+    for sub in (submit, wait):
+        _waiting_arguments(sub)
+    return p
+
+
+def _connection_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the API is, how to call it, how long to keep trying: every command's."""
     p.add_argument("--url", help=f"the API (default: IQ_API_URL, else {DEFAULT_URL})")
     p.add_argument("--api-key", help="sent as Authorization: Bearer (default: IQ_API_KEY)")
     p.add_argument("--request-timeout", type=float, default=10.0, metavar="S",
@@ -37,9 +63,10 @@ def parser() -> argparse.ArgumentParser:
                    help="give up a call after failing this long: 429, 503, dropped "
                         "connections (default 60)")
     p.add_argument("-v", "--verbose", action="store_true", help="say what it is doing")
-    commands = p.add_subparsers(dest="command", required=True)
 
-    submit = commands.add_parser("submit", help="submit jobs; print each job")
+
+def _submit_arguments(submit: argparse.ArgumentParser) -> None:
+    """What `submit` reads and how it makes jobs of it."""
     submit.add_argument("model")
     submit.add_argument("file", nargs="?", default="-",
                         help="one input per line (default: stdin); blank lines are skipped")
@@ -56,39 +83,40 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("--wait", action="store_true",
                         help="wait for the jobs and print them finished")
 
-    wait = commands.add_parser("wait", help="wait for jobs to finish; print each")
-    get = commands.add_parser("get", help="print jobs as they stand")
-    cancel = commands.add_parser("cancel", help="cancel queued jobs; print each")
-    retry = commands.add_parser("retry", help="retry jobs that failed, were cancelled or "
-                                              "expired; print each new job")
-    delete = commands.add_parser("delete", help="delete finished jobs")
-    events = commands.add_parser("events", help="print each job's moves as they happen, "
-                                                "one {event, job} line each")
-    for sub in (wait, get, cancel, retry, delete, events):
-        sub.add_argument("ids", nargs="*", metavar="JOB",
-                         help="job ids; none or '-': read from stdin, one a line, as ids "
-                              "or as the JSON lines `submit` prints")
-    listing = commands.add_parser("list", help="print your jobs, newest first, without "
-                                               "their outputs")
+
+def _job_ids_argument(sub: argparse.ArgumentParser) -> None:
+    """The jobs a command acts on: on its command line or on stdin."""
+    sub.add_argument("ids", nargs="*", metavar="JOB",
+                     help="job ids; none or '-': read from stdin, one a line, as ids "
+                          "or as the JSON lines `submit` prints")
+
+
+def _list_arguments(listing: argparse.ArgumentParser) -> None:
+    """`list`'s filters and its cap."""
     listing.add_argument("--status", choices=["queued", "running", "succeeded", "failed",
                                               "cancelled", "expired"],
                          help="only these (failed: the dead-letter view)")
     listing.add_argument("--model", help="only this model's")
     listing.add_argument("--limit", type=int, default=100, metavar="N",
                          help="at most N jobs (default 100; 0: all)")
-    for sub in (submit, wait, get):
-        sub.add_argument("--encoding-format", choices=[BASE64],
-                         help="outputs as base64 float32 (submit asks the API for it; wait "
-                              "and get decode it); printed as numbers either way")
-    for sub in (submit, wait):
-        sub.add_argument("--timeout", type=float, metavar="S",
-                         help="stop waiting after S seconds in all (exit status 1)")
-        sub.add_argument("--no-cancel", action="store_true",
-                         help="leave the jobs queued on Ctrl-C")
-        sub.add_argument("--progress", action=argparse.BooleanOptionalAction,
-                         help="draw a progress bar on stderr (default: when it is a "
-                              "terminal)")
-    return p
+
+
+def _encoding_argument(sub: argparse.ArgumentParser) -> None:
+    """How outputs travel (`submit`, `wait`, `get`)."""
+    sub.add_argument("--encoding-format", choices=[BASE64],
+                     help="outputs as base64 float32 (submit asks the API for it; wait "
+                          "and get decode it); printed as numbers either way")
+
+
+def _waiting_arguments(sub: argparse.ArgumentParser) -> None:
+    """How a command that waits for jobs waits (`submit --wait`, `wait`)."""
+    sub.add_argument("--timeout", type=float, metavar="S",
+                     help="stop waiting after S seconds in all (exit status 1)")
+    sub.add_argument("--no-cancel", action="store_true",
+                     help="leave the jobs queued on Ctrl-C")
+    sub.add_argument("--progress", action=argparse.BooleanOptionalAction,
+                     help="draw a progress bar on stderr (default: when it is a "
+                          "terminal)")
 
 
 class Usage(Exception):
