@@ -50,7 +50,7 @@ SKIPPED = "skipped: no CUDA"
 TEXTS = ["A cat sat on the mat.", "GPU inference should batch dynamically.",
          " ".join(["Long text to force padding next to short ones."] * 20)]
 # runtime.py's line when a child has loaded a model.
-READY = re.compile(r"model (\S+) ready on (\S+) \((\S+)\) in \S+ \(child (\S+)\)")
+READY = re.compile(r"model (\S+) version \S+ ready on (\S+) \((\S+)\) in \S+ \(child (\S+)\)")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ def test_a_worker_started_while_redis_is_away_becomes_ready(tmp_path):
         worker = start_worker("w", stack.env, tmp_path, ["quick"])
         stack.workers["w"] = worker
         # Loaded, and its first heartbeat refused (logged either way it is handled).
-        wait_until(lambda: "model quick ready on" in worker.tail(300)
+        wait_until(lambda: "model quick version" in worker.tail(300)
                    and any(s in worker.tail(300) for s in ("load_models", "heartbeat failed")),
                    60, "the pool child to load its model and fail to announce it")
         stack.redis_svc = start_redis(tmp_path, appendonly=True, like=stack.redis_svc)

@@ -5,6 +5,8 @@ import uuid
 
 import requests
 
+from scripts.stack import wait_until
+
 
 def test_one_trace_id_through_api_and_worker_logs(stack):
     trace_id = f"trace-{uuid.uuid4().hex[:12]}"
@@ -15,10 +17,14 @@ def test_one_trace_id_through_api_and_worker_logs(stack):
     done = stack.finished(job_id)
     assert done["status"] == "succeeded" and done["trace_id"] == trace_id
     # At INFO the worker writes one line a batch, naming each job with its trace id (a line
-    # a job is DEBUG): grep either id to find the batch that ran it.
-    worker_lines = [line for line in stack.workers["synth"].log.read_text().splitlines()
-                    if job_id in line]
-    [line] = worker_lines
+    # a job is DEBUG): grep either id to find the batch that ran it. The line follows the
+    # job's result (it is written once the batch is settled), so it may come a moment later.
+    def worker_lines() -> list[str]:
+        return [line for line in stack.workers["synth"].log.read_text().splitlines()
+                if job_id in line]
+
+    wait_until(worker_lines, 30, "the worker's line for the batch that ran the job")
+    [line] = worker_lines()
     assert f"batch {done['batch']['id']} of synthetic" in line
     assert f"{job_id} succeeded trace_id={trace_id}" in line
 
