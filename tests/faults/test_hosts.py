@@ -153,7 +153,10 @@ def test_a_host_cut_off_past_the_visibility_timeout_loses_nothing_and_rejoins(tw
                                                                    feed.since(healed_at)},
                    RECOVERY_S, "the healed host to run new jobs")
         rejoined_at = time.time()
-        assert len(_consuming(stack)) == 2
+        # Its announcement as consuming is renewed on its next tick, which may come a moment
+        # after its first batch (the tick at the heal failed on a connection still stale).
+        wait_until(lambda: len(_consuming(stack)) == 2, settings.heartbeat_ttl_s,
+                   "the healed host announced consuming again")
     finally:
         feed.stop.set()
         feed.thread.join(30)
