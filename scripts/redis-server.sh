@@ -25,7 +25,9 @@
 # host:port starts a Redis Sentinel instead, watching that primary under the name
 # IQ_REDIS_MASTER: the admin's password is its own (requirepass, also what sentinels show each
 # other), and the application's user may only ask it where the primary is. A sentinel rewrites
-# its configuration file, so that one (in its IQ_REDIS_DIR, 0600) holds the passwords.
+# its configuration file, so that one (in its IQ_REDIS_DIR, 0600) holds the passwords. Either
+# way, the arguments given to this script come last: more of redis-server's options (the game
+# day's `--bind 127.0.0.1 <address>` for a worker on a host of its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${IQ_REDIS_PASSWORD_FILE:?names the file with the admin password (make run makes one)}"
@@ -57,7 +59,7 @@ sentinel failover-timeout $master 60000
 requirepass $admin
 user $IQ_REDIS_APP_USER on >$app -@all +ping +sentinel|masters +sentinel|get-master-addr-by-name +sentinel|slaves +sentinel|replicas +sentinel|sentinels
 CONFIG
-  exec "$bin" "$dir/sentinel.conf" --sentinel
+  exec "$bin" "$dir/sentinel.conf" --sentinel "$@"
 fi
 
 replica=()

@@ -47,7 +47,7 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
     restart of that server (its port and passwords; a primary's role). `replica_of`: a replica of that
     primary, with its passwords. `open_to_all`: no user and no password, as a system package's
     Redis. `appendfsync`: the append-only file's fsync policy (the script's default if None).
-    `bind`: addresses it listens on beside 127.0.0.1 (hosts of their own, tests/support/hosts.py);
+    `bind`: addresses it listens on beside 127.0.0.1 (hosts of their own, scripts/hosts.py);
     `args`: more of redis-server's options."""
     if like is not None:
         port, open_to_all = like.extra["port"], like.extra["password"] == ""

@@ -31,10 +31,11 @@ from typing import Callable
 import orjson
 import redis
 
-from config import ConfigError, load_settings
+from config import ConfigError, Settings, load_settings
 from config.models import parse_models, revision_of
 from scripts.preflight import model_file_problems
 from tasks.keys import CONSUMING_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
+from tasks.redis_client import connect
 
 DONE, INVALID, REFUSED, TIMED_OUT = 0, 1, 2, 3
 # A process's report older than this many heartbeats is a process that is gone.
@@ -130,18 +131,20 @@ def _standing(client: redis.Redis, revision: str, beat_s: float,
 
 
 def reload(source: str | Path | None = None, *, timeout_s: float = 600,
-           say: Callable[[str], None] = print, redis_url: str | None = None) -> Result:
+           say: Callable[[str], None] = print, redis_url: str | None = None,
+           settings: Settings | None = None) -> Result:
     """Check and install the models file (`source`, or the one in place), announce it, and
-    wait for every live worker and API process to serve it (see the module's docstring)."""
-    settings = load_settings()
+    wait for every live worker and API process to serve it (see the module's docstring).
+    Redis is reached as every process reaches it: through the sentinels when there are some
+    (the primary they name, with `redis_url`'s credentials)."""
+    settings = settings or load_settings()
     target = Path(settings.models_file)
     try:
         revision = install(target, Path(source) if source else None)
     except Invalid as exc:
         say(f"reload refused, nothing changed: {exc}")
         return Result(INVALID, lines=[str(exc)])
-    client = redis.Redis.from_url(redis_url or settings.redis_url, decode_responses=True,
-                                  socket_timeout=max(settings.redis_timeout_s, 5.0))
+    client = connect(redis_url or settings.redis_url, settings)
     beat, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
     _, apis_before = _standing(client, revision, beat, ttl)
     client.set(MODELS_REVISION_KEY, revision)
@@ -176,11 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600,
                         help="seconds to wait for every process (default 600)")
     args = parser.parse_args(argv)
-    from scripts.run import own_redis_url
+    from scripts.run import own_redis_env
 
     try:
+        env = dict(os.environ)
+        env.update(own_redis_env(env))  # make run's own Redis, replicated or not
         return reload(args.file, timeout_s=args.timeout,
-                      redis_url=own_redis_url(dict(os.environ))).status
+                      settings=load_settings(environ=env)).status
     except ConfigError as exc:
         print(f"make reload: {exc}", file=sys.stderr)
         return INVALID

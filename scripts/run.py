@@ -152,16 +152,35 @@ def _keep_secrets(env: dict[str, str], var_dir: Path, redis_port: int | None) ->
     return [redis, login, signing]
 
 
+def _own_app_password(env: dict[str, str]) -> str | None:
+    path = ROOT / (env.get("IQ_VAR_DIR") or "var") / "secrets" / "redis-app-password"
+    return path.read_text().strip() if path.is_file() else None
+
+
 def own_redis_url(env: dict[str, str]) -> str | None:
     """REDIS_URL when set; else the URL of the Redis `make run` starts, from its kept password
     (for the commands run beside it, such as `make reload`); None when there is neither."""
     if env.get("REDIS_URL"):
         return env["REDIS_URL"]
-    path = ROOT / (env.get("IQ_VAR_DIR") or "var") / "secrets" / "redis-app-password"
-    if not path.is_file():
+    password = _own_app_password(env)
+    if password is None:
         return None
     port = _port(env, "REDIS_PORT", 6379)
-    return f"redis://{REDIS_APP_USER}:{path.read_text().strip()}@127.0.0.1:{port}/0"
+    return f"redis://{REDIS_APP_USER}:{password}@127.0.0.1:{port}/0"
+
+
+def own_redis_env(env: dict[str, str]) -> dict[str, str]:
+    """What a command run beside `make run` (`make reload`) adds to `env` to reach its Redis:
+    REDIS_URL (`own_redis_url`) and, when make run replicates the Redis it starts
+    (REDIS_REPLICAS), the sentinels, which say where the primary is now: after a failover,
+    REDIS_PORT's node is a replica, which refuses every write."""
+    url = own_redis_url(env)
+    if url is None:
+        return {}
+    password = None if env.get("REDIS_URL") else _own_app_password(env)
+    if password is not None and run_redis.replicas(env):
+        return {"REDIS_URL": url, **run_redis.application_env(env, password)}
+    return {"REDIS_URL": url}
 
 
 def process_env(name: str, env: dict[str, str]) -> dict[str, str]:

@@ -169,7 +169,7 @@ def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
     and, when `replicated`, the sentinels). `replicated`: a primary with append-only file,
     one replica and three sentinels (scripts/redis_nodes.py), every process pointed at the
     sentinels. `bind`: addresses the Redis listens on beside 127.0.0.1 (hosts of their own,
-    tests/support/hosts.py); `redis_args`: more of redis-server's options (one Redis only)."""
+    scripts/hosts.py); `redis_args`: more of redis-server's options (one Redis only)."""
     models_file = workdir / "models.yaml"
     models_file.write_text(yaml.safe_dump({"models": models}))
     group = start_group(workdir) if replicated else None

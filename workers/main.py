@@ -22,6 +22,7 @@ from workers import broker, metrics
 from workers.runtime import start_runtime, stop_runtime
 from workers.spawn import project_on_path
 from workers.model_tasks import register_model
+from workers.stopping import hold_stops_for_the_main_process
 from workers.strategy import DispatcherStep
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,9 @@ def load_models(sender: str | None = None, **_kw) -> None:
         logging.shutdown()
         os.kill(os.getppid(), signal.SIGTERM)
         os._exit(1)
+    # From its first batch on, a SIGTERM to the worker's whole group (make run's stop) leaves
+    # the child's batch to the main process's warm shutdown (workers/stopping.py).
+    hold_stops_for_the_main_process()
 
 
 @signals.worker_process_shutdown.connect

@@ -2,7 +2,16 @@
 finish before it exits, however long they take: a call that never returns would hold the stop
 until the model's time limit, and a supervisor's patience is shorter. So `stop_timeout_s`
 after the stop began, the jobs of the batches still running go back on their queues and their
-pool children are killed; should the worker still not be gone some seconds later, it exits."""
+pool children are killed; should the worker still not be gone some seconds later, it exits.
+
+The stop is the main process's alone. `make run` (honcho), systemd's default
+KillMode=control-group and container runtimes send their SIGTERM to every process of the
+worker, its pool children too, and Celery leaves a child's SIGTERM at its default: the child
+died in the middle of its batch, which then ran a second time elsewhere. So a child whose
+models are loaded ignores SIGTERM (`hold_stops_for_the_main_process`; Celery already ignores
+SIGINT in its children), and the pool stops a child with SIGKILL instead (a cold shutdown, a
+shrink, a reload's retirement: workers/broker/pool.py); a child whose main process is gone is
+killed by the kernel (Celery sets its parent-death signal to SIGKILL)."""
 from __future__ import annotations
 
 import logging
@@ -51,3 +60,12 @@ class StopDeadline:
                         self.seconds + EXIT_GRACE_S)
         logging.shutdown()
         os._exit(1)
+
+
+def hold_stops_for_the_main_process() -> None:
+    """In a pool child, once its models are loaded: a SIGTERM is ignored. The main process got
+    the same one (a stop signals the whole group) and ends this child's batch its own way: it
+    lets it finish, then tells the child to exit; or, stop_timeout_s in, puts it back and
+    kills the child (StopDeadline). A child still loading its models holds no batch: it dies of
+    a SIGTERM, as before, rather than hold the stop until its models are loaded."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -16,14 +16,18 @@ import platform
 import signal
 import sys
 import time
+from contextlib import ExitStack
 from datetime import datetime, timezone
+from functools import reduce
+from operator import or_
 from pathlib import Path
 
 from bench.gameday.faults import FAULTS, Fault
 from bench.gameday.ledger import analyse, jobs_of
 from bench.gameday.play import DRAIN_S, Played, capacity, play
 from bench.gameday.report import picture, render_readme, table
-from bench.gameday.stack import Stack
+from bench.gameday.stack import Needs, Stack
+from scripts import hosts
 from scripts.run import ROOT
 
 RESULTS = ROOT / "bench" / "results"
@@ -71,8 +75,30 @@ def run(args: argparse.Namespace, faults: list[type[Fault]]) -> dict:
     name = args.name or f"gameday-{started.replace(':', '').replace('-', '')}"
     var = args.var or ROOT / "var" / "gameday" / name
     var.mkdir(parents=True, exist_ok=True)
-    print(f"gameday: starting the stack in {var} (logs in {var / 'logs'})", flush=True)
-    stack = Stack(var)
+    needs = reduce(or_, (f.needs for f in faults), Needs())
+    if needs.own_host and (why := hosts.unavailable()):
+        raise SystemExit(f"gameday: host-cut needs a host of its own, which this machine "
+                         f"cannot make: {why}")
+    print(f"gameday: starting the stack in {var} (logs in {var / 'logs'}); beyond make run's "
+          f"defaults: {needs}", flush=True)
+    with ExitStack() as context:
+        host = context.enter_context(hosts.hosts(1))[0] if needs.own_host else None
+        played, source = _play(args, faults, Stack(var, needs=needs, host=host))
+    report = {"run": describe(played, args.model, started, source, load) | {"var": str(var)},
+              **analyse(played)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    picture(report, [(j.at, j.ms) for j in jobs_of(played)], args.out / f"{name}.png")
+    if args.out == RESULTS:
+        render_readme(report, RESULTS.parent / "README.md", f"results/{name}.png")
+    print(table(report))
+    print(f"\nwrote {args.out / name}.json and .png; jobs and logs in {var}", flush=True)
+    return report
+
+
+def _play(args: argparse.Namespace, faults: list[type[Fault]],
+          stack: Stack) -> tuple[Played, str]:
+    """Start `stack`, measure its capacity (unless `--rate`), play the game day, stop it."""
     try:
         stack.start()
         if args.rate:
@@ -85,20 +111,10 @@ def run(args: argparse.Namespace, faults: list[type[Fault]]) -> dict:
             rate = args.share * measured["jobs_per_s"]
             source = f"{args.share:.0%} of {measured['jobs_per_s']:.1f} measured"
         print(f"gameday: {rate:.1f} jobs/s ({source})", flush=True)
-        played = play(stack, args.model, faults, rate, args.minutes * 60, every=args.every,
-                      drain=args.drain, out=var / "jobs.jsonl")
+        return play(stack, args.model, faults, rate, args.minutes * 60, every=args.every,
+                    drain=args.drain, out=stack.var / "jobs.jsonl"), source
     finally:
         stack.stop()
-    report = {"run": describe(played, args.model, started, source, load) | {"var": str(var)},
-              **analyse(played)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
-    picture(report, [(j.at, j.ms) for j in jobs_of(played)], args.out / f"{name}.png")
-    if args.out == RESULTS:
-        render_readme(report, RESULTS.parent / "README.md", f"results/{name}.png")
-    print(table(report))
-    print(f"\nwrote {args.out / name}.json and .png; jobs and logs in {var}", flush=True)
-    return report
 
 
 def main(argv: list[str] | None = None) -> int:

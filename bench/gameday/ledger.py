@@ -7,7 +7,8 @@ fault.
   did) and not final in Redis once the drain is over and the late jobs have stopped finishing
   (`play.read_back`).
 * **Run twice**: the job's record counts its runs (`runs`, one per start of it by a pool
-  child); more than one is allowed only to the jobs a killed child was running.
+  child); more than one is allowed only to the jobs a killed child was running (or the child
+  of a host cut off: its results cannot reach Redis).
 * **5xx**: every 5xx the clients' sessions got, and those that reached a caller (a 503 with
   `Retry-After` is retried by the client; what it gives up on, and any other 5xx, reaches
   the caller).
@@ -263,7 +264,7 @@ def targets(report: dict, jobs: list[Job], ws: list[Window], allowed: set) -> li
              f"{f['name']} ({'not recovered' if f['recovery_s'] is None else f['recovery_s']})"
              for f in report["faults"]
              if f["recovery_s"] is None or f["recovery_s"] > LIMITS["recovery_s"]]),
-        ("runs twice outside a killed batch", report["jobs"]["run_twice_unexplained"],
+        ("runs twice outside a killed or cut-off batch", report["jobs"]["run_twice_unexplained"],
          "<=", LIMITS["twice_unexplained"],
          lambda: where(lambda j: j.runs > 1 and j.id not in allowed)),
     ]

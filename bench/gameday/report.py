@@ -71,7 +71,7 @@ def table(report: dict) -> str:
               f"waiting {jobs['read_back_waited_s']:.0f} s for late jobs", "", "targets:"]
     for t in report["targets"]:
         verdict = "pass" if t["pass"] else "MISS: " + ", ".join(t["where"])
-        lines.append(f"  {t['target']:<36}{_n(t['measured'], 4 if t['limit'] < 1 else 1):>10}"
+        lines.append(f"  {t['target']:<46}{_n(t['measured'], 4 if t['limit'] < 1 else 1):>10}"
                      f" {t['op']} {t['limit']:<8} {verdict}")
     return "\n".join(lines)
 
@@ -155,7 +155,7 @@ def markdown(report: dict, picture_path: str) -> str:
         "", f"![latency over the game day, fault windows shaded]({picture_path})", "",
         "| fault | at (s) | serving again after (s) | p99 back under its pre-fault level "
         "after (s) | p50 / p99 / p99.9 in its window (ms) | no id within 5 s | lost | 5xx "
-        "answers | ran twice: in the killed batch / other |",
+        "answers | may run twice (a killed or cut-off batch) / ran twice besides |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for f in report["faults"]:

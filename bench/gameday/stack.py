@@ -2,6 +2,13 @@
 scripts/run.py's own `plan` (the Procfile's commands, each process's environment and
 secrets, the readiness checks), on free ports and in a var dir of the run's own.
 
+What some faults need beside it (`Needs`): Redis replicated as `REDIS_REPLICAS=1 make run`
+replicates it (a replica and three sentinels, every process pointed at the sentinels); the
+models file a copy of the default one in the var dir, for a reload to change without touching
+the checkout's; the worker on a host of its own (scripts/hosts.py), reaching Redis over a
+link that can be cut, with the same settings as every other process (its 127.0.0.1 ports lead
+over the link: `Host.reach_loopback`).
+
 `make run` keeps each process up under scripts/respawn.py, as a production host's supervisor
 does (systemd, compose restart policies). This module is that supervisor, so that it knows
 each process's pid: it starts each process as honcho would (a shell of its own session, in the
@@ -11,7 +18,10 @@ processes, and the supervisor brings them back.
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -21,6 +31,8 @@ from pathlib import Path
 import psutil
 import redis
 
+from config import Settings
+from scripts.hosts import Host
 from scripts.run import ROOT, _answers, plan, process_env
 from scripts.stack import free_port, wait_until
 from tasks.keys import CONSUMING_KEY, live_key
@@ -28,10 +40,40 @@ from tasks.keys import CONSUMING_KEY, live_key
 RESTART_DELAY_S = 1.0
 # What make run reads from the environment: the game day chooses them all (ports, var dir)
 # or leaves them at their defaults, so a caller's own settings cannot leak into the run.
-MAKE_RUN_VARIABLES = ("REDIS_URL", "REDIS_PORT", "REDIS_MAXMEMORY", "FLOWER_BASIC_AUTH",
+MAKE_RUN_VARIABLES = ("REDIS_URL", "REDIS_PORT", "REDIS_MAXMEMORY", "REDIS_REPLICAS",
+                      "REDIS_SENTINEL_PORT", "REDIS_APPENDFSYNC", "FLOWER_BASIC_AUTH",
                       "FLOWER_HOST", "FLOWER_PORT")
-PORTS = ("REDIS_PORT", "IQ_PORT", "FLOWER_PORT", "IQ_WORKER_METRICS_PORT",
-         "IQ_WEBHOOK_METRICS_PORT")
+PORTS = ("IQ_PORT", "FLOWER_PORT", "IQ_WORKER_METRICS_PORT", "IQ_WEBHOOK_METRICS_PORT")
+MASTER = Settings.redis_master  # the name the sentinels know the primary by
+SENTINELS = 3  # scripts/run_redis.py's
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What the chosen faults need of the stack beyond `make run`'s defaults."""
+    replicas: int = 0  # Redis replicas, with sentinels (REDIS_REPLICAS)
+    models_copy: bool = False  # the models file a copy in the var dir
+    own_host: bool = False  # the worker on a host of its own
+
+    def __or__(self, other: Needs) -> Needs:
+        return Needs(max(self.replicas, other.replicas), self.models_copy or other.models_copy,
+                     self.own_host or other.own_host)
+
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive free ports of 127.0.0.1 (a primary and its replicas
+    take REDIS_PORT and the ports after it; the sentinels, REDIS_SENTINEL_PORT's)."""
+    def run_of_free() -> int | None:
+        first = free_port()
+        for port in range(first, first + count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    return None
+        return first if first + count <= 65535 else None
+
+    return wait_until(run_of_free, 10, f"{count} consecutive free ports")
 
 
 @dataclass
@@ -92,24 +134,59 @@ class Stack:
     """`make run`'s processes under a supervisor. `var` holds the secrets, Redis's data and
     a log per process (`logs/<name>.log`)."""
 
-    def __init__(self, var: Path, environ: dict[str, str] | None = None) -> None:
-        self.var = var
+    def __init__(self, var: Path, environ: dict[str, str] | None = None,
+                 needs: Needs = Needs(), host: Host | None = None) -> None:
+        """`host`: the host of its own `needs.own_host` asks for (scripts/hosts.py)."""
+        if needs.own_host != (host is not None):
+            raise ValueError("a host is given exactly when the needs ask for one")
+        self.var, self.needs, self.host = var, needs, host
         (var / "logs").mkdir(parents=True, exist_ok=True)
         base = {k: v for k, v in (environ or os.environ).items()
                 if not k.startswith("IQ_") and k not in MAKE_RUN_VARIABLES}
         # scripts/run.sh exports these before scripts/run.py plans the run.
         base.update({p: str(free_port()) for p in PORTS}, IQ_VAR_DIR=str(var),
+                    REDIS_PORT=str(free_ports(needs.replicas + 1)),
                     HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        if needs.replicas:
+            base.update(REDIS_REPLICAS=str(needs.replicas),
+                        REDIS_SENTINEL_PORT=str(free_ports(SENTINELS)))
+        if needs.models_copy:
+            models = var / "models.yaml"
+            shutil.copy(ROOT / Settings.models_file, models)
+            base["IQ_MODELS_FILE"] = str(models)
+        self.operator_env = base  # what an operator's shell beside make run has set
         self.run = plan(base)
-        self.procs = {name: Proc(name, command, process_env(name, self.run.env),
+        self.procs = {name: Proc(name, command, {**process_env(name, self.run.env),
+                                                 **self.run.own_env.get(name, {})},
                                  var / "logs" / f"{name}.log")
                       for name, command in self.run.processes.items()}
         self.api = f"http://127.0.0.1:{self.run.env['IQ_PORT']}"
-        admin_password = (var / "secrets" / "redis-password").read_text().strip()
-        self.admin_url = f"redis://:{admin_password}@127.0.0.1:{self.run.env['REDIS_PORT']}/0"
-        self.redis_url = self.run.env["REDIS_URL"]
+        self.admin_password = (var / "secrets" / "redis-password").read_text().strip()
+        self.redis_ports = {name: int(proc.env["REDIS_PORT"]) for name, proc in
+                            self.procs.items() if name == "redis" or name.startswith("redis-")}
+        self.sentinel_ports = [int(proc.env["REDIS_PORT"]) for name, proc in self.procs.items()
+                               if name.startswith("sentinel-")]
+        self.worker_command = self.procs["worker"].command  # on this host, as make run's
+        self.worker_env = dict(self.procs["worker"].env)
+        if host is not None:
+            self._on_host(host)
         self._halt = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, daemon=True)
+
+    def _on_host(self, host: Host) -> None:
+        """The worker started on `host`, every Redis process listening on the host's link
+        too; the worker's metrics on the host's address, where its check reads them."""
+        for name in (*self.redis_ports, *(f"sentinel-{i}" for i in
+                                          range(1, len(self.sentinel_ports) + 1))):
+            self.procs[name].command += f" --bind 127.0.0.1 {host.gateway}"
+        host.reach_loopback([*self.redis_ports.values(), *self.sentinel_ports])
+        worker = self.procs["worker"]
+        worker.command = shlex.join(host.command(shlex.split(worker.command)))
+        worker.env["IQ_WORKER_METRICS_HOST"] = host.address
+        port = worker.env["IQ_WORKER_METRICS_PORT"]
+        self.run.checks = {what: (f"http://{host.address}:{port}/metrics"
+                                  if url.endswith(f":{port}/metrics") else url)
+                           for what, url in self.run.checks.items()}
 
     # -- life -----------------------------------------------------------------------------
     def start(self, timeout: float = 300) -> None:
@@ -141,11 +218,10 @@ class Stack:
             proc.stop()
 
     def add_worker(self, name: str) -> Proc:
-        """Another worker, as a second `scripts/worker.sh` beside the first: a node name and
+        """Another worker, as a second `scripts/worker.sh` on this machine: a node name and
         a metrics port of its own (README: give each worker a node name of its own)."""
-        env = dict(self.procs["worker"].env, IQ_WORKER_NAME=name,
-                   IQ_WORKER_METRICS_PORT=str(free_port()))
-        proc = Proc(name, self.procs["worker"].command, env, self.var / "logs" / f"{name}.log")
+        env = dict(self.worker_env, IQ_WORKER_NAME=name, IQ_WORKER_METRICS_PORT=str(free_port()))
+        proc = Proc(name, self.worker_command, env, self.var / "logs" / f"{name}.log")
         self.procs[name] = proc
         proc.start()
         return proc
@@ -155,10 +231,31 @@ class Stack:
 
     # -- what the faults and the ledger read -------------------------------------------------
     def admin(self, **kw) -> redis.Redis:
-        """A client as Redis's admin (`default`): CLIENT KILL and the like, which the
-        application's user cannot run."""
-        return redis.Redis.from_url(self.admin_url, decode_responses=True,
-                                    socket_timeout=5, socket_connect_timeout=2, **kw)
+        """A client of the primary as Redis's admin (`default`): CLIENT KILL and the like,
+        which the application's user cannot run."""
+        return redis.Redis(port=self.primary_port(), password=self.admin_password,
+                           decode_responses=True, socket_timeout=5, socket_connect_timeout=2,
+                           **kw)
+
+    def sentinel(self, port: int) -> redis.Redis:
+        """A client of a sentinel as the admin (it may fail over; the application may not)."""
+        return redis.Redis(port=port, password=self.admin_password, decode_responses=True,
+                           socket_timeout=5, socket_connect_timeout=2)
+
+    def primary_port(self) -> int:
+        """The port of the Redis that is the primary now: REDIS_PORT's, or the one the first
+        sentinel that answers names."""
+        for port in self.sentinel_ports:
+            try:
+                return int(self.sentinel(port).sentinel_get_master_addr_by_name(MASTER)[1])
+            except (redis.RedisError, TypeError):
+                continue
+        return self.redis_ports["redis"]
+
+    def redis_proc(self) -> Proc:
+        """The process of the primary now (a fault that stops or freezes Redis strikes it)."""
+        port = self.primary_port()
+        return self.procs[next(n for n, p in self.redis_ports.items() if p == port)]
 
     def pool_children(self, name: str = "worker") -> list[psutil.Process]:
         """The worker's prefork pool children (spawned: their command line says so)."""

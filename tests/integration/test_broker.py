@@ -197,6 +197,64 @@ def test_the_pool_adjustments_replace_what_celery_calls():
     assert grown == [1]  # the flush dropped nothing
 
 
+def _ignore_sigterm_until_killed(ready) -> None:
+    """A pool child once its models are loaded (workers/stopping.py), running a batch."""
+    import threading
+
+    from workers.stopping import hold_stops_for_the_main_process
+
+    hold_stops_for_the_main_process()
+    ready.set()
+    threading.Event().wait(60)
+
+
+def test_the_pool_stops_a_child_that_ignores_sigterm(broker):
+    """billiard's and Celery's ways to stop a pool child (its `terminate`, as a cold shutdown
+    and a shrink call it, and `Pool.terminate_job`, as a cancel and `revoke --terminate` call
+    it) send SIGKILL while the Broker is installed: a child that ignores SIGTERM still stops,
+    where SIGTERM alone leaves it running."""
+    import inspect
+    import os
+    import signal
+    from types import SimpleNamespace
+
+    import billiard
+    from billiard.pool import Pool
+    from billiard.process import BaseProcess
+    from celery.worker.request import Request
+
+    # What calls them: a shrink and a reload's retirement, the pool's own stop, a cancel.
+    assert "self.terminate()" in inspect.getsource(BaseProcess.terminate_controlled)
+    assert "p.terminate()" in inspect.getsource(Pool._terminate_pool)
+    assert "pool.terminate_job(self.worker_pid, signal)" in inspect.getsource(Request.cancel)
+
+    ctx = billiard.get_context("fork")
+    children = []
+    for _ in range(3):
+        ready = ctx.Event()
+        child = ctx.Process(target=_ignore_sigterm_until_killed, args=(ready,), daemon=True)
+        child.start()
+        assert ready.wait(30)
+        children.append(child)
+    stubborn, terminated, cancelled = children
+    try:
+        os.kill(stubborn.pid, signal.SIGTERM)
+        stubborn.join(1)
+        assert stubborn.exitcode is None  # SIGTERM alone: still running its batch
+        stubborn.terminate_controlled()
+        pool = SimpleNamespace(_process_by_pid=lambda pid: (cancelled, 0))
+        Pool.terminate_job(pool, cancelled.pid, signal.SIGTERM)
+        terminated.terminate()
+        for child in children:
+            child.join(10)
+            assert child.exitcode == -signal.SIGKILL
+        assert cancelled._controlled_termination and stubborn._controlled_termination
+    finally:
+        for child in children:
+            if child.exitcode is None:
+                os.kill(child.pid, signal.SIGKILL)
+
+
 def test_a_stored_result_is_what_celery_stores_and_reads(redis_url):
     """Celery's own store_result and `stored` write the same thing (an embedding's outputs
     packed: 4 bytes a value, a failure as Celery's JSON), and AsyncResult reads either back

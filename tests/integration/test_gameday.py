@@ -10,7 +10,10 @@ import orjson
 import pytest
 
 from bench.gameday.__main__ import arguments, run
-from bench.gameday.faults import ChildKilled, Fault, RedisClientsKilled
+from bench.gameday.faults import FAULTS, ChildKilled, Fault, RedisClientsKilled
+from bench.gameday.stack import Needs, Stack
+from config import Settings
+from scripts import hosts
 from scripts.stack import wait_until
 from tasks.keys import job_key
 from tasks.names import PRIORITIES, list_for
@@ -68,3 +71,52 @@ def test_a_short_game_day_completes_and_counts_the_job_it_lost(tmp_path):
     saved = json.loads((tmp_path / "smoke.json").read_text())
     assert saved["jobs"] == jobs and saved["run"]["rate"] == 5
     assert (tmp_path / "smoke.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_stack_has_what_the_chosen_faults_need(tmp_path):
+    """Planned, not started: a failover's stack is `REDIS_REPLICAS=1 make run`'s (a replica
+    and three sentinels, each with its own environment, every application process pointed at
+    the sentinels); a reload's, a models file of the run's own with the default's bytes; a host
+    cut's, the worker on its host with make run's Redis settings, every Redis process also
+    listening on the host's link."""
+    needs = [FAULTS[name].needs for name in ("redis-failover", "model-reload", "host-cut")]
+    assert needs == [Needs(replicas=1), Needs(models_copy=True), Needs(own_host=True)]
+    assert {f.needs for f in FAULTS.values()} - set(needs) == {Needs()}
+
+    stack = Stack(tmp_path / "plain")
+    assert sorted(stack.procs) == ["flower", "redis", "web", "webhooks", "worker"]
+    assert stack.procs["worker"].command == "scripts/worker.sh"
+
+    stack = Stack(tmp_path / "failover", needs=Needs(replicas=1, models_copy=True))
+    redis_procs = {n: p for n, p in stack.procs.items() if n.startswith(("redis", "sentinel"))}
+    assert len(redis_procs) == 5 and len(stack.sentinel_ports) == 3
+    primary = stack.redis_ports["redis"]
+    assert sorted(stack.redis_ports.values()) == [primary, primary + 1]
+    replica = next(p for n, p in redis_procs.items() if n.startswith("redis-"))
+    assert replica.env["REDIS_REPLICA_OF"] == f"127.0.0.1:{primary}"
+    for i, port in enumerate(stack.sentinel_ports, 1):
+        assert stack.procs[f"sentinel-{i}"].env["REDIS_PORT"] == str(port)
+        assert stack.procs[f"sentinel-{i}"].env["REDIS_SENTINEL_MONITOR"] == \
+            f"127.0.0.1:{primary}"
+    for name in ("web", "worker", "webhooks", "flower"):
+        assert stack.procs[name].env["IQ_REDIS_SENTINELS"] == ",".join(
+            f"127.0.0.1:{p}" for p in stack.sentinel_ports)
+    models = stack.procs["worker"].env["IQ_MODELS_FILE"]
+    assert models == str(tmp_path / "failover" / "models.yaml")
+    assert open(models, "rb").read() == open(Settings.models_file, "rb").read()
+    assert stack.primary_port() == primary  # no sentinel answers: REDIS_PORT's node
+
+    why = hosts.unavailable()
+    if why:
+        pytest.skip(f"no host of its own here: {why}")
+    with hosts.hosts(1) as [host]:
+        stack = Stack(tmp_path / "cut", needs=Needs(own_host=True), host=host)
+        worker = stack.procs["worker"]
+        assert worker.command.startswith(f"ip netns exec {host.name} ")
+        assert worker.command.endswith(" scripts/worker.sh")
+        assert worker.env["REDIS_URL"] == stack.worker_env["REDIS_URL"]  # make run's own
+        assert stack.procs["redis"].command.endswith(f" --bind 127.0.0.1 {host.gateway}")
+        assert worker.env["IQ_WORKER_METRICS_HOST"] == host.address
+        assert f"http://{host.address}:" in " ".join(stack.run.checks.values())
+        # A second worker is started on this machine, as make run's.
+        assert stack.worker_command == "scripts/worker.sh"

@@ -379,6 +379,17 @@ def test_make_run_with_a_replica_and_sentinels_follows_a_failover_and_restarts_o
         # resends with the same Idempotency-Key until it does.
         with Client(api) as client:
             assert client.run("synthetic", ["after the failover"], timeout=60) == [18]
+        # `make reload FILE=…` beside it, as the operator runs it (make run's variables, no
+        # REDIS_URL): it announces the file on the primary the sentinels name, not on
+        # REDIS_PORT's node, a replica now, which would refuse the write.
+        changed = tmp_path / "models-changed.yaml"
+        changed.write_text(yaml.safe_dump({"models": {"synthetic": {
+            "kind": "synthetic", "base_ms": 6, "per_item_ms": 0}}}))
+        reloaded = subprocess.run([".venv/bin/python", "-m", "scripts.reload", str(changed),
+                                   "--timeout", "120"], cwd=ROOT, env=env, text=True,
+                                  capture_output=True, timeout=180)
+        assert reloaded.returncode == 0, reloaded.stdout + reloaded.stderr
+        assert "reload done" in reloaded.stdout
     finally:
         first.stop(signal.SIGINT)
         left, busy = first.left_behind(), first.ports_in_use()

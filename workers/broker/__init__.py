@@ -14,7 +14,8 @@ the worker entry modules workers/main.py and workers/webhook_main.py); the API, 
   and blocks on wake-up lists when nothing waits; the lease beats on the event loop.
 * leases.py: `Leases`, what the dispatcher holds, acknowledged or put back a batch at a time.
 * events.py: task events leave together every few milliseconds.
-* pool.py: the prefork pool is grown no further than the GPUs, and not flushed on a reconnect.
+* pool.py: the prefork pool is grown no further than the GPUs, not flushed on a reconnect, and
+  stops a child with SIGKILL (a child ignores SIGTERM: workers/stopping.py).
 * patch.py: `Patch`, one replaced method, checked to be where it was.
 """
 from workers.broker.broker import Broker, attach, broker_of, installed

@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import Celery, signals
 
-from workers.broker import clients, events, fetch
+from workers.broker import clients, events, fetch, pool
 from workers.broker.patch import Patch
 from workers.broker.state import BrokerState, _installed, installed
 
@@ -37,7 +37,8 @@ class Broker(BrokerState):
             raise RuntimeError("another Broker's adjustments are installed in this process")
         if node:
             self.name(node)
-        patches = [*clients.patches(), *fetch.patches(), *events.patches()]
+        patches = [*clients.patches(), *fetch.patches(), *events.patches(),
+                   *pool.patches()]
         applied: list[Patch] = []
         try:
             for patch in patches:

@@ -1,11 +1,20 @@
 """Two adjustments of the worker's prefork pool, made on the pool object when the dispatcher
-first meets it (workers/strategy.py); and the two looks inside it a reload needs
-(workers/reload.py): which children take work, and stopping an idle one so that the pool
-starts another in its place."""
+first meets it (workers/strategy.py); one of billiard's process class, installed with the
+Broker (`patches`): the pool stops a child with SIGKILL; and the two looks inside it a reload
+needs (workers/reload.py): which children take work, and stopping an idle one so that the
+pool starts another in its place."""
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import signal
 from typing import Any
+
+from billiard.pool import Pool
+from billiard.process import BaseProcess
+
+from workers.broker.patch import Patch
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +56,42 @@ def _keep_every_batch() -> None:
     """The pool's flush on a reconnect: nothing to drop (keep_batches_through_reconnects)."""
 
 
+def patches() -> list[Patch]:
+    """The pool stops a child with SIGKILL where billiard and Celery send it SIGTERM. A child
+    ignores SIGTERM once its models are loaded (workers/stopping.py: a stop of the worker's
+    whole process group must not kill its batch), so their SIGTERM would no longer stop it:
+    not at a cold shutdown (Celery cancels the running tasks with `terminate_job`, then
+    `Pool.terminate` waits for its children), a shrink or a reload's retirement of an idle
+    child (`terminate_controlled`), a `revoke --terminate`, nor at a hard time limit (billiard
+    follows with SIGKILL 0.1 s later there anyway). SIGTERM at its default killed the child at
+    once, running no handler of its own: SIGKILL does the same. Another signal asked for
+    (`revoke --signal`) is sent as asked. Installed in a worker's main process only, where
+    every billiard process is a pool child; on the class, not on each process object, since a
+    spawned child's process object is pickled for it."""
+    return [Patch(BaseProcess, "terminate", lambda _original: kill_child),
+            Patch(Pool, "terminate_job", _sigkill_for_sigterm)]
+
+
+def kill_child(process: Any) -> None:
+    """billiard's `Process.terminate` (popen_fork's), with SIGKILL for its SIGTERM."""
+    process._check_closed()
+    popen = process._popen
+    if popen is None or popen.returncode is not None:
+        return
+    try:
+        os.kill(popen.pid, signal.SIGKILL)
+    except OSError as exc:
+        if exc.errno != errno.ESRCH:
+            raise
+
+
+def _sigkill_for_sigterm(original: Any) -> Any:
+    def terminate_job(self: Any, pid: int, sig: int | None = None) -> Any:
+        return original(self, pid, signal.SIGKILL if sig in (None, signal.SIGTERM) else sig)
+
+    return terminate_job
+
+
 def _asynpool(pool: Any) -> Any:
     """Celery's AsynPool inside its prefork TaskPool (None before the pool started)."""
     return getattr(pool, "_pool", None)
@@ -64,8 +109,8 @@ def ready_children(pool: Any) -> set[int]:
 def retire_idle_child(pool: Any, among: set[int]) -> int | None:
     """Stop one child of `among` that holds no batch, nor is being written one: it is taken
     out of the children the pool writes to, then terminated as the pool shrinks a child
-    (`terminate_controlled`: no error logged), and the pool starts another in its place.
-    Returns its pid; None when every one of them is busy."""
+    (`terminate_controlled`, a SIGKILL here: no error logged), and the pool starts another in
+    its place. Returns its pid; None when every one of them is busy."""
     inner = _asynpool(pool)
     if inner is None:
         return None

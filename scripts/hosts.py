@@ -1,11 +1,14 @@
-"""Hosts of their own on this machine, for tests of workers that reach Redis over a network hop:
-each host is a network namespace (and a UTS namespace, for its own host name) joined to the
-root namespace, where Redis and the API run, by a veth pair on a /30 of its own. A host can be
-cut off (iptables drops every packet, both ways, as a partition does: connections hang rather
-than reset) and healed, or slowed (tc netem, where the kernel has it).
+"""Hosts of their own on this machine, for workers that reach Redis over a network hop (the
+fault tests, tests/faults/test_hosts.py, and the game day's host cut, bench/gameday): each
+host is a network namespace (and a UTS namespace, for its own host name) joined to the root
+namespace, where Redis and the API run, by a veth pair on a /30 of its own. A host can be cut
+off (iptables drops every packet, both ways, as a partition does: connections hang rather than
+reset) and healed, or slowed (tc netem, where the kernel has it); and its loopback ports can
+lead to the root namespace's (`reach_loopback`), so that a process started there with the
+same settings as the others (127.0.0.1 and a port) reaches the same Redis over the link.
 
 `hosts(n)` is a context manager: whatever it made is removed when the block ends, also when a
-test fails. `unavailable()` says why the machine cannot run such a test (for a skip)."""
+test or a run fails. `unavailable()` says why the machine cannot make hosts (for a skip)."""
 from __future__ import annotations
 
 import os
@@ -87,7 +90,23 @@ class Host:
         self._in("iptables", "-I", "OUTPUT", "-j", "DROP")
 
     def heal(self) -> None:
+        """The cut undone (the filter table flushed; `reach_loopback`'s rules, in the nat
+        table, stay)."""
         self._in("iptables", "-F")
+
+    def reach_loopback(self, ports: list[int]) -> None:
+        """A connection from the host to 127.0.0.1:<port>, for each of `ports`, goes over its
+        link to the root namespace's side (`gateway`), where the server listens too: its
+        destination rewritten to the gateway (loopback addresses may leave the host:
+        route_localnet) and its source to the host's address, as though the host had dialled
+        the gateway. A cut drops these packets as every other."""
+        self._in("sysctl", "-q", "-w", "net.ipv4.conf.all.route_localnet=1")
+        for start in range(0, len(ports), 15):  # multiport takes 15 ports a rule
+            self._in("iptables", "-t", "nat", "-A", "OUTPUT", "-d", "127.0.0.1/32", "-p", "tcp",
+                     "-m", "multiport", "--dports", ",".join(map(str, ports[start:start + 15])),
+                     "-j", "DNAT", "--to-destination", self.gateway)
+        self._in("iptables", "-t", "nat", "-A", "POSTROUTING", "-o", self.device, "-s",
+                 "127.0.0.0/8", "-j", "SNAT", "--to-source", self.address)
 
     def delay(self, ms: float) -> None:
         """`ms` more on every packet leaving the host (tc netem)."""
