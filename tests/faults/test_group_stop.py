@@ -17,13 +17,13 @@ import json
 import os
 import signal
 import time
-from datetime import datetime
 
 import psutil
 import pytest
 
 from config import Settings
 from scripts.stack import launch, start_worker, wait_until
+from tasks.jobrecord import JobRecord
 from tests.faults.test_recovery import (Watch, check_recovery, held_by_workers, running_in,
                                         under_load)
 
@@ -82,7 +82,7 @@ def test_a_stop_of_the_whole_group_lets_the_running_batch_finish_once(stopped):
         record = stack.redis.hgetall(f"iq:job:{job_id}")
         assert record["status"] == "succeeded", record
         assert child_of(stack, job_id) in children
-        assert datetime.fromisoformat(record["finished_at"]).timestamp() > signalled
+        assert JobRecord.from_fields(job_id, record).finished_at.timestamp() > signalled
     assert held_by_workers(stack) == 0  # the buffered jobs are back on the queue
     stack.workers["w"] = start_worker("w", stack.env, stack.workdir, ["slow"])
     check_recovery(stack, watch, accepted, log, time.monotonic(), may_rerun=set())
