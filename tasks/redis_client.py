@@ -20,7 +20,7 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.connection import SSLConnection, parse_url
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from config import Settings
 
@@ -59,6 +59,23 @@ class DeadlineRetry(Retry):
                 if now - started + pause + (now - tried) >= self.deadline_s:
                     raise
                 time.sleep(pause)
+
+
+class SentinelConnection(SentinelManagedConnection):
+    """redis-py's connection to the primary the sentinels name, dropped when a read fails as
+    every other redis-py connection is. redis-py's own keeps it (its `read_response` defaults
+    to `disconnect_on_error=False`): a command that timed out (a frozen Redis) left its reply
+    unread on a connection that went back to the pool, and the next command sent on it read
+    that reply as its own. In the game day that gave submits other jobs' answers, 500s, and
+    jobs answered 202 that were never recorded."""
+
+    def read_response(self, *args: Any, disconnect_on_error: bool = True,
+                      **kwargs: Any) -> Any:
+        return super().read_response(*args, disconnect_on_error=disconnect_on_error, **kwargs)
+
+
+class SentinelSSLConnection(SentinelConnection, SSLConnection):
+    """The same over TLS (as redis-py's SentinelManagedSSLConnection)."""
 
 
 class BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
@@ -115,8 +132,8 @@ def _primary(url: str, settings: Settings, options: dict[str, Any],
     params = parse_url(url)
     params.pop("host", None)
     params.pop("port", None)
-    if params.pop("connection_class", None) is SSLConnection:
-        params["ssl"] = True
+    tls = params.pop("connection_class", None) is SSLConnection
+    params["connection_class"] = SentinelSSLConnection if tls else SentinelConnection
     sentinels = dict(sentinel_options(settings, options["socket_timeout"]),
                      retry=Retry(NoBackoff(), 0))
     sentinel = Sentinel(settings.sentinel_hosts, sentinel_kwargs=sentinels,

@@ -23,6 +23,9 @@ import numpy as np
 import orjson
 from celery.backends.redis import RedisBackend, SentinelBackend
 from kombu import serialization
+from redis.connection import SSLConnection
+
+from tasks.redis_client import SentinelConnection, SentinelSSLConnection
 
 ENCODINGS = ("float", "base64")
 # orjson writes numpy float32 values as the shortest text that round-trips a float32 (and a
@@ -206,7 +209,13 @@ class ResultBackend(_NamesPackedResults, RedisBackend):
 
 class SentinelResultBackend(_NamesPackedResults, SentinelBackend):
     """The result backend for Sentinel's `sentinel://...;sentinel://...` URL: it asks the
-    sentinels for the primary, so it follows a failover."""
+    sentinels for the primary, so it follows a failover. Its connections are dropped when a
+    read fails (tasks/redis_client.SentinelConnection), so that no reply is left behind."""
+
+    def _get_sentinel_instance(self, **params: Any) -> Any:
+        tls = issubclass(params.get("connection_class") or object, SSLConnection)
+        params["connection_class"] = SentinelSSLConnection if tls else SentinelConnection
+        return super()._get_sentinel_instance(**params)
 
 
 def backend_url(url: str) -> str:

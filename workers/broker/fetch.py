@@ -31,6 +31,7 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
 from tasks.keys import delayed_key, wake_key
+from tasks.redis_client import SentinelConnection, SentinelSSLConnection
 from workers.broker.inflight import InFlight, fetch_call, fetched
 from workers.broker.patch import Patch
 from workers.broker.state import BrokerState, installed
@@ -254,7 +255,11 @@ class ReliableChannel(ReliableFetch, kombu_redis.Channel):
 
 
 class ReliableSentinelChannel(ReliableFetch, kombu_redis.SentinelChannel):
-    """kombu's Redis Sentinel channel with the worker's fetch."""
+    """kombu's Redis Sentinel channel with the worker's fetch, on connections dropped when a
+    read fails (tasks/redis_client.SentinelConnection: redis-py's Sentinel connections keep
+    a timed-out reply for the next command)."""
+    connection_class = SentinelConnection
+    connection_class_ssl = SentinelSSLConnection
 
 
 def _beat_on_the_event_loop(register: Callable[..., Any]) -> Callable[..., Any]:
