@@ -24,6 +24,7 @@ import os
 import shutil
 import sys
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -32,7 +33,7 @@ import orjson
 import redis
 
 from config import ConfigError, Settings, load_settings
-from config.models import parse_models, revision_of
+from config.models import TENSOR_KINDS, parse_models, revision_of
 from scripts.preflight import model_file_problems
 from tasks.keys import CONSUMING_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
 from tasks.redis_client import connect
@@ -53,11 +54,44 @@ class Result:
     lines: list[str] = field(default_factory=list)
 
 
+def _unloadable(spec) -> str | None:
+    """Why a worker's pool child could not even open the model's file or folder, or None.
+    A child that cannot load its models stops its worker (workers/main.py), and a reload
+    replaces every worker's children: a file it cannot open would stop every worker. The
+    tensor kinds' files (TorchScript `.pt`, torch.export `.pt2`) are zip archives, so a
+    truncated or garbage file is seen here without loading it."""
+    path = Path(spec.path)
+    if not path.exists():
+        return f"{spec.path} does not exist"
+    if spec.kind in TENSOR_KINDS or spec.kind == "image":
+        if not path.is_file():
+            return f"{spec.path} is not a file"
+        try:
+            with path.open("rb") as fh:
+                if not zipfile.is_zipfile(fh):
+                    return f"{spec.path} is not a TorchScript or torch.export archive " \
+                           "(truncated or corrupt?)"
+        except OSError as exc:
+            return f"{spec.path} cannot be read: {exc.strerror or exc}"
+    elif path.is_dir():
+        try:
+            next(os.scandir(path), None)
+        except OSError as exc:
+            return f"{spec.path} cannot be read: {exc.strerror or exc}"
+    else:
+        try:
+            path.open("rb").close()
+        except OSError as exc:
+            return f"{spec.path} cannot be read: {exc.strerror or exc}"
+    return None
+
+
 def _missing_files(target: Path, content: bytes) -> list[str]:
     problems = []
     for spec in parse_models(target, content).values():
-        if spec.path and not Path(spec.path).exists():
-            problems.append(f"models.{spec.name}: {spec.path} does not exist")
+        why = _unloadable(spec) if spec.path else None
+        if why:
+            problems.append(f"models.{spec.name}: {why}")
         if spec.package and importlib.util.find_spec(spec.package) is None:
             problems.append(f"models.{spec.name}: package {spec.package} is not installed")
     return problems
