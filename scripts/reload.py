@@ -19,6 +19,7 @@ process, without a restart.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -173,6 +174,38 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
     (the primary they name, with `redis_url`'s credentials)."""
     settings = settings or load_settings()
     target = Path(settings.models_file)
+    try:
+        lock = _only_reload(target)
+    except Invalid as exc:
+        say(f"reload refused, nothing changed: {exc}")
+        return Result(INVALID, lines=[str(exc)])
+    try:
+        return _reload(target, source, lock, timeout_s, say, redis_url, settings)
+    finally:
+        os.close(lock)
+
+
+def _only_reload(target: Path) -> int:
+    """A lock (a descriptor to close) that this is the only reload of `target` running.
+    Two at once would each install their file, the second one's `.previous` being the
+    first's, then announce: one of them waited its whole timeout for a revision no longer
+    on disk (or every process refused the last announced, when that one lost the install)."""
+    path = target.with_name(f".{target.name}.reload-lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise Invalid(f"cannot take the reload lock {path}: {exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise Invalid(f"another reload of {target} is running; run this one after it "
+                      "is done") from None
+    return fd
+
+
+def _reload(target: Path, source: str | Path | None, lock: int, timeout_s: float,
+            say: Callable[[str], None], redis_url: str | None, settings: Settings) -> Result:
     try:
         revision = install(target, Path(source) if source else None)
     except Invalid as exc:

@@ -4,6 +4,8 @@ worker's children and a child that cannot load its models stops its worker, so a
 weights file that passed the check stopped every worker while the reload said "done"."""
 from __future__ import annotations
 
+import fcntl
+import os
 import zipfile
 
 import pytest
@@ -50,3 +52,25 @@ def test_a_tensor_model_file_that_is_an_archive_passes(tmp_path):
                                                          "input_shape": [1]}})
     assert install(target, new)
     assert "ts" in yaml.safe_load(target.read_text())["models"]
+
+
+def test_a_second_reload_while_one_runs_is_refused_and_changes_nothing(tmp_path):
+    from config import Settings
+    from scripts.reload import INVALID, reload
+
+    target, new = models_file(tmp_path, {"quick": {**GOOD["quick"], "version": "2"}})
+    before = target.read_bytes()
+    said: list[str] = []
+    # The first reload, still waiting for the processes, holds the lock beside the file.
+    held = os.open(tmp_path / ".models.yaml.reload-lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        result = reload(new, say=said.append, timeout_s=1,
+                        settings=Settings(models_file=str(target),
+                                          redis_url="redis://127.0.0.1:1/0"))
+    finally:
+        os.close(held)
+    assert result.status == INVALID, said
+    assert "another reload" in said[0] and "nothing changed" in said[0]
+    assert target.read_bytes() == before
+    assert not (tmp_path / "models.yaml.previous").exists()
