@@ -12,7 +12,9 @@ process, without a restart.
    (workers/reload.py); each API process has its gunicorn reload gracefully (app/reloading.py).
    A process whose own file is not the announced one keeps serving and reports why.
 3. It waits until every live worker and API process serves the new revision ("reload done":
-   exit 0), one refused (2) or `--timeout` passed (3), saying where each one stands.
+   exit 0), one refused or a worker stopped before it took the new file (2: a worker whose
+   new pool child cannot load the new models stops) or `--timeout` passed (3), saying where
+   each one stands.
 
 `reload()` does the same from Python, for scripts that reload and wait.
 """
@@ -141,17 +143,24 @@ def _statuses(client: redis.Redis, beat_s: float) -> dict[str, dict]:
     return live
 
 
-def _standing(client: redis.Redis, revision: str, beat_s: float,
-              ttl_s: float) -> tuple[dict[str, str], int]:
-    """Where each live worker and API process stands with `revision` ("done", "refused: why"
-    or "pending: …"), and how many API processes report."""
+def _standing(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
+              workers_before: set[str] = frozenset()) -> tuple[dict[str, str], int]:
+    """Where each live worker and API process stands with `revision` ("done", "refused: why",
+    "gone: …" for a worker of `workers_before` no longer consuming that had not taken it, or
+    "pending: …"), and how many API processes report."""
     statuses = _statuses(client, beat_s)
-    consuming = client.zrangebyscore(CONSUMING_KEY, time.time() - ttl_s, "+inf")
-    names = {f"worker:{n}" for n in consuming} | {n for n in statuses if n.startswith("api:")}
+    consuming = {f"worker:{n}" for n in
+                 client.zrangebyscore(CONSUMING_KEY, time.time() - ttl_s, "+inf")}
+    names = consuming | set(workers_before) | {n for n in statuses if n.startswith("api:")}
     out = {}
     for name in sorted(names):
         status = statuses.get(name)
-        if status is None:
+        if name not in consuming and not (status and status.get("revision") == revision
+                                          and status.get("state") == "serving"):
+            # A worker whose new pool child could not load the new models stops (workers/
+            # main.py): it leaves the consuming workers, and is not "done".
+            out[name] = "gone: stopped consuming during the reload (see its log)"
+        elif status is None:
             out[name] = "pending: no report yet"
         elif status.get("refused") == revision or (status.get("error") and
                                                    status.get("revision") != revision):
@@ -213,12 +222,13 @@ def _reload(target: Path, source: str | Path | None, lock: int, timeout_s: float
         return Result(INVALID, lines=[str(exc)])
     client = connect(redis_url or settings.redis_url, settings)
     beat, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
-    _, apis_before = _standing(client, revision, beat, ttl)
+    before, apis_before = _standing(client, revision, beat, ttl)
+    workers_before = {n for n in before if n.startswith("worker:")}
     client.set(MODELS_REVISION_KEY, revision)
     say(f"models file {target} revision {revision} announced")
     deadline, shown = time.monotonic() + timeout_s, {}
     while True:
-        standing, apis = _standing(client, revision, beat, ttl)
+        standing, apis = _standing(client, revision, beat, ttl, workers_before)
         for name, where in standing.items():
             if shown.get(name) != where:
                 say(f"  {name}: {where}")
@@ -226,7 +236,7 @@ def _reload(target: Path, source: str | Path | None, lock: int, timeout_s: float
         lines = [f"{n}: {w}" for n, w in standing.items()]
         pending = [n for n, w in standing.items() if w.startswith("pending")]
         if not pending and apis >= apis_before:
-            refused = [n for n, w in standing.items() if w.startswith("refused")]
+            refused = [n for n, w in standing.items() if w.startswith(("refused", "gone"))]
             if refused:
                 say(f"reload to {revision} refused by {', '.join(refused)}")
                 return Result(REFUSED, revision, lines)
