@@ -1,9 +1,9 @@
 """A worker's side of a models-file reload (scripts/reload.py announces one): the main process
 takes the new file (new models' tasks and queues, new batching limits, removed models' jobs
 failed with `model_removed`), then replaces its pool children one at a time, each after the
-batch it holds: a spawned child loads the models file its main process hands it (workers/
-pinned.py), from then on the new one, so the new child loads the new models. The worker keeps serving from its other children; with one child, jobs wait for the
-load. Where it stands is written to Redis (tasks/keys.py RELOAD_STATUS_KEY) for the reload
+batch it holds: a spawned child loads the models file its main process hands it
+(workers/pinned.py), from then on the new one, so the new child loads the new models. The
+worker keeps serving from its other children; with one child, jobs wait for the load. Where it stands is written to Redis (tasks/keys.py RELOAD_STATUS_KEY) for the reload
 command to wait on.
 
     serving ──(announced revision ≠ its own)──▶ reloading ──(every child replaced)──▶ serving
