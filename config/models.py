@@ -275,14 +275,17 @@ def revision_of(content: bytes) -> str:
     return hashlib.sha256(content).hexdigest()[:12]
 
 
-def read_models(path: str | Path) -> tuple[dict[str, ModelSpec], str]:
-    """A models file's models and its revision, from one read of the file."""
-    path = Path(path)
+def read_models_content(path: str | Path) -> bytes:
     try:
-        content = path.read_bytes()
+        return Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"models file not found: {path}") from None
-    return parse_models(path, content), revision_of(content)
+
+
+def read_models(path: str | Path) -> tuple[dict[str, ModelSpec], str]:
+    """A models file's models and its revision, from one read of the file."""
+    content = read_models_content(path)
+    return parse_models(Path(path), content), revision_of(content)
 
 
 def load_models(path: str | Path) -> dict[str, ModelSpec]:

@@ -12,18 +12,22 @@ process, without a restart.
    (workers/reload.py); each API process has its gunicorn reload gracefully (app/reloading.py).
    A process whose own file is not the announced one keeps serving and reports why.
 3. It waits until every live worker and API process serves the new revision ("reload done":
-   exit 0), one refused (2) or `--timeout` passed (3), saying where each one stands.
+   exit 0), one refused or a worker stopped before it took the new file (2: a worker whose
+   new pool child cannot load the new models stops) or `--timeout` passed (3), saying where
+   each one stands.
 
 `reload()` does the same from Python, for scripts that reload and wait.
 """
 from __future__ import annotations
 
 import argparse
+import fcntl
 import importlib.util
 import os
 import shutil
 import sys
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -32,7 +36,7 @@ import orjson
 import redis
 
 from config import ConfigError, Settings, load_settings
-from config.models import parse_models, revision_of
+from config.models import TENSOR_KINDS, parse_models, revision_of
 from scripts.preflight import model_file_problems
 from tasks.keys import CONSUMING_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
 from tasks.redis_client import connect
@@ -53,11 +57,44 @@ class Result:
     lines: list[str] = field(default_factory=list)
 
 
+def _unloadable(spec) -> str | None:
+    """Why a worker's pool child could not even open the model's file or folder, or None.
+    A child that cannot load its models stops its worker (workers/main.py), and a reload
+    replaces every worker's children: a file it cannot open would stop every worker. The
+    tensor kinds' files (TorchScript `.pt`, torch.export `.pt2`) are zip archives, so a
+    truncated or garbage file is seen here without loading it."""
+    path = Path(spec.path)
+    if not path.exists():
+        return f"{spec.path} does not exist"
+    if spec.kind in TENSOR_KINDS or spec.kind == "image":
+        if not path.is_file():
+            return f"{spec.path} is not a file"
+        try:
+            with path.open("rb") as fh:
+                if not zipfile.is_zipfile(fh):
+                    return f"{spec.path} is not a TorchScript or torch.export archive " \
+                           "(truncated or corrupt?)"
+        except OSError as exc:
+            return f"{spec.path} cannot be read: {exc.strerror or exc}"
+    elif path.is_dir():
+        try:
+            next(os.scandir(path), None)
+        except OSError as exc:
+            return f"{spec.path} cannot be read: {exc.strerror or exc}"
+    else:
+        try:
+            path.open("rb").close()
+        except OSError as exc:
+            return f"{spec.path} cannot be read: {exc.strerror or exc}"
+    return None
+
+
 def _missing_files(target: Path, content: bytes) -> list[str]:
     problems = []
     for spec in parse_models(target, content).values():
-        if spec.path and not Path(spec.path).exists():
-            problems.append(f"models.{spec.name}: {spec.path} does not exist")
+        why = _unloadable(spec) if spec.path else None
+        if why:
+            problems.append(f"models.{spec.name}: {why}")
         if spec.package and importlib.util.find_spec(spec.package) is None:
             problems.append(f"models.{spec.name}: package {spec.package} is not installed")
     return problems
@@ -106,17 +143,24 @@ def _statuses(client: redis.Redis, beat_s: float) -> dict[str, dict]:
     return live
 
 
-def _standing(client: redis.Redis, revision: str, beat_s: float,
-              ttl_s: float) -> tuple[dict[str, str], int]:
-    """Where each live worker and API process stands with `revision` ("done", "refused: why"
-    or "pending: …"), and how many API processes report."""
+def _standing(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
+              workers_before: set[str] = frozenset()) -> tuple[dict[str, str], int]:
+    """Where each live worker and API process stands with `revision` ("done", "refused: why",
+    "gone: …" for a worker of `workers_before` no longer consuming that had not taken it, or
+    "pending: …"), and how many API processes report."""
     statuses = _statuses(client, beat_s)
-    consuming = client.zrangebyscore(CONSUMING_KEY, time.time() - ttl_s, "+inf")
-    names = {f"worker:{n}" for n in consuming} | {n for n in statuses if n.startswith("api:")}
+    consuming = {f"worker:{n}" for n in
+                 client.zrangebyscore(CONSUMING_KEY, time.time() - ttl_s, "+inf")}
+    names = consuming | set(workers_before) | {n for n in statuses if n.startswith("api:")}
     out = {}
     for name in sorted(names):
         status = statuses.get(name)
-        if status is None:
+        if name not in consuming and not (status and status.get("revision") == revision
+                                          and status.get("state") == "serving"):
+            # A worker whose new pool child could not load the new models stops (workers/
+            # main.py): it leaves the consuming workers, and is not "done".
+            out[name] = "gone: stopped consuming during the reload (see its log)"
+        elif status is None:
             out[name] = "pending: no report yet"
         elif status.get("refused") == revision or (status.get("error") and
                                                    status.get("revision") != revision):
@@ -140,18 +184,51 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
     settings = settings or load_settings()
     target = Path(settings.models_file)
     try:
+        lock = _only_reload(target)
+    except Invalid as exc:
+        say(f"reload refused, nothing changed: {exc}")
+        return Result(INVALID, lines=[str(exc)])
+    try:
+        return _reload(target, source, lock, timeout_s, say, redis_url, settings)
+    finally:
+        os.close(lock)
+
+
+def _only_reload(target: Path) -> int:
+    """A lock (a descriptor to close) that this is the only reload of `target` running.
+    Two at once would each install their file, the second one's `.previous` being the
+    first's, then announce: one of them waited its whole timeout for a revision no longer
+    on disk (or every process refused the last announced, when that one lost the install)."""
+    path = target.with_name(f".{target.name}.reload-lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise Invalid(f"cannot take the reload lock {path}: {exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise Invalid(f"another reload of {target} is running; run this one after it "
+                      "is done") from None
+    return fd
+
+
+def _reload(target: Path, source: str | Path | None, lock: int, timeout_s: float,
+            say: Callable[[str], None], redis_url: str | None, settings: Settings) -> Result:
+    try:
         revision = install(target, Path(source) if source else None)
     except Invalid as exc:
         say(f"reload refused, nothing changed: {exc}")
         return Result(INVALID, lines=[str(exc)])
     client = connect(redis_url or settings.redis_url, settings)
     beat, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
-    _, apis_before = _standing(client, revision, beat, ttl)
+    before, apis_before = _standing(client, revision, beat, ttl)
+    workers_before = {n for n in before if n.startswith("worker:")}
     client.set(MODELS_REVISION_KEY, revision)
     say(f"models file {target} revision {revision} announced")
     deadline, shown = time.monotonic() + timeout_s, {}
     while True:
-        standing, apis = _standing(client, revision, beat, ttl)
+        standing, apis = _standing(client, revision, beat, ttl, workers_before)
         for name, where in standing.items():
             if shown.get(name) != where:
                 say(f"  {name}: {where}")
@@ -159,7 +236,7 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
         lines = [f"{n}: {w}" for n, w in standing.items()]
         pending = [n for n, w in standing.items() if w.startswith("pending")]
         if not pending and apis >= apis_before:
-            refused = [n for n, w in standing.items() if w.startswith("refused")]
+            refused = [n for n, w in standing.items() if w.startswith(("refused", "gone"))]
             if refused:
                 say(f"reload to {revision} refused by {', '.join(refused)}")
                 return Result(REFUSED, revision, lines)

@@ -12,12 +12,16 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from pathlib import Path
 
 from celery import signals
 from celery.utils.log import current_process_index
 
 from tasks import logs, tracing
+from config import load_settings
+from config.models import parse_models, read_models_content, revision_of
 from tasks.celery_app import make_celery
+from workers.pinned import pin, pinned
 from workers import broker, metrics
 from workers.runtime import start_runtime, stop_runtime
 from workers.spawn import project_on_path
@@ -29,7 +33,13 @@ logger = logging.getLogger(__name__)
 
 project_on_path()  # for the spawned pool children
 
-celery = make_celery()
+_settings = load_settings()
+_pinned = pinned(_settings.models_file)  # a pool child: its main process's models file
+if _pinned is None:  # the main process: the file on disk, pinned for its children
+    _content = read_models_content(_settings.models_file)
+    _pinned = parse_models(Path(_settings.models_file), _content), revision_of(_content)
+    pin(_content)
+celery = make_celery(_settings, *_pinned)
 broker.attach(celery)
 # Spawned pool children import this module too, which connects the signal handlers below.
 celery.conf.imports = ("workers.main",)

@@ -1,9 +1,9 @@
 """A worker's side of a models-file reload (scripts/reload.py announces one): the main process
 takes the new file (new models' tasks and queues, new batching limits, removed models' jobs
 failed with `model_removed`), then replaces its pool children one at a time, each after the
-batch it holds: a spawned child reads the models file anew, so the new one loads the new
-models. The worker keeps serving from its other children; with one child, jobs wait for the
-load. Where it stands is written to Redis (tasks/keys.py RELOAD_STATUS_KEY) for the reload
+batch it holds: a spawned child loads the models file its main process hands it
+(workers/pinned.py), from then on the new one, so the new child loads the new models. The
+worker keeps serving from its other children; with one child, jobs wait for the load. Where it stands is written to Redis (tasks/keys.py RELOAD_STATUS_KEY) for the reload
 command to wait on.
 
     serving ──(announced revision ≠ its own)──▶ reloading ──(every child replaced)──▶ serving
@@ -15,18 +15,20 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
 import redis
 
 from config import ConfigError
-from config.models import ModelSpec, read_models
+from config.models import ModelSpec, parse_models, read_models_content, revision_of
 from tasks.errors import ErrorCode, JobError
 from tasks.keys import MODELS_REVISION_KEY, RELOAD_STATUS_KEY
 from tasks.names import task_name
 from workers.broker.pool import ready_children, retire_idle_child
 from workers.model_tasks import register_model
+from workers.pinned import pin
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +76,8 @@ class Reloader:
     def begin(self, revision: str) -> None:
         path = self.app.conf.iq_settings.models_file
         try:
-            specs, found = read_models(path)
+            content = read_models_content(path)
+            specs, found = parse_models(Path(path), content), revision_of(content)
             if found != revision:
                 raise ConfigError(f"{path} has revision {found}, not the announced {revision}: "
                                   "this host's models file is not the one the reload checked")
@@ -85,6 +88,7 @@ class Reloader:
             return
         previous, self.revision = self.revision, revision
         self.refused_revision, self.error, self.state = "", "", "reloading"
+        pin(content)  # the children started from now on load this file (workers/pinned.py)
         self.apply(specs)
         self.stale = self._pids()
         logger.info("reloading models file %s (revision %s → %s): %d child(ren) to replace, "
