@@ -155,10 +155,12 @@ def _standing(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
     out = {}
     for name in sorted(names):
         status = statuses.get(name)
-        if name not in consuming and not (status and status.get("revision") == revision
-                                          and status.get("state") == "serving"):
+        if name.startswith("worker:") and name not in consuming and not (
+                status and status.get("revision") == revision
+                and status.get("state") == "serving"):
             # A worker whose new pool child could not load the new models stops (workers/
-            # main.py): it leaves the consuming workers, and is not "done".
+            # main.py): it leaves the consuming workers, and is not "done". (An API process
+            # is never among them: it is pending until it reports the revision.)
             out[name] = "gone: stopped consuming during the reload (see its log)"
         elif status is None:
             out[name] = "pending: no report yet"
