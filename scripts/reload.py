@@ -15,6 +15,10 @@ process, without a restart.
    exit 0), one refused or a worker stopped before it took the new file (2: a worker whose
    new pool child cannot load the new models stops) or `--timeout` passed (3), saying where
    each one stands.
+4. Once done, the jobs still queued for a model the file does not have (removed now or by an
+   earlier reload) end `failed` with `model_removed`, however many workers consumed its queue
+   (scripts/reload_removed.py); it says how many. (Exit 2 when Redis refused that: the next
+   reload fails them.)
 
 `reload()` does the same from Python, for scripts that reload and wait.
 """
@@ -38,6 +42,7 @@ import redis
 from config import ConfigError, Settings, load_settings
 from config.models import TENSOR_KINDS, parse_models, revision_of
 from scripts.preflight import model_file_problems
+from scripts.reload_removed import fail_removed_jobs
 from tasks.keys import CONSUMING_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
 from tasks.redis_client import connect
 
@@ -241,6 +246,8 @@ def _reload(target: Path, source: str | Path | None, lock: int, timeout_s: float
             refused = [n for n, w in standing.items() if w.startswith(("refused", "gone"))]
             if refused:
                 say(f"reload to {revision} refused by {', '.join(refused)}")
+                return Result(REFUSED, revision, lines)
+            if not fail_removed_jobs(client, settings, target, revision, say):
                 return Result(REFUSED, revision, lines)
             say(f"reload done: every worker child and API process on revision {revision}")
             return Result(DONE, revision, lines)

@@ -50,3 +50,11 @@ class JobError(Exception):
     def from_json(cls, raw: str | bytes) -> JobError:
         data = orjson.loads(raw)
         return cls(data["code"], data["message"])
+
+
+def removed_error(model: str) -> JobError:
+    """The error of a job whose model a reload removed before it ran (a worker's, or the
+    reload's own for the jobs still queued: scripts/reload_removed.py)."""
+    return JobError(ErrorCode.MODEL_REMOVED,
+                    f"model {model} was removed from the models file by a reload before the "
+                    "job ran")

@@ -232,7 +232,7 @@ return #moved
 # that ran it, the webhook delivery's id (recorded: the one delivery CLAIM_DELIVERY lets
 # through). Returns, per job, 1 when it took its terminal status here, 0 when it already had
 # one (or the message was not the job's own).
-FINISH = PRELUDE + f"""
+_FINISH_BODY = f"""
 local out, done = {{}}, {{}}
 local ttl = tonumber(ARGV[4])
 for i = 1, (#KEYS - 1) / 2 do
@@ -272,6 +272,15 @@ end
 if #done > 0 then redis.call('zrem', KEYS[#KEYS], unpack(done)) end
 return out
 """
+FINISH = PRELUDE + _FINISH_BODY
+
+# FINISH of one job whose message waits on a queue list, with two more ARGV: that list and
+# the message. The message is taken off the list (LREM) and the job finished in one step, so
+# no worker can fetch it in between; a message no longer there (a worker took it) finishes
+# nothing: returns {-1}. For a reload's removed models (scripts/reload_removed.py).
+FINISH_QUEUED = PRELUDE + """
+if redis.call('lrem', ARGV[#ARGV - 1], 1, ARGV[#ARGV]) == 0 then return {-1} end
+""" + _FINISH_BODY
 
 # KEYS: record. ARGV: now, cancelled error, expired error. Returns a CancelOutcome:
 # 'cancelled', 'missing', or 'too_late' (running or terminal: its status says which).

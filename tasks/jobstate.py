@@ -20,6 +20,8 @@ Every move is one Lua script, so each is decided once, inside Redis:
 * `finish`: only a job that is not terminal takes its terminal status; its stored result
   (tasks/results.py) and its webhook delivery are written in the same step, so a duplicate run
   can change nothing and a webhook is queued once.
+  `finish_queued` does the same for a job whose message still waits on its queue, taking
+  the message off in the same step (the queued jobs of a model a reload removed).
 * `cancel`: only a queued job is cancelled; `start` refuses a cancelled one.
 * `progress`: a running job whose inputs span several model calls counts its items done.
 * `claim_delivery`: a webhook delivery is sent only for the job's terminal status, if the job
@@ -67,7 +69,8 @@ __all__ = ["CANCELLED_ERROR", "EXPIRED_ERROR", "TERMINAL", "CancelOutcome", "Del
 
 
 # The scripts a JobState runs, by the module that holds them.
-_SCRIPTS = ((jobscripts, ("SUBMIT", "START", "PROGRESS", "FINISH", "CANCEL", "READ", "CRASHED")),
+_SCRIPTS = ((jobscripts, ("SUBMIT", "START", "PROGRESS", "FINISH", "FINISH_QUEUED", "CANCEL",
+                          "READ", "CRASHED")),
             (indexscripts, ("LIST", "DELETE", "KEPT")),
             (deliveryscripts, ("CLAIM_DELIVERY", "DELIVERY_DONE")))
 
@@ -86,6 +89,22 @@ def _record(job_id: str, values: Sequence[Any], stored: Any = None) -> JobRecord
     found = {name: _text(v) for name, v in zip(jobscripts.READ_FIELDS, values) if v}
     return JobRecord.from_fields(job_id, found, results.outputs_of(
         stored or None, found.get("encoding_format")))
+
+
+def _finish_call(finals: Sequence[Final], result_ttl_s: int,
+                 model_version: str) -> tuple[list[str], list[Any]]:
+    """FINISH's keys and arguments (but the two every script takes first)."""
+    keys: list[str] = []
+    args: list[Any] = [now_stamp(), result_ttl_s, model_version]
+    for final in finals:
+        keys += [job_key(final.job_id), result_key(final.job_id)]
+        hook = final.webhook
+        args += [final.status.value, final.result, final.error.to_json() if final.error else "",
+                 hook.list_key if hook else "", hook.payload if hook else "",
+                 wake_key(queue_of(hook.list_key)) if hook else "", final.token,
+                 hook.task_id if hook else ""]
+    keys.append(PENDING_KEY)
+    return keys, args
 
 
 @dataclass
@@ -221,18 +240,18 @@ class JobState:
         of the model that ran them ("": none ran, as for a batch whose child was lost)."""
         if not finals:
             return []
-        keys: list[str] = []
-        args: list[Any] = [now_stamp(), result_ttl_s, model_version]
-        for final in finals:
-            keys += [job_key(final.job_id), result_key(final.job_id)]
-            hook = final.webhook
-            args += [final.status.value, final.result,
-                     final.error.to_json() if final.error else "",
-                     hook.list_key if hook else "", hook.payload if hook else "",
-                     wake_key(queue_of(hook.list_key)) if hook else "", final.token,
-                     hook.task_id if hook else ""]
-        keys.append(PENDING_KEY)
+        keys, args = _finish_call(finals, result_ttl_s, model_version)
         return [bool(x) for x in self._run("finish", keys, args)]
+
+    def finish_queued(self, list_key: str, message: bytes, final: Final, *,
+                      result_ttl_s: int) -> bool | None:
+        """`finish` for a job whose message waits on queue list `list_key`: the message is
+        taken off it and the job finished in one step, so that no worker runs it after. None
+        when the message is no longer there (a worker took it: the job is its to settle);
+        else whether this call finished the job (False: it had ended already)."""
+        keys, args = _finish_call([final], result_ttl_s, "")
+        out = self._run("finish_queued", keys, [*args, list_key, message])
+        return None if int(out[0]) < 0 else bool(out[0])
 
     def crashed(self, job_ids: Sequence[str]) -> list[int]:
         """Count a lost pool child against each of these jobs: per job, how many it has lost

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import uuid
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 from tasks import results
 from tasks.errors import JobError
@@ -56,6 +56,15 @@ class BatchJob(NamedTuple):
         message = getattr(request, "message", None)
         return cls(request.id, JobArgs.from_kwargs(request.kwargs), trace_headers(request),
                    job_token(request), getattr(message, "delivery_tag", "") or "")
+
+    @classmethod
+    def of_message(cls, headers: Mapping[str, Any], kwargs: Any) -> BatchJob:
+        """From a task message still on its queue: its headers and its body's kwargs (a
+        reload failing a removed model's queued jobs: scripts/reload_removed.py)."""
+        return cls(str(headers["id"]),
+                   JobArgs.from_kwargs(kwargs if isinstance(kwargs, dict) else None),
+                   {k: str(headers[k]) for k in _TRACE_HEADERS if headers.get(k)},
+                   str(headers.get(JOB_TOKEN_HEADER) or ""))
 
     @property
     def trace_id(self) -> str | None:

@@ -22,6 +22,7 @@ from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.worker import state as worker_state
 
+from tasks.errors import removed_error
 from tasks.jobstate import JobState
 from tasks.names import PRIORITIES
 from tasks.redis_client import connect
@@ -31,7 +32,7 @@ from workers.execute import run_batch
 from workers.isolation import CrashLoops, TimeLimits
 from workers.liveness import Liveness
 from workers.policy import Batch, BatchScheduler
-from workers.reload import Reloader, removed_error
+from workers.reload import Reloader
 from workers.settlement import Settlement
 from workers.stopping import StopDeadline
 

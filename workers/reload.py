@@ -23,7 +23,7 @@ import redis
 
 from config import ConfigError
 from config.models import ModelSpec, parse_models, read_models_content, revision_of
-from tasks.errors import ErrorCode, JobError
+from tasks.errors import removed_error
 from tasks.keys import MODELS_REVISION_KEY, RELOAD_STATUS_KEY
 from tasks.names import task_name
 from workers.broker.pool import ready_children, retire_idle_child
@@ -179,9 +179,3 @@ class Reloader:
                              orjson.dumps(status))
         except redis.RedisError as exc:
             logger.warning("could not report the reload's state: %s", exc)
-
-
-def removed_error(model: str) -> JobError:
-    return JobError(ErrorCode.MODEL_REMOVED,
-                    f"model {model} was removed from the models file by a reload before the "
-                    "job ran")

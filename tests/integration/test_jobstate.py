@@ -298,3 +298,32 @@ def test_only_the_delivery_the_finish_queued_is_sent_and_only_until_it_is_answer
     assert not state.delivery_done(record.id, "msg_chosen", "delivered")
     assert state.delivery_done(record.id, "msg_real", "delivered")
     assert claim(record.id, "succeeded", "msg_real") is DeliveryClaim.DONE  # sent again
+
+
+def test_finish_queued_takes_the_message_off_its_list_and_ends_the_job_in_one_step(state,
+                                                                                    client):
+    """A reload's failure of a removed model's queued job (scripts/reload_removed.py): the
+    message leaves its list and the job ends as a worker's failure ends it (result, dead-letter
+    index, webhook); a message a worker took first is left to that worker."""
+    taken, left = submit(state).job_id, submit(state).job_id
+    messages = {orjson.loads(m)["id"]: m for m in client.lrange("q", 0, -1)}
+    hook = QueuedMessage("hooks", b'{"hook": 1}')
+    removed = replace(final(taken, Status.FAILED, "removed"), webhook=hook)
+    assert state.finish_queued("q", messages[taken], removed, result_ttl_s=60) is True
+    assert [orjson.loads(m)["id"] for m in client.lrange("q", 0, -1)] == [left]
+    ended = state.read(taken)
+    assert ended.status is Status.FAILED and ended.started_at is None
+    assert ended.error == JobError(ErrorCode.INFERENCE_ERROR, "removed")
+    assert client.zscore("iq:dead:ops", taken) is not None and client.llen("hooks") == 1
+    assert client.zscore("iq:pending", taken) is None
+    assert state.start([taken], worker="w/0", batch="{}") == [FINISHED]
+    # A worker fetched `left` first: nothing changes, its start is the worker's.
+    client.lrem("q", 1, messages[left])
+    assert state.finish_queued("q", messages[left], final(left, Status.FAILED),
+                               result_ttl_s=60) is None
+    assert state.read(left).status is Status.QUEUED
+    assert state.start([left], worker="w/0", batch="{}") == [RUN]
+    # A message still listed whose job ended already leaves the list; the job is unchanged.
+    client.lpush("q", messages[taken])
+    assert state.finish_queued("q", messages[taken], removed, result_ttl_s=60) is False
+    assert client.llen("q") == 0 and state.read(taken) == ended

@@ -1,0 +1,82 @@
+"""A reload that removes a model no running worker consumes, on the default settings: the jobs
+queued for it end `failed` with `model_removed` (the reload fails them, scripts/
+reload_removed.py), as they do when a worker consumes its queue at the reload
+(tests/faults/test_reload.py). Before, they stayed `queued` for ever: the only worker was
+stopped when the jobs were queued and the file reloaded, and restarted on the new file it
+never consumed that model's queue."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import requests
+import yaml
+
+from scripts.stack import ROOT, launch, start_worker
+from tasks.names import queue_lists
+
+pytestmark = pytest.mark.slow
+
+KEEP = {"kind": "synthetic", "base_ms": 20, "per_item_ms": 1, "max_batch_size": 4}
+GONE = {"kind": "synthetic", "base_ms": 20, "per_item_ms": 1, "max_batch_size": 4}
+PRIORITIES = ("high", "normal", "low")  # one Redis list each: every one is swept
+
+
+@pytest.fixture
+def stack(tmp_path):
+    stack = launch(tmp_path, {"keep": KEEP, "gone": GONE}, {"only": None}, defaults=True)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def test_jobs_queued_for_a_removed_model_no_worker_consumes_fail(stack):
+    # The only worker stops: nothing consumes `gone` (or `keep`) while jobs queue and the
+    # file is reloaded.
+    stack.workers["only"].stop()
+    gone = [stack.submit("gone", [f"g{i}"], priority=PRIORITIES[i % 3])["id"] for i in range(9)]
+    keep = [stack.submit("keep", [f"k{i}"])["id"] for i in range(3)]
+    assert {stack.job(j)["status"] for j in gone + keep} == {"queued"}
+
+    path = stack.workdir / "without-gone.yaml"
+    path.write_text(yaml.safe_dump({"models": {"keep": KEEP}}))
+    done = subprocess.run([sys.executable, "-m", "scripts.reload", str(path), "--timeout", "120"],
+                          cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "reload done" in done.stdout
+
+    # Every one ended failed with model_removed, read through the API, none started, and
+    # each is in the dead-letter view; the queue lists are empty; the reload said how many.
+    for job_id in gone:
+        body = stack.job(job_id)
+        assert (body["status"], (body.get("error") or {}).get("code")) == \
+            ("failed", "model_removed"), body
+        assert body["started_at"] is None and "model_version" not in body, body
+    assert "jobs queued for removed models: 9 for gone failed with model_removed" in \
+        done.stdout, done.stdout
+    dead = requests.get(f"{stack.api}/v1/jobs", params={"status": "failed", "limit": 100},
+                        timeout=10).json()["jobs"]
+    assert set(gone) <= {j["id"] for j in dead}
+    assert sum(stack.redis.llen(name) for name in queue_lists("gone")) == 0
+    refused = requests.post(f"{stack.api}/v1/jobs", json={"model": "gone", "inputs": ["x"]},
+                            timeout=10)
+    assert refused.status_code == 422
+
+    # A worker started again serves `keep` as before: its queued jobs and a new one; the
+    # failed jobs stay as they are, and it ran none of them.
+    stack.workers["only"] = start_worker("only", stack.env, stack.workdir, None)
+    stack.wait_live(["keep"], 180)
+    for job_id in keep + [stack.submit("keep", ["after"])["id"]]:
+        assert stack.finished(job_id, timeout=60)["status"] == "succeeded"
+    for job_id in gone:
+        body = stack.job(job_id)
+        assert body["status"] == "failed" and body["started_at"] is None, body
+    log = stack.workers["only"].log.read_text()
+    assert not any(job_id in log for job_id in gone)
+    # Reloading again finds nothing more to fail.
+    again = subprocess.run([sys.executable, "-m", "scripts.reload", "--timeout", "120"],
+                           cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "jobs queued for removed models: none" in again.stdout, again.stdout
