@@ -120,7 +120,9 @@ class PoolDispatcher:
     def duplicate(self, request: Any) -> bool:
         """Whether a message for a job this worker holds already is dropped. A copy of the
         message held (the same token: delivered again) is, acknowledged unless it is the very
-        message held. Of two messages with one job id and different tokens, one is not the
+        message held (then the entry on the in-flight record is the one held: should the held
+        one turn out to have lapsed when it starts, the settlement puts that entry back on
+        its queue, workers/settlement.py). Of two messages with one job id and different tokens, one is not the
         job's own (sent by hand: Flower's send-task), and the job's record tells which: the
         newcomer is dropped, or the one held if it has not started (one running is refused by
         its start); where the record cannot tell, the newcomer is dropped."""

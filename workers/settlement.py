@@ -110,7 +110,10 @@ class Settlement:
                     self._settle_one(r, o)
                 except Exception:  # noqa: BLE001 - one job's bookkeeping must not stop the rest
                     logger.exception("bookkeeping of job %s failed", r.id)
-                    r.acknowledge() if o.outcome is not Outcome.RETRY else r.reject(requeue=True)
+                    if o.outcome is Outcome.RETRY or o.reason is StartDecision.LAPSED:
+                        r.reject(requeue=True)  # not run here: its message must stay live
+                    else:
+                        r.acknowledge()
 
     def _settle_one(self, r: Any, o: JobOutcome) -> None:
         """Celery's own handling of one job's outcome: state, event, ack or requeue."""
@@ -124,9 +127,18 @@ class Settlement:
             worker_state.task_ready(r)
             r.reject(requeue=True)
         elif o.reason is StartDecision.LAPSED:
-            # Another worker holds its message now and runs it: nothing to settle here.
+            # Its message was taken back while this worker's lease had lapsed: whoever took
+            # it runs it. That may be this very worker: a fetch after the lapse can bring the
+            # message back onto its own in-flight record, under the same tag, and the copy
+            # it delivered was dropped as a duplicate while this request still held the tag
+            # (the start, in the child, had already found the tag gone). Forgotten here, that
+            # entry would be held by no one, yet leased by this live worker's beat: no
+            # recovery and no reconciler would ever look at it, the job queued for good. So
+            # whatever the record still has under the tag goes back to its queue (nothing,
+            # when another worker holds it or it waits on its queue); a newer delivery held
+            # under the tag (a copy that was kept) is left alone.
             worker_state.task_ready(r)
-            self.leases.forget([r.message])
+            self._settle(r.message, requeue=True)
         else:  # NOT_RUN: cancelled, expired, missing, or finished by an earlier run
             worker_state.task_ready(r)
             if o.reason in (StartDecision.CANCELLED, StartDecision.EXPIRED):
