@@ -68,26 +68,33 @@ def fetch(worker: InFlight, job_id: str) -> Held:
     return Held(job_id, json.loads(got[0][1])["properties"]["delivery_tag"])
 
 
-def test_a_held_job_that_lapsed_at_its_start_runs_once_after_its_copy_was_dropped(server,
-                                                                                  broker):
-    jobs = JobState(server)
-    job_id = submit(jobs, "lapsed")
+def held_then_reaped(server, broker, jobs: JobState, job_id: str):
+    """This worker fetches and holds the job, then is cut off longer than a lease: it stops
+    beating, and another worker takes its messages back onto their queues. Returns this
+    worker's record, its dispatcher, the held delivery and the other worker's record."""
     worker = InFlight(server, broker)
     worker.beat()
     d = dispatcher(worker, jobs)
     original = fetch(worker, job_id)
     d.leases.hold(original.message)  # as the Strategy does, then the buffer, then a batch
     d.ids[job_id] = original
-
-    # Cut off longer than a lease: it stops beating, and another worker takes its messages
-    # back onto their queues.
     server.delete(broker.alive_key)
     other = BrokerState(lease_s=30, heartbeat_s=2)
     other.name("other@test")
     reaper = InFlight(server, other)
     reaper.beat()
     other.lease_since = monotonic() - 31
-    assert reaper.reap() == 1 and server.llen(QUEUE) == 1
+    assert reaper.reap() == 1
+    return worker, d, original, reaper
+
+
+def test_a_held_job_that_lapsed_at_its_start_runs_once_after_its_copy_was_dropped(server,
+                                                                                  broker):
+    jobs = JobState(server)
+    job_id = submit(jobs, "lapsed")
+    # Held, then cut off longer than a lease: another worker takes it back onto its queue.
+    worker, d, original, _ = held_then_reaped(server, broker, jobs, job_id)
+    assert server.llen(QUEUE) == 1
 
     # Redis answers again. The held batch's start, retried in its child, runs first: the
     # message is off this worker's record, so it must not run here.
@@ -121,19 +128,7 @@ def test_a_held_job_that_lapsed_at_its_start_runs_once_after_its_copy_was_droppe
 def test_a_lapsed_job_whose_message_another_worker_took_is_left_to_it(server, broker):
     jobs = JobState(server)
     job_id = submit(jobs, "taken")
-    worker = InFlight(server, broker)
-    worker.beat()
-    d = dispatcher(worker, jobs)
-    original = fetch(worker, job_id)
-    d.leases.hold(original.message)
-    d.ids[job_id] = original
-    server.delete(broker.alive_key)
-    other = BrokerState(lease_s=30, heartbeat_s=2)
-    other.name("other@test")
-    taker = InFlight(server, other)
-    taker.beat()
-    other.lease_since = monotonic() - 31
-    assert taker.reap() == 1
+    worker, d, original, taker = held_then_reaped(server, broker, jobs, job_id)
     taken = fetch(taker, job_id)  # the other worker holds it now, and runs it
     assert jobs.start([job_id], worker="w@test/1", batch="b", tokens=[""],
                       held=(broker.inflight_key, [original.message.delivery_tag])) \
@@ -142,5 +137,5 @@ def test_a_lapsed_job_whose_message_another_worker_took_is_left_to_it(server, br
                                                      reason=StartDecision.LAPSED)])
     # Nothing put back: the one live message is the other worker's.
     assert server.llen(QUEUE) == 0
-    assert server.hexists(other.inflight_key, taken.message.delivery_tag)
+    assert server.hexists(taker.state.inflight_key, taken.message.delivery_tag)
     assert len(d.leases) == 0
