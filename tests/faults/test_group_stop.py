@@ -61,6 +61,20 @@ def child_of(stack, job_id: str) -> int:
     return int(stack.redis.hget(f"iq:job:{job_id}", "worker").rsplit("/", 1)[1])
 
 
+def hung_then_signalled(stack, model: str, worker_name: str, hang: str,
+                        send) -> tuple[str, int, float]:
+    """A job of `model` that hangs in its call, running; then `send(worker pid)`. Returns the
+    job, the pid of the child running it and how long the worker took to exit."""
+    job = stack.submit(model, [hang])["id"]
+    wait_until(lambda: stack.job(job)["status"] == "running", 60, "the hung call")
+    child = child_of(stack, job)
+    worker = stack.workers[worker_name]
+    asked = time.monotonic()
+    send(worker.proc.pid)
+    worker.proc.wait(STOP_S + 40)
+    return job, child, time.monotonic() - asked
+
+
 def test_a_stop_of_the_whole_group_lets_the_running_batch_finish_once(stopped):
     stack, log = stopped
     watch = Watch(stack)
@@ -96,14 +110,8 @@ def test_a_stop_of_the_whole_group_lets_the_running_batch_finish_once(stopped):
 
 def test_a_batch_that_never_returns_holds_a_group_stop_no_longer_than_its_timeout(stopped):
     stack, _log = stopped
-    job = stack.submit("stuck", ["!hang-group-stop"])["id"]
-    wait_until(lambda: stack.job(job)["status"] == "running", 60, "the hung call")
-    child = child_of(stack, job)
-    worker = stack.workers["s"]
-    asked = time.monotonic()
-    os.killpg(worker.proc.pid, signal.SIGTERM)
-    worker.proc.wait(STOP_S + 40)
-    took = time.monotonic() - asked
+    job, child, took = hung_then_signalled(stack, "stuck", "s", "!hang-group-stop",
+                                           lambda pid: os.killpg(pid, signal.SIGTERM))
     print(f"group stop with a hung batch: gone after {took:.1f}s")
     # The child outlived the SIGTERM (the main process waited for its batch) until the stop's
     # deadline, which killed it: the stop took stop_timeout_s, and no more than a few seconds
@@ -119,14 +127,9 @@ def test_a_batch_that_never_returns_holds_a_group_stop_no_longer_than_its_timeou
 
 def test_a_cold_shutdown_still_kills_a_busy_child_at_once(stopped):
     stack, _log = stopped
-    job = stack.submit("cold", ["!hang-cold"])["id"]
-    wait_until(lambda: stack.job(job)["status"] == "running", 60, "the hung call")
-    child = child_of(stack, job)
-    worker = stack.workers["c"]
-    asked = time.monotonic()
-    os.kill(worker.proc.pid, signal.SIGQUIT)  # the main process only: Celery's cold shutdown
-    worker.proc.wait(STOP_S + 40)
-    took = time.monotonic() - asked
+    # SIGQUIT to the main process only: Celery's cold shutdown.
+    job, child, took = hung_then_signalled(stack, "cold", "c", "!hang-cold",
+                                           lambda pid: os.kill(pid, signal.SIGQUIT))
     print(f"cold shutdown with a hung batch: gone after {took:.1f}s")
     assert took < STOP_S / 2, f"the cold shutdown waited {took:.1f}s for the hung batch"
     wait_until(lambda: gone(child), 10, "the hung child gone")
