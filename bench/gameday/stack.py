@@ -60,12 +60,17 @@ class Needs:
                      self.own_host or other.own_host)
 
 
-def free_ports(count: int) -> int:
+def free_ports(count: int, taken: set[int]) -> int:
     """The first of `count` consecutive free ports of 127.0.0.1 (a primary and its replicas
-    take REDIS_PORT and the ports after it; the sentinels, REDIS_SENTINEL_PORT's)."""
+    take REDIS_PORT and the ports after it; the sentinels, REDIS_SENTINEL_PORT's), none of
+    them in `taken`, to which they are added. Free is not enough: a port handed out earlier
+    is free too until its process binds it, and the kernel may hand it out again (once, the
+    API's and the worker's metrics got the same one and make run refused to start)."""
     def run_of_free() -> int | None:
         first = free_port()
         for port in range(first, first + count):
+            if port in taken:
+                return None
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", port))
@@ -73,7 +78,9 @@ def free_ports(count: int) -> int:
                     return None
         return first if first + count <= 65535 else None
 
-    return wait_until(run_of_free, 10, f"{count} consecutive free ports")
+    first = wait_until(run_of_free, 10, f"{count} consecutive free ports")
+    taken.update(range(first, first + count))
+    return first
 
 
 @dataclass
@@ -143,13 +150,14 @@ class Stack:
         (var / "logs").mkdir(parents=True, exist_ok=True)
         base = {k: v for k, v in (environ or os.environ).items()
                 if not k.startswith("IQ_") and k not in MAKE_RUN_VARIABLES}
+        self.ports: set[int] = set()  # every port handed out: each one distinct
         # scripts/run.sh exports these before scripts/run.py plans the run.
-        base.update({p: str(free_port()) for p in PORTS}, IQ_VAR_DIR=str(var),
-                    REDIS_PORT=str(free_ports(needs.replicas + 1)),
+        base.update({p: str(free_ports(1, self.ports)) for p in PORTS}, IQ_VAR_DIR=str(var),
+                    REDIS_PORT=str(free_ports(needs.replicas + 1, self.ports)),
                     HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         if needs.replicas:
             base.update(REDIS_REPLICAS=str(needs.replicas),
-                        REDIS_SENTINEL_PORT=str(free_ports(SENTINELS)))
+                        REDIS_SENTINEL_PORT=str(free_ports(SENTINELS, self.ports)))
         if needs.models_copy:
             models = var / "models.yaml"
             shutil.copy(ROOT / Settings.models_file, models)
@@ -220,7 +228,8 @@ class Stack:
     def add_worker(self, name: str) -> Proc:
         """Another worker, as a second `scripts/worker.sh` on this machine: a node name and
         a metrics port of its own (README: give each worker a node name of its own)."""
-        env = dict(self.worker_env, IQ_WORKER_NAME=name, IQ_WORKER_METRICS_PORT=str(free_port()))
+        env = dict(self.worker_env, IQ_WORKER_NAME=name,
+                   IQ_WORKER_METRICS_PORT=str(free_ports(1, self.ports)))
         proc = Proc(name, self.worker_command, env, self.var / "logs" / f"{name}.log")
         self.procs[name] = proc
         proc.start()
