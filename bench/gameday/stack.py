@@ -41,7 +41,8 @@ RESTART_DELAY_S = 1.0
 # What make run reads from the environment: the game day chooses them all (ports, var dir)
 # or leaves them at their defaults, so a caller's own settings cannot leak into the run.
 MAKE_RUN_VARIABLES = ("REDIS_URL", "REDIS_PORT", "REDIS_MAXMEMORY", "REDIS_REPLICAS",
-                      "REDIS_SENTINEL_PORT", "REDIS_APPENDFSYNC", "FLOWER_BASIC_AUTH",
+                      "REDIS_SENTINEL_PORT", "REDIS_APPENDFSYNC", "REDIS_MIN_REPLICAS_TO_WRITE",
+                      "REDIS_MIN_REPLICAS_MAX_LAG", "FLOWER_BASIC_AUTH",
                       "FLOWER_HOST", "FLOWER_PORT")
 PORTS = ("IQ_PORT", "FLOWER_PORT", "IQ_WORKER_METRICS_PORT", "IQ_WEBHOOK_METRICS_PORT")
 MASTER = Settings.redis_master  # the name the sentinels know the primary by
