@@ -5,9 +5,12 @@ secrets, the readiness checks), on free ports and in a var dir of the run's own.
 What some faults need beside it (`Needs`): Redis replicated as `REDIS_REPLICAS=1 make run`
 replicates it (a replica and three sentinels, every process pointed at the sentinels); the
 models file a copy of the default one in the var dir, for a reload to change without touching
-the checkout's; the worker on a host of its own (scripts/hosts.py), reaching Redis over a
-link that can be cut, with the same settings as every other process (its 127.0.0.1 ports lead
-over the link: `Host.reach_loopback`).
+the checkout's; a second worker on a host of its own (scripts/hosts.py), beside make run's on
+this one, as a deployment over several machines has more than one worker host: it reaches
+Redis over a link that can be cut, with the same settings as every other process (its
+127.0.0.1 ports lead over the link: `Host.reach_loopback`). The two workers share this
+machine's cores: each pool child takes half of them (IQ_CPU_THREADS), not torch's default of
+all of them each.
 
 `make run` keeps each process up under scripts/respawn.py, as a production host's supervisor
 does (systemd, compose restart policies). This module is that supervisor, so that it knows
@@ -46,6 +49,7 @@ MAKE_RUN_VARIABLES = ("REDIS_URL", "REDIS_PORT", "REDIS_MAXMEMORY", "REDIS_REPLI
                       "FLOWER_HOST", "FLOWER_PORT")
 PORTS = ("IQ_PORT", "FLOWER_PORT", "IQ_WORKER_METRICS_PORT", "IQ_WEBHOOK_METRICS_PORT")
 MASTER = Settings.redis_master  # the name the sentinels know the primary by
+HOST_WORKER = "host-worker"  # the worker on a host of its own (`Needs.own_host`)
 SENTINELS = 3  # scripts/run_redis.py's
 
 
@@ -54,7 +58,7 @@ class Needs:
     """What the chosen faults need of the stack beyond `make run`'s defaults."""
     replicas: int = 0  # Redis replicas, with sentinels (REDIS_REPLICAS)
     models_copy: bool = False  # the models file a copy in the var dir
-    own_host: bool = False  # the worker on a host of its own
+    own_host: bool = False  # a second worker, on a host of its own
 
     def __or__(self, other: Needs) -> Needs:
         return Needs(max(self.replicas, other.replicas), self.models_copy or other.models_copy,
@@ -177,25 +181,33 @@ class Stack:
                                if name.startswith("sentinel-")]
         self.worker_command = self.procs["worker"].command  # on this host, as make run's
         self.worker_env = dict(self.procs["worker"].env)
+        self.workers = ["worker"]  # the workers the stack starts (capacity waits for each)
+        self.cpu_threads: int | None = None  # IQ_CPU_THREADS, when workers share the cores
         if host is not None:
             self._on_host(host)
         self._halt = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, daemon=True)
 
     def _on_host(self, host: Host) -> None:
-        """The worker started on `host`, every Redis process listening on the host's link
-        too; the worker's metrics on the host's address, where its check reads them."""
+        """A second worker, make run's command started on `host` (a host name, so a node
+        name, of its own; its metrics on the host's address, where a check reads them),
+        every Redis process listening on the host's link too. Both workers' children take
+        half the cores each."""
         for name in (*self.redis_ports, *(f"sentinel-{i}" for i in
                                           range(1, len(self.sentinel_ports) + 1))):
             self.procs[name].command += f" --bind 127.0.0.1 {host.gateway}"
         host.reach_loopback([*self.redis_ports.values(), *self.sentinel_ports])
-        worker = self.procs["worker"]
-        worker.command = shlex.join(host.command(shlex.split(worker.command)))
-        worker.env["IQ_WORKER_METRICS_HOST"] = host.address
-        port = worker.env["IQ_WORKER_METRICS_PORT"]
-        self.run.checks = {what: (f"http://{host.address}:{port}/metrics"
-                                  if url.endswith(f":{port}/metrics") else url)
-                           for what, url in self.run.checks.items()}
+        port = free_ports(1, self.ports)
+        self.cpu_threads = max(1, (os.cpu_count() or 2) // 2)
+        self.procs["worker"].env["IQ_CPU_THREADS"] = str(self.cpu_threads)
+        env = dict(self.procs["worker"].env, IQ_WORKER_METRICS_HOST=host.address,
+                   IQ_WORKER_METRICS_PORT=str(port))
+        command = shlex.join(host.command(shlex.split(self.worker_command)))
+        self.procs[HOST_WORKER] = Proc(HOST_WORKER, command, env,
+                                       self.var / "logs" / f"{HOST_WORKER}.log")
+        self.workers.append(HOST_WORKER)
+        self.run.checks[f"the metrics of the worker on {host.name}"] = \
+            f"http://{host.address}:{port}/metrics"
 
     # -- life -----------------------------------------------------------------------------
     def start(self, timeout: float = 300) -> None:
@@ -289,9 +301,10 @@ class Stack:
                 continue
         return out
 
-    def serving_since(self, moment: float, model: str) -> bool:
-        """Whether a pool child with `model` has beaten its heart, in a worker whose event
-        loop announced it consuming, since `moment` (time.time()), and the API is ready."""
+    def serving_since(self, moment: float, model: str, workers: int = 1) -> bool:
+        """Whether pool children with `model` have beaten their hearts, in at least `workers`
+        workers whose event loops announced them consuming, since `moment` (time.time()),
+        and the API is ready."""
         try:
             client = self.admin()
             consuming = {m for m, _ in client.zrangebyscore(CONSUMING_KEY, moment, "+inf",
@@ -299,8 +312,9 @@ class Stack:
             children = client.zrangebyscore(live_key(model), moment, "+inf")
         except redis.RedisError:
             return False
-        fresh = any(child.rsplit("/", 1)[0] in consuming for child in children)
-        return fresh and _answers(f"{self.api}/readyz")
+        nodes = {child.split("/", 1)[0] for child in children
+                 if child.rsplit("/", 1)[0] in consuming}
+        return len(nodes) >= workers and _answers(f"{self.api}/readyz")
 
 
 def _cmdline(proc: psutil.Process) -> list[str]:
