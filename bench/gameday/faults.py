@@ -215,8 +215,14 @@ class RedisFailover(Fault):
     """`SENTINEL FAILOVER` as Redis's admin (the application's user may not), on the stack as
     `REDIS_REPLICAS=1 make run` starts it: the sentinels promote the replica and demote the
     primary (closing every client's connection to it), and every process follows them. Over
-    once the old primary holds the new one's data as its replica: until then a submit, which
-    waits for a replica to hold its job, is refused with 503 and retried."""
+    once the old primary holds the new one's data as its replica: until then the new primary
+    has no replica in sync and refuses writes (make run's min-replicas-to-write), so a
+    submit is refused with 503 and retried; the old primary refuses them too from the
+    promotion on, instead of taking writes its demotion discards.
+
+    One replica, not two: with two, the old primary keeps the other replica for about a
+    second after the promotion, and that replica confirms (WAIT) jobs it then drops when it
+    resyncs from the promoted node: submits answered 202 and lost (README, Reliability)."""
     name, label = "redis-failover", "Redis failover"
     needs = Needs(replicas=1)
 
