@@ -20,6 +20,7 @@ processes, and the supervisor brings them back.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -128,18 +129,25 @@ class Proc:
 
     def stop(self, timeout: float = 30) -> None:
         """SIGTERM to its process group, SIGKILL to what is left after `timeout`, as honcho
-        does on Ctrl-C (after 5 s there)."""
+        does on Ctrl-C (after 5 s there). What is waited for is every process of the group,
+        not the shell alone: dash forks the command and dies at the SIGTERM at once, so a
+        stop that waited for the shell left a worker in its warm shutdown while Redis was
+        stopped under it (and the host of its own taken away)."""
         self.stopping = True
         if not self.alive():
             return
         try:
+            shell = psutil.Process(self.pid)
+            group = [shell, *shell.children(recursive=True)]
             os.killpg(self.pid, signal.SIGTERM)
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.pid, signal.SIGKILL)
-            self.popen.wait(10)
-        except ProcessLookupError:
-            pass
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            return
+        _gone, left = psutil.wait_procs(group, timeout)
+        if left:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+            psutil.wait_procs(left, 10)
+        self.popen.wait(10)
 
 
 class Stack:

@@ -1,12 +1,19 @@
 """The game day's stack hands out distinct ports: the kernel may give a port that is free now
 to two asks in a row (once, the API and the worker's metrics got the same one, and make run
-refused to start). Planned, not started: nothing listens."""
+refused to start); planned, not started: nothing listens. And its supervisor's stop waits for
+a process's program, not only for the shell that started it."""
 from __future__ import annotations
 
 import itertools
+import os
+import shlex
+import sys
+
+import psutil
 
 from bench.gameday import stack as stack_module
-from bench.gameday.stack import PORTS, SENTINELS, Needs, Stack, free_ports
+from bench.gameday.stack import PORTS, SENTINELS, Needs, Proc, Stack, free_ports
+from scripts.stack import wait_until
 
 
 def repeating(monkeypatch) -> None:
@@ -40,3 +47,20 @@ def test_the_stack_s_ports_are_all_distinct(monkeypatch, tmp_path):
     extra = int(stack.add_worker("gameday-extra").env["IQ_WORKER_METRICS_PORT"])
     assert extra not in ports
 
+
+
+def test_a_stop_waits_for_the_program_not_only_its_shell(tmp_path):
+    """The shell (dash) forks the command and dies at the SIGTERM at once; the program takes
+    a second to stop (a worker's warm shutdown takes longer): the stop returns once it has."""
+    ready = tmp_path / "ready"
+    program = ("import pathlib, signal, sys, time; "
+               "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1), sys.exit(0))); "
+               f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)")
+    proc = Proc("slow", f"{sys.executable} -c {shlex.quote(program)}", dict(os.environ),
+                tmp_path / "slow.log")
+    proc.start()
+    wait_until(ready.exists, 30, "the program started")
+    started = proc.program()
+    assert started.pid != proc.pid  # the shell's child, as a Procfile's command is
+    proc.stop(timeout=10)
+    assert not started.is_running() or started.status() == psutil.STATUS_ZOMBIE
