@@ -96,6 +96,8 @@ def test_the_stack_has_what_the_chosen_faults_need(tmp_path):
     assert sorted(stack.redis_ports.values()) == [primary, primary + 1]
     replica = next(p for n, p in redis_procs.items() if n.startswith("redis-"))
     assert replica.env["REDIS_REPLICA_OF"] == f"127.0.0.1:{primary}"
+    # Every node refuses writes while a primary without a replica in sync (any may be one).
+    assert {stack.procs[n].env["REDIS_MIN_REPLICAS_TO_WRITE"] for n in stack.redis_ports} == {"1"}
     for i, port in enumerate(stack.sentinel_ports, 1):
         assert stack.procs[f"sentinel-{i}"].env["REDIS_PORT"] == str(port)
         assert stack.procs[f"sentinel-{i}"].env["REDIS_SENTINEL_MONITOR"] == \

@@ -1,5 +1,6 @@
 """The client's pieces that need no server: base64 outputs, error types, Retry-After (parsed,
-and the pause it makes between tries), and the package itself (pip installs it, with its command)."""
+and the pause it makes between tries), and the package itself (pip installs it, with its
+command)."""
 from __future__ import annotations
 
 import base64
