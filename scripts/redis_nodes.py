@@ -180,9 +180,10 @@ def start_group(workdir: Path, replicas: int = 1, sentinels: int = 3,
                 appendonly: bool = True, down_after_ms: int = 5000) -> RedisGroup:
     """A primary, `replicas` replicas and `sentinels` sentinels (quorum 2), returned once the
     replicas are in sync and every sentinel knows them all."""
-    # As make run's (scripts/run_redis.py): each job is on a replica before its 202, and a
-    # primary without a replica in sync refuses writes.
-    node = {"appendonly": appendonly, "appendfsync": "everysec", "min_replicas_to_write": 1}
+    # As make run's (scripts/run_redis.py): each job is on a replica before its 202, and with
+    # replicas, a primary without one in sync refuses writes.
+    node = {"appendonly": appendonly, "appendfsync": "everysec",
+            "min_replicas_to_write": 1 if replicas else 0}
     primary = start_redis(workdir, **node)
     group = RedisGroup(primary, [], [])
     try:
