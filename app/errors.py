@@ -160,6 +160,12 @@ def register_error_handlers(app: Flask) -> None:
             # is given more memory); nothing stored is dropped meanwhile.
             return error_response(Unavailable("the job store (Redis) is full; retry later",
                                               retry_after=30))
+        if "NOREPLICAS" in str(exc):
+            # min-replicas-to-write (make run with replicas): the primary has no replica in
+            # sync, a failover under way or a replica restarting; nothing was written.
+            return error_response(Unavailable("the job store (Redis) refuses writes until its "
+                                              "primary has a replica in sync; retry later",
+                                              retry_after=1))
         # Retry-After 1: Redis restarted under a supervisor is back in a second or a few, and
         # the client waits what it is told (at 5 s, every submit refused during a restart got
         # its job id more than 5 s after it was sent: bench/gameday's availability).

@@ -174,9 +174,15 @@ class Submitter:
     def _unsure(self, job_id: str, key: str | None, exc: Exception) -> Unavailable:
         """503 for a submit whose fate Redis did not tell in time: the script may have run
         (it was sent, and Redis may run it once it resumes), so the answer names the job
-        and the way to find it again without making a second one. Retry-After 1, as for any
-        unreachable Redis (app/errors.py): the resend is safe, and a restarted Redis is back
-        within seconds."""
+        and the way to find it again without making a second one; the resend is safe.
+
+        Retry-After 0 when Redis took the command and did not answer (a timeout: frozen, or
+        the network silent): this attempt already waited the whole deadline, and each resend
+        is bounded by it too, so resending at once is no tight loop, and a submit that
+        arrived as Redis froze gets its id as soon as it resumes instead of a second later
+        (in the game day's 5 s freeze, the arrivals of its first 2 s got theirs after more
+        than 5 s). Retry-After 1 for a refused or dropped connection, as for any unreachable
+        Redis (app/errors.py): a restarted Redis is back within seconds."""
         logger.warning("submit of job %s unanswered by Redis: %s", job_id, exc)
         again = "resend with the same Idempotency-Key: it returns this job, never a second" \
             if key else "send an Idempotency-Key with each submit, so that a resend returns " \
@@ -184,7 +190,8 @@ class Submitter:
         return Unavailable(
             f"the job store (Redis) did not answer within {self.settings.redis_deadline_s:g}s; "
             f"job {job_id} may have been recorded and may run: {again}, or read "
-            f"/v1/jobs/{job_id} (404: it was not recorded)", retry_after=1, job_id=job_id)
+            f"/v1/jobs/{job_id} (404: it was not recorded)",
+            retry_after=0 if isinstance(exc, redis.TimeoutError) else 1, job_id=job_id)
 
     def _check_webhook(self, hook: dict) -> None:
         """422 for a webhook this service will not call. While webhooks are off (no secret)

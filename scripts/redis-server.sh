@@ -21,6 +21,12 @@
 # It holds at most REDIS_MAXMEMORY: past it, writes are refused (noeviction) rather than queued
 # jobs or results silently dropped.
 #
+# REDIS_MIN_REPLICAS_TO_WRITE=N (make run with replicas: 1) makes it refuse writes (NOREPLICAS)
+# while it is a primary with fewer than N replicas in sync (acknowledged within
+# REDIS_MIN_REPLICAS_MAX_LAG, 10 s): a primary the sentinels have replaced refuses the writes
+# of the clients still connected to it the moment its replica leaves, instead of taking them
+# until it is demoted and then discarding them.
+#
 # REDIS_REPLICA_OF=host:port starts it as a replica of that primary. REDIS_SENTINEL_MONITOR=
 # host:port starts a Redis Sentinel instead, watching that primary under the name
 # IQ_REDIS_MASTER: the admin's password is its own (requirepass, also what sentinels show each
@@ -65,6 +71,10 @@ fi
 replica=()
 if [ -n "${REDIS_REPLICA_OF:-}" ]; then
   replica=(--replicaof "${REDIS_REPLICA_OF%:*}" "${REDIS_REPLICA_OF##*:}")
+fi
+if [ "${REDIS_MIN_REPLICAS_TO_WRITE:-0}" != 0 ]; then
+  replica+=(--min-replicas-to-write "$REDIS_MIN_REPLICAS_TO_WRITE"
+            --min-replicas-max-lag "${REDIS_MIN_REPLICAS_MAX_LAG:-10}")
 fi
 exec "$bin" - --port "$port" --bind 127.0.0.1 --dir "$dir" \
   --appendonly yes --appendfsync "${REDIS_APPENDFSYNC:-always}" --save "" \

@@ -38,7 +38,8 @@ def _private(path: Path, text: str) -> Path:
 def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False,
                 open_to_all: bool = False, like: Service | None = None,
                 replica_of: Service | None = None, appendfsync: str | None = None,
-                bind: list[str] | None = None, args: list[str] | None = None) -> Service:
+                bind: list[str] | None = None, args: list[str] | None = None,
+                min_replicas_to_write: int = 0) -> Service:
     """A private redis-server as `make run` starts one (scripts/redis-server.sh): an admin user
     and the application's user (REDIS_APP_USER), which cannot run administrative commands, each
     with a fresh password, so that every client is proven to pass its own along and the
@@ -48,9 +49,11 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
     primary, with its passwords. `open_to_all`: no user and no password, as a system package's
     Redis. `appendfsync`: the append-only file's fsync policy (the script's default if None).
     `bind`: addresses it listens on beside 127.0.0.1 (hosts of their own, scripts/hosts.py);
-    `args`: more of redis-server's options."""
+    `args`: more of redis-server's options. `min_replicas_to_write`: as make run's nodes with
+    replicas (REDIS_MIN_REPLICAS_TO_WRITE; a restart keeps that of `like`)."""
     if like is not None:
         port, open_to_all = like.extra["port"], like.extra["password"] == ""
+        min_replicas_to_write = like.extra.get("min_replicas_to_write", 0)
     port = port or free_port()
     data = workdir / f"redis-{port}"
     data.mkdir(parents=True, exist_ok=True)
@@ -67,6 +70,7 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
             env["REDIS_REPLICA_OF"] = f"127.0.0.1:{replica_of.extra['port']}"
         if appendfsync:
             env["REDIS_APPENDFSYNC"] = appendfsync
+        env["REDIS_MIN_REPLICAS_TO_WRITE"] = str(min_replicas_to_write)
         cmd = [str(ROOT / "scripts" / "redis-server.sh"), "--appendonly",
                "yes" if appendonly else "no", *(args or [])]
         if bind:
@@ -76,7 +80,8 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
         app = f"redis://{REDIS_APP_USER}:{passwords['app_password']}@127.0.0.1:{port}/0"
         svc.extra.update(passwords)
     wait_until(redis.Redis.from_url(admin).ping, 20, f"redis-server on port {port}")
-    svc.extra.update(port=port, url=app, admin_url=admin)
+    svc.extra.update(port=port, url=app, admin_url=admin,
+                     min_replicas_to_write=min_replicas_to_write)
     return svc
 
 
@@ -175,12 +180,15 @@ def start_group(workdir: Path, replicas: int = 1, sentinels: int = 3,
                 appendonly: bool = True, down_after_ms: int = 5000) -> RedisGroup:
     """A primary, `replicas` replicas and `sentinels` sentinels (quorum 2), returned once the
     replicas are in sync and every sentinel knows them all."""
-    # As make run's (scripts/run_redis.py): each job is on a replica before its 202.
-    primary = start_redis(workdir, appendonly=appendonly, appendfsync="everysec")
+    # As make run's (scripts/run_redis.py): each job is on a replica before its 202, and with
+    # replicas, a primary without one in sync refuses writes.
+    node = {"appendonly": appendonly, "appendfsync": "everysec",
+            "min_replicas_to_write": 1 if replicas else 0}
+    primary = start_redis(workdir, **node)
     group = RedisGroup(primary, [], [])
     try:
-        group.replicas = [start_redis(workdir, appendonly=appendonly, replica_of=primary,
-                                      appendfsync="everysec") for _ in range(replicas)]
+        group.replicas = [start_redis(workdir, replica_of=primary, **node)
+                          for _ in range(replicas)]
         group.sentinels = [start_sentinel(workdir, primary, down_after_ms=down_after_ms)
                            for _ in range(sentinels)]
         wait_until(group.ready, 60, "replicas in sync and sentinels that see them all")

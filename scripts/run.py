@@ -131,6 +131,7 @@ def _keep_secrets(env: dict[str, str], var_dir: Path, redis_port: int | None) ->
                    REDIS_URL=f"redis://{REDIS_APP_USER}:{password}@127.0.0.1:{redis_port}/0")
         redis = f"started here: user {REDIS_APP_USER} (no admin commands), admin password " \
                 f"in {shown(admin_path)}, data in {shown(Path(env['IQ_REDIS_DIR']))}"
+        run_redis.min_replicas_to_write(env)  # checked without replicas too
         if run_redis.replicas(env):
             env.update(run_redis.application_env(env, password))
             redis += "; " + run_redis.described(env, redis_port, var_dir)

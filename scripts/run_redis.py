@@ -27,6 +27,16 @@ def replicas(env: dict[str, str]) -> int:
     return int(raw)
 
 
+def min_replicas_to_write(env: dict[str, str]) -> str:
+    """REDIS_MIN_REPLICAS_TO_WRITE: 1 by default with replicas, 0 (a primary writes without
+    any replica) without; never more than there are replicas, or no write is ever taken."""
+    raw = env.get("REDIS_MIN_REPLICAS_TO_WRITE") or ("1" if replicas(env) else "0")
+    if not raw.isdigit() or int(raw) > replicas(env):
+        raise ConfigError(f"REDIS_MIN_REPLICAS_TO_WRITE must be a number of replicas from 0 "
+                          f"to REDIS_REPLICAS ({replicas(env)}), got {raw!r}")
+    return raw
+
+
 def _node_ports(env: dict[str, str], redis_port: int) -> list[int]:
     return [redis_port + i for i in range(replicas(env) + 1)]
 
@@ -71,13 +81,18 @@ def processes(env: dict[str, str], var_dir: Path, redis_port: int) -> dict[str, 
     master = env.get("IQ_REDIS_MASTER") or Settings.redis_master
     primary = primary_port(var_dir, nodes, master)
     fsync = env.get("REDIS_APPENDFSYNC") or "everysec"
+    # Whichever node is the primary refuses writes without a replica in sync (every node gets
+    # it: any may be promoted): after a failover, the old primary's clients are refused at
+    # once rather than their writes discarded when it turns replica (scripts/redis-server.sh).
+    min_replicas = min_replicas_to_write(env)
     out: dict[str, dict[str, str]] = {}
     for port in nodes:
         name = "redis" if port == redis_port else f"redis-{port}"
         # A job is on a replica before its 202 (WAIT): a crash of one host loses none of
         # them without an fsync per write.
         out[name] = {"REDIS_PORT": str(port), "REDIS_APPENDFSYNC": fsync,
-                     "IQ_REDIS_DIR": str(_data_dir(var_dir, port, redis_port))}
+                     "IQ_REDIS_DIR": str(_data_dir(var_dir, port, redis_port)),
+                     "REDIS_MIN_REPLICAS_TO_WRITE": min_replicas}
         if port != primary:
             out[name]["REDIS_REPLICA_OF"] = f"127.0.0.1:{primary}"
     for i, port in enumerate(_sentinel_ports(env), 1):

@@ -13,6 +13,7 @@ transient.
 """
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Callable, TypeVar
 
@@ -151,12 +152,21 @@ def is_out_of_memory(exc: BaseException) -> bool:
         "OOM command not allowed" in str(exc)
 
 
+# Redis's refusals that say nothing about the command: loading its data, no primary, a
+# replica now (a failover), a cluster's moment, a primary without a replica in sync
+# (min-replicas-to-write: make run's with replicas).
+TRANSIENT_CODES = ("LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "NOREPLICAS")
+# The code first, as Redis sends it; or after a dash (a script's error: `... -NOREPLICAS Not
+# enough good replicas`) or a colon (a pipeline's: `... of pipeline caused error: NOREPLICAS`).
+_TRANSIENT = re.compile(rf"(?:^|-|: )(?:{'|'.join(TRANSIENT_CODES)}) ")
+
+
 def is_transient(exc: BaseException) -> bool:
     """A Redis error that says nothing about the job: the server is away, restarting,
-    loading its data, or out of memory for now. Worth retrying, never a job failure."""
+    loading its data, out of memory for now, or refusing writes until a failover settles.
+    Worth retrying, never a job failure."""
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         return True  # BusyLoadingError (Redis loading its data) is a ConnectionError
-    if is_out_of_memory(exc):
-        return True
-    return isinstance(exc, redis.ResponseError) and \
-        str(exc).startswith(("LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN"))
+    if is_out_of_memory(exc) or isinstance(exc, redis.exceptions.ReadOnlyError):
+        return True  # redis-py's READONLY, its code taken off the message
+    return isinstance(exc, redis.ResponseError) and bool(_TRANSIENT.search(str(exc)))

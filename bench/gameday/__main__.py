@@ -83,7 +83,12 @@ def run(args: argparse.Namespace, faults: list[type[Fault]]) -> dict:
           f"defaults: {needs}", flush=True)
     with ExitStack() as context:
         host = context.enter_context(hosts.hosts(1))[0] if needs.own_host else None
-        played, source = _play(args, faults, Stack(var, needs=needs, host=host))
+        stack = Stack(var, needs=needs, host=host)
+        if stack.cpu_threads is not None:
+            print(f"gameday: {len(stack.workers)} workers ({', '.join(stack.workers)}) share "
+                  f"this machine's {os.cpu_count()} cores: IQ_CPU_THREADS={stack.cpu_threads} "
+                  f"for each", flush=True)
+        played, source = _play(args, faults, stack)
     report = {"run": describe(played, args.model, started, source, load) | {"var": str(var)},
               **analyse(played)}
     args.out.mkdir(parents=True, exist_ok=True)

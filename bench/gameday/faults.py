@@ -5,11 +5,11 @@ stack's supervisor restarts (bench/gameday/stack.py). The run then waits until t
 serves again (`Stack.serving_since`) and measures the rest from the jobs' latencies.
 
 A fault that kills a pool child names the jobs that child was running (`may_rerun`): the only
-jobs the service may run twice; so does the cut of the worker's host, whose child's batch
+jobs the service may run twice; so does the cut of a worker's host, whose child's batch
 cannot reach Redis: to the service, that child is as gone as a killed one.
 
 A fault's `needs` say what the stack must have beyond make run's defaults (a replicated Redis,
-a models file of the run's own, the worker on a host of its own): bench/gameday/stack.py.
+a models file of the run's own, a second worker on a host of its own): bench/gameday/stack.py.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import psutil
 import redis
 import yaml
 
-from bench.gameday.stack import MASTER, Needs, Stack
+from bench.gameday.stack import HOST_WORKER, MASTER, Needs, Stack
 from scripts.run import ROOT
 from scripts.stack import wait_until
 from tasks.keys import JOB_PREFIX, live_key
@@ -215,8 +215,14 @@ class RedisFailover(Fault):
     """`SENTINEL FAILOVER` as Redis's admin (the application's user may not), on the stack as
     `REDIS_REPLICAS=1 make run` starts it: the sentinels promote the replica and demote the
     primary (closing every client's connection to it), and every process follows them. Over
-    once the old primary holds the new one's data as its replica: until then a submit, which
-    waits for a replica to hold its job, is refused with 503 and retried."""
+    once the old primary holds the new one's data as its replica: until then the new primary
+    has no replica in sync and refuses writes (make run's min-replicas-to-write), so a
+    submit is refused with 503 and retried; the old primary refuses them too from the
+    promotion on, instead of taking writes its demotion discards.
+
+    One replica, not two: with two, the old primary keeps the other replica for about a
+    second after the promotion, and that replica confirms (WAIT) jobs it then drops when it
+    resyncs from the promoted node: submits answered 202 and lost (README, Reliability)."""
     name, label = "redis-failover", "Redis failover"
     needs = Needs(replicas=1)
 
@@ -247,17 +253,21 @@ class RedisFailover(Fault):
 
 
 class HostCut(Fault):
-    """The worker runs on a host of its own (a network namespace joined to Redis's by a veth
-    pair: scripts/hosts.py); every packet to and from that host is dropped (iptables, both
-    ways: connections hang, as on a network that went away), for longer than the worker's
-    lease, then let through again. Nothing else serves its queue meanwhile: its jobs wait, and
-    the worker must rejoin by itself."""
-    name, label = "host-cut", f"worker's host cut off {CUT_S:g} s"
+    """A worker host cut off the network. The stack runs two workers, as a deployment over
+    several machines has more than one worker host: make run's on this machine and a second
+    on a host of its own (a network namespace joined to Redis's by a veth pair:
+    scripts/hosts.py), which is the one cut: every packet to and from that host is dropped
+    (iptables, both ways: connections hang, as on a network that went away), for longer than
+    the worker's lease, then let through again. The worker on this machine serves the queue
+    meanwhile, and once the cut worker's lease has lapsed it takes back what that one held;
+    the cut worker must rejoin by itself. Its child's batch may run twice (`may_rerun`): its
+    results cannot reach Redis."""
+    name, label = "host-cut", f"a worker's host cut off {CUT_S:g} s"
     needs = Needs(own_host=True)
 
     def inject(self) -> None:
         host = self.stack.host
-        children = {c.pid for c in self.stack.pool_children()}
+        children = {c.pid for c in self.stack.pool_children(HOST_WORKER)}
         try:
             host.cut()
         except subprocess.CalledProcessError:
@@ -268,8 +278,8 @@ class HostCut(Fault):
             self.may_rerun = running_in(self.stack, children)
         except redis.RedisError as exc:
             self.notes.append(f"could not read which jobs its child was running: {exc}")
-        self.notes.append(f"cut {host.name} off; its child was running "
-                          f"{len(self.may_rerun)} job(s)")
+        self.notes.append(f"cut {host.name} off; its worker's child {sorted(children)} was "
+                          f"running {len(self.may_rerun)} job(s)")
 
     def recover(self) -> None:
         time.sleep(max(self.until - time.monotonic(), 0))

@@ -76,11 +76,11 @@ CLIENT_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
 def capacity(stack: Stack, model: str, users: int = 32, seconds: float = 20) -> dict:
     """Jobs a second the stack completes with the game day's mix from `users` closed-loop
     users (each waits for its job before the next): the rate the run takes a share of.
-    Measured once a pool child serves `model` (/readyz answers as soon as the worker
-    consumes, while its child may still be loading: at load 22, 40 s, and the stack seemed
-    to complete nothing)."""
-    wait_until(lambda: stack.serving_since(time.time() - 30, model), 600,
-               f"a pool child serving {model}", interval=0.5)
+    Measured once a pool child of every worker serves `model` (/readyz answers as soon as a
+    worker consumes, while its child may still be loading: at load 22, 40 s, and the stack
+    seemed to complete nothing; with two workers, the capacity is both's)."""
+    wait_until(lambda: stack.serving_since(time.time() - 30, model, len(stack.workers)), 600,
+               f"a pool child of each of {stack.workers} serving {model}", interval=0.5)
     out = subprocess.run(traffic(stack.api, model, f"cap{uuid.uuid4().hex[:6]}", "--capacity",
                                  str(users), "--duration", str(seconds)),
                          capture_output=True, text=True, check=True, cwd=ROOT, env=CLIENT_ENV)

@@ -5,9 +5,12 @@ secrets, the readiness checks), on free ports and in a var dir of the run's own.
 What some faults need beside it (`Needs`): Redis replicated as `REDIS_REPLICAS=1 make run`
 replicates it (a replica and three sentinels, every process pointed at the sentinels); the
 models file a copy of the default one in the var dir, for a reload to change without touching
-the checkout's; the worker on a host of its own (scripts/hosts.py), reaching Redis over a
-link that can be cut, with the same settings as every other process (its 127.0.0.1 ports lead
-over the link: `Host.reach_loopback`).
+the checkout's; a second worker on a host of its own (scripts/hosts.py), beside make run's on
+this one, as a deployment over several machines has more than one worker host: it reaches
+Redis over a link that can be cut, with the same settings as every other process (its
+127.0.0.1 ports lead over the link: `Host.reach_loopback`). The two workers share this
+machine's cores: each pool child takes half of them (IQ_CPU_THREADS), not torch's default of
+all of them each.
 
 `make run` keeps each process up under scripts/respawn.py, as a production host's supervisor
 does (systemd, compose restart policies). This module is that supervisor, so that it knows
@@ -17,6 +20,7 @@ processes, and the supervisor brings them back.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -41,10 +45,12 @@ RESTART_DELAY_S = 1.0
 # What make run reads from the environment: the game day chooses them all (ports, var dir)
 # or leaves them at their defaults, so a caller's own settings cannot leak into the run.
 MAKE_RUN_VARIABLES = ("REDIS_URL", "REDIS_PORT", "REDIS_MAXMEMORY", "REDIS_REPLICAS",
-                      "REDIS_SENTINEL_PORT", "REDIS_APPENDFSYNC", "FLOWER_BASIC_AUTH",
+                      "REDIS_SENTINEL_PORT", "REDIS_APPENDFSYNC", "REDIS_MIN_REPLICAS_TO_WRITE",
+                      "REDIS_MIN_REPLICAS_MAX_LAG", "FLOWER_BASIC_AUTH",
                       "FLOWER_HOST", "FLOWER_PORT")
 PORTS = ("IQ_PORT", "FLOWER_PORT", "IQ_WORKER_METRICS_PORT", "IQ_WEBHOOK_METRICS_PORT")
 MASTER = Settings.redis_master  # the name the sentinels know the primary by
+HOST_WORKER = "host-worker"  # the worker on a host of its own (`Needs.own_host`)
 SENTINELS = 3  # scripts/run_redis.py's
 
 
@@ -53,19 +59,24 @@ class Needs:
     """What the chosen faults need of the stack beyond `make run`'s defaults."""
     replicas: int = 0  # Redis replicas, with sentinels (REDIS_REPLICAS)
     models_copy: bool = False  # the models file a copy in the var dir
-    own_host: bool = False  # the worker on a host of its own
+    own_host: bool = False  # a second worker, on a host of its own
 
     def __or__(self, other: Needs) -> Needs:
         return Needs(max(self.replicas, other.replicas), self.models_copy or other.models_copy,
                      self.own_host or other.own_host)
 
 
-def free_ports(count: int) -> int:
+def free_ports(count: int, taken: set[int]) -> int:
     """The first of `count` consecutive free ports of 127.0.0.1 (a primary and its replicas
-    take REDIS_PORT and the ports after it; the sentinels, REDIS_SENTINEL_PORT's)."""
+    take REDIS_PORT and the ports after it; the sentinels, REDIS_SENTINEL_PORT's), none of
+    them in `taken`, to which they are added. Free is not enough: a port handed out earlier
+    is free too until its process binds it, and the kernel may hand it out again (once, the
+    API's and the worker's metrics got the same one and make run refused to start)."""
     def run_of_free() -> int | None:
         first = free_port()
         for port in range(first, first + count):
+            if port in taken:
+                return None
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", port))
@@ -73,7 +84,9 @@ def free_ports(count: int) -> int:
                     return None
         return first if first + count <= 65535 else None
 
-    return wait_until(run_of_free, 10, f"{count} consecutive free ports")
+    first = wait_until(run_of_free, 10, f"{count} consecutive free ports")
+    taken.update(range(first, first + count))
+    return first
 
 
 @dataclass
@@ -116,18 +129,25 @@ class Proc:
 
     def stop(self, timeout: float = 30) -> None:
         """SIGTERM to its process group, SIGKILL to what is left after `timeout`, as honcho
-        does on Ctrl-C (after 5 s there)."""
+        does on Ctrl-C (after 5 s there). What is waited for is every process of the group,
+        not the shell alone: dash forks the command and dies at the SIGTERM at once, so a
+        stop that waited for the shell left a worker in its warm shutdown while Redis was
+        stopped under it (and the host of its own taken away)."""
         self.stopping = True
         if not self.alive():
             return
         try:
+            shell = psutil.Process(self.pid)
+            group = [shell, *shell.children(recursive=True)]
             os.killpg(self.pid, signal.SIGTERM)
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.pid, signal.SIGKILL)
-            self.popen.wait(10)
-        except ProcessLookupError:
-            pass
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            return
+        _gone, left = psutil.wait_procs(group, timeout)
+        if left:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+            psutil.wait_procs(left, 10)
+        self.popen.wait(10)
 
 
 class Stack:
@@ -143,13 +163,14 @@ class Stack:
         (var / "logs").mkdir(parents=True, exist_ok=True)
         base = {k: v for k, v in (environ or os.environ).items()
                 if not k.startswith("IQ_") and k not in MAKE_RUN_VARIABLES}
+        self.ports: set[int] = set()  # every port handed out: each one distinct
         # scripts/run.sh exports these before scripts/run.py plans the run.
-        base.update({p: str(free_port()) for p in PORTS}, IQ_VAR_DIR=str(var),
-                    REDIS_PORT=str(free_ports(needs.replicas + 1)),
+        base.update({p: str(free_ports(1, self.ports)) for p in PORTS}, IQ_VAR_DIR=str(var),
+                    REDIS_PORT=str(free_ports(needs.replicas + 1, self.ports)),
                     HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         if needs.replicas:
             base.update(REDIS_REPLICAS=str(needs.replicas),
-                        REDIS_SENTINEL_PORT=str(free_ports(SENTINELS)))
+                        REDIS_SENTINEL_PORT=str(free_ports(SENTINELS, self.ports)))
         if needs.models_copy:
             models = var / "models.yaml"
             shutil.copy(ROOT / Settings.models_file, models)
@@ -168,25 +189,33 @@ class Stack:
                                if name.startswith("sentinel-")]
         self.worker_command = self.procs["worker"].command  # on this host, as make run's
         self.worker_env = dict(self.procs["worker"].env)
+        self.workers = ["worker"]  # the workers the stack starts (capacity waits for each)
+        self.cpu_threads: int | None = None  # IQ_CPU_THREADS, when workers share the cores
         if host is not None:
             self._on_host(host)
         self._halt = threading.Event()
         self._supervisor = threading.Thread(target=self._supervise, daemon=True)
 
     def _on_host(self, host: Host) -> None:
-        """The worker started on `host`, every Redis process listening on the host's link
-        too; the worker's metrics on the host's address, where its check reads them."""
+        """A second worker, make run's command started on `host` (a host name, so a node
+        name, of its own; its metrics on the host's address, where a check reads them),
+        every Redis process listening on the host's link too. Both workers' children take
+        half the cores each."""
         for name in (*self.redis_ports, *(f"sentinel-{i}" for i in
                                           range(1, len(self.sentinel_ports) + 1))):
             self.procs[name].command += f" --bind 127.0.0.1 {host.gateway}"
         host.reach_loopback([*self.redis_ports.values(), *self.sentinel_ports])
-        worker = self.procs["worker"]
-        worker.command = shlex.join(host.command(shlex.split(worker.command)))
-        worker.env["IQ_WORKER_METRICS_HOST"] = host.address
-        port = worker.env["IQ_WORKER_METRICS_PORT"]
-        self.run.checks = {what: (f"http://{host.address}:{port}/metrics"
-                                  if url.endswith(f":{port}/metrics") else url)
-                           for what, url in self.run.checks.items()}
+        port = free_ports(1, self.ports)
+        self.cpu_threads = max(1, (os.cpu_count() or 2) // 2)
+        self.procs["worker"].env["IQ_CPU_THREADS"] = str(self.cpu_threads)
+        env = dict(self.procs["worker"].env, IQ_WORKER_METRICS_HOST=host.address,
+                   IQ_WORKER_METRICS_PORT=str(port))
+        command = shlex.join(host.command(shlex.split(self.worker_command)))
+        self.procs[HOST_WORKER] = Proc(HOST_WORKER, command, env,
+                                       self.var / "logs" / f"{HOST_WORKER}.log")
+        self.workers.append(HOST_WORKER)
+        self.run.checks[f"the metrics of the worker on {host.name}"] = \
+            f"http://{host.address}:{port}/metrics"
 
     # -- life -----------------------------------------------------------------------------
     def start(self, timeout: float = 300) -> None:
@@ -220,7 +249,8 @@ class Stack:
     def add_worker(self, name: str) -> Proc:
         """Another worker, as a second `scripts/worker.sh` on this machine: a node name and
         a metrics port of its own (README: give each worker a node name of its own)."""
-        env = dict(self.worker_env, IQ_WORKER_NAME=name, IQ_WORKER_METRICS_PORT=str(free_port()))
+        env = dict(self.worker_env, IQ_WORKER_NAME=name,
+                   IQ_WORKER_METRICS_PORT=str(free_ports(1, self.ports)))
         proc = Proc(name, self.worker_command, env, self.var / "logs" / f"{name}.log")
         self.procs[name] = proc
         proc.start()
@@ -279,9 +309,10 @@ class Stack:
                 continue
         return out
 
-    def serving_since(self, moment: float, model: str) -> bool:
-        """Whether a pool child with `model` has beaten its heart, in a worker whose event
-        loop announced it consuming, since `moment` (time.time()), and the API is ready."""
+    def serving_since(self, moment: float, model: str, workers: int = 1) -> bool:
+        """Whether pool children with `model` have beaten their hearts, in at least `workers`
+        workers whose event loops announced them consuming, since `moment` (time.time()),
+        and the API is ready."""
         try:
             client = self.admin()
             consuming = {m for m, _ in client.zrangebyscore(CONSUMING_KEY, moment, "+inf",
@@ -289,8 +320,9 @@ class Stack:
             children = client.zrangebyscore(live_key(model), moment, "+inf")
         except redis.RedisError:
             return False
-        fresh = any(child.rsplit("/", 1)[0] in consuming for child in children)
-        return fresh and _answers(f"{self.api}/readyz")
+        nodes = {child.split("/", 1)[0] for child in children
+                 if child.rsplit("/", 1)[0] in consuming}
+        return len(nodes) >= workers and _answers(f"{self.api}/readyz")
 
 
 def _cmdline(proc: psutil.Process) -> list[str]:

@@ -1,8 +1,9 @@
 """The client: submit, wait, get, list, follow, cancel, retry, delete, with the retries every
 user of the API needs.
 
-* 429 and 503 are retried after their `Retry-After`; a dropped connection or a timeout after
-  an exponential backoff. Each call gives up after `retry_for` seconds of failing (counted
+* 429 and 503 are retried after their `Retry-After` (0: at once, but never sooner than
+  half a second after the try began); a dropped connection or a timeout after an
+  exponential backoff. Each call gives up after `retry_for` seconds of failing (counted
   from the first failure, so a long wait is not cut short by a blip near its end).
 * Every submit carries an `Idempotency-Key` (one is made when the caller gives none), so a
   submit resent after a dropped connection returns the job the first one created.
@@ -35,6 +36,7 @@ logger = logging.getLogger("inference_queue_client")
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 RETRIED = (Overloaded, RateLimited, Unavailable)
+MIN_RETRY_INTERVAL_S = 0.5  # from a try's start to the next's after a 429 or 503
 # What a dropped or silent connection raises; the request may or may not have arrived.
 DROPPED = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
 
@@ -272,11 +274,15 @@ class Client:
         failing_since: float | None = None
         tries = 0
         while True:
+            tried = time.monotonic()
             try:
                 return attempt()
             except RETRIED as exc:
                 failure: Exception = exc
                 delay = exc.retry_after if exc.retry_after is not None else backoff(tries)
+                # `Retry-After: 0` (a submit Redis left unanswered: the try itself waited) is
+                # resent at once; a quick answer is not resent in a tight loop, whatever it says.
+                delay = max(delay, MIN_RETRY_INTERVAL_S - (time.monotonic() - tried))
             except DROPPED as exc:
                 failure, delay = exc, backoff(tries)
             now = time.monotonic()

@@ -19,6 +19,7 @@ from typing import Callable
 
 import pytest
 import requests
+from inference_queue_client import Client
 
 from config import Settings
 from scripts.stack import Stack, launch, start_redis, wait_until
@@ -79,7 +80,8 @@ def unanswered_submit(stack: Stack) -> tuple[str, str]:
     r = requests.post(f"{stack.api}/v1/jobs", json={"model": "slow", "inputs": ["keyed"]},
                       headers={"Idempotency-Key": key}, timeout=30)
     assert time.monotonic() - asked < DEADLINE_S + SLACK_S
-    assert r.status_code == 503 and int(r.headers["Retry-After"]) > 0, r.text
+    # Retry-After 0: Redis took the submit and did not answer; the resend is safe and bounded.
+    assert r.status_code == 503 and r.headers["Retry-After"] == "0", r.text
     error = r.json()["error"]
     assert "may have been recorded" in error["message"] and "Idempotency-Key" in error["message"]
     return key, error["job_id"]
@@ -214,3 +216,40 @@ def test_redis_killed_under_load_and_restarted(stalled, tmp_path_factory):
     assert tally["lost"] == tally["never_ran"] == 0
     assert tally["failed"] == tally["gave_up"] == 0
     assert tally["twice"] == tally["unknown_records"] == 0
+
+
+def test_a_submit_redis_left_unanswered_is_resent_at_once_and_makes_one_job(stalled, caplog):
+    """Redis frozen: each try of a submit is answered 503 within the deadline with
+    Retry-After 0 (it waited the deadline already) and names the job it may have recorded; the
+    client resends at once, with the same Idempotency-Key, and once Redis resumes gets one of
+    the job one of them recorded: one record, one run."""
+    stack, log = stalled
+    before = every_record(stack.admin)
+    answers: list[requests.Response] = []
+    session = requests.Session()
+    session.hooks["response"].append(lambda r, *args, **kwargs: answers.append(r))
+    got: dict = {}
+    submitting = threading.Thread(target=lambda: got.update(job=Client(
+        stack.api, session=session).submit("slow", ["resent at once"])), daemon=True)
+    pid = stack.redis_svc.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        submitting.start()
+        wait_until(lambda: len(answers) >= 2, 3 * (DEADLINE_S + SLACK_S), "two tries answered")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    submitting.join(60)
+    *refused, accepted = answers
+    assert [r.status_code for r in refused] == [503] * len(refused), [r.text for r in refused]
+    assert all(r.headers["Retry-After"] == "0" for r in refused)
+    assert accepted.status_code == 202 and got["job"].id == accepted.json()["id"]
+    keys = {r.request.headers["Idempotency-Key"] for r in answers}
+    assert len(keys) == 1  # each resend with the first one's key
+    # Each try named a job of its own, and the scripts the frozen Redis ran once it resumed
+    # made one of them; every other try found the key claimed: one job, the one answered.
+    assert len({r.json()["error"]["job_id"] for r in refused}) == len(refused)
+    assert every_record(stack.admin) - before == {got["job"].id}
+    assert stack.finished(got["job"].id)["status"] == "succeeded"
+    assert runs(log)["resent at once"] == 1
+    delays = [m for m in caplog.messages if "retrying in" in m]
+    assert len(delays) == len(refused) and all(m.endswith("retrying in 0.0s") for m in delays)

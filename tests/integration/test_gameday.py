@@ -4,6 +4,7 @@ the full run's (`make gameday`), on a quiet machine."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 
 import orjson
@@ -11,7 +12,7 @@ import pytest
 
 from bench.gameday.__main__ import arguments, run
 from bench.gameday.faults import FAULTS, ChildKilled, Fault, RedisClientsKilled
-from bench.gameday.stack import Needs, Stack
+from bench.gameday.stack import HOST_WORKER, Needs, Stack
 from config import Settings
 from scripts import hosts
 from scripts.stack import wait_until
@@ -77,8 +78,8 @@ def test_the_stack_has_what_the_chosen_faults_need(tmp_path):
     """Planned, not started: a failover's stack is `REDIS_REPLICAS=1 make run`'s (a replica
     and three sentinels, each with its own environment, every application process pointed at
     the sentinels); a reload's, a models file of the run's own with the default's bytes; a host
-    cut's, the worker on its host with make run's Redis settings, every Redis process also
-    listening on the host's link."""
+    cut's, make run's worker here and a second on its host with make run's Redis settings,
+    each child on half the cores, every Redis process also listening on the host's link."""
     needs = [FAULTS[name].needs for name in ("redis-failover", "model-reload", "host-cut")]
     assert needs == [Needs(replicas=1), Needs(models_copy=True), Needs(own_host=True)]
     assert {f.needs for f in FAULTS.values()} - set(needs) == {Needs()}
@@ -86,6 +87,7 @@ def test_the_stack_has_what_the_chosen_faults_need(tmp_path):
     stack = Stack(tmp_path / "plain")
     assert sorted(stack.procs) == ["flower", "redis", "web", "webhooks", "worker"]
     assert stack.procs["worker"].command == "scripts/worker.sh"
+    assert stack.workers == ["worker"] and "IQ_CPU_THREADS" not in stack.procs["worker"].env
 
     stack = Stack(tmp_path / "failover", needs=Needs(replicas=1, models_copy=True))
     redis_procs = {n: p for n, p in stack.procs.items() if n.startswith(("redis", "sentinel"))}
@@ -94,6 +96,8 @@ def test_the_stack_has_what_the_chosen_faults_need(tmp_path):
     assert sorted(stack.redis_ports.values()) == [primary, primary + 1]
     replica = next(p for n, p in redis_procs.items() if n.startswith("redis-"))
     assert replica.env["REDIS_REPLICA_OF"] == f"127.0.0.1:{primary}"
+    # Every node refuses writes while a primary without a replica in sync (any may be one).
+    assert {stack.procs[n].env["REDIS_MIN_REPLICAS_TO_WRITE"] for n in stack.redis_ports} == {"1"}
     for i, port in enumerate(stack.sentinel_ports, 1):
         assert stack.procs[f"sentinel-{i}"].env["REDIS_PORT"] == str(port)
         assert stack.procs[f"sentinel-{i}"].env["REDIS_SENTINEL_MONITOR"] == \
@@ -111,12 +115,22 @@ def test_the_stack_has_what_the_chosen_faults_need(tmp_path):
         pytest.skip(f"no host of its own here: {why}")
     with hosts.hosts(1) as [host]:
         stack = Stack(tmp_path / "cut", needs=Needs(own_host=True), host=host)
-        worker = stack.procs["worker"]
-        assert worker.command.startswith(f"ip netns exec {host.name} ")
-        assert worker.command.endswith(" scripts/worker.sh")
-        assert worker.env["REDIS_URL"] == stack.worker_env["REDIS_URL"]  # make run's own
+        # make run's worker stays on this machine; a second one runs on the host of its own.
+        assert stack.workers == ["worker", HOST_WORKER]
+        local, remote = stack.procs["worker"], stack.procs[HOST_WORKER]
+        assert local.command == "scripts/worker.sh"
+        assert remote.command.startswith(f"ip netns exec {host.name} ")
+        assert remote.command.endswith(" scripts/worker.sh")
+        assert remote.env["REDIS_URL"] == local.env["REDIS_URL"]  # make run's own
         assert stack.procs["redis"].command.endswith(f" --bind 127.0.0.1 {host.gateway}")
-        assert worker.env["IQ_WORKER_METRICS_HOST"] == host.address
-        assert f"http://{host.address}:" in " ".join(stack.run.checks.values())
+        assert remote.env["IQ_WORKER_METRICS_HOST"] == host.address
+        assert local.env["IQ_WORKER_METRICS_HOST"] == "127.0.0.1"
+        assert remote.env["IQ_WORKER_METRICS_PORT"] != local.env["IQ_WORKER_METRICS_PORT"]
+        checks = " ".join(stack.run.checks.values())
+        assert f"http://{host.address}:{remote.env['IQ_WORKER_METRICS_PORT']}/" in checks
+        assert f"http://127.0.0.1:{local.env['IQ_WORKER_METRICS_PORT']}/" in checks
+        # The two share this machine's cores: half of them each, not all of them each.
+        threads = str(max(1, os.cpu_count() // 2))
+        assert local.env["IQ_CPU_THREADS"] == remote.env["IQ_CPU_THREADS"] == threads
         # A second worker is started on this machine, as make run's.
         assert stack.worker_command == "scripts/worker.sh"

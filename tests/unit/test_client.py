@@ -1,5 +1,6 @@
-"""The client's pieces that need no server: base64 outputs, error types, Retry-After, and the
-package itself (pip installs it, with its command)."""
+"""The client's pieces that need no server: base64 outputs, error types, Retry-After (parsed,
+and the pause it makes between tries), and the package itself (pip installs it, with its
+command)."""
 from __future__ import annotations
 
 import base64
@@ -12,9 +13,11 @@ from email.utils import formatdate
 
 import numpy as np
 import pytest
+import requests
 
 import inference_queue_client as iqc
 from inference_queue_client import cli
+from inference_queue_client import client as client_module
 from inference_queue_client.errors import api_error, parse_retry_after
 from scripts.stack import ROOT
 
@@ -151,3 +154,60 @@ def test_cli_usage_errors_exit_2_before_any_request(args, stdin, said, monkeypat
     # No server at this address: a request would fail differently (and slowly).
     assert cli.main(["--url", "http://127.0.0.1:9", "--retry-for", "0", *args]) == 2
     assert said in capsys.readouterr().err
+
+
+class Clock:
+    """The client's `time` on a clock of the test's own: sleeping and each answer's wait
+    advance it, so the pauses between tries are counted, not waited."""
+
+    def __init__(self) -> None:
+        self.now, self.slept = 0.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(round(seconds, 3))
+        self.now += seconds
+
+
+class Answers:
+    """A session answering from a script: (seconds the answer takes, status, Retry-After)."""
+
+    def __init__(self, clock: Clock, script: list[tuple[float, int, str | None]]) -> None:
+        self.clock, self.script, self.headers, self.sent = clock, list(script), {}, []
+
+    def request(self, method, url, headers=None, **kw):
+        took, status, retry_after = self.script.pop(0)
+        self.clock.now += took
+        self.sent.append((self.clock.now - took, headers.get("Idempotency-Key")))
+        response = requests.Response()
+        response.status_code = status
+        response._content = (b'{"id": "job-1", "status": "queued"}' if status == 202 else
+                             b'{"error": {"code": "unavailable", "message": "m"}}')
+        if retry_after is not None:
+            response.headers["Retry-After"] = retry_after
+        return response
+
+
+@pytest.mark.parametrize("took, pause", [
+    (2.0, 0.0),  # unanswered for the API's deadline: resent at once
+    (0.05, 0.45),  # answered at once: at least half a second from try to try, no tight loop
+])
+def test_retry_after_zero_resends_at_once_but_never_in_a_tight_loop(monkeypatch, took, pause):
+    clock = Clock()
+    monkeypatch.setattr(client_module, "time", clock)
+    session = Answers(clock, [(took, 503, "0")] * 3 + [(0.01, 202, None)])
+    job = iqc.Client("http://iq.invalid", session=session).submit("m", ["x"])
+    assert job.id == "job-1" and clock.slept == [pause] * 3
+    assert len({key for _at, key in session.sent}) == 1  # every resend with the same key
+    starts = [at for at, _key in session.sent]
+    assert min(b - a for a, b in zip(starts, starts[1:])) >= client_module.MIN_RETRY_INTERVAL_S
+
+
+def test_retry_after_one_is_still_waited(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(client_module, "time", clock)
+    session = Answers(clock, [(2.0, 503, "1"), (0.01, 202, None)])
+    iqc.Client("http://iq.invalid", session=session).submit("m", ["x"])
+    assert clock.slept == [1.0]

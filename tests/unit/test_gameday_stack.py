@@ -1,0 +1,66 @@
+"""The game day's stack hands out distinct ports: the kernel may give a port that is free now
+to two asks in a row (once, the API and the worker's metrics got the same one, and make run
+refused to start); planned, not started: nothing listens. And its supervisor's stop waits for
+a process's program, not only for the shell that started it."""
+from __future__ import annotations
+
+import itertools
+import os
+import shlex
+import sys
+
+import psutil
+
+from bench.gameday import stack as stack_module
+from bench.gameday.stack import PORTS, SENTINELS, Needs, Proc, Stack, free_ports
+from scripts.stack import wait_until
+
+
+def repeating(monkeypatch) -> None:
+    """free_port answering the same few ports over and over, as a kernel handing a freed
+    port out again does: each port of 127.0.0.1 that it gives is free when asked."""
+    first = free_ports(40, set())  # a run free now, far enough apart to leave runs free
+    cycle = itertools.cycle(first + k for k in (0, 0, 5, 0, 5, 10, 15, 0, 20, 10, 25, 30, 35))
+    monkeypatch.setattr(stack_module, "free_port", lambda: next(cycle))
+
+
+def test_free_ports_never_hands_out_a_taken_port(monkeypatch):
+    repeating(monkeypatch)
+    taken: set[int] = set()
+    singles = [free_ports(1, taken) for _ in range(2)]
+    run = free_ports(3, taken)
+    assert len(set(singles)) == 2 and not set(singles) & set(range(run, run + 3))
+    assert taken == {*singles, run, run + 1, run + 2}
+
+
+def test_the_stack_s_ports_are_all_distinct(monkeypatch, tmp_path):
+    repeating(monkeypatch)
+    stack = Stack(tmp_path, needs=Needs(replicas=2))
+    env = stack.operator_env
+    redis_port, sentinel_port = int(env["REDIS_PORT"]), int(env["REDIS_SENTINEL_PORT"])
+    ports = [*(int(env[p]) for p in PORTS), *range(redis_port, redis_port + 3),
+             *range(sentinel_port, sentinel_port + SENTINELS)]
+    assert len(ports) == len(set(ports)) == len(PORTS) + 3 + SENTINELS, ports
+    assert stack.ports == set(ports)
+    # A worker added later (the second-worker fault) gets a metrics port of its own too.
+    monkeypatch.setattr(stack_module.Proc, "start", lambda self: None)
+    extra = int(stack.add_worker("gameday-extra").env["IQ_WORKER_METRICS_PORT"])
+    assert extra not in ports
+
+
+
+def test_a_stop_waits_for_the_program_not_only_its_shell(tmp_path):
+    """The shell (dash) forks the command and dies at the SIGTERM at once; the program takes
+    a second to stop (a worker's warm shutdown takes longer): the stop returns once it has."""
+    ready = tmp_path / "ready"
+    program = ("import pathlib, signal, sys, time; "
+               "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1), sys.exit(0))); "
+               f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)")
+    proc = Proc("slow", f"{sys.executable} -c {shlex.quote(program)}", dict(os.environ),
+                tmp_path / "slow.log")
+    proc.start()
+    wait_until(ready.exists, 30, "the program started")
+    started = proc.program()
+    assert started.pid != proc.pid  # the shell's child, as a Procfile's command is
+    proc.stop(timeout=10)
+    assert not started.is_running() or started.status() == psutil.STATUS_ZOMBIE
