@@ -5,10 +5,13 @@ torch, so it never creates a CUDA context that a child could inherit.
 """
 from __future__ import annotations
 
+import logging
 import os
 
 from config import ConfigError, Settings
 from config.models import ModelSpec
+
+logger = logging.getLogger(__name__)
 
 
 def configure_allocator(settings: Settings) -> None:
@@ -54,12 +57,35 @@ def device_for(spec: ModelSpec, child_index: int) -> str:
     return "cpu" if spec.dtype == "int8" else pick_device(spec.device, child_index)
 
 
+def usable_cpus() -> int:
+    """Cores this process may run on (its affinity, which a container's cpuset narrows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def cpu_threads(settings: Settings, cpus: int) -> int:
+    """torch's intra-op threads for a child whose model runs on the CPU: IQ_CPU_THREADS, else
+    `cpus` less one, at least one. torch's default takes every core; its threads meet at a
+    barrier after each operation, so when the worker's main process, the API or Redis takes
+    one of those cores for a moment, the whole model call waits for it: on 2 busy cores a
+    batch ran 3-5 times slower with 2 threads than with 1 (bench/threads.py)."""
+    return settings.cpu_threads if settings.cpu_threads > 0 else max(1, cpus - 1)
+
+
 def prepare_device(device: str, settings: Settings, memory_fraction: float = 0.0) -> None:
     """`memory_fraction` (0: IQ_CUDA_MEMORY_FRACTION) caps what this process may allocate on
-    the device: CUDA's caching allocator raises out-of-memory past it."""
+    the device: CUDA's caching allocator raises out-of-memory past it. A model on the CPU
+    gets `cpu_threads` threads; one on a GPU keeps torch's default unless IQ_CPU_THREADS
+    says otherwise."""
     import torch
 
-    if settings.cpu_threads > 0:
+    if device == "cpu":
+        torch.set_num_threads(cpu_threads(settings, usable_cpus()))
+        logger.info("torch runs on %d CPU thread(s) of %d usable core(s)",
+                    torch.get_num_threads(), usable_cpus())
+    elif settings.cpu_threads > 0:
         torch.set_num_threads(settings.cpu_threads)
     if device.startswith("cuda"):
         torch.cuda.set_device(device)

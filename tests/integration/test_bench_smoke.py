@@ -99,3 +99,18 @@ def test_a_round_whose_jobs_never_finish_stops_with_an_error(tmp_path):
         assert time.monotonic() - started < 25
     finally:
         stack.stop()
+
+
+def test_threads_benchmark_times_both_counts_in_both_conditions(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "bench.threads", "--seconds", "4",
+                          "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads((tmp_path / "threads.json").read_text())
+    assert report["threads"] == {"rule": max(1, report["usable_cpus"] - 1),
+                                 "torch default": report["usable_cpus"]}
+    cells = {(r["condition"], r["config"], r["batch_size"]) for r in report["rows"]}
+    assert cells == {(c, n, s) for c in ("idle", "busy") for n in report["threads"]
+                     for s in (1, 16, 32)}
+    assert all(r["calls"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0 for r in report["rows"])
+    assert (tmp_path / "threads.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
