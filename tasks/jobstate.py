@@ -155,12 +155,14 @@ class JobState:
                 script.sha = self.client.script_load(script.script)
 
     def submit(self, job: JobRecord, message: QueuedMessage, *, depth_lists: Sequence[str],
-               max_depth: int, ttl_s: int, timeout_s: float = 0,
+               max_depth: int | None, ttl_s: int, timeout_s: float = 0,
                idempotency: tuple[str, str] | None = None,
-               memory_headroom: float = 0.0, request: bytes = b"",
+               memory_headroom: float | None = None, request: bytes = b"",
                replicas: tuple[int, float] | None = None) -> Submitted:
         """Record the job, index it under its owner and queue its message, or raise
-        Overloaded, StoreFull, IdempotencyMismatch or RetryRefused. With `idempotency` =
+        Overloaded (`depth_lists` hold `max_depth` messages or more; None: not checked),
+        StoreFull (Redis's memory is within `memory_headroom` of its maxmemory; None: not
+        checked), IdempotencyMismatch or RetryRefused. With `idempotency` =
         (claim key, request digest) already claimed by an earlier request with the same digest,
         that earlier job's id and created=False. `request`: what to keep for a retry, should it
         not succeed (b"": nothing). A job with `retry_of` is made only if that job ended without
@@ -170,13 +172,15 @@ class JobState:
         claim, digest = idempotency or (job_key(job.id) + ":no-claim", "")
         retried = job_key(job.retry_of) if job.retry_of else job_key(job.id) + ":no-retry"
         # The owner's index drops expired entries on one submit in 16 (ids are random).
-        args: list[Any] = [job.id, max_depth, timeout_s or 0, digest, message.payload,
-                           memory_headroom, request, "1" if job.id[0] == "0" else "0",
-                           "1" if job.retry_of else "0"]
+        args: list[Any] = [job.id, "" if max_depth is None else max_depth, timeout_s or 0,
+                           digest, message.payload,
+                           "" if memory_headroom is None else memory_headroom, request,
+                           "1" if job.id[0] == "0" else "0", "1" if job.retry_of else "0"]
         for name, value in job.submitted_fields().items():
             args += [name, value]
         keys = [job_key(job.id), claim, message.list_key, owner_index(job.owner), retried,
-                PENDING_KEY, wake_key(queue_of(message.list_key)), *depth_lists]
+                PENDING_KEY, wake_key(queue_of(message.list_key)),
+                *(depth_lists if max_depth is not None else ())]
         if replicas is None:
             reply, acked = self._run("submit", keys, args, ttl_s), 0
         else:

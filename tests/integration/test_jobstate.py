@@ -15,7 +15,7 @@ from tasks.errors import ErrorCode, JobError
 from tasks.jobstate import (CancelOutcome, DeliveryClaim, Final, IdempotencyMismatch,
                             JobRecord, JobState, NotReplicated, Overloaded, StartDecision,
                             Status, new_job)
-from tasks.keys import job_key
+from tasks.keys import PENDING_KEY, job_key, owner_index
 from tasks.messages import QueuedMessage
 
 RUN, CANCELLED, EXPIRED, FINISHED, MISSING = (
@@ -89,16 +89,24 @@ def test_a_record_keeps_only_what_differs_from_the_defaults_and_what_a_read_need
     assert done.batch == {"id": "b1", "jobs": 1, "items": 1} and done.outputs == ["a"]
 
 
-def test_the_submit_script_sent_again_queues_nothing_more(state, client):
+@pytest.mark.parametrize("claim, max_depth", [(("iq:idem:resent", "digest"), 10), (None, None)])
+def test_the_submit_script_sent_again_queues_nothing_more(state, client, claim, max_depth):
     """A resend of the same script (a retry after its answer was lost: a stall, a dropped
-    connection) finds the job's record and leaves it one job with one message."""
+    connection) finds the job's id indexed and leaves it one job with one message, with an
+    Idempotency-Key or without, its depth checked or not; even once the job has finished
+    (its message gone from the pending set), it is not queued again."""
     record = job()
     message = QueuedMessage("q", orjson.dumps({"id": record.id}))
     for _ in range(2):
-        done = state.submit(record, message, depth_lists=["q"], max_depth=10, ttl_s=60,
-                            idempotency=("iq:idem:resent", "digest"))
+        done = state.submit(record, message, depth_lists=["q"], max_depth=max_depth,
+                            ttl_s=60, idempotency=claim)
         assert done.created and done.job_id == record.id
     assert client.llen("q") == 1 and state.read(record.id) == record
+    assert state.finish([final(record.id)], result_ttl_s=60) == [True]
+    again = state.submit(record, message, depth_lists=["q"], max_depth=max_depth, ttl_s=60,
+                         idempotency=claim)
+    assert again.created and client.llen("q") == 1 and client.zcard(PENDING_KEY) == 0
+    assert state.read(record.id).status is Status.SUCCEEDED
 
 
 def test_a_submit_that_no_replica_confirms_is_recorded_and_said_so(state, client):
@@ -126,6 +134,11 @@ def test_a_full_queue_refuses_without_a_record(state, client):
     with pytest.raises(Overloaded):
         submit(state, refused, max_depth=2)
     assert state.read(refused) is None and client.llen("q") == 2
+    # Nor an entry in its owner's index (the submit took back the one it made), so that the
+    # same id sent again is judged again, not taken for a resend of a job that was made.
+    assert client.zscore(owner_index("ops"), refused) is None
+    with pytest.raises(Overloaded):
+        submit(state, refused, max_depth=2)
 
 
 def test_concurrent_submits_with_one_idempotency_key_make_one_job(state, client):
