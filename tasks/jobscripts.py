@@ -311,6 +311,8 @@ redis.call('publish', '{DONE_PREFIX}' .. id_of(KEYS[1]), 'cancelled')
 return 'cancelled'
 """
 
+# The read of a queued job whose deadline may have passed (JobState.read reads any other job
+# with a pipelined HMGET and GET, no script): expired first if it is due, by Redis's clock.
 # KEYS: record, stored result. ARGV: now, expired error. Returns {READ_FIELDS' values,
 # the stored result of a job that succeeded, or false}; {} when there is no record.
 READ = PRELUDE + """

@@ -3,6 +3,7 @@ is one script, and a terminal status is final."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from dataclasses import replace
 
@@ -233,6 +234,29 @@ def test_expiry_is_decided_by_redis_time_once(state, client):
     assert state.read(job_id).status is Status.EXPIRED
     assert state.start([job_id], worker="w/0", batch="{}") == [EXPIRED]
     assert state.cancel(job_id) is CancelOutcome.TOO_LATE
+
+
+def test_a_read_runs_a_script_only_for_a_queued_job_near_its_deadline(state, client,
+                                                                      redis_server):
+    """A read is one pipelined HMGET and GET; only a queued job whose deadline is near (on
+    this process's clock) or past goes through READ, which decides by Redis's."""
+    admin = redis.Redis.from_url(redis_server.extra["admin_url"])
+
+    def scripts_run() -> int:
+        return admin.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+
+    far, plain, done = (submit(state, timeout_s=3_600).job_id, submit(state).job_id,
+                        submit(state, timeout_s=3_600).job_id)
+    state.finish([final(done)], result_ttl_s=60)
+    before = scripts_run()
+    assert state.read(far).status is Status.QUEUED and state.read(plain).status is Status.QUEUED
+    assert state.read(done).outputs == ["a"]
+    assert scripts_run() == before
+    client.hset(f"iq:job:{far}", "expires_at", f"{time.time() - 1:.3f}")
+    assert state.read(far).status is Status.EXPIRED
+    after = scripts_run()
+    assert after > before  # (twice the first time this Redis runs READ: NOSCRIPT, then it)
+    assert state.read(far).status is Status.EXPIRED and scripts_run() == after
 
 
 def test_a_started_job_does_not_expire(state, client):
