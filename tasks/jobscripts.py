@@ -49,22 +49,18 @@ local function trim_kept(most)
 end
 
 -- A job that ends without succeeding (failed, cancelled, expired) joins its owner's
--- dead-letter index, and the request kept at submit (in a key of its own, so that it does not
--- weigh on the record) is kept for a retry within KEEP_S. (A job that succeeds drops it: FINISH.)
+-- dead-letter index, and the request its record kept while it waited ('req') moves to a key of
+-- its own, kept for a retry within KEEP_S. (A job that succeeds drops it: FINISH.)
 local function dead(key, id)
   local f = redis.call('hmget', key, 'owner', 'req')
   local index = '{dead_index("")}' .. (f[1] or '')
   redis.call('zadd', index, now_us, id)
   trim(index, now_us - TTL_S * 1000000, 100)
   if not f[2] then return end
-  local size = tonumber(f[2])
-  if KEEP_S <= 0 then
-    redis.call('hdel', key, 'req')
-    redis.call('del', '{kept_request("")}' .. id)
-    return
-  end
-  redis.call('expire', '{kept_request("")}' .. id, KEEP_S)
   redis.call('hdel', key, 'req')
+  if KEEP_S <= 0 then return end
+  local size = string.len(f[2])
+  redis.call('set', '{kept_request("")}' .. id, f[2], 'EX', KEEP_S)
   redis.call('hset', key, 'kept', size)
   redis.call('zadd', '{KEPT_KEY}', now + KEEP_S, id .. ':' .. size)
   redis.call('incrby', '{KEPT_BYTES_KEY}', size)
@@ -162,14 +158,11 @@ if timeout > 0 then
   fields[#fields + 1] = string.format('%.3f', now + timeout)
 end
 if ARGV[9] ~= '' then
-  fields[#fields + 1] = 'req'  -- the bytes of its request, kept beside it until it ends
-  fields[#fields + 1] = string.len(ARGV[9])
+  fields[#fields + 1] = 'req'  -- its request, kept in the record until it ends
+  fields[#fields + 1] = ARGV[9]
 end
 redis.call('hset', KEYS[1], unpack(fields))
 redis.call('expire', KEYS[1], TTL_S)
-if ARGV[9] ~= '' then
-  redis.call('set', '""" + kept_request("") + """' .. ARGV[3], ARGV[9], 'EX', TTL_S)
-end
 if ARGV[6] ~= '' then redis.call('set', KEYS[2], ARGV[3] .. ' ' .. ARGV[6], 'EX', TTL_S) end
 if ARGV[10] == '1' then trim(KEYS[4], now_us - TTL_S * 1000000, 1000) end
 if ARGV[11] == '1' then redis.call('hset', KEYS[5], 'retried_as', ARGV[3]) end
@@ -249,7 +242,7 @@ local out, done = {{}}, {{}}
 local ttl = tonumber(ARGV[4])
 for i = 1, (#KEYS - 1) / 2 do
   local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 8 * (i - 1)
-  local f = redis.call('hmget', key, 'status', 'token', 'req')
+  local f = redis.call('hmget', key, 'status', 'token')
   local status = f[1]
   if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 7]) then
     -- One HSET: its status, and its model version, error and webhook delivery's id if any.
@@ -264,7 +257,6 @@ for i = 1, (#KEYS - 1) / 2 do
     -- hand with its id is still told apart): not its message, deadline or request.
     if ARGV[a + 1] == 'succeeded' then
       redis.call('hdel', key, 'message', 'list', 'expires_at', 'req')
-      if f[3] then redis.call('del', '{kept_request("")}' .. id_of(key)) end
     else
       redis.call('hdel', key, 'message', 'list')
       dead(key, id_of(key))
