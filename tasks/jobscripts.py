@@ -18,6 +18,13 @@ READ_FIELDS = ("status", "model", "created_at", "trace_id", "inputs", "priority"
                "started_at", "finished_at", "worker", "batch", "runs", "error", "items_done",
                "retry_of", "retried_as", "kept", "model_version")
 _FIELDS_LUA = "{" + ", ".join(f"'{name}'" for name in READ_FIELDS) + "}"
+# The fields of a record not final yet that its finished record keeps when the job succeeds
+# (FINISH writes it afresh): the record's but its message, list, deadline and request. Status
+# and token first.
+KEEP_FIELDS = ("status", "token", *(name for name in READ_FIELDS
+                                    if name not in ("status", "token", "expires_at")),
+               "crashes")
+_KEEP_LUA = "{" + ", ".join(f"'{name}'" for name in KEEP_FIELDS) + "}"
 
 # What every job script runs first (here and in its sibling modules). Redis's own clock, for
 # deadlines and indexes: one clock for every process. (Redis 6 needs redis.replicate_commands
@@ -240,24 +247,39 @@ return #moved
 _FINISH_BODY = f"""
 local out, done = {{}}, {{}}
 local ttl = tonumber(ARGV[4])
+local KEEP = {_KEEP_LUA}
 for i = 1, (#KEYS - 1) / 2 do
   local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 8 * (i - 1)
-  local f = redis.call('hmget', key, 'status', 'token')
+  local f = redis.call('hmget', key, unpack(KEEP))
   local status = f[1]
   if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 7]) then
-    -- One HSET: its status, and its model version, error and webhook delivery's id if any.
-    local fields = {{'status', ARGV[a + 1], 'finished_at', ARGV[3]}}
+    -- A finished record keeps what a read needs (and its token, so that a message sent by
+    -- hand with its id is still told apart): not its message, deadline or request. That of a
+    -- job that succeeded is written afresh (DEL, HSET, EXPIRE: it lives job_ttl_s from its
+    -- finish): Redis keeps a hash that once held a large value (the message) in its large
+    -- encoding for good, one written with small values only takes its compact one (a
+    -- listpack), a third of the bytes. One that did not succeed drops the fields (its error
+    -- is seldom small).
+    local fields = {{}}
+    if ARGV[a + 1] == 'succeeded' then
+      for j = 2, #KEEP do
+        if f[j] then fields[#fields + 1] = KEEP[j]; fields[#fields + 1] = f[j] end
+      end
+    end
+    -- Its status, and its model version, error and webhook delivery's id if any.
+    table.insert(fields, 'status'); table.insert(fields, ARGV[a + 1])
+    table.insert(fields, 'finished_at'); table.insert(fields, ARGV[3])
     if ARGV[5] ~= '' then table.insert(fields, 'model_version'); table.insert(fields, ARGV[5]) end
     if ARGV[a + 3] ~= '' then table.insert(fields, 'error'); table.insert(fields, ARGV[a + 3]) end
     if ARGV[a + 4] ~= '' then
       table.insert(fields, 'webhook_id'); table.insert(fields, ARGV[a + 8])
     end
-    redis.call('hset', key, unpack(fields))
-    -- A finished record keeps what a read needs (and its token, so that a message sent by
-    -- hand with its id is still told apart): not its message, deadline or request.
     if ARGV[a + 1] == 'succeeded' then
-      redis.call('hdel', key, 'message', 'list', 'expires_at', 'req')
+      redis.call('del', key)
+      redis.call('hset', key, unpack(fields))
+      redis.call('expire', key, TTL_S)
     else
+      redis.call('hset', key, unpack(fields))
       redis.call('hdel', key, 'message', 'list')
       dead(key, id_of(key))
     end

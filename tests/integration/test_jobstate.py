@@ -90,6 +90,35 @@ def test_a_record_keeps_only_what_differs_from_the_defaults_and_what_a_read_need
     assert done.batch == {"id": "b1", "jobs": 1, "items": 1} and done.outputs == ["a"]
 
 
+def test_a_succeeded_record_is_written_afresh_keeping_every_field_but_the_waiting_ones(
+        state, client):
+    """FINISH writes a succeeded job's record again, compact (a hash that held its message
+    stays in Redis's large encoding otherwise): every field any earlier move wrote is still
+    there, but its message, list, deadline and request; and it still expires."""
+    retried = submit(state).job_id
+    state.cancel(retried)
+    record = new_job(str(uuid.uuid4()), model="m", trace_id="t", inputs=3, priority="high",
+                     owner="ops", encoding_format="base64", webhook_url="https://h.example/x",
+                     webhook_events=("succeeded",), token="tok", retry_of=retried)
+    state.submit(record, QueuedMessage("q", b"m" * 2_000), depth_lists=["q"], max_depth=10,
+                 ttl_s=60, timeout_s=30, request=b"r" * 500)
+    assert state.start([record.id], worker="w/0", batch="b1 1 3", tokens=["tok"]) == [RUN]
+    state.progress({record.id: 2})
+    state.crashed([record.id])
+    before = client.hgetall(job_key(record.id))
+    assert client.object("encoding", job_key(record.id)) == "hashtable"
+    assert state.finish([replace(final(record.id), token="tok")], result_ttl_s=60,
+                        model_version="v1") == [True]
+    after = client.hgetall(job_key(record.id))
+    dropped = {"message", "list", "expires_at", "req"}
+    assert dropped <= set(before) and not dropped & set(after)
+    assert {k: v for k, v in before.items() if k not in dropped | {"status"}} == \
+        {k: v for k, v in after.items() if k not in {"status", "finished_at", "model_version"}}
+    assert after["status"] == "succeeded" and after["crashes"] == "1"
+    assert client.object("encoding", job_key(record.id)) in ("ziplist", "listpack")
+    assert 0 < client.ttl(job_key(record.id)) <= 86_400
+
+
 @pytest.mark.parametrize("claim, max_depth", [(("iq:idem:resent", "digest"), 10), (None, None)])
 def test_the_submit_script_sent_again_queues_nothing_more(state, client, claim, max_depth):
     """A resend of the same script (a retry after its answer was lost: a stall, a dropped
