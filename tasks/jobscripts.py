@@ -8,11 +8,11 @@ job that did not succeed is kept for a retry (seconds; 0: none is kept) and the 
 to live (`job_ttl_s`); its own arguments follow from ARGV[3]."""
 from __future__ import annotations
 
-from tasks.keys import (DONE_PREFIX, JOB_PREFIX, KEPT_BYTES_KEY, KEPT_KEY, MOVES_CHANNEL,
+from tasks.keys import (JOB_PREFIX, KEPT_BYTES_KEY, KEPT_KEY, MOVES_CHANNEL,
                         dead_index, kept_request)
 
-# The fields a read returns. (A job's request, kept for a retry, is in a key of its own:
-# inputs can weigh a megabyte and only a retry reads them.)
+# The fields a read returns. (Not a job's request, kept for a retry: inputs can weigh a
+# megabyte and only a retry reads them.)
 READ_FIELDS = ("status", "model", "created_at", "trace_id", "inputs", "priority", "owner",
                "encoding_format", "webhook_url", "webhook_events", "token", "expires_at",
                "started_at", "finished_at", "worker", "batch", "runs", "error", "items_done",
@@ -80,7 +80,7 @@ local function expire_if_due(key, id, status, expires_at, finished_at, error)
     redis.call('hset', key, 'status', 'expired', 'finished_at', finished_at, 'error', error)
     redis.call('hdel', key, 'message', 'list')
     dead(key, id)
-    redis.call('publish', '{DONE_PREFIX}' .. id, 'expired')
+    redis.call('publish', '{MOVES_CHANNEL}', 'done ' .. id)
     return true
   end
   return false
@@ -243,7 +243,8 @@ return #moved
 # list ('' : none), webhook message, the webhook queue's wake-up list, the token of the message
 # that ran it, the webhook delivery's id (recorded: the one delivery CLAIM_DELIVERY lets
 # through). Returns, per job, 1 when it took its terminal status here, 0 when it already had
-# one (or the message was not the job's own).
+# one (or the message was not the job's own). The jobs it finished are announced on the moves
+# channel, "done <id> <id> ...", in one message (as are a cancel's and an expiry's, one job).
 _FINISH_BODY = f"""
 local out, done = {{}}, {{}}
 local ttl = tonumber(ARGV[4])
@@ -288,14 +289,16 @@ for i = 1, (#KEYS - 1) / 2 do
       redis.call('lpush', ARGV[a + 4], ARGV[a + 5])
       if redis.call('llen', ARGV[a + 6]) == 0 then redis.call('lpush', ARGV[a + 6], '1') end
     end
-    redis.call('publish', '{DONE_PREFIX}' .. id_of(key), ARGV[a + 1])
     done[#done + 1] = id_of(key)
     out[i] = 1
   else
     out[i] = 0
   end
 end
-if #done > 0 then redis.call('zrem', KEYS[#KEYS], unpack(done)) end
+if #done > 0 then
+  redis.call('zrem', KEYS[#KEYS], unpack(done))
+  redis.call('publish', '{MOVES_CHANNEL}', 'done ' .. table.concat(done, ' '))
+end
 return out
 """
 FINISH = PRELUDE + _FINISH_BODY
@@ -321,7 +324,7 @@ end
 redis.call('hset', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[3], 'error', ARGV[4])
 redis.call('hdel', KEYS[1], 'message', 'list')
 dead(KEYS[1], id_of(KEYS[1]))
-redis.call('publish', '{DONE_PREFIX}' .. id_of(KEYS[1]), 'cancelled')
+redis.call('publish', '{MOVES_CHANNEL}', 'done ' .. id_of(KEYS[1]))
 return 'cancelled'
 """
 

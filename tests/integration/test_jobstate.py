@@ -242,15 +242,17 @@ def test_finish_queues_a_webhook_only_with_the_transition(state, client):
     assert client.llen("hooks") == 1
 
 
-def test_finish_announces_the_status_only(state, client):
-    job_id = submit(state).job_id
+def test_finish_announces_a_batchs_ids_only_in_one_message(state, client):
+    ids = [submit(state).job_id for _ in range(3)]
     pubsub = client.pubsub()
-    pubsub.subscribe(f"iq:done:{job_id}")
+    pubsub.subscribe("iq:moves")
     pubsub.get_message(timeout=1)
-    state.start([job_id], worker="w/0", batch="{}")
-    state.finish([final(job_id)], result_ttl_s=60)
-    message = pubsub.get_message(timeout=2)
-    assert message and message["data"] == "succeeded"
+    state.start(ids, worker="w/0", batch="{}")
+    assert pubsub.get_message(timeout=2)["data"] == "running " + " ".join(ids)
+    state.finish([final(ids[0]), final(ids[1], Status.FAILED), final(ids[2])],
+                 result_ttl_s=60)
+    assert pubsub.get_message(timeout=2)["data"] == "done " + " ".join(ids)
+    assert pubsub.get_message(timeout=0.2) is None
 
 
 def test_expiry_is_decided_by_redis_time_once(state, client):
