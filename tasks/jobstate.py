@@ -1,6 +1,6 @@
 """The one owner of a job's state: its record in Redis, its status machine and the scripts that
-move it (tasks/jobscripts.py; the indexes' in tasks/indexscripts.py, webhook delivery's in
-tasks/deliveryscripts.py). The API and the workers both go through here; nothing else
+move it (tasks/jobscripts.py, the submit's in tasks/submitscript.py; the indexes' in
+tasks/indexscripts.py, webhook delivery's in tasks/deliveryscripts.py). The API and the workers both go through here; nothing else
 writes a job record.
 
     queued ──▶ running ──▶ succeeded | failed
@@ -11,12 +11,14 @@ writes a job record.
 
 Every move is one Lua script, so each is decided once, inside Redis:
 
-* `submit`: the idempotency claim, the queue-depth check, the record and the enqueue of the
-  task message are one decision. N concurrent submits with one Idempotency-Key give one job,
-  and no record can exist whose message was never queued.
+* `submit`: the idempotency claim, the queue-depth and memory checks (when the API asks for
+  them: near their limits), the record and the enqueue of the task message are one decision.
+  N concurrent submits with one Idempotency-Key give one job, and no record can exist whose
+  message was never queued.
 * `start`: a batch's jobs become `running` unless they were cancelled, expired or already
   finished (a redelivered message whose result exists is not run again). Expiry is decided by
-  Redis's clock, here and in `read`, never by a client's.
+  Redis's clock, here and in `read`, never by a client's (`read` is a pipelined HMGET and GET
+  but for a queued job near its deadline, which it reads through a script).
 * `finish`: only a job that is not terminal takes its terminal status; its stored result
   (tasks/results.py) and its webhook delivery are written in the same step, so a duplicate run
   can change nothing and a webhook is queued once.
@@ -52,7 +54,7 @@ from typing import Any, Mapping, Sequence
 import redis
 from redis.client import NEVER_DECODE
 
-from tasks import deliveryscripts, indexscripts, jobscripts, results
+from tasks import deliveryscripts, indexscripts, jobscripts, results, submitscript
 from tasks.jobrecord import (CANCELLED_ERROR, EXPIRED_ERROR, TERMINAL, CancelOutcome,
                              DeliveryClaim, Final, IdempotencyMismatch, JobRecord,
                              NotReplicated, Overloaded, RetryRefused, StartDecision, Status,
@@ -74,8 +76,9 @@ __all__ = ["CANCELLED_ERROR", "EXPIRED_ERROR", "TERMINAL", "CancelOutcome", "Del
 CLOCK_MARGIN_S = 30.0
 
 # The scripts a JobState runs, by the module that holds them.
-_SCRIPTS = ((jobscripts, ("SUBMIT", "START", "PROGRESS", "FINISH", "FINISH_QUEUED", "CANCEL",
-                          "READ", "CRASHED")),
+_SCRIPTS = ((submitscript, ("SUBMIT",)),
+            (jobscripts, ("START", "PROGRESS", "FINISH", "FINISH_QUEUED", "CANCEL", "READ",
+                          "CRASHED")),
             (indexscripts, ("LIST", "DELETE", "KEPT")),
             (deliveryscripts, ("CLAIM_DELIVERY", "DELIVERY_DONE")))
 
@@ -213,7 +216,7 @@ class JobState:
         replicas hold what it wrote). The script goes whole (EVAL), not by hash: a promoted
         replica may not hold it, and a NOSCRIPT would cost a second WAIT."""
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.eval(jobscripts.SUBMIT, len(keys), *keys, *args)
+            pipe.eval(submitscript.SUBMIT, len(keys), *keys, *args)
             pipe.execute_command("WAIT", count, max(1, round(timeout_s * 1000)))
             reply, acked = pipe.execute()
         return reply, int(acked)
