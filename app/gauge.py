@@ -2,12 +2,14 @@
 far from both limits leaves them unchecked (no INFO, no LLEN of every priority list in the
 submit script) and only one near a limit has the script check it, exactly.
 
-The reading is one pipelined round trip (INFO memory, then LLEN of every queue list), taken by
-the first submit that finds it older than `max_age_s` (a quarter second): a few round trips a
-second per API process, whatever the rate of submits. Between readings, the process counts
-its own submits onto each queue. A queue is near its limit from half of `max_queue_depth`
-(its reading plus this process's submits since); Redis's memory, from twice its headroom. A
-reading that fails, or none yet, checks both.
+The reading is one pipelined round trip (INFO memory, then LLEN of every queue list), taken on
+a thread of its own, started by the first submit that finds the reading older than `max_age_s`
+(a quarter second): a few round trips a second per API process, whatever the rate of submits,
+and never one a submit waits for (a Redis that does not answer would otherwise cost a submit
+two deadlines). Between readings, the process counts its own submits onto each queue. A queue
+is near its limit from half of `max_queue_depth` (its reading plus this process's submits
+since); Redis's memory, from twice its headroom. Without a reading younger than four times
+`max_age_s` (none yet, or the last failed), a submit checks both.
 
 What this allows: past that point the check is the script's, exact as before; before it, the
 depth or the memory would have to cross the rest of the way (half the queue, a whole headroom)
@@ -60,11 +62,16 @@ class Gauge:
                 self.headroom if near_full else None)
 
     def _current(self, queues: list[str]) -> Reading | None:
+        """The reading, when it is young enough to serve; a new one is started when it is
+        older than `max_age_s` (and none is under way)."""
         reading = self._reading
-        if reading is not None and time.monotonic() - reading.taken < self.max_age_s:
-            return reading
-        if not self._lock.acquire(blocking=False):
-            return reading  # another request is reading: the last one serves meanwhile
+        age = None if reading is None else time.monotonic() - reading.taken
+        if (age is None or age >= self.max_age_s) and self._lock.acquire(blocking=False):
+            threading.Thread(target=self._refresh, args=(queues,), name="iq-gauge",
+                             daemon=True).start()
+        return reading if age is not None and age < 4 * self.max_age_s else None
+
+    def _refresh(self, queues: list[str]) -> None:
         try:
             self._reading = self._read(queues)
         except redis.RedisError as exc:
@@ -73,7 +80,6 @@ class Gauge:
             self._reading = None
         finally:
             self._lock.release()
-        return self._reading
 
     def _read(self, queues: list[str]) -> Reading:
         lists = {queue: queue_lists(queue) for queue in queues}

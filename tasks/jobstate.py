@@ -1,7 +1,7 @@
 """The one owner of a job's state: its record in Redis, its status machine and the scripts that
 move it (tasks/jobscripts.py, the submit's in tasks/submitscript.py; the indexes' in
-tasks/indexscripts.py, webhook delivery's in tasks/deliveryscripts.py). The API and the workers both go through here; nothing else
-writes a job record.
+tasks/indexscripts.py, webhook delivery's in tasks/deliveryscripts.py). The API and the
+workers both go through here; nothing else writes a job record.
 
     queued ──▶ running ──▶ succeeded | failed
       │           │

@@ -9,6 +9,7 @@ import redis
 
 from app.gauge import Gauge
 from config.models import ModelSpec
+from scripts.stack import wait_until
 
 QUEUES = ["gauged"]
 
@@ -31,19 +32,29 @@ def spec(max_depth: int) -> ModelSpec:
     return ModelSpec(name="m", kind="synthetic", queue="gauged", max_queue_depth=max_depth)
 
 
-def test_far_from_both_limits_neither_is_checked(gauge):
-    assert gauge.limits(spec(100), QUEUES) == (None, None)
+def read_now(gauge: Gauge, max_age_s: float = 60) -> None:
+    """A new reading taken (on the gauge's thread) and landed, to serve for `max_age_s`."""
+    gauge.max_age_s, before = 0, gauge._reading
+    gauge.limits(spec(1_000_000), QUEUES)
+    wait_until(lambda: gauge._reading is not before and not gauge._lock.locked(), 5,
+               "the gauge's reading")
+    gauge.max_age_s = max_age_s
+
+
+def test_without_a_reading_both_are_checked_and_one_is_taken_apart(gauge):
+    assert gauge.limits(spec(100), QUEUES) == (100, 0.1)  # none yet: started, not waited for
+    wait_until(lambda: gauge._reading is not None, 5, "the gauge's reading")
+    assert gauge.limits(spec(100), QUEUES) == (None, None)  # far from both limits
 
 
 def test_the_depth_is_checked_from_half_the_limit_counting_this_process_submits(gauge, admin):
-    # A reading of an empty queue: the first two of this process's submits onto it are far
-    # from half of 6, the third is not, though no new reading was taken in between.
-    gauge.max_age_s = 60
+    # A reading of an empty queue: the first three of this process's submits onto it are far
+    # from half of 6, the fourth is not, though no new reading was taken in between.
+    read_now(gauge)
     assert [gauge.limits(spec(6), QUEUES)[0] for _ in range(4)] == [None, None, None, 6]
     # Messages queued by others count from the next reading on.
-    gauge.max_age_s = 0.05
     admin.lpush("gauged", *["m"] * 3)
-    time.sleep(0.06)
+    read_now(gauge)
     assert gauge.limits(spec(6), QUEUES)[0] == 6
     assert gauge.limits(spec(100), QUEUES)[0] is None
 
@@ -51,12 +62,17 @@ def test_the_depth_is_checked_from_half_the_limit_counting_this_process_submits(
 def test_the_memory_is_checked_within_twice_its_headroom(gauge, admin):
     used = int(admin.info("memory")["used_memory"])
     admin.config_set("maxmemory", int(used / 0.85))  # 15% free: within 2 x 10%
+    read_now(gauge)
     assert gauge.limits(spec(100), QUEUES)[1] == 0.1
     admin.config_set("maxmemory", int(used / 0.5))
-    time.sleep(0.06)
+    read_now(gauge)
     assert gauge.limits(spec(100), QUEUES)[1] is None
 
 
-def test_without_a_reading_both_are_checked(redis_server):
-    away = redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens there
-    assert Gauge(away, headroom=0.1).limits(spec(100), QUEUES) == (100, 0.1)
+def test_a_reading_too_old_or_failed_checks_both(gauge):
+    read_now(gauge, max_age_s=0.05)
+    time.sleep(0.25)  # four times its age: too old to serve while the next one is taken
+    gauge.client = redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens there
+    assert gauge.limits(spec(100), QUEUES) == (100, 0.1)
+    wait_until(lambda: not gauge._lock.locked(), 5, "the failed reading")
+    assert gauge._reading is None and gauge.limits(spec(100), QUEUES) == (100, 0.1)
