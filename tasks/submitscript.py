@@ -22,8 +22,9 @@ end
 #       idempotency key), message, memory headroom (share of maxmemory kept free; '' : not
 #       checked), the request to keep ('' : none), '1' to trim the owner index, '1' when it
 #       retries a job, then the record's field/value pairs.
-# The API checks the depth and the memory here only when its own reading of them, at most a
-# quarter second old, is near the limit (app/gauge.py); far from it they cost no command.
+# The API has the depth and the memory checked here only when its own reading of them (at most
+# a second old, app/gauge.py) is near a limit, or when it has none; far from them they cost no
+# command. A submit refused for memory that finds its record (a resend) is answered 'created'.
 # Idempotent by job id: sent again (a resend after a lost answer), it finds its id in the
 # owner's index (the ZADD NX that indexes a new job tells, so a first submit pays no EXISTS)
 # and does nothing more, so a job is never queued twice. A refusal after that ZADD takes the
