@@ -17,6 +17,7 @@ from typing import Iterable, Iterator
 import orjson
 from celery import Celery
 
+from app.gauge import Gauge
 from app.waiter import NoSlot, ResultWaiter
 from config import Settings
 from config.models import ModelSpec
@@ -97,6 +98,7 @@ class JobStore:
         self.replicas = (wanted, settings.redis_wait_timeout_s) if wanted else None
         self.presence = Presence(self.redis)
         self.waiter = ResultWaiter(self.redis, settings.max_waits, settings.max_waits_per_key)
+        self.gauge = Gauge(self.redis, settings.redis_memory_headroom)
 
     def queue_depths(self) -> dict[str, int]:
         """Messages waiting on each model's queue, in one round trip."""
@@ -145,11 +147,13 @@ class JobStore:
         if idempotency_key_:
             digest = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()
             idempotency = (idempotency_key(owner, idempotency_key_), digest)
+        # The depth and the memory are checked only near their limits (app/gauge.py).
+        max_depth, headroom = self.gauge.limits(
+            spec, sorted({model.queue for model in self.models.values()}))
         submitted = self.state.submit(
-            record, message, depth_lists=queue_lists(spec.queue),
-            max_depth=spec.max_queue_depth, ttl_s=self.settings.job_ttl_s,
-            timeout_s=job.get("timeout_s") or spec.timeout_s or 0, idempotency=idempotency,
-            memory_headroom=self.settings.redis_memory_headroom, request=self._kept(job),
+            record, message, depth_lists=queue_lists(spec.queue), max_depth=max_depth,
+            ttl_s=self.settings.job_ttl_s, timeout_s=job.get("timeout_s") or spec.timeout_s or 0,
+            idempotency=idempotency, memory_headroom=headroom, request=self._kept(job),
             replicas=self.replicas)
         if submitted.created:
             return record, True

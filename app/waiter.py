@@ -1,11 +1,11 @@
 """Wakes `?wait` requests when their job finishes, and event streams when it moves, from one
 subscription per API process, and bounds how many may wait at once.
 
-Every move of a job to a terminal status is announced on its done channel
-(tasks/jobstate.py), with the status only; its other moves (running, progress) on the moves
-channel, a batch of jobs a message. One listener pattern-subscribes to the done channels and
-subscribes to the moves channel, and sets the Event of whichever requests wait on that job (on
-a move other than its end, only those that asked for every move: event streams): no
+Every move of a job is announced on the moves channel (tasks/keys.py), a batch of jobs a
+message, ids only: "done <id> ..." for their terminal status, "running"/"progress" for the
+others. One listener subscribes to it (and pattern-subscribes to the per-job done channels that
+workers of earlier releases publish on), and sets the Event of whichever requests wait on those
+jobs (on a move other than their end, only those that asked for every move: event streams): no
 connection per waiting request, no subscription left behind, and no polling while the
 subscription stands. Whenever it (re)subscribes it wakes every waiter once, since a job may
 have finished while nobody listened; whenever it loses Redis it wakes them too, so that each
@@ -81,10 +81,11 @@ class ResultWaiter:
 
     def _moved(self, message: str) -> None:
         """A moves message, "<move> <id> <id> ...": wake those watching every move of these
-        jobs."""
+        jobs, and on "done" those waiting for their end too."""
+        move, *ids = message.split()
+        groups = (self._movers, self._waiters) if move == "done" else (self._movers,)
         with self._lock:
-            events = [e for job_id in message.split()[1:]
-                      for e in self._movers.get(job_id, ())]
+            events = [e for group in groups for job_id in ids for e in group.get(job_id, ())]
         for event in events:
             event.set()
 

@@ -195,7 +195,9 @@ class Stack:
                 raise JobsNotFinished(f"{self.config.name}: {exc}; its worker's warnings:\n"
                                       f"{self.worker_warnings()}") from None
         if usage is not None:
-            usage.add(meter.cpu, meter.calls, result["jobs"])
+            # The meter ran through the warm-up too: its counts are shared out over every job
+            # finished since, not only those of the measured window.
+            usage.add(meter.cpu, meter.calls, result["jobs_in_run"])
         return result
 
     def worker_warnings(self, lines: int = 10) -> str:

@@ -142,6 +142,9 @@ def run_load(url: str, model: str, kind: str, clients: int, inputs: int, duratio
     return {
         "clients": clients, "inputs_per_job": inputs, "duration_s": round(elapsed, 3),
         "jobs": jobs, "errors": sum(t.errors for t in threads),
+        # Every job finished in the run, warm-up included: what a meter around the whole run
+        # (bench/usage.py) divides its counts by.
+        "jobs_in_run": sum(len(t.samples) for t in threads),
         "unfinished": sum(len(t.unfinished) for t in threads),
         "unfinished_jobs": [job for t in threads for job in t.unfinished][:3],
         "job_timeout_s": job_timeout,

@@ -4,8 +4,8 @@ child, the gevent API) gets one client submitting one-input jobs back to back wi
 clock as the client's). Each job's own commands mark the hops of its path:
 
     client sends → API's submit script → worker main's fetch script (its record) →
-    child's start script → child's finish script (its "done") → API's read script →
-    client has the answer
+    child's start script → child's finish script (its "done") → API's read (a pipelined
+    HMGET and GET; before issue 30's second pass, a script) → client has the answer
 
     python -m bench.lone_path --model synthetic --jobs 300 [--out FILE]
 
@@ -78,15 +78,19 @@ def names_job(job_id: str, command: str) -> bool:
 def stretches(job_id: str, sent: float, answered: float,
               commands: list[tuple[float, str, str]]) -> dict[str, float] | None:
     """A job's stretches in seconds, from its scripts: the ones that name its record (submit,
-    start, finish, read) and the first fetch script after its submit."""
+    start, finish), the first fetch script after its submit, and the read: the first command a
+    client sends after the finish that names the record (its HMGET, or the script of a tree
+    that reads through one)."""
     scripts = [(t, who) for t, who, cmd in commands
                if cmd.startswith("EVALSHA") and names_job(job_id, cmd)]
-    if len(scripts) != 4:
+    if len(scripts) < 3:
         return None
-    (submit, api), (start, child), (finish, _), (read, _) = scripts
+    (submit, api), (start, child), (finish, _) = scripts[:3]
     fetch = next((t for t, who, cmd in commands if submit < t < start and
                   cmd.startswith("EVALSHA") and who not in (api, child)), None)
-    if fetch is None:
+    read = next((t for t, who, cmd in commands if t > finish and not who.startswith("lua")
+                 and cmd.startswith(("HMGET", "EVALSHA")) and names_job(job_id, cmd)), None)
+    if fetch is None or read is None:
         return None
     marks = [sent, submit, fetch, start, finish, read, answered]
     out = {name: b - a for name, a, b in zip(STRETCHES, marks, marks[1:])}

@@ -71,13 +71,25 @@ def _unescape(raw: bytes) -> str:
     return raw.decode("unicode_escape", errors="replace")
 
 
+def finished_by(cmd: str, args: list[str]) -> int:
+    """How many jobs a PUBLISH announces as finished: each id of a "done <id> ..." on the moves
+    channel, or the one job of an earlier release's `iq:done:<id>`."""
+    if cmd != "PUBLISH" or not args:
+        return 0
+    if args[0] == "iq:moves" and len(args) > 1 and args[1].startswith("done "):
+        return len(args[1].split()) - 1
+    return 1 if args[0].startswith("iq:done:") else 0
+
+
 def _plain(cmd: str, args: list[str]) -> str:
     """The purpose of a command sent on its own (or inside MULTI), by its name and key."""
     key = args[0] if args else ""
     if cmd in ("PUBLISH", "SPUBLISH"):
-        # Celery's task events and the job moves' (iq:moves, for Server-Sent Events): events.
-        return "events" if "celeryev" in key or key == "iq:moves" else \
-            "wake-up" if key.startswith("iq:done:") else "other"
+        # Jobs finished (waking the API's waiting requests): wake-up. Celery's task events and
+        # the job moves' other messages (iq:moves, for Server-Sent Events): events.
+        if finished_by(cmd, args):
+            return "wake-up"
+        return "events" if "celeryev" in key or key == "iq:moves" else "other"
     if cmd in ("SUBSCRIBE", "UNSUBSCRIBE", "PSUBSCRIBE", "PUNSUBSCRIBE"):
         return "wake-up"
     if "wake" in key:
@@ -138,8 +150,7 @@ class Tally:
         """A command run by a script: its script's purpose, but for a publish (events, or the
         wake-up of a waiting request)."""
         if cmd == "PUBLISH":
-            if args and args[0].startswith("iq:done:"):
-                self.jobs_finished += 1
+            self.jobs_finished += finished_by(cmd, args)
             purpose = _plain(cmd, args)
         else:
             purpose = script_purpose
@@ -172,8 +183,7 @@ class Tally:
                 continue
             if cmd == "INFO" and args and args[0].lower() == "commandstats":
                 continue  # the benchmark's own snapshot
-            if cmd == "PUBLISH" and args and args[0].startswith("iq:done:"):
-                self.jobs_finished += 1
+            self.jobs_finished += finished_by(cmd, args)
             purpose = self.top(source, cmd, args)
             if cmd in _SCRIPT_CALLS:
                 last_script = purpose

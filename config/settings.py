@@ -71,8 +71,8 @@ class Settings:
     redis_memory_headroom: float = 0.1
     # A job that fails, is cancelled or expires keeps its request (inputs and options) this
     # long (at most job_ttl_s), so that it can be retried (POST /v1/jobs/<id>/retry); 0: none
-    # is kept. Only requests of at most kept_inputs_max_bytes (as JSON) are kept, in a key
-    # beside the record while the job waits: a job that succeeds drops its own.
+    # is kept. Only requests of at most kept_inputs_max_bytes (as JSON) are kept, in the
+    # record while the job waits: a job that succeeds drops its own.
     kept_inputs_ttl_s: int = 3_600
     kept_inputs_max_bytes: int = 262_144
     api_keys_file: str = ""  # YAML of hashed API keys; none: the API is open

@@ -1,23 +1,31 @@
 """The Lua scripts that move a job (tasks/jobstate.py runs them): one per move, each decided
 once, inside Redis. The record's field names here are the ones `JobRecord` reads and writes.
-Beside them, on the same prelude: the scripts of the indexes and kept requests
-(tasks/indexscripts.py) and of webhook delivery (tasks/deliveryscripts.py).
+Beside them, on the same prelude: the submit script (tasks/submitscript.py), the scripts of the
+indexes and kept requests (tasks/indexscripts.py) and of webhook delivery
+(tasks/deliveryscripts.py).
 
 Every script takes two common arguments first, ARGV[1] and ARGV[2]: how long the request of a
 job that did not succeed is kept for a retry (seconds; 0: none is kept) and the records' time
 to live (`job_ttl_s`); its own arguments follow from ARGV[3]."""
 from __future__ import annotations
 
-from tasks.keys import (DONE_PREFIX, JOB_PREFIX, KEPT_BYTES_KEY, KEPT_KEY, MOVES_CHANNEL,
+from tasks.keys import (JOB_PREFIX, KEPT_BYTES_KEY, KEPT_KEY, MOVES_CHANNEL,
                         dead_index, kept_request)
 
-# The fields a read returns. (A job's request, kept for a retry, is in a key of its own:
-# inputs can weigh a megabyte and only a retry reads them.)
+# The fields a read returns. (Not a job's request, kept for a retry: inputs can weigh a
+# megabyte and only a retry reads them.)
 READ_FIELDS = ("status", "model", "created_at", "trace_id", "inputs", "priority", "owner",
                "encoding_format", "webhook_url", "webhook_events", "token", "expires_at",
                "started_at", "finished_at", "worker", "batch", "runs", "error", "items_done",
                "retry_of", "retried_as", "kept", "model_version")
 _FIELDS_LUA = "{" + ", ".join(f"'{name}'" for name in READ_FIELDS) + "}"
+# The fields of a record not final yet that its finished record keeps when the job succeeds
+# (FINISH writes it afresh): the record's but its message, list, deadline and request. Status
+# and token first.
+KEEP_FIELDS = ("status", "token", *(name for name in READ_FIELDS
+                                    if name not in ("status", "token", "expires_at")),
+               "crashes")
+_KEEP_LUA = "{" + ", ".join(f"'{name}'" for name in KEEP_FIELDS) + "}"
 
 # What every job script runs first (here and in its sibling modules). Redis's own clock, for
 # deadlines and indexes: one clock for every process. (Redis 6 needs redis.replicate_commands
@@ -49,22 +57,18 @@ local function trim_kept(most)
 end
 
 -- A job that ends without succeeding (failed, cancelled, expired) joins its owner's
--- dead-letter index, and the request kept at submit (in a key of its own, so that it does not
--- weigh on the record) is kept for a retry within KEEP_S. (A job that succeeds drops it: FINISH.)
+-- dead-letter index, and the request its record kept while it waited ('req') moves to a key of
+-- its own, kept for a retry within KEEP_S. (A job that succeeds drops it: FINISH.)
 local function dead(key, id)
   local f = redis.call('hmget', key, 'owner', 'req')
   local index = '{dead_index("")}' .. (f[1] or '')
   redis.call('zadd', index, now_us, id)
   trim(index, now_us - TTL_S * 1000000, 100)
   if not f[2] then return end
-  local size = tonumber(f[2])
-  if KEEP_S <= 0 then
-    redis.call('hdel', key, 'req')
-    redis.call('del', '{kept_request("")}' .. id)
-    return
-  end
-  redis.call('expire', '{kept_request("")}' .. id, KEEP_S)
   redis.call('hdel', key, 'req')
+  if KEEP_S <= 0 then return end
+  local size = string.len(f[2])
+  redis.call('set', '{kept_request("")}' .. id, f[2], 'EX', KEEP_S)
   redis.call('hset', key, 'kept', size)
   redis.call('zadd', '{KEPT_KEY}', now + KEEP_S, id .. ':' .. size)
   redis.call('incrby', '{KEPT_BYTES_KEY}', size)
@@ -77,94 +81,11 @@ local function expire_if_due(key, id, status, expires_at, finished_at, error)
     redis.call('hset', key, 'status', 'expired', 'finished_at', finished_at, 'error', error)
     redis.call('hdel', key, 'message', 'list')
     dead(key, id)
-    redis.call('publish', '{DONE_PREFIX}' .. id, 'expired')
+    redis.call('publish', '{MOVES_CHANNEL}', 'done ' .. id)
     return true
   end
   return false
 end
-"""
-
-# A write that changes nothing (a key's expiry set to what it is), so that a WAIT after the
-# script covers that key, which an earlier script wrote: WAIT counts from the last write of
-# its own connection.
-_TOUCH = """
-local function touch(key)
-  local ms = redis.call('pttl', key)
-  if ms > 0 then redis.call('pexpire', key, ms) end
-end
-"""
-
-# KEYS: record, idempotency claim, target list, owner index, the record of the job it retries
-#       (any key when it retries none), pending jobs, the queue's wake-up list, then the model's
-#       queue lists (for its depth).
-# ARGV: job id, max depth, timeout_s (0: none), request digest ('' : no idempotency key),
-#       message, memory headroom (share of maxmemory kept free), the request to keep ('' :
-#       none), '1' to trim the owner index, '1' when it retries a job, then the record's
-#       field/value pairs.
-# Idempotent by job id: sent again (a resend after a lost answer), it finds its record and
-# does nothing more, so a job is never queued twice.
-# The record keeps the message and its list until the job is final, for the reconciler
-# (workers/broker/scripts.py) to queue it again should it be lost; the job joins the pending
-# set; a queue that was empty gets a wake-up token for its idle workers.
-SUBMIT = PRELUDE + _TOUCH + """
-if redis.call('exists', KEYS[1]) == 1 then
-  touch(KEYS[1])
-  return {'created', ARGV[3]}
-end
-local memory = redis.call('info', 'memory')
-local cap = tonumber(string.match(memory, 'maxmemory:(%d+)'))
-local used = tonumber(string.match(memory, 'used_memory:(%d+)'))
-if cap > 0 and used > (1 - tonumber(ARGV[8])) * cap then
-  return {'full', used .. ' ' .. cap}
-end
-if ARGV[6] ~= '' then
-  local earlier = redis.call('get', KEYS[2])
-  if earlier then
-    local sep = string.find(earlier, ' ', 1, true)
-    local earlier_id = string.sub(earlier, 1, sep - 1)
-    -- A claim whose job was deleted claims nothing: the key makes a new job.
-    if redis.call('exists', '""" + JOB_PREFIX + """' .. earlier_id) == 1 then
-      if string.sub(earlier, sep + 1) ~= ARGV[6] then return {'mismatch', ''} end
-      touch(KEYS[2])
-      return {'existing', earlier_id}
-    end
-  end
-end
-if ARGV[11] == '1' then
-  local f = redis.call('hmget', KEYS[5], 'status', 'retried_as')
-  if not f[1] then return {'gone', ''} end
-  if f[2] then return {'retried', f[2]} end
-  if f[1] ~= 'failed' and f[1] ~= 'cancelled' and f[1] ~= 'expired' then
-    return {'not_retryable', f[1]}
-  end
-end
-local depth = 0
-for i = 8, #KEYS do depth = depth + redis.call('llen', KEYS[i]) end
-if depth >= tonumber(ARGV[4]) then return {'overloaded', ''} end
-local fields = {'message', ARGV[7], 'list', KEYS[3]}
-for i = 12, #ARGV do fields[#fields + 1] = ARGV[i] end
-local timeout = tonumber(ARGV[5])
-if timeout > 0 then
-  fields[#fields + 1] = 'expires_at'
-  fields[#fields + 1] = string.format('%.3f', now + timeout)
-end
-if ARGV[9] ~= '' then
-  fields[#fields + 1] = 'req'  -- the bytes of its request, kept beside it until it ends
-  fields[#fields + 1] = string.len(ARGV[9])
-end
-redis.call('hset', KEYS[1], unpack(fields))
-redis.call('expire', KEYS[1], TTL_S)
-if ARGV[9] ~= '' then
-  redis.call('set', '""" + kept_request("") + """' .. ARGV[3], ARGV[9], 'EX', TTL_S)
-end
-if ARGV[6] ~= '' then redis.call('set', KEYS[2], ARGV[3] .. ' ' .. ARGV[6], 'EX', TTL_S) end
-redis.call('zadd', KEYS[4], now_us, ARGV[3])
-if ARGV[10] == '1' then trim(KEYS[4], now_us - TTL_S * 1000000, 1000) end
-if ARGV[11] == '1' then redis.call('hset', KEYS[5], 'retried_as', ARGV[3]) end
-redis.call('lpush', KEYS[3], ARGV[7])
-redis.call('zadd', KEYS[6], now, ARGV[3])
-if depth == 0 and redis.call('llen', KEYS[7]) == 0 then redis.call('lpush', KEYS[7], '1') end
-return {'created', ARGV[3]}
 """
 
 # KEYS: the batch's records, then (optional) the in-flight hash of the worker that holds their
@@ -231,29 +152,44 @@ return #moved
 # list ('' : none), webhook message, the webhook queue's wake-up list, the token of the message
 # that ran it, the webhook delivery's id (recorded: the one delivery CLAIM_DELIVERY lets
 # through). Returns, per job, 1 when it took its terminal status here, 0 when it already had
-# one (or the message was not the job's own).
+# one (or the message was not the job's own). The jobs it finished are announced on the moves
+# channel, "done <id> <id> ...", in one message (as are a cancel's and an expiry's, one job).
 _FINISH_BODY = f"""
 local out, done = {{}}, {{}}
 local ttl = tonumber(ARGV[4])
+local KEEP = {_KEEP_LUA}
 for i = 1, (#KEYS - 1) / 2 do
   local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 8 * (i - 1)
-  local f = redis.call('hmget', key, 'status', 'token', 'req')
+  local f = redis.call('hmget', key, unpack(KEEP))
   local status = f[1]
   if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 7]) then
-    -- One HSET: its status, and its model version, error and webhook delivery's id if any.
-    local fields = {{'status', ARGV[a + 1], 'finished_at', ARGV[3]}}
+    -- A finished record keeps what a read needs (and its token, so that a message sent by
+    -- hand with its id is still told apart): not its message, deadline or request. That of a
+    -- job that succeeded is written afresh (DEL, HSET, EXPIRE: it lives job_ttl_s from its
+    -- finish): Redis keeps a hash that once held a large value (the message) in its large
+    -- encoding for good, one written with small values only takes its compact one (a
+    -- listpack), a third of the bytes. One that did not succeed drops the fields (its error
+    -- is seldom small).
+    local fields = {{}}
+    if ARGV[a + 1] == 'succeeded' then
+      for j = 2, #KEEP do
+        if f[j] then fields[#fields + 1] = KEEP[j]; fields[#fields + 1] = f[j] end
+      end
+    end
+    -- Its status, and its model version, error and webhook delivery's id if any.
+    table.insert(fields, 'status'); table.insert(fields, ARGV[a + 1])
+    table.insert(fields, 'finished_at'); table.insert(fields, ARGV[3])
     if ARGV[5] ~= '' then table.insert(fields, 'model_version'); table.insert(fields, ARGV[5]) end
     if ARGV[a + 3] ~= '' then table.insert(fields, 'error'); table.insert(fields, ARGV[a + 3]) end
     if ARGV[a + 4] ~= '' then
       table.insert(fields, 'webhook_id'); table.insert(fields, ARGV[a + 8])
     end
-    redis.call('hset', key, unpack(fields))
-    -- A finished record keeps what a read needs (and its token, so that a message sent by
-    -- hand with its id is still told apart): not its message, deadline or request.
     if ARGV[a + 1] == 'succeeded' then
-      redis.call('hdel', key, 'message', 'list', 'expires_at', 'req')
-      if f[3] then redis.call('del', '{kept_request("")}' .. id_of(key)) end
+      redis.call('del', key)
+      redis.call('hset', key, unpack(fields))
+      redis.call('expire', key, TTL_S)
     else
+      redis.call('hset', key, unpack(fields))
       redis.call('hdel', key, 'message', 'list')
       dead(key, id_of(key))
     end
@@ -262,14 +198,16 @@ for i = 1, (#KEYS - 1) / 2 do
       redis.call('lpush', ARGV[a + 4], ARGV[a + 5])
       if redis.call('llen', ARGV[a + 6]) == 0 then redis.call('lpush', ARGV[a + 6], '1') end
     end
-    redis.call('publish', '{DONE_PREFIX}' .. id_of(key), ARGV[a + 1])
     done[#done + 1] = id_of(key)
     out[i] = 1
   else
     out[i] = 0
   end
 end
-if #done > 0 then redis.call('zrem', KEYS[#KEYS], unpack(done)) end
+if #done > 0 then
+  redis.call('zrem', KEYS[#KEYS], unpack(done))
+  redis.call('publish', '{MOVES_CHANNEL}', 'done ' .. table.concat(done, ' '))
+end
 return out
 """
 FINISH = PRELUDE + _FINISH_BODY
@@ -295,10 +233,12 @@ end
 redis.call('hset', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[3], 'error', ARGV[4])
 redis.call('hdel', KEYS[1], 'message', 'list')
 dead(KEYS[1], id_of(KEYS[1]))
-redis.call('publish', '{DONE_PREFIX}' .. id_of(KEYS[1]), 'cancelled')
+redis.call('publish', '{MOVES_CHANNEL}', 'done ' .. id_of(KEYS[1]))
 return 'cancelled'
 """
 
+# The read of a queued job whose deadline may have passed (JobState.read reads any other job
+# with a pipelined HMGET and GET, no script): expired first if it is due, by Redis's clock.
 # KEYS: record, stored result. ARGV: now, expired error. Returns {READ_FIELDS' values,
 # the stored result of a job that succeeded, or false}; {} when there is no record.
 READ = PRELUDE + """

@@ -1,7 +1,7 @@
 """The one owner of a job's state: its record in Redis, its status machine and the scripts that
-move it (tasks/jobscripts.py; the indexes' in tasks/indexscripts.py, webhook delivery's in
-tasks/deliveryscripts.py). The API and the workers both go through here; nothing else
-writes a job record.
+move it (tasks/jobscripts.py, the submit's in tasks/submitscript.py; the indexes' in
+tasks/indexscripts.py, webhook delivery's in tasks/deliveryscripts.py). The API and the
+workers both go through here; nothing else writes a job record.
 
     queued ──▶ running ──▶ succeeded | failed
       │           │
@@ -11,12 +11,14 @@ writes a job record.
 
 Every move is one Lua script, so each is decided once, inside Redis:
 
-* `submit`: the idempotency claim, the queue-depth check, the record and the enqueue of the
-  task message are one decision. N concurrent submits with one Idempotency-Key give one job,
-  and no record can exist whose message was never queued.
+* `submit`: the idempotency claim, the queue-depth and memory checks (when the API asks for
+  them: near their limits), the record and the enqueue of the task message are one decision.
+  N concurrent submits with one Idempotency-Key give one job, and no record can exist whose
+  message was never queued.
 * `start`: a batch's jobs become `running` unless they were cancelled, expired or already
   finished (a redelivered message whose result exists is not run again). Expiry is decided by
-  Redis's clock, here and in `read`, never by a client's.
+  Redis's clock, here and in `read`, never by a client's (`read` is a pipelined HMGET and GET
+  but for a queued job near its deadline, which it reads through a script).
 * `finish`: only a job that is not terminal takes its terminal status; its stored result
   (tasks/results.py) and its webhook delivery are written in the same step, so a duplicate run
   can change nothing and a webhook is queued once.
@@ -45,13 +47,14 @@ of its own, so that it can be retried (`submit` with `retry_of`, which links the
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import redis
 from redis.client import NEVER_DECODE
 
-from tasks import deliveryscripts, indexscripts, jobscripts, results
+from tasks import deliveryscripts, indexscripts, jobscripts, results, submitscript
 from tasks.jobrecord import (CANCELLED_ERROR, EXPIRED_ERROR, TERMINAL, CancelOutcome,
                              DeliveryClaim, Final, IdempotencyMismatch, JobRecord,
                              NotReplicated, Overloaded, RetryRefused, StartDecision, Status,
@@ -68,9 +71,14 @@ __all__ = ["CANCELLED_ERROR", "EXPIRED_ERROR", "TERMINAL", "CancelOutcome", "Del
            "Submitted", "batch_text", "iso", "new_job", "now_iso", "now_stamp", "queue_of"]
 
 
+# How far this process's clock may be from Redis's for a read to leave a queued job's deadline
+# to READ (which expires it by Redis's clock) only when it is this close or past.
+CLOCK_MARGIN_S = 30.0
+
 # The scripts a JobState runs, by the module that holds them.
-_SCRIPTS = ((jobscripts, ("SUBMIT", "START", "PROGRESS", "FINISH", "FINISH_QUEUED", "CANCEL",
-                          "READ", "CRASHED")),
+_SCRIPTS = ((submitscript, ("SUBMIT",)),
+            (jobscripts, ("START", "PROGRESS", "FINISH", "FINISH_QUEUED", "CANCEL", "READ",
+                          "CRASHED")),
             (indexscripts, ("LIST", "DELETE", "KEPT")),
             (deliveryscripts, ("CLAIM_DELIVERY", "DELIVERY_DONE")))
 
@@ -155,12 +163,14 @@ class JobState:
                 script.sha = self.client.script_load(script.script)
 
     def submit(self, job: JobRecord, message: QueuedMessage, *, depth_lists: Sequence[str],
-               max_depth: int, ttl_s: int, timeout_s: float = 0,
+               max_depth: int | None, ttl_s: int, timeout_s: float = 0,
                idempotency: tuple[str, str] | None = None,
-               memory_headroom: float = 0.0, request: bytes = b"",
+               memory_headroom: float | None = None, request: bytes = b"",
                replicas: tuple[int, float] | None = None) -> Submitted:
         """Record the job, index it under its owner and queue its message, or raise
-        Overloaded, StoreFull, IdempotencyMismatch or RetryRefused. With `idempotency` =
+        Overloaded (`depth_lists` hold `max_depth` messages or more; None: not checked),
+        StoreFull (Redis's memory is within `memory_headroom` of its maxmemory; None: not
+        checked), IdempotencyMismatch or RetryRefused. With `idempotency` =
         (claim key, request digest) already claimed by an earlier request with the same digest,
         that earlier job's id and created=False. `request`: what to keep for a retry, should it
         not succeed (b"": nothing). A job with `retry_of` is made only if that job ended without
@@ -170,13 +180,15 @@ class JobState:
         claim, digest = idempotency or (job_key(job.id) + ":no-claim", "")
         retried = job_key(job.retry_of) if job.retry_of else job_key(job.id) + ":no-retry"
         # The owner's index drops expired entries on one submit in 16 (ids are random).
-        args: list[Any] = [job.id, max_depth, timeout_s or 0, digest, message.payload,
-                           memory_headroom, request, "1" if job.id[0] == "0" else "0",
-                           "1" if job.retry_of else "0"]
+        args: list[Any] = [job.id, "" if max_depth is None else max_depth, timeout_s or 0,
+                           digest, message.payload,
+                           "" if memory_headroom is None else memory_headroom, request,
+                           "1" if job.id[0] == "0" else "0", "1" if job.retry_of else "0"]
         for name, value in job.submitted_fields().items():
             args += [name, value]
         keys = [job_key(job.id), claim, message.list_key, owner_index(job.owner), retried,
-                PENDING_KEY, wake_key(queue_of(message.list_key)), *depth_lists]
+                PENDING_KEY, wake_key(queue_of(message.list_key)),
+                *(depth_lists if max_depth is not None else ())]
         if replicas is None:
             reply, acked = self._run("submit", keys, args, ttl_s), 0
         else:
@@ -204,7 +216,7 @@ class JobState:
         replicas hold what it wrote). The script goes whole (EVAL), not by hash: a promoted
         replica may not hold it, and a NOSCRIPT would cost a second WAIT."""
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.eval(jobscripts.SUBMIT, len(keys), *keys, *args)
+            pipe.eval(submitscript.SUBMIT, len(keys), *keys, *args)
             pipe.execute_command("WAIT", count, max(1, round(timeout_s * 1000)))
             reply, acked = pipe.execute()
         return reply, int(acked)
@@ -274,10 +286,23 @@ class JobState:
 
     def read(self, job_id: str) -> JobRecord | None:
         """The job, expired first if its deadline has passed while it waited; None when
-        there is no record."""
-        out = self._run_undecoded("read", [job_key(job_id), result_key(job_id)],
-                                  [now_stamp(), EXPIRED_ERROR.to_json()])
-        return _record(job_id, *out) if out else None
+        there is no record. One pipelined HMGET and GET (its stored result) read it; only a
+        queued job whose deadline is near or past on this process's clock (within
+        CLOCK_MARGIN_S) is read again by the READ script, which expires it by Redis's."""
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hmget(job_key(job_id), jobscripts.READ_FIELDS)
+            pipe.execute_command("GET", result_key(job_id), **{NEVER_DECODE: True})
+            values, stored = pipe.execute()
+        status, expires_at = values[0], values[jobscripts.READ_FIELDS.index("expires_at")]
+        if status is None:
+            return None
+        if _text(status) == Status.QUEUED.value and expires_at and \
+                float(expires_at) < time.time() + CLOCK_MARGIN_S:
+            out = self._run_undecoded("read", [job_key(job_id), result_key(job_id)],
+                                      [now_stamp(), EXPIRED_ERROR.to_json()])
+            return _record(job_id, *out) if out else None
+        return _record(job_id, values, stored if _text(status) == Status.SUCCEEDED.value
+                       else None)
 
     def page(self, owner: str, *, dead: bool = False, status: str = "", model: str = "",
              cursor: tuple[str, str] | None = None, limit: int = 20,

@@ -7,12 +7,15 @@ import json
 
 PREFIX = "iq:"
 JOB_PREFIX = f"{PREFIX}job:"
-# Pub/sub channel `iq:done:<job id>`, on which a job's move to a terminal status is announced
-# (its status only, never its result): it wakes the API's waiting requests (app/waiter.py).
+# Pub/sub channels `iq:done:<job id>`, on which workers of earlier releases announced a job's
+# move to a terminal status, one job a message; the API still listens to them (app/waiter.py)
+# while such workers may run.
 DONE_PREFIX = f"{PREFIX}done:"
-# Pub/sub channel on which workers announce jobs' other moves, a batch at a time: "running
-# <id> <id> ..." when a batch starts, "progress <id> ..." when a job spanning several model calls
-# has more items done. The API's event streams listen (app/waiter.py, app/events.py).
+# Pub/sub channel on which jobs' moves are announced, a batch at a time (ids only, never a
+# result): "running <id> <id> ..." when a batch starts, "progress <id> ..." when a job spanning
+# several model calls has more items done, "done <id> ..." when jobs reach a terminal status
+# (a batch's finish, a cancel, an expiry). The API's waiting requests and event streams listen
+# (app/waiter.py, app/events.py).
 MOVES_CHANNEL = f"{PREFIX}moves"
 # The kept requests of jobs that did not succeed (tasks/jobstate.py): a sorted set of
 # "<job id>:<bytes>" by the time each is dropped, and the bytes they hold in all.

@@ -3,6 +3,7 @@ is one script, and a terminal status is final."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from dataclasses import replace
 
@@ -15,7 +16,7 @@ from tasks.errors import ErrorCode, JobError
 from tasks.jobstate import (CancelOutcome, DeliveryClaim, Final, IdempotencyMismatch,
                             JobRecord, JobState, NotReplicated, Overloaded, StartDecision,
                             Status, new_job)
-from tasks.keys import job_key
+from tasks.keys import PENDING_KEY, job_key, owner_index
 from tasks.messages import QueuedMessage
 
 RUN, CANCELLED, EXPIRED, FINISHED, MISSING = (
@@ -89,16 +90,53 @@ def test_a_record_keeps_only_what_differs_from_the_defaults_and_what_a_read_need
     assert done.batch == {"id": "b1", "jobs": 1, "items": 1} and done.outputs == ["a"]
 
 
-def test_the_submit_script_sent_again_queues_nothing_more(state, client):
+def test_a_succeeded_record_is_written_afresh_keeping_every_field_but_the_waiting_ones(
+        state, client):
+    """FINISH writes a succeeded job's record again, compact (a hash that held its message
+    stays in Redis's large encoding otherwise): every field any earlier move wrote is still
+    there, but its message, list, deadline and request; and it still expires."""
+    retried = submit(state).job_id
+    state.cancel(retried)
+    record = new_job(str(uuid.uuid4()), model="m", trace_id="t", inputs=3, priority="high",
+                     owner="ops", encoding_format="base64", webhook_url="https://h.example/x",
+                     webhook_events=("succeeded",), token="tok", retry_of=retried)
+    state.submit(record, QueuedMessage("q", b"m" * 2_000), depth_lists=["q"], max_depth=10,
+                 ttl_s=60, timeout_s=30, request=b"r" * 500)
+    assert state.start([record.id], worker="w/0", batch="b1 1 3", tokens=["tok"]) == [RUN]
+    state.progress({record.id: 2})
+    state.crashed([record.id])
+    before = client.hgetall(job_key(record.id))
+    assert client.object("encoding", job_key(record.id)) == "hashtable"
+    assert state.finish([replace(final(record.id), token="tok")], result_ttl_s=60,
+                        model_version="v1") == [True]
+    after = client.hgetall(job_key(record.id))
+    dropped = {"message", "list", "expires_at", "req"}
+    assert dropped <= set(before) and not dropped & set(after)
+    assert {k: v for k, v in before.items() if k not in dropped | {"status"}} == \
+        {k: v for k, v in after.items() if k not in {"status", "finished_at", "model_version"}}
+    assert after["status"] == "succeeded" and after["crashes"] == "1"
+    assert client.object("encoding", job_key(record.id)) in ("ziplist", "listpack")
+    assert 0 < client.ttl(job_key(record.id)) <= 86_400
+
+
+@pytest.mark.parametrize("claim, max_depth", [(("iq:idem:resent", "digest"), 10), (None, None)])
+def test_the_submit_script_sent_again_queues_nothing_more(state, client, claim, max_depth):
     """A resend of the same script (a retry after its answer was lost: a stall, a dropped
-    connection) finds the job's record and leaves it one job with one message."""
+    connection) finds the job's id indexed and leaves it one job with one message, with an
+    Idempotency-Key or without, its depth checked or not; even once the job has finished
+    (its message gone from the pending set), it is not queued again."""
     record = job()
     message = QueuedMessage("q", orjson.dumps({"id": record.id}))
     for _ in range(2):
-        done = state.submit(record, message, depth_lists=["q"], max_depth=10, ttl_s=60,
-                            idempotency=("iq:idem:resent", "digest"))
+        done = state.submit(record, message, depth_lists=["q"], max_depth=max_depth,
+                            ttl_s=60, idempotency=claim)
         assert done.created and done.job_id == record.id
     assert client.llen("q") == 1 and state.read(record.id) == record
+    assert state.finish([final(record.id)], result_ttl_s=60) == [True]
+    again = state.submit(record, message, depth_lists=["q"], max_depth=max_depth, ttl_s=60,
+                         idempotency=claim)
+    assert again.created and client.llen("q") == 1 and client.zcard(PENDING_KEY) == 0
+    assert state.read(record.id).status is Status.SUCCEEDED
 
 
 def test_a_submit_that_no_replica_confirms_is_recorded_and_said_so(state, client):
@@ -126,6 +164,11 @@ def test_a_full_queue_refuses_without_a_record(state, client):
     with pytest.raises(Overloaded):
         submit(state, refused, max_depth=2)
     assert state.read(refused) is None and client.llen("q") == 2
+    # Nor an entry in its owner's index (the submit took back the one it made), so that the
+    # same id sent again is judged again, not taken for a resend of a job that was made.
+    assert client.zscore(owner_index("ops"), refused) is None
+    with pytest.raises(Overloaded):
+        submit(state, refused, max_depth=2)
 
 
 def test_concurrent_submits_with_one_idempotency_key_make_one_job(state, client):
@@ -199,15 +242,17 @@ def test_finish_queues_a_webhook_only_with_the_transition(state, client):
     assert client.llen("hooks") == 1
 
 
-def test_finish_announces_the_status_only(state, client):
-    job_id = submit(state).job_id
+def test_finish_announces_a_batchs_ids_only_in_one_message(state, client):
+    ids = [submit(state).job_id for _ in range(3)]
     pubsub = client.pubsub()
-    pubsub.subscribe(f"iq:done:{job_id}")
+    pubsub.subscribe("iq:moves")
     pubsub.get_message(timeout=1)
-    state.start([job_id], worker="w/0", batch="{}")
-    state.finish([final(job_id)], result_ttl_s=60)
-    message = pubsub.get_message(timeout=2)
-    assert message and message["data"] == "succeeded"
+    state.start(ids, worker="w/0", batch="{}")
+    assert pubsub.get_message(timeout=2)["data"] == "running " + " ".join(ids)
+    state.finish([final(ids[0]), final(ids[1], Status.FAILED), final(ids[2])],
+                 result_ttl_s=60)
+    assert pubsub.get_message(timeout=2)["data"] == "done " + " ".join(ids)
+    assert pubsub.get_message(timeout=0.2) is None
 
 
 def test_expiry_is_decided_by_redis_time_once(state, client):
@@ -220,6 +265,29 @@ def test_expiry_is_decided_by_redis_time_once(state, client):
     assert state.read(job_id).status is Status.EXPIRED
     assert state.start([job_id], worker="w/0", batch="{}") == [EXPIRED]
     assert state.cancel(job_id) is CancelOutcome.TOO_LATE
+
+
+def test_a_read_runs_a_script_only_for_a_queued_job_near_its_deadline(state, client,
+                                                                      redis_server):
+    """A read is one pipelined HMGET and GET; only a queued job whose deadline is near (on
+    this process's clock) or past goes through READ, which decides by Redis's."""
+    admin = redis.Redis.from_url(redis_server.extra["admin_url"])
+
+    def scripts_run() -> int:
+        return admin.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+
+    far, plain, done = (submit(state, timeout_s=3_600).job_id, submit(state).job_id,
+                        submit(state, timeout_s=3_600).job_id)
+    state.finish([final(done)], result_ttl_s=60)
+    before = scripts_run()
+    assert state.read(far).status is Status.QUEUED and state.read(plain).status is Status.QUEUED
+    assert state.read(done).outputs == ["a"]
+    assert scripts_run() == before
+    client.hset(f"iq:job:{far}", "expires_at", f"{time.time() - 1:.3f}")
+    assert state.read(far).status is Status.EXPIRED
+    after = scripts_run()
+    assert after > before  # (twice the first time this Redis runs READ: NOSCRIPT, then it)
+    assert state.read(far).status is Status.EXPIRED and scripts_run() == after
 
 
 def test_a_started_job_does_not_expire(state, client):

@@ -1,0 +1,95 @@
+"""The API process's own reading of Redis's memory and of its queues' depths, so that a submit
+far from both limits leaves them unchecked (no INFO, no LLEN of every priority list in the
+submit script) and only one near a limit has the script check it, exactly.
+
+The reading is one pipelined round trip (INFO memory, then LLEN of every queue list), taken on
+a thread of its own, started by the first submit that finds the reading older than `max_age_s`
+(a quarter second): a few round trips a second per API process, whatever the rate of submits,
+and never one a submit waits for (a Redis that does not answer would otherwise cost a submit
+two deadlines). Between readings, the process counts its own submits onto each queue. A queue
+is near its limit from half of `max_queue_depth` (its reading plus this process's submits
+since); Redis's memory, from twice its headroom. Without a reading younger than four times
+`max_age_s` (none yet, or the last failed), a submit checks both.
+
+What this allows: past that point the check is the script's, exact as before; before it, the
+depth or the memory would have to cross the rest of the way (half the queue, a whole headroom)
+within one reading's age, through the other API processes, for a submit to get past a limit
+unchecked. A queue can then hold a few more jobs than `max_queue_depth`, Redis a little less
+free memory than its headroom: both are soft limits (README, Reliability).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from config.models import ModelSpec
+from tasks.names import queue_lists
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Reading:
+    taken: float  # time.monotonic()
+    used: int
+    cap: int
+    depths: dict[str, int]  # per queue
+    since: dict[str, int] = field(default_factory=dict)  # this process's submits since
+
+
+class Gauge:
+    def __init__(self, client: redis.Redis, headroom: float, max_age_s: float = 0.25) -> None:
+        self.client, self.headroom, self.max_age_s = client, headroom, max_age_s
+        self._reading: Reading | None = None
+        self._lock = threading.Lock()
+
+    def limits(self, spec: ModelSpec, queues: list[str]) -> tuple[int | None, float | None]:
+        """(max depth, memory headroom) for the submit script to check for a job of `spec`:
+        None for each that is far enough from its limit not to be checked. `queues`: every
+        queue the API serves (one reading covers them all). Counts the submit."""
+        reading = self._current(queues)
+        if reading is None or spec.queue not in reading.depths:
+            return spec.max_queue_depth, self.headroom
+        since = reading.since.get(spec.queue, 0)
+        reading.since[spec.queue] = since + 1
+        near_depth = reading.depths[spec.queue] + since >= spec.max_queue_depth // 2
+        near_full = reading.cap > 0 and reading.used >= (1 - 2 * self.headroom) * reading.cap
+        return (spec.max_queue_depth if near_depth else None,
+                self.headroom if near_full else None)
+
+    def _current(self, queues: list[str]) -> Reading | None:
+        """The reading, when it is young enough to serve; a new one is started when it is
+        older than `max_age_s` (and none is under way)."""
+        reading = self._reading
+        age = None if reading is None else time.monotonic() - reading.taken
+        if (age is None or age >= self.max_age_s) and self._lock.acquire(blocking=False):
+            threading.Thread(target=self._refresh, args=(queues,), name="iq-gauge",
+                             daemon=True).start()
+        return reading if age is not None and age < 4 * self.max_age_s else None
+
+    def _refresh(self, queues: list[str]) -> None:
+        try:
+            self._reading = self._read(queues)
+        except redis.RedisError as exc:
+            logger.debug("no reading of Redis's memory and queues (%s): submits check both",
+                         exc)
+            self._reading = None
+        finally:
+            self._lock.release()
+
+    def _read(self, queues: list[str]) -> Reading:
+        lists = {queue: queue_lists(queue) for queue in queues}
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.info("memory")
+            for names in lists.values():
+                for name in names:
+                    pipe.llen(name)
+            memory, *lengths = pipe.execute()
+        found = iter(lengths)
+        depths = {queue: sum(next(found) for _ in names) for queue, names in lists.items()}
+        return Reading(time.monotonic(), int(memory["used_memory"]),
+                       int(memory.get("maxmemory", 0)), depths)

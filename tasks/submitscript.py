@@ -1,0 +1,99 @@
+"""The submit script: a job's admission, record and enqueue in one step (tasks/jobstate.py runs
+it, on the prelude of tasks/jobscripts.py, whose two common arguments it takes first)."""
+from __future__ import annotations
+
+from tasks.jobscripts import PRELUDE
+from tasks.keys import JOB_PREFIX
+
+# A write that changes nothing (a key's expiry set to what it is), so that a WAIT after the
+# script covers that key, which an earlier script wrote: WAIT counts from the last write of
+# its own connection.
+_TOUCH = """
+local function touch(key)
+  local ms = redis.call('pttl', key)
+  if ms > 0 then redis.call('pexpire', key, ms) end
+end
+"""
+
+# KEYS: record, idempotency claim, target list, owner index, the record of the job it retries
+#       (any key when it retries none), pending jobs, the queue's wake-up list, then the model's
+#       queue lists (for its depth; none when it is not checked).
+# ARGV: job id, max depth ('' : not checked), timeout_s (0: none), request digest ('' : no
+#       idempotency key), message, memory headroom (share of maxmemory kept free; '' : not
+#       checked), the request to keep ('' : none), '1' to trim the owner index, '1' when it
+#       retries a job, then the record's field/value pairs.
+# The API has the depth and the memory checked here only when its own reading of them (at most
+# a second old, app/gauge.py) is near a limit, or when it has none; far from them they cost no
+# command. A submit refused for memory that finds its record (a resend) is answered 'created'.
+# Idempotent by job id: sent again (a resend after a lost answer), it finds its id in the
+# owner's index (the ZADD NX that indexes a new job tells, so a first submit pays no EXISTS)
+# and does nothing more, so a job is never queued twice. A refusal after that ZADD takes the
+# entry back.
+# The record keeps the message and its list until the job is final, for the reconciler
+# (workers/broker/scripts.py) to queue it again should it be lost; the job joins the pending
+# set; a queue list that was empty gets a wake-up token for its queue's idle workers.
+SUBMIT = PRELUDE + _TOUCH + """
+if ARGV[8] ~= '' then
+  local memory = redis.call('info', 'memory')
+  local cap = tonumber(string.match(memory, 'maxmemory:(%d+)'))
+  local used = tonumber(string.match(memory, 'used_memory:(%d+)'))
+  if cap > 0 and used > (1 - tonumber(ARGV[8])) * cap then
+    if redis.call('exists', KEYS[1]) == 1 then touch(KEYS[1]); return {'created', ARGV[3]} end
+    return {'full', used .. ' ' .. cap}
+  end
+end
+if redis.call('zadd', KEYS[4], 'NX', now_us, ARGV[3]) == 0 then
+  touch(KEYS[1])
+  return {'created', ARGV[3]}
+end
+local function refuse(kind, found)
+  redis.call('zrem', KEYS[4], ARGV[3])
+  return {kind, found}
+end
+if ARGV[6] ~= '' then
+  local earlier = redis.call('get', KEYS[2])
+  if earlier then
+    local sep = string.find(earlier, ' ', 1, true)
+    local earlier_id = string.sub(earlier, 1, sep - 1)
+    -- A claim whose job was deleted claims nothing: the key makes a new job.
+    if redis.call('exists', '""" + JOB_PREFIX + """' .. earlier_id) == 1 then
+      if string.sub(earlier, sep + 1) ~= ARGV[6] then return refuse('mismatch', '') end
+      touch(KEYS[2])
+      return refuse('existing', earlier_id)
+    end
+  end
+end
+if ARGV[11] == '1' then
+  local f = redis.call('hmget', KEYS[5], 'status', 'retried_as')
+  if not f[1] then return refuse('gone', '') end
+  if f[2] then return refuse('retried', f[2]) end
+  if f[1] ~= 'failed' and f[1] ~= 'cancelled' and f[1] ~= 'expired' then
+    return refuse('not_retryable', f[1])
+  end
+end
+if ARGV[4] ~= '' then
+  local depth = 0
+  for i = 8, #KEYS do depth = depth + redis.call('llen', KEYS[i]) end
+  if depth >= tonumber(ARGV[4]) then return refuse('overloaded', '') end
+end
+local fields = {'message', ARGV[7], 'list', KEYS[3]}
+for i = 12, #ARGV do fields[#fields + 1] = ARGV[i] end
+local timeout = tonumber(ARGV[5])
+if timeout > 0 then
+  fields[#fields + 1] = 'expires_at'
+  fields[#fields + 1] = string.format('%.3f', now + timeout)
+end
+if ARGV[9] ~= '' then
+  fields[#fields + 1] = 'req'  -- its request, kept in the record until it ends
+  fields[#fields + 1] = ARGV[9]
+end
+redis.call('hset', KEYS[1], unpack(fields))
+redis.call('expire', KEYS[1], TTL_S)
+if ARGV[6] ~= '' then redis.call('set', KEYS[2], ARGV[3] .. ' ' .. ARGV[6], 'EX', TTL_S) end
+if ARGV[10] == '1' then trim(KEYS[4], now_us - TTL_S * 1000000, 1000) end
+if ARGV[11] == '1' then redis.call('hset', KEYS[5], 'retried_as', ARGV[3]) end
+local was_empty = redis.call('lpush', KEYS[3], ARGV[7]) == 1
+redis.call('zadd', KEYS[6], now, ARGV[3])
+if was_empty and redis.call('llen', KEYS[7]) == 0 then redis.call('lpush', KEYS[7], '1') end
+return {'created', ARGV[3]}
+"""

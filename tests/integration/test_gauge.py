@@ -1,0 +1,78 @@
+"""The API's reading of Redis's memory and queue depths (app/gauge.py) on a real Redis: a submit
+far from both limits has the script check neither, one near a limit has it check that one."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from app.gauge import Gauge
+from config.models import ModelSpec
+from scripts.stack import wait_until
+
+QUEUES = ["gauged"]
+
+
+@pytest.fixture
+def admin(redis_server):
+    client = redis.Redis.from_url(redis_server.extra["admin_url"], decode_responses=True)
+    client.flushdb()
+    yield client
+    client.config_set("maxmemory", 0)
+
+
+@pytest.fixture
+def gauge(redis_server, admin):
+    client = redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
+    return Gauge(client, headroom=0.1, max_age_s=0.05)
+
+
+def spec(max_depth: int) -> ModelSpec:
+    return ModelSpec(name="m", kind="synthetic", queue="gauged", max_queue_depth=max_depth)
+
+
+def read_now(gauge: Gauge, max_age_s: float = 60) -> None:
+    """A new reading taken (on the gauge's thread) and landed, to serve for `max_age_s`."""
+    gauge.max_age_s, before = 0, gauge._reading
+    gauge.limits(spec(1_000_000), QUEUES)
+    wait_until(lambda: gauge._reading is not before and not gauge._lock.locked(), 5,
+               "the gauge's reading")
+    gauge.max_age_s = max_age_s
+
+
+def test_without_a_reading_both_are_checked_and_one_is_taken_apart(gauge):
+    assert gauge.limits(spec(100), QUEUES) == (100, 0.1)  # none yet: started, not waited for
+    wait_until(lambda: gauge._reading is not None, 5, "the gauge's reading")
+    assert gauge.limits(spec(100), QUEUES) == (None, None)  # far from both limits
+
+
+def test_the_depth_is_checked_from_half_the_limit_counting_this_process_submits(gauge, admin):
+    # A reading of an empty queue: the first three of this process's submits onto it are far
+    # from half of 6, the fourth is not, though no new reading was taken in between.
+    read_now(gauge)
+    assert [gauge.limits(spec(6), QUEUES)[0] for _ in range(4)] == [None, None, None, 6]
+    # Messages queued by others count from the next reading on.
+    admin.lpush("gauged", *["m"] * 3)
+    read_now(gauge)
+    assert gauge.limits(spec(6), QUEUES)[0] == 6
+    assert gauge.limits(spec(100), QUEUES)[0] is None
+
+
+def test_the_memory_is_checked_within_twice_its_headroom(gauge, admin):
+    used = int(admin.info("memory")["used_memory"])
+    admin.config_set("maxmemory", int(used / 0.85))  # 15% free: within 2 x 10%
+    read_now(gauge)
+    assert gauge.limits(spec(100), QUEUES)[1] == 0.1
+    admin.config_set("maxmemory", int(used / 0.5))
+    read_now(gauge)
+    assert gauge.limits(spec(100), QUEUES)[1] is None
+
+
+def test_a_reading_too_old_or_failed_checks_both(gauge):
+    read_now(gauge, max_age_s=0.05)
+    time.sleep(0.25)  # four times its age: too old to serve while the next one is taken
+    gauge.client = redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens there
+    assert gauge.limits(spec(100), QUEUES) == (100, 0.1)
+    wait_until(lambda: not gauge._lock.locked(), 5, "the failed reading")
+    assert gauge._reading is None and gauge.limits(spec(100), QUEUES) == (100, 0.1)
