@@ -174,9 +174,13 @@ _FINISH_BODY = f"""
 local out, done = {{}}, {{}}
 local ttl = tonumber(ARGV[4])
 local KEEP = {_KEEP_LUA}
+-- Read beside them: 'req', the size of the request an earlier release's submit kept in a key
+-- of its own (dead() above), for a success to drop that key as that release did.
+local READ = {{unpack(KEEP)}}
+READ[#READ + 1] = 'req'
 for i = 1, (#KEYS - 1) / 2 do
   local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 8 * (i - 1)
-  local f = redis.call('hmget', key, unpack(KEEP))
+  local f = redis.call('hmget', key, unpack(READ))
   local status = f[1]
   if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 7]) then
     -- A finished record keeps what a read needs (and its token, so that a message sent by
@@ -204,6 +208,7 @@ for i = 1, (#KEYS - 1) / 2 do
       redis.call('del', key)
       redis.call('hset', key, unpack(fields))
       redis.call('expire', key, TTL_S)
+      if f[#READ] then redis.call('del', '{kept_request("")}' .. id_of(key)) end
     else
       redis.call('hset', key, unpack(fields))
       redis.call('hdel', key, 'message', 'list')

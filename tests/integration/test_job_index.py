@@ -231,8 +231,10 @@ def test_a_job_queued_by_the_earlier_release_keeps_its_request_when_it_does_not_
     # The request must survive the job's end as the request, not as its size: a retry reads
     # it back as the job to submit again.
     request = orjson.dumps({"model": "m", "inputs": ["a", "b"]})
-    failed, cancelled, expired = (earlier_release_submit(state, client, request)
-                                  for _ in range(3))
+    ok, failed, cancelled, expired = (earlier_release_submit(state, client, request)
+                                      for _ in range(4))
+    run(state, ok)  # a success drops it, as that release's did
+    assert client.exists(f"iq:request:{ok}") == 0 and "req" not in client.hgetall(f"iq:job:{ok}")
     run(state, failed, Status.FAILED)
     state.cancel(cancelled)
     client.hset(f"iq:job:{expired}", "expires_at", "1")  # its deadline passed
