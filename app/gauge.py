@@ -14,8 +14,10 @@ since); Redis's memory, from twice its headroom. Without a reading younger than 
 What this allows: past that point the check is the script's, exact as before; before it, the
 depth or the memory would have to cross the rest of the way (half the queue, a whole headroom)
 within one reading's age, through the other API processes, for a submit to get past a limit
-unchecked. A queue can then hold a few more jobs than `max_queue_depth`, Redis a little less
-free memory than its headroom: both are soft limits (README, Reliability).
+unchecked. A queue can then hold more jobs than `max_queue_depth`: up to P x max_queue_depth
+/ 2 with P API processes (each lets half the limit through unchecked from one reading of an
+empty queue), Redis a little less free memory than its headroom: both are soft limits
+(README, Reliability).
 """
 from __future__ import annotations
 

@@ -57,18 +57,34 @@ local function trim_kept(most)
 end
 
 -- A job that ends without succeeding (failed, cancelled, expired) joins its owner's
--- dead-letter index, and the request its record kept while it waited ('req') moves to a key of
--- its own, kept for a retry within KEEP_S. (A job that succeeds drops it: FINISH.)
+-- dead-letter index, and the request its record kept while it waited ('request') moves to a
+-- key of its own, kept for a retry within KEEP_S. (A job that succeeds drops it: FINISH.)
+-- A record the earlier release's submit wrote (still queued after an upgrade, or from one of
+-- its API processes while both run) holds instead the request's size in 'req', the request
+-- already in that key: it is kept as that release kept it. (The field's new name also keeps
+-- that release's workers from reading a request as a size: their FINISH failed midway.)
 local function dead(key, id)
-  local f = redis.call('hmget', key, 'owner', 'req')
+  local f = redis.call('hmget', key, 'owner', 'request', 'req')
   local index = '{dead_index("")}' .. (f[1] or '')
   redis.call('zadd', index, now_us, id)
   trim(index, now_us - TTL_S * 1000000, 100)
-  if not f[2] then return end
-  redis.call('hdel', key, 'req')
-  if KEEP_S <= 0 then return end
-  local size = string.len(f[2])
-  redis.call('set', '{kept_request("")}' .. id, f[2], 'EX', KEEP_S)
+  local size
+  if f[2] then
+    redis.call('hdel', key, 'request')
+    if KEEP_S <= 0 then return end
+    size = string.len(f[2])
+    redis.call('set', '{kept_request("")}' .. id, f[2], 'EX', KEEP_S)
+  elseif f[3] then
+    redis.call('hdel', key, 'req')
+    if KEEP_S <= 0 then
+      redis.call('del', '{kept_request("")}' .. id)
+      return
+    end
+    if redis.call('expire', '{kept_request("")}' .. id, KEEP_S) == 0 then return end
+    size = tonumber(f[3])
+  else
+    return
+  end
   redis.call('hset', key, 'kept', size)
   redis.call('zadd', '{KEPT_KEY}', now + KEEP_S, id .. ':' .. size)
   redis.call('incrby', '{KEPT_BYTES_KEY}', size)
@@ -158,9 +174,13 @@ _FINISH_BODY = f"""
 local out, done = {{}}, {{}}
 local ttl = tonumber(ARGV[4])
 local KEEP = {_KEEP_LUA}
+-- Read beside them: 'req', the size of the request an earlier release's submit kept in a key
+-- of its own (dead() above), for a success to drop that key as that release did.
+local READ = {{unpack(KEEP)}}
+READ[#READ + 1] = 'req'
 for i = 1, (#KEYS - 1) / 2 do
   local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 8 * (i - 1)
-  local f = redis.call('hmget', key, unpack(KEEP))
+  local f = redis.call('hmget', key, unpack(READ))
   local status = f[1]
   if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 7]) then
     -- A finished record keeps what a read needs (and its token, so that a message sent by
@@ -188,6 +208,7 @@ for i = 1, (#KEYS - 1) / 2 do
       redis.call('del', key)
       redis.call('hset', key, unpack(fields))
       redis.call('expire', key, TTL_S)
+      if f[#READ] then redis.call('del', '{kept_request("")}' .. id_of(key)) end
     else
       redis.call('hset', key, unpack(fields))
       redis.call('hdel', key, 'message', 'list')

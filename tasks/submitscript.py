@@ -84,7 +84,7 @@ if timeout > 0 then
   fields[#fields + 1] = string.format('%.3f', now + timeout)
 end
 if ARGV[9] ~= '' then
-  fields[#fields + 1] = 'req'  -- its request, kept in the record until it ends
+  fields[#fields + 1] = 'request'  -- its request, kept in the record until it ends
   fields[#fields + 1] = ARGV[9]
 end
 redis.call('hset', KEYS[1], unpack(fields))

@@ -3,6 +3,7 @@ far from both limits has the script check neither, one near a limit has it check
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 import redis
@@ -10,6 +11,8 @@ import redis
 from app.gauge import Gauge
 from config.models import ModelSpec
 from scripts.stack import wait_until
+from tasks.jobstate import JobState, Overloaded, new_job
+from tasks.messages import QueuedMessage
 
 QUEUES = ["gauged"]
 
@@ -76,3 +79,31 @@ def test_a_reading_too_old_or_failed_checks_both(gauge):
     assert gauge.limits(spec(100), QUEUES) == (100, 0.1)
     wait_until(lambda: not gauge._lock.locked(), 5, "the failed reading")
     assert gauge._reading is None and gauge.limits(spec(100), QUEUES) == (100, 0.1)
+
+
+def test_a_burst_through_several_api_processes_stays_within_the_documented_bound(redis_server,
+                                                                                  admin):
+    # Four API processes, each with its reading of the empty queue, and a burst from all of
+    # them within its age: each lets half the limit through unchecked, then the script
+    # checks it, exactly (README, Reliability: up to P x max_queue_depth / 2).
+    client = redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
+    state, limit = JobState(client, keep_s=60, ttl_s=600), 40
+    gauges = [Gauge(client, headroom=0.1, max_age_s=60) for _ in range(4)]
+    for one in gauges:
+        read_now(one)
+    admitted = 0
+    for i in range(400):
+        depth, headroom = gauges[i % 4].limits(spec(limit), QUEUES)
+        record = new_job(str(uuid.uuid4()), model="m", trace_id="t", inputs=1,
+                         priority="normal", owner="")
+        try:
+            state.submit(record, QueuedMessage("gauged", b"{}"), depth_lists=QUEUES,
+                         max_depth=depth, ttl_s=600, memory_headroom=headroom)
+            admitted += 1
+        except Overloaded:
+            pass
+    assert admitted == client.llen("gauged") == 4 * limit // 2
+    # The next reading sees the queue past half its limit: every process checks it.
+    for one in gauges:
+        read_now(one)
+        assert one.limits(spec(limit), QUEUES)[0] == limit

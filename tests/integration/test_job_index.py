@@ -108,18 +108,21 @@ def test_a_failed_cancelled_or_expired_job_keeps_its_request_and_a_success_drops
     ok, failed, cancelled = (submit(state, request=request) for _ in range(3))
     expired = submit(state, request=request, timeout_s=30)
     # While it waits, in its record (no key of its own to write, and to delete on success).
-    assert client.hget(f"iq:job:{ok}", "req") == request.decode()
+    assert client.hget(f"iq:job:{ok}", "request") == request.decode()
+    # Not in 'req': the earlier release's workers read that field as the request's size (a
+    # request there made their FINISH fail midway, its result unstored).
+    assert client.hget(f"iq:job:{ok}", "req") is None
     assert client.exists(f"iq:request:{ok}") == 0
     run(state, ok)
     run(state, failed, Status.FAILED)
     state.cancel(cancelled)
     client.hset(f"iq:job:{expired}", "expires_at", "1")  # its deadline passed
     assert state.read(expired).status is Status.EXPIRED
-    assert state.kept_request(ok) is None and client.hget(f"iq:job:{ok}", "req") is None
+    assert state.kept_request(ok) is None and client.hget(f"iq:job:{ok}", "request") is None
     for job_id in (failed, cancelled, expired):
         assert state.kept_request(job_id) == request.decode()
         assert 0 < client.ttl(f"iq:request:{job_id}") <= KEEP_S
-        assert client.hget(f"iq:job:{job_id}", "req") is None
+        assert client.hget(f"iq:job:{job_id}", "request") is None
         assert state.read(job_id).kept == len(request)
     assert state.kept() == (3, 3 * len(request))
 
@@ -210,3 +213,35 @@ def test_an_index_entry_whose_record_is_gone_leaves_the_index(state, client):
     client.delete(f"iq:job:{gone}")  # its record expired
     assert ids(state.page("ops")) == [kept]
     assert client.zscore("iq:owner:ops", gone) is None
+
+
+def earlier_release_submit(state: JobState, client, request: bytes) -> str:
+    """A job queued by the release before the request moved into the record (552d671), as
+    its submit wrote it: the record's `req` held the request's size, the request a key of its
+    own (`iq:request:<id>`, job_ttl_s). Redis keeps such jobs across a restart onto this
+    release (`make run` stopped and started again on its append-only file)."""
+    job_id = submit(state)
+    client.hset(f"iq:job:{job_id}", "req", len(request))
+    client.set(f"iq:request:{job_id}", request, ex=600)
+    return job_id
+
+
+def test_a_job_queued_by_the_earlier_release_keeps_its_request_when_it_does_not_succeed(
+        state, client):
+    # The request must survive the job's end as the request, not as its size: a retry reads
+    # it back as the job to submit again.
+    request = orjson.dumps({"model": "m", "inputs": ["a", "b"]})
+    ok, failed, cancelled, expired = (earlier_release_submit(state, client, request)
+                                      for _ in range(4))
+    run(state, ok)  # a success drops it, as that release's did
+    assert client.exists(f"iq:request:{ok}") == 0 and "req" not in client.hgetall(f"iq:job:{ok}")
+    run(state, failed, Status.FAILED)
+    state.cancel(cancelled)
+    client.hset(f"iq:job:{expired}", "expires_at", "1")  # its deadline passed
+    assert state.read(expired).status is Status.EXPIRED
+    for job_id in (failed, cancelled, expired):
+        assert state.kept_request(job_id) == request.decode()
+        assert 0 < client.ttl(f"iq:request:{job_id}") <= KEEP_S
+        assert client.hget(f"iq:job:{job_id}", "req") is None
+        assert state.read(job_id).kept == len(request)
+    assert state.kept() == (3, 3 * len(request))

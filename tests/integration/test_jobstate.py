@@ -82,7 +82,7 @@ def test_a_record_keeps_only_what_differs_from_the_defaults_and_what_a_read_need
     assert state.finish([replace(final(plain.id), token="tok")], result_ttl_s=60,
                         model_version="v1") == [True]
     kept = client.hgetall(job_key(plain.id))
-    assert not {"expires_at", "req", "message"} & set(kept) and kept["inputs"] == "1"
+    assert not {"expires_at", "req", "request", "message"} & set(kept) and kept["inputs"] == "1"
     assert kept["model_version"] == "v1" and state.read(plain.id).model_version == "v1"
     assert kept["created_at"] == str(int(plain.created_at.timestamp() * 1000 + 0.5))
     done = state.read(plain.id)
@@ -110,7 +110,7 @@ def test_a_succeeded_record_is_written_afresh_keeping_every_field_but_the_waitin
     assert state.finish([replace(final(record.id), token="tok")], result_ttl_s=60,
                         model_version="v1") == [True]
     after = client.hgetall(job_key(record.id))
-    dropped = {"message", "list", "expires_at", "req"}
+    dropped = {"message", "list", "expires_at", "request"}
     assert dropped <= set(before) and not dropped & set(after)
     assert {k: v for k, v in before.items() if k not in dropped | {"status"}} == \
         {k: v for k, v in after.items() if k not in {"status", "finished_at", "model_version"}}

@@ -189,7 +189,8 @@ def test_an_embedding_is_kept_packed_and_its_record_holds_what_a_read_needs(stac
     assert np.array_equal(np.frombuffer(raw[2:], dtype="<f4"),
                           np.asarray(body["result"]["outputs"][0], dtype=np.float32))
     record = stack.redis.hgetall(job_key(body["id"]))
-    assert not {"expires_at", "req", "message", "priority", "encoding_format"} & set(record)
+    assert not {"expires_at", "req", "request", "message", "priority",
+                "encoding_format"} & set(record)
     assert record["created_at"].isdigit() and record["finished_at"].isdigit()
     app = make_celery(load_settings({"redis_url": stack.redis_url}, environ={}))
     assert app.AsyncResult(body["id"]).result == {"outputs": body["result"]["outputs"]}
