@@ -1,7 +1,7 @@
 """How many torch threads a model on the CPU should have when other processes share the host:
-the default a pool child takes (workers/devices.py `cpu_threads`: the usable cores less one)
-against torch's own (every usable core), side by side in one process, on an idle host and
-with other work beside it.
+every usable core but one (workers/devices.py `cores_less_one`) against torch's own default
+(every usable core), side by side in one process, on an idle host and with other work beside
+it. The service's default is torch's; IQ_CPU_THREADS sets another.
 
     python -m bench.threads [--model minilm-embed --seconds 60 --busy 1]
 
@@ -10,7 +10,7 @@ size at each thread count in turn, so both counts see the same moments of the ma
 the rounds run with `--busy` processes spinning beside it, each a pure-Python loop with one
 core's worth of appetite: the worker's main process, the API and Redis under load. Writes
 bench/results/threads.json and threads.png: per batch size and condition, p50 / p90 / p99 ms
-of a call, and the ratio of torch's default to the rule (above 1: the rule is faster).
+of a call, and the ratio of torch's default to cores less one (above 1: fewer is faster).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bench.load import make_inputs
 from config import Settings, load_models
-from workers.devices import cpu_threads, usable_cpus
+from workers.devices import cores_less_one, usable_cpus
 from workers.runtime import load_handler
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -47,7 +47,7 @@ def measure(model: str, seconds: float, busy: int) -> dict:
     spec = load_models(settings.models_file)[model]
     handler = load_handler(spec, "cpu", settings)
     cpus = usable_cpus()
-    counts = {"rule": cpu_threads(settings, cpus), "torch default": cpus}
+    counts = {"cores less one": cores_less_one(cpus), "torch default": cpus}
     times = {(cond, name, size): [] for cond in ("idle", "busy") for name in counts
              for size in SIZES}
     seed = 0
@@ -77,11 +77,11 @@ def measure(model: str, seconds: float, busy: int) -> dict:
                      "p90_ms": round(quantile(ms, .9), 1), "p99_ms": round(quantile(ms, .99), 1)})
     ratios = {f"{cond} batch {size}": round(
         quantile(times[(cond, "torch default", size)], .5)
-        / quantile(times[(cond, "rule", size)], .5), 2)
+        / quantile(times[(cond, "cores less one", size)], .5), 2)
         for cond in ("idle", "busy") for size in SIZES}
     return {"model": model, "usable_cpus": cpus, "busy_processes": busy,
             "threads": counts, "load_before": os.getloadavg(), "rows": rows,
-            "p50_default_over_rule": ratios}
+            "p50_default_over_cores_less_one": ratios}
 
 
 def plot(result: dict, path: Path) -> None:
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "threads.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(result, args.out / "threads.png")
-    print(json.dumps(result["p50_default_over_rule"], indent=1))
+    print(json.dumps(result["p50_default_over_cores_less_one"], indent=1))
 
 
 if __name__ == "__main__":

@@ -134,10 +134,8 @@ class Settings:
     # Messages a worker holds unacknowledged per child; 0: two full batches of the largest
     # model, enough to fill a batch while every child is busy.
     prefetch_multiplier: int = 0
-    # torch's intra-op threads in a pool child whose model runs on the CPU; 0: the host's
-    # usable cores less one (workers/devices.py `cpu_threads`), the one left for the worker's
-    # main process, the API and Redis beside it. torch's own default takes every core, and
-    # its threads then wait on each other whenever one is descheduled (bench/threads.py).
+    # torch's intra-op threads in each pool child; 0: torch's default (every core). Fewer
+    # trade throughput for latency on a host the model shares (bench/threads.py).
     cpu_threads: int = 0
     cuda_alloc_conf: str = "expandable_segments:True"
     cuda_memory_fraction: float = 0.0  # 0: no cap

@@ -65,28 +65,26 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_threads(settings: Settings, cpus: int) -> int:
-    """torch's intra-op threads for a child whose model runs on the CPU: IQ_CPU_THREADS, else
-    `cpus` less one, at least one. torch's default takes every core; its threads meet at a
-    barrier after each operation, so when the worker's main process, the API or Redis takes
-    one of those cores for a moment, the whole model call waits for it: on 2 busy cores a
-    batch ran 3-5 times slower with 2 threads than with 1 (bench/threads.py)."""
-    return settings.cpu_threads if settings.cpu_threads > 0 else max(1, cpus - 1)
+def cores_less_one(cpus: int) -> int:
+    """The thread count bench/threads.py weighs against torch's default: every usable core
+    but one (at least one), the one left for the processes beside the model."""
+    return max(1, cpus - 1)
 
 
 def prepare_device(device: str, settings: Settings, memory_fraction: float = 0.0) -> None:
     """`memory_fraction` (0: IQ_CUDA_MEMORY_FRACTION) caps what this process may allocate on
-    the device: CUDA's caching allocator raises out-of-memory past it. A model on the CPU
-    gets `cpu_threads` threads; one on a GPU keeps torch's default unless IQ_CPU_THREADS
-    says otherwise."""
+    the device: CUDA's caching allocator raises out-of-memory past it. IQ_CPU_THREADS (0:
+    torch's default, every core) sets torch's intra-op threads. Fewer threads than cores cost
+    throughput on an idle host and save latency on a busy one (bench/threads.py, bench/README
+    "torch threads on the CPU"): on this 2-core machine one thread made minilm-embed's
+    closed-loop throughput 18-37 % lower, so the default stays torch's."""
     import torch
 
+    if settings.cpu_threads > 0:
+        torch.set_num_threads(settings.cpu_threads)
     if device == "cpu":
-        torch.set_num_threads(cpu_threads(settings, usable_cpus()))
         logger.info("torch runs on %d CPU thread(s) of %d usable core(s)",
                     torch.get_num_threads(), usable_cpus())
-    elif settings.cpu_threads > 0:
-        torch.set_num_threads(settings.cpu_threads)
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
         fraction = min(memory_fraction, 1.0) or settings.cuda_memory_fraction

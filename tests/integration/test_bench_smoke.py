@@ -107,7 +107,7 @@ def test_threads_benchmark_times_both_counts_in_both_conditions(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     report = json.loads((tmp_path / "threads.json").read_text())
-    assert report["threads"] == {"rule": max(1, report["usable_cpus"] - 1),
+    assert report["threads"] == {"cores less one": max(1, report["usable_cpus"] - 1),
                                  "torch default": report["usable_cpus"]}
     cells = {(r["condition"], r["config"], r["batch_size"]) for r in report["rows"]}
     assert cells == {(c, n, s) for c in ("idle", "busy") for n in report["threads"]

@@ -1,5 +1,5 @@
-"""A model on the CPU leaves one core to the processes beside it (workers/devices.py): the
-rule, and what a pool child's torch is then set to."""
+"""IQ_CPU_THREADS sets a pool child's torch threads; unset, torch keeps its default (every
+core): fewer cost throughput on this machine (bench/README, "torch threads on the CPU")."""
 from __future__ import annotations
 
 import os
@@ -8,19 +8,13 @@ import sys
 
 import pytest
 
-from config import Settings
 from scripts.stack import ROOT
-from workers.devices import cpu_threads, usable_cpus
+from workers.devices import cores_less_one, usable_cpus
 
 
 @pytest.mark.parametrize("cpus, threads", [(1, 1), (2, 1), (4, 3), (16, 15)])
-def test_by_default_a_cpu_model_takes_every_usable_core_but_one(cpus, threads):
-    assert cpu_threads(Settings(), cpus) == threads
-
-
-def test_iq_cpu_threads_overrides_the_rule():
-    assert cpu_threads(Settings(cpu_threads=2), 16) == 2
-    assert cpu_threads(Settings(cpu_threads=8), 2) == 8
+def test_cores_less_one_leaves_one_core_but_never_takes_the_last(cpus, threads):
+    assert cores_less_one(cpus) == threads
 
 
 def test_usable_cpus_follow_the_affinity():
@@ -39,7 +33,7 @@ def _threads_after_prepare(device: str, environ: dict[str, str], cores: str) -> 
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin to")
-def test_a_pool_childs_torch_on_the_cpu_is_set_to_the_rule():
-    # Pinned to two cores, torch's own default would be 2 threads; the rule gives 1.
-    assert _threads_after_prepare("cpu", {}, "0,1") == 1
-    assert _threads_after_prepare("cpu", {"IQ_CPU_THREADS": "2"}, "0,1") == 2
+def test_a_pool_childs_torch_threads_follow_iq_cpu_threads():
+    assert _threads_after_prepare("cpu", {"IQ_CPU_THREADS": "1"}, "0,1") == 1
+    # Unset: torch's own default, every core it may run on.
+    assert _threads_after_prepare("cpu", {}, "0,1") == 2
