@@ -1,22 +1,25 @@
-"""The API process's own reading of Redis's memory and of its queues' depths, so that a submit
-far from both limits leaves them unchecked (no INFO, no LLEN of every priority list in the
-submit script) and only one near a limit has the script check it, exactly.
+"""The API process's own reading of its queues' depths, so that a submit far from
+`max_queue_depth` leaves it unchecked (no LLEN of every priority list in the submit script) and
+only one near it has the script check it, exactly. Redis's memory headroom is checked by the
+script on every submit: it is what lets the workers finish the jobs already accepted (and
+start at all: a worker's first commands are refused on a full Redis), so it is not a limit to
+overshoot. A reading of it at most a second old let a single API process fill a small Redis
+past its headroom and keep a worker from starting (tests/faults/test_redis_full.py).
 
-The reading is one pipelined round trip (INFO memory, then LLEN of every queue list), taken on
+The reading is one pipelined round trip (LLEN of every queue list), taken on
 a thread of its own, started by the first submit that finds the reading older than `max_age_s`
 (a quarter second): a few round trips a second per API process, whatever the rate of submits,
 and never one a submit waits for (a Redis that does not answer would otherwise cost a submit
 two deadlines). Between readings, the process counts its own submits onto each queue. A queue
 is near its limit from half of `max_queue_depth` (its reading plus this process's submits
-since); Redis's memory, from twice its headroom. Without a reading younger than four times
-`max_age_s` (none yet, or the last failed), a submit checks both.
+since). Without a reading younger than four times `max_age_s` (none yet, or the last failed),
+a submit checks the depth.
 
 What this allows: past that point the check is the script's, exact as before; before it, the
-depth or the memory would have to cross the rest of the way (half the queue, a whole headroom)
-within one reading's age, through the other API processes, for a submit to get past a limit
-unchecked. A queue can then hold more jobs than `max_queue_depth`: up to P x max_queue_depth
-/ 2 with P API processes (each lets half the limit through unchecked from one reading of an
-empty queue), Redis a little less free memory than its headroom: both are soft limits
+depth would have to cross the rest of the way (half the queue) within one reading's age,
+through the other API processes, for a submit to get past the limit unchecked. A queue can then
+hold more jobs than `max_queue_depth`: up to P x max_queue_depth / 2 with P API processes
+(each lets half the limit through unchecked from one reading of an empty queue): a soft limit
 (README, Reliability).
 """
 from __future__ import annotations
@@ -37,8 +40,6 @@ logger = logging.getLogger(__name__)
 @dataclass
 class Reading:
     taken: float  # time.monotonic()
-    used: int
-    cap: int
     depths: dict[str, int]  # per queue
     since: dict[str, int] = field(default_factory=dict)  # this process's submits since
 
@@ -51,17 +52,16 @@ class Gauge:
 
     def limits(self, spec: ModelSpec, queues: list[str]) -> tuple[int | None, float | None]:
         """(max depth, memory headroom) for the submit script to check for a job of `spec`:
-        None for each that is far enough from its limit not to be checked. `queues`: every
-        queue the API serves (one reading covers them all). Counts the submit."""
+        the depth None when it is far enough from its limit not to be checked, the headroom
+        always. `queues`: every queue the API serves (one reading covers them all). Counts the
+        submit."""
         reading = self._current(queues)
         if reading is None or spec.queue not in reading.depths:
             return spec.max_queue_depth, self.headroom
         since = reading.since.get(spec.queue, 0)
         reading.since[spec.queue] = since + 1
         near_depth = reading.depths[spec.queue] + since >= spec.max_queue_depth // 2
-        near_full = reading.cap > 0 and reading.used >= (1 - 2 * self.headroom) * reading.cap
-        return (spec.max_queue_depth if near_depth else None,
-                self.headroom if near_full else None)
+        return spec.max_queue_depth if near_depth else None, self.headroom
 
     def _current(self, queues: list[str]) -> Reading | None:
         """The reading, when it is young enough to serve; a new one is started when it is
@@ -77,8 +77,7 @@ class Gauge:
         try:
             self._reading = self._read(queues)
         except redis.RedisError as exc:
-            logger.debug("no reading of Redis's memory and queues (%s): submits check both",
-                         exc)
+            logger.debug("no reading of the queues' depths (%s): submits check them", exc)
             self._reading = None
         finally:
             self._lock.release()
@@ -86,12 +85,10 @@ class Gauge:
     def _read(self, queues: list[str]) -> Reading:
         lists = {queue: queue_lists(queue) for queue in queues}
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.info("memory")
             for names in lists.values():
                 for name in names:
                     pipe.llen(name)
-            memory, *lengths = pipe.execute()
+            lengths = pipe.execute()
         found = iter(lengths)
         depths = {queue: sum(next(found) for _ in names) for queue, names in lists.items()}
-        return Reading(time.monotonic(), int(memory["used_memory"]),
-                       int(memory.get("maxmemory", 0)), depths)
+        return Reading(time.monotonic(), depths)

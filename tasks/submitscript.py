@@ -22,9 +22,10 @@ end
 #       idempotency key), message, memory headroom (share of maxmemory kept free; '' : not
 #       checked), the request to keep ('' : none), '1' to trim the owner index, '1' when it
 #       retries a job, then the record's field/value pairs.
-# The API has the depth and the memory checked here only when its own reading of them (at most
-# a second old, app/gauge.py) is near a limit, or when it has none; far from them they cost no
-# command. A submit refused for memory that finds its record (a resend) is answered 'created'.
+# The API has the depth checked here only when its own reading of it (at most a second old,
+# app/gauge.py) is near the limit, or when it has none; far from it, it costs no command. The
+# memory headroom it has checked on every submit (the API passes '' only in tests). A submit
+# refused for memory that finds its record (a resend) is answered 'created'.
 # Idempotent by job id: sent again (a resend after a lost answer), it finds its id in the
 # owner's index (the ZADD NX that indexes a new job tells, so a first submit pays no EXISTS)
 # and does nothing more, so a job is never queued twice. A refusal after that ZADD takes the
