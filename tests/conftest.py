@@ -91,3 +91,15 @@ def redis_server(tmp_path_factory):
     server = start_redis(tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()
+
+
+@pytest.fixture
+def clean_admin(redis_server):
+    """The private redis-server as its admin, emptied for the test, its memory cap lifted
+    after it."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server.extra["admin_url"], decode_responses=True)
+    client.flushdb()
+    yield client
+    client.config_set("maxmemory", 0)

@@ -19,11 +19,8 @@ QUEUES = ["gauged"]
 
 
 @pytest.fixture
-def admin(redis_server):
-    client = redis.Redis.from_url(redis_server.extra["admin_url"], decode_responses=True)
-    client.flushdb()
-    yield client
-    client.config_set("maxmemory", 0)
+def admin(clean_admin):
+    return clean_admin
 
 
 @pytest.fixture
