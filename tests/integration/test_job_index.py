@@ -102,6 +102,27 @@ def test_the_dead_letter_index_holds_the_jobs_that_did_not_succeed(state):
     assert ids(state.page("ops", status="succeeded")) == [ok]
 
 
+def end_unsuccessfully(state: JobState, client, failed: str, cancelled: str,
+                       expired: str) -> None:
+    """Each job ends one way that does not succeed: failed, cancelled, and expired (its
+    deadline set in the past, then read)."""
+    run(state, failed, Status.FAILED)
+    state.cancel(cancelled)
+    client.hset(f"iq:job:{expired}", "expires_at", "1")  # its deadline passed
+    assert state.read(expired).status is Status.EXPIRED
+
+
+def assert_kept(state: JobState, client, job_ids, request: bytes, field: str) -> None:
+    """Each job's request is kept for a retry in a key of its own, within the keep time, gone
+    from the record's `field`, and counted in the books of what is kept."""
+    for job_id in job_ids:
+        assert state.kept_request(job_id) == request.decode()
+        assert 0 < client.ttl(f"iq:request:{job_id}") <= KEEP_S
+        assert client.hget(f"iq:job:{job_id}", field) is None
+        assert state.read(job_id).kept == len(request)
+    assert state.kept() == (len(job_ids), len(job_ids) * len(request))
+
+
 def test_a_failed_cancelled_or_expired_job_keeps_its_request_and_a_success_drops_it(state,
                                                                                       client):
     request = orjson.dumps({"model": "m", "inputs": ["a", "b"]})
@@ -114,17 +135,9 @@ def test_a_failed_cancelled_or_expired_job_keeps_its_request_and_a_success_drops
     assert client.hget(f"iq:job:{ok}", "req") is None
     assert client.exists(f"iq:request:{ok}") == 0
     run(state, ok)
-    run(state, failed, Status.FAILED)
-    state.cancel(cancelled)
-    client.hset(f"iq:job:{expired}", "expires_at", "1")  # its deadline passed
-    assert state.read(expired).status is Status.EXPIRED
+    end_unsuccessfully(state, client, failed, cancelled, expired)
     assert state.kept_request(ok) is None and client.hget(f"iq:job:{ok}", "request") is None
-    for job_id in (failed, cancelled, expired):
-        assert state.kept_request(job_id) == request.decode()
-        assert 0 < client.ttl(f"iq:request:{job_id}") <= KEEP_S
-        assert client.hget(f"iq:job:{job_id}", "request") is None
-        assert state.read(job_id).kept == len(request)
-    assert state.kept() == (3, 3 * len(request))
+    assert_kept(state, client, (failed, cancelled, expired), request, field="request")
 
 
 def test_kept_requests_leave_the_books_when_their_time_is_up(state, client):
@@ -235,13 +248,5 @@ def test_a_job_queued_by_the_earlier_release_keeps_its_request_when_it_does_not_
                                       for _ in range(4))
     run(state, ok)  # a success drops it, as that release's did
     assert client.exists(f"iq:request:{ok}") == 0 and "req" not in client.hgetall(f"iq:job:{ok}")
-    run(state, failed, Status.FAILED)
-    state.cancel(cancelled)
-    client.hset(f"iq:job:{expired}", "expires_at", "1")  # its deadline passed
-    assert state.read(expired).status is Status.EXPIRED
-    for job_id in (failed, cancelled, expired):
-        assert state.kept_request(job_id) == request.decode()
-        assert 0 < client.ttl(f"iq:request:{job_id}") <= KEEP_S
-        assert client.hget(f"iq:job:{job_id}", "req") is None
-        assert state.read(job_id).kept == len(request)
-    assert state.kept() == (3, 3 * len(request))
+    end_unsuccessfully(state, client, failed, cancelled, expired)
+    assert_kept(state, client, (failed, cancelled, expired), request, field="req")
