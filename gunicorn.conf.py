@@ -11,6 +11,8 @@ the others. Do not add --preload: it would import the app, and open its sockets,
 import json
 import os
 import resource
+import shutil
+import tempfile
 
 from gunicorn import util
 from gunicorn.http.errors import ConfigurationProblem, InvalidHeader
@@ -46,8 +48,37 @@ class Worker(GeventWorker):
         super().handle_error(req, client, addr, exc)
 
 
+def default_workers() -> int:
+    """A quarter of the cores this process may run on, at least one. One gevent process uses
+    one core and carries ~500-1,000 one-input jobs/s (bench/README.md, "On a GPU": it was the
+    limit of a 16-core GPU host); the other cores go to the pool children (a core each), the
+    worker's main process and Redis. 2 cores: 1 process, 16: 4."""
+    return max(1, len(os.sched_getaffinity(0)) // 4)
+
+
 worker_class = Worker
-workers = int(os.environ.get("IQ_WEB_WORKERS", "1"))
+workers = int(os.environ.get("IQ_WEB_WORKERS") or default_workers())
+# Several processes: /metrics must sum their counters (prometheus_client's multiprocess mode).
+# Unless the operator names a folder, each start gets a fresh one, so that no count from an
+# earlier run is added in; it is removed when gunicorn exits. Set here, in gunicorn's master
+# before it forks, so that each worker imports prometheus_client with it already set.
+_OWN_METRICS = "iq-api-metrics-"
+if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix=_OWN_METRICS)
+
+
+def child_exit(server, worker):
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+        multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server):
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+    if os.path.basename(folder).startswith(_OWN_METRICS):  # made above, not the operator's
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 # Connections one worker holds at once: every allowed wait (max_waits) plus room for probes,
 # submits and reads beside them. Past it, gunicorn stops accepting until one closes.
 worker_connections = _settings.max_waits + 1000

@@ -2,8 +2,10 @@
 rejected by model and reason, requests parked waiting, and, read from Redis at scrape time,
 queue depth per model and the requests kept for retries (the dead-letter store).
 
-Under gunicorn with several worker processes set PROMETHEUS_MULTIPROC_DIR (prometheus_client's
-multiprocess mode); the default single-process, multi-thread setup needs nothing.
+Under gunicorn with several worker processes the counters and histograms are summed across
+them (prometheus_client's multiprocess mode: gunicorn.conf.py sets PROMETHEUS_MULTIPROC_DIR to a
+fresh folder unless one is given). What is read at scrape time (queue depths, the kept requests,
+this process's parked waits) is read by the process that answers the scrape.
 """
 from __future__ import annotations
 
@@ -81,9 +83,10 @@ class ApiMetrics:
                                  registry=self.registry)
         self.rejected = Counter("iq_jobs_rejected_total", "Jobs refused", ["model", "reason"],
                                 registry=self.registry)
-        self.registry.register(QueueDepthCollector(depths))
-        self.registry.register(WaitingCollector(waiting, max_waits))
-        self.registry.register(KeptCollector(kept))
+        self.read_at_scrape = (QueueDepthCollector(depths), WaitingCollector(waiting, max_waits),
+                               KeptCollector(kept))
+        for collector in self.read_at_scrape:
+            self.registry.register(collector)
 
     def init_app(self, app: Flask) -> None:
         app.before_request(self._start)
@@ -108,4 +111,6 @@ class ApiMetrics:
 
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
+            for collector in self.read_at_scrape:
+                registry.register(collector)
         return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)

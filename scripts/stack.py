@@ -63,7 +63,9 @@ def start_web(env: dict[str, str], logdir: Path, worker_class: str | None = None
     cmd.append("app.wsgi:app")
     svc = spawn("web", cmd, env, logdir)
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: requests.get(f"{url}/healthz", timeout=2).ok, 30, "the API")
+    # Each gunicorn process imports the app; on a loaded 2-core machine one takes seconds.
+    wait_until(lambda: requests.get(f"{url}/healthz", timeout=2).ok,
+               30 * int(env.get("IQ_WEB_WORKERS") or 1), "the API")
     svc.extra.update(port=port, url=url)
     return svc
 

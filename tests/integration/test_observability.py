@@ -102,3 +102,38 @@ def test_made_up_methods_and_paths_add_no_metric_series(stack):
     assert 'method="GET",route="unmatched",status="404"' in text
     series = [line for line in text.splitlines() if line.startswith("iq_http_requests_total{")]
     assert len(series) < 60, series
+
+
+def test_api_metrics_are_summed_across_gunicorn_processes(tmp_path):
+    """Two API processes (IQ_WEB_WORKERS=2; the default on an 8-core host): /metrics counts
+    the submits both took, whichever answers the scrape, from a folder gunicorn made for this
+    run and removes when it stops."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from scripts.stack import launch
+
+    (tmp_path / "tmp").mkdir()
+    models = {"idle": {"kind": "synthetic", "base_ms": 1, "per_item_ms": 0}}
+    stack = launch(tmp_path, models, {}, ready_models=[],  # no worker: the jobs stay queued
+                   env_extra={"IQ_WEB_WORKERS": "2", "TMPDIR": str(tmp_path / "tmp")})
+    try:
+        [folder] = (tmp_path / "tmp").glob("iq-api-metrics-*")
+
+        def submit(_) -> int:
+            return requests.post(f"{stack.api}/v1/jobs", json={"model": "idle", "inputs": ["t"]},
+                                 timeout=10).status_code
+
+        accepted = 0
+        with ThreadPoolExecutor(16) as pool:
+            for _ in range(40):  # until both processes have taken some
+                accepted += sum(code == 202 for code in pool.map(submit, range(16)))
+                if len({p.name for p in folder.glob("counter_*.db")}) >= 2:
+                    break
+        assert len(list(folder.glob("counter_*.db"))) == 2, "both processes must have served"
+        for _ in range(4):  # each scrape may be answered by either process
+            text = requests.get(f"{stack.api}/metrics", timeout=5).text
+            assert _sample(text, "iq_jobs_submitted_total", model="idle") == accepted
+            assert "iq_queue_depth{" in text  # read from Redis at scrape time, as with one
+    finally:
+        stack.stop()
+    assert not folder.exists()

@@ -1,0 +1,51 @@
+"""How many API processes gunicorn starts (gunicorn.conf.py): a quarter of the usable cores,
+at least one, unless IQ_WEB_WORKERS says; several get a metrics folder of their own."""
+from __future__ import annotations
+
+import os
+import runpy
+
+import pytest
+
+from scripts.processes import ROOT
+
+
+def _conf(monkeypatch, tmp_path, cores: int, **env: str) -> dict:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("IQ_WEB_WORKERS", raising=False)
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR read afresh
+    return runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+
+
+@pytest.mark.parametrize("cores,workers", [(1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (64, 16)])
+def test_default_is_a_quarter_of_the_usable_cores(monkeypatch, tmp_path, cores, workers):
+    assert _conf(monkeypatch, tmp_path, cores)["workers"] == workers
+
+
+def test_iq_web_workers_wins(monkeypatch, tmp_path):
+    assert _conf(monkeypatch, tmp_path, 16, IQ_WEB_WORKERS="1")["workers"] == 1
+    assert _conf(monkeypatch, tmp_path, 2, IQ_WEB_WORKERS="3")["workers"] == 3
+
+
+def test_several_processes_get_a_fresh_metrics_folder_removed_at_exit(monkeypatch, tmp_path):
+    conf = _conf(monkeypatch, tmp_path, 16)
+    folder = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    assert os.path.dirname(folder) == str(tmp_path) and os.path.isdir(folder)
+    conf["on_exit"](None)
+    assert not os.path.exists(folder)
+
+
+def test_one_process_needs_no_folder_and_an_operators_folder_is_kept(monkeypatch, tmp_path):
+    _conf(monkeypatch, tmp_path, 2)
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    conf = _conf(monkeypatch, tmp_path, 16, PROMETHEUS_MULTIPROC_DIR=str(mine))
+    assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(mine)
+    conf["on_exit"](None)
+    assert mine.is_dir()
