@@ -16,7 +16,7 @@ from tasks.errors import ErrorCode, JobError
 from tasks.jobstate import (CancelOutcome, DeliveryClaim, Final, IdempotencyMismatch,
                             JobRecord, JobState, NotReplicated, Overloaded, StartDecision,
                             Status, new_job)
-from tasks.keys import PENDING_KEY, job_key, owner_index
+from tasks.keys import PENDING_KEY, job_key, owner_jobs
 from tasks.messages import QueuedMessage
 
 RUN, CANCELLED, EXPIRED, FINISHED, MISSING = (
@@ -169,9 +169,10 @@ def test_a_full_queue_refuses_without_a_record(state, client):
     with pytest.raises(Overloaded):
         submit(state, refused, max_depth=2)
     assert state.read(refused) is None and client.llen("q") == 2
-    # Nor an entry in its owner's index (the submit took back the one it made), so that the
-    # same id sent again is judged again, not taken for a resend of a job that was made.
-    assert client.zscore(owner_index("ops"), refused) is None
+    # Nor a record begun (the submit took back the HSETNX that tells a resend) or an entry in
+    # its owner's jobs list, so that the same id sent again is judged again, not taken for a
+    # resend of a job that was made.
+    assert client.exists(job_key(refused)) == 0 and client.llen(owner_jobs("ops")) == 2
     with pytest.raises(Overloaded):
         submit(state, refused, max_depth=2)
 
