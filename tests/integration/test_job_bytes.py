@@ -11,6 +11,7 @@ import numpy as np
 import orjson
 import pytest
 import redis
+from redis.client import NEVER_DECODE
 
 from tasks import results
 from tasks.jobstate import Final, JobRecord, JobState, StartDecision, Status, batch_text, new_job
@@ -73,7 +74,7 @@ def test_a_finished_one_input_embedding_job_keeps_at_most_2000_bytes(state, admi
     assert record + result + index <= 2_000
     # A record of small values only is one compact list; outputs are their float32 bytes.
     assert admin.object("encoding", job_key(ids[-1])) in ("ziplist", "listpack")
-    assert admin.object("encoding", owner_jobs("")) == "quicklist"
+    assert admin.object("encoding", owner_jobs("")) in ("quicklist", "listpack")
     assert admin.strlen(result_key(ids[-1])) == 2 + 384 * 4
     # Nothing else of a job's is left: no request, no message, no sorted-set entry.
     others = {key for key in admin.scan_iter(count=1_000) if not any(i in key for i in ids)}
@@ -99,7 +100,8 @@ def test_a_compact_record_reads_as_the_record_written_with_its_names(state, admi
         named[name] = str(int(moment.timestamp() * 1000 + 0.5))
     earlier = str(uuid.uuid4())
     admin.hset(job_key(earlier), mapping=named)
-    admin.copy(result_key(job_id), result_key(earlier))
+    admin.set(result_key(earlier), admin.execute_command("GET", result_key(job_id),
+                                                         **{NEVER_DECODE: True}))
     assert state.read(earlier) == JobRecord(**{**_fields(compact), "id": earlier})
 
 
