@@ -117,6 +117,18 @@ def test_jobs_the_release_before_indexed_are_listed_among_the_others_by_time(sta
         made[::-1][4:8]
 
 
+def test_ids_that_are_not_a_uuids_lowercase_text_are_listed_as_they_are(state, client):
+    """The list keeps a UUID's canonical text as its 16 bytes, any other id as its text."""
+    made = [submit(state) for _ in range(2)]
+    for job_id in ("job-1", str(uuid.uuid4()).upper()):
+        record = new_job(job_id, model="m", trace_id="t", inputs=1, priority="normal",
+                         owner="ops")
+        state.submit(record, QueuedMessage("q", b"{}"), depth_lists=["q"], max_depth=None,
+                     ttl_s=600)
+        made.append(job_id)
+    assert all_pages(state, 3) == made[::-1]
+
+
 def test_entries_past_the_records_time_to_live_leave_the_owners_jobs_list(state, client):
     old, new = submit(state), submit(state)
     (us_new, _), (us_old, _) = listed(client)
