@@ -209,7 +209,7 @@ class JobRecord:
     @classmethod
     def from_fields(cls, job_id: str, raw: Mapping[str, str],
                     outputs: list | None = None) -> JobRecord:
-        get = raw.get
+        get = _unpacked(raw).get
         return cls(
             id=job_id, status=Status(raw["status"]), model=raw["model"],
             created_at=_time(raw["created_at"]),
@@ -225,6 +225,25 @@ class JobRecord:
             error=JobError.from_json(raw["error"]) if get("error") else None,
             items_done=int(get("items_done") or 0), retry_of=get("retry_of") or "",
             retried_as=get("retried_as") or "", kept=int(get("kept") or 0), outputs=outputs)
+
+
+# The fields a succeeded record keeps under short names (tasks/jobscripts.py's COMPACT).
+_SHORT = {"t": "trace_id", "w": "worker", "v": "model_version"}
+
+
+def _unpacked(raw: Mapping[str, str]) -> Mapping[str, str]:
+    """A record's fields under their own names, those COMPACT packed (`r`, `t`, `w`, `v`)
+    unpacked; a record written with its names (any not final, those of earlier releases) as
+    it is."""
+    if not any(name in raw for name in ("r", *_SHORT)):
+        return raw
+    out = {_SHORT.get(name, name): value for name, value in raw.items() if name != "r"}
+    if raw.get("r"):
+        started, finished, runs, inputs, batch = raw["r"].split(" ", 4)
+        start_ms = int(raw["created_at"]) + int(started)
+        out.update(started_at=str(start_ms), finished_at=str(start_ms + int(finished)),
+                   runs=runs, inputs=inputs, batch=batch)
+    return out
 
 
 def new_job(job_id: str, *, model: str, trace_id: str, inputs: int, priority: str,

@@ -13,19 +13,47 @@ from tasks.keys import (JOB_PREFIX, KEPT_BYTES_KEY, KEPT_KEY, MOVES_CHANNEL,
                         dead_index, kept_request)
 
 # The fields a read returns. (Not a job's request, kept for a retry: inputs can weigh a
-# megabyte and only a retry reads them.)
+# megabyte and only a retry reads them.) The last four are those of a succeeded job's record as
+# FINISH writes it (COMPACT below), in place of the fields they pack.
 READ_FIELDS = ("status", "model", "created_at", "trace_id", "inputs", "priority", "owner",
                "encoding_format", "webhook_url", "webhook_events", "token", "expires_at",
                "started_at", "finished_at", "worker", "batch", "runs", "error", "items_done",
-               "retry_of", "retried_as", "kept", "model_version")
+               "retry_of", "retried_as", "kept", "model_version", "r", "t", "w", "v")
 _FIELDS_LUA = "{" + ", ".join(f"'{name}'" for name in READ_FIELDS) + "}"
 # The fields of a record not final yet that its finished record keeps when the job succeeds
 # (FINISH writes it afresh): the record's but its message, list, deadline and request. Status
 # and token first.
-KEEP_FIELDS = ("status", "token", *(name for name in READ_FIELDS
+KEEP_FIELDS = ("status", "token", *(name for name in READ_FIELDS[:READ_FIELDS.index("r")]
                                     if name not in ("status", "token", "expires_at")),
                "crashes")
 _KEEP_LUA = "{" + ", ".join(f"'{name}'" for name in KEEP_FIELDS) + "}"
+# How FINISH writes a succeeded job's record, which lives job_ttl_s (a day) and is read as it
+# was written: what a read needs, in as few bytes as keep it exact. The names that readers of
+# the release before read a finished record by (`status`, `model`, `created_at`, `token`, the
+# webhook's, `owner` ...) stay; five that only a read of this release needs are packed into
+# `r`: "<started_at - created_at> <finished_at - started_at> <runs> <inputs> <batch>" (the
+# times in milliseconds, the batch as `batch_text` writes it); `trace_id`, `worker` and
+# `model_version` are kept as `t`, `w` and `v`. (Redis keeps a hash of small values as one
+# compact list, every field name in it: ~90 bytes of names a record.) A record whose fields do
+# not fit that (an ISO time or a JSON batch from an earlier release, a value over 64 bytes,
+# which would turn the hash into Redis's large encoding) is written with its names.
+COMPACT = """
+local function compact(v, finished_at)
+  local c, s = v.created_at, v.started_at
+  if c and s and string.match(c, '^%d+$') and string.match(s, '^%d+$') and v.batch
+      and string.match(v.batch, '^%w+ %d+ %d+$') then
+    local r = string.format('%.0f %.0f %s %s %s', tonumber(s) - tonumber(c),
+                            tonumber(finished_at) - tonumber(s), v.runs or '0', v.inputs or '0',
+                            v.batch)
+    if #r <= 64 then
+      v.r, v.started_at, v.finished_at, v.runs, v.inputs, v.batch = r, nil, nil, nil, nil, nil
+    end
+  end
+  for long, short in pairs({trace_id = 't', worker = 'w', model_version = 'v'}) do
+    if v[long] and #v[long] <= 64 then v[short], v[long] = v[long], nil end
+  end
+end
+"""
 
 # What every job script runs first (here and in its sibling modules). Redis's own clock, for
 # deadlines and indexes: one clock for every process. (Redis 6 needs redis.replicate_commands
@@ -170,8 +198,15 @@ return #moved
 # through). Returns, per job, 1 when it took its terminal status here, 0 when it already had
 # one (or the message was not the job's own). The jobs it finished are announced on the moves
 # channel, "done <id> <id> ...", in one message (as are a cancel's and an expiry's, one job).
-_FINISH_BODY = f"""
-local out, done = {{}}, {{}}
+# A finished record keeps what a read needs (and its token, so that a message sent by hand with
+# its id is still told apart): not its message, deadline or request. That of a job that
+# succeeded is written afresh (DEL, HSET, EXPIRE: it lives job_ttl_s from its finish), COMPACT:
+# Redis keeps a hash that once held a large value (the message) in its large encoding for good,
+# one written with small values only takes its compact one (a listpack). The batch's succeeded
+# records go in one DEL, after every job was decided. One that did not succeed drops the
+# fields (its error is seldom small).
+_FINISH_BODY = COMPACT + f"""
+local out, done, writes, gone = {{}}, {{}}, {{}}, {{}}
 local ttl = tonumber(ARGV[4])
 local KEEP = {_KEEP_LUA}
 -- Read beside them: 'req', the size of the request an earlier release's submit kept in a key
@@ -179,38 +214,39 @@ local KEEP = {_KEEP_LUA}
 local READ = {{unpack(KEEP)}}
 READ[#READ + 1] = 'req'
 for i = 1, (#KEYS - 1) / 2 do
-  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 8 * (i - 1)
+  local key, a = KEYS[2 * i - 1], 5 + 8 * (i - 1)
   local f = redis.call('hmget', key, unpack(READ))
   local status = f[1]
-  if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 7]) then
-    -- A finished record keeps what a read needs (and its token, so that a message sent by
-    -- hand with its id is still told apart): not its message, deadline or request. That of a
-    -- job that succeeded is written afresh (DEL, HSET, EXPIRE: it lives job_ttl_s from its
-    -- finish): Redis keeps a hash that once held a large value (the message) in its large
-    -- encoding for good, one written with small values only takes its compact one (a
-    -- listpack), a third of the bytes. One that did not succeed drops the fields (its error
-    -- is seldom small).
-    local fields = {{}}
+  out[i] = 0
+  if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 7])
+      and not writes[key] then
+    local v = {{}}
     if ARGV[a + 1] == 'succeeded' then
-      for j = 2, #KEEP do
-        if f[j] then fields[#fields + 1] = KEEP[j]; fields[#fields + 1] = f[j] end
-      end
+      for j = 2, #KEEP do if f[j] then v[KEEP[j]] = f[j] end end
+      gone[#gone + 1] = key
+      if f[#READ] then gone[#gone + 1] = '{kept_request("")}' .. id_of(key) end
     end
     -- Its status, and its model version, error and webhook delivery's id if any.
-    table.insert(fields, 'status'); table.insert(fields, ARGV[a + 1])
-    table.insert(fields, 'finished_at'); table.insert(fields, ARGV[3])
-    if ARGV[5] ~= '' then table.insert(fields, 'model_version'); table.insert(fields, ARGV[5]) end
-    if ARGV[a + 3] ~= '' then table.insert(fields, 'error'); table.insert(fields, ARGV[a + 3]) end
-    if ARGV[a + 4] ~= '' then
-      table.insert(fields, 'webhook_id'); table.insert(fields, ARGV[a + 8])
+    v.status, v.finished_at = ARGV[a + 1], ARGV[3]
+    if ARGV[5] ~= '' then v.model_version = ARGV[5] end
+    if ARGV[a + 3] ~= '' then v.error = ARGV[a + 3] end
+    if ARGV[a + 4] ~= '' then v.webhook_id = ARGV[a + 8] end
+    if ARGV[a + 1] == 'succeeded' then compact(v, ARGV[3]) end
+    writes[key], out[i] = v, 1
+  end
+end
+if #gone > 0 then redis.call('del', unpack(gone)) end
+for i = 1, (#KEYS - 1) / 2 do
+  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 8 * (i - 1)
+  if out[i] == 1 then
+    local fields = {{'status', writes[key].status}}
+    for name, value in pairs(writes[key]) do
+      if name ~= 'status' then fields[#fields + 1] = name; fields[#fields + 1] = value end
     end
+    redis.call('hset', key, unpack(fields))
     if ARGV[a + 1] == 'succeeded' then
-      redis.call('del', key)
-      redis.call('hset', key, unpack(fields))
       redis.call('expire', key, TTL_S)
-      if f[#READ] then redis.call('del', '{kept_request("")}' .. id_of(key)) end
     else
-      redis.call('hset', key, unpack(fields))
       redis.call('hdel', key, 'message', 'list')
       dead(key, id_of(key))
     end
@@ -220,9 +256,6 @@ for i = 1, (#KEYS - 1) / 2 do
       if redis.call('llen', ARGV[a + 6]) == 0 then redis.call('lpush', ARGV[a + 6], '1') end
     end
     done[#done + 1] = id_of(key)
-    out[i] = 1
-  else
-    out[i] = 0
   end
 end
 if #done > 0 then

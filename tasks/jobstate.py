@@ -59,8 +59,8 @@ from tasks.jobrecord import (CANCELLED_ERROR, EXPIRED_ERROR, TERMINAL, CancelOut
                              DeliveryClaim, Final, IdempotencyMismatch, JobRecord,
                              NotReplicated, Overloaded, RetryRefused, StartDecision, Status,
                              StoreFull, batch_text, iso, new_job, now_iso, now_stamp)
-from tasks.keys import (PENDING_KEY, dead_index, job_key, kept_request, owner_index, result_key,
-                        wake_key)
+from tasks.keys import (PENDING_KEY, dead_index, job_key, kept_request, owner_index, owner_jobs,
+                        result_key, wake_key)
 from tasks.messages import QueuedMessage
 from tasks.names import PRIORITY_SEP
 
@@ -179,15 +179,17 @@ class JobState:
         replicas hold the job, or raise NotReplicated."""
         claim, digest = idempotency or (job_key(job.id) + ":no-claim", "")
         retried = job_key(job.retry_of) if job.retry_of else job_key(job.id) + ":no-retry"
-        # The owner's index drops expired entries on one submit in 16 (ids are random).
+        # The owner's jobs list drops expired entries on one submit in 16 (ids are random),
+        # the index of releases before on one in 256.
+        trim = "2" if job.id[:2] == "00" else "1" if job.id[0] == "0" else "0"
         args: list[Any] = [job.id, "" if max_depth is None else max_depth, timeout_s or 0,
                            digest, message.payload,
-                           "" if memory_headroom is None else memory_headroom, request,
-                           "1" if job.id[0] == "0" else "0", "1" if job.retry_of else "0"]
+                           "" if memory_headroom is None else memory_headroom, request, trim,
+                           "1" if job.retry_of else "0"]
         for name, value in job.submitted_fields().items():
             args += [name, value]
-        keys = [job_key(job.id), claim, message.list_key, owner_index(job.owner), retried,
-                PENDING_KEY, wake_key(queue_of(message.list_key)),
+        keys = [job_key(job.id), claim, message.list_key, owner_jobs(job.owner), retried,
+                PENDING_KEY, wake_key(queue_of(message.list_key)), owner_index(job.owner),
                 *(depth_lists if max_depth is not None else ())]
         if replicas is None:
             reply, acked = self._run("submit", keys, args, ttl_s), 0
@@ -310,9 +312,9 @@ class JobState:
         """A page of the owner's jobs (`dead`: of those that did not succeed), newest first,
         filtered by status and model, reading at most `budget` index entries: a page may
         hold fewer than `limit` jobs and still have a cursor to go on from."""
-        index = dead_index(owner) if dead else owner_index(owner)
+        indexes = [dead_index(owner)] if dead else [owner_jobs(owner), owner_index(owner)]
         score, after = cursor or ("", "")
-        out = self._run("list", [index], [now_stamp(), EXPIRED_ERROR.to_json(), score, after,
+        out = self._run("list", indexes, [now_stamp(), EXPIRED_ERROR.to_json(), score, after,
                                           limit, budget, status, model])
         jobs = [_record(_text(job_id), values) for job_id, values in out[2:]]
         return Page(jobs, (_text(out[0]), _text(out[1])) if out[0] else None)

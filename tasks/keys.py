@@ -36,9 +36,19 @@ def result_key(job_id: str) -> str:
     return f"{RESULT_PREFIX}{job_id}"
 
 
+def owner_jobs(owner: str) -> str:
+    """The jobs of one owner (an API key's name; "" when keys are off), newest first: a list
+    of 23-byte entries, each a job's submission time (microseconds, Redis's clock) and its id
+    (tasks/indexscripts.py), trimmed as their records expire. ~24 bytes a job, where a sorted
+    set's member takes ~135."""
+    return f"{PREFIX}jobs:{owner}"
+
+
 def owner_index(owner: str) -> str:
-    """The jobs of one owner (an API key's name; "" when keys are off): a sorted set of job
-    ids by submission time (microseconds, Redis's clock), trimmed as their records expire."""
+    """The jobs of one owner as releases before this one indexed them: a sorted set of job
+    ids by submission time (microseconds, Redis's clock). Still listed, beside `owner_jobs`,
+    and trimmed, until its last entry is a day old; written only by API processes of those
+    releases (during an upgrade)."""
     return f"{PREFIX}owner:{owner}"
 
 

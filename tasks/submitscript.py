@@ -2,6 +2,7 @@
 it, on the prelude of tasks/jobscripts.py, whose two common arguments it takes first)."""
 from __future__ import annotations
 
+from tasks.indexscripts import OWNED
 from tasks.jobscripts import PRELUDE
 from tasks.keys import JOB_PREFIX
 
@@ -15,25 +16,28 @@ local function touch(key)
 end
 """
 
-# KEYS: record, idempotency claim, target list, owner index, the record of the job it retries
-#       (any key when it retries none), pending jobs, the queue's wake-up list, then the model's
-#       queue lists (for its depth; none when it is not checked).
+# KEYS: record, idempotency claim, target list, owner's jobs list (owner_jobs), the record of
+#       the job it retries (any key when it retries none), pending jobs, the queue's wake-up
+#       list, the owner's index of releases before (owner_index), then the model's queue lists
+#       (for its depth; none when it is not checked).
 # ARGV: job id, max depth ('' : not checked), timeout_s (0: none), request digest ('' : no
 #       idempotency key), message, memory headroom (share of maxmemory kept free; '' : not
-#       checked), the request to keep ('' : none), '1' to trim the owner index, '1' when it
-#       retries a job, then the record's field/value pairs.
+#       checked), the request to keep ('' : none), what to trim ('0': nothing, '1': the owner's
+#       jobs list, '2': that and the owner's index of releases before), '1' when it retries a
+#       job, then the record's field/value pairs.
 # The API has the depth checked here only when its own reading of it (at most a second old,
 # app/gauge.py) is near the limit, or when it has none; far from it, it costs no command. The
 # memory headroom it has checked on every submit (the API passes '' only in tests). A submit
 # refused for memory that finds its record (a resend) is answered 'created'.
-# Idempotent by job id: sent again (a resend after a lost answer), it finds its id in the
-# owner's index (the ZADD NX that indexes a new job tells, so a first submit pays no EXISTS)
-# and does nothing more, so a job is never queued twice. A refusal after that ZADD takes the
-# entry back.
+# Idempotent by job id: sent again (a resend after a lost answer), it finds the job's record
+# (the HSETNX of its status that begins a new one tells, so a first submit pays no EXISTS) and
+# does nothing more, so a job is never queued twice. A refusal after that HSETNX takes the
+# record back.
 # The record keeps the message and its list until the job is final, for the reconciler
 # (workers/broker/scripts.py) to queue it again should it be lost; the job joins the pending
-# set; a queue list that was empty gets a wake-up token for its queue's idle workers.
-SUBMIT = PRELUDE + _TOUCH + """
+# set and its owner's jobs list; a queue list that was empty gets a wake-up token for its
+# queue's idle workers.
+SUBMIT = PRELUDE + OWNED + _TOUCH + """
 if ARGV[8] ~= '' then
   local memory = redis.call('info', 'memory')
   local cap = tonumber(string.match(memory, 'maxmemory:(%d+)'))
@@ -43,12 +47,12 @@ if ARGV[8] ~= '' then
     return {'full', used .. ' ' .. cap}
   end
 end
-if redis.call('zadd', KEYS[4], 'NX', now_us, ARGV[3]) == 0 then
+if redis.call('hsetnx', KEYS[1], 'status', 'queued') == 0 then
   touch(KEYS[1])
   return {'created', ARGV[3]}
 end
 local function refuse(kind, found)
-  redis.call('zrem', KEYS[4], ARGV[3])
+  redis.call('del', KEYS[1])
   return {kind, found}
 end
 if ARGV[6] ~= '' then
@@ -74,7 +78,7 @@ if ARGV[11] == '1' then
 end
 if ARGV[4] ~= '' then
   local depth = 0
-  for i = 8, #KEYS do depth = depth + redis.call('llen', KEYS[i]) end
+  for i = 9, #KEYS do depth = depth + redis.call('llen', KEYS[i]) end
   if depth >= tonumber(ARGV[4]) then return refuse('overloaded', '') end
 end
 local fields = {'message', ARGV[7], 'list', KEYS[3]}
@@ -91,7 +95,9 @@ end
 redis.call('hset', KEYS[1], unpack(fields))
 redis.call('expire', KEYS[1], TTL_S)
 if ARGV[6] ~= '' then redis.call('set', KEYS[2], ARGV[3] .. ' ' .. ARGV[6], 'EX', TTL_S) end
-if ARGV[10] == '1' then trim(KEYS[4], now_us - TTL_S * 1000000, 1000) end
+redis.call('lpush', KEYS[4], owned_entry(now_us, ARGV[3]))
+if ARGV[10] ~= '0' then trim_owned(KEYS[4], 1000) end
+if ARGV[10] == '2' then trim(KEYS[8], now_us - TTL_S * 1000000, 1000) end
 if ARGV[11] == '1' then redis.call('hset', KEYS[5], 'retried_as', ARGV[3]) end
 local was_empty = redis.call('lpush', KEYS[3], ARGV[7]) == 1
 redis.call('zadd', KEYS[6], now, ARGV[3])

@@ -229,6 +229,8 @@ def _unfinished(records: dict[str, dict]) -> list[str]:
 def _records(client: redis.Redis, ids: list[str]) -> list[dict]:
     with client.pipeline(transaction=False) as pipe:
         for job_id in ids:
-            pipe.hmget(f"{JOB_PREFIX}{job_id}", "status", "runs")
+            pipe.hmget(f"{JOB_PREFIX}{job_id}", "status", "runs", "r")
         rows = pipe.execute()
-    return [{"status": status or "missing", "runs": int(runs or 0)} for status, runs in rows]
+    # A succeeded record keeps its runs third in `r` (tasks/jobscripts.py's COMPACT).
+    return [{"status": status or "missing", "runs": int(runs or (packed or "0 0 0").split()[2])}
+            for status, runs, packed in rows]

@@ -10,6 +10,7 @@ import uuid
 import orjson
 import pytest
 import redis
+from redis.client import NEVER_DECODE
 
 from tasks import results
 from tasks.errors import ErrorCode, JobError
@@ -62,19 +63,78 @@ def test_an_owner_pages_through_its_own_jobs_newest_first(state):
     assert ids(state.page("other")) == [theirs]
 
 
-def test_jobs_submitted_at_the_same_moment_are_each_listed_once(state, client):
-    made = [submit(state) for _ in range(12)]
-    # One score for all: the cursor's job id tells where a page stopped among them.
-    moment = client.zscore("iq:owner:ops", made[0])
-    client.zadd("iq:owner:ops", {job_id: moment for job_id in made})
+def owned(us: int, job_id: str) -> bytes:
+    """An entry of an owner's jobs list (tasks/indexscripts.py): its time in 7 bytes, its id
+    in 16."""
+    return us.to_bytes(7, "big") + uuid.UUID(job_id).bytes
+
+
+def listed(client, owner: str = "ops") -> list[tuple[int, str]]:
+    """The owner's jobs list, newest first: (time, id) per entry."""
+    raw = client.execute_command("LRANGE", f"iq:jobs:{owner}", 0, -1, **{NEVER_DECODE: True})
+    return [(int.from_bytes(e[:7], "big"), str(uuid.UUID(bytes=e[7:]))) for e in raw]
+
+
+def earlier_release_indexed(client, job_id: str, owner: str = "ops") -> None:
+    """The job indexed as the release before indexed it (an API process of that release,
+    during an upgrade): in the sorted set `iq:owner:<owner>` by its time, not in the list."""
+    entry = owned(*next((us, j) for us, j in listed(client, owner) if j == job_id))
+    client.lrem(f"iq:jobs:{owner}", 1, entry)
+    client.zadd(f"iq:owner:{owner}", {job_id: int.from_bytes(entry[:7], "big")})
+
+
+def all_pages(state: JobState, limit: int) -> list[str]:
     seen, cursor = [], None
     while True:
-        page = state.page("ops", limit=5, cursor=cursor)
+        page = state.page("ops", limit=limit, cursor=cursor)
         seen += ids(page)
         if page.cursor is None:
-            break
+            return seen
         cursor = page.cursor
+
+
+def test_jobs_submitted_at_the_same_moment_are_each_listed_once(state, client):
+    made = [submit(state) for _ in range(12)]
+    for job_id in made[:6]:
+        earlier_release_indexed(client, job_id)
+    # One time for all, in both indexes: the cursor's job id tells where a page stopped.
+    moment = listed(client)[0][0]
+    client.delete("iq:jobs:ops")
+    client.lpush("iq:jobs:ops", *(owned(moment, job_id) for job_id in made[6:]))
+    client.zadd("iq:owner:ops", {job_id: moment for job_id in made[:6]})
+    seen = all_pages(state, 5)
     assert sorted(seen) == sorted(made) and len(seen) == 12
+
+
+def test_jobs_the_release_before_indexed_are_listed_among_the_others_by_time(state, client):
+    """During an upgrade API processes of both releases submit, each to its own index; a
+    listing merges them, newest first, page after page."""
+    made = [submit(state) for _ in range(9)]
+    for job_id in made[1::3]:
+        earlier_release_indexed(client, job_id)
+    assert all_pages(state, 2) == made[::-1] and ids(state.page("ops")) == made[::-1]
+    assert ids(state.page("ops", limit=4, cursor=state.page("ops", limit=4).cursor)) == \
+        made[::-1][4:8]
+
+
+def test_ids_that_are_not_a_uuids_lowercase_text_are_listed_as_they_are(state, client):
+    """The list keeps a UUID's canonical text as its 16 bytes, any other id as its text."""
+    made = [submit(state) for _ in range(2)]
+    for job_id in ("job-1", str(uuid.uuid4()).upper()):
+        record = new_job(job_id, model="m", trace_id="t", inputs=1, priority="normal",
+                         owner="ops")
+        state.submit(record, QueuedMessage("q", b"{}"), depth_lists=["q"], max_depth=None,
+                     ttl_s=600)
+        made.append(job_id)
+    assert all_pages(state, 3) == made[::-1]
+
+
+def test_entries_past_the_records_time_to_live_leave_the_owners_jobs_list(state, client):
+    old, new = submit(state), submit(state)
+    (us_new, _), (us_old, _) = listed(client)
+    # As if submitted more than the records' time to live (600 s here) ago.
+    client.lset("iq:jobs:ops", 1, owned(us_old - 601 * 10**6, old))
+    assert ids(state.page("ops")) == [new] and listed(client) == [(us_new, new)]
 
 
 def test_a_filtered_page_reads_at_most_its_budget_and_says_where_to_go_on(state):
@@ -221,11 +281,14 @@ def test_delete_takes_a_finished_job_and_all_it_left(state, client):
     assert state.delete(failed, "ops") == "missing"
 
 
-def test_an_index_entry_whose_record_is_gone_leaves_the_index(state, client):
-    kept, gone = submit(state), submit(state)
-    client.delete(f"iq:job:{gone}")  # its record expired
+def test_an_index_entry_whose_record_is_gone_is_not_listed(state, client):
+    kept, gone, earlier_gone = submit(state), submit(state), submit(state)
+    earlier_release_indexed(client, earlier_gone)
+    for job_id in (gone, earlier_gone):
+        client.delete(f"iq:job:{job_id}")  # its record expired
     assert ids(state.page("ops")) == [kept]
-    assert client.zscore("iq:owner:ops", gone) is None
+    # It leaves the sorted set; the list drops it with the entries of its time.
+    assert client.zcard("iq:owner:ops") == 0 and len(listed(client)) == 2
 
 
 def earlier_release_submit(state: JobState, client, request: bytes) -> str:
