@@ -29,7 +29,7 @@ from app.decoders import DecoderPool, DecodersBusy
 from app.errors import Conflict, RateLimited, TooManyJobs, Unavailable, ValidationFailed
 from app.metrics import ApiMetrics
 from app.schemas import IDEMPOTENCY_KEY_PATTERN, flatten, job_schema, validate_job
-from app.groups import Stores
+from app.groups import Stores, group_name
 from config import Settings
 from config.models import ModelSpec
 from tasks import egress, webhooks
@@ -148,7 +148,7 @@ class Submitter:
                                                    retry_of=retry_of)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._refused(spec.name, "store_unavailable")
-            raise self._unsure(job_id, key, exc) from None
+            raise self._unsure(job_id, key, exc, spec.redis) from None
         except NotReplicated as exc:
             self._refused(spec.name, "not_replicated")
             raise Unavailable(
@@ -175,7 +175,8 @@ class Submitter:
                          spec.name, len(job["inputs"]), job["priority"])
         return Accepted(submitted, spec, created)
 
-    def _unsure(self, job_id: str, key: str | None, exc: Exception) -> Unavailable:
+    def _unsure(self, job_id: str, key: str | None, exc: Exception,
+                group: str = "") -> Unavailable:
         """503 for a submit whose fate Redis did not tell in time: the script may have run
         (it was sent, and Redis may run it once it resumes), so the answer names the job
         and the way to find it again without making a second one; the resend is safe.
@@ -186,13 +187,15 @@ class Submitter:
         arrived as Redis froze gets its id as soon as it resumes instead of a second later
         (in the game day's 5 s freeze, the arrivals of its first 2 s got theirs after more
         than 5 s). Retry-After 1 for a refused or dropped connection, as for any unreachable
-        Redis (app/errors.py): a restarted Redis is back within seconds."""
+        Redis (app/errors.py): a restarted Redis is back within seconds. The answer names the
+        model's Redis group when it has one."""
         logger.warning("submit of job %s unanswered by Redis: %s", job_id, exc)
         again = "resend with the same Idempotency-Key: it returns this job, never a second" \
             if key else "send an Idempotency-Key with each submit, so that a resend returns " \
                         "the job instead of making a second one"
+        store = f"the job store ({group_name(group)})" if group else "the job store (Redis)"
         return Unavailable(
-            f"the job store (Redis) did not answer within {self.settings.redis_deadline_s:g}s; "
+            f"{store} did not answer within {self.settings.redis_deadline_s:g}s; "
             f"job {job_id} may have been recorded and may run: {again}, or read "
             f"/v1/jobs/{job_id} (404: it was not recorded)",
             retry_after=0 if isinstance(exc, redis.TimeoutError) else 1, job_id=job_id)
