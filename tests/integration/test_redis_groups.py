@@ -2,22 +2,25 @@
 the default (REDIS_URL) and group `b` (IQ_REDIS_GROUPS), one prefork `celery worker` per
 group started with its group's REDIS_URL and queues, one gunicorn API. Each job's record,
 result and queue are on its model's Redis and nowhere else; reads, waits, cancel, retry,
-listing, /metrics and /readyz work across both; with group b's Redis down its models answer
+listing, /metrics, /readyz and a models reload work across both; with group b's Redis down its models answer
 503 and the default group's jobs still succeed."""
 from __future__ import annotations
 
 import os
 import uuid
 
+import orjson
 import pytest
 import redis
 import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from config import load_settings
 from config.groups import group_tag
 from scripts.stack import Stack, start_redis, start_web, start_worker, wait_until
-from tasks.keys import job_key, result_key
+from scripts.reload import DONE, reload
+from tasks.keys import RELOAD_STATUS_KEY, job_key, result_key
 from tasks.names import queue_lists
 
 QUICK = {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0, "max_batch_size": 8}
@@ -131,6 +134,23 @@ def test_the_callers_jobs_are_listed_from_both_groups_newest_first(groups):
     ids = [job["id"] for job in listed["jobs"]]
     assert len(ids) == len(set(ids)) and set(made) <= set(ids)
     assert {job["model"] for job in listed["jobs"]} == set(MODELS)
+
+
+def test_a_reload_reaches_the_workers_of_every_group(groups):
+    changed = yaml.safe_load((groups.workdir / "models.yaml").read_text())
+    changed["models"]["quick-b"]["max_batch_size"] = 4
+    source = groups.workdir / "next.yaml"
+    source.write_text(yaml.safe_dump(changed))
+    said: list[str] = []
+    result = reload(source, timeout_s=150, say=said.append,
+                    settings=load_settings(environ=groups.env))
+    assert result.status == DONE, said
+    assert "Redis group b:" in said, said
+    on_b = {name: orjson.loads(raw) for name, raw in
+            clients(groups)["b"].hgetall(RELOAD_STATUS_KEY).items()}
+    assert [report["revision"] for name, report in on_b.items()
+            if name.startswith("worker:b@")] == [result.revision], on_b
+    assert submit(groups, "quick-b", wait=30).status_code == 201
 
 
 def test_a_group_whose_redis_is_down_answers_503_and_the_other_keeps_working(groups):
