@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 
 def group_name(group: str) -> str:
-    """How answers and logs name a group: `default` (REDIS_URL's) or `redis group <name>`."""
+    """How answers and logs name a group: `Redis group 'name'`, or REDIS_URL's Redis."""
     return f"Redis group {group!r}" if group else "the default Redis (REDIS_URL)"
 
 
@@ -162,7 +162,8 @@ class Stores:
         for group, store in self.stores.items():
             try:
                 store.ping()
-                live.update(store.live(by_group.get(group, [])))
+                if by_group.get(group):
+                    live.update(store.live(by_group[group]))
                 checks[f"redis:{group}" if group else "redis"] = {"ok": True}
             except redis.RedisError:
                 checks[f"redis:{group}" if group else "redis"] = {"ok": False,
