@@ -1,12 +1,13 @@
 """Redis groups behind one API (config/groups.py, app/groups.py): two private redis-servers,
 the default (REDIS_URL) and group `b` (IQ_REDIS_GROUPS), one prefork `celery worker` per
 group started with its group's REDIS_URL and queues, one gunicorn API. Each job's record,
-result and queue are on its model's Redis and nowhere else; reads, waits, cancel, retry,
-listing, /metrics, /readyz and a models reload work across both; with group b's Redis down its models answer
-503 and the default group's jobs still succeed."""
+result and queue are on its model's Redis and nowhere else; reads, waits, event streams,
+cancel, retry, listing, /metrics, /readyz and a models reload work across both; with group
+b's Redis down its models answer 503 and the default group's jobs still succeed."""
 from __future__ import annotations
 
 import os
+import time
 import uuid
 
 import orjson
@@ -16,12 +17,14 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.events import HEARTBEAT_S
 from config import load_settings
 from config.groups import group_tag
 from scripts.stack import Stack, start_redis, start_web, start_worker, wait_until
 from scripts.reload import DONE, reload
 from tasks.keys import RELOAD_STATUS_KEY, job_key, result_key
 from tasks.names import queue_lists
+from tests.support.sse import events_of
 
 QUICK = {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0, "max_batch_size": 8}
 MODELS = {
@@ -109,11 +112,24 @@ def test_each_job_and_its_queue_live_on_its_models_redis_only(groups):
     assert groups.job(queued["id"], wait=30)["status"] == "succeeded"
 
 
-def test_cancel_and_retry_reach_the_jobs_redis(groups):
+def test_cancel_retry_and_events_reach_the_jobs_redis(groups):
     redis_of = clients(groups)
     parked = groups.submit("parked-b", ["x"])["id"]
-    r = requests.post(f"{groups.api}/v1/jobs/{parked}/cancel", timeout=10)
-    assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
+    with requests.get(f"{groups.api}/v1/jobs/{parked}/events", stream=True,
+                      timeout=60) as stream:
+        lines = stream.iter_lines(decode_unicode=True)
+        seen: list[str] = []
+        for line in lines:  # up to the end of its first event
+            seen.append(line)
+            if line == "" and any(x.startswith("event:") for x in seen):
+                break
+        r = requests.post(f"{groups.api}/v1/jobs/{parked}/cancel", timeout=10)
+        assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
+        cancelled_at = time.monotonic()
+        seen += list(lines)  # the stream ends after the job's final event
+    # Woken by group b's listener, not by the stream's next heartbeat.
+    assert time.monotonic() - cancelled_at < HEARTBEAT_S
+    assert [name for name, _, _ in events_of(seen)] == ["queued", "cancelled"]
     assert redis_of["b"].hget(job_key(parked), "status") == "cancelled"
     r = requests.post(f"{groups.api}/v1/jobs/{parked}/retry", timeout=10)
     assert r.status_code == 202, r.text
