@@ -36,6 +36,8 @@ def group_name(group: str) -> str:
 
 
 class Stores:
+    """The job stores, by group ("" : REDIS_URL's), and the calls the views make on them."""
+
     def __init__(self, settings: Settings, models: dict[str, ModelSpec], revision: str) -> None:
         self.settings, self.models = settings, models
         groups = settings.redis_group_urls
@@ -67,6 +69,8 @@ class Stores:
     def submit(self, spec: ModelSpec, job: dict, trace_id: str,
                idempotency_key_: str | None = None, owner: str = "",
                job_id: str | None = None, retry_of: str = "") -> tuple[JobRecord, bool]:
+        """JobStore.submit on the Redis of the model's group. A retry is linked to its job
+        in one script, on one Redis: 409 when the model has changed group since."""
         store = self.for_model(spec)
         if retry_of and self.for_job(retry_of) is not store:
             raise Conflict(f"the job's model {spec.name} has moved to "
