@@ -8,7 +8,6 @@ from flask import Flask
 from config import load_settings
 from config.models import read_models
 from tasks import tracing
-from tasks.celery_app import make_celery
 from tasks.logs import configure as configure_logging
 
 
@@ -17,9 +16,9 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     models, revision = read_models(settings.models_file)
 
     from app import auth, docs, errors, events, job_actions, jobs, ops, trace_ids
+    from app.groups import Stores
     from app.json_provider import OrjsonProvider
     from app.metrics import ApiMetrics
-    from app.store import JobStore
     from app.submission import Submitter
 
     app = Flask(__name__)
@@ -38,10 +37,10 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
         FlaskInstrumentor().instrument_app(app)
         RedisInstrumentor().instrument()
 
-    celery = make_celery(settings, models, revision)
-    store = JobStore(settings, celery, models)
+    store = Stores(settings, models, revision)  # one job store per Redis group
+    celery = store.default.celery
     metrics = ApiMetrics(store.queue_depths, lambda: store.waiter.waiting, settings.max_waits,
-                         store.state.kept)
+                         store.kept)
     submitter = Submitter(settings, models, store, metrics)
     app.extensions.update({"celery": celery, "iq.models": models, "iq.revision": revision,
                            "iq.store": store,

@@ -28,7 +28,8 @@ from app.docs import LAST_EVENT_ID, REQUEST_ID, Blueprint, errors
 from app.errors import TooManyWaits
 from app.jobs import caller_job
 from app.responses import Job, dump, job_body, no_content
-from app.store import JobStore, Watch
+from app.groups import Stores
+from app.store import Watch
 from app.waiter import NoSlot
 from config import Settings
 from tasks.jobstate import JobRecord, Status
@@ -66,7 +67,7 @@ def register(bp: Blueprint, settings: Settings, keys: bool) -> None:
         seen = request.headers.get("Last-Event-ID", "")
         if job.terminal and seen == job.status.value:
             return no_content()
-        store: JobStore = current_app.extensions["iq.store"]
+        store: Stores = current_app.extensions["iq.store"]
         watching = ExitStack()
         if job.terminal:
             events: Iterator[str] = iter([_frame(job)])
@@ -77,7 +78,7 @@ def register(bp: Blueprint, settings: Settings, keys: bool) -> None:
             except NoSlot as exc:
                 raise TooManyWaits(f"{exc}; read the job without a stream or retry later",
                                    retry_after=1, status=job.status.value) from None
-            events = _stream(store, watch, watching, seen, time.monotonic() + hold_s)
+            events = _stream(watch, watching, seen, time.monotonic() + hold_s)
         response = Response(events, mimetype="text/event-stream",
                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         response.call_on_close(watching.close)  # the slot, even if the stream never started
@@ -97,11 +98,12 @@ def _frame(job: JobRecord) -> str:
     return f"id: {ident}\nevent: {name}\ndata: {data}\n\n"
 
 
-def _stream(store: JobStore, watch: Watch, watching: ExitStack, seen: str,
+def _stream(watch: Watch, watching: ExitStack, seen: str,
             deadline: float) -> Iterator[str]:
     """Each move of the job once, woken by the watch, until its final one or `deadline`."""
     try:
         yield f"retry: {RETRY_MS}\n\n"
+        store = watch.store  # the job's Redis group's
         job = store.get(watch.job_id)
         while job is not None:
             if _event(job)[1] != seen:

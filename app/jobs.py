@@ -20,7 +20,7 @@ from app.docs import (IDEMPOTENCY_KEY, LOCATION, PREFERENCE_APPLIED, REQUEST_ID,
 from app.errors import (MalformedRequest, NotFound, PayloadTooLarge, TooManyWaits,
                         UnsupportedMediaType, ValidationFailed)
 from app.responses import STATUSES, Job, JobList, answer, job_body, job_url
-from app.store import WaitRefused, new_job_id, parse_job_id
+from app.store import WaitRefused, Watch, parse_job_id
 from app.submission import Accepted, Caller
 from app.waiter import NoSlot
 from config import Settings
@@ -95,19 +95,23 @@ def accepted(job: JobRecord, finished: JobRecord | None = None,
 
 
 def _submit_and_wait(caller: Caller, wait: float) -> Response:
-    """`Prefer: wait`: the job submitted under a watch started before it exists, so the wait
-    needs no read until the job's finish is announced. With every wait slot taken the job is
-    still submitted, and answered 202 at once."""
+    """`Prefer: wait`: the job submitted under a watch started before it exists (once the
+    request is checked and the job has its id), so the wait needs no read until the job's
+    finish is announced. With every wait slot taken the job is still submitted, and answered
+    202 at once."""
     store, submitter = _ext("iq.store"), _ext("iq.submitter")
     deadline = time.monotonic() + wait
-    job_id = new_job_id()
     finished: JobRecord | None = None
+    watch: Watch | None = None
     with ExitStack() as watching:
-        try:
-            watch = watching.enter_context(store.watch(job_id, caller.owner))
-        except NoSlot:
-            watch = None
-        done: Accepted = submitter.submit(caller, _request_body, job_id=job_id)
+        def watch_first(job_id: str) -> None:  # its id says its Redis: known once validated
+            nonlocal watch
+            try:
+                watch = watching.enter_context(store.watch(job_id, caller.owner))
+            except NoSlot:
+                pass
+
+        done: Accepted = submitter.submit(caller, _request_body, before_queue=watch_first)
         if watch is not None and done.created:
             finished = watch.until_terminal(done.job, deadline)
     if watch is not None and not done.created:  # an earlier job of its Idempotency-Key

@@ -1,7 +1,6 @@
 """Operational endpoints: liveness, readiness (with dependency checks), models, metrics."""
 from __future__ import annotations
 
-import redis
 from flask import current_app
 
 from app.docs import REQUEST_ID, RETRY_AFTER, Blueprint, errors
@@ -29,8 +28,9 @@ def blueprint(keys: bool) -> Blueprint:
     @bp.alt_response(503, schema=Readiness, description="not ready: `checks` says what fails",
                      headers={"Retry-After": RETRY_AFTER})
     def readyz():
-        """Ready when Redis answers and every model has at least one live instance: a pool
-        child with the model loaded, in a worker that consumes the model's queue."""
+        """Ready when Redis answers (each Redis group's too: `redis:<group>`) and every model
+        has at least one live instance: a pool child with the model loaded, in a worker that
+        consumes the model's queue."""
         ready, body = _readiness()
         return answer(Readiness, body) if ready else \
             answer(Readiness, body, 503, {"Retry-After": "5"})
@@ -57,15 +57,7 @@ def blueprint(keys: bool) -> Blueprint:
 
 
 def _readiness() -> tuple[bool, dict]:
-    store = _ext("iq.store")
-    checks: dict[str, dict] = {}
-    try:
-        store.ping()
-        checks["redis"] = {"ok": True}
-        live = store.live(_ext("iq.models"))
-    except redis.RedisError:
-        checks["redis"] = {"ok": False, "error": "unreachable"}
-        live = {}
+    checks, live = _ext("iq.store").readiness(_ext("iq.models"))
     for name in _ext("iq.models"):
         count = live.get(name, {}).get("instances", 0)
         checks[f"model:{name}"] = {"ok": count > 0, "instances": count}

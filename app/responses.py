@@ -115,7 +115,8 @@ class Check(Schema):
 class Readiness(Schema):
     status = fields.String(required=True, validate=validate.OneOf(["ready", "not_ready"]))
     checks = fields.Dict(keys=fields.String(), values=fields.Nested(Check), required=True,
-                         metadata={"description": "`redis`, and `model:<name>` per model"})
+                         metadata={"description": "`redis`, `redis:<group>` per Redis group, "
+                                                "and `model:<name>` per model"})
 
 
 class ModelInput(Schema):

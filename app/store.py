@@ -18,8 +18,9 @@ import orjson
 from celery import Celery
 
 from app.gauge import Gauge
-from app.waiter import NoSlot, ResultWaiter
+from app.waiter import NoSlot, ResultWaiter, Slots
 from config import Settings
+from config.groups import new_job_id as group_job_id
 from config.models import ModelSpec
 from tasks import tracing
 from tasks.jobstate import CancelOutcome, JobRecord, JobState, Page, Status, new_job
@@ -50,8 +51,10 @@ DEAD_STATUSES = frozenset({Status.FAILED.value, Status.CANCELLED.value, Status.E
 REDIS_CONNECTIONS = 64
 
 
-def new_job_id() -> str:
-    return str(uuid.uuid4())
+def new_job_id(group: str = "") -> str:
+    """A new job id: a random UUID; of a named Redis group, one carrying its tag
+    (config/groups.py)."""
+    return group_job_id(group)
 
 
 def parse_job_id(raw: str) -> str | None:
@@ -85,8 +88,11 @@ class Watch:
 
 
 class JobStore:
-    def __init__(self, settings: Settings, celery: Celery, models: dict[str, ModelSpec]) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings, celery: Celery, models: dict[str, ModelSpec],
+                 slots: Slots | None = None, group: str = "") -> None:
+        """`models`: those whose queues and jobs are on this Redis (`group`'s: "" is
+        REDIS_URL's); `slots`: wait slots shared with the stores of other groups."""
+        self.settings, self.group = settings, group
         self.celery = celery
         self.models = models
         # Every call on a request's path is bounded (redis_deadline_s): a frozen or
@@ -97,7 +103,8 @@ class JobStore:
         wanted = settings.wait_replicas
         self.replicas = (wanted, settings.redis_wait_timeout_s) if wanted else None
         self.presence = Presence(self.redis)
-        self.waiter = ResultWaiter(self.redis, settings.max_waits, settings.max_waits_per_key)
+        self.waiter = ResultWaiter(self.redis, settings.max_waits, settings.max_waits_per_key,
+                                   slots)
         self.gauge = Gauge(self.redis, settings.redis_memory_headroom)
 
     def queue_depths(self) -> dict[str, int]:
@@ -126,7 +133,7 @@ class JobStore:
         IdempotencyMismatch, StoreFull, RetryRefused or NotReplicated (fewer replicas than
         `redis_wait_replicas` confirmed the job in time)."""
         hook = job.get("webhook")
-        record = new_job(job_id or new_job_id(), model=spec.name, trace_id=trace_id,
+        record = new_job(job_id or new_job_id(self.group), model=spec.name, trace_id=trace_id,
                          inputs=len(job["inputs"]), priority=job["priority"], owner=owner,
                          encoding_format=job.get("encoding_format", "float"),
                          webhook_url=hook["url"] if hook else "",

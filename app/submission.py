@@ -29,7 +29,7 @@ from app.decoders import DecoderPool, DecodersBusy
 from app.errors import Conflict, RateLimited, TooManyJobs, Unavailable, ValidationFailed
 from app.metrics import ApiMetrics
 from app.schemas import IDEMPOTENCY_KEY_PATTERN, flatten, job_schema, validate_job
-from app.store import JobStore, new_job_id
+from app.groups import Stores, group_name
 from config import Settings
 from config.models import ModelSpec
 from tasks import egress, webhooks
@@ -62,7 +62,7 @@ class Accepted:
 
 
 class Submitter:
-    def __init__(self, settings: Settings, models: Mapping[str, ModelSpec], store: JobStore,
+    def __init__(self, settings: Settings, models: Mapping[str, ModelSpec], store: Stores,
                  metrics: ApiMetrics) -> None:
         self.settings, self.models, self.store, self.metrics = settings, models, store, metrics
         self.schemas = {name: job_schema(spec) for name, spec in models.items()}
@@ -74,10 +74,11 @@ class Submitter:
         self.metrics.rejected.labels(model if model in self.models else "unknown", reason).inc()
 
     def submit(self, caller: Caller, read_body: Callable[[], object],
-               job_id: str | None = None) -> Accepted:
-        """Check and queue one job, under `job_id` if given; `read_body` gives the request's
-        body as a job dict (or whatever JSON was sent) and is called only once the key's
-        rate allows."""
+               before_queue: Callable[[str], None] | None = None) -> Accepted:
+        """Check and queue one job; `read_body` gives the request's body as a job dict (or
+        whatever JSON was sent) and is called only once the key's rate allows.
+        `before_queue` is called with the new job's id (which says its model's Redis group)
+        once every check has passed, just before the job is recorded and queued."""
         self._take_token(caller)
         spec, job = self._validated(read_body())
         self._check_caller(caller, spec)
@@ -85,7 +86,7 @@ class Submitter:
             self._check_webhook(job["webhook"])
         if spec.input_type == "image":  # decoded, checked and resized before it is queued
             job["inputs"] = self._canonical_images(spec, job["inputs"], caller)
-        return self._queue(caller, spec, job, job_id=job_id)
+        return self._queue(caller, spec, job, before_queue=before_queue)
 
     def retry(self, caller: Caller, job: JobRecord, request: str | bytes) -> Accepted:
         """A new job with the kept `request` of `job` (one that did not succeed), linked to
@@ -133,18 +134,21 @@ class Submitter:
             raise Unavailable("every image decoder of this API process is busy; retry "
                               "later", retry_after=1) from None
 
-    def _queue(self, caller: Caller, spec: ModelSpec, job: dict, job_id: str | None = None,
+    def _queue(self, caller: Caller, spec: ModelSpec, job: dict,
+               before_queue: Callable[[str], None] | None = None,
                retry_of: str = "") -> Accepted:
         """The atomic submit; each refusal as its APIError (a retry's own, RetryRefused, is
         the caller's to answer)."""
-        job_id, key = job_id or new_job_id(), caller.idempotency_key
+        job_id, key = self.store.new_job_id(spec), caller.idempotency_key
+        if before_queue is not None:
+            before_queue(job_id)
         try:
             submitted, created = self.store.submit(spec, job, caller.trace_id, key,
                                                    owner=caller.owner, job_id=job_id,
                                                    retry_of=retry_of)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._refused(spec.name, "store_unavailable")
-            raise self._unsure(job_id, key, exc) from None
+            raise self._unsure(job_id, key, exc, spec.redis) from None
         except NotReplicated as exc:
             self._refused(spec.name, "not_replicated")
             raise Unavailable(
@@ -171,7 +175,8 @@ class Submitter:
                          spec.name, len(job["inputs"]), job["priority"])
         return Accepted(submitted, spec, created)
 
-    def _unsure(self, job_id: str, key: str | None, exc: Exception) -> Unavailable:
+    def _unsure(self, job_id: str, key: str | None, exc: Exception,
+                group: str = "") -> Unavailable:
         """503 for a submit whose fate Redis did not tell in time: the script may have run
         (it was sent, and Redis may run it once it resumes), so the answer names the job
         and the way to find it again without making a second one; the resend is safe.
@@ -182,13 +187,15 @@ class Submitter:
         arrived as Redis froze gets its id as soon as it resumes instead of a second later
         (in the game day's 5 s freeze, the arrivals of its first 2 s got theirs after more
         than 5 s). Retry-After 1 for a refused or dropped connection, as for any unreachable
-        Redis (app/errors.py): a restarted Redis is back within seconds."""
+        Redis (app/errors.py): a restarted Redis is back within seconds. The answer names the
+        model's Redis group when it has one."""
         logger.warning("submit of job %s unanswered by Redis: %s", job_id, exc)
         again = "resend with the same Idempotency-Key: it returns this job, never a second" \
             if key else "send an Idempotency-Key with each submit, so that a resend returns " \
                         "the job instead of making a second one"
+        store = f"the job store ({group_name(group)})" if group else "the job store (Redis)"
         return Unavailable(
-            f"the job store (Redis) did not answer within {self.settings.redis_deadline_s:g}s; "
+            f"{store} did not answer within {self.settings.redis_deadline_s:g}s; "
             f"job {job_id} may have been recorded and may run: {again}, or read "
             f"/v1/jobs/{job_id} (404: it was not recorded)",
             retry_after=0 if isinstance(exc, redis.TimeoutError) else 1, job_id=job_id)

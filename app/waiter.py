@@ -36,14 +36,45 @@ class NoSlot(Exception):
     """Every wait slot (of the process, or of this key) is taken; the message says which."""
 
 
+class Slots:
+    """The wait slots of one API process: at most `max_waits` in all, `max_per_key` per API
+    key. The listeners of every Redis group (app/groups.py) share one."""
+
+    def __init__(self, max_waits: int, max_per_key: int) -> None:
+        self.max_waits, self.max_per_key = max_waits, max_per_key
+        self._per_key: Counter[str] = Counter()
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def take(self, owner: str | None) -> None:
+        with self._lock:
+            if self.count >= self.max_waits:
+                raise NoSlot(f"this API process already holds {self.max_waits} waiting "
+                             "requests")
+            if owner and self._per_key[owner] >= self.max_per_key:
+                raise NoSlot(f"this API key already holds {self.max_per_key} waiting "
+                             "requests on this API process")
+            self.count += 1
+            if owner:
+                self._per_key[owner] += 1
+
+    def give_back(self, owner: str | None) -> None:
+        with self._lock:
+            self.count -= 1
+            if owner:
+                self._per_key[owner] -= 1
+                if not self._per_key[owner]:
+                    del self._per_key[owner]
+
+
 class ResultWaiter:
-    def __init__(self, client: redis.Redis, max_waits: int, max_per_key: int) -> None:
+    def __init__(self, client: redis.Redis, max_waits: int, max_per_key: int,
+                 slots: Slots | None = None) -> None:
         self.client = client
         self.max_waits, self.max_per_key = max_waits, max_per_key
+        self.slots = slots or Slots(max_waits, max_per_key)
         self._waiters: dict[str, set[threading.Event]] = {}
         self._movers: dict[str, set[threading.Event]] = {}  # those woken by every move
-        self._per_key: Counter[str] = Counter()
-        self._count = 0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
@@ -51,7 +82,7 @@ class ResultWaiter:
 
     @property
     def waiting(self) -> int:
-        return self._count
+        return self.slots.count
 
     def close(self) -> None:
         """Stop listening (an app that outlives its Redis, as in tests, stops retrying)."""
@@ -124,23 +155,6 @@ class ResultWaiter:
                 except redis.RedisError:
                     pass
 
-    def _take(self, owner: str | None) -> None:
-        if self._count >= self.max_waits:
-            raise NoSlot(f"this API process already holds {self.max_waits} waiting requests")
-        if owner and self._per_key[owner] >= self.max_per_key:
-            raise NoSlot(f"this API key already holds {self.max_per_key} waiting requests "
-                         "on this API process")
-        self._count += 1
-        if owner:
-            self._per_key[owner] += 1
-
-    def _give_back(self, owner: str | None) -> None:
-        self._count -= 1
-        if owner:
-            self._per_key[owner] -= 1
-            if not self._per_key[owner]:
-                del self._per_key[owner]
-
     @contextmanager
     def watch(self, job_id: str, owner: str | None = None,
               moves: bool = False) -> Iterator[threading.Event]:
@@ -151,15 +165,15 @@ class ResultWaiter:
         self._start()
         event = threading.Event()
         groups = (self._waiters, self._movers) if moves else (self._waiters,)
+        self.slots.take(owner)
         with self._lock:
-            self._take(owner)
             for group in groups:
                 group.setdefault(job_id, set()).add(event)
         try:
             yield event
         finally:
+            self.slots.give_back(owner)
             with self._lock:
-                self._give_back(owner)
                 for group in groups:
                     found = group.get(job_id)
                     if found is not None:

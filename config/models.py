@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from config.groups import GROUP_NAME
 from config.preprocess import IMAGE_FORMATS, IMAGE_SOURCES, ImagePreprocess, parse_preprocess
 from config.settings import CONFIG_DIR, PROJECT_DIR, ConfigError
 
@@ -79,6 +80,9 @@ class ModelSpec:
     # weights and settings, computed where the weights are (workers/versions.py).
     version: str = ""
     options: tuple[str, ...] = field(default=())
+    # The Redis group (settings' redis_groups) holding its queue, records and results; "":
+    # REDIS_URL's (config/groups.py).
+    redis: str = ""
 
     @property
     def input_type(self) -> str:
@@ -128,7 +132,7 @@ class ModelSpec:
 
 # Fields that say where a model is or what a test counts, not what it computes: left out of the
 # settings a version hashes (its weights' contents stand for its `path` or `package`).
-_NOT_DEFINING = ("name", "path", "package", "runs_log", "version")
+_NOT_DEFINING = ("name", "path", "package", "runs_log", "version", "redis")
 
 
 def settings_digest(spec: ModelSpec) -> str:
@@ -265,8 +269,19 @@ def parse_model(name: str, raw: dict[str, Any], base: Path) -> ModelSpec:
                 or not str(version).strip():
             raise ConfigError(f"{where}: version must be a non-empty string, got {version!r}")
         values["version"] = str(version).strip()
+    if "redis" in raw:
+        values["redis"] = _group(where, raw["redis"])
     values.update(_kind_values(where, kind, raw, base))
     return ModelSpec(**values)
+
+
+def _group(where: str, value: Any) -> str:
+    """A model's `redis`: a group's name (whether it is configured is checked against the
+    settings: config.groups.check_model_groups)."""
+    if not isinstance(value, str) or not GROUP_NAME.match(value):
+        raise ConfigError(f"{where}: redis must name a group of redis_groups (a lower-case "
+                          f"letter, then lower-case letters, digits or _), got {value!r}")
+    return value
 
 
 def revision_of(content: bytes) -> str:

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from config.checks import ConfigError, check
+from config.groups import groups_text, parse_groups, shown_groups
 
 CONFIG_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = CONFIG_DIR.parent
@@ -26,6 +27,10 @@ class Settings:
     # Redis is the broker, the result backend and the job store: one server, because a submit
     # records the job and queues its message in one atomic script (tasks/jobstate.py).
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # More Redis servers, by name (name=url,name=url; a mapping in the YAML file), for when
+    # one Redis is the limit: a model whose entry says `redis: <name>` has its queue, records
+    # and results on that one (config/groups.py). None by default: every model on redis_url.
+    redis_groups: str = ""
     models_file: str = str(CONFIG_DIR / "models.yaml")
 
     # Access layer.
@@ -171,6 +176,11 @@ class Settings:
                 for entry in self.redis_sentinels.split(",") if entry.strip()]
 
     @property
+    def redis_group_urls(self) -> dict[str, str]:
+        """redis_groups as {name: url} (checked when the settings are loaded)."""
+        return parse_groups(self.redis_groups)
+
+    @property
     def wait_replicas(self) -> int:
         """How many replicas a submit waits for (redis_wait_replicas, -1 resolved)."""
         if self.redis_wait_replicas >= 0:
@@ -199,6 +209,8 @@ class Settings:
 def _shown(name: str, value: Any) -> Any:
     if name in SECRET_SETTINGS:
         return "**" if value else ""
+    if name == "redis_groups":
+        return shown_groups(value)
     if name == "redis_url":
         parts = urlsplit(value)
         if parts.password:
@@ -279,7 +291,8 @@ def _from_file(config_file: str, types: Mapping[str, type]) -> dict[str, Any]:
     for key, raw in data.items():
         if key not in types:
             raise ConfigError(f"{config_file}: unknown setting {key!r}")
-        values[key] = _coerce(key, raw, types[key])
+        values[key] = _coerce(key, groups_text(raw) if key == "redis_groups" else raw,
+                              types[key])
     return values
 
 
@@ -295,7 +308,8 @@ def _from_overrides(overrides: Mapping[str, Any], types: Mapping[str, type]) -> 
     for key, raw in overrides.items():
         if key not in types:
             raise ConfigError(f"unknown setting {key!r}")
-        values[key] = _coerce(key, raw, types[key])
+        values[key] = _coerce(key, groups_text(raw) if key == "redis_groups" else raw,
+                              types[key])
     return values
 
 
@@ -318,4 +332,5 @@ def load_settings(
     values.update(_from_overrides(overrides or {}, types))
     settings = dataclasses.replace(Settings(), **values)
     check(settings)
+    parse_groups(settings.redis_groups)
     return settings

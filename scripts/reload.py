@@ -19,6 +19,8 @@ process, without a restart.
    earlier reload) end `failed` with `model_removed`, however many workers consumed its queue
    (scripts/reload_removed.py); it says how many. (Exit 2 when Redis refused that: the next
    reload fails them.)
+5. With Redis groups (IQ_REDIS_GROUPS), 2 to 4 again on each group's Redis in turn, where its
+   workers watch and report: the reload is done when every group's is.
 
 `reload()` does the same from Python, for scripts that reload and wait.
 """
@@ -32,14 +34,15 @@ import shutil
 import sys
 import time
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import orjson
 import redis
 
 from config import ConfigError, Settings, load_settings
+from config.groups import check_model_groups
 from config.models import TENSOR_KINDS, parse_models, revision_of
 from scripts.preflight import model_file_problems
 from scripts.reload_removed import fail_removed_jobs
@@ -94,9 +97,11 @@ def _unloadable(spec) -> str | None:
     return None
 
 
-def _missing_files(target: Path, content: bytes) -> list[str]:
+def _missing_files(target: Path, content: bytes, groups: Mapping[str, str]) -> list[str]:
     problems = []
-    for spec in parse_models(target, content).values():
+    models = parse_models(target, content)
+    check_model_groups(models, groups)  # a Redis group the settings lack: ConfigError
+    for spec in models.values():
         why = _unloadable(spec) if spec.path else None
         if why:
             problems.append(f"models.{spec.name}: {why}")
@@ -105,12 +110,13 @@ def _missing_files(target: Path, content: bytes) -> list[str]:
     return problems
 
 
-def install(target: Path, source: Path | None) -> str:
+def install(target: Path, source: Path | None, groups: Mapping[str, str] | None = None) -> str:
     """Check `source` (default: `target` itself) as the models file at `target` and put it
-    there; its revision. Raises Invalid, changing nothing."""
+    there; its revision. `groups`: the Redis groups its models may name. Raises Invalid,
+    changing nothing."""
     try:
         content = (source or target).read_bytes()
-        problems = _missing_files(target, content)
+        problems = _missing_files(target, content, groups or {})
     except (OSError, ConfigError) as exc:
         raise Invalid(str(exc)) from None
     if source is None or source.resolve() == target.resolve():
@@ -195,8 +201,18 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
     except Invalid as exc:
         say(f"reload refused, nothing changed: {exc}")
         return Result(INVALID, lines=[str(exc)])
+    deadline = time.monotonic() + timeout_s
     try:
-        return _reload(target, source, lock, timeout_s, say, redis_url, settings)
+        result = _reload(target, source, lock, timeout_s, say, redis_url, settings)
+        # Each Redis group's workers watch their own Redis: announced there too, in turn,
+        # the file installed above reloaded as it is.
+        for name, url in settings.redis_group_urls.items():
+            if result.status != DONE:
+                break
+            say(f"Redis group {name}:")
+            result = _reload(target, None, lock, max(deadline - time.monotonic(), 1), say,
+                             None, replace(settings, redis_url=url, redis_sentinels=""))
+        return result
     finally:
         os.close(lock)
 
@@ -223,7 +239,8 @@ def _only_reload(target: Path) -> int:
 def _reload(target: Path, source: str | Path | None, lock: int, timeout_s: float,
             say: Callable[[str], None], redis_url: str | None, settings: Settings) -> Result:
     try:
-        revision = install(target, Path(source) if source else None)
+        revision = install(target, Path(source) if source else None,
+                           settings.redis_group_urls)
     except Invalid as exc:
         say(f"reload refused, nothing changed: {exc}")
         return Result(INVALID, lines=[str(exc)])

@@ -10,6 +10,7 @@ from celery import Celery
 from kombu import Connection, Queue
 
 from config import Settings, load_settings
+from config.groups import check_model_groups
 from config.models import ModelSpec, read_models
 from tasks import results
 from tasks.names import PRIORITIES, PRIORITY_SEP, PRIORITY_STEPS, task_routes
@@ -26,6 +27,8 @@ def make_celery(settings: Settings | None = None,
     settings = settings or load_settings()
     if models is None:
         models, revision = read_models(settings.models_file)
+    # A model naming a Redis group the settings do not configure stops the process here.
+    check_model_groups(models, settings.redis_group_urls)
     results.register_serializer()
     app = Celery("inference_queue", set_as_current=False)
     app.conf.update(

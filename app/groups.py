@@ -1,0 +1,228 @@
+"""The job stores of every Redis group behind one API (config/groups.py), with the interface
+the views use of one JobStore (app/store.py).
+
+Each group has a store of its own: its Redis connections, a Celery app for its messages and
+revokes, its result listener (the waits on its jobs), its gauge (queue depth and memory checks
+on its Redis). A call on one job goes to the store its id names; a submit to the store of its
+model's group; listing merges the groups' pages; the queue depths, kept requests, live
+instances and readiness are read from each. A group whose Redis is down answers 503 for its
+models and its jobs; the others are not held by it. With no groups configured there is one
+store, REDIS_URL's, and every call is that store's own."""
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Iterable, Iterator
+
+import redis
+
+from app.errors import Conflict, Unavailable
+from app.store import DEAD_STATUSES, JobStore, Watch, new_job_id
+from app.waiter import Slots
+from config import Settings
+from config.groups import group_of, group_tag
+from config.models import ModelSpec
+from tasks.celery_app import make_celery
+from tasks.jobstate import CancelOutcome, JobRecord, Page
+from tasks.keys import dead_index, owner_index
+
+logger = logging.getLogger(__name__)
+
+
+def group_name(group: str) -> str:
+    """How answers and logs name a group: `Redis group 'name'`, or REDIS_URL's Redis."""
+    return f"Redis group {group!r}" if group else "the default Redis (REDIS_URL)"
+
+
+class Stores:
+    """The job stores, by group ("" : REDIS_URL's), and the calls the views make on them."""
+
+    def __init__(self, settings: Settings, models: dict[str, ModelSpec], revision: str) -> None:
+        self.settings, self.models = settings, models
+        groups = settings.redis_group_urls
+        self.tags = {group_tag(name): name for name in groups}
+        slots = Slots(settings.max_waits, settings.max_waits_per_key)
+        self.stores: dict[str, JobStore] = {"": JobStore(
+            settings, make_celery(settings, models, revision), _of(models, ""), slots)}
+        for name, url in groups.items():
+            # A group's Redis is a plain URL: Sentinel (redis_sentinels) is REDIS_URL's only.
+            own = replace(settings, redis_url=url, redis_sentinels="")
+            self.stores[name] = JobStore(own, make_celery(own, models, revision),
+                                         _of(models, name), slots, group=name)
+        self.default = self.stores[""]
+        # What the rate limits, the models reload and the tests use: REDIS_URL's.
+        self.redis, self.waiter, self.state = (self.default.redis, self.default.waiter,
+                                               self.default.state)
+
+    def for_model(self, spec: ModelSpec) -> JobStore:
+        return self.stores[spec.redis]
+
+    def for_job(self, job_id: str) -> JobStore | None:
+        """The store a canonical job id names; None for an id of no configured group."""
+        group = group_of(job_id, self.tags)
+        return None if group is None else self.stores[group]
+
+    def new_job_id(self, spec: ModelSpec) -> str:
+        return new_job_id(spec.redis)
+
+    def submit(self, spec: ModelSpec, job: dict, trace_id: str,
+               idempotency_key_: str | None = None, owner: str = "",
+               job_id: str | None = None, retry_of: str = "") -> tuple[JobRecord, bool]:
+        """JobStore.submit on the Redis of the model's group. A retry is linked to its job
+        in one script, on one Redis: 409 when the model has changed group since."""
+        store = self.for_model(spec)
+        if retry_of and self.for_job(retry_of) is not store:
+            raise Conflict(f"the job's model {spec.name} has moved to "
+                           f"{group_name(spec.redis)} since the job ran: submit it anew")
+        return store.submit(spec, job, trace_id, idempotency_key_, owner=owner,
+                            job_id=job_id, retry_of=retry_of)
+
+    def get(self, job_id: str, owner: str | None = None) -> JobRecord | None:
+        store = self.for_job(job_id)
+        return None if store is None else store.get(job_id, owner)
+
+    def wait(self, job_id: str, timeout_s: float, owner: str) -> JobRecord | None:
+        store = self.for_job(job_id)
+        return None if store is None else store.wait(job_id, timeout_s, owner)
+
+    @contextmanager
+    def watch(self, job_id: str, owner: str, moves: bool = False) -> Iterator[Watch]:
+        """The watch of the job's store (`Watch.store`): its listener wakes it."""
+        with (self.for_job(job_id) or self.default).watch(job_id, owner, moves) as watch:
+            yield watch
+
+    def owned_by(self, job_id: str, owner: str) -> bool:
+        store = self.for_job(job_id)
+        return store is not None and store.owned_by(job_id, owner)
+
+    def cancel(self, job_id: str) -> CancelOutcome:
+        store = self.for_job(job_id)
+        return CancelOutcome.MISSING if store is None else store.cancel(job_id)
+
+    def delete(self, job_id: str, owner: str) -> str:
+        store = self.for_job(job_id)
+        return "missing" if store is None else store.delete(job_id, owner)
+
+    def kept_request(self, job_id: str) -> str | bytes | None:
+        store = self.for_job(job_id)
+        return None if store is None else store.kept_request(job_id)
+
+    def page(self, owner: str, *, status: str = "", model: str = "",
+             cursor: tuple[str, str] | None = None, limit: int = 20) -> Page:
+        """A page of the owner's jobs, newest first, from every group (JobStore.page); with
+        `model`, from that model's group alone. A group that cannot be read makes it a 503
+        naming the group, not a page that silently lacks its jobs."""
+        if len(self.stores) == 1 or model:
+            store = self.for_model(self.models[model]) if model else self.default
+            return store.page(owner, status=status, model=model, cursor=cursor, limit=limit)
+        index = dead_index(owner) if status in DEAD_STATUSES else owner_index(owner)
+        pages = []
+        for group, store in self.stores.items():
+            try:
+                page = store.page(owner, status=status, cursor=cursor, limit=limit)
+                pages.append((page, _scores(store, index, page.jobs)))
+            except redis.RedisError as exc:
+                raise _down(group, exc, "GET /v1/jobs?model=<a model of another group> "
+                                        "lists the others' jobs") from None
+        return merge_pages(pages, limit)
+
+    def queue_depths(self) -> dict[str, int]:
+        """Each model's queue depth, from its group's Redis; a group that cannot be read
+        leaves its models out (the scrape's other models are still right)."""
+        depths: dict[str, int] = {}
+        for group, store in self.stores.items():
+            if not store.models:
+                continue
+            try:
+                depths.update(store.queue_depths())
+            except redis.RedisError as exc:
+                logger.warning("queue depths of %s unread: %s", group_name(group), exc)
+        return depths
+
+    def kept(self) -> tuple[int, int]:
+        """Requests kept for retries, and their bytes, over every group (raises while one
+        cannot be read: the gauge is left out of that scrape rather than understated)."""
+        counts = [store.state.kept() for store in self.stores.values()]
+        return sum(c[0] for c in counts), sum(c[1] for c in counts)
+
+    def live(self, models: Iterable[str]) -> dict[str, dict]:
+        """JobStore.live, each model's read from its group's Redis; 503 naming a group that
+        cannot be read."""
+        live: dict[str, dict] = {}
+        for group, names in self._by_group(models).items():
+            try:
+                live.update(self.stores[group].live(names))
+            except redis.RedisError as exc:
+                raise _down(group, exc, "its models' instances are unknown") from None
+        return live
+
+    def readiness(self, models: Iterable[str]) -> tuple[dict[str, dict], dict[str, dict]]:
+        """/readyz's Redis checks (`redis`, and `redis:<group>` per group) and the live
+        instances of the models whose Redis answers."""
+        checks: dict[str, dict] = {}
+        live: dict[str, dict] = {}
+        by_group = self._by_group(models)
+        for group, store in self.stores.items():
+            try:
+                store.ping()
+                if by_group.get(group):
+                    live.update(store.live(by_group[group]))
+                checks[f"redis:{group}" if group else "redis"] = {"ok": True}
+            except redis.RedisError:
+                checks[f"redis:{group}" if group else "redis"] = {"ok": False,
+                                                                  "error": "unreachable"}
+        return checks, live
+
+    def _by_group(self, models: Iterable[str]) -> dict[str, list[str]]:
+        by_group: dict[str, list[str]] = {}
+        for name in models:
+            by_group.setdefault(self.models[name].redis, []).append(name)
+        return by_group
+
+    def ping(self) -> bool:
+        return all(store.ping() for store in self.stores.values())
+
+    def close(self) -> None:
+        """Stop every result listener (an app that outlives its Redis servers, in tests)."""
+        for store in self.stores.values():
+            store.waiter.close()
+
+
+def _of(models: dict[str, ModelSpec], group: str) -> dict[str, ModelSpec]:
+    return {name: spec for name, spec in models.items() if spec.redis == group}
+
+
+def _down(group: str, exc: Exception, more: str) -> Unavailable:
+    logger.warning("%s unavailable: %s", group_name(group), exc)
+    return Unavailable(f"{group_name(group)} is unreachable; retry later ({more})",
+                       retry_after=1)
+
+
+def _scores(store: JobStore, index: str, jobs: list[JobRecord]) -> list[float | None]:
+    """Each job's score in the index a page was read from (what orders it), in one trip."""
+    with store.redis.pipeline(transaction=False) as pipe:
+        for job in jobs:
+            pipe.zscore(index, job.id)
+        return pipe.execute()
+
+
+def merge_pages(pages: list[tuple[Page, list[float | None]]], limit: int) -> Page:
+    """One page of the groups' pages, each read from the same cursor: their jobs newest first
+    (by index score, then id, as each index orders them), only down to the furthest point
+    every group has been read to (the newest of their cursors), so that the next page, read
+    from the cursor given here, misses none and repeats none."""
+    entries: list[tuple[tuple[int, str], JobRecord]] = []
+    frontier: tuple[int, str] | None = None
+    for page, scores in pages:
+        entries += [((int(score), job.id), job) for job, score in zip(page.jobs, scores)
+                    if score is not None]  # None: its entry left the index meanwhile
+        if page.cursor:
+            reached = (int(page.cursor[0]), page.cursor[1])
+            frontier = reached if frontier is None else max(frontier, reached)
+    entries.sort(key=lambda entry: entry[0], reverse=True)
+    if frontier is not None:
+        entries = [entry for entry in entries if entry[0] >= frontier]
+    following = entries[limit - 1][0] if len(entries) > limit else frontier
+    return Page([job for _, job in entries[:limit]],
+                (str(following[0]), following[1]) if following else None)

@@ -1,0 +1,110 @@
+"""Redis groups: more Redis servers behind one API, for when one Redis is the limit.
+
+`redis_groups` (IQ_REDIS_GROUPS: `name=url,name=url`; in the YAML settings file a mapping of
+name to URL as well) names the extra servers; a model's entry in the models file names its
+group (`redis: <name>`), and its queue, its jobs' records and results live on that group's
+Redis only. A model that names none stays on REDIS_URL (the default group, named "").
+
+A job id says which Redis holds the job, with no lookup: a job of the default group has a
+random UUID (version 4), as always; a job of a named group a UUID of version 8 (RFC 9562)
+whose first eight hex digits are its group's tag (`group_tag`), the rest random. Nothing
+here imports Flask or torch."""
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import uuid
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+from config.checks import ConfigError
+
+GROUP_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+URL_SCHEMES = ("redis", "rediss", "unix")
+
+
+def groups_text(raw: Any) -> str:
+    """The setting as IQ_REDIS_GROUPS writes it, from the YAML file's mapping (or string)."""
+    if isinstance(raw, Mapping):
+        return ",".join(f"{name}={url}" for name, url in raw.items())
+    if not isinstance(raw, str):
+        raise ConfigError(f"redis_groups must be a mapping of name to Redis URL (or "
+                          f"name=url,name=url), got {raw!r}")
+    return raw
+
+
+def parse_groups(text: str) -> dict[str, str]:
+    """redis_groups as {name: url}; ConfigError naming the entry at fault."""
+    groups: dict[str, str] = {}
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        name, sep, url = (part.strip() for part in entry.partition("="))
+        if not sep or not name or not url:
+            raise ConfigError(f"redis_groups must list name=url entries, comma-separated, "
+                              f"got {entry!r}")
+        if not GROUP_NAME.match(name):
+            raise ConfigError(f"redis_groups: a group name is a lower-case letter, then up to "
+                              f"31 lower-case letters, digits or _; got {name!r}")
+        if urlsplit(url).scheme not in URL_SCHEMES:
+            raise ConfigError(f"redis_groups.{name} must be a redis://, rediss:// or unix:// "
+                              f"URL, got {shown_url(url)!r}")
+        if name in groups:
+            raise ConfigError(f"redis_groups: group {name!r} is named twice")
+        if url in groups.values():
+            raise ConfigError(f"redis_groups.{name}: {shown_url(url)!r} is already the Redis "
+                              f"of another group: each group has a Redis of its own")
+        groups[name] = url
+    tags = {group_tag(name): name for name in groups}
+    if len(tags) != len(groups):  # eight hex digits of a hash: never seen, still checked
+        raise ConfigError(f"redis_groups: two group names share a tag, rename one: "
+                          f"{', '.join(sorted(groups))}")
+    return groups
+
+
+def shown_url(url: str) -> str:
+    """The URL with its password hidden."""
+    parts = urlsplit(url)
+    if parts.password:
+        user = parts.username or ""
+        return parts._replace(netloc=f"{user}:**@{parts.netloc.rsplit('@', 1)[1]}").geturl()
+    return url
+
+
+def shown_groups(text: str) -> str:
+    """redis_groups as Settings.__repr__ shows it: every password hidden."""
+    return ",".join(f"{name}={shown_url(url)}" if sep else entry
+                    for entry in filter(None, (e.strip() for e in text.split(",")))
+                    for name, sep, url in [entry.partition("=")])
+
+
+def check_model_groups(models: Mapping[str, Any], groups: Mapping[str, str]) -> None:
+    """ConfigError for the first model whose `redis` names no configured group."""
+    for name, spec in models.items():
+        if spec.redis and spec.redis not in groups:
+            known = ", ".join(sorted(groups)) or "none is configured"
+            raise ConfigError(f"models.{name}: redis must name a group of redis_groups "
+                              f"({known}), got {spec.redis!r}")
+
+
+def group_tag(name: str) -> str:
+    """The eight hex digits that open the id of every job of group `name`."""
+    return hashlib.sha256(f"iq-redis-group:{name}".encode()).hexdigest()[:8]
+
+
+def new_job_id(group: str = "") -> str:
+    """A new job id of `group` ("" : the default group's, a random UUID as always)."""
+    if not group:
+        return str(uuid.uuid4())
+    value = (int(group_tag(group), 16) << 96) | secrets.randbits(96)
+    value = (value & ~(0xF << 76)) | (0x8 << 76)  # version 8
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 9562's variant
+    return str(uuid.UUID(int=value))
+
+
+def group_of(job_id: str, tags: Mapping[str, str]) -> str | None:
+    """The group of a canonical job id: "" for the default group's, the name for a version-8
+    id carrying the tag of a group in `tags` (tag → name), None for one carrying no known
+    tag (a group since removed, or an id never issued)."""
+    if not tags or job_id[14] != "8":
+        return ""
+    return tags.get(job_id[:8])
