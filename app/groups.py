@@ -18,14 +18,13 @@ from typing import Iterable, Iterator
 import redis
 
 from app.errors import Conflict, Unavailable
-from app.store import DEAD_STATUSES, JobStore, Watch, new_job_id
+from app.store import JobStore, Watch, new_job_id
 from app.waiter import Slots
 from config import Settings
 from config.groups import group_of, group_tag
 from config.models import ModelSpec
 from tasks.celery_app import make_celery
 from tasks.jobstate import CancelOutcome, JobRecord, Page
-from tasks.keys import dead_index, owner_index
 
 logger = logging.getLogger(__name__)
 
@@ -116,12 +115,11 @@ class Stores:
         if len(self.stores) == 1 or model:
             store = self.for_model(self.models[model]) if model else self.default
             return store.page(owner, status=status, model=model, cursor=cursor, limit=limit)
-        index = dead_index(owner) if status in DEAD_STATUSES else owner_index(owner)
         pages = []
         for group, store in self.stores.items():
             try:
                 page = store.page(owner, status=status, cursor=cursor, limit=limit)
-                pages.append((page, _scores(store, index, page.jobs)))
+                pages.append(page)
             except redis.RedisError as exc:
                 raise _down(group, exc, "GET /v1/jobs?model=<a model of another group> "
                                         "lists the others' jobs") from None
@@ -199,24 +197,15 @@ def _down(group: str, exc: Exception, more: str) -> Unavailable:
                        retry_after=1)
 
 
-def _scores(store: JobStore, index: str, jobs: list[JobRecord]) -> list[float | None]:
-    """Each job's score in the index a page was read from (what orders it), in one trip."""
-    with store.redis.pipeline(transaction=False) as pipe:
-        for job in jobs:
-            pipe.zscore(index, job.id)
-        return pipe.execute()
-
-
-def merge_pages(pages: list[tuple[Page, list[float | None]]], limit: int) -> Page:
+def merge_pages(pages: list[Page], limit: int) -> Page:
     """One page of the groups' pages, each read from the same cursor: their jobs newest first
-    (by index score, then id, as each index orders them), only down to the furthest point
+    (by index time, then id, as each index orders them), only down to the furthest point
     every group has been read to (the newest of their cursors), so that the next page, read
     from the cursor given here, misses none and repeats none."""
     entries: list[tuple[tuple[int, str], JobRecord]] = []
     frontier: tuple[int, str] | None = None
-    for page, scores in pages:
-        entries += [((int(score), job.id), job) for job, score in zip(page.jobs, scores)
-                    if score is not None]  # None: its entry left the index meanwhile
+    for page in pages:
+        entries += [((us, job.id), job) for job, us in zip(page.jobs, page.times)]
         if page.cursor:
             reached = (int(page.cursor[0]), page.cursor[1])
             frontier = reached if frontier is None else max(frontier, reached)
@@ -225,4 +214,5 @@ def merge_pages(pages: list[tuple[Page, list[float | None]]], limit: int) -> Pag
         entries = [entry for entry in entries if entry[0] >= frontier]
     following = entries[limit - 1][0] if len(entries) > limit else frontier
     return Page([job for _, job in entries[:limit]],
-                (str(following[0]), following[1]) if following else None)
+                (str(following[0]), following[1]) if following else None,
+                [us for (us, _), _ in entries[:limit]])

@@ -65,7 +65,8 @@ end
 # cursor's time and job id ('' : from the newest), page size, scan budget, status ('' : any),
 # model ('' : any). Newest first (the two merged by time: an upgrade's API processes of both
 # releases write each its own), it reads at most `budget` entries, keeping those that match:
-# {next cursor's time and id (false: no more), then per job {id, READ_FIELDS' values}}. An
+# {next cursor's time and id (false: no more), then per job {id, READ_FIELDS' values, its
+# time in the index (what orders it; a merge of several Redis' pages orders by it)}}. An
 # entry whose record is gone is skipped (and leaves a sorted set); entries past the records'
 # time to live leave both.
 LIST = PRELUDE + OWNED + """
@@ -116,7 +117,7 @@ while read < budget and #out - 2 < limit do
     else
       if expire_if_due(key, id, f[1], f[3], ARGV[3], ARGV[4]) then f[1] = 'expired' end
       if (status == '' or f[1] == status) and (model == '' or f[2] == model) then
-        out[#out + 1] = {id, redis.call('hmget', key, unpack(FIELDS))}
+        out[#out + 1] = {id, redis.call('hmget', key, unpack(FIELDS)), string.format('%.0f', us)}
       end
     end
     last_us, last_id = us, id

@@ -123,9 +123,10 @@ class Submitted:
 
 @dataclass
 class Page:
-    """Jobs of an index, newest first, and where the next page starts (None: no more)."""
+    """Jobs of an index, newest first, their times in it (µs), the next page's start."""
     jobs: list[JobRecord]
     cursor: tuple[str, str] | None
+    times: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -316,8 +317,9 @@ class JobState:
         score, after = cursor or ("", "")
         out = self._run("list", indexes, [now_stamp(), EXPIRED_ERROR.to_json(), score, after,
                                           limit, budget, status, model])
-        jobs = [_record(_text(job_id), values) for job_id, values in out[2:]]
-        return Page(jobs, (_text(out[0]), _text(out[1])) if out[0] else None)
+        jobs = [_record(_text(job_id), values) for job_id, values, _ in out[2:]]
+        return Page(jobs, (_text(out[0]), _text(out[1])) if out[0] else None,
+                    [int(us) for _, _, us in out[2:]])
 
     def delete(self, job_id: str, owner: str) -> str:
         """Delete a finished job of `owner`'s: "deleted", "missing", or the status of a job

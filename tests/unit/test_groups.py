@@ -95,8 +95,8 @@ def test_a_job_id_names_its_group_and_the_default_ones_are_as_before():
 
 def page(entries: list[tuple[int, str]], cursor: tuple[int, str] | None):
     jobs = [new_job(job_id, model="m", trace_id="t", inputs=1, priority="normal") for _, job_id in entries]
-    return (Page(jobs, (str(cursor[0]), cursor[1]) if cursor else None),
-            [float(score) for score, _ in entries])
+    return Page(jobs, (str(cursor[0]), cursor[1]) if cursor else None,
+                [us for us, _ in entries])
 
 
 def ids(merged: Page) -> list[str]:
@@ -112,10 +112,10 @@ def test_pages_merge_newest_first_down_to_where_every_group_was_read():
     merged = merge_pages([one, two], limit=10)
     # (3, "c") is older than where group one stopped: it comes with the next page.
     assert ids(merged) == ["i", "g", "f", "e"] and merged.cursor == ("5", "e")
-    # Both done: every job, no cursor; a job whose entry left its index meanwhile is left.
-    gone = (Page(two[0].jobs, None), [6.0, None])
-    merged = merge_pages([page([(9, "i")], None), gone], limit=10)
-    assert ids(merged) == ["i", "f"] and merged.cursor is None
+    # Both done: every job, no cursor; the merged page carries each job's time.
+    merged = merge_pages([page([(9, "i")], None), two], limit=10)
+    assert ids(merged) == ["i", "f", "c"] and merged.cursor is None
+    assert merged.times == [9, 6, 3]
     # Equal scores order by id, newest (largest) first, as each index orders them.
     merged = merge_pages([page([(4, "b")], None), page([(4, "d"), (4, "a")], None)], limit=2)
     assert ids(merged) == ["d", "b"] and merged.cursor == ("4", "b")
