@@ -62,9 +62,11 @@ sentinel auth-user $master default
 sentinel auth-pass $master $admin
 sentinel down-after-milliseconds $master ${REDIS_SENTINEL_DOWN_AFTER_MS:-5000}
 sentinel failover-timeout $master 60000
+sentinel client-reconfig-script $master "$PWD/scripts/redis-demote.sh"
 requirepass $admin
 user $IQ_REDIS_APP_USER on >$app -@all +ping +sentinel|masters +sentinel|get-master-addr-by-name +sentinel|slaves +sentinel|replicas +sentinel|sentinels
 CONFIG
+  export REDIS_PORT="$port"  # for its client-reconfig-script, which asks it
   exec "$bin" "$dir/sentinel.conf" --sentinel "$@"
 fi
 
