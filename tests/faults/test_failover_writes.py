@@ -122,7 +122,7 @@ class ConfirmedWriter(threading.Thread):
                     replicas = pipe.set(key, seq).execute_command("WAIT", 1, 1000).execute()[1]
             except redis.RedisError:
                 self.failed += 1
-                self.halt.wait(0.01)  # a refused write is retried, not in a hot loop
+                self.halt.wait(0.05)  # a refused write is retried, not in a hot loop
                 continue
             if replicas >= 1:
                 self.confirmed.append(key)
@@ -132,42 +132,89 @@ def _role(client: redis.Redis) -> str:
     return client.info("replication")["role"]
 
 
-def test_the_promoted_primary_has_a_replica_in_sync_at_once_and_loses_no_confirmed_write(
-        tmp_path):
+def _in_sync(primary: redis.Redis) -> bool:
+    """A replica in sync as min-replicas-to-write counts them: the primary takes writes."""
+    return primary.info("replication").get("min_slaves_good_slaves", 0) >= 1
+
+
+def _confirmed(writers: list[ConfirmedWriter]) -> int:
+    return sum(len(w.confirmed) for w in writers)
+
+
+def _lost(primary: redis.Redis, writers: list[ConfirmedWriter]) -> tuple[list[str], list[str]]:
+    """Once the writers have had writes confirmed by the primary of now: every key confirmed
+    and those of them that it lacks."""
+    before = _confirmed(writers)
+    wait_until(lambda: _confirmed(writers) >= before + 200, 60, "writes confirmed after it")
+    for writer in writers:
+        writer.halt.set()
+        writer.join(10)
+    keys = [key for w in writers for key in w.confirmed]
+    with primary.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.exists(key)
+        kept = pipe.execute()
+    return keys, [key for key, there in zip(keys, kept) if not there]
+
+
+@pytest.fixture
+def loaded(tmp_path):
+    """A group as make run starts it, four writers confirming writes on it."""
     group = start_group(tmp_path, replicas=1)
     writers = [ConfirmedWriter(group, f"w{i}") for i in range(4)]
+    for writer in writers:
+        writer.start()
     try:
-        promoted = redis.Redis.from_url(group.replicas[0].extra["admin_url"],
-                                        decode_responses=True, socket_timeout=5)
-        for writer in writers:
-            writer.start()
-        confirmed = lambda: sum(len(w.confirmed) for w in writers)  # noqa: E731
-        wait_until(lambda: confirmed() >= 200, 60, "writes confirmed under load")
-        redis.Redis.from_url(group.sentinels[0].extra["admin_url"]).execute_command(
-            "SENTINEL", "FAILOVER", MASTER)
-        wait_until(lambda: _role(promoted) == "master", 30, "the replica promoted",
-                   interval=0.02)
-        at = time.monotonic()
-        wait_until(lambda: promoted.info("replication").get("min_slaves_good_slaves", 0) >= 1,
-                   60, "a replica in sync with the promoted node", interval=0.02)
-        in_sync = time.monotonic() - at
-        before = confirmed()
-        wait_until(lambda: confirmed() >= before + 200, 60, "writes confirmed after it")
-        for writer in writers:
-            writer.halt.set()
-            writer.join(10)
-        keys = [key for w in writers for key in w.confirmed]
-        with promoted.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.exists(key)
-            kept = pipe.execute()
-        lost = [key for key, there in zip(keys, kept) if not there]
-        print(f"a replica in sync with the promoted node {in_sync:.2f} s after the promotion; "
-              f"{len(keys)} writes confirmed, {len(lost)} of them lost; "
-              f"{sum(w.failed for w in writers)} refused or unanswered")
-        assert lost == [], lost
-        assert in_sync <= IN_SYNC_S, f"no replica in sync for {in_sync:.1f} s"
+        wait_until(lambda: _confirmed(writers) >= 200, 60, "writes confirmed under load")
+        yield group, writers
     finally:
         for writer in writers:
             writer.halt.set()
         group.stop()
+
+
+def test_the_promoted_primary_has_a_replica_in_sync_at_once_and_loses_no_confirmed_write(
+        loaded):
+    group, writers = loaded
+    promoted = redis.Redis.from_url(group.replicas[0].extra["admin_url"],
+                                    decode_responses=True, socket_timeout=5)
+    redis.Redis.from_url(group.sentinels[0].extra["admin_url"]).execute_command(
+        "SENTINEL", "FAILOVER", MASTER)
+    wait_until(lambda: _role(promoted) == "master", 30, "the replica promoted", interval=0.02)
+    at = time.monotonic()
+    wait_until(lambda: _in_sync(promoted), 60, "a replica in sync with the promoted node",
+               interval=0.02)
+    in_sync = time.monotonic() - at
+    keys, lost = _lost(promoted, writers)
+    print(f"a replica in sync with the promoted node {in_sync:.2f} s after the promotion; "
+          f"{len(keys)} writes confirmed, {len(lost)} of them lost; "
+          f"{sum(w.failed for w in writers)} refused or unanswered")
+    assert lost == [], lost
+    assert in_sync <= IN_SYNC_S, f"no replica in sync for {in_sync:.1f} s"
+
+
+def test_a_killed_primary_started_again_after_the_failover_is_a_replica_at_once(loaded):
+    """The primary SIGKILLed, the replica promoted, then the old primary started again as
+    make run's supervisor starts it: it asks the sentinels its role and comes back as the
+    promoted node's replica (scripts/redis-server.sh), not as a primary that Sentinel demotes
+    about 10 s later."""
+    group, writers = loaded
+    old = group.primary
+    old.proc.kill()  # redis-server.sh execs redis-server: this is it
+    old.proc.wait(10)
+    wait_until(lambda: group.primary_port() not in (None, old.extra["port"]), 60,
+               "the sentinels to promote the replica")
+    promoted = redis.Redis.from_url(group.follow().extra["admin_url"], decode_responses=True,
+                                    socket_timeout=5)
+    at = time.monotonic()
+    again = group.restart(old)
+    wait_until(lambda: _in_sync(promoted), 60, "the old primary in sync as a replica",
+               interval=0.02)
+    in_sync = time.monotonic() - at
+    keys, lost = _lost(promoted, writers)
+    print(f"the old primary, started again, a replica in sync {in_sync:.2f} s after its "
+          f"start; {len(keys)} writes confirmed, {len(lost)} of them lost")
+    assert _role(redis.Redis.from_url(again.extra["admin_url"], decode_responses=True)) \
+        == "slave"
+    assert lost == [], lost
+    assert in_sync <= IN_SYNC_S, f"no replica in sync for {in_sync:.1f} s"
