@@ -27,11 +27,21 @@
 # of the clients still connected to it the moment its replica leaves, instead of taking them
 # until it is demoted and then discarding them.
 #
-# REDIS_REPLICA_OF=host:port starts it as a replica of that primary. REDIS_SENTINEL_MONITOR=
-# host:port starts a Redis Sentinel instead, watching that primary under the name
-# IQ_REDIS_MASTER: the admin's password is its own (requirepass, also what sentinels show each
-# other), and the application's user may only ask it where the primary is. A sentinel rewrites
-# its configuration file, so that one (in its IQ_REDIS_DIR, 0600) holds the passwords. Either
+# REDIS_REPLICA_OF=host:port starts it as a replica of that primary. With IQ_REDIS_SENTINELS
+# (make run with replicas), a node takes its role from the first sentinel that names a primary
+# (IQ_REDIS_MASTER), asked as the admin: the primary when it names this node (127.0.0.1 and
+# REDIS_PORT), else that primary's replica; REDIS_REPLICA_OF only when none answers (the first
+# start). So a node started again (make run keeps each process up) after a failover comes back
+# as the promoted node's replica at once, rather than as a primary that takes no write
+# (min-replicas-to-write) until Sentinel demotes it, about 10 s after it answers; and a
+# promoted node comes back as the primary, not as a replica of the node it replaced.
+#
+# REDIS_SENTINEL_MONITOR=host:port starts a Redis Sentinel instead, watching that primary
+# under the name IQ_REDIS_MASTER: the admin's password is its own (requirepass, also what
+# sentinels show each other), and the application's user may only ask it where the primary is;
+# at a failover it demotes the replaced primary at once (scripts/redis-demote.sh, its
+# client-reconfig-script). A sentinel rewrites its configuration file, so that one (in its
+# IQ_REDIS_DIR, 0600) holds the passwords. Either
 # way, the arguments given to this script come last: more of redis-server's options (the game
 # day's `--bind 127.0.0.1 <address>` for a worker on a host of its own).
 set -euo pipefail
@@ -62,15 +72,33 @@ sentinel auth-user $master default
 sentinel auth-pass $master $admin
 sentinel down-after-milliseconds $master ${REDIS_SENTINEL_DOWN_AFTER_MS:-5000}
 sentinel failover-timeout $master 60000
+sentinel client-reconfig-script $master "$PWD/scripts/redis-demote.sh"
 requirepass $admin
 user $IQ_REDIS_APP_USER on >$app -@all +ping +sentinel|masters +sentinel|get-master-addr-by-name +sentinel|slaves +sentinel|replicas +sentinel|sentinels
 CONFIG
+  export REDIS_PORT="$port"  # for its client-reconfig-script, which asks it
   exec "$bin" "$dir/sentinel.conf" --sentinel "$@"
 fi
 
+replica_of="${REDIS_REPLICA_OF:-}"
+if [ -n "${IQ_REDIS_SENTINELS:-}" ]; then
+  for sentinel in ${IQ_REDIS_SENTINELS//,/ }; do
+    named="$(REDISCLI_AUTH="$admin" timeout 2 "$(dirname "$bin")/redis-cli" \
+             -h "${sentinel%:*}" -p "${sentinel##*:}" \
+             SENTINEL GET-MASTER-ADDR-BY-NAME "${IQ_REDIS_MASTER:-mymaster}" 2> /dev/null \
+             | paste -sd: || true)"
+    if [[ "$named" =~ ^[^:[:space:]]+:[0-9]+$ ]]; then
+      role="its replica" replica_of="$named"
+      if [ "$named" = "127.0.0.1:$port" ]; then role="the primary" replica_of=""; fi
+      echo "redis-server.sh: the sentinel on $sentinel names $named the primary:" \
+           "starting as $role" >&2
+      break
+    fi
+  done
+fi
 replica=()
-if [ -n "${REDIS_REPLICA_OF:-}" ]; then
-  replica=(--replicaof "${REDIS_REPLICA_OF%:*}" "${REDIS_REPLICA_OF##*:}")
+if [ -n "$replica_of" ]; then
+  replica=(--replicaof "${replica_of%:*}" "${replica_of##*:}")
 fi
 if [ "${REDIS_MIN_REPLICAS_TO_WRITE:-0}" != 0 ]; then
   replica+=(--min-replicas-to-write "$REDIS_MIN_REPLICAS_TO_WRITE"

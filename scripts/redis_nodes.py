@@ -39,7 +39,7 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
                 open_to_all: bool = False, like: Service | None = None,
                 replica_of: Service | None = None, appendfsync: str | None = None,
                 bind: list[str] | None = None, args: list[str] | None = None,
-                min_replicas_to_write: int = 0) -> Service:
+                min_replicas_to_write: int = 0, sentinels: str | None = None) -> Service:
     """A private redis-server as `make run` starts one (scripts/redis-server.sh): an admin user
     and the application's user (REDIS_APP_USER), which cannot run administrative commands, each
     with a fresh password, so that every client is proven to pass its own along and the
@@ -50,7 +50,9 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
     Redis. `appendfsync`: the append-only file's fsync policy (the script's default if None).
     `bind`: addresses it listens on beside 127.0.0.1 (hosts of their own, scripts/hosts.py);
     `args`: more of redis-server's options. `min_replicas_to_write`: as make run's nodes with
-    replicas (REDIS_MIN_REPLICAS_TO_WRITE; a restart keeps that of `like`)."""
+    replicas (REDIS_MIN_REPLICAS_TO_WRITE; a restart keeps that of `like`). `sentinels`:
+    IQ_REDIS_SENTINELS, as make run's nodes with replicas get it: the node takes its role from
+    them (scripts/redis-server.sh)."""
     if like is not None:
         port, open_to_all = like.extra["port"], like.extra["password"] == ""
         min_replicas_to_write = like.extra.get("min_replicas_to_write", 0)
@@ -71,6 +73,8 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
         if appendfsync:
             env["REDIS_APPENDFSYNC"] = appendfsync
         env["REDIS_MIN_REPLICAS_TO_WRITE"] = str(min_replicas_to_write)
+        if sentinels:
+            env.update(IQ_REDIS_SENTINELS=sentinels, IQ_REDIS_MASTER=MASTER)
         cmd = [str(ROOT / "scripts" / "redis-server.sh"), "--appendonly",
                "yes" if appendonly else "no", *(args or [])]
         if bind:
@@ -156,6 +160,17 @@ class RedisGroup:
         self.replicas = [n for n in self.nodes if n is not promoted]
         self.primary = promoted
         return promoted
+
+    def restart(self, node: Service) -> Service:
+        """`node`, exited, started again as make run keeps it up: its port, passwords and
+        data, its role taken from the sentinels (scripts/redis-server.sh); in its place."""
+        again = start_redis(node.log.parent, like=node, appendonly=True, appendfsync="everysec",
+                            sentinels=self.env()["IQ_REDIS_SENTINELS"])
+        if node is self.primary:
+            self.primary = again
+        else:
+            self.replicas = [again if n is node else n for n in self.replicas]
+        return again
 
     def ready(self) -> bool:
         """Every replica in sync with the primary, and every sentinel sees all of them."""

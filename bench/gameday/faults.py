@@ -218,7 +218,9 @@ class RedisFailover(Fault):
     once the old primary holds the new one's data as its replica: until then the new primary
     has no replica in sync and refuses writes (make run's min-replicas-to-write), so a
     submit is refused with 503 and retried; the old primary refuses them too from the
-    promotion on, instead of taking writes its demotion discards.
+    promotion on, instead of taking writes its demotion discards. The sentinels demote it at
+    the promotion (scripts/redis-demote.sh, their client-reconfig-script): about a second,
+    where Sentinel alone takes about 10 s.
 
     One replica, not two: with two, the old primary keeps the other replica for about a
     second after the promotion, and that replica confirms (WAIT) jobs it then drops when it

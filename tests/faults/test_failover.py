@@ -23,7 +23,7 @@ import redis
 import requests
 
 from config import Settings
-from scripts.stack import launch, start_flower, start_redis, start_webhooks, wait_until
+from scripts.stack import launch, start_flower, start_webhooks, wait_until
 from tasks.jobrecord import JobRecord
 from tests.support.load import Load, every_record, job_statuses, runs
 from tests.support.receivers import Receiver
@@ -127,9 +127,9 @@ def test_the_primary_killed_under_load(replicated, tmp_path_factory):
 
     # No replica now: submits are refused (503) within the deadline, never accepted unsafely.
     time.sleep(3)
-    restarted = start_redis(stack.workdir, appendonly=True, like=old)
+    # Started again as make run's supervisor starts it: it asks the sentinels for its role.
+    restarted = group.restart(old)
     wait_until(lambda: in_sync(restarted), 60, "the old primary back as a replica")
-    group.replicas = [restarted]
     rejoined = time.monotonic()
     print(f"old primary a replica again {rejoined - promoted:.1f}s after the promotion")
     wait_until(lambda: any(a.status == 202 for a in load.answers if a.at > rejoined), 30,

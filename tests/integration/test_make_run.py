@@ -347,6 +347,11 @@ def free_ports(count: int) -> int:
     return wait_until(run_of_free, 10, f"{count} consecutive free ports")
 
 
+def replica_in_sync(node: redis.Redis, primary_port: int) -> bool:
+    links = node.info("replication")
+    return links.get("master_port") == primary_port and links.get("master_link_status") == "up"
+
+
 def test_make_run_with_a_replica_and_sentinels_follows_a_failover_and_restarts_on_it(tmp_path):
     """REDIS_REPLICAS=1: a primary, a replica and three sentinels, every process pointed at
     the sentinels; a failover is followed without a restart, and the next make run starts the
@@ -375,6 +380,14 @@ def test_make_run_with_a_replica_and_sentinels_follows_a_failover_and_restarts_o
         admin.execute_command("SENTINEL", "FAILOVER", "mymaster")
         wait_until(lambda: admin.sentinel_get_master_addr_by_name("mymaster")[1] == port + 1,
                    60, "the replica promoted")
+        # The sentinels demote the old primary at the promotion (scripts/redis-demote.sh), not
+        # ~10 s later: the promoted node has its replica back, and takes writes, within seconds.
+        old = redis.Redis(port=port, password=secret(env, "redis-password"),
+                          decode_responses=True, socket_timeout=5)
+        wait_until(lambda: replica_in_sync(old, port + 1), 5,
+                   "the old primary a replica in sync with the promoted one")
+        assert re.search(rf"sentinel-\d.*redis-demote: mymaster 127.0.0.1:{port} -> "
+                         rf"127.0.0.1:{port + 1} \(\w+\): demoted", first.output())
         # Refused (503) until the old primary, now a replica, holds the job too: the client
         # resends with the same Idempotency-Key until it does.
         with Client(api) as client:
