@@ -58,12 +58,15 @@ def default_workers() -> int:
 
 worker_class = Worker
 workers = int(os.environ.get("IQ_WEB_WORKERS") or default_workers())
-# Several processes: /metrics must sum their counters (prometheus_client's multiprocess mode).
-# Unless the operator names a folder, each start gets a fresh one, so that no count from an
-# earlier run is added in; it is removed when gunicorn exits. Set here, in gunicorn's master
-# before it forks, so that each worker imports prometheus_client with it already set.
+# /metrics sums the counters of every process (prometheus_client's multiprocess mode), one
+# process included: gunicorn may run more than `workers` says here (`-w` or GUNICORN_CMD_ARGS
+# win over this file, SIGTTIN adds one while it runs), and a process that counted alone would
+# answer a scrape with its own counts, each scrape another process's. Unless the operator names
+# a folder, each start gets a fresh one, so that no count from an earlier run is added in; it
+# is removed when gunicorn exits. Set here, in gunicorn's master before it forks, so that each
+# worker imports prometheus_client with it already set.
 _OWN_METRICS = "iq-api-metrics-"
-if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix=_OWN_METRICS)
 
 

@@ -1,5 +1,5 @@
 """How many API processes gunicorn starts (gunicorn.conf.py): a quarter of the usable cores,
-at least one, unless IQ_WEB_WORKERS says; several get a metrics folder of their own."""
+at least one, unless IQ_WEB_WORKERS says; each start gets a metrics folder of its own."""
 from __future__ import annotations
 
 import os
@@ -40,9 +40,15 @@ def test_several_processes_get_a_fresh_metrics_folder_removed_at_exit(monkeypatc
     assert not os.path.exists(folder)
 
 
-def test_one_process_needs_no_folder_and_an_operators_folder_is_kept(monkeypatch, tmp_path):
-    _conf(monkeypatch, tmp_path, 2)
-    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+def test_one_process_gets_a_folder_too_and_an_operators_folder_is_kept(monkeypatch, tmp_path):
+    """`-w`, GUNICORN_CMD_ARGS or a SIGTTIN may run more processes than the one planned here:
+    their counts are summed all the same."""
+    conf = _conf(monkeypatch, tmp_path, 2)
+    assert conf["workers"] == 1
+    folder = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    assert os.path.dirname(folder) == str(tmp_path) and os.path.isdir(folder)
+    conf["on_exit"](None)
+    assert not os.path.exists(folder)
     mine = tmp_path / "mine"
     mine.mkdir()
     conf = _conf(monkeypatch, tmp_path, 16, PROMETHEUS_MULTIPROC_DIR=str(mine))
