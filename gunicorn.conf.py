@@ -58,13 +58,29 @@ def default_workers() -> int:
 
 worker_class = Worker
 workers = int(os.environ.get("IQ_WEB_WORKERS") or default_workers())
-# Several processes: /metrics must sum their counters (prometheus_client's multiprocess mode).
-# Unless the operator names a folder, each start gets a fresh one, so that no count from an
-# earlier run is added in; it is removed when gunicorn exits. Set here, in gunicorn's master
-# before it forks, so that each worker imports prometheus_client with it already set.
+# /metrics sums the counters of every process (prometheus_client's multiprocess mode), one
+# process included: gunicorn may run more than `workers` says here (`-w` or GUNICORN_CMD_ARGS
+# win over this file, SIGTTIN adds one while it runs), and a process that counted alone would
+# answer a scrape with its own counts, each scrape another process's. Unless the operator names
+# a folder, each start gets a fresh one, so that no count from an earlier run is added in; it
+# is removed when gunicorn exits. Set here, in gunicorn's master before it forks, so that each
+# worker imports prometheus_client with it already set.
 _OWN_METRICS = "iq-api-metrics-"
-if workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix=_OWN_METRICS)
+
+
+def _own_metrics_folder(folder: str) -> bool:
+    """Whether `folder` is the one this master made (its pid in the name). A SIGHUP re-reads
+    this file in the same master, which keeps its folder; a master exec'd by a USR2 (gunicorn's
+    binary upgrade) after a SIGHUP inherits the variable from its parent and makes its own,
+    so that neither removes the other's when it exits."""
+    return os.path.basename(folder).startswith(f"{_OWN_METRICS}{os.getpid()}-")
+
+
+_folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+if not _folder or (os.path.basename(_folder).startswith(_OWN_METRICS)
+                   and not _own_metrics_folder(_folder)):
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(
+        prefix=f"{_OWN_METRICS}{os.getpid()}-")
 
 
 def child_exit(server, worker):
@@ -75,7 +91,7 @@ def child_exit(server, worker):
 
 def on_exit(server):
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
-    if os.path.basename(folder).startswith(_OWN_METRICS):  # made above, not the operator's
+    if _own_metrics_folder(folder):  # made above by this master, not the operator's
         shutil.rmtree(folder, ignore_errors=True)
 
 

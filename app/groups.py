@@ -10,10 +10,12 @@ models and its jobs; the others are not held by it. With no groups configured th
 store, REDIS_URL's, and every call is that store's own."""
 from __future__ import annotations
 
+import contextvars
 import logging
+import threading
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import redis
 
@@ -27,6 +29,7 @@ from tasks.celery_app import make_celery
 from tasks.jobstate import CancelOutcome, JobRecord, Page
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def group_name(group: str) -> str:
@@ -116,43 +119,52 @@ class Stores:
             store = self.for_model(self.models[model]) if model else self.default
             return store.page(owner, status=status, model=model, cursor=cursor, limit=limit)
         pages = []
-        for group, store in self.stores.items():
-            try:
-                page = store.page(owner, status=status, cursor=cursor, limit=limit)
-                pages.append(page)
-            except redis.RedisError as exc:
-                raise _down(group, exc, "GET /v1/jobs?model=<a model of another group> "
-                                        "lists the others' jobs") from None
+        for group, page in self._each(lambda store: store.page(
+                owner, status=status, cursor=cursor, limit=limit)).items():
+            if isinstance(page, redis.RedisError):
+                raise _down(group, page, "GET /v1/jobs?model=<a model of another group> "
+                                         "lists the others' jobs") from None
+            if isinstance(page, BaseException):
+                raise page
+            pages.append(page)
         return merge_pages(pages, limit)
 
     def queue_depths(self) -> dict[str, int]:
         """Each model's queue depth, from its group's Redis; a group that cannot be read
         leaves its models out (the scrape's other models are still right)."""
         depths: dict[str, int] = {}
-        for group, store in self.stores.items():
-            if not store.models:
-                continue
-            try:
-                depths.update(store.queue_depths())
-            except redis.RedisError as exc:
-                logger.warning("queue depths of %s unread: %s", group_name(group), exc)
+        read = self._each(lambda store: store.queue_depths() if store.models else {})
+        for group, found in read.items():
+            if isinstance(found, redis.RedisError):
+                logger.warning("queue depths of %s unread: %s", group_name(group), found)
+            elif isinstance(found, BaseException):
+                raise found
+            else:
+                depths.update(found)
         return depths
 
     def kept(self) -> tuple[int, int]:
         """Requests kept for retries, and their bytes, over every group (raises while one
         cannot be read: the gauge is left out of that scrape rather than understated)."""
-        counts = [store.state.kept() for store in self.stores.values()]
+        counts = list(self._each(lambda store: store.state.kept()).values())
+        for found in counts:
+            if isinstance(found, BaseException):
+                raise found
         return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
     def live(self, models: Iterable[str]) -> dict[str, dict]:
         """JobStore.live, each model's read from its group's Redis; 503 naming a group that
         cannot be read."""
         live: dict[str, dict] = {}
-        for group, names in self._by_group(models).items():
-            try:
-                live.update(self.stores[group].live(names))
-            except redis.RedisError as exc:
-                raise _down(group, exc, "its models' instances are unknown") from None
+        by_group = self._by_group(models)
+        read = self._each(lambda store: store.live(by_group[store.group])
+                          if by_group.get(store.group) else {})
+        for group, found in read.items():
+            if isinstance(found, redis.RedisError):
+                raise _down(group, found, "its models' instances are unknown") from None
+            if isinstance(found, BaseException):
+                raise found
+            live.update(found)
         return live
 
     def readiness(self, models: Iterable[str]) -> tuple[dict[str, dict], dict[str, dict]]:
@@ -161,16 +173,49 @@ class Stores:
         checks: dict[str, dict] = {}
         live: dict[str, dict] = {}
         by_group = self._by_group(models)
-        for group, store in self.stores.items():
-            try:
-                store.ping()
-                if by_group.get(group):
-                    live.update(store.live(by_group[group]))
-                checks[f"redis:{group}" if group else "redis"] = {"ok": True}
-            except redis.RedisError:
-                checks[f"redis:{group}" if group else "redis"] = {"ok": False,
-                                                                  "error": "unreachable"}
+
+        def check(store: JobStore) -> dict[str, dict]:
+            store.ping()
+            return store.live(by_group[store.group]) if by_group.get(store.group) else {}
+
+        for group, found in self._each(check).items():
+            name = f"redis:{group}" if group else "redis"
+            if isinstance(found, redis.RedisError):
+                checks[name] = {"ok": False, "error": "unreachable"}
+            elif isinstance(found, BaseException):
+                raise found
+            else:
+                live.update(found)
+                checks[name] = {"ok": True}
         return checks, live
+
+    def _each(self, call: Callable[[JobStore], T]) -> dict[str, T | BaseException]:
+        """`call` on every group's store at once, a thread each (a greenlet under gunicorn's
+        gevent worker), so that a group whose Redis does not answer costs one deadline, not one
+        after another's: {group: what it returned, or what it raised}, in the groups' order.
+        One store: called here."""
+        if len(self.stores) == 1:
+            try:
+                return {"": call(self.default)}
+            except Exception as exc:  # noqa: BLE001 - the caller tells the kinds apart
+                return {"": exc}
+        found: dict[str, T | BaseException] = {}
+
+        def run(group: str, store: JobStore) -> None:
+            try:
+                found[group] = call(store)
+            except Exception as exc:  # noqa: BLE001 - the caller tells the kinds apart
+                found[group] = exc
+
+        threads = [threading.Thread(target=contextvars.copy_context().run,
+                                    args=(run, group, store), daemon=True,
+                                    name=f"iq-group-{group or 'default'}")
+                   for group, store in self.stores.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return {group: found[group] for group in self.stores}
 
     def _by_group(self, models: Iterable[str]) -> dict[str, list[str]]:
         by_group: dict[str, list[str]] = {}

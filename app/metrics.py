@@ -110,7 +110,29 @@ class ApiMetrics:
             from prometheus_client import multiprocess
 
             registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry)
+            registry.register(_Summed(multiprocess.MultiProcessCollector(None),
+                                      (self.requests, self.latency, self.submitted,
+                                       self.rejected)))
             for collector in self.read_at_scrape:
                 registry.register(collector)
         return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+
+
+class _Summed:
+    """The counters and histograms summed over every API process's files, and, as one process
+    exports them, each family no process has counted in yet (its HELP and TYPE, no sample):
+    the multiprocess files hold only what was counted, so `iq_jobs_rejected_total` would be
+    missing from /metrics until the first refusal."""
+
+    def __init__(self, summed, declared) -> None:
+        self.summed, self.declared = summed, declared
+
+    def collect(self):
+        names = set()
+        for family in self.summed.collect():
+            names.add(family.name)
+            yield family
+        for metric in self.declared:
+            for family in metric.describe():
+                if family.name not in names:
+                    yield family

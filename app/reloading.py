@@ -27,6 +27,14 @@ from tasks.keys import MODELS_REVISION_KEY, PREFIX, RELOAD_STATUS_KEY
 
 logger = logging.getLogger(__name__)
 
+# KEYS: a master's claim. ARGV: the announced revision. 1 (and the claim is this revision's)
+# unless the master was sent a SIGHUP for it already.
+_CLAIM = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return 0 end
+redis.call('set', KEYS[1], ARGV[1], 'EX', 3600)
+return 1
+"""
+
 
 class ModelsWatch:
     """One per API process under gunicorn; `master`: the gunicorn master's pid."""
@@ -74,9 +82,11 @@ class ModelsWatch:
                              self.revision, error)
             self.error = error
             return
-        # One SIGHUP per master and revision, whichever of its processes sees it first.
-        claim = f"{PREFIX}reload:hup:{socket.gethostname()}:{self.master}:{announced}"
-        if self.client.set(claim, str(os.getpid()), nx=True, ex=3600):
+        # One SIGHUP per master and reload, whichever of its processes sees it first: the
+        # master's claim holds the revision it was last sent a SIGHUP for, so that a reload
+        # back to a revision it served before (A, B, then A or B again) is one too.
+        claim = f"{PREFIX}reload:hup:{socket.gethostname()}:{self.master}"
+        if self.client.eval(_CLAIM, 1, claim, announced):
             logger.info("models file revision %s announced: reloading gunicorn (pid %d) "
                         "gracefully", announced, self.master)
             os.kill(self.master, signal.SIGHUP)

@@ -95,7 +95,12 @@ end
 redis.call('hset', KEYS[1], unpack(fields))
 redis.call('expire', KEYS[1], TTL_S)
 if ARGV[6] ~= '' then redis.call('set', KEYS[2], ARGV[3] .. ' ' .. ARGV[6], 'EX', TTL_S) end
-redis.call('lpush', KEYS[4], owned_entry(now_us, ARGV[3]))
+-- The list stays in time order, newest first, whatever Redis's clock does (a step back, a
+-- failover to a host a little behind): an entry is stamped after the head's, so that a page's
+-- bisection to its cursor (first_at_or_below) never passes over an entry it has not listed.
+local head, us = redis.call('lindex', KEYS[4], 0), now_us
+if head then us = math.max(us, owned_job(head) + 1) end
+redis.call('lpush', KEYS[4], owned_entry(us, ARGV[3]))
 if ARGV[10] ~= '0' then trim_owned(KEYS[4], 1000) end
 if ARGV[10] == '2' then trim(KEYS[8], now_us - TTL_S * 1000000, 1000) end
 if ARGV[11] == '1' then redis.call('hset', KEYS[5], 'retried_as', ARGV[3]) end

@@ -313,3 +313,19 @@ def test_a_job_queued_by_the_earlier_release_keeps_its_request_when_it_does_not_
     assert client.exists(f"iq:request:{ok}") == 0 and "req" not in client.hgetall(f"iq:job:{ok}")
     end_unsuccessfully(state, client, failed, cancelled, expired)
     assert_kept(state, client, (failed, cancelled, expired), request, field="req")
+
+
+def test_a_clock_that_steps_back_leaves_the_owners_jobs_list_in_order(state, client):
+    """Redis's clock steps back (an NTP step, a failover to a replica a little behind): jobs
+    submitted after it are stamped after the list's head, not below it, so that paging (its
+    bisection to the cursor) passes over none of them."""
+    made = [submit(state) for _ in range(20)]
+    now = listed(client)[0][0]
+    # As if the clock stepped back to just after the third job: the 17 after it are ahead.
+    times = {job_id: now - 2_500_000 + 1_000_000 * i for i, job_id in enumerate(made)}
+    client.delete("iq:jobs:ops")
+    client.lpush("iq:jobs:ops", *(owned(times[job_id], job_id) for job_id in made))
+    late = [submit(state) for _ in range(3)]
+    entries = listed(client)
+    assert [us for us, _ in entries] == sorted((us for us, _ in entries), reverse=True)
+    assert all_pages(state, 2) == (made + late)[::-1]

@@ -1,5 +1,5 @@
 """How many API processes gunicorn starts (gunicorn.conf.py): a quarter of the usable cores,
-at least one, unless IQ_WEB_WORKERS says; several get a metrics folder of their own."""
+at least one, unless IQ_WEB_WORKERS says; each start gets a metrics folder of its own."""
 from __future__ import annotations
 
 import os
@@ -40,12 +40,38 @@ def test_several_processes_get_a_fresh_metrics_folder_removed_at_exit(monkeypatc
     assert not os.path.exists(folder)
 
 
-def test_one_process_needs_no_folder_and_an_operators_folder_is_kept(monkeypatch, tmp_path):
-    _conf(monkeypatch, tmp_path, 2)
-    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+def test_one_process_gets_a_folder_too_and_an_operators_folder_is_kept(monkeypatch, tmp_path):
+    """`-w`, GUNICORN_CMD_ARGS or a SIGTTIN may run more processes than the one planned here:
+    their counts are summed all the same."""
+    conf = _conf(monkeypatch, tmp_path, 2)
+    assert conf["workers"] == 1
+    folder = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    assert os.path.dirname(folder) == str(tmp_path) and os.path.isdir(folder)
+    conf["on_exit"](None)
+    assert not os.path.exists(folder)
     mine = tmp_path / "mine"
     mine.mkdir()
     conf = _conf(monkeypatch, tmp_path, 16, PROMETHEUS_MULTIPROC_DIR=str(mine))
     assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(mine)
     conf["on_exit"](None)
     assert mine.is_dir()
+
+
+def test_a_master_keeps_its_folder_on_a_reload_and_makes_its_own_after_a_binary_upgrade(
+        monkeypatch, tmp_path):
+    """SIGHUP reads this file again in the same master: its folder stays. A USR2 after a
+    SIGHUP execs a new master with the old one's variable (gunicorn copies the environment
+    when it re-reads its settings): the new one makes its own, and the old one's exit, which
+    removes the old folder, leaves it."""
+    conf = _conf(monkeypatch, tmp_path, 16)
+    folder = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    assert runpy.run_path(str(ROOT / "gunicorn.conf.py")) and \
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] == folder
+    old_master = tmp_path / "iq-api-metrics-1-abc"  # made by master pid 1, inherited
+    old_master.mkdir()
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(old_master))
+    conf = runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+    mine = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    assert mine not in (str(old_master), folder) and os.path.isdir(mine)
+    conf["on_exit"](None)
+    assert not os.path.exists(mine) and old_master.is_dir()

@@ -1,0 +1,62 @@
+"""Redis groups behind one API (app/groups.py) with some of them frozen: what reads every group
+(/metrics, /readyz, /v1/models, GET /v1/jobs) asks them all at once, so that it costs one
+deadline however many groups do not answer, and the default group's jobs are not held."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import yaml
+
+from app import create_app
+from scripts.stack import start_redis
+
+DEADLINE_S = 1.0
+MODELS = {"on-default": {"kind": "synthetic"}, "on-b": {"kind": "synthetic", "redis": "b"},
+          "on-c": {"kind": "synthetic", "redis": "c"}, "on-d": {"kind": "synthetic", "redis": "d"}}
+
+
+@pytest.fixture
+def frozen(tmp_path):
+    servers = {name: start_redis(tmp_path) for name in ("default", "b", "c", "d")}
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({"models": MODELS}))
+    app = create_app({"redis_url": servers["default"].extra["url"],
+                      "redis_groups": ",".join(f"{name}={servers[name].extra['url']}"
+                                               for name in ("b", "c", "d")),
+                      "models_file": str(models), "redis_deadline_s": DEADLINE_S})
+    client = app.test_client()
+    assert client.post("/v1/jobs", json={"model": "on-b", "inputs": ["x"]}).status_code == 202
+    for name in ("b", "c", "d"):
+        os.kill(servers[name].proc.pid, signal.SIGSTOP)
+    try:
+        yield client
+    finally:
+        for name in ("b", "c", "d"):
+            os.kill(servers[name].proc.pid, signal.SIGCONT)
+        app.extensions["iq.store"].close()
+        for server in servers.values():
+            server.send()
+
+
+def timed(call):
+    started = time.monotonic()
+    answer = call()
+    return time.monotonic() - started, answer
+
+
+def test_three_frozen_groups_cost_one_deadline_each_read_not_three(frozen):
+    took, answer = timed(lambda: frozen.get("/metrics"))
+    # Two reads of every group (queue depths, kept requests), each at most one deadline.
+    assert answer.status_code == 200 and took < 2 * DEADLINE_S + 1.5, took
+    assert 'iq_queue_depth{model="on-default"} 0.0' in answer.get_data(as_text=True)
+    for path, status in (("/readyz", 503), ("/v1/models", 503), ("/v1/jobs", 503)):
+        took, answer = timed(lambda: frozen.get(path))
+        assert answer.status_code == status and took < DEADLINE_S + 1.5, (path, took)
+    checks = frozen.get("/readyz").get_json()["checks"]
+    assert checks["redis"]["ok"] and not checks["redis:b"]["ok"] and not checks["redis:d"]["ok"]
+    took, answer = timed(lambda: frozen.post("/v1/jobs", json={"model": "on-default",
+                                                               "inputs": ["x"]}))
+    assert answer.status_code == 202 and took < 0.5, took

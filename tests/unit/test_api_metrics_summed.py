@@ -1,0 +1,30 @@
+"""/metrics of the API in prometheus_client's multiprocess mode (gunicorn.conf.py sets its
+folder for every start): every family is exported as with one process, those nothing has
+counted in yet included."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from scripts.processes import ROOT
+
+_SCRAPE = """
+from app.metrics import ApiMetrics
+m = ApiMetrics(lambda: {"a": 3}, lambda: 0, 5, lambda: (0, 0))
+m.submitted.labels("a").inc()
+print(m.render().get_data(as_text=True))
+"""
+
+
+def test_families_nothing_counted_in_yet_are_exported_with_the_summed_ones(tmp_path):
+    text = subprocess.run([sys.executable, "-c", _SCRAPE], cwd=ROOT, check=True,
+                          capture_output=True, text=True,
+                          env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+                               "PYTHONPATH": str(ROOT)}).stdout
+    types = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    assert {"iq_jobs_submitted_total", "iq_jobs_rejected_total", "iq_http_requests_total",
+            "iq_http_request_duration_seconds", "iq_queue_depth"} <= types
+    assert 'iq_jobs_submitted_total{model="a"} 1.0' in text
+    assert 'iq_queue_depth{model="a"} 3.0' in text
+    assert len([line for line in text.splitlines()
+                if line.startswith("# TYPE iq_jobs_submitted_total ")]) == 1
