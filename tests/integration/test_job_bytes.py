@@ -5,6 +5,7 @@ success leaves reads as before, and as the release before reads it."""
 from __future__ import annotations
 
 import secrets
+import statistics
 import uuid
 
 import numpy as np
@@ -66,7 +67,10 @@ def finished_job(state: JobState, i: int, webhook: str = "") -> str:
 
 def test_a_finished_one_input_embedding_job_keeps_at_most_2000_bytes(state, admin):
     ids = [finished_job(state, i) for i in range(JOBS)]
-    record, result = (admin.memory_usage(key(ids[-1]), samples=0)
+    # Each key's median over the jobs: this redis-server allocates with libc malloc, whose
+    # usable size for one allocation depends on the free chunk it reuses (now and then a
+    # result counts 1,672 bytes, not 1,658, on a heap that earlier tests left).
+    record, result = (statistics.median(admin.memory_usage(key(i), samples=0) for i in ids)
                       for key in (job_key, result_key))
     index = admin.memory_usage(owner_jobs(""), samples=0) / JOBS
     # The release before: 373, 1,658 and 140 (a sorted set's member), 2,171 bytes a job.
