@@ -63,9 +63,13 @@ def start_web(env: dict[str, str], logdir: Path, worker_class: str | None = None
     cmd.append("app.wsgi:app")
     svc = spawn("web", cmd, env, logdir)
     url = f"http://127.0.0.1:{port}"
-    # Each gunicorn process imports the app; on a loaded 2-core machine one takes seconds.
-    wait_until(lambda: requests.get(f"{url}/healthz", timeout=2).ok,
-               30 * int(env.get("IQ_WEB_WORKERS") or 1), "the API")
+    try:  # each gunicorn process imports the app; on a loaded 2-core machine one takes seconds
+        wait_until(lambda: requests.get(f"{url}/healthz", timeout=2).ok,
+                   30 * int(env.get("IQ_WEB_WORKERS") or 1), "the API")
+    except BaseException:
+        print(svc.tail())
+        svc.stop()
+        raise
     svc.extra.update(port=port, url=url)
     return svc
 
@@ -184,9 +188,19 @@ def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1",
                IQ_WEBHOOK_SECRET=secrets.token_hex(16), **quick, **(group.env() if group else {}))
     env.update(env_extra or {})
-    procs = {name: start_worker(name, env, workdir, queues, concurrency)
-             for name, queues in workers.items()}
-    web = start_web(env, workdir)
+    procs: dict[str, Service] = {}
+    try:  # a process that fails to start leaves none of the others running
+        for name, queues in workers.items():
+            procs[name] = start_worker(name, env, workdir, queues, concurrency)
+        web = start_web(env, workdir)
+    except BaseException:
+        for svc in procs.values():
+            svc.stop()
+        if group is not None:
+            group.stop()
+        else:
+            redis_svc.stop()
+        raise
     stack = Stack(web.extra["url"], redis_svc.extra["url"], env, workdir, redis_svc, procs, web,
                   group)
     try:
