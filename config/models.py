@@ -62,6 +62,9 @@ class ModelSpec:
     # A file to which every input the model is called on is appended, one line each: fault
     # tests count from it how many times each job really ran.
     runs_log: str = ""
+    # A file that holds a loading child back while it exists: fault tests keep a replacement
+    # child loading (as a real model's load takes seconds) for as long as they need.
+    load_gate: str = ""
     # Overload and time. A job not started within timeout_s ends `expired` (0: no deadline;
     # a job may set its own). A batch running past time_limit_s is killed, its jobs end
     # `failed` with code `timeout` and the child is replaced (0: no limit). Past
@@ -128,7 +131,7 @@ class ModelSpec:
 
 # Fields that say where a model is or what a test counts, not what it computes: left out of the
 # settings a version hashes (its weights' contents stand for its `path` or `package`).
-_NOT_DEFINING = ("name", "path", "package", "runs_log", "version")
+_NOT_DEFINING = ("name", "path", "package", "runs_log", "load_gate", "version")
 
 
 def settings_digest(spec: ModelSpec) -> str:
@@ -244,8 +247,9 @@ def parse_model(name: str, raw: dict[str, Any], base: Path) -> ModelSpec:
     for key in ("max_wait_ms", "base_ms", "per_item_ms", "timeout_s", "time_limit_s"):
         if key in raw:
             values[key] = _non_negative(where, key, raw[key])
-    if kind == "synthetic" and raw.get("runs_log"):
-        values["runs_log"] = _resolve_path(str(raw["runs_log"]), base)
+    for key in ("runs_log", "load_gate"):
+        if kind == "synthetic" and raw.get(key):
+            values[key] = _resolve_path(str(raw[key]), base)
     values["device"] = _one_of(where, "device", raw.get("device", "auto"), DEVICES)
     values["dtype"] = _one_of(where, "dtype", raw.get("dtype", "float32"), DTYPES)
     if values["dtype"] == "int8":
