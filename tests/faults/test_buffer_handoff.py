@@ -1,0 +1,119 @@
+"""Issue 29: a worker whose only pool child was killed gives the jobs it buffered back to their
+queue at once, and fetches nothing while the replacement loads its models, so that another
+worker on the queue serves them; the killed batch's jobs stay with it, to run alone. Two
+workers on one queue, default settings; the replacement is held loading (`load_gate`) for as
+long as the test needs, so that "before the replacement is ready" is a fact, not a race."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from scripts.stack import Stack, launch, wait_until
+from tests.support.load import runs
+
+TERMINAL = ("succeeded", "failed", "cancelled", "expired")
+# A batch of at most two one-input jobs takes 3 s: each worker's one child holds a batch and
+# its main process buffers the rest of its prefetch (twice the batch size) meanwhile.
+BATCH_S = 3.0
+
+
+def models(log, gate) -> dict:
+    return {"held": {"kind": "synthetic", "base_ms": BATCH_S * 1000, "per_item_ms": 0,
+                     "max_batch_size": 2, "max_inputs": 1, "runs_log": str(log),
+                     "load_gate": str(gate)}}
+
+
+def post_all(stack: Stack, inputs: list[str]) -> dict[str, str]:
+    """job id -> its one input, posted from 8 threads at once."""
+    with ThreadPoolExecutor(8) as pool:
+        return dict(pool.map(lambda text: (stack.submit("held", [text])["id"], text), inputs))
+
+
+def records(stack: Stack, job_ids) -> dict[str, dict]:
+    client = stack.redis
+    with client.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.hgetall(f"iq:job:{job_id}")
+        return dict(zip(job_ids, pipe.execute()))
+
+
+def held_by(stack: Stack, node: str) -> set[str]:
+    """The delivery tags on the in-flight records of worker `node` (buffered or running)."""
+    client = stack.redis
+    return {tag for inc in client.hkeys("iq:fetchers") if inc.startswith(f"{node}@")
+            for tag in client.hkeys(f"iq:inflight:{inc}")}
+
+
+def tag_of(record: dict) -> str:
+    return json.loads(record["message"])["properties"]["delivery_tag"]
+
+
+def holding(stack: Stack, job_ids) -> tuple[int, set[str], set[str]] | None:
+    """Worker a's child, while it runs a batch that started under a second ago and a's main
+    process buffers other jobs: (child's pid, the batch's jobs, the buffered jobs)."""
+    held, recs = held_by(stack, "a"), records(stack, job_ids)
+    now_ms = time.time() * 1000
+    running = {j: r for j, r in recs.items()
+               if r.get("status") == "running" and r["worker"].startswith("a@")}
+    buffered = {j for j, r in recs.items() if r.get("status") == "queued" and tag_of(r) in held}
+    if not running or not buffered or \
+            any(now_ms - int(r["started_at"]) > 1000 for r in running.values()):
+        return None
+    pids = {int(r["worker"].rsplit("/", 1)[1]) for r in running.values()}
+    assert len(pids) == 1, f"worker a runs one child: {pids}"
+    return pids.pop(), set(running), buffered
+
+
+def ready_lines(stack: Stack, node: str) -> int:
+    """How many times worker `node`'s children said a model was loaded (runtime.py's line)."""
+    return stack.workers[node].log.read_text(errors="replace").count(" ready on ")
+
+
+def test_a_killed_childs_buffered_jobs_are_served_by_the_other_worker_meanwhile(tmp_path):
+    log, gate = tmp_path / "runs.log", tmp_path / "load-gate"
+    stack = launch(tmp_path, models(log, gate), {"a": ["held"], "b": ["held"]}, defaults=True)
+    try:
+        loaded = ready_lines(stack, "a")
+        first = post_all(stack, [f"first-{i}" for i in range(24)])
+        gate.touch()  # from now on a child that loads the model waits: a's replacement will
+        pid, batch, buffered = wait_until(lambda: holding(stack, first), 60,
+                                          "worker a running a batch with jobs buffered")
+        os.kill(pid, signal.SIGKILL)
+        # Jobs that arrive while a's replacement loads.
+        second = post_all(stack, [f"second-{i}" for i in range(8)])
+        others = (set(first) | set(second)) - batch
+
+        served = wait_until(lambda: all(r.get("status") in TERMINAL for r in
+                                        records(stack, others).values()), 90,
+                            "every job but the killed batch's finished")
+        assert served and gate.exists()
+        assert ready_lines(stack, "a") == loaded, "a's replacement must still be loading"
+        recs = records(stack, others)
+        assert {j: recs[j]["worker"].split("@")[0] for j in buffered} == \
+            {j: "b" for j in buffered}, "a's buffered jobs ran on worker b"
+        assert {j: recs[j]["worker"].split("@")[0] for j in second} == \
+            {j: "b" for j in second}, "a fetched nothing while its child loads"
+        assert held_by(stack, "a") == {tag_of(r) for r in records(stack, batch).values()}, \
+            "a holds the killed batch's jobs only"
+
+        gate.unlink()
+        wait_until(lambda: all(r.get("status") in TERMINAL for r in
+                               records(stack, batch).values()), 90, "the killed batch's jobs")
+        final = records(stack, set(first) | set(second))
+        assert {j: r["status"] for j, r in final.items()} == \
+            {j: "succeeded" for j in final}, "no job lost or failed"
+        for j in batch:  # alone on a's replacement, as a lost batch's jobs run
+            node, pid_after = final[j]["worker"].split("@")[0], final[j]["worker"].rsplit("/")[-1]
+            assert node == "a" and int(pid_after) != pid, final[j]["worker"]
+            assert len({final[k]["batch"] for k in batch}) == len(batch), "each alone"
+        assert {j: int(r["runs"]) for j, r in final.items()} == \
+            {j: 2 if j in batch else 1 for j in final}, "started twice: the killed batch only"
+        ran = runs(log)
+        assert {t: ran[t] for t in {**first, **second}.values()} == \
+            {t: 1 for t in {**first, **second}.values()}, "each job's model call finished once"
+    finally:
+        gate.unlink(missing_ok=True)
+        stack.stop()
