@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from scripts.stack import Stack, launch, wait_until
+from tasks.jobrecord import JobRecord
 from tests.support.load import runs
 
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
@@ -38,6 +39,11 @@ def records(stack: Stack, job_ids) -> dict[str, dict]:
         for job_id in job_ids:
             pipe.hgetall(f"iq:job:{job_id}")
         return dict(zip(job_ids, pipe.execute()))
+
+
+def finals(stack: Stack, job_ids) -> dict[str, JobRecord]:
+    """The records read as the API reads them (a succeeded one is kept compact)."""
+    return {j: JobRecord.from_fields(j, r) for j, r in records(stack, job_ids).items()}
 
 
 def held_by(stack: Stack, node: str) -> set[str]:
@@ -105,8 +111,8 @@ def test_a_killed_childs_buffered_jobs_are_served_by_the_other_worker_meanwhile(
 
         # Until every job a does not hold has finished: b is done with what it can run.
         wait_until(lambda: b_done(stack, others), 90, "b done with the jobs a does not hold")
-        recs = records(stack, others)
-        ran_on = {j: (r.get("status"), r.get("worker", "").split("@")[0]) for j, r in recs.items()}
+        ran_on = {j: (r.status.value, (r.worker or "").split("@")[0])
+                  for j, r in finals(stack, others).items()}
         assert ready_lines(stack, "a") == loaded and gate.exists()  # still loading
         assert ran_on == {j: ("succeeded", "b") for j in others}, \
             "a's buffered jobs and those that came after the kill ran on b meanwhile"
@@ -116,14 +122,14 @@ def test_a_killed_childs_buffered_jobs_are_served_by_the_other_worker_meanwhile(
         gate.unlink()
         wait_until(lambda: all(r.get("status") in TERMINAL for r in
                                records(stack, batch).values()), 90, "the killed batch's jobs")
-        final = records(stack, set(first) | set(second))
-        assert {j: r["status"] for j, r in final.items()} == \
+        final = finals(stack, set(first) | set(second))
+        assert {j: r.status.value for j, r in final.items()} == \
             {j: "succeeded" for j in final}, "no job lost or failed"
         for j in batch:  # on a's replacement, each alone, as a lost batch's jobs run
-            node, pid_after = final[j]["worker"].split("@")[0], final[j]["worker"].rsplit("/")[-1]
-            assert node == "a" and int(pid_after) != pid, final[j]["worker"]
-        assert len({final[j]["batch"] for j in batch}) == len(batch), "each alone"
-        assert {j: int(r["runs"]) for j, r in final.items()} == \
+            node, pid_after = final[j].worker.split("@")[0], final[j].worker.rsplit("/")[-1]
+            assert node == "a" and int(pid_after) != pid, final[j].worker
+        assert len({final[j].batch["id"] for j in batch}) == len(batch), "each alone"
+        assert {j: r.runs for j, r in final.items()} == \
             {j: 2 if j in batch else 1 for j in final}, "started twice: the killed batch only"
         ran = runs(log)
         assert {t: ran[t] for t in {**first, **second}.values()} == \
