@@ -63,6 +63,9 @@ class ModelSpec:
     # A file to which every input the model is called on is appended, one line each: fault
     # tests count from it how many times each job really ran.
     runs_log: str = ""
+    # A file that holds a loading child back while it exists: fault tests keep a replacement
+    # child loading (as a real model's load takes seconds) for as long as they need.
+    load_gate: str = ""
     # Overload and time. A job not started within timeout_s ends `expired` (0: no deadline;
     # a job may set its own). A batch running past time_limit_s is killed, its jobs end
     # `failed` with code `timeout` and the child is replaced (0: no limit). Past
@@ -139,7 +142,8 @@ def settings_digest(spec: ModelSpec) -> str:
     """A hash of the settings that define what the model computes and how it is served (every
     field but its name, where its weights are and `version`): one of the two halves of a
     version that is not declared."""
-    values = {k: v for k, v in asdict(spec).items() if k not in _NOT_DEFINING}
+    values = {k: v for k, v in asdict(spec).items()
+              if k not in _NOT_DEFINING and k != "load_gate"}  # a fault test's, as runs_log
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -248,8 +252,9 @@ def parse_model(name: str, raw: dict[str, Any], base: Path) -> ModelSpec:
     for key in ("max_wait_ms", "base_ms", "per_item_ms", "timeout_s", "time_limit_s"):
         if key in raw:
             values[key] = _non_negative(where, key, raw[key])
-    if kind == "synthetic" and raw.get("runs_log"):
-        values["runs_log"] = _resolve_path(str(raw["runs_log"]), base)
+    for key in ("runs_log", "load_gate"):
+        if kind == "synthetic" and raw.get(key):
+            values[key] = _resolve_path(str(raw[key]), base)
     values["device"] = _one_of(where, "device", raw.get("device", "auto"), DEVICES)
     values["dtype"] = _one_of(where, "dtype", raw.get("dtype", "float32"), DTYPES)
     if values["dtype"] == "int8":

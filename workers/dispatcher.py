@@ -28,6 +28,7 @@ from tasks.names import PRIORITIES
 from tasks.redis_client import connect
 from workers.batch import FOREIGN, BatchJob, JobOutcome, job_token
 from workers.broker import InFlight, Leases, broker_of
+from workers.broker.pool import serving_children
 from workers.execute import run_batch
 from workers.isolation import CrashLoops, TimeLimits
 from workers.liveness import Liveness
@@ -81,14 +82,40 @@ class PoolDispatcher:
 
     @property
     def capacity(self) -> int:
-        """Children that may hold a batch: all of them, less one being replaced by a
-        reload."""
-        return max(int(self.consumer.pool.num_processes or 1) - self.reloader.unavailable, 0)
+        """Children that may hold a batch: all of them, less one being replaced by a reload,
+        and no more than those whose models are loaded (not a replacement still loading)."""
+        total = int(self.consumer.pool.num_processes or 1) - self.reloader.unavailable
+        serving = serving_children(self.consumer.pool)
+        return max(total if serving is None else min(total, serving), 0)
 
     def tick(self) -> None:
         """The worker's periodic tick (`heartbeat_interval_s`)."""
         self.liveness.tick()
         self.reloader.tick()
+        self.fit_intake()
+
+    def fit_intake(self) -> None:
+        """While none of its children can serve (each loads its models: a replacement for
+        one that died, a reload's, the first ones), this worker fetches nothing, and what
+        waits in its buffer goes back to its queue, for another worker to run now rather than
+        this one in a model load's time; a job of a lost batch stays, to run alone here
+        (workers/isolation.py). It fetches again once a child can serve (`child_ready`, or
+        the next tick)."""
+        serving = self.capacity > 0
+        state = self.leases.inflight.state
+        if state.fetching != serving:
+            state.fetching = serving
+            logger.info("a pool child serves: fetching" if serving else
+                        "no pool child can serve (models loading): fetching nothing until one can")
+        if not serving:
+            self.release_buffered("no pool child can serve", keep_alone=True)
+
+    def child_ready(self, _pid: int) -> None:
+        """A pool child took up work (its models loaded), on the event loop."""
+        if _stopping():
+            return
+        self.reloader.step()
+        self.pump()
 
     def _idle(self) -> bool:
         """A pool child is free and nothing waits in the buffer."""
@@ -103,8 +130,8 @@ class PoolDispatcher:
         self.connection = connection
         self.release_buffered("broker connection replaced")
 
-    def release_buffered(self, why: str) -> None:
-        drained = self.scheduler.drain()
+    def release_buffered(self, why: str, keep_alone: bool = False) -> None:
+        drained = self.scheduler.drain(keep_alone)
         for pending in drained:
             worker_state.task_ready(pending.job)
         if not drained:
@@ -186,6 +213,7 @@ class PoolDispatcher:
         for batch in batches:
             self._apply(batch)
         self._arm_timer()
+        self.fit_intake()
 
     def _arm_timer(self) -> None:
         due = self.scheduler.next_deadline() if self.inflight < self.capacity else None

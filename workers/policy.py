@@ -102,10 +102,13 @@ class ModelBuffer:
         return taken
 
     def remove_if(self, pred: Callable[[Any], bool]) -> list[Pending]:
+        return self.remove_where(lambda p: pred(p.job))
+
+    def remove_where(self, pred: Callable[[Pending], bool]) -> list[Pending]:
         kept: deque[Pending] = deque()
         removed: list[Pending] = []
         for p in self.queue:
-            (removed if pred(p.job) else kept).append(p)
+            (removed if pred(p) else kept).append(p)
         self.queue = kept
         self.items = sum(p.items for p in kept)
         return removed
@@ -175,9 +178,11 @@ class BatchScheduler:
         """`job` out of its buffer; False when it is in none (it was handed out)."""
         return any(b.remove_if(lambda j: j is job) for b in self.buffers.values())
 
-    def drain(self) -> list[Pending]:
-        """Everything buffered, removed (used when the broker connection is replaced)."""
+    def drain(self, keep_alone: bool = False) -> list[Pending]:
+        """Everything buffered, removed (used when the broker connection is replaced); with
+        `keep_alone`, the jobs marked `alone` stay (they run alone here: a poison input must
+        not meet batch-mates on another worker)."""
         out: list[Pending] = []
         for b in self.buffers.values():
-            out.extend(b.remove_if(lambda _j: True))
+            out.extend(b.remove_where(lambda p: not (keep_alone and p.alone)))
         return out

@@ -160,6 +160,7 @@ class Reloader:
                 self.stale.discard(self.retiring)
                 logger.info("reload: child %d stops after its batch; %d more to replace",
                             self.retiring, len(self.stale))
+                self.dispatcher.fit_intake()  # its last child: the buffer to other workers
             return
         if self.state == "reloading":
             self.state = "serving"

@@ -15,7 +15,8 @@ from config import ConfigError
 from tasks.logs import trace
 from tasks.names import model_of_task
 from workers.batch import trace_headers
-from workers.broker.pool import guard_pool_growth, keep_batches_through_reconnects
+from workers.broker.pool import (guard_pool_growth, keep_batches_through_reconnects,
+                                 on_child_ready)
 from workers.devices import visible_gpu_count
 from workers.dispatcher import PoolDispatcher
 
@@ -33,6 +34,7 @@ def dispatcher_for(consumer: Any) -> PoolDispatcher:
         setattr(consumer, _DISPATCHER_ATTR, dispatcher)
         guard_pool_growth(consumer.pool, visible_gpu_count(dispatcher.settings))
         keep_batches_through_reconnects(consumer.pool)
+        on_child_ready(consumer.pool, dispatcher.child_ready)
     else:
         dispatcher.reset_for(consumer.connection)
     return dispatcher
@@ -118,6 +120,7 @@ class DispatcherStep(bootsteps.StartStopStep):
                 f"file ({dispatcher.settings.models_file}) uses: their jobs would be dropped. "
                 "Consume only its models' queues (IQ_WORKER_QUEUES, -Q), or give it the "
                 "models file that declares them")
+        dispatcher.fit_intake()  # no fetch before a child can serve
         liveness.start_consuming()
         self._tick = c.timer.call_repeatedly(dispatcher.settings.heartbeat_interval_s,
                                              dispatcher.tick)

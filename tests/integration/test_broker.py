@@ -255,6 +255,42 @@ def test_the_pool_stops_a_child_that_ignores_sigterm(broker):
                 os.kill(child.pid, signal.SIGKILL)
 
 
+def test_the_pool_tells_the_dispatcher_when_a_child_is_ready(broker):
+    """A pool child says WORKER_UP once its initializer (worker_process_init: its models
+    loaded) returned; the pool hands it to its `on_process_alive`, looked up when the pool is
+    made, after the Broker is installed. With the Broker, that also calls the callback
+    `on_child_ready` gave the pool, after the child counts among those that take work."""
+    import inspect
+    from types import SimpleNamespace
+
+    from billiard.pool import Worker
+    from celery.concurrency.asynpool import AsynPool
+
+    from workers.broker.pool import on_child_ready, ready_children
+
+    child = inspect.getsource(Worker.__call__)
+    assert child.index("self.after_fork()") < child.index("self.on_loop_start(pid=pid)")
+    assert "self.initializer(*self.initargs)" in inspect.getsource(Worker.after_fork)
+    assert "on_process_alive=self.on_process_alive" in \
+        inspect.getsource(AsynPool.create_result_handler)
+
+    class Child:  # a pool process as the pool's books hold it
+        pid, inqW_fd, synqW_fd = 41, 7, None
+
+        def _is_alive(self) -> bool:
+            return True
+
+    proc = Child()
+    inner = SimpleNamespace(_pool=[proc], _fileno_to_inq={}, _fileno_to_synq={},
+                            _all_inqueues=set(), _waiting_to_start={proc})
+    told: list[tuple[int, set[int]]] = []
+    pool = SimpleNamespace(_pool=inner)
+    assert on_child_ready(pool, lambda pid: told.append((pid, ready_children(pool))))
+    AsynPool.on_process_alive(inner, 41)
+    assert told == [(41, {41})]
+    assert not on_child_ready(SimpleNamespace(_pool=None), print)  # not started: no callback
+
+
 def test_a_stored_result_is_what_celery_stores_and_reads(redis_url):
     """Celery's own store_result and `stored` write the same thing (an embedding's outputs
     packed: 4 bytes a value, a failure as Celery's JSON), and AsyncResult reads either back

@@ -119,3 +119,46 @@ def test_a_freed_child_gets_its_next_batch_before_the_last_one_is_acknowledged()
     timer.run_due()
     assert unacked.acked[-1] == ["tag-b", "tag-c"]  # one round trip for the batch
     assert second.acknowledged and third.acknowledged
+
+
+class Child:
+    """A pool process as Celery's prefork pool books it: `ready` once it said WORKER_UP."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.inqW_fd = pid, 100 + pid
+
+    def _is_alive(self) -> bool:
+        return True
+
+
+def test_with_no_child_to_serve_the_buffer_goes_back_and_nothing_is_fetched():
+    from billiard.einfo import ExceptionInfo
+    from billiard.exceptions import WorkerLostError
+
+    d, pool, _timer, unacked = dispatcher()
+    restored: list[str] = []
+    unacked.restore = lambda tags: restored.extend(tags)
+    # Each job of a lost batch runs again alone (workers/isolation.py; its Redis part aside).
+    d.settlement.failed_batch = lambda _model, requests, _exc, stopping: list(requests)
+    child = Child(1)
+    pool._pool = SimpleNamespace(_pool=[child], _all_inqueues={child.inqW_fd})
+    state = d.leases.inflight.state
+    receive(d, "a")  # to the child at once
+    receive(d, "b"), receive(d, "c")  # buffered behind it
+    assert len(pool.calls) == 1 and state.fetching
+
+    pool._pool._pool.remove(child)  # it dies; its replacement loads its models
+    pool._pool._all_inqueues.clear()
+    try:
+        raise WorkerLostError("killed")
+    except WorkerLostError:
+        pool.calls[0]["error_callback"](ExceptionInfo())
+    assert sorted(restored) == ["tag-b", "tag-c"] and not state.fetching
+    assert len(pool.calls) == 1 and len(d.scheduler) == 1  # a stays, to run alone here
+
+    fresh = Child(2)
+    pool._pool._pool.append(fresh)
+    pool._pool._all_inqueues.add(fresh.inqW_fd)
+    d.child_ready(fresh.pid)
+    assert state.fetching
+    assert [job.id for job in pool.calls[1]["args"][1]] == ["a"]

@@ -154,3 +154,15 @@ def test_a_job_removed_from_its_buffer_is_in_no_batch():
     assert len(s) == 1 and s.buffers["m"].items == 2
     assert ids(s.batches(now=1.0, idle=1, busy=0)) == [[second]]
     assert not s.remove(second)  # handed out: in no buffer
+
+
+def test_drain_keeps_the_jobs_marked_alone_when_asked():
+    s = make(models=("m", "n"))
+    s.add("m", "a", 1, now=0.0)
+    s.add("m", "lost", 1, now=0.0, alone=True)
+    s.add("n", "b", 2, now=0.0)
+    assert sorted(p.job for p in s.drain(keep_alone=True)) == ["a", "b"]
+    assert ids(s.batches(now=0.0, idle=2, busy=0)) == [["lost"]]
+    s.add("m", "again", 1, now=1.0, alone=True)
+    assert [p.job for p in s.drain()] == ["again"]
+    assert len(s) == 0

@@ -56,6 +56,17 @@ class ReliableQoS(kombu_redis.QoS):
     def append(self, message: Any, delivery_tag: str) -> None:
         virtual.QoS.append(self, message, delivery_tag)  # recorded by FETCH: memory only
 
+    def can_consume(self) -> bool:
+        """kombu's prefetch limit, and nothing while the worker does not fetch
+        (`BrokerState.fetching`): no fetch is sent, and the wake-up wait in flight is left
+        unread. A fetch in flight is read still: its messages are off their queues already,
+        and the dispatcher puts back what it cannot run."""
+        channel = self.channel
+        if channel._iq_consuming and not _state().fetching \
+                and not (channel._in_poll and channel._iq_reply == "fetch"):
+            return False
+        return super().can_consume()
+
     def ack(self, delivery_tag: str) -> None:
         self.channel.inflight.ack([delivery_tag])
         virtual.QoS.ack(self, delivery_tag)

@@ -1,8 +1,9 @@
 """Two adjustments of the worker's prefork pool, made on the pool object when the dispatcher
-first meets it (workers/strategy.py); one of billiard's process class, installed with the
-Broker (`patches`): the pool stops a child with SIGKILL; and the two looks inside it a reload
-needs (workers/reload.py): which children take work, and stopping an idle one so that the
-pool starts another in its place."""
+first meets it (workers/strategy.py); two of billiard's and Celery's classes, installed with
+the Broker (`patches`): the pool stops a child with SIGKILL, and tells the dispatcher when a
+child is ready to take work (`on_child_ready`); and the looks inside it the dispatcher and a
+reload need (workers/dispatcher.py, workers/reload.py): which children take work, and
+stopping an idle one so that the pool starts another in its place."""
 from __future__ import annotations
 
 import errno
@@ -13,6 +14,7 @@ from typing import Any
 
 from billiard.pool import Pool
 from billiard.process import BaseProcess
+from celery.concurrency.asynpool import AsynPool
 
 from workers.broker.patch import Patch
 
@@ -69,7 +71,8 @@ def patches() -> list[Patch]:
     every billiard process is a pool child; on the class, not on each process object, since a
     spawned child's process object is pickled for it."""
     return [Patch(BaseProcess, "terminate", lambda _original: kill_child),
-            Patch(Pool, "terminate_job", _sigkill_for_sigterm)]
+            Patch(Pool, "terminate_job", _sigkill_for_sigterm),
+            Patch(AsynPool, "on_process_alive", _tell_when_alive)]
 
 
 def kill_child(process: Any) -> None:
@@ -92,6 +95,29 @@ def _sigkill_for_sigterm(original: Any) -> Any:
     return terminate_job
 
 
+def _tell_when_alive(original: Any) -> Any:
+    """The pool's handler of a child's first word (WORKER_UP: its initializer, which loads its
+    models, returned), followed by the callback `on_child_ready` gave it, if any."""
+    def on_process_alive(self: Any, pid: int) -> Any:
+        out = original(self, pid)
+        callback = getattr(self, "_iq_on_child_ready", None)
+        if callback is not None:
+            callback(pid)
+        return out
+
+    return on_process_alive
+
+
+def on_child_ready(pool: Any, callback: Any) -> bool:
+    """`callback(pid)` from now on each time a child of the pool is ready to take work (its
+    models loaded), on the event loop. False when the pool has not started."""
+    inner = _asynpool(pool)
+    if inner is None:
+        return False
+    inner._iq_on_child_ready = callback
+    return True
+
+
 def _asynpool(pool: Any) -> Any:
     """Celery's AsynPool inside its prefork TaskPool (None before the pool started)."""
     return getattr(pool, "_pool", None)
@@ -104,6 +130,14 @@ def ready_children(pool: Any) -> set[int]:
     if inner is None:
         return set()
     return {p.pid for p in inner._pool if p._is_alive() and p.inqW_fd in inner._all_inqueues}
+
+
+def serving_children(pool: Any) -> int | None:
+    """How many children take work now (`ready_children`); None for a pool that is not
+    Celery's prefork pool, or not started (then every one of its processes counts)."""
+    if _asynpool(pool) is None:
+        return None
+    return len(ready_children(pool))
 
 
 def retire_idle_child(pool: Any, among: set[int]) -> int | None:

@@ -25,6 +25,9 @@ class BrokerState:
       or after it lapsed; None before.
     * `delayed_queues`: queues that have a delayed set (tasks.keys.delayed_key) whose due
       messages a fetch moves onto them.
+    * `fetching`: whether this process fetches; the dispatcher turns it off while none of
+      its pool children can serve (workers/dispatcher.py), so that what it cannot run waits
+      on the queues, for any worker, rather than in its buffer.
     """
 
     def __init__(self, lease_s: float = 30.0, heartbeat_s: float = 2.0) -> None:
@@ -35,6 +38,7 @@ class BrokerState:
         self.to_restore: dict[str, Any] = {}
         self.lease_since: float | None = None
         self.delayed_queues: set[str] = set()
+        self.fetching = True
         self.name(f"worker@{socket.gethostname()}")
 
     def name(self, node: str) -> None:

@@ -89,10 +89,13 @@ class SyntheticHandler(Handler):
     length: a GPU-like cost curve with no CPU contention. For the fault tests, an input equal
     to "!fail" makes the model raise; one that starts with "!crash" kills the model's process
     (as a segfault or the host's out-of-memory killer would), one that starts with "!hang"
-    makes the call never return."""
+    makes the call never return. While its `load_gate` file exists, a child loading it waits
+    (fault tests: a replacement child that takes as long to load as they need)."""
 
     def initialize(self) -> None:
-        pass
+        gate = Path(self.spec.load_gate) if self.spec.load_gate else None
+        while gate is not None and gate.exists():
+            time.sleep(0.05)
 
     def sample_inputs(self, count: int) -> list:
         return ["x"] * count
