@@ -209,7 +209,7 @@ class JobRecord:
     @classmethod
     def from_fields(cls, job_id: str, raw: Mapping[str, str],
                     outputs: list | None = None) -> JobRecord:
-        get = _unpacked(raw).get
+        get = record_fields(raw).get
         return cls(
             id=job_id, status=Status(raw["status"]), model=raw["model"],
             created_at=_time(raw["created_at"]),
@@ -231,10 +231,10 @@ class JobRecord:
 _SHORT = {"t": "trace_id", "w": "worker", "v": "model_version"}
 
 
-def _unpacked(raw: Mapping[str, str]) -> Mapping[str, str]:
-    """A record's fields under their own names, those COMPACT packed (`r`, `t`, `w`, `v`)
-    unpacked; a record written with its names (any not final, those of earlier releases) as
-    it is."""
+def record_fields(raw: Mapping[str, str]) -> Mapping[str, str]:
+    """A record's fields (HGETALL) under their own names, those COMPACT packed (`r`, `t`, `w`,
+    `v`) unpacked; a record written with its names (any not final, those of earlier releases)
+    as it is."""
     if not any(name in raw for name in ("r", *_SHORT)):
         return raw
     out = {_SHORT.get(name, name): value for name, value in raw.items() if name != "r"}

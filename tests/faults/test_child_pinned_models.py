@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from scripts.stack import launch, wait_until
+from tests.support.records import fields
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ def test_a_child_started_again_loads_the_served_models_not_an_unannounced_edit(t
     try:
         first = stack.finished(stack.submit("quick", ["before"])["id"])
         assert first["status"] == "succeeded" and first["model_version"] == "v1"
-        child = int(stack.redis.hget(f"iq:job:{first['id']}", "worker").rsplit("/", 1)[1])
+        child = int(fields(stack.redis, first['id']).get("worker").rsplit("/", 1)[1])
         # The operator's edit, not yet announced: `other` removed, `quick` a new version.
         (tmp_path / "models.yaml").write_text(yaml.safe_dump(
             {"models": {"quick": {**QUICK, "version": "v2"}}}))

@@ -26,6 +26,7 @@ from scripts.stack import launch, start_worker, wait_until
 from tasks.jobrecord import JobRecord
 from tests.faults.test_recovery import (Watch, check_recovery, held_by_workers, running_in,
                                         under_load)
+from tests.support.records import fields, fields_of
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +59,7 @@ def gone(pid: int) -> bool:
 
 def child_of(stack, job_id: str) -> int:
     """The pid of the pool child the job's record says runs it (`node/index/pid`)."""
-    return int(stack.redis.hget(f"iq:job:{job_id}", "worker").rsplit("/", 1)[1])
+    return int(fields(stack.redis, job_id).get("worker").rsplit("/", 1)[1])
 
 
 def hung_then_signalled(stack, model: str, worker_name: str, hang: str,
@@ -100,10 +101,8 @@ def test_a_stop_of_the_whole_group_lets_the_running_batch_finish_once(stopped):
     assert held_by_workers(stack) == 0  # the buffered jobs are back on the queue
     stack.workers["w"] = start_worker("w", stack.env, stack.workdir, ["slow"])
     check_recovery(stack, watch, accepted, log, time.monotonic(), may_rerun=set())
-    with stack.redis.pipeline(transaction=False) as pipe:
-        for job_id in ids:
-            pipe.hget(f"iq:job:{job_id}", "runs")
-        started = dict(zip(ids, (int(n or 0) for n in pipe.execute())))
+    started = {job_id: int(record.get("runs") or 0)
+               for job_id, record in fields_of(stack.redis, ids).items()}
     assert {job_id: n for job_id, n in started.items() if n != 1} == {}
     assert "signal 15" not in worker.tail(2000)  # no child died of the SIGTERM
 

@@ -20,6 +20,7 @@ from config import load_settings
 from scripts import hosts as nethosts
 from scripts.stack import ROOT, launch, spawn, wait_until
 from tasks.keys import CONSUMING_KEY
+from tests.support.records import fields
 
 pytestmark = pytest.mark.slow
 
@@ -167,7 +168,7 @@ def test_a_host_cut_off_past_the_visibility_timeout_loses_nothing_and_rejoins(tw
     late = [r for _, _, i in before if _finished_at(r := records[i]) > cut_at + RECOVERY_S]
     assert late == []
     during = [r for r in records.values() if cut_at < _finished_at(r) < healed_at]
-    assert during and all(f"@{other.name}/" in stack.redis.hget(f"iq:job:{r['id']}", "worker")
+    assert during and all(f"@{other.name}/" in fields(stack.redis, r['id']).get("worker")
                           for r in during)
     # Only the batch it was running at the cut ran twice.
     counts = collections.Counter(_runs(stack.workdir, cut.name) + _runs(stack.workdir,
@@ -200,6 +201,6 @@ def test_workers_behind_a_few_milliseconds_of_latency_serve_every_job(two_hosts)
         host.delay(5)
     jobs = [stack.submit("work", [uuid.uuid4().hex]) for _ in range(40)]
     assert {stack.finished(j["id"], timeout=120)["status"] for j in jobs} == {"succeeded"}
-    nodes = {stack.redis.hget(f"iq:job:{j['id']}", "worker").split("@")[1].split("/")[0]
+    nodes = {fields(stack.redis, j['id']).get("worker").split("@")[1].split("/")[0]
              for j in jobs}
     assert nodes == {h.name for h in hosts}

@@ -8,6 +8,7 @@ import pytest
 
 from scripts.stack import launch, start_worker, wait_until
 from tests.faults.test_recovery import held_by_workers
+from tests.support.records import fields
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +32,7 @@ def test_a_live_workers_jobs_are_never_handed_out_again(tmp_path):
         stack.workers["b"] = start_worker("b", stack.env, tmp_path, ["long", "quick"])
         done = [stack.finished(j["id"], timeout=120) for j in (long_job, quick_job)]
         assert [d["status"] for d in done] == ["succeeded", "succeeded"]
-        assert all(stack.redis.hget(f"iq:job:{d['id']}", "worker").startswith("a@")
+        assert all(fields(stack.redis, d['id']).get("worker").startswith("a@")
                    for d in done)
         runs = collections.Counter(log.read_text().splitlines())
         assert (runs["long-job"], runs["quick-job"]) == (1, 1)

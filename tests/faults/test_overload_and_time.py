@@ -6,6 +6,7 @@ import uuid
 import requests
 
 from scripts.stack import wait_until
+from tests.support.records import fields
 
 
 def post(stack, body, headers=None):
@@ -37,17 +38,17 @@ def test_a_job_not_started_by_its_deadline_expires_and_never_runs(faults):
     assert faults.finished(follower["id"], timeout=30)["status"] == "succeeded"
     again = faults.job(late["id"])
     assert again["status"] == "expired" and again["started_at"] is None
-    assert faults.redis.hget(f"iq:job:{late['id']}", "runs") is None
+    assert fields(faults.redis, late['id']).get("runs") is None
 
 
 def test_a_job_past_its_hard_limit_fails_with_timeout_and_the_child_is_replaced(faults):
     job = faults.submit("hang", ["x"])
     body = faults.finished(job["id"], timeout=60)
     assert body["status"] == "failed" and body["error"]["code"] == "timeout"
-    first_pid = faults.redis.hget(f"iq:job:{job['id']}", "worker").rsplit("/", 1)[1]
+    first_pid = fields(faults.redis, job['id']).get("worker").rsplit("/", 1)[1]
     after = faults.finished(faults.submit("quick", ["y"])["id"], timeout=120)
     assert after["status"] == "succeeded"
-    new_pid = faults.redis.hget(f"iq:job:{after['id']}", "worker").rsplit("/", 1)[1]
+    new_pid = fields(faults.redis, after['id']).get("worker").rsplit("/", 1)[1]
     assert new_pid != first_pid
     assert faults.workers["faults"].proc.poll() is None
 

@@ -25,6 +25,7 @@ import requests
 from config import load_settings
 from scripts.stack import Stack, launch, start_redis, start_worker, wait_until
 from tasks.celery_app import make_celery
+from tests.support.records import fields, fields_of
 
 pytestmark = pytest.mark.slow
 
@@ -107,12 +108,9 @@ def runs(log: Path) -> collections.Counter:
 
 def running_in(stack: Stack, ids: list[str], worker_prefix: str = "") -> set[str]:
     """Jobs whose record says a child of that worker is running them now."""
-    with stack.redis.pipeline(transaction=False) as pipe:
-        for job_id in ids:
-            pipe.hmget(f"iq:job:{job_id}", "status", "worker")
-        rows = pipe.execute()
-    return {job_id for job_id, (status, worker) in zip(ids, rows)
-            if status == "running" and (worker or "").startswith(worker_prefix)}
+    return {job_id for job_id, record in fields_of(stack.redis, ids).items()
+            if record.get("status") == "running"
+            and record.get("worker", "").startswith(worker_prefix)}
 
 
 def held_by_workers(stack: Stack) -> int:
@@ -215,7 +213,7 @@ def test_a_reconnect_keeps_a_batch_no_child_has_taken_yet(recovery):
     node = f"w@{socket.gethostname()}"
     control = make_celery(load_settings({"redis_url": stack.redis_url})).control
     warm = stack.finished(stack.submit("slow", ["warm-up"])["id"])
-    child = int(stack.redis.hget(f"iq:job:{warm['id']}", "worker").rsplit("/", 1)[1])
+    child = int(fields(stack.redis, warm['id']).get("worker").rsplit("/", 1)[1])
     watch = Watch(stack)
     os.kill(child, signal.SIGSTOP)
     try:

@@ -18,6 +18,7 @@ from scripts.stack import launch, start_worker, wait_until
 from tasks.keys import CONSUMING_KEY
 from tests.faults.test_recovery import Watch, check_recovery, models, submit_load
 from tests.support.clock import skewed
+from tests.support.records import fields
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +50,7 @@ def test_workers_with_skewed_clocks_run_every_job_once(tmp_path):
         accepted = submit_load(stack, watch, count=240)
         assert len(accepted) >= 200, f"only {len(accepted)} jobs accepted"
         check_recovery(stack, watch, accepted, log, time.monotonic(), may_rerun=set())
-        ran_on = {stack.redis.hget(f"iq:job:{job_id}", "worker").split("@", 1)[0]
+        ran_on = {fields(stack.redis, job_id).get("worker").split("@", 1)[0]
                   for job_id in accepted.values()}
         assert ran_on == {"ahead", "behind"}, f"jobs ran only on {ran_on}"
         assert consuming(stack) == {"ahead", "behind"}

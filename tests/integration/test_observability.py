@@ -6,6 +6,7 @@ import uuid
 import requests
 
 from scripts.stack import wait_until
+from tests.support.records import fields
 
 
 def test_one_trace_id_through_api_and_worker_logs(stack):
@@ -54,7 +55,7 @@ def test_worker_metrics_are_summed_across_prefork_children(tmp_path):
         jobs = [stack.submit("syn2", ["a", "bb"]) for _ in range(12)] + \
             [stack.submit("syn2", ["!fail"])]
         done = [stack.finished(j["id"]) for j in jobs]
-        children = {stack.redis.hget(f"iq:job:{j['id']}", "worker") for j in jobs}
+        children = {fields(stack.redis, j['id']).get("worker") for j in jobs}
         assert len(children) == 2, "both children must have run jobs"
         text = requests.get(stack.workers["two"].extra["metrics_url"], timeout=5).text
         assert _sample(text, "iq_jobs_total", model="syn2", outcome="succeeded") == 12

@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from scripts.stack import ROOT, launch, start_worker, wait_until
+from tests.support.records import fields
 
 MODELS = {
     "shared": {"kind": "synthetic", "base_ms": 1000, "per_item_ms": 0, "max_batch_size": 2,
@@ -57,7 +58,7 @@ def test_two_workers_with_different_node_names_share_one_queue(scaled):
     jobs = [scaled.submit("shared", ["x", "y"]) for _ in range(8)]
     done = [scaled.finished(j["id"], timeout=60) for j in jobs]
     assert all(d["status"] == "succeeded" for d in done)
-    nodes = {scaled.redis.hget(f"iq:job:{j['id']}", "worker").split("/")[0] for j in jobs}
+    nodes = {fields(scaled.redis, j['id']).get("worker").split("/")[0] for j in jobs}
     assert nodes == {node("a"), node("b")}
 
 
@@ -96,7 +97,7 @@ def test_add_and_cancel_consumer_move_a_worker_between_model_queues(scaled):
     assert "OK" in celery(scaled, "control", "add_consumer", "extra", "-d", node("b"))
     body = scaled.finished(scaled.submit("extra", ["moved"])["id"], timeout=120)
     assert body["status"] == "succeeded"
-    assert scaled.redis.hget(f"iq:job:{body['id']}", "worker").startswith(node("b"))
+    assert fields(scaled.redis, body['id']).get("worker").startswith(node("b"))
     queues = {q["name"] for q in inspect_json(scaled, "active_queues", "b")}
     assert "extra" in queues
 
