@@ -153,18 +153,25 @@ class Stores:
         return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
     def live(self, models: Iterable[str]) -> dict[str, dict]:
-        """JobStore.live, each model's read from its group's Redis; 503 naming a group that
-        cannot be read."""
+        """JobStore.live, each model's read from its group's Redis. A group that cannot be read
+        leaves its models' counts unknown (None) and names itself in their `unreachable`, so
+        that the other groups' models are still shown; 503 when no group can be read."""
         live: dict[str, dict] = {}
         by_group = self._by_group(models)
         read = self._each(lambda store: store.live(by_group[store.group])
                           if by_group.get(store.group) else {})
+        down = [group for group, found in read.items() if isinstance(found, redis.RedisError)]
+        if len(down) == len(read):
+            raise _down(down[0], read[down[0]], "its models' instances are unknown") from None
         for group, found in read.items():
             if isinstance(found, redis.RedisError):
-                raise _down(group, found, "its models' instances are unknown") from None
-            if isinstance(found, BaseException):
+                unknown = {"workers": None, "instances": None, "versions": None,
+                           "unreachable": f"redis:{group}" if group else "redis"}
+                live.update({name: unknown for name in by_group.get(group, [])})
+            elif isinstance(found, BaseException):
                 raise found
-            live.update(found)
+            else:
+                live.update(found)
         return live
 
     def readiness(self, models: Iterable[str]) -> tuple[dict[str, dict], dict[str, dict]]:

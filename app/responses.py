@@ -150,11 +150,16 @@ class Model(Schema):
     timeout_s = fields.Float(allow_none=True)
     time_limit_s = fields.Float(allow_none=True)
     options = fields.List(fields.String(), metadata={"description": "the options it takes"})
-    workers = fields.Integer(metadata={"description": "live worker nodes serving it"})
-    instances = fields.Integer(metadata={"description": "live copies of the model"})
-    versions = fields.List(fields.Nested(ModelVersion), metadata={
+    workers = fields.Integer(allow_none=True, metadata={
+        "description": "live worker nodes serving it (null: its Redis group is unreachable)"})
+    instances = fields.Integer(allow_none=True, metadata={
+        "description": "live copies of the model (null: its Redis group is unreachable)"})
+    versions = fields.List(fields.Nested(ModelVersion), allow_none=True, metadata={
         "description": "the versions the live copies serve, with their workers and copies: "
                        "two during a reload"})
+    unreachable = fields.String(metadata={
+        "description": "only while the Redis of the model's group does not answer: which "
+                       "(`redis:<group>`); its live counts are then unknown"})
 
 
 class Models(Schema):

@@ -52,9 +52,15 @@ def test_three_frozen_groups_cost_one_deadline_each_read_not_three(frozen):
     # Two reads of every group (queue depths, kept requests), each at most one deadline.
     assert answer.status_code == 200 and took < 2 * DEADLINE_S + 1.5, took
     assert 'iq_queue_depth{model="on-default"} 0.0' in answer.get_data(as_text=True)
-    for path, status in (("/readyz", 503), ("/v1/models", 503), ("/v1/jobs", 503)):
+    for path, status in (("/readyz", 503), ("/v1/models", 200), ("/v1/jobs", 503)):
         took, answer = timed(lambda: frozen.get(path))
         assert answer.status_code == status and took < DEADLINE_S + 1.5, (path, took)
+    # /v1/models still shows every model: the frozen groups' with their counts unknown.
+    shown = {m["name"]: m for m in frozen.get("/v1/models").get_json()["models"]}
+    assert shown["on-default"]["instances"] == 0 and "unreachable" not in shown["on-default"]
+    frozen_models = {name: m for name, m in shown.items() if name != "on-default"}
+    assert frozen_models and all(m["instances"] is None and m["unreachable"].startswith("redis:")
+                                 for m in frozen_models.values())
     checks = frozen.get("/readyz").get_json()["checks"]
     assert checks["redis"]["ok"] and not checks["redis:b"]["ok"] and not checks["redis:d"]["ok"]
     took, answer = timed(lambda: frozen.post("/v1/jobs", json={"model": "on-default",
