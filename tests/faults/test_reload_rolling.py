@@ -11,6 +11,7 @@ the test holds each worker's new child loading for as long as it needs, so that 
 other loads" is a fact, not a race."""
 from __future__ import annotations
 
+import collections
 import re
 import subprocess
 import sys
@@ -140,7 +141,11 @@ def check_every_job(stack, load: Load) -> None:
         stack.finished(job_id, timeout=60)
     records = fields_of(stack.redis, list(load.accepted.values()))
     assert {r["status"] for r in records.values()} == {"succeeded"}
-    ran_on = {(r["worker"].split("@")[0], r["model_version"]) for r in records.values()}
+    split = collections.Counter((r["worker"].split("@")[0], r["model_version"])
+                                for r in records.values())
+    print(f"\nrolling reload under load: {len(records)} jobs, all succeeded once; by worker "
+          f"and version: {dict(sorted(split.items()))}")
+    ran_on = set(split)
     assert ran_on <= {(n, v) for n in WORKERS for v in ("v1", "v2")}
     assert {v for _n, v in ran_on} == {"v1", "v2"}, "the load ran through the reload"
     ran = runs(stack.workdir / "a" / "runs.log") + runs(stack.workdir / "b" / "runs.log")
