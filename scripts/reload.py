@@ -13,8 +13,10 @@ process, without a restart.
    A process whose own file is not the announced one keeps serving and reports why.
 3. It waits until every live worker and API process serves the new revision ("reload done":
    exit 0), one refused or a worker stopped before it took the new file (2: a worker whose
-   new pool child cannot load the new models stops) or `--timeout` passed (3), saying where
-   each one stands.
+   new pool child cannot load the new models stops) or `--timeout` passed with no process
+   moving on (3), saying where each one stands. The workers that serve a queue reload in
+   turn (workers/turns.py), one model load after another: the timeout bounds a stall, not
+   the whole roll, so that it need not grow with the number of workers.
 4. Once done, the jobs still queued for a model the file does not have (removed now or by an
    earlier reload) end `failed` with `model_removed`, however many workers consumed its queue
    (scripts/reload_removed.py); it says how many. (Exit 2 when Redis refused that: the next
@@ -181,9 +183,10 @@ def _standing(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
         elif status["revision"] == revision and status["state"] == "serving":
             out[name] = "done"
         else:
-            left = status.get("children_left")
+            left, waiting = status.get("children_left"), status.get("waiting_for")
             out[name] = f"pending: {status['state']} ({status['revision']})" + \
-                (f", {left} child(ren) to replace" if left else "")
+                (f", {left} child(ren) to replace" if left else "") + \
+                (f", its turn after worker:{waiting}'s" if waiting else "")
     return out, sum(1 for n in names if n.startswith("api:"))
 
 
@@ -201,7 +204,6 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
     except Invalid as exc:
         say(f"reload refused, nothing changed: {exc}")
         return Result(INVALID, lines=[str(exc)])
-    deadline = time.monotonic() + timeout_s
     try:
         result = _reload(target, source, lock, timeout_s, say, redis_url, settings)
         # Each Redis group's workers watch their own Redis: announced there too, in turn,
@@ -210,8 +212,8 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
             if result.status != DONE:
                 break
             say(f"Redis group {name}:")
-            result = _reload(target, None, lock, max(deadline - time.monotonic(), 1), say,
-                             None, replace(settings, redis_url=url, redis_sentinels=""))
+            result = _reload(target, None, lock, timeout_s, say, None,
+                             replace(settings, redis_url=url, redis_sentinels=""))
         return result
     finally:
         os.close(lock)
@@ -253,6 +255,8 @@ def _reload(target: Path, source: str | Path | None, lock: int, timeout_s: float
     deadline, shown = time.monotonic() + timeout_s, {}
     while True:
         standing, apis = _standing(client, revision, beat, ttl, workers_before)
+        if standing != shown:  # a process moved on: the timeout counts from now
+            deadline = time.monotonic() + timeout_s
         for name, where in standing.items():
             if shown.get(name) != where:
                 say(f"  {name}: {where}")
@@ -269,7 +273,7 @@ def _reload(target: Path, source: str | Path | None, lock: int, timeout_s: float
             say(f"reload done: every worker child and API process on revision {revision}")
             return Result(DONE, revision, lines)
         if time.monotonic() > deadline:
-            say(f"reload to {revision} not done after {timeout_s:g}s: "
+            say(f"reload to {revision} not done: nothing moved on for {timeout_s:g}s: "
                 f"{', '.join(pending) or 'API processes not back'}")
             return Result(TIMED_OUT, revision, lines)
         time.sleep(min(0.5, beat))
@@ -280,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file", nargs="?", help="a models file to check and install in place "
                         "of the one the processes read (default: reload that one as it is)")
     parser.add_argument("--timeout", type=float, default=600,
-                        help="seconds to wait for every process (default 600)")
+                        help="seconds to wait with no process moving on to the new file "
+                        "(default 600)")
     args = parser.parse_args(argv)
     from scripts.run import own_redis_env
 

@@ -96,6 +96,13 @@ MODELS_REVISION_KEY = f"{PREFIX}models:revision"
 RELOAD_STATUS_KEY = f"{PREFIX}reload:status"
 
 
+def reload_turn_key(queue: str) -> str:
+    """The worker whose turn it is to reload its last serving child of `queue`'s (its node
+    name, expiring unless renewed): the workers serving a queue reload one after another
+    (workers/turns.py)."""
+    return f"{PREFIX}reload:turn:{queue}"
+
+
 def consuming_key(queue: str) -> str:
     """Sorted set of the workers (hostname) consuming `queue` now, scored by their last tick:
     a worker told to stop consuming a queue (`cancel_consumer`) leaves it at its next tick."""

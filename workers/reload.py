@@ -3,8 +3,10 @@ takes the new file (new models' tasks and queues, new batching limits, removed m
 failed with `model_removed`), then replaces its pool children one at a time, each after the
 batch it holds: a spawned child loads the models file its main process hands it
 (workers/pinned.py), from then on the new one, so the new child loads the new models. The
-worker keeps serving from its other children; with one child, jobs wait for the load. Where it stands is written to Redis (tasks/keys.py RELOAD_STATUS_KEY) for the reload
-command to wait on.
+worker keeps serving from its other children. Its last serving child goes only in its turn
+(workers/turns.py): the workers that serve the same queues take turns, so that another keeps
+serving while this one's new child loads. Where it stands is written to Redis (tasks/keys.py
+RELOAD_STATUS_KEY) for the reload command to wait on.
 
     serving ──(announced revision ≠ its own)──▶ reloading ──(every child replaced)──▶ serving
                  │ its file is not the announced one, or does not parse
@@ -29,6 +31,7 @@ from tasks.names import task_name
 from workers.broker.pool import ready_children, retire_idle_child
 from workers.model_tasks import register_model
 from workers.pinned import pin
+from workers.turns import Turn
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +57,8 @@ class Reloader:
         self.removed: dict[str, ModelSpec] = {}
         self.app.conf.iq_removed_models = self.removed  # for Liveness: still its queues
         self._timer: Any = None
+        settings = self.app.conf.iq_settings
+        self.turn = Turn(client, self.consumer.hostname, settings.heartbeat_ttl_s, STEP_S)
 
     @property
     def unavailable(self) -> int:
@@ -71,6 +76,7 @@ class Reloader:
         if announced and announced not in (self.revision, self.refused_revision):
             self.begin(announced)
         self.step()
+        self.turn.renew()
         self.report()
 
     def begin(self, revision: str) -> None:
@@ -151,9 +157,12 @@ class Reloader:
             if not (gone and fresh):
                 return
             self.retiring = None
+            self.turn.release()  # a child serves again: the next worker's turn
             self.dispatcher.pump()  # the replacement takes work
         self.stale &= self._pids()
         if self.stale:
+            if not self._may_retire():
+                return
             self.before_retiring = self._pids()
             self.retiring = retire_idle_child(pool, self.stale)
             if self.retiring is not None:
@@ -162,6 +171,7 @@ class Reloader:
                             self.retiring, len(self.stale))
                 self.dispatcher.fit_intake()  # its last child: the buffer to other workers
             return
+        self.turn.release()
         if self.state == "reloading":
             self.state = "serving"
             logger.info("reload done: every child on models file revision %s", self.revision)
@@ -170,9 +180,19 @@ class Reloader:
                 self._timer = None
             self.report()
 
+    def _may_retire(self) -> bool:
+        """Whether a child may stop now: while another child of this worker serves, yes;
+        its last serving child only in this worker's turn on the queues it consumes."""
+        ready = len(ready_children(self.consumer.pool))
+        if ready > 1:
+            return True
+        return ready == 1 and self.turn.take(self.dispatcher.liveness.consumed_queues())
+
     def report(self) -> None:
+        waiting = self.turn.waiting_for if self.stale and not self.turn.held else ""
         status = {"revision": self.revision, "state": self.state, "at": time.time(),
                   "children_left": len(self.stale) + self.unavailable, "error": self.error,
+                  "waiting_for": waiting,
                   "refused": self.refused_revision,
                   "metrics": getattr(self.app.conf, "iq_metrics_address", None)}
         try:

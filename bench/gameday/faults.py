@@ -32,7 +32,9 @@ from tasks.keys import JOB_PREFIX, live_key
 FREEZE_S = 5.0
 EXTRA_WORKER_S = 20.0  # how long the second worker serves beside the first
 CUT_S = 45.0  # how long the worker's host is cut off: past the 30 s lease (visibility timeout)
-RELOAD_TIMEOUT_S = 300.0  # make reload's wait for every process (a model load takes 6-30 s)
+# make reload's wait with no process moving on (a model load takes 6-30 s); with two workers in
+# turn the whole reload is two loads, well within the wait for it below.
+RELOAD_TIMEOUT_S = 300.0
 FAILOVER_S = 60.0  # the sentinels' promotion, then the old primary in sync as a replica
 
 
@@ -185,9 +187,10 @@ class ModelReload(Fault):
     """An operator's reload (`make reload FILE=…`, scripts/reload.py, in a process of its own
     with the environment the operator's shell has beside make run): the served model's
     declared version changed in a new models file, which the reload checks, installs in place
-    of the run's own and announces; each worker replaces its children one at a time (with one
-    child, jobs wait for the new one to load), each API process reloads gracefully. Over when
-    the reload says every process serves the new file."""
+    of the run's own and announces; each worker replaces its children one at a time, and the
+    workers on a queue take turns to retire their last serving child (workers/turns.py), so
+    that one always serves it; each API process reloads gracefully. Over when the reload says
+    every process serves the new file."""
     name, label = "model-reload", "models file reloaded"
     needs = Needs(models_copy=True)
 

@@ -1,0 +1,156 @@
+"""A reload's turns in the worker (workers/reload.py, workers/turns.py), with fake pools and a
+fake turn store standing in for Redis: two one-child workers on one queue retire their
+children one after the other, the second only once the first's replacement is up; a worker
+with another child serving needs no turn. (The turn's Redis scripts, against a real Redis:
+tests/integration/test_reload_turns.py; two real workers: tests/faults/test_reload_rolling.py.)"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from tests.unit.test_dispatcher import dispatcher
+
+
+class Child:
+    """A pool process as Celery's prefork pool books it; `ready` once it said WORKER_UP."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.inqW_fd, self.stopped = pid, 100 + pid, False
+
+    def _is_alive(self) -> bool:
+        return not self.stopped
+
+    def terminate_controlled(self) -> None:
+        self.stopped = True
+
+
+class Pool:
+    """The AsynPool inside a prefork TaskPool, as far as workers/broker/pool.py looks."""
+
+    def __init__(self, *pids: int) -> None:
+        self._pool = [Child(p) for p in pids]
+        self._all_inqueues = {c.inqW_fd for c in self._pool}
+        self._busy_workers: set[int] = set()
+        self._active_writes: set[int] = set()
+
+    def child(self, pid: int) -> Child:
+        return next(c for c in self._pool if c.pid == pid)
+
+    def reap(self) -> None:
+        """The pool takes the stopped children out."""
+        self._pool = [c for c in self._pool if not c.stopped]
+
+    def start(self, pid: int, ready: bool) -> Child:
+        child = Child(pid)
+        self._pool.append(child)
+        if ready:
+            self._all_inqueues.add(child.inqW_fd)
+        return child
+
+    def up(self, pid: int) -> None:
+        self._all_inqueues.add(self.child(pid).inqW_fd)
+
+
+class FakeTurns:
+    """Turn keys as Redis holds them (queue -> worker), shared by the workers' turns."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, str] = {}
+
+
+class FakeTurn:
+    """workers/turns.py's Turn over FakeTurns (no TTL, no rate limit)."""
+
+    def __init__(self, turns: FakeTurns, worker: str) -> None:
+        self.turns, self.worker = turns, worker
+        self.mine: list[str] = []
+        self.waiting_for = ""
+
+    @property
+    def held(self) -> bool:
+        return bool(self.mine)
+
+    def take(self, queues: list[str]) -> bool:
+        keys = self.turns.keys
+        others = [keys[q] for q in queues if keys.get(q, self.worker) != self.worker]
+        self.waiting_for = others[0] if others else ""
+        if not others:
+            keys.update((q, self.worker) for q in queues)
+            self.mine = list(queues)
+        return not others
+
+    def renew(self) -> None:
+        pass
+
+    def release(self) -> None:
+        for q in self.mine:
+            self.turns.keys.pop(q, None)
+        self.mine = []
+
+
+def worker(name: str, turns: FakeTurns, *pids: int):
+    d, _pool, _timer, _unacked = dispatcher()
+    pool = Pool(*pids)
+    d.consumer.pool = SimpleNamespace(_pool=pool, num_processes=len(pids))
+    d.consumer.task_consumer = SimpleNamespace(queues=[SimpleNamespace(name="m")])
+    d.consumer.hostname = name
+    reloader = d.reloader
+    reloader.turn = FakeTurn(turns, name)
+    reloader.report = lambda: None  # no Redis here
+    reloader.stale, reloader.state = set(pids), "reloading"
+    return reloader, pool
+
+
+def test_two_one_child_workers_on_a_queue_reload_one_after_the_other():
+    turns = FakeTurns()
+    a, pool_a = worker("a@h", turns, 1)
+    b, pool_b = worker("b@h", turns, 2)
+
+    a.step()
+    b.step()
+    assert a.retiring == 1 and pool_a.child(1).stopped
+    assert b.retiring is None and not pool_b.child(2).stopped, "b serves while a reloads"
+    assert b.turn.waiting_for == "a@h" and turns.keys == {"m": "a@h"}
+
+    pool_a.reap()
+    pool_a.start(11, ready=False)  # a's replacement loads its models
+    for _ in range(3):
+        a.step()
+        b.step()
+    assert a.retiring == 1 and not pool_b.child(2).stopped, "still: until a's new child is up"
+
+    pool_a.up(11)  # WORKER_UP: a's new child serves
+    a.step()
+    assert a.retiring is None and a.state == "serving" and turns.keys == {}
+    b.step()
+    assert b.retiring == 2 and pool_b.child(2).stopped and turns.keys == {"m": "b@h"}
+
+    pool_b.reap()
+    pool_b.start(12, ready=True)
+    b.step()
+    assert b.state == "serving" and turns.keys == {}
+
+
+def test_a_worker_with_another_child_serving_needs_no_turn():
+    turns = FakeTurns()
+    turns.keys["m"] = "other@h"  # another worker's turn now
+    a, pool_a = worker("a@h", turns, 1, 2)
+
+    a.step()
+    first = a.retiring
+    assert first in (1, 2) and pool_a.child(first).stopped, "its other child serves"
+    pool_a.reap()
+    pool_a.start(11, ready=True)
+    a.step()  # its new child serves: the last old one goes too
+    assert a.retiring == 3 - first and pool_a.child(3 - first).stopped
+    assert not a.turn.held and turns.keys == {"m": "other@h"}
+    pool_a.reap()
+    pool_a.start(12, ready=True)
+    a.step()
+    assert a.state == "serving"
+
+
+def test_a_worker_alone_on_its_queue_reloads_at_once():
+    turns = FakeTurns()
+    a, pool_a = worker("a@h", turns, 1)
+    a.step()
+    assert a.retiring == 1 and turns.keys == {"m": "a@h"}
