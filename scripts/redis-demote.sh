@@ -34,12 +34,18 @@ say() { echo "redis-demote: $master $old_host:$old_port -> $new_host:$new_port (
 # this), else the system's.
 cli_bin="$(dirname "$(readlink -f "/proc/$PPID/exe" 2> /dev/null || echo /)")/redis-cli"
 [ -x "$cli_bin" ] || cli_bin="$(command -v redis-cli)"
-REDISCLI_AUTH="$(< "${IQ_REDIS_PASSWORD_FILE:?names the file with the admin password}")"
+# A missing setting exits 2 too: with 1, Sentinel would run the script again, up to 10 times.
+if [ ! -r "${IQ_REDIS_PASSWORD_FILE:-}" ] || [ -z "${REDIS_PORT:-}" ]; then
+  say "not demoted: IQ_REDIS_PASSWORD_FILE must name a readable file with the admin password" \
+      "and REDIS_PORT the sentinel's port (got '${IQ_REDIS_PASSWORD_FILE:-}', '${REDIS_PORT:-}')"
+  exit 2
+fi
+REDISCLI_AUTH="$(< "$IQ_REDIS_PASSWORD_FILE")"
 export REDISCLI_AUTH
 # At most 5 s a command: a frozen node must not hold the script (Sentinel kills it at 60 s).
 cli() { timeout 5 "$cli_bin" -h "$1" -p "$2" "${@:3}"; }
 
-named="$(cli 127.0.0.1 "${REDIS_PORT:?names the port of the sentinel}" \
+named="$(cli 127.0.0.1 "$REDIS_PORT" \
          SENTINEL GET-MASTER-ADDR-BY-NAME "$master" | paste -sd:)"
 if [ "$named" != "$new_host:$new_port" ]; then
   say "not demoted: this sentinel names ${named:-no primary} now"
