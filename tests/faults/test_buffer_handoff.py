@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from scripts.stack import Stack, launch, wait_until
 from tasks.jobrecord import JobRecord
 from tests.support.load import runs
+from tests.support.records import fields_of
 
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
 # A batch of at most two one-input jobs takes 3 s: each worker's one child holds a batch and
@@ -34,11 +35,7 @@ def post_all(stack: Stack, inputs: list[str]) -> dict[str, str]:
 
 
 def records(stack: Stack, job_ids) -> dict[str, dict]:
-    client = stack.redis
-    with client.pipeline(transaction=False) as pipe:
-        for job_id in job_ids:
-            pipe.hgetall(f"iq:job:{job_id}")
-        return dict(zip(job_ids, pipe.execute()))
+    return fields_of(stack.redis, list(job_ids))
 
 
 def finals(stack: Stack, job_ids) -> dict[str, JobRecord]:
