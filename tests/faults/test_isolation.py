@@ -89,6 +89,10 @@ def test_poison_and_hung_inputs_fail_alone_and_a_stop_is_bounded(tmp_path):
         # in the worker's buffer.
         wait_until(lambda: stack.job(hangy["!hang"])["status"] == "running", 30,
                    "the hung call")
+        # Jobs that arrive while it hangs wait in the buffer behind it, however the ones
+        # above were batched (on a loaded machine the hanging input may reach the worker
+        # after every one of its mates and run in the last batch).
+        hangy |= post_all(stack, "hangy", [f"h-late-{i}" for i in range(4)])
         original = wait_until(lambda: buffered(stack, list(hangy.values())), 30,
                               "a hangy job in the buffer")
         copy_of(stack, original)
