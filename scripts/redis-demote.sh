@@ -29,6 +29,14 @@ fi
 master="$1" role="$2" state="$3" old_host="$4" old_port="$5" new_host="$6" new_port="$7"
 say() { echo "redis-demote: $master $old_host:$old_port -> $new_host:$new_port ($role): $*" >&2; }
 [ "$state" = start ] || exit 0
+# The addresses go into the lines piped to redis-cli below: a host or port that is not one
+# (a space or a line break in it would add words or commands there) stops the script.
+for host in "$old_host" "$new_host"; do
+  if [[ ! "$host" =~ ^[A-Za-z0-9.:_-]+$ ]]; then say "not demoted: '$host' is not a host"; exit 2; fi
+done
+for port in "$old_port" "$new_port"; do
+  if [[ ! "$port" =~ ^[0-9]{1,5}$ ]]; then say "not demoted: '$port' is not a port"; exit 2; fi
+done
 
 # The redis-cli beside the sentinel's own redis-server (its parent: Sentinel forks and execs
 # this), else the system's.
