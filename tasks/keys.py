@@ -103,6 +103,14 @@ def reload_turn_key(queue: str) -> str:
     return f"{PREFIX}reload:turn:{queue}"
 
 
+def reload_failed_key(revision: str) -> str:
+    """A models file revision that a reload's new pool child could not load: JSON {"worker",
+    "error" (one line), "at"}, written by that child (workers/failed_load.py), expiring after a
+    day. Every worker on that revision rolls back to the one it served and refuses it since;
+    `make reload` reports it, and clears it when it announces the revision again."""
+    return f"{PREFIX}reload:failed:{revision}"
+
+
 def consuming_key(queue: str) -> str:
     """Sorted set of the workers (hostname) consuming `queue` now, scored by their last tick:
     a worker told to stop consuming a queue (`cancel_consumer`) leaves it at its next tick."""
