@@ -57,9 +57,10 @@ def standing_of(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
         if name.startswith("worker:") and name not in consuming and not (
                 status and status.get("revision") == revision
                 and status.get("state") == "serving"):
-            # A worker whose new pool child could not load the new models stops (workers/
-            # main.py): it leaves the consuming workers, and is not "done". (An API process
-            # is never among them: it is pending until it reports the revision.)
+            # A worker that stopped during the reload (a crash, an operator; one whose new
+            # child cannot load the new models rolls back instead, workers/reload.py) left
+            # the consuming workers, and is not "done". (An API process is never among them:
+            # it is pending until it reports the revision.)
             out[name] = "gone: stopped consuming during the reload (see its log)"
         elif status is None:
             out[name] = "pending: no report yet"
