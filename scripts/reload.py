@@ -52,7 +52,7 @@ from config.groups import check_model_groups
 from config.models import TENSOR_KINDS, parse_models, revision_of
 from scripts.preflight import model_file_problems
 from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, standing_of, wait
-from tasks.keys import MODELS_REVISION_KEY, reload_failed_key
+from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, reload_failed_key
 from tasks.redis_client import connect
 
 INVALID = 1
@@ -198,11 +198,14 @@ def _reload(target: Path, source: str | Path | None, lock: int, timeout_s: float
     beat, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
     before, apis_before = standing_of(client, revision, beat, ttl)
     workers_before = {n for n in before if n.startswith("worker:")}
-    client.delete(reload_failed_key(revision))  # a retry, once its host is fixed
-    client.set(MODELS_REVISION_KEY, revision)
+    with client.pipeline() as pipe:  # one step: a worker reads both at once
+        pipe.delete(reload_failed_key(revision))  # a retry, once its host is fixed
+        pipe.incr(MODELS_ANNOUNCEMENTS_KEY)  # a worker that refused it begins it again
+        pipe.set(MODELS_REVISION_KEY, revision)
+        announcement = str(pipe.execute()[1])
     say(f"models file {target} revision {revision} announced")
     return wait(client, revision, timeout_s, say, settings, target, workers_before,
-                 apis_before)
+                apis_before, announcement)
 
 
 def main(argv: list[str] | None = None) -> int:

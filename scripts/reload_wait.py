@@ -43,10 +43,13 @@ def _statuses(client: redis.Redis, beat_s: float) -> dict[str, dict]:
 
 
 def standing_of(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
-              workers_before: set[str] = frozenset()) -> tuple[dict[str, str], int]:
+              workers_before: set[str] = frozenset(),
+              announcement: str | None = None) -> tuple[dict[str, str], int]:
     """Where each live worker and API process stands with `revision` ("done", "refused: why",
     "gone: …" for a worker of `workers_before` no longer consuming that had not taken it, or
-    "pending: …"), and how many API processes report."""
+    "pending: …"), and how many API processes report. `announcement`: its number (tasks/
+    keys.py MODELS_ANNOUNCEMENTS_KEY); a worker's refusal of an earlier one is pending until
+    it looked at this one (it begins a revision it refused again once announced again)."""
     statuses = _statuses(client, beat_s)
     consuming = {f"worker:{n}" for n in
                  client.zrangebyscore(CONSUMING_KEY, time.time() - ttl_s, "+inf")}
@@ -66,7 +69,10 @@ def standing_of(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
             out[name] = "pending: no report yet"
         elif status.get("refused") == revision or (status.get("error") and
                                                    status.get("revision") != revision):
-            out[name] = f"refused: {status['error']}"
+            earlier = announcement is not None and status.get("announcement", announcement) \
+                != announcement
+            out[name] = "pending: not at this announcement yet" if earlier else \
+                f"refused: {status['error']}"
         elif status["revision"] == revision and status["state"] == "serving":
             out[name] = "done"
         else:
@@ -78,12 +84,12 @@ def standing_of(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
 
 
 def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[str], None],
-          settings: Settings, target: Path, workers_before: set[str],
-          apis_before: int) -> Result:
+          settings: Settings, target: Path, workers_before: set[str], apis_before: int,
+          announcement: str | None = None) -> Result:
     beat, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
     deadline, shown, progress = time.monotonic() + timeout_s, {}, Progress(revision)
     while True:
-        standing, apis = standing_of(client, revision, beat, ttl, workers_before)
+        standing, apis = standing_of(client, revision, beat, ttl, workers_before, announcement)
         if progress.moved(_statuses(client, beat)):  # the timeout counts from now
             deadline = time.monotonic() + timeout_s
         for name, where in standing.items():

@@ -90,6 +90,10 @@ CONSUMING_KEY = f"{PREFIX}consuming"
 # The models file revision the last reload announced (scripts/reload.py): every process whose
 # own file has that revision reloads it.
 MODELS_REVISION_KEY = f"{PREFIX}models:revision"
+# How many times a revision was announced, counted by each announcement with it: a worker that
+# refused a revision (a failed load, workers/reload.py) begins it again once it is announced
+# again, an operator having fixed what failed.
+MODELS_ANNOUNCEMENTS_KEY = f"{PREFIX}models:announcements"
 # Hash of where each process stands with the models file: field `worker:<node name>` or
 # `api:<host>/<pid>`, value JSON {"revision", "state", "at", ...} (workers/reload.py,
 # app/reloading.py); a reload waits on it.

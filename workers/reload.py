@@ -34,7 +34,7 @@ import redis
 from config import ConfigError
 from config.models import ModelSpec, parse_models, read_models_content, revision_of
 from tasks.errors import removed_error
-from tasks.keys import MODELS_REVISION_KEY, RELOAD_STATUS_KEY
+from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
 from tasks.names import task_name
 from workers.broker.pool import ready_children, retire_idle_child
 from workers.failed_load import describe, failure_of
@@ -60,6 +60,10 @@ class Reloader:
         self.state = "serving"
         self.error = ""
         self.refused_revision = ""
+        # The count of announcements when it refused (tasks/keys.py MODELS_ANNOUNCEMENTS_KEY),
+        # and when the reload in progress was announced: announced again, it begins again.
+        self.refused_number: str | None = None
+        self.announcement: str | None = None
         self.stale: set[int] = set()  # children still on the previous file
         self.retiring: int | None = None
         self.before_retiring: set[int] = set()
@@ -84,16 +88,20 @@ class Reloader:
         """From the worker's tick: start a reload when one was announced, say where it
         stands."""
         try:
-            announced = self.client.get(MODELS_REVISION_KEY)
+            announced, number = self.client.mget(MODELS_REVISION_KEY, MODELS_ANNOUNCEMENTS_KEY)
         except redis.RedisError:
             return
-        if announced and announced not in (self.revision, self.refused_revision):
-            self.begin(announced)
+        again = announced == self.refused_revision and number != self.refused_number
+        if announced and announced != self.revision and (
+                announced != self.refused_revision or again):
+            self.begin(announced, number)
         self.watch()
         self.turn.renew()
         self.report()
 
-    def begin(self, revision: str) -> None:
+    def begin(self, revision: str, number: str | None = None) -> None:
+        """Reload to the announced `revision` (`number`: the count of its announcements)."""
+        self.announcement = number
         path = self.app.conf.iq_settings.models_file
         try:
             content = read_models_content(path)
@@ -106,6 +114,7 @@ class Reloader:
                 raise ConfigError(describe(revision, failure))
         except ConfigError as exc:
             self.refused_revision, self.error, self.state = revision, str(exc), "refused"
+            self.refused_number = number
             logger.error("reload to models file revision %s refused; still serving %s: %s",
                          revision, self.revision, exc)
             return
@@ -143,6 +152,7 @@ class Reloader:
         self.apply(specs)
         self.stale = self._pids() - self.begun_with
         self.refused_revision, self.state = failed, "refused"
+        self.refused_number = self.announcement
         self.error = f"{describe(failed, failure)}; rolled back to revision {revision}"
         logger.error("reload to models file revision %s rolled back: %s; %d child(ren) started "
                      "on it to replace", failed, self.error, len(self.stale))
@@ -240,6 +250,7 @@ class Reloader:
                   "children_left": len(self.stale) + self.unavailable, "error": self.error,
                   "waiting_for": waiting,
                   "refused": self.refused_revision,
+                  "announcement": self.announcement,  # its number, when it began or refused
                   "metrics": getattr(self.app.conf, "iq_metrics_address", None)}
         try:
             self.client.hset(RELOAD_STATUS_KEY, f"worker:{self.consumer.hostname}",
