@@ -11,6 +11,8 @@ process, without a restart.
    its main process and replaces its pool children one at a time, each after its batch
    (workers/reload.py); each API process has its gunicorn reload gracefully (app/reloading.py).
    A process whose own file is not the announced one keeps serving and reports why.
+   Announcements are numbered: a worker that refused a revision tries it again when it is
+   announced again (its host fixed).
 3. It waits until every live worker and API process serves the new revision ("reload done":
    exit 0), one refused or a worker stopped before it took the new file (2), or `--timeout`
    passed with no process moving on (3: moving on is a process reaching the new revision,

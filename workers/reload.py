@@ -149,7 +149,7 @@ class Reloader:
         failed, (revision, content, specs) = self.revision, self.previous
         self.revision, self.content, self.previous = revision, content, None
         pin(content)  # not a reload's: it is what this worker served
-        self.apply(specs)
+        self.apply(specs, "the rollback")
         self.stale = self._pids() - self.begun_with
         self.refused_revision, self.state = failed, "refused"
         self.refused_number = self.announcement
@@ -159,7 +159,7 @@ class Reloader:
         self.report()
 
     # -- the main process's own models ---------------------------------------------------
-    def apply(self, specs: dict[str, ModelSpec]) -> None:
+    def apply(self, specs: dict[str, ModelSpec], by: str = "the reload") -> None:
         """The new models file in this main process: what the dispatcher and the settlement
         read (batching limits, time limits), the new models' tasks and queues, the removed
         models' jobs failed. Children started from now on load the new models."""
@@ -181,20 +181,20 @@ class Reloader:
                     self.consumer.add_task_queue(spec.queue)
         for name in old.keys() - specs.keys():
             self.removed[name] = old[name]
-            self.retire_model(name)
+            self.retire_model(name, by)
         consumed = set(self.dispatcher.liveness.consumed_queues())
         os.environ["IQ_WORKER_MODELS"] = ",".join(
             name for name, spec in specs.items() if spec.queue in consumed)
 
-    def retire_model(self, name: str) -> None:
+    def retire_model(self, name: str, by: str = "the reload") -> None:
         """A model the new file removed: what waits in the buffer fails now; its queue stays
         consumed, so that what is still queued (or queued by an API not yet reloaded) fails
         too, at once, rather than wait for a worker that will never come."""
         held = self.dispatcher.scheduler.remove_model(name)
         if held:
             self.dispatcher.settlement.fail([p.job for p in held], removed_error(name))
-        logger.warning("model %s removed by the reload: %d buffered job(s) failed; its queue's "
-                       "jobs fail as they arrive", name, len(held))
+        logger.warning("model %s removed by %s: %d buffered job(s) failed; its queue's "
+                       "jobs fail as they arrive", name, by, len(held))
 
     # -- the children, one at a time -----------------------------------------------------
     def _pids(self) -> set[int]:
