@@ -4,8 +4,8 @@ child each on one queue, default settings, under load. The first worker's new ch
 load it and records that (workers/failed_load.py); the roll halts there: that worker rolls
 back to the models it served, the other never retires its child, both keep running and
 serving the old models, `make reload` exits 2 naming the worker and the error, every job
-succeeds once; once the model file is fixed, the same models file reloads. (Before: each worker in its turn loaded the
-bad file and stopped, until none served the queue.)"""
+succeeds once; once the model file is fixed, the same models file reloads. (Before: each
+worker in its turn loaded the bad file and stopped, until none served the queue.)"""
 from __future__ import annotations
 
 import subprocess
