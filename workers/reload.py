@@ -216,7 +216,9 @@ class Reloader:
             self.dispatcher.pump()  # the replacement takes work
         self.stale &= self._pids()
         if self.stale:
-            if not self._may_retire():
+            # A child still loading the file rolled back from fails and goes by itself: no
+            # turn taken for it.
+            if not self.stale & ready_children(pool) or not self._may_retire():
                 return
             self.before_retiring = self._pids()
             self.retiring = retire_idle_child(pool, self.stale)

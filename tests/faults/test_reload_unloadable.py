@@ -19,7 +19,7 @@ import yaml
 
 from config.models import revision_of
 from scripts.stack import ROOT, launch, start_worker, wait_until
-from tasks.keys import RELOAD_STATUS_KEY, reload_failed_key
+from tasks.keys import RELOAD_STATUS_KEY, reload_failed_key, reload_turn_key
 from tests.support.load import Load, runs
 from tests.support.records import fields_of
 
@@ -72,11 +72,14 @@ def test_an_unloadable_model_halts_the_roll_and_every_worker_keeps_serving(tmp_p
         assert f"worker:{failure['worker']}" in done.stdout and failure["error"] in done.stdout
         assert "reload done" not in done.stdout
 
-        wait_until(lambda: {n: (s["revision"], s["state"], s["refused"]) for n, s in
-                            standing(stack).items()} == {n: (old, "refused", bad)
-                                                         for n in WORKERS}, 60,
-                   "both workers back on the old revision, the new one refused")
-        wait_until(lambda: instances(stack) == 2, 120, "both workers' children serving again")
+        # Back on the old revision, the new one refused, no child left to replace (the failed
+        # worker's own: a new child on the old file serves), the turn given back.
+        wait_until(lambda: {n: (s["revision"], s["state"], s["refused"], s["children_left"])
+                            for n, s in standing(stack).items()} == {
+                                n: (old, "refused", bad, 0) for n in WORKERS}, 120,
+                   "both workers back on the old revision, serving")
+        assert [stack.redis.get(reload_turn_key(q)) for q in ("quick", "ts")] == [None, None]
+        wait_until(lambda: instances(stack) == 2, 60, "both workers' children live")
         assert all(stack.workers[n].proc.poll() is None for n in WORKERS), "both still run"
         logs = {n: stack.workers[n].log.read_text(errors="replace") for n in WORKERS}
         assert "stops after its batch" in logs[failed] and "rolled back" in logs[failed]
