@@ -11,12 +11,20 @@ process, without a restart.
    its main process and replaces its pool children one at a time, each after its batch
    (workers/reload.py); each API process has its gunicorn reload gracefully (app/reloading.py).
    A process whose own file is not the announced one keeps serving and reports why.
+   Announcements are numbered: a worker that refused a revision tries it again when it is
+   announced again (its host fixed).
 3. It waits until every live worker and API process serves the new revision ("reload done":
-   exit 0), one refused or a worker stopped before it took the new file (2: a worker whose
-   new pool child cannot load the new models stops) or `--timeout` passed with no process
-   moving on (3), saying where each one stands. The workers that serve a queue reload in
+   exit 0), one refused or a worker stopped before it took the new file (2), or `--timeout`
+   passed with no process moving on (3: moving on is a process reaching the new revision,
+   replacing a child or finishing; a status that merely changes, as a worker's in a restart
+   loop, is not), saying where each one stands. The workers that serve a queue reload in
    turn (workers/turns.py), one model load after another: the timeout bounds a stall, not
-   the whole roll, so that it need not grow with the number of workers.
+   the whole roll, so that it need not grow with the number of workers. A new pool child
+   that cannot load the new models (a file that passes the check in 1 but is no program)
+   halts the roll: that worker and any still reloading roll back to the revision they
+   served, the others refuse it (workers/reload.py), and this exits 2 at once with the
+   failing worker and its error. Announcing a revision clears such a failure first, so that
+   the same file may be reloaded again once its host is fixed.
 4. Once done, the jobs still queued for a model the file does not have (removed now or by an
    earlier reload) end `failed` with `model_removed`, however many workers consumed its queue
    (scripts/reload_removed.py); it says how many. (Exit 2 when Redis refused that: the next
@@ -34,43 +42,33 @@ import importlib.util
 import os
 import shutil
 import sys
-import time
 import zipfile
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping
 
-import orjson
 import redis
 
 from config import ConfigError, Settings, load_settings
 from config.groups import check_model_groups
 from config.models import TENSOR_KINDS, parse_models, revision_of
 from scripts.preflight import model_file_problems
-from scripts.reload_removed import fail_removed_jobs
-from tasks.keys import CONSUMING_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
+from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, standing_of, wait
+from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, reload_failed_key
 from tasks.redis_client import connect
 
-DONE, INVALID, REFUSED, TIMED_OUT = 0, 1, 2, 3
-# A process's report older than this many heartbeats is a process that is gone.
-STALE_BEATS = 5
+INVALID = 1
+__all__ = ["DONE", "INVALID", "REFUSED", "TIMED_OUT", "Result", "install", "main", "reload"]
 
 
 class Invalid(Exception):
     """The new models file cannot be used; the message says why. Nothing was changed."""
 
 
-@dataclass
-class Result:
-    status: int  # DONE, INVALID, REFUSED or TIMED_OUT
-    revision: str = ""
-    lines: list[str] = field(default_factory=list)
-
-
 def _unloadable(spec) -> str | None:
     """Why a worker's pool child could not even open the model's file or folder, or None.
-    A child that cannot load its models stops its worker (workers/main.py), and a reload
-    replaces every worker's children: a file it cannot open would stop every worker. The
+    A reload's child that cannot load its models rolls its worker back (workers/reload.py):
+    a file none can open is refused here, before any worker tries it. The
     tensor kinds' files (TorchScript `.pt`, torch.export `.pt2`) are zip archives, so a
     truncated or garbage file is seen here without loading it."""
     path = Path(spec.path)
@@ -142,54 +140,6 @@ def install(target: Path, source: Path | None, groups: Mapping[str, str] | None 
     return revision_of(content)
 
 
-def _statuses(client: redis.Redis, beat_s: float) -> dict[str, dict]:
-    """The live processes' reports, by field (`worker:<node>`, `api:<host>/<pid>`); reports
-    of processes long gone are removed."""
-    now, live = time.time(), {}
-    for name, raw in client.hgetall(RELOAD_STATUS_KEY).items():
-        status = orjson.loads(raw)
-        age = now - float(status.get("at", 0))
-        if age > 100 * beat_s:
-            client.hdel(RELOAD_STATUS_KEY, name)
-        elif age <= STALE_BEATS * beat_s:
-            live[name] = status
-    return live
-
-
-def _standing(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
-              workers_before: set[str] = frozenset()) -> tuple[dict[str, str], int]:
-    """Where each live worker and API process stands with `revision` ("done", "refused: why",
-    "gone: …" for a worker of `workers_before` no longer consuming that had not taken it, or
-    "pending: …"), and how many API processes report."""
-    statuses = _statuses(client, beat_s)
-    consuming = {f"worker:{n}" for n in
-                 client.zrangebyscore(CONSUMING_KEY, time.time() - ttl_s, "+inf")}
-    names = consuming | set(workers_before) | {n for n in statuses if n.startswith("api:")}
-    out = {}
-    for name in sorted(names):
-        status = statuses.get(name)
-        if name.startswith("worker:") and name not in consuming and not (
-                status and status.get("revision") == revision
-                and status.get("state") == "serving"):
-            # A worker whose new pool child could not load the new models stops (workers/
-            # main.py): it leaves the consuming workers, and is not "done". (An API process
-            # is never among them: it is pending until it reports the revision.)
-            out[name] = "gone: stopped consuming during the reload (see its log)"
-        elif status is None:
-            out[name] = "pending: no report yet"
-        elif status.get("refused") == revision or (status.get("error") and
-                                                   status.get("revision") != revision):
-            out[name] = f"refused: {status['error']}"
-        elif status["revision"] == revision and status["state"] == "serving":
-            out[name] = "done"
-        else:
-            left, waiting = status.get("children_left"), status.get("waiting_for")
-            out[name] = f"pending: {status['state']} ({status['revision']})" + \
-                (f", {left} child(ren) to replace" if left else "") + \
-                (f", its turn after worker:{waiting}'s" if waiting else "")
-    return out, sum(1 for n in names if n.startswith("api:"))
-
-
 def reload(source: str | Path | None = None, *, timeout_s: float = 600,
            say: Callable[[str], None] = print, redis_url: str | None = None,
            settings: Settings | None = None) -> Result:
@@ -248,35 +198,16 @@ def _reload(target: Path, source: str | Path | None, lock: int, timeout_s: float
         return Result(INVALID, lines=[str(exc)])
     client = connect(redis_url or settings.redis_url, settings)
     beat, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
-    before, apis_before = _standing(client, revision, beat, ttl)
+    before, apis_before = standing_of(client, revision, beat, ttl)
     workers_before = {n for n in before if n.startswith("worker:")}
-    client.set(MODELS_REVISION_KEY, revision)
+    with client.pipeline() as pipe:  # one step: a worker reads both at once
+        pipe.delete(reload_failed_key(revision))  # a retry, once its host is fixed
+        pipe.incr(MODELS_ANNOUNCEMENTS_KEY)  # a worker that refused it begins it again
+        pipe.set(MODELS_REVISION_KEY, revision)
+        announcement = str(pipe.execute()[1])
     say(f"models file {target} revision {revision} announced")
-    deadline, shown = time.monotonic() + timeout_s, {}
-    while True:
-        standing, apis = _standing(client, revision, beat, ttl, workers_before)
-        if standing != shown:  # a process moved on: the timeout counts from now
-            deadline = time.monotonic() + timeout_s
-        for name, where in standing.items():
-            if shown.get(name) != where:
-                say(f"  {name}: {where}")
-        shown = standing
-        lines = [f"{n}: {w}" for n, w in standing.items()]
-        pending = [n for n, w in standing.items() if w.startswith("pending")]
-        if not pending and apis >= apis_before:
-            refused = [n for n, w in standing.items() if w.startswith(("refused", "gone"))]
-            if refused:
-                say(f"reload to {revision} refused by {', '.join(refused)}")
-                return Result(REFUSED, revision, lines)
-            if not fail_removed_jobs(client, settings, target, revision, say):
-                return Result(REFUSED, revision, lines)
-            say(f"reload done: every worker child and API process on revision {revision}")
-            return Result(DONE, revision, lines)
-        if time.monotonic() > deadline:
-            say(f"reload to {revision} not done: nothing moved on for {timeout_s:g}s: "
-                f"{', '.join(pending) or 'API processes not back'}")
-            return Result(TIMED_OUT, revision, lines)
-        time.sleep(min(0.5, beat))
+    return wait(client, revision, timeout_s, say, settings, target, workers_before,
+                apis_before, announcement)
 
 
 def main(argv: list[str] | None = None) -> int:

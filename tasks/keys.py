@@ -90,6 +90,10 @@ CONSUMING_KEY = f"{PREFIX}consuming"
 # The models file revision the last reload announced (scripts/reload.py): every process whose
 # own file has that revision reloads it.
 MODELS_REVISION_KEY = f"{PREFIX}models:revision"
+# How many times a revision was announced, counted by each announcement with it: a worker that
+# refused a revision (a failed load, workers/reload.py) begins it again once it is announced
+# again, an operator having fixed what failed.
+MODELS_ANNOUNCEMENTS_KEY = f"{PREFIX}models:announcements"
 # Hash of where each process stands with the models file: field `worker:<node name>` or
 # `api:<host>/<pid>`, value JSON {"revision", "state", "at", ...} (workers/reload.py,
 # app/reloading.py); a reload waits on it.
@@ -101,6 +105,14 @@ def reload_turn_key(queue: str) -> str:
     name, expiring unless renewed): the workers serving a queue reload one after another
     (workers/turns.py)."""
     return f"{PREFIX}reload:turn:{queue}"
+
+
+def reload_failed_key(revision: str) -> str:
+    """A models file revision that a reload's new pool child could not load: JSON {"worker",
+    "error" (one line), "at"}, written by that child (workers/failed_load.py), expiring after a
+    day. Every worker on that revision rolls back to the one it served and refuses it since;
+    `make reload` reports it, and clears it when it announces the revision again."""
+    return f"{PREFIX}reload:failed:{revision}"
 
 
 def consuming_key(queue: str) -> str:

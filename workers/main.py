@@ -21,8 +21,8 @@ from tasks import logs, tracing
 from config import load_settings
 from config.models import parse_models, read_models_content, revision_of
 from tasks.celery_app import make_celery
-from workers.pinned import pin, pinned
-from workers import broker, metrics
+from workers.pinned import pin, pinned, reload_from
+from workers import broker, failed_load, metrics
 from workers.runtime import start_runtime, stop_runtime
 from workers.spawn import project_on_path
 from workers.model_tasks import register_model
@@ -35,6 +35,7 @@ project_on_path()  # for the spawned pool children
 
 _settings = load_settings()
 _pinned = pinned(_settings.models_file)  # a pool child: its main process's models file
+_reload_from = reload_from()  # a reload's child: the revision its worker served before
 if _pinned is None:  # the main process: the file on disk, pinned for its children
     _content = read_models_content(_settings.models_file)
     _pinned = parse_models(Path(_settings.models_file), _content), revision_of(_content)
@@ -73,7 +74,16 @@ def load_models(sender: str | None = None, **_kw) -> None:
     index = current_process_index(base=0) or 0
     try:
         start_runtime(celery, sender or "worker", index)
-    except BaseException:
+    except BaseException as exc:
+        if _reload_from and failed_load.record(celery.conf.iq_settings, _pinned[1],
+                                               sender or "worker", exc):
+            # A reload's new models: this child exits, and its worker keeps serving the
+            # models it had, rolling the reload back (workers/reload.py).
+            logger.error("pool child %d could not load models file revision %s (a reload's): "
+                         "recorded; this worker rolls back to revision %s", index, _pinned[1],
+                         _reload_from, exc_info=True)
+            logging.shutdown()
+            os._exit(1)
         # Celery would only log this and keep a child that cannot run a batch: every job
         # handed to it would fail, though none is at fault; and a child that merely exits is
         # started again, and fails again, for ever. So the whole worker stops (a warm

@@ -7,7 +7,11 @@ process saw the announcement, was then what a child restarted after a crash load
 the main process still routes to it missing (the child's load failed and its worker stopped),
 or another version than the worker serves. So the main process hands its children the bytes
 of the file it serves, in their environment (which spawned children inherit); a child reads
-them only from its own parent."""
+them only from its own parent.
+
+A reload pins the new file as a reload's (`reload_from`, the revision it replaces): a child
+that cannot load it records the failure rather than stop its worker (workers/failed_load.py),
+and the worker rolls back (workers/reload.py)."""
 from __future__ import annotations
 
 import base64
@@ -22,14 +26,21 @@ from config.models import ModelSpec, parse_models, revision_of
 ENV = "INFERENCE_QUEUE_MODELS_PINNED"
 
 
-def pin(content: bytes) -> None:
-    """In the main process: the children started from now on load `content`."""
-    os.environ[ENV] = orjson.dumps({"pid": os.getpid(),
+def pin(content: bytes, reload_from: str = "") -> None:
+    """In the main process: the children started from now on load `content`; `reload_from`:
+    the revision a reload replaces with it ("" when it is what the worker serves)."""
+    os.environ[ENV] = orjson.dumps({"pid": os.getpid(), "reload_from": reload_from,
                                     "content": base64.b64encode(content).decode()}).decode()
 
 
-def pinned(models_file: str) -> tuple[dict[str, ModelSpec], str] | None:
-    """In a pool child: its main process's models and their revision (None elsewhere)."""
+def pinned_content() -> bytes | None:
+    """In the main process: the bytes it pinned last."""
+    raw = os.environ.get(ENV)
+    found = orjson.loads(raw) if raw else {}
+    return base64.b64decode(found["content"]) if found.get("pid") == os.getpid() else None
+
+
+def _from_parent() -> dict | None:
     from billiard.process import current_process
 
     raw = os.environ.get(ENV)
@@ -38,7 +49,19 @@ def pinned(models_file: str) -> tuple[dict[str, ModelSpec], str] | None:
     if not raw or current_process().name == "MainProcess":
         return None
     found = orjson.loads(raw)
-    if found.get("pid") != os.getppid():
+    return found if found.get("pid") == os.getppid() else None
+
+
+def pinned(models_file: str) -> tuple[dict[str, ModelSpec], str] | None:
+    """In a pool child: its main process's models and their revision (None elsewhere)."""
+    found = _from_parent()
+    if found is None:
         return None
     content = base64.b64decode(found["content"])
     return parse_models(Path(models_file), content), revision_of(content)
+
+
+def reload_from() -> str:
+    """In a pool child: the revision the reload it was started for replaces ("" when none)."""
+    found = _from_parent()
+    return found.get("reload_from", "") if found else ""

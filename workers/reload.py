@@ -8,9 +8,17 @@ worker keeps serving from its other children. Its last serving child goes only i
 serving while this one's new child loads. Where it stands is written to Redis (tasks/keys.py
 RELOAD_STATUS_KEY) for the reload command to wait on.
 
+A new child that cannot load the new file records that in Redis and exits
+(workers/failed_load.py): the rolling update halts there. Its worker, and any other worker
+still reloading to that revision (one waiting for its turn), rolls back: the previous file
+pinned and applied again, its children started on the new file replaced, the revision
+refused; a worker that has not begun it refuses it. The fleet keeps serving the old models.
+
     serving ──(announced revision ≠ its own)──▶ reloading ──(every child replaced)──▶ serving
-                 │ its file is not the announced one, or does not parse
-                 └──▶ refused (keeps serving the models it has)
+                 │ its file is not the announced one,       │ a child (its own or another
+                 │ does not parse, or failed to load        │ worker's) failed to load it:
+                 ▼                                          │ rolled back
+              refused (keeps serving the models it has) ◀───┘
 """
 from __future__ import annotations
 
@@ -26,11 +34,12 @@ import redis
 from config import ConfigError
 from config.models import ModelSpec, parse_models, read_models_content, revision_of
 from tasks.errors import removed_error
-from tasks.keys import MODELS_REVISION_KEY, RELOAD_STATUS_KEY
+from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
 from tasks.names import task_name
 from workers.broker.pool import ready_children, retire_idle_child
+from workers.failed_load import describe, failure_of
 from workers.model_tasks import register_model
-from workers.pinned import pin
+from workers.pinned import pin, pinned_content
 from workers.turns import Turn
 
 logger = logging.getLogger(__name__)
@@ -51,10 +60,19 @@ class Reloader:
         self.state = "serving"
         self.error = ""
         self.refused_revision = ""
+        # The count of announcements when it refused (tasks/keys.py MODELS_ANNOUNCEMENTS_KEY),
+        # and when the reload in progress was announced: announced again, it begins again.
+        self.refused_number: str | None = None
+        self.announcement: str | None = None
         self.stale: set[int] = set()  # children still on the previous file
         self.retiring: int | None = None
         self.before_retiring: set[int] = set()
         self.removed: dict[str, ModelSpec] = {}
+        # What the worker served before the reload in progress, to roll back to:
+        # (revision, file content, models); and its children then.
+        self.previous: tuple[str, bytes, dict[str, ModelSpec]] | None = None
+        self.begun_with: set[int] = set()
+        self.content = pinned_content() or b""
         self.app.conf.iq_removed_models = self.removed  # for Liveness: still its queues
         self._timer: Any = None
         settings = self.app.conf.iq_settings
@@ -70,16 +88,20 @@ class Reloader:
         """From the worker's tick: start a reload when one was announced, say where it
         stands."""
         try:
-            announced = self.client.get(MODELS_REVISION_KEY)
+            announced, number = self.client.mget(MODELS_REVISION_KEY, MODELS_ANNOUNCEMENTS_KEY)
         except redis.RedisError:
             return
-        if announced and announced not in (self.revision, self.refused_revision):
-            self.begin(announced)
-        self.step()
+        again = announced == self.refused_revision and number != self.refused_number
+        if announced and announced != self.revision and (
+                announced != self.refused_revision or again):
+            self.begin(announced, number)
+        self.watch()
         self.turn.renew()
         self.report()
 
-    def begin(self, revision: str) -> None:
+    def begin(self, revision: str, number: str | None = None) -> None:
+        """Reload to the announced `revision` (`number`: the count of its announcements)."""
+        self.announcement = number
         path = self.app.conf.iq_settings.models_file
         try:
             content = read_models_content(path)
@@ -87,24 +109,57 @@ class Reloader:
             if found != revision:
                 raise ConfigError(f"{path} has revision {found}, not the announced {revision}: "
                                   "this host's models file is not the one the reload checked")
+            failure = failure_of(self.client, revision)
+            if failure:  # another worker's child could not load it: the roll halted there
+                raise ConfigError(describe(revision, failure))
         except ConfigError as exc:
             self.refused_revision, self.error, self.state = revision, str(exc), "refused"
+            self.refused_number = number
             logger.error("reload to models file revision %s refused; still serving %s: %s",
                          revision, self.revision, exc)
             return
         previous, self.revision = self.revision, revision
+        self.previous = (previous, self.content, self.app.conf.iq_models)
         self.refused_revision, self.error, self.state = "", "", "reloading"
-        pin(content)  # the children started from now on load this file (workers/pinned.py)
+        # The children started from now on load this file (workers/pinned.py), as a reload's.
+        self.content = content
+        pin(content, reload_from=previous)
         self.apply(specs)
-        self.stale = self._pids()
+        self.stale, self.begun_with = self._pids(), self._pids()
         logger.info("reloading models file %s (revision %s → %s): %d child(ren) to replace, "
                     "one at a time", path, previous, revision, len(self.stale))
         if self._timer is None:
-            self._timer = self.consumer.timer.call_repeatedly(STEP_S, self.step)
+            self._timer = self.consumer.timer.call_repeatedly(STEP_S, self.watch)
         self.step()
 
+    # -- a failed load: back to the previous file ----------------------------------------
+    def watch(self) -> None:
+        """While reloading (the STEP_S timer, the tick): roll back if a child, this worker's
+        or another's, could not load the new file; else the next step."""
+        if self.state == "reloading" and self.previous is not None:
+            failure = failure_of(self.client, self.revision)
+            if failure:
+                self.roll_back(failure)
+        self.step()
+
+    def roll_back(self, failure: dict) -> None:
+        """The previous file pinned and applied again; the children started since `begin`
+        (on the new file) are replaced; the revision refused from now on. A child billiard
+        starts meanwhile on the new file fails and records it again, harmlessly."""
+        failed, (revision, content, specs) = self.revision, self.previous
+        self.revision, self.content, self.previous = revision, content, None
+        pin(content)  # not a reload's: it is what this worker served
+        self.apply(specs, "the rollback")
+        self.stale = self._pids() - self.begun_with
+        self.refused_revision, self.state = failed, "refused"
+        self.refused_number = self.announcement
+        self.error = f"{describe(failed, failure)}; rolled back to revision {revision}"
+        logger.error("reload to models file revision %s rolled back: %s; %d child(ren) started "
+                     "on it to replace", failed, self.error, len(self.stale))
+        self.report()
+
     # -- the main process's own models ---------------------------------------------------
-    def apply(self, specs: dict[str, ModelSpec]) -> None:
+    def apply(self, specs: dict[str, ModelSpec], by: str = "the reload") -> None:
         """The new models file in this main process: what the dispatcher and the settlement
         read (batching limits, time limits), the new models' tasks and queues, the removed
         models' jobs failed. Children started from now on load the new models."""
@@ -126,20 +181,20 @@ class Reloader:
                     self.consumer.add_task_queue(spec.queue)
         for name in old.keys() - specs.keys():
             self.removed[name] = old[name]
-            self.retire_model(name)
+            self.retire_model(name, by)
         consumed = set(self.dispatcher.liveness.consumed_queues())
         os.environ["IQ_WORKER_MODELS"] = ",".join(
             name for name, spec in specs.items() if spec.queue in consumed)
 
-    def retire_model(self, name: str) -> None:
+    def retire_model(self, name: str, by: str = "the reload") -> None:
         """A model the new file removed: what waits in the buffer fails now; its queue stays
         consumed, so that what is still queued (or queued by an API not yet reloaded) fails
         too, at once, rather than wait for a worker that will never come."""
         held = self.dispatcher.scheduler.remove_model(name)
         if held:
             self.dispatcher.settlement.fail([p.job for p in held], removed_error(name))
-        logger.warning("model %s removed by the reload: %d buffered job(s) failed; its queue's "
-                       "jobs fail as they arrive", name, len(held))
+        logger.warning("model %s removed by %s: %d buffered job(s) failed; its queue's "
+                       "jobs fail as they arrive", name, by, len(held))
 
     # -- the children, one at a time -----------------------------------------------------
     def _pids(self) -> set[int]:
@@ -161,7 +216,9 @@ class Reloader:
             self.dispatcher.pump()  # the replacement takes work
         self.stale &= self._pids()
         if self.stale:
-            if not self._may_retire():
+            # A child still loading the file rolled back from fails and goes by itself: no
+            # turn taken for it.
+            if not self.stale & ready_children(pool) or not self._may_retire():
                 return
             self.before_retiring = self._pids()
             self.retiring = retire_idle_child(pool, self.stale)
@@ -172,12 +229,13 @@ class Reloader:
                 self.dispatcher.fit_intake()  # its last child: the buffer to other workers
             return
         self.turn.release()
+        if self._timer is not None:  # done, or rolled back
+            self._timer.cancel()
+            self._timer = None
         if self.state == "reloading":
-            self.state = "serving"
+            self.state, self.previous = "serving", None
+            pin(self.content)  # a child that fails from now on stops the worker, as at start
             logger.info("reload done: every child on models file revision %s", self.revision)
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
             self.report()
 
     def _may_retire(self) -> bool:
@@ -194,6 +252,7 @@ class Reloader:
                   "children_left": len(self.stale) + self.unavailable, "error": self.error,
                   "waiting_for": waiting,
                   "refused": self.refused_revision,
+                  "announcement": self.announcement,  # its number, when it began or refused
                   "metrics": getattr(self.app.conf, "iq_metrics_address", None)}
         try:
             self.client.hset(RELOAD_STATUS_KEY, f"worker:{self.consumer.hostname}",

@@ -139,10 +139,12 @@ class DispatcherStep(bootsteps.StartStopStep):
 
     def close(self, c: Any) -> None:
         """The worker stops: the running batches have `stop_timeout_s` to finish
-        (workers/stopping.py); results Redis still refuses are given up."""
+        (workers/stopping.py); results Redis still refuses are given up; a reload's turn it
+        holds is given back (workers/turns.py)."""
         self.stop(c)
         dispatcher = getattr(c, _DISPATCHER_ATTR, None)
         if dispatcher is not None:
+            dispatcher.reloader.turn.release()  # the next worker goes now, not at its TTL
             dispatcher.stop_deadline.arm()
             dispatcher.settlement.give_back_unstored()
 

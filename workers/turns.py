@@ -8,9 +8,12 @@ consumes (tasks/keys.py `reload_turn_key`) naming the worker; all of them are ta
 script, or none is (so two workers with overlapping queues never each hold half of what the
 other needs). A worker alone on its queues finds them free and goes at once. The holder keeps
 its turn while its replacement loads, renewing it every tick, and gives it back once the new
-child is up (the pool's WORKER_UP, after the child's initializer loaded the models). Each key
-lapses `ttl_s` after the holder's last renewal, so that a holder that died or whose event loop
-is stuck delays the others by that much, never for ever."""
+child is up (the pool's WORKER_UP, after the child's initializer loaded the models), when its
+reload rolls back (workers/reload.py), or when it stops (a warm shutdown gives it back at
+once: the next worker need not wait out the TTL). Each key lapses `ttl_s` after the holder's
+last renewal, so that a holder that died or whose event loop is stuck delays the others by
+that much, never for ever; a holder whose keys lapsed (or were taken since) learns it at its
+next renewal and no longer counts itself the holder."""
 from __future__ import annotations
 
 import logging
@@ -33,14 +36,16 @@ end
 for _, key in ipairs(KEYS) do redis.call('set', key, ARGV[1], 'PX', ARGV[2]) end
 return ''
 """
-# KEYS, ARGV as _TAKE's; ARGV[2] '0' deletes. Only the keys still the worker's.
+# KEYS, ARGV as _TAKE's; ARGV[2] '0' deletes. Only the keys still the worker's: how many.
 _KEEP = """
+local mine = 0
 for _, key in ipairs(KEYS) do
   if redis.call('get', key) == ARGV[1] then
+    mine = mine + 1
     if ARGV[2] == '0' then redis.call('del', key) else redis.call('pexpire', key, ARGV[2]) end
   end
 end
-return 1
+return mine
 """
 
 
@@ -88,8 +93,16 @@ class Turn:
         return True
 
     def renew(self) -> None:
-        """From the worker's tick while it holds the turn."""
-        self._keep_keys(self.ttl_ms)
+        """From the worker's tick while it holds the turn. Keys that lapsed (its event loop
+        held past the TTL) or were taken by another worker since are no longer its turn: it
+        lets go of the rest and asks again when it needs one."""
+        mine = self._keep_keys(self.ttl_ms)
+        if mine is not None and mine < len(self.keys):
+            logger.warning("reload: this worker's turn lapsed (%d of its %d key(s) expired or "
+                           "taken by another worker); it asks again for one", len(self.keys) - mine,
+                           len(self.keys))
+            self._keep_keys(0)
+            self.keys = []
 
     def release(self) -> None:
         if self.keys:
@@ -97,11 +110,13 @@ class Turn:
             logger.info("reload: this worker's turn given back")
             self.keys = []
 
-    def _keep_keys(self, ttl_ms: int) -> None:
+    def _keep_keys(self, ttl_ms: int) -> int | None:
+        """How many of its keys were still this worker's (None: Redis did not answer)."""
         if not self.keys:
-            return
+            return 0
         try:
-            self._keep(keys=self.keys, args=[self.worker, ttl_ms])
+            return int(self._keep(keys=self.keys, args=[self.worker, ttl_ms]))
         except redis.RedisError as exc:  # it lapses at its TTL
             logger.warning("reload: could not %s this worker's turn: %s",
                            "give back" if ttl_ms == 0 else "renew", exc)
+            return None

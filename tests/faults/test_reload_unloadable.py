@@ -1,42 +1,111 @@
 """A reload whose new model the pool children cannot load (a file that opens as an archive but
-is no TorchScript program, so `make reload`'s check lets it through): the worker's first new
-child fails to load and the worker stops (workers/main.py), as a worker that cannot run its
-models must. The reload must not then say "done" and exit 0: the stopped worker left the
-consuming workers, and the reload counted only those."""
+is no TorchScript program, so `make reload`'s check lets it through), on two workers of one
+child each on one queue, default settings, under load. The first worker's new child fails to
+load it and records that (workers/failed_load.py); the roll halts there: that worker rolls
+back to the models it served, the other never retires its child, both keep running and
+serving the old models, `make reload` exits 2 naming the worker and the error, every job
+succeeds once; once the model file is fixed, the same models file reloads. (Before: each
+worker in its turn loaded the bad file and stopped, until none served the queue.)"""
 from __future__ import annotations
 
 import subprocess
 import sys
 import zipfile
 
+import orjson
 import pytest
+import requests
 import yaml
 
+from config.models import revision_of
 from scripts.stack import ROOT, launch, start_worker, wait_until
+from tasks.keys import RELOAD_STATUS_KEY, reload_failed_key, reload_turn_key
+from tests.support.load import Load, runs
+from tests.support.records import fields_of
 
 pytestmark = pytest.mark.slow
 
-QUICK = {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0, "max_batch_size": 4}
+WORKERS = ("a", "b")
 
 
-def test_a_worker_stopped_by_the_new_models_fails_the_reload(tmp_path):
+def reload(stack, models: dict) -> subprocess.CompletedProcess:
+    new = stack.workdir / "new.yaml"
+    new.write_text(yaml.safe_dump({"models": models}))
+    return subprocess.run([sys.executable, "-m", "scripts.reload", str(new), "--timeout", "120"],
+                          cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=240)
+
+
+def standing(stack) -> dict[str, dict]:
+    """Each worker's reload report, by node."""
+    return {name.split(":", 1)[1].split("@")[0]: orjson.loads(raw)
+            for name, raw in stack.redis.hgetall(RELOAD_STATUS_KEY).items()
+            if name.startswith("worker:")}
+
+
+def instances(stack) -> int:
+    return requests.get(f"{stack.api}/readyz", timeout=5).json()["checks"]["model:quick"][
+        "instances"]
+
+
+def test_an_unloadable_model_halts_the_roll_and_every_worker_keeps_serving(tmp_path):
+    quick = {"kind": "synthetic", "base_ms": 20, "per_item_ms": 0, "max_batch_size": 4,
+             "runs_log": str(tmp_path / "runs.log")}
     weights = tmp_path / "hollow.pt"
     with zipfile.ZipFile(weights, "w") as archive:
         archive.writestr("hollow/readme.txt", b"an archive, but no TorchScript program")
-    new = tmp_path / "new.yaml"
-    new.write_text(yaml.safe_dump({"models": {"quick": QUICK, "ts": {
-        "kind": "torchscript", "path": str(weights), "input_shape": [1]}}}))
-    stack = launch(tmp_path, {"quick": QUICK}, {}, defaults=True, ready_models=[])
+    stack = launch(tmp_path, {"quick": quick}, {}, defaults=True, ready_models=[])
+    old = revision_of((tmp_path / "models.yaml").read_bytes())
+    load = None
     try:
-        stack.workers["a"] = start_worker("a", stack.env, tmp_path, None)
-        stack.wait_live(["quick"], 180)
-        done = subprocess.run([sys.executable, "-m", "scripts.reload", str(new), "--timeout",
-                               "120"], cwd=ROOT, env=stack.env, capture_output=True,
-                              text=True, timeout=180)
-        wait_until(lambda: stack.workers["a"].proc.poll() is not None, 60, "the worker to stop")
-        assert "could not load its models" in stack.workers["a"].tail(300)
+        for node in WORKERS:  # every model's queue, so that each child loads the new one
+            stack.workers[node] = start_worker(node, stack.env, tmp_path, None)
+        wait_until(lambda: instances(stack) == 2, 180, "both workers' children loaded")
+        load = Load(stack.api, "quick", "load", clients=2, pause_s=0.1).start()
+        models = {"quick": quick, "ts": {"kind": "torchscript", "path": str(weights),
+                                         "input_shape": [1]}}
+        done = reload(stack, models)
+        bad = revision_of((tmp_path / "models.yaml").read_bytes())
+        failure = orjson.loads(stack.redis.get(reload_failed_key(bad)))
+        failed = failure["worker"].split("@")[0]
+        other = "b" if failed == "a" else "a"
         assert done.returncode == 2, done.stdout + done.stderr
+        assert f"worker:{failure['worker']}" in done.stdout and failure["error"] in done.stdout
         assert "reload done" not in done.stdout
-        assert "worker:a@" in done.stdout and "gone: stopped consuming" in done.stdout
+
+        # Back on the old revision, the new one refused, no child left to replace (the failed
+        # worker's own: a new child on the old file serves), the turn given back.
+        wait_until(lambda: {n: (s["revision"], s["state"], s["refused"], s["children_left"])
+                            for n, s in standing(stack).items()} == {
+                                n: (old, "refused", bad, 0) for n in WORKERS}, 120,
+                   "both workers back on the old revision, serving")
+        assert [stack.redis.get(reload_turn_key(q)) for q in ("quick", "ts")] == [None, None]
+        wait_until(lambda: instances(stack) == 2, 60, "both workers' children live")
+        assert all(stack.workers[n].proc.poll() is None for n in WORKERS), "both still run"
+        logs = {n: stack.workers[n].log.read_text(errors="replace") for n in WORKERS}
+        assert "stops after its batch" in logs[failed] and "rolled back" in logs[failed]
+        assert "stops after its batch" not in logs[other], "the roll halted at the first"
+        assert "could not load models file" not in logs[other]
+        assert "this worker stops" not in logs[failed] + logs[other]
+        load.stop()
+        check_every_job(stack, load)
+
+        import torch  # the operator fixes the model file; the same models file, again
+
+        torch.jit.script(torch.nn.Identity()).save(str(weights))
+        again = reload(stack, models)
+        assert again.returncode == 0 and f"every worker child and API process on revision " \
+            f"{bad}" in again.stdout, again.stdout
     finally:
+        if load is not None:
+            load.stop()
         stack.stop()
+
+
+def check_every_job(stack, load: Load) -> None:
+    assert load.gave_up == [] and len(load.accepted) > 10
+    for job_id in load.accepted.values():
+        stack.finished(job_id, timeout=60)
+    records = fields_of(stack.redis, list(load.accepted.values()))
+    assert {r["status"] for r in records.values()} == {"succeeded"}
+    ran = runs(stack.workdir / "runs.log")
+    assert {text: ran[text] for text in load.accepted} == {text: 1 for text in load.accepted}

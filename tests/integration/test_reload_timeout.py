@@ -1,6 +1,7 @@
 """`make reload --timeout` bounds a stall, not the whole roll (scripts/reload.py): workers that
 reload in turn (workers/turns.py) take a model load each, so a reload that keeps moving on
-waits past its timeout, and one where nothing moves on gives up after it. A worker here is
+waits past its timeout, and one where nothing moves on gives up after it, even while a
+worker's status keeps changing; a failed load a worker recorded refuses it at once. A worker here is
 its report in Redis, written by the test as a worker's tick would."""
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import redis
 import yaml
 
 from config import load_settings
-from scripts.reload import DONE, TIMED_OUT, reload
-from tasks.keys import CONSUMING_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
+from config.models import revision_of
+from scripts.reload import DONE, REFUSED, TIMED_OUT, reload
+from tasks.keys import CONSUMING_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY, reload_failed_key
 
 MODELS = {"quick": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0}}
 
@@ -73,3 +75,71 @@ def test_a_reload_that_keeps_moving_on_waits_past_its_timeout(tmp_path, client, 
     thread.join(10)
     assert result.status == DONE, said
     assert time.monotonic() - started > 3, "past its 1.5 s timeout: it moved on meanwhile"
+
+
+def announced(client) -> str:
+    revision = None
+    while revision is None or revision == "old":
+        revision = client.get(MODELS_REVISION_KEY)
+        time.sleep(0.05)
+    return revision
+
+
+def test_a_worker_in_a_restart_loop_does_not_hold_the_reload_past_its_timeout(
+        tmp_path, client, redis_server):
+    """Its status keeps changing (reloading, then back on the old revision after a restart,
+    then reloading again) but it never gets further: that is not moving on."""
+    settings = setup(tmp_path, client, redis_server)
+    stop = threading.Event()
+
+    def worker() -> None:
+        revision = announced(client)
+        end = time.monotonic() + 12  # without the fix, the reload waits until this stops
+        while not stop.is_set() and time.monotonic() < end:
+            report(client, revision, "reloading", 1)
+            stop.wait(0.3)
+            report(client, "old", "serving")
+            stop.wait(0.3)
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    said: list[str] = []
+    started = time.monotonic()
+    try:
+        result = reload(timeout_s=1.5, say=said.append, settings=settings)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert result.status == TIMED_OUT and time.monotonic() - started < 8, said
+
+
+def test_a_failed_load_refuses_the_reload_at_once_and_a_retry_clears_it(
+        tmp_path, client, redis_server):
+    """A worker's new child recorded that it could not load the revision
+    (workers/failed_load.py): `make reload` says who and why and exits 2 without waiting for
+    the workers' reports. Announcing the same file again clears it."""
+    settings = setup(tmp_path, client, redis_server)
+    revision = revision_of((tmp_path / "models.yaml").read_bytes())
+    client.set(reload_failed_key(revision), orjson.dumps(
+        {"worker": "w@h", "error": "RuntimeError: no program", "at": time.time()}))
+
+    def worker(fails: bool) -> None:
+        announced(client)
+        if fails:  # the worker's report stays pending: reloading, its child loading
+            report(client, revision, "reloading", 1)
+            client.set(reload_failed_key(revision), orjson.dumps(
+                {"worker": "w@h", "error": "RuntimeError: no program", "at": time.time()}))
+        else:
+            report(client, revision, "serving")
+
+    for fails, expected in ((True, REFUSED), (False, DONE)):
+        report(client, "old", "serving")
+        client.delete(MODELS_REVISION_KEY)
+        thread = threading.Thread(target=worker, args=(fails,), daemon=True)
+        thread.start()
+        said: list[str] = []
+        result = reload(timeout_s=5, say=said.append, settings=settings)
+        thread.join(10)
+        assert result.status == expected, said
+        if fails:
+            assert "worker:w@h could not load it: RuntimeError: no program" in said[-1]

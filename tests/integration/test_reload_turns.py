@@ -66,3 +66,16 @@ def test_a_refused_worker_asks_again_no_sooner_than_retry_s(client):
     assert not b.take(["q"]), "not asked again yet"
     b._asked = float("-inf")
     assert b.take(["q"])
+
+
+def test_a_holder_whose_keys_lapsed_learns_it_at_its_renewal(client):
+    """Its event loop held past the TTL: one of its keys lapsed and another worker took it.
+    It no longer counts itself the holder, and lets go of the key still its own."""
+    a, b = turn(client, "a@h"), turn(client, "b@h")
+    assert a.take(["q1", "q2"])
+    client.delete(reload_turn_key("q1"))
+    assert b.take(["q1"])
+    a.renew()
+    assert not a.held
+    assert client.get(reload_turn_key("q1")) == "b@h"
+    assert client.get(reload_turn_key("q2")) is None

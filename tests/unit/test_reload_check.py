@@ -1,6 +1,6 @@
 """`make reload`'s check of a new models file (scripts/reload.py `install`): a model file a
 pool child could not open must be refused before anything changes. A reload replaces every
-worker's children and a child that cannot load its models stops its worker, so a garbage
+worker's children, and a child that cannot load its models stopped its worker, so a garbage
 weights file that passed the check stopped every worker while the reload said "done"."""
 from __future__ import annotations
 

@@ -1,13 +1,19 @@
 """A reload's turns in the worker (workers/reload.py, workers/turns.py), with fake pools and a
 fake turn store standing in for Redis: two one-child workers on one queue retire their
 children one after the other, the second only once the first's replacement is up; a worker
-with another child serving needs no turn. (The turn's Redis scripts, against a real Redis:
+with another child serving needs no turn; a worker rolls back what it replaced when a load
+failed. (The turn's Redis scripts, against a real Redis:
 tests/integration/test_reload_turns.py; two real workers: tests/faults/test_reload_rolling.py.)"""
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
+import orjson
+
+from tasks.keys import reload_failed_key
 from tests.unit.test_dispatcher import dispatcher
+from workers import pinned
 
 
 class Child:
@@ -154,3 +160,42 @@ def test_a_worker_alone_on_its_queue_reloads_at_once():
     a, pool_a = worker("a@h", turns, 1)
     a.step()
     assert a.retiring == 1 and turns.keys == {"m": "a@h"}
+
+
+class Markers:
+    """The failed-load markers as Redis holds them (tasks/keys.py `reload_failed_key`)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+
+    def get(self, key: str) -> bytes | None:
+        return self.values.get(key)
+
+
+def test_a_worker_rolls_back_the_children_it_replaced_when_another_worker_failed(monkeypatch):
+    """Two children: one replaced on the new file (no turn needed), then another worker's new
+    child records that it could not load it. This worker goes back to the previous file and
+    revision, and replaces the child it had started on the new one; its other old child is
+    never retired."""
+    monkeypatch.delenv(pinned.ENV, raising=False)
+    a, pool = worker("a@h", FakeTurns(), 1, 2)
+    a.client = Markers()
+    a.previous = ("old", b"models: {}\n", a.app.conf.iq_models)
+    a.revision, a.begun_with = "new", {1, 2}
+    a.watch()
+    first = a.retiring
+    other = 3 - first
+    pool.reap()
+    pool.start(11, ready=True)  # its replacement, on the new file, serves
+    a.client.values[reload_failed_key("new")] = orjson.dumps(
+        {"worker": "b@h", "error": "RuntimeError: no program", "at": 0})
+    a.watch()
+    assert (a.revision, a.state, a.refused_revision) == ("old", "refused", "new")
+    assert "b@h" in a.error and "RuntimeError: no program" in a.error
+    assert a.retiring == 11 and pool.child(11).stopped, "the child on the new file goes"
+    assert orjson.loads(os.environ[pinned.ENV])["reload_from"] == "", "the old file, pinned"
+    pool.reap()
+    pool.start(21, ready=True)  # on the previous file again
+    a.watch()
+    assert a.retiring is None and not a.stale and not a.turn.held
+    assert not pool.child(other).stopped, "the roll halted: its other old child still serves"

@@ -1,0 +1,54 @@
+"""A reload's models file that a new pool child could not load (workers/main.py): the child
+records it in Redis (tasks/keys.py `reload_failed_key`) and exits, rather than stop its
+worker; its worker's main process, and every other worker on that revision, roll back to the
+revision they served (workers/reload.py), and `make reload` reports it (scripts/reload.py).
+One such failure halts the rolling update: no other worker tries the file."""
+from __future__ import annotations
+
+import time
+import traceback
+
+import orjson
+import redis
+
+from config import Settings
+from tasks.keys import reload_failed_key
+from tasks.redis_client import connect
+
+# Long enough for any reload to see it; `make reload` clears it when it announces the
+# revision again (an operator who fixed the host retries the same file).
+FAILED_TTL_S = 24 * 3600
+_MAX_ERROR = 300
+
+
+def one_line(exc: BaseException) -> str:
+    """The exception as one short line: its type and the first line of its message."""
+    text = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    text = text.splitlines()[0] if text else type(exc).__name__
+    return text if len(text) <= _MAX_ERROR else text[:_MAX_ERROR - 1] + "…"
+
+
+def record(settings: Settings, revision: str, worker: str, exc: BaseException) -> bool:
+    """In the pool child whose load failed: whether the failure is recorded (else its worker
+    must stop, as at its first start: nothing else would stop the respawns)."""
+    failure = {"worker": worker, "error": one_line(exc), "at": time.time()}
+    try:
+        client = connect(settings.redis_url, settings, deadline_s=5.0)
+        client.set(reload_failed_key(revision), orjson.dumps(failure), ex=FAILED_TTL_S)
+    except redis.RedisError:
+        return False
+    return True
+
+
+def failure_of(client: redis.Redis, revision: str) -> dict | None:
+    """The recorded failure of `revision`, or None (also when Redis does not answer)."""
+    try:
+        raw = client.get(reload_failed_key(revision))
+    except redis.RedisError:
+        return None
+    return orjson.loads(raw) if raw else None
+
+
+def describe(revision: str, failure: dict) -> str:
+    return (f"models file revision {revision} could not be loaded on worker "
+            f"{failure.get('worker')}: {failure.get('error')}")
