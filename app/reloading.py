@@ -7,9 +7,12 @@ and revision): the master starts new processes, which read the new file (the app
 preloaded), and the old ones finish the requests they hold before they exit, so no request is
 dropped. A process whose file is not the announced one (another host's, not yet updated)
 keeps serving and says so. Each process reports the revision it serves (tasks/keys.py
-RELOAD_STATUS_KEY) until it hands over, for the reload command to wait on."""
+RELOAD_STATUS_KEY), for the reload command to wait on; once it has handed over, "handing
+over" (it may still answer requests with the old file until its master stops it), until it
+exits, when it removes its report."""
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -48,10 +51,11 @@ class ModelsWatch:
         self.handed_over = False
 
     def start(self) -> None:
+        atexit.register(self.gone)
         threading.Thread(target=self._run, name="iq-models-watch", daemon=True).start()
 
     def _run(self) -> None:
-        while not self.handed_over:
+        while True:
             try:
                 self.check()
             except redis.RedisError as exc:
@@ -59,15 +63,23 @@ class ModelsWatch:
             time.sleep(self.settings.heartbeat_interval_s)
 
     def check(self) -> None:
-        announced = self.client.get(MODELS_REVISION_KEY)
-        if announced and announced != self.revision:
-            self._reload_to(announced)
-        if self.handed_over:  # the processes that replace this one report from now on
-            self.client.hdel(RELOAD_STATUS_KEY, self.field)
-            return
-        status = {"revision": self.revision, "state": "refused" if self.error else "serving",
-                  "at": time.time(), "error": self.error}
+        if not self.handed_over:
+            announced = self.client.get(MODELS_REVISION_KEY)
+            if announced and announced != self.revision:
+                self._reload_to(announced)
+        # Handed over, it is pending still: its master stops it only after the processes
+        # that replace it started, and it answers requests with the old file until then.
+        state = "handing over" if self.handed_over else "refused" if self.error else "serving"
+        status = {"revision": self.revision, "state": state, "at": time.time(),
+                  "error": self.error}
         self.client.hset(RELOAD_STATUS_KEY, self.field, orjson.dumps(status))
+
+    def gone(self) -> None:
+        """At the process's exit: its report goes (else it lapses after a few heartbeats)."""
+        try:
+            self.client.hdel(RELOAD_STATUS_KEY, self.field)
+        except redis.RedisError as exc:
+            logger.debug("models watch: report not removed: %s", exc)
 
     def _reload_to(self, announced: str) -> None:
         path = Path(self.settings.models_file)
@@ -90,4 +102,4 @@ class ModelsWatch:
             logger.info("models file revision %s announced: reloading gunicorn (pid %d) "
                         "gracefully", announced, self.master)
             os.kill(self.master, signal.SIGHUP)
-        self.handed_over = True
+        self.handed_over, self.error = True, ""

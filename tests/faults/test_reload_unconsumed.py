@@ -62,7 +62,9 @@ def test_jobs_queued_for_a_removed_model_no_worker_consumes_fail(stack):
     assert sum(stack.redis.llen(name) for name in queue_lists("gone")) == 0
     refused = requests.post(f"{stack.api}/v1/jobs", json={"model": "gone", "inputs": ["x"]},
                             timeout=10)
-    assert refused.status_code == 422
+    if refused.status_code != 422:
+        print(done.stdout, stack.logs())
+    assert refused.status_code == 422, refused.text
 
     # A worker started again serves `keep` as before: its queued jobs and a new one; the
     # failed jobs stay as they are, and it ran none of them.
