@@ -22,9 +22,12 @@ process, without a restart.
    the whole roll, so that it need not grow with the number of workers. A new pool child
    that cannot load the new models (a file that passes the check in 1 but is no program)
    halts the roll: that worker and any still reloading roll back to the revision they
-   served, the others refuse it (workers/reload.py), and this exits 2 at once with the
-   failing worker and its error. Announcing a revision clears such a failure first, so that
-   the same file may be reloaded again once its host is fixed.
+   served, the others refuse it (workers/reload.py), and this exits 2 with the failing
+   worker and its error. With FILE, it first puts the file it replaced back in place and
+   announces it, so that the API processes (which took the new file at once) and the file on
+   disk are back on the revision the workers serve; the failed file is kept as
+   `<name>.previous`. Announcing a revision clears such a failure first, so that the same
+   file may be reloaded again once its host is fixed.
 4. Once done, the jobs still queued for a model the file does not have (removed now or by an
    earlier reload) end `failed` with `model_removed`, however many workers consumed its queue
    (scripts/reload_removed.py); it says how many. (Exit 2 when Redis refused that: the next
@@ -197,6 +200,32 @@ def _reload(target: Path, source: str | Path | None, lock: int, timeout_s: float
         say(f"reload refused, nothing changed: {exc}")
         return Result(INVALID, lines=[str(exc)])
     client = connect(redis_url or settings.redis_url, settings)
+    result = _announce(client, target, revision, timeout_s, say, settings)
+    previous = target.with_name(target.name + ".previous")
+    if result.status != REFUSED or not client.exists(reload_failed_key(revision)) \
+            or source is None or not previous.exists():
+        return result
+    # A worker's new child could not load it: the roll halted there and the workers rolled
+    # back; the file it replaced goes back in place, announced, so that the API processes
+    # (which took the new file) and the file on disk are back where the workers are.
+    try:
+        back = install(target, previous, settings.redis_group_urls)
+    except Invalid as exc:
+        say(f"the previous models file could not be put back ({exc}): fix {target} and "
+            "reload it")
+        return result
+    say(f"putting back the previous models file (revision {back}); the failed one is kept "
+        f"as {previous}")
+    undo = _announce(client, target, back, timeout_s, say, settings)
+    undone = "undone" if undo.status == DONE else "not undone everywhere (see above)"
+    say(f"reload to {revision} refused, and {undone}: every process serves revision {back}"
+        if undo.status == DONE else f"reload to {revision} refused, and {undone}")
+    return Result(REFUSED, revision, [*result.lines, *undo.lines])
+
+
+def _announce(client: redis.Redis, target: Path, revision: str, timeout_s: float,
+              say: Callable[[str], None], settings: Settings) -> Result:
+    """Announce `revision`, and wait for every process to serve it."""
     beat, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
     before, apis_before = standing_of(client, revision, beat, ttl)
     workers_before = {n for n in before if n.startswith("worker:")}

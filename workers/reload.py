@@ -95,6 +95,11 @@ class Reloader:
         if announced and announced != self.revision and (
                 announced != self.refused_revision or again):
             self.begin(announced, number)
+        elif announced == self.revision and self.state == "refused" and not self.stale \
+                and self.retiring is None:
+            # The revision it serves announced again (make reload's undo of a failed load):
+            # serving it, as every process is told to.
+            self.state, self.error = "serving", ""
         self.watch()
         self.turn.renew()
         self.report()

@@ -3,8 +3,9 @@ is no TorchScript program, so `make reload`'s check lets it through), on two wor
 child each on one queue, default settings, under load. The first worker's new child fails to
 load it and records that (workers/failed_load.py); the roll halts there: that worker rolls
 back to the models it served, the other never retires its child, both keep running and
-serving the old models, `make reload` exits 2 naming the worker and the error, every job
-succeeds once; once the model file is fixed, the same models file reloads. (Before: each
+serving the old models, `make reload` exits 2 naming the worker and the error, having put the
+file it replaced back (the API processes serve the old models again), every job succeeds
+once; once the model file is fixed, the same models file reloads. (Before: each
 worker in its turn loaded the bad file and stopped, until none served the queue.)"""
 from __future__ import annotations
 
@@ -64,20 +65,27 @@ def test_an_unloadable_model_halts_the_roll_and_every_worker_keeps_serving(tmp_p
         models = {"quick": quick, "ts": {"kind": "torchscript", "path": str(weights),
                                          "input_shape": [1]}}
         done = reload(stack, models)
-        bad = revision_of((tmp_path / "models.yaml").read_bytes())
+        bad = revision_of((tmp_path / "new.yaml").read_bytes())
         failure = orjson.loads(stack.redis.get(reload_failed_key(bad)))
         failed = failure["worker"].split("@")[0]
         other = "b" if failed == "a" else "a"
         assert done.returncode == 2, done.stdout + done.stderr
         assert f"worker:{failure['worker']}" in done.stdout and failure["error"] in done.stdout
-        assert "reload done" not in done.stdout
+        assert f"process on revision {bad}" not in done.stdout
 
+        # make reload put the file it replaced back, and every process serves it: the API
+        # processes, which had taken the new file, list the old models only.
+        assert "putting back the previous models file" in done.stdout, done.stdout
+        assert revision_of((tmp_path / "models.yaml").read_bytes()) == old
+        assert revision_of((tmp_path / "models.yaml.previous").read_bytes()) == bad
+        listed = requests.get(f"{stack.api}/v1/models", timeout=10).json()["models"]
+        assert [m["name"] for m in listed] == ["quick"]
+        assert f"every process serves revision {old}" in done.stdout, done.stdout
         # Back on the old revision, the new one refused, no child left to replace (the failed
         # worker's own: a new child on the old file serves), the turn given back.
-        wait_until(lambda: {n: (s["revision"], s["state"], s["refused"], s["children_left"])
-                            for n, s in standing(stack).items()} == {
-                                n: (old, "refused", bad, 0) for n in WORKERS}, 120,
-                   "both workers back on the old revision, serving")
+        assert {n: (s["revision"], s["state"], s["refused"], s["children_left"])
+                for n, s in standing(stack).items()} == {
+                    n: (old, "serving", bad, 0) for n in WORKERS}
         assert [stack.redis.get(reload_turn_key(q)) for q in ("quick", "ts")] == [None, None]
         wait_until(lambda: instances(stack) == 2, 60, "both workers' children live")
         assert all(stack.workers[n].proc.poll() is None for n in WORKERS), "both still run"
