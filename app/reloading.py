@@ -49,6 +49,7 @@ class ModelsWatch:
         self.field = f"api:{socket.gethostname()}/{os.getpid()}"
         self.error = ""
         self.handed_over = False
+        self.exiting = False
 
     def start(self) -> None:
         atexit.register(self.gone)
@@ -63,6 +64,8 @@ class ModelsWatch:
             time.sleep(self.settings.heartbeat_interval_s)
 
     def check(self) -> None:
+        if self.exiting:
+            return
         if not self.handed_over:
             announced = self.client.get(MODELS_REVISION_KEY)
             if announced and announced != self.revision:
@@ -75,7 +78,9 @@ class ModelsWatch:
         self.client.hset(RELOAD_STATUS_KEY, self.field, orjson.dumps(status))
 
     def gone(self) -> None:
-        """At the process's exit: its report goes (else it lapses after a few heartbeats)."""
+        """At the process's exit: its report goes (else it lapses after a few heartbeats),
+        and the watch writes none again."""
+        self.exiting = True
         try:
             self.client.hdel(RELOAD_STATUS_KEY, self.field)
         except redis.RedisError as exc:

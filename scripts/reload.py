@@ -158,15 +158,27 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
         say(f"reload refused, nothing changed: {exc}")
         return Result(INVALID, lines=[str(exc)])
     try:
-        result = _reload(target, source, lock, timeout_s, say, redis_url, settings)
-        # Each Redis group's workers watch their own Redis: announced there too, in turn,
-        # the file installed above reloaded as it is.
+        try:
+            revision = install(target, Path(source) if source else None,
+                               settings.redis_group_urls)
+        except Invalid as exc:
+            say(f"reload refused, nothing changed: {exc}")
+            return Result(INVALID, lines=[str(exc)])
+        # Each Redis group's workers watch their own Redis: announced there too, in turn.
+        redises = [("", connect(redis_url or settings.redis_url, settings), settings)]
         for name, url in settings.redis_group_urls.items():
+            group = replace(settings, redis_url=url, redis_sentinels="")
+            redises.append((name, connect(url, group), group))
+        announced = []
+        for name, client, group in redises:
+            if name:
+                say(f"Redis group {name}:")
+            announced.append((name, client, group))
+            result = _announce(client, target, revision, timeout_s, say, group)
             if result.status != DONE:
                 break
-            say(f"Redis group {name}:")
-            result = _reload(target, None, lock, timeout_s, say, None,
-                             replace(settings, redis_url=url, redis_sentinels=""))
+        if result.failed_load and source is not None:
+            return _undo(target, result, announced, timeout_s, say, settings)
         return result
     finally:
         os.close(lock)
@@ -191,23 +203,13 @@ def _only_reload(target: Path) -> int:
     return fd
 
 
-def _reload(target: Path, source: str | Path | None, lock: int, timeout_s: float,
-            say: Callable[[str], None], redis_url: str | None, settings: Settings) -> Result:
-    try:
-        revision = install(target, Path(source) if source else None,
-                           settings.redis_group_urls)
-    except Invalid as exc:
-        say(f"reload refused, nothing changed: {exc}")
-        return Result(INVALID, lines=[str(exc)])
-    client = connect(redis_url or settings.redis_url, settings)
-    result = _announce(client, target, revision, timeout_s, say, settings)
+def _undo(target: Path, result: Result, announced: list, timeout_s: float,
+          say: Callable[[str], None], settings: Settings) -> Result:
+    """A worker's new child could not load the file (on any Redis group's): the roll halted
+    there and the workers rolled back. The file it replaced goes back in place, announced on
+    every Redis the new one was, so that the API processes (which took the new file) and the
+    file on disk are back where the workers are."""
     previous = target.with_name(target.name + ".previous")
-    if result.status != REFUSED or not client.exists(reload_failed_key(revision)) \
-            or source is None or not previous.exists():
-        return result
-    # A worker's new child could not load it: the roll halted there and the workers rolled
-    # back; the file it replaced goes back in place, announced, so that the API processes
-    # (which took the new file) and the file on disk are back where the workers are.
     try:
         back = install(target, previous, settings.redis_group_urls)
     except Invalid as exc:
@@ -216,11 +218,17 @@ def _reload(target: Path, source: str | Path | None, lock: int, timeout_s: float
         return result
     say(f"putting back the previous models file (revision {back}); the failed one is kept "
         f"as {previous}")
-    undo = _announce(client, target, back, timeout_s, say, settings)
-    undone = "undone" if undo.status == DONE else "not undone everywhere (see above)"
-    say(f"reload to {revision} refused, and {undone}: every process serves revision {back}"
-        if undo.status == DONE else f"reload to {revision} refused, and {undone}")
-    return Result(REFUSED, revision, [*result.lines, *undo.lines])
+    lines, undone = list(result.lines), True
+    for name, client, group in announced:
+        if name:
+            say(f"Redis group {name}:")
+        undo = _announce(client, target, back, timeout_s, say, group)
+        lines += undo.lines
+        undone = undone and undo.status == DONE
+    say(f"reload to {result.revision} refused, and undone: every process serves revision "
+        f"{back}" if undone else f"reload to {result.revision} refused, and not undone "
+        "everywhere (see above)")
+    return replace(result, lines=lines)
 
 
 def _announce(client: redis.Redis, target: Path, revision: str, timeout_s: float,

@@ -26,6 +26,7 @@ class Result:
     status: int  # DONE, INVALID (scripts/reload.py), REFUSED or TIMED_OUT
     revision: str = ""
     lines: list[str] = field(default_factory=list)
+    failed_load: bool = False  # a worker's new pool child could not load it
 
 
 def _statuses(client: redis.Redis, beat_s: float) -> dict[str, dict]:
@@ -80,7 +81,10 @@ def standing_of(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
             out[name] = f"pending: {status['state']} ({status['revision']})" + \
                 (f", {left} child(ren) to replace" if left else "") + \
                 (f", its turn after worker:{waiting}'s" if waiting else "")
-    return out, sum(1 for n in names if n.startswith("api:"))
+    # API processes handing over are pending until they exit, but not counted: the ones
+    # that replace them are (a reload right after another starts while some still hand over).
+    return out, sum(1 for n in names if n.startswith("api:")
+                    and (statuses.get(n) or {}).get("state") != "handing over")
 
 
 def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[str], None],
@@ -101,7 +105,7 @@ def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[st
         if failure:
             say(f"reload to {revision} refused: {failure}; the workers that took it roll "
                 "back to the revision they served")
-            return Result(REFUSED, revision, [*lines, failure])
+            return Result(REFUSED, revision, [*lines, failure], failed_load=True)
         pending = [n for n, w in standing.items() if w.startswith("pending")]
         if not pending and apis >= apis_before:
             refused = [n for n, w in standing.items() if w.startswith(("refused", "gone"))]

@@ -143,3 +143,82 @@ def test_a_failed_load_refuses_the_reload_at_once_and_a_retry_clears_it(
         assert result.status == expected, said
         if fails:
             assert "worker:w@h could not load it: RuntimeError: no program" in said[-1]
+
+
+def test_api_processes_still_handing_over_are_waited_for_but_not_counted(
+        tmp_path, client, redis_server):
+    """An API process of an earlier reload still handing over when this one starts (its
+    master stops it only after its replacements started) leaves before this one is done: it
+    is pending until then, but the reload does not wait for as many API processes as it saw
+    with it (it once waited out its whole timeout: 'API processes not back')."""
+    settings = setup(tmp_path, client, redis_server)
+
+    def api(pid: int, revision: str, state: str) -> None:
+        client.hset(RELOAD_STATUS_KEY, f"api:h/{pid}", orjson.dumps(
+            {"revision": revision, "state": state, "at": time.time(), "error": ""}))
+
+    api(1, "old", "handing over")
+    api(2, "old", "serving")
+
+    def processes() -> None:
+        revision = announced(client)
+        api(2, "old", "handing over")
+        client.hdel(RELOAD_STATUS_KEY, "api:h/1")  # the earlier one exits
+        api(3, revision, "serving")
+        report(client, revision, "serving")
+        time.sleep(0.5)
+        client.hdel(RELOAD_STATUS_KEY, "api:h/2")  # and so does the one this one replaced
+
+    thread = threading.Thread(target=processes, daemon=True)
+    thread.start()
+    said: list[str] = []
+    result = reload(timeout_s=3, say=said.append, settings=settings)
+    thread.join(10)
+    assert result.status == DONE, said
+    assert "  api:h/2: pending: handing over (old)" in said, said
+
+
+def test_a_failed_load_on_a_groups_redis_puts_the_previous_file_back_everywhere(
+        tmp_path, client, redis_server):
+    """`make reload FILE` whose new models a worker of a Redis group could not load: the file
+    it replaced goes back in place and is announced on every Redis the new one was, the
+    default group's included (its processes had taken it)."""
+    settings = setup(tmp_path, client, redis_server)
+    group_url = redis_server.extra["url"].rsplit("/", 1)[0] + "/1"
+    group = redis.Redis.from_url(group_url, decode_responses=True)
+    redis.Redis.from_url(redis_server.extra["admin_url"].rsplit("/", 1)[0] + "/1").flushdb()
+    report(group, "old", "serving")
+    settings = load_settings({"redis_url": redis_server.extra["url"], "models_file":
+                              settings.models_file, "redis_groups": f"g={group_url}"}, environ={})
+    old = revision_of((tmp_path / "models.yaml").read_bytes())
+    new = tmp_path / "new.yaml"
+    new.write_text(yaml.safe_dump({"models": {**MODELS, "more": MODELS["quick"]}}))
+    bad = revision_of(new.read_bytes())
+    stop = threading.Event()
+
+    def workers(redis_of: redis.Redis, fails: bool) -> None:
+        """Each announced revision served, but the new one fails to load on the group's."""
+        while not stop.is_set():
+            revision = redis_of.get(MODELS_REVISION_KEY)
+            if revision == bad and fails:
+                redis_of.set(reload_failed_key(bad), orjson.dumps(
+                    {"worker": "w@h", "error": "RuntimeError: no program", "at": 0}))
+            elif revision:
+                report(redis_of, revision, "serving")
+            stop.wait(0.1)
+
+    threads = [threading.Thread(target=workers, args=(r, r is group), daemon=True)
+               for r in (client, group)]
+    for thread in threads:
+        thread.start()
+    said: list[str] = []
+    try:
+        result = reload(new, timeout_s=5, say=said.append, settings=settings)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+    assert result.status == REFUSED and result.failed_load, said
+    assert revision_of((tmp_path / "models.yaml").read_bytes()) == old
+    assert [client.get(MODELS_REVISION_KEY), group.get(MODELS_REVISION_KEY)] == [old, old]
+    assert f"every process serves revision {old}" in said[-1], said
