@@ -65,6 +65,7 @@ class Job:
     id: str | None
     caller_5xx: bool
     windows: list[int] = field(default_factory=list)  # the fault windows it was in (place)
+    inputs: int = 1
 
 
 def jobs_of(played: Played) -> list[Job]:
@@ -81,7 +82,7 @@ def jobs_of(played: Played) -> list[Job]:
             lost=bool(record) and record["status"] not in TERMINAL,
             final=record.get("status") in TERMINAL,
             runs=record.get("runs", 0), id=row.get("id") or record.get("id"),
-            caller_5xx=(row.get("http_status") or 0) >= 500))
+            caller_5xx=(row.get("http_status") or 0) >= 500, inputs=row.get("inputs", 1)))
     return out
 
 
@@ -176,7 +177,10 @@ def analyse(played: Played) -> dict:
                           sum(j.caller_5xx for j in jobs)},
         "client_retries": len(played.summary["retries"]),
         "latency": {"all": spread([j.ms for j in jobs]), "outside_faults": spread(
-            [j.ms for j in outside]), "per_minute": _per_minute(jobs)},
+            [j.ms for j in outside]), "outside_faults_by_inputs": {
+                str(n): spread([j.ms for j in outside if j.inputs == n])
+                for n in sorted({j.inputs for j in outside})},
+            "per_minute": _per_minute(jobs)},
         "series": _series(jobs),
         "cpu": {"columns": ["s", "machine %", "stack %", "load average (1 min)"],
                 "samples": played.cpu},

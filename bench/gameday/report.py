@@ -56,7 +56,7 @@ def table(report: dict) -> str:
             f"{rerun:>13}")
     out = report["latency"]["outside_faults"]
     lines += ["", f"outside every fault window: {_lat(out)} ms (p50/p99/p99.9), "
-                  f"{out['n']:,} jobs",
+                  f"{out['n']:,} jobs; {_by_inputs(report)}",
               "per minute of arrival (p50/p99/p99.9 ms, availability):"]
     lines += [f"  {m['minute']:>2}: {_lat(m):>22}  {_n(m['availability'], 4)}"
               for m in report["latency"]["per_minute"]]
@@ -166,7 +166,7 @@ def markdown(report: dict, picture_path: str) -> str:
             f"{sum(f['server_errors'].values())} | {f['killed_batch_jobs']} / "
             f"{f['run_twice_unexplained']} |")
     rows += ["", f"Outside every fault window: p50 / p99 / p99.9 {_lat(out)} ms over "
-                 f"{out['n']:,} jobs. Per minute of arrival:", "",
+                 f"{out['n']:,} jobs; {_by_inputs(report)}. Per minute of arrival:", "",
              "| minute | jobs | p50 / p99 / p99.9 (ms) | availability |",
              "|---:|---:|---:|---:|"]
     rows += [f"| {m['minute']} | {m['n']:,} | {_lat(m)} | {_n(m['availability'], 4)} |"
@@ -177,6 +177,13 @@ def markdown(report: dict, picture_path: str) -> str:
         rows.append(f"| {t['target']} | {_n(t['measured'], 4 if t['limit'] < 1 else 1)} | "
                     f"{t['op']} {t['limit']} | {verdict} |")
     return "\n".join(rows)
+
+
+def _by_inputs(report: dict) -> str:
+    """Outside the fault windows, by job size: where the p99 comes from."""
+    sizes = report["latency"].get("outside_faults_by_inputs", {})
+    return "by inputs a job, " + ", ".join(
+        f"{n}: {_lat(s)} ms ({s['n']:,})" for n, s in sizes.items()) if sizes else "no sizes"
 
 
 def render_readme(report: dict, readme: Path, picture_path: str) -> None:

@@ -141,3 +141,22 @@ def test_the_table_and_the_results_say_how_loaded_the_machine_was():
                "min: 4.00/3.00/2.00)"
     assert expected in table(report)
     assert expected in markdown(report, "x.png")
+
+
+def test_outside_the_fault_windows_latency_is_split_by_job_size():
+    """Where the p99 outside the windows comes from: one-input jobs and many-input jobs
+    apart, in the JSON, the terminal table and the README block."""
+    rows = steady(120)
+    for i, (row, _record) in enumerate(rows):
+        if i % 10 == 0:  # a sixteen-input job every second, answered in 400 ms
+            row.update(inputs=16, done=row["arrival"] + 0.4)
+    report = {"run": {"started": "2026-12-04T05:00:00Z", "model": "m", "rate": 10.0,
+                      "rate_source": "given", "seconds": 120.0, "load_before": [0.1] * 3,
+                      "machine": "here"}, **analyse(played(rows, []))}
+    by = report["latency"]["outside_faults_by_inputs"]
+    assert {n: (s["n"], s["p99_ms"]) for n, s in by.items()} == {"1": (1080, 50),
+                                                                  "16": (120, 400)}
+    assert report["latency"]["outside_faults"]["p99_ms"] == 400
+    assert "by inputs a job, 1: 50/50/50 ms (1,080), 16: 400/400/400 ms (120)" in \
+        markdown(report, "x.png")
+    assert "16: 400/400/400 ms (120)" in table(report)
