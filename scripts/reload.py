@@ -169,16 +169,12 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
         for name, url in settings.redis_group_urls.items():
             group = replace(settings, redis_url=url, redis_sentinels="")
             redises.append((name, connect(url, group), group))
-        announced = []
-        for name, client, group in redises:
-            if name:
-                say(f"Redis group {name}:")
-            announced.append((name, client, group))
-            result = _announce(client, target, revision, timeout_s, say, group)
+        for reached, (name, client, group) in enumerate(redises, 1):
+            result = _announce(client, target, revision, timeout_s, say, group, name)
             if result.status != DONE:
                 break
         if result.failed_load and source is not None:
-            return _undo(target, result, announced, timeout_s, say, settings)
+            return _undo(target, result, redises[:reached], timeout_s, say, settings)
         return result
     finally:
         os.close(lock)
@@ -220,9 +216,7 @@ def _undo(target: Path, result: Result, announced: list, timeout_s: float,
         f"as {previous}")
     lines, undone = list(result.lines), True
     for name, client, group in announced:
-        if name:
-            say(f"Redis group {name}:")
-        undo = _announce(client, target, back, timeout_s, say, group)
+        undo = _announce(client, target, back, timeout_s, say, group, name)
         lines += undo.lines
         undone = undone and undo.status == DONE
     say(f"reload to {result.revision} refused, and undone: every process serves revision "
@@ -232,8 +226,11 @@ def _undo(target: Path, result: Result, announced: list, timeout_s: float,
 
 
 def _announce(client: redis.Redis, target: Path, revision: str, timeout_s: float,
-              say: Callable[[str], None], settings: Settings) -> Result:
-    """Announce `revision`, and wait for every process to serve it."""
+              say: Callable[[str], None], settings: Settings, group_name: str = "") -> Result:
+    """Announce `revision` on `client`'s Redis (Redis group `group_name`'s, "" for the
+    default), and wait for every process that watches it to serve it."""
+    if group_name:
+        say(f"Redis group {group_name}:")
     beat, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
     before, apis_before = standing_of(client, revision, beat, ttl)
     workers_before = {n for n in before if n.startswith("worker:")}

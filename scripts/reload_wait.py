@@ -1,7 +1,7 @@
 """Where the processes stand with an announced models file, for `make reload`
 (scripts/reload.py) to wait on: each process's report (workers/reload.py, app/reloading.py),
 the consuming workers, a failed load a worker's new pool child recorded
-(workers/failed_load.py), and whether anything moved on since the last look."""
+(tasks/reload_failures.py), and whether anything moved on since the last look."""
 from __future__ import annotations
 
 import time
@@ -14,7 +14,8 @@ import redis
 
 from config import Settings
 from scripts.reload_removed import fail_removed_jobs
-from tasks.keys import CONSUMING_KEY, RELOAD_STATUS_KEY, reload_failed_key
+from tasks.keys import CONSUMING_KEY, RELOAD_STATUS_KEY
+from tasks.reload_failures import failure_of
 
 DONE, REFUSED, TIMED_OUT = 0, 2, 3
 # A process's report older than this many heartbeats is a process that is gone.
@@ -101,7 +102,7 @@ def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[st
                 say(f"  {name}: {where}")
         shown = standing
         lines = [f"{n}: {w}" for n, w in standing.items()]
-        failure = failure_of(client, revision)
+        failure = failed_load(client, revision)
         if failure:
             say(f"reload to {revision} refused: {failure}; the workers that took it roll "
                 "back to the revision they served")
@@ -123,13 +124,12 @@ def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[st
         time.sleep(min(0.5, beat))
 
 
-def failure_of(client: redis.Redis, revision: str) -> str:
+def failed_load(client: redis.Redis, revision: str) -> str:
     """The failed load a worker's new pool child recorded for `revision`, said in one line
-    ("" when none; workers/failed_load.py)."""
-    raw = client.get(reload_failed_key(revision))
-    if not raw:
+    ("" when none)."""
+    failure = failure_of(client, revision)
+    if not failure:
         return ""
-    failure = orjson.loads(raw)
     return f"worker:{failure.get('worker')} could not load it: {failure.get('error')}"
 
 

@@ -109,7 +109,7 @@ def reload_turn_key(queue: str) -> str:
 
 def reload_failed_key(revision: str) -> str:
     """A models file revision that a reload's new pool child could not load: JSON {"worker",
-    "error" (one line), "at"}, written by that child (workers/failed_load.py), expiring after a
+    "error" (one line), "at"}, written by that child (tasks/reload_failures.py), expiring after a
     day. Every worker on that revision rolls back to the one it served and refuses it since;
     `make reload` reports it, and clears it when it announces the revision again."""
     return f"{PREFIX}reload:failed:{revision}"

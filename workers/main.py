@@ -17,12 +17,12 @@ from pathlib import Path
 from celery import signals
 from celery.utils.log import current_process_index
 
-from tasks import logs, tracing
+from tasks import logs, reload_failures, tracing
 from config import load_settings
 from config.models import parse_models, read_models_content, revision_of
 from tasks.celery_app import make_celery
 from workers.pinned import pin, pinned, reload_from
-from workers import broker, failed_load, metrics
+from workers import broker, metrics
 from workers.runtime import start_runtime, stop_runtime
 from workers.spawn import project_on_path
 from workers.model_tasks import register_model
@@ -75,7 +75,7 @@ def load_models(sender: str | None = None, **_kw) -> None:
     try:
         start_runtime(celery, sender or "worker", index)
     except BaseException as exc:
-        if _reload_from and failed_load.record(celery.conf.iq_settings, _pinned[1],
+        if _reload_from and reload_failures.record(celery.conf.iq_settings, _pinned[1],
                                                sender or "worker", exc):
             # A reload's new models: this child exits, and its worker keeps serving the
             # models it had, rolling the reload back (workers/reload.py).

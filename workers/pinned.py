@@ -10,7 +10,7 @@ of the file it serves, in their environment (which spawned children inherit); a 
 them only from its own parent.
 
 A reload pins the new file as a reload's (`reload_from`, the revision it replaces): a child
-that cannot load it records the failure rather than stop its worker (workers/failed_load.py),
+that cannot load it records the failure rather than stop its worker (tasks/reload_failures.py),
 and the worker rolls back (workers/reload.py)."""
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ serving while this one's new child loads. Where it stands is written to Redis (t
 RELOAD_STATUS_KEY) for the reload command to wait on.
 
 A new child that cannot load the new file records that in Redis and exits
-(workers/failed_load.py): the rolling update halts there. Its worker, and any other worker
+(tasks/reload_failures.py): the rolling update halts there. Its worker, and any other worker
 still reloading to that revision (one waiting for its turn), rolls back: the previous file
 pinned and applied again, its children started on the new file replaced, the revision
 refused; a worker that has not begun it refuses it. The fleet keeps serving the old models.
@@ -37,7 +37,7 @@ from tasks.errors import removed_error
 from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
 from tasks.names import task_name
 from workers.broker.pool import ready_children, retire_idle_child
-from workers.failed_load import describe, failure_of
+from tasks.reload_failures import describe, failure_of
 from workers.model_tasks import register_model
 from workers.pinned import pin, pinned_content
 from workers.turns import Turn

@@ -1,7 +1,7 @@
 """A reload whose new model the pool children cannot load (a file that opens as an archive but
 is no TorchScript program, so `make reload`'s check lets it through), on two workers of one
 child each on one queue, default settings, under load. The first worker's new child fails to
-load it and records that (workers/failed_load.py); the roll halts there: that worker rolls
+load it and records that (tasks/reload_failures.py); the roll halts there: that worker rolls
 back to the models it served, the other never retires its child, both keep running and
 serving the old models, `make reload` exits 2 naming the worker and the error, having put the
 file it replaced back (the API processes serve the old models again), every job succeeds

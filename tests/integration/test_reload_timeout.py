@@ -116,7 +116,7 @@ def test_a_worker_in_a_restart_loop_does_not_hold_the_reload_past_its_timeout(
 def test_a_failed_load_refuses_the_reload_at_once_and_a_retry_clears_it(
         tmp_path, client, redis_server):
     """A worker's new child recorded that it could not load the revision
-    (workers/failed_load.py): `make reload` says who and why and exits 2 without waiting for
+    (tasks/reload_failures.py): `make reload` says who and why and exits 2 without waiting for
     the workers' reports. Announcing the same file again clears it."""
     settings = setup(tmp_path, client, redis_server)
     revision = revision_of((tmp_path / "models.yaml").read_bytes())

@@ -1,8 +1,9 @@
 """A reload's models file that a new pool child could not load (workers/main.py): the child
 records it in Redis (tasks/keys.py `reload_failed_key`) and exits, rather than stop its
 worker; its worker's main process, and every other worker on that revision, roll back to the
-revision they served (workers/reload.py), and `make reload` reports it (scripts/reload.py).
-One such failure halts the rolling update: no other worker tries the file."""
+revision they served (workers/reload.py), and `make reload` reports it (scripts/reload_wait.py).
+One such failure halts the rolling update: no other worker tries the file. Both sides read it
+here: it is part of the contract between the workers and the reload command."""
 from __future__ import annotations
 
 import time
