@@ -6,6 +6,7 @@ import uuid
 import requests
 
 from scripts.stack import wait_until
+from tests.faults.conftest import blocked
 from tests.support.records import fields
 
 
@@ -83,8 +84,8 @@ def test_cancel_a_running_or_finished_job_is_409_with_its_status(faults):
 
 
 def test_high_priority_jobs_are_served_first_despite_prefetching(faults):
-    blocker = faults.submit("sleepy", ["b"] * 4)
-    wait_until(lambda: faults.job(blocker["id"])["status"] == "running", 20, "blocker")
+    # Seven posts, one after another, all in the worker's buffer before the child is free.
+    blocked(faults)
     low = [faults.submit("sleepy", [f"low{i}"], priority="low") for i in range(6)]
     high = faults.submit("sleepy", ["high"], priority="high")
     done_high = faults.finished(high["id"], timeout=60)
