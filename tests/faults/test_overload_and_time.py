@@ -27,10 +27,11 @@ def test_a_full_queue_answers_429_and_stays_bounded(faults):
 
 
 def test_a_job_not_started_by_its_deadline_expires_and_never_runs(faults):
-    blocker = faults.submit("sleepy", ["b"] * 4)  # a full batch: the next job must wait
-    wait_until(lambda: faults.job(blocker["id"])["status"] == "running", 20, "blocker")
+    # The child busy for 6 s: the late job's 0.5 s pass while it waits, however long its post
+    # took on a loaded machine.
+    blocker = blocked(faults)
     late = faults.submit("sleepy", ["late"], timeout_s=0.5)
-    follower = faults.submit("sleepy", ["after"] * 4)  # queued behind it: cannot share a batch
+    follower = faults.submit("sleepy", ["after"] * 4)  # queued behind late
     body = faults.finished(late["id"], timeout=30)
     assert body["status"] == "expired" and body["error"]["code"] == "expired"
     assert body["started_at"] is None
