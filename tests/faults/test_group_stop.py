@@ -24,7 +24,7 @@ import pytest
 from config import Settings
 from scripts.stack import launch, start_worker, wait_until
 from tasks.jobrecord import JobRecord
-from tests.faults.test_recovery import (Watch, check_recovery, held_by_workers, running_in,
+from tests.faults.test_recovery import (Watch, check_recovery, fresh_batch, held_by_workers,
                                         under_load)
 from tests.support.records import fields, fields_of
 
@@ -82,10 +82,12 @@ def test_a_stop_of_the_whole_group_lets_the_running_batch_finish_once(stopped):
     accepted = under_load(stack, watch)
     ids = list(accepted.values())
     worker = stack.workers["w"]
-    held = running_in(stack, ids)
-    children = {child_of(stack, job_id) for job_id in held}
+    # The SIGTERM right after a batch starts: it lands inside that batch's 1.5 s, not after a
+    # batch seen running for a while (under_load's) that may end before the signal.
+    held = fresh_batch(stack, ids)
     signalled, asked = time.time(), time.monotonic()
     os.killpg(worker.proc.pid, signal.SIGTERM)
+    children = {child_of(stack, job_id) for job_id in held}
     worker.proc.wait(STOP_S + 30)
     took = time.monotonic() - asked
     print(f"group stop: gone after {took:.1f}s, the running batch {len(held)} job(s)")

@@ -6,6 +6,7 @@ import uuid
 import requests
 
 from scripts.stack import wait_until
+from tests.faults.conftest import blocked
 from tests.support.records import fields
 
 
@@ -26,10 +27,11 @@ def test_a_full_queue_answers_429_and_stays_bounded(faults):
 
 
 def test_a_job_not_started_by_its_deadline_expires_and_never_runs(faults):
-    blocker = faults.submit("sleepy", ["b"] * 4)  # a full batch: the next job must wait
-    wait_until(lambda: faults.job(blocker["id"])["status"] == "running", 20, "blocker")
+    # The child busy for 6 s: the late job's 0.5 s pass while it waits, however long its post
+    # took on a loaded machine.
+    blocker = blocked(faults)
     late = faults.submit("sleepy", ["late"], timeout_s=0.5)
-    follower = faults.submit("sleepy", ["after"] * 4)  # queued behind it: cannot share a batch
+    follower = faults.submit("sleepy", ["after"] * 4)  # queued behind late
     body = faults.finished(late["id"], timeout=30)
     assert body["status"] == "expired" and body["error"]["code"] == "expired"
     assert body["started_at"] is None
@@ -54,8 +56,7 @@ def test_a_job_past_its_hard_limit_fails_with_timeout_and_the_child_is_replaced(
 
 
 def test_cancel_a_queued_job_it_never_runs(faults):
-    blocker = faults.submit("sleepy", ["b"] * 4)
-    wait_until(lambda: faults.job(blocker["id"])["status"] == "running", 20, "blocker")
+    blocker = blocked(faults)  # the victim is still queued at its cancel, however slow the posts
     victim = faults.submit("sleepy", ["v"])
     r = requests.post(f"{faults.api}/v1/jobs/{victim['id']}/cancel", timeout=10)
     assert r.status_code == 200 and r.json()["status"] == "cancelled"
@@ -83,8 +84,8 @@ def test_cancel_a_running_or_finished_job_is_409_with_its_status(faults):
 
 
 def test_high_priority_jobs_are_served_first_despite_prefetching(faults):
-    blocker = faults.submit("sleepy", ["b"] * 4)
-    wait_until(lambda: faults.job(blocker["id"])["status"] == "running", 20, "blocker")
+    # Seven posts, one after another, all in the worker's buffer before the child is free.
+    blocked(faults)
     low = [faults.submit("sleepy", [f"low{i}"], priority="low") for i in range(6)]
     high = faults.submit("sleepy", ["high"], priority="high")
     done_high = faults.finished(high["id"], timeout=60)

@@ -113,6 +113,22 @@ def running_in(stack: Stack, ids: list[str], worker_prefix: str = "") -> set[str
             and record.get("worker", "").startswith(worker_prefix)}
 
 
+def fresh_batch(stack: Stack, ids: list[str], worker_prefix: str = "") -> set[str]:
+    """Return just after a child of that worker starts a batch: its running jobs change to a
+    set not running before (the returned one). What the caller does next lands early in that
+    batch, not at the end of one seen running for a while, which may be over by then."""
+    seen = running_in(stack, ids, worker_prefix)
+
+    def started() -> set[str]:
+        nonlocal seen
+        now = running_in(stack, ids, worker_prefix)
+        fresh, seen = bool(now - seen), now
+        return now if fresh else set()
+
+    return wait_until(started, 60, f"a batch to start on {worker_prefix or 'a worker'}",
+                      interval=0.02)
+
+
 def held_by_workers(stack: Stack) -> int:
     """Messages on the workers' in-flight records (workers/broker/scripts.py)."""
     client = stack.redis

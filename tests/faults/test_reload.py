@@ -124,8 +124,9 @@ def test_a_reload_under_load_fails_and_loses_nothing(stack):
         threading.Thread(target=_sample, args=(stack, "steady", served, watching),
                          daemon=True).start()
         # 3 s each, two at a time at most: most of them are still queued when the reload
-        # removes their model.
-        going = [stack.submit("going", [f"g{i}"]) for i in range(6)]
+        # removes their model. Twelve: the last ones start 15 s after the first, not 6 s (a
+        # reload command that took that long to start on a loaded machine found none queued).
+        going = [stack.submit("going", [f"g{i}"]) for i in range(12)]
         wait_until(lambda: stack.job(going[0]["id"])["status"] == "running", 30, "going")
         started = time.time()
         done = reload(stack, NEW)

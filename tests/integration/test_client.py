@@ -26,8 +26,10 @@ from scripts.stack import ROOT, launch, start_redis, wait_until
 KEY, LIMITED_KEY, METERED_KEY = "client-key-1", "client-key-2", "client-key-3"
 MODELS = {
     "quick": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0},
-    # Long enough to be running when Redis goes away under a waiting client.
-    "slow": {"kind": "synthetic", "base_ms": 2500, "per_item_ms": 0},
+    # Long enough to be running when Redis goes away under a waiting client: the test sees
+    # it running, starts the waiter, sees it wait, then stops Redis (2.5 s was too little on a
+    # loaded machine, and a job done before the stop leaves the client nothing to retry).
+    "slow": {"kind": "synthetic", "base_ms": 6000, "per_item_ms": 0},
     # A job of more than 2 inputs spans several model calls of 300 ms.
     "chunky": {"kind": "synthetic", "base_ms": 300, "per_item_ms": 0, "max_batch_size": 2},
     # No worker serves these: jobs stay queued. `full` refuses a second job.
