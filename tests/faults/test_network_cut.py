@@ -11,28 +11,14 @@ from time import monotonic
 
 import pytest
 
-from scripts.stack import Stack, launch, start_worker, wait_until
-from tests.faults.test_recovery import Watch, check_recovery, running_in, runs, submit_load
+from scripts.stack import launch, start_worker
+from tests.faults.test_recovery import (Watch, check_recovery, fresh_batch, running_in, runs,
+                                        submit_load)
 from tests.support.netns import namespace
 
 pytestmark = pytest.mark.slow
 
 CUT_S = 45
-
-
-def fresh_batch_in_busy(stack: Stack, ids: list[str]) -> None:
-    """Return just after the busy worker's child starts a batch: its running jobs change to a
-    set not running before. The cut that follows then lands inside that batch's 500 ms
-    rather than at a batch's end, when the next start may not have reached Redis."""
-    seen = running_in(stack, ids, "busy@")
-
-    def started() -> bool:
-        nonlocal seen
-        now = running_in(stack, ids, "busy@")
-        fresh, seen = bool(now - seen), now
-        return fresh
-
-    wait_until(started, 60, "the busy worker to start a batch", interval=0.02)
 
 
 def test_workers_cut_off_from_redis_lose_nothing(tmp_path):
@@ -54,7 +40,7 @@ def test_workers_cut_off_from_redis_lose_nothing(tmp_path):
             watch = Watch(stack)
             accepted = submit_load(stack, watch, count=200)
             ids = list(accepted.values())
-            fresh_batch_in_busy(stack, ids)
+            fresh_batch(stack, ids, "busy@")  # the cut lands early in that batch
             ns.cut()
             cut_at = monotonic()
             # What the cut worker's child runs now is all that may run twice: after the cut it
