@@ -12,7 +12,8 @@ half submit and then wait (`GET ?wait`). Writes one JSON line per job once it is
 wait runs out (monotonic times: `arrival` as scheduled, `started` when its user began,
 `accepted` when its id came back, `done` when its final status did; `started_wall` and
 `done_wall` the same moments by the wall clock, beside the final answer's `created_at`,
-`started_at` and `finished_at`, to split its latency into phases), then a summary line:
+`started_at` and `finished_at`, to split its latency into phases, and the items of the model
+call that ran it, `batch_items`), then a summary line:
 every HTTP answer by method and status, the 5xx among them with their times, the client's
 retries with theirs.
 """
@@ -105,6 +106,7 @@ def one_job(users: Users, model: str, job: dict, hold: float, deadline: float) -
         if not answer.terminal:
             answer = client.wait(answer, timeout=max(deadline - time.monotonic(), 0.1))
         row.update(done=time.monotonic(), done_wall=time.time(), status=answer.status,
+                   batch_items=(answer.body.get("batch") or {}).get("items"),
                    **{k: answer.body.get(k) for k in SERVER_TIMES})
     except WaitTimeout as exc:
         row.update(status=exc.job.status, error="WaitTimeout")
