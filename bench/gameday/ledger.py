@@ -19,11 +19,18 @@ fault.
   whose p99 is under the fault's pre-fault level (p99 of the 30 s before it, times
   RECOVERY_SLACK); a job not answered in time counts as infinitely slow. A fault's window runs
   from its injection until it recovered and the stack serves again, whichever is later.
+* **Phases** of a succeeded job's latency (`PHASES`, ms; they add up to it): `late`, arrival
+  as scheduled to its user's start (the traffic process's own lag); `submit`, to the job's
+  `created_at`; `queued`, to its `started_at` (in Redis, in the worker's buffer, the batching
+  window); `run`, to its `finished_at` (the batch's model call); `answer`, to the final answer
+  in the user's hands (a waiting request's wake-up, the response). Server times are the API's
+  (wall clock, milliseconds), the client's `time.time()` beside them: one machine, one clock.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from bench.gameday.play import Played, Struck
 
@@ -66,6 +73,40 @@ class Job:
     caller_5xx: bool
     windows: list[int] = field(default_factory=list)  # the fault windows it was in (place)
     inputs: int = 1
+    phases: dict[str, float] | None = None  # ms each (PHASES), when it succeeded
+
+
+PHASES = ("late", "submit", "queued", "run", "answer")
+_WALL = ("started_wall", "created_at", "started_at", "finished_at", "done_wall")
+
+
+def phases_of(row: dict) -> dict[str, float] | None:
+    """A succeeded job's latency split into PHASES (ms); None without every time."""
+    times = [row.get(k) for k in _WALL]
+    if row.get("status") != "succeeded" or None in times or row.get("done") is None:
+        return None
+    wall = [times[0], *(datetime.fromisoformat(t).timestamp() for t in times[1:4]), times[4]]
+    steps = [(b - a) * 1000 for a, b in zip(wall, wall[1:])]
+    return dict(zip(PHASES, [(row["started"] - row["arrival"]) * 1000, *steps]))
+
+
+def by_phase(jobs: list[Job]) -> dict[str, dict]:
+    """Per job size: each phase's spread, and where the time of its slowest jobs (at or over
+    that size's p99) went (mean ms a phase)."""
+    out = {}
+    for n in sorted({j.inputs for j in jobs if j.phases}):
+        these = [j for j in jobs if j.inputs == n and j.phases]
+        p99 = pct([j.ms for j in these], 99)
+        slow = [j for j in these if j.ms >= p99]
+        out[str(n)] = {
+            "n": len(these), **{ph: spread([j.phases[ph] for j in these]) for ph in PHASES},
+            "slowest": {"n": len(slow), "ms": _mean([j.ms for j in slow]),
+                        **{ph: _mean([j.phases[ph] for j in slow]) for ph in PHASES}}}
+    return out
+
+
+def _mean(values: list[float]) -> float:
+    return round(sum(values) / len(values), 1)
 
 
 def jobs_of(played: Played) -> list[Job]:
@@ -82,7 +123,8 @@ def jobs_of(played: Played) -> list[Job]:
             lost=bool(record) and record["status"] not in TERMINAL,
             final=record.get("status") in TERMINAL,
             runs=record.get("runs", 0), id=row.get("id") or record.get("id"),
-            caller_5xx=(row.get("http_status") or 0) >= 500, inputs=row.get("inputs", 1)))
+            caller_5xx=(row.get("http_status") or 0) >= 500, inputs=row.get("inputs", 1),
+            phases=phases_of(row)))
     return out
 
 
@@ -180,7 +222,7 @@ def analyse(played: Played) -> dict:
             [j.ms for j in outside]), "outside_faults_by_inputs": {
                 str(n): spread([j.ms for j in outside if j.inputs == n])
                 for n in sorted({j.inputs for j in outside})},
-            "per_minute": _per_minute(jobs)},
+            "outside_faults_by_phase": by_phase(outside), "per_minute": _per_minute(jobs)},
         "series": _series(jobs),
         "cpu": {"columns": ["s", "machine %", "stack %", "load average (1 min)"],
                 "samples": played.cpu},

@@ -6,7 +6,7 @@ import math
 import os
 from pathlib import Path
 
-from bench.gameday.ledger import LIMITS
+from bench.gameday.ledger import LIMITS, PHASES
 
 
 def _n(value, digits: int = 0) -> str:
@@ -57,7 +57,14 @@ def table(report: dict) -> str:
     out = report["latency"]["outside_faults"]
     lines += ["", f"outside every fault window: {_lat(out)} ms (p50/p99/p99.9), "
                   f"{out['n']:,} jobs; {_by_inputs(report)}",
-              "per minute of arrival (p50/p99/p99.9 ms, availability):"]
+              "by phase (p50/p99 ms each; the slowest 1 %: mean ms each): "
+              + ", ".join(PHASES)]
+    for n, b in report["latency"].get("outside_faults_by_phase", {}).items():
+        slow = b["slowest"]
+        lines.append(f"  {n:>3} input(s), {b['n']:,} jobs: " + ", ".join(
+            f"{ph} {_p50_99(b[ph])}" for ph in PHASES) + f"; slowest {slow['n']} "
+            f"({_n(slow['ms'])} ms): " + "/".join(_n(slow[ph]) for ph in PHASES))
+    lines += ["per minute of arrival (p50/p99/p99.9 ms, availability):"]
     lines += [f"  {m['minute']:>2}: {_lat(m):>22}  {_n(m['availability'], 4)}"
               for m in report["latency"]["per_minute"]]
     lines += ["", f"answers: {report['answers']}; 5xx answers: "
@@ -171,6 +178,7 @@ def markdown(report: dict, picture_path: str) -> str:
              "|---:|---:|---:|---:|"]
     rows += [f"| {m['minute']} | {m['n']:,} | {_lat(m)} | {_n(m['availability'], 4)} |"
              for m in report["latency"]["per_minute"]]
+    rows += _phase_rows(report)
     rows += ["", "| target | measured | limit | |", "|---|---:|---:|---|"]
     for t in report["targets"]:
         verdict = "pass" if t["pass"] else "**miss**: " + ", ".join(t["where"])
@@ -184,6 +192,30 @@ def _by_inputs(report: dict) -> str:
     sizes = report["latency"].get("outside_faults_by_inputs", {})
     return "by inputs a job, " + ", ".join(
         f"{n}: {_lat(s)} ms ({s['n']:,})" for n, s in sizes.items()) if sizes else "no sizes"
+
+
+def _p50_99(spread: dict) -> str:
+    return f"{_n(spread['p50_ms'])}/{_n(spread['p99_ms'])}"
+
+
+def _phase_rows(report: dict) -> list[str]:
+    """Outside the fault windows, where a job's time went, by job size."""
+    sizes = report["latency"].get("outside_faults_by_phase", {})
+    if not sizes:
+        return []
+    rows = ["", "Outside every fault window, by phase (`late`: the traffic's own lag to a "
+                "user's start; `submit`: to `created_at`; `queued`: to `started_at`; `run`: "
+                "to `finished_at`; `answer`: to the final answer in hand), p50 / p99 ms, and "
+                "where the time of the slowest 1 % went (mean ms):", "",
+            "| inputs a job | jobs | " + " | ".join(PHASES) + " | slowest 1 %: jobs, ms, "
+            + " / ".join(PHASES) + " |", "|---:|---:|" + "---:|" * (len(PHASES) + 1)]
+    for n, b in sizes.items():
+        slow = b["slowest"]
+        rows.append(f"| {n} | {b['n']:,} | " + " | ".join(
+            _p50_99(b[ph]).replace("/", " / ") for ph in PHASES)
+            + f" | {slow['n']}, {_n(slow['ms'])}: "
+            + " / ".join(_n(slow[ph]) for ph in PHASES) + " |")
+    return rows
 
 
 def render_readme(report: dict, readme: Path, picture_path: str) -> None:

@@ -9,9 +9,13 @@ Each job's inputs carry a token of their own (`gd-<run>-<seq>`, also its Idempot
 job whose submit never got an answer can be found by it). A job is one input (most) or many
 (`--many-share` of them, `--many-inputs` each); half wait with `Prefer: wait` on the submit,
 half submit and then wait (`GET ?wait`). Writes one JSON line per job once it is final or its
-wait runs out (monotonic times: `arrival` as scheduled, `accepted` when its id came back,
-`done` when its final status did), then a summary line: every HTTP answer by method and
-status, the 5xx among them with their times, the client's retries with theirs.
+wait runs out (monotonic times: `arrival` as scheduled, `started` when its user began,
+`accepted` when its id came back, `done` when its final status did; `started_wall` and
+`done_wall` the same moments by the wall clock, beside the final answer's `created_at`,
+`started_at` and `finished_at`, to split its latency into phases, and the items of the model
+call that ran it, `batch_items`), then a summary line:
+every HTTP answer by method and status, the 5xx among them with their times, the client's
+retries with theirs.
 """
 from gevent import monkey
 
@@ -32,6 +36,10 @@ from inference_queue_client import Client, IQError, WaitTimeout
 from bench.load import TEXTS
 
 STYLES = ("prefer-wait", "submit-wait")
+# The final answer's server times (ISO, the API's wall clock), kept with the client's own
+# wall-clock start and end (`started_wall`, `done_wall`: time.time()) to split a job's
+# latency into phases (ledger.phases).
+SERVER_TIMES = ("created_at", "started_at", "finished_at")
 
 
 class Recorder(logging.Handler):
@@ -90,14 +98,16 @@ def one_job(users: Users, model: str, job: dict, hold: float, deadline: float) -
     or `deadline` passes. What happened, with its times."""
     client = users.take()
     row = {k: job[k] for k in ("seq", "token", "style", "arrival")}
-    row.update(inputs=len(job["inputs"]), started=time.monotonic())
+    row.update(inputs=len(job["inputs"]), started=time.monotonic(), started_wall=time.time())
     try:
         answer = client.submit(model, job["inputs"], idempotency_key=job["token"],
                                wait=hold if job["style"] == "prefer-wait" else None)
         row.update(accepted=time.monotonic(), id=answer.id)
         if not answer.terminal:
             answer = client.wait(answer, timeout=max(deadline - time.monotonic(), 0.1))
-        row.update(done=time.monotonic(), status=answer.status)
+        row.update(done=time.monotonic(), done_wall=time.time(), status=answer.status,
+                   batch_items=(answer.body.get("batch") or {}).get("items"),
+                   **{k: answer.body.get(k) for k in SERVER_TIMES})
     except WaitTimeout as exc:
         row.update(status=exc.job.status, error="WaitTimeout")
     except IQError as exc:

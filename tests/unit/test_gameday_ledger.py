@@ -3,9 +3,13 @@ unavailable, run twice, recovered, and which fault a miss is blamed on. No stack
 reads what a run recorded."""
 from __future__ import annotations
 
-from bench.gameday.ledger import analyse
+import itertools
+from datetime import datetime, timedelta, timezone
+
+from bench.gameday.ledger import PHASES, analyse
 from bench.gameday.play import Played, Struck
 from bench.gameday.report import markdown, table
+from tasks.jobrecord import iso
 
 START = 1000.0  # time.monotonic() of the run's first second, as recorded
 
@@ -160,3 +164,52 @@ def test_outside_the_fault_windows_latency_is_split_by_job_size():
     assert "by inputs a job, 1: 50/50/50 ms (1,080), 16: 400/400/400 ms (120)" in \
         markdown(report, "x.png")
     assert "16: 400/400/400 ms (120)" in table(report)
+
+
+WALL = 1_800_000_000  # time.time() at START, whole seconds
+
+
+def timed(row: dict, late: int, submit: int, queued: int, run: int, answer: int) -> None:
+    """Give a row the times its phases come from, in ms after its arrival: the client's
+    (monotonic and wall clock) and the final answer's (ISO, as the API writes them)."""
+    at_ms = round((row["arrival"] - START) * 1000)
+    marks = list(itertools.accumulate([at_ms + late, submit, queued, run, answer]))
+    row.update(started=START + marks[0] / 1000, started_wall=WALL + marks[0] / 1000,
+               done=START + marks[4] / 1000, done_wall=WALL + marks[4] / 1000,
+               **{k: iso(datetime.fromtimestamp(WALL, timezone.utc) + timedelta(milliseconds=m))
+                  for k, m in zip(("created_at", "started_at", "finished_at"), marks[1:4])})
+
+
+def test_outside_the_fault_windows_each_phase_of_a_job_is_measured_by_job_size():
+    """Where a slow job's time goes: each phase's spread per job size, and the mean of each
+    phase over the slowest 1 %, in the JSON, the terminal table and the README block."""
+    rows = steady(120)
+    for i, (row, _record) in enumerate(rows):
+        if i % 10 == 0:  # sixteen inputs: a longer model call
+            row["inputs"] = 16
+            timed(row, 1, 4, 20, 215, 10)
+        elif i % 100 == 5:  # twelve one-input jobs held queued
+            timed(row, 1, 4, 300, 15, 10)
+        elif i % 100 == 7:  # twelve one-input jobs whose answer came late
+            timed(row, 1, 4, 20, 15, 200)
+        else:
+            timed(row, 1, 4, 20, 15, 10)
+    del rows[3][0]["started_at"]  # an answer without its times: not split, still counted
+    report = {"run": {"started": "2026-12-04T05:00:00Z", "model": "m", "rate": 10.0,
+                      "rate_source": "given", "seconds": 120.0, "load_before": [0.1] * 3,
+                      "machine": "here"}, **analyse(played(rows, []))}
+    assert report["latency"]["outside_faults_by_inputs"]["1"]["p99_ms"] == 330
+    by = report["latency"]["outside_faults_by_phase"]
+    one, sixteen = by["1"], by["16"]
+    assert one["n"] == 1079 and sixteen["n"] == 120
+    assert {ph: (one[ph]["p50_ms"], one[ph]["p99_ms"]) for ph in PHASES} == {
+        "late": (1, 1), "submit": (4, 4), "queued": (20, 300), "run": (15, 15),
+        "answer": (10, 200)}
+    # The slowest 1 % (at or over the p99, 330 ms): the twelve held queued.
+    assert one["slowest"] == {"n": 12, "ms": 330, "late": 1, "submit": 4, "queued": 300,
+                              "run": 15, "answer": 10}
+    assert (sixteen["run"]["p99_ms"], sixteen["slowest"]["n"]) == (215, 120)
+    assert "    1 input(s), 1,079 jobs: late 1/1, submit 4/4, queued 20/300, run 15/15, " \
+           "answer 10/200; slowest 12 (330 ms): 1/4/300/15/10" in table(report)
+    assert "| 16 | 120 | 1 / 1 | 4 / 4 | 20 / 20 | 215 / 215 | 10 / 10 | 120, 250: " \
+           "1 / 4 / 20 / 215 / 10 |" in markdown(report, "x.png")
