@@ -36,19 +36,18 @@
 # (min-replicas-to-write) until Sentinel demotes it, about 10 s after it answers; and a
 # promoted node comes back as the primary, not as a replica of the node it replaced.
 #
-# Unless a replica holds more than it may (with REDIS_MIN_REPLICAS_TO_WRITE, as make run's):
-# a node the sentinels name the primary as it starts, while a replica they know of it answers
-# holding its replication stream (this node's replica, or the primary it replaced not yet
-# demoted, with a replication offset above 0), asks them to fail over to that replica
-# (SENTINEL FAILOVER) and starts as the promoted node's replica, waiting for that at most
-# REDIS_HANDOVER_TIMEOUT_S (30 s; past it, as the primary). A node killed and started again
-# within Sentinel's down-after (5 s) is still the primary to them, yet under `everysec` its
-# append-only file can lack the last writes its replica confirmed (Redis postpones writing
-# the file while the last second's fsync runs, and answers and replicates meanwhile); started
-# as the primary from that file it has a new replication id, its replica resyncs in full from
-# it and those writes are gone (tests/faults/test_restart_handover.py). The first start and a
-# restart of the whole group start at once: a replica started again holds nothing (offset 0)
-# until it has synced.
+# But with REDIS_MIN_REPLICAS_TO_WRITE (make run's 1), a node the sentinels name the primary as
+# it starts while a replica they know of it answers holding its replication stream (this
+# node's replica, or the primary it replaced not yet demoted, with a replication offset above
+# 0) asks them to fail over to that replica (SENTINEL FAILOVER) and starts as the promoted
+# node's replica, waiting for that at most REDIS_HANDOVER_TIMEOUT_S (30 s; past it, as the
+# primary). A node killed and started again within Sentinel's down-after (5 s) is still the
+# primary to them, yet under `everysec` its append-only file can lack the last writes its
+# replica confirmed (Redis postpones writing the file while the last second's fsync runs, and
+# answers and replicates meanwhile); started as the primary from that file it has a new
+# replication id, its replica resyncs in full from it and those writes are gone
+# (tests/faults/test_restart_handover.py). The first start and a restart of the whole group
+# start at once: no replica started again holds anything (offset 0) before it has synced.
 #
 # REDIS_SENTINEL_MONITOR=host:port starts a Redis Sentinel instead, watching that primary
 # under the name IQ_REDIS_MASTER: the admin's password is its own (requirepass, also what
@@ -94,6 +93,12 @@ CONFIG
   exec "$bin" "$dir/sentinel.conf" --sentinel "$@"
 fi
 
+handover_s="${REDIS_HANDOVER_TIMEOUT_S:-30}"
+if [[ ! "$handover_s" =~ ^[0-9]+$ ]]; then
+  echo "redis-server.sh: REDIS_HANDOVER_TIMEOUT_S must be a number of seconds," \
+       "got '$handover_s'" >&2
+  exit 2
+fi
 cli_bin="$(dirname "$bin")/redis-cli"
 master="${IQ_REDIS_MASTER:-mymaster}"
 # One command to a node or a sentinel as the admin, at most 2 s; its errors unsaid.
@@ -139,7 +144,7 @@ handover() {
   holder="$(stream_holder "$sentinel")" || return 0
   echo "redis-server.sh: the replica ${holder% *} holds this node's replication stream" \
        "(offset ${holder#* }): asking the sentinel on $sentinel to fail over to it" >&2
-  local deadline=$((SECONDS + ${REDIS_HANDOVER_TIMEOUT_S:-30}))
+  local deadline=$((SECONDS + handover_s))
   while [ "$SECONDS" -lt "$deadline" ]; do
     now="$(named_primary || true)"
     if [ -n "$now" ] && [ "${now% *}" != "127.0.0.1:$port" ]; then echo "${now% *}"; return 0; fi
@@ -151,7 +156,7 @@ handover() {
     fi
     sleep 0.5
   done
-  echo "redis-server.sh: no failover in ${REDIS_HANDOVER_TIMEOUT_S:-30} s:" \
+  echo "redis-server.sh: no failover in $handover_s s:" \
        "starting as the primary from its own files" >&2
 }
 
