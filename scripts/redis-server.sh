@@ -36,6 +36,19 @@
 # (min-replicas-to-write) until Sentinel demotes it, about 10 s after it answers; and a
 # promoted node comes back as the primary, not as a replica of the node it replaced.
 #
+# But with REDIS_MIN_REPLICAS_TO_WRITE (make run's 1), a node the sentinels name the primary as
+# it starts while a replica they know of it answers holding its replication stream (this
+# node's replica, or the primary it replaced not yet demoted, with a replication offset above
+# 0) asks them to fail over to that replica (SENTINEL FAILOVER) and starts as the promoted
+# node's replica, waiting for that at most REDIS_HANDOVER_TIMEOUT_S (30 s; past it, as the
+# primary). A node killed and started again within Sentinel's down-after (5 s) is still the
+# primary to them, yet under `everysec` its append-only file can lack the last writes its
+# replica confirmed (Redis postpones writing the file while the last second's fsync runs, and
+# answers and replicates meanwhile); started as the primary from that file it has a new
+# replication id, its replica resyncs in full from it and those writes are gone
+# (tests/faults/test_restart_handover.py). The first start and a restart of the whole group
+# start at once: no replica started again holds anything (offset 0) before it has synced.
+#
 # REDIS_SENTINEL_MONITOR=host:port starts a Redis Sentinel instead, watching that primary
 # under the name IQ_REDIS_MASTER: the admin's password is its own (requirepass, also what
 # sentinels show each other), and the application's user may only ask it where the primary is;
@@ -80,21 +93,84 @@ CONFIG
   exec "$bin" "$dir/sentinel.conf" --sentinel "$@"
 fi
 
-replica_of="${REDIS_REPLICA_OF:-}"
-if [ -n "${IQ_REDIS_SENTINELS:-}" ]; then
+handover_s="${REDIS_HANDOVER_TIMEOUT_S:-30}"
+if [[ ! "$handover_s" =~ ^[0-9]+$ ]]; then
+  echo "redis-server.sh: REDIS_HANDOVER_TIMEOUT_S must be a number of seconds," \
+       "got '$handover_s'" >&2
+  exit 2
+fi
+cli_bin="$(dirname "$bin")/redis-cli"
+master="${IQ_REDIS_MASTER:-mymaster}"
+# One command to a node or a sentinel as the admin, at most 2 s; its errors unsaid.
+cli() {
+  REDISCLI_AUTH="$admin" timeout 2 "$cli_bin" -h "${1%:*}" -p "${1##*:}" "${@:2}" 2> /dev/null
+}
+
+# "PRIMARY SENTINEL": the primary (host:port) the first sentinel that names one names, and it.
+named_primary() {
+  local sentinel answer
   for sentinel in ${IQ_REDIS_SENTINELS//,/ }; do
-    named="$(REDISCLI_AUTH="$admin" timeout 2 "$(dirname "$bin")/redis-cli" \
-             -h "${sentinel%:*}" -p "${sentinel##*:}" \
-             SENTINEL GET-MASTER-ADDR-BY-NAME "${IQ_REDIS_MASTER:-mymaster}" 2> /dev/null \
-             | paste -sd: || true)"
-    if [[ "$named" =~ ^[^:[:space:]]+:[0-9]+$ ]]; then
-      role="its replica" replica_of="$named"
-      if [ "$named" = "127.0.0.1:$port" ]; then role="the primary" replica_of=""; fi
-      echo "redis-server.sh: the sentinel on $sentinel names $named the primary:" \
-           "starting as $role" >&2
-      break
-    fi
+    answer="$(cli "$sentinel" SENTINEL GET-MASTER-ADDR-BY-NAME "$master" | paste -sd: || true)"
+    if [[ "$answer" =~ ^[^:[:space:]]+:[0-9]+$ ]]; then echo "$answer $sentinel"; return 0; fi
   done
+  return 1
+}
+
+# "NODE OFFSET": a replica the sentinel knows of this node that holds this node's replication
+# stream: it answers as this node's replica, or as the primary this node replaced (not yet
+# demoted), with a replication offset above 0 (a node started again has 0 until it synced).
+stream_holder() {
+  local host at info role offset of
+  while read -r host at; do
+    [[ "$host" =~ ^[A-Za-z0-9.:_-]+$ && "$at" =~ ^[0-9]{1,5}$ ]] || continue
+    info="$(cli "$host:$at" INFO replication | tr -d '\r' || true)"
+    role="$(sed -n 's/^role://p' <<< "$info")"
+    offset="$(sed -n 's/^master_repl_offset://p' <<< "$info")"
+    of="$(sed -n 's/^master_host://p' <<< "$info"):$(sed -n 's/^master_port://p' <<< "$info")"
+    if [[ "$offset" =~ ^[0-9]+$ ]] && [ "$offset" -gt 0 ] &&
+       { [ "$role" = master ] || [ "$of" = "127.0.0.1:$port" ]; }; then
+      echo "$host:$at $offset"; return 0
+    fi
+  done < <(cli "$1" SENTINEL REPLICAS "$master" |
+           awk 'prev == "ip" { ip = $0 } prev == "port" { print ip, $0 } { prev = $0 }')
+  return 1
+}
+
+# This node, named the primary, started again while a replica holds its stream: the sentinel
+# is asked to fail over to that replica, and the node the sentinels then name is printed (this
+# node starts as its replica); nothing after REDIS_HANDOVER_TIMEOUT_S (it starts as the primary).
+handover() {
+  local sentinel="$1" holder now said="" answer
+  holder="$(stream_holder "$sentinel")" || return 0
+  echo "redis-server.sh: the replica ${holder% *} holds this node's replication stream" \
+       "(offset ${holder#* }): asking the sentinel on $sentinel to fail over to it" >&2
+  local deadline=$((SECONDS + handover_s))
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    now="$(named_primary || true)"
+    if [ -n "$now" ] && [ "${now% *}" != "127.0.0.1:$port" ]; then echo "${now% *}"; return 0; fi
+    # One sentinel only (two would run two failovers); INPROG while its failover runs.
+    answer="$(cli "$sentinel" SENTINEL FAILOVER "$master" | head -n 1 || true)"
+    if [ "$answer" != "$said" ]; then
+      echo "redis-server.sh: SENTINEL FAILOVER: ${answer:-no answer}" >&2
+      said="$answer"
+    fi
+    sleep 0.5
+  done
+  echo "redis-server.sh: no failover in $handover_s s:" \
+       "starting as the primary from its own files" >&2
+}
+
+replica_of="${REDIS_REPLICA_OF:-}"
+if [ -n "${IQ_REDIS_SENTINELS:-}" ] && found="$(named_primary)"; then
+  named="${found% *}" sentinel="${found#* }"
+  role="its replica" replica_of="$named"
+  if [ "$named" = "127.0.0.1:$port" ]; then
+    replica_of="" role="the primary"
+    if [ "${REDIS_MIN_REPLICAS_TO_WRITE:-0}" != 0 ]; then replica_of="$(handover "$sentinel")"; fi
+    if [ -n "$replica_of" ]; then role="the replica of $replica_of, promoted in its place"; fi
+  fi
+  echo "redis-server.sh: the sentinel on $sentinel names $named the primary:" \
+       "starting as $role" >&2
 fi
 replica=()
 if [ -n "$replica_of" ]; then

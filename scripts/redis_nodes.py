@@ -83,7 +83,9 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
         admin = f"redis://:{passwords['password']}@127.0.0.1:{port}/0"
         app = f"redis://{REDIS_APP_USER}:{passwords['app_password']}@127.0.0.1:{port}/0"
         svc.extra.update(passwords)
-    wait_until(redis.Redis.from_url(admin).ping, 20, f"redis-server on port {port}")
+    # A node the sentinels name the primary may first wait for them to fail over to its
+    # replica (REDIS_HANDOVER_TIMEOUT_S, 30 s, at most: scripts/redis-server.sh).
+    wait_until(redis.Redis.from_url(admin).ping, 45, f"redis-server on port {port}")
     svc.extra.update(port=port, url=app, admin_url=admin,
                      min_replicas_to_write=min_replicas_to_write)
     return svc
@@ -163,7 +165,9 @@ class RedisGroup:
 
     def restart(self, node: Service) -> Service:
         """`node`, exited, started again as make run keeps it up: its port, passwords and
-        data, its role taken from the sentinels (scripts/redis-server.sh); in its place."""
+        data, its role taken from the sentinels (scripts/redis-server.sh: a primary whose
+        replica holds its stream is first failed over to it); in its place. `follow` then
+        tells which node is the primary."""
         again = start_redis(node.log.parent, like=node, appendonly=True, appendfsync="everysec",
                             sentinels=self.env()["IQ_REDIS_SENTINELS"])
         if node is self.primary:
