@@ -256,6 +256,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "IQ_REDIS_PASSWORD_FILE": "scripts/run.py, scripts/redis-server.sh",
     "IQ_REDIS_APP_PASSWORD_FILE": "scripts/run.py, scripts/redis-server.sh",
     "IQ_REDIS_APP_USER": "scripts/run.py, scripts/redis-server.sh",
+    "IQ_RESPAWN_LAST_EXIT": "scripts/respawn.py sets it, scripts/redis-server.sh reads it",
     "IQ_API_URL": "client/inference_queue_client/client.py",
     "IQ_API_KEY": "client/inference_queue_client/client.py",
 }

@@ -47,7 +47,10 @@
 # answers and replicates meanwhile); started as the primary from that file it has a new
 # replication id, its replica resyncs in full from it and those writes are gone
 # (tests/faults/test_restart_handover.py). The first start and a restart of the whole group
-# start at once: no replica started again holds anything (offset 0) before it has synced.
+# start at once: no replica started again holds anything (offset 0) before it has synced. So
+# does a node whose last run ended cleanly (IQ_RESPAWN_LAST_EXIT=0, from make run's keeper,
+# scripts/respawn.py: a SIGTERM's shutdown writes and fsyncs the whole file before it exits):
+# handing over would cost the writes of a failover's seconds for nothing.
 #
 # REDIS_SENTINEL_MONITOR=host:port starts a Redis Sentinel instead, watching that primary
 # under the name IQ_REDIS_MASTER: the admin's password is its own (requirepass, also what
@@ -166,7 +169,11 @@ if [ -n "${IQ_REDIS_SENTINELS:-}" ] && found="$(named_primary)"; then
   role="its replica" replica_of="$named"
   if [ "$named" = "127.0.0.1:$port" ]; then
     replica_of="" role="the primary"
-    if [ "${REDIS_MIN_REPLICAS_TO_WRITE:-0}" != 0 ]; then replica_of="$(handover "$sentinel")"; fi
+    if [ "${IQ_RESPAWN_LAST_EXIT:-}" = 0 ]; then
+      role="the primary (it shut down cleanly: its append-only file holds every write it answered)"
+    elif [ "${REDIS_MIN_REPLICAS_TO_WRITE:-0}" != 0 ]; then
+      replica_of="$(handover "$sentinel")"
+    fi
     if [ -n "$replica_of" ]; then role="the replica of $replica_of, promoted in its place"; fi
   fi
   echo "redis-server.sh: the sentinel on $sentinel names $named the primary:" \

@@ -39,7 +39,8 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
                 open_to_all: bool = False, like: Service | None = None,
                 replica_of: Service | None = None, appendfsync: str | None = None,
                 bind: list[str] | None = None, args: list[str] | None = None,
-                min_replicas_to_write: int = 0, sentinels: str | None = None) -> Service:
+                min_replicas_to_write: int = 0, sentinels: str | None = None,
+                last_exit: int | None = None) -> Service:
     """A private redis-server as `make run` starts one (scripts/redis-server.sh): an admin user
     and the application's user (REDIS_APP_USER), which cannot run administrative commands, each
     with a fresh password, so that every client is proven to pass its own along and the
@@ -52,7 +53,8 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
     `args`: more of redis-server's options. `min_replicas_to_write`: as make run's nodes with
     replicas (REDIS_MIN_REPLICAS_TO_WRITE; a restart keeps that of `like`). `sentinels`:
     IQ_REDIS_SENTINELS, as make run's nodes with replicas get it: the node takes its role from
-    them (scripts/redis-server.sh)."""
+    them (scripts/redis-server.sh). `last_exit`: how its last run ended, as make run's keeper
+    tells a process it starts again (IQ_RESPAWN_LAST_EXIT, scripts/respawn.py)."""
     if like is not None:
         port, open_to_all = like.extra["port"], like.extra["password"] == ""
         min_replicas_to_write = like.extra.get("min_replicas_to_write", 0)
@@ -75,6 +77,8 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
         env["REDIS_MIN_REPLICAS_TO_WRITE"] = str(min_replicas_to_write)
         if sentinels:
             env.update(IQ_REDIS_SENTINELS=sentinels, IQ_REDIS_MASTER=MASTER)
+        if last_exit is not None:
+            env["IQ_RESPAWN_LAST_EXIT"] = str(last_exit)
         cmd = [str(ROOT / "scripts" / "redis-server.sh"), "--appendonly",
                "yes" if appendonly else "no", *(args or [])]
         if bind:
@@ -166,10 +170,11 @@ class RedisGroup:
     def restart(self, node: Service) -> Service:
         """`node`, exited, started again as make run keeps it up: its port, passwords and
         data, its role taken from the sentinels (scripts/redis-server.sh: a primary whose
-        replica holds its stream is first failed over to it); in its place. `follow` then
-        tells which node is the primary."""
+        replica holds its stream is first failed over to it, unless it exited cleanly); in its
+        place. `follow` then tells which node is the primary."""
         again = start_redis(node.log.parent, like=node, appendonly=True, appendfsync="everysec",
-                            sentinels=self.env()["IQ_REDIS_SENTINELS"])
+                            sentinels=self.env()["IQ_REDIS_SENTINELS"],
+                            last_exit=node.proc.returncode)
         if node is self.primary:
             self.primary = again
         else:

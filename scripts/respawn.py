@@ -2,11 +2,15 @@
 on its own (a crash, a kill, a watchdog's stop), starts it again and says so, instead of honcho
 stopping the whole stack because one part ended. A SIGTERM or SIGINT (honcho's stop, Ctrl-C)
 stops it for good: the process itself gets the same signal from honcho, in its process group.
+Each start after the first has IQ_RESPAWN_LAST_EXIT, the exit status of the run before (a
+negative number: the signal that ended it), for a process whose start depends on how it ended
+(scripts/redis-server.sh: a Redis primary that shut down cleanly needs no handover).
 
     python -m scripts.respawn NAME COMMAND
 """
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -31,10 +35,11 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    pause = FIRST_PAUSE_S
+    pause, env = FIRST_PAUSE_S, dict(os.environ)
     while True:
         started = time.monotonic()
-        code = subprocess.call(["/bin/sh", "-c", command])
+        code = subprocess.call(["/bin/sh", "-c", command], env=env)
+        env["IQ_RESPAWN_LAST_EXIT"] = str(code)
         if stopping.is_set():
             return code
         ran = time.monotonic() - started
