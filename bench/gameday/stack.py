@@ -237,6 +237,9 @@ class Stack:
                     out.write(f"--- gameday: {proc.name} exited "
                               f"({proc.popen.returncode}); restarting\n".encode())
                 time.sleep(RESTART_DELAY_S)
+                # How the run before ended, as make run's keeper tells it (scripts/respawn.py):
+                # a Redis primary that shut down cleanly comes back without a handover.
+                proc.env["IQ_RESPAWN_LAST_EXIT"] = str(proc.popen.returncode)
                 if not self._halt.is_set() and not proc.stopping:
                     proc.start()
 
