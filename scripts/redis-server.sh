@@ -46,7 +46,9 @@
 # replica confirmed (Redis postpones writing the file while the last second's fsync runs, and
 # answers and replicates meanwhile); started as the primary from that file it has a new
 # replication id, its replica resyncs in full from it and those writes are gone
-# (tests/faults/test_restart_handover.py). The first start and a restart of the whole group
+# (tests/faults/test_restart_handover.py). A replica that takes the connection and does not
+# answer within 2 s (frozen, stalled) counts as holding it too: it is running, and would drop
+# what it alone holds in a full resync from this node once it answers. The first start and a restart of the whole group
 # start at once: no replica started again holds anything (offset 0) before it has synced. So
 # does a node whose last run ended cleanly (IQ_RESPAWN_LAST_EXIT=0, from make run's keeper,
 # scripts/respawn.py: a SIGTERM's shutdown writes and fsyncs the whole file before it exits):
@@ -123,19 +125,34 @@ named_primary() {
 # stream: it answers as this node's replica, or as the primary this node replaced (not yet
 # demoted), with a replication offset above 0 (a node started again has 0 until it synced).
 stream_holder() {
-  local host at info role offset of
-  while read -r host at; do
+  local host at seen_of seen_offset seen_role info rc role offset of
+  while read -r host at seen_of seen_offset seen_role; do
     [[ "$host" =~ ^[A-Za-z0-9.:_-]+$ && "$at" =~ ^[0-9]{1,5}$ ]] || continue
-    info="$(cli "$host:$at" INFO replication | tr -d '\r' || true)"
+    if info="$(cli "$host:$at" INFO replication)"; then rc=0; else rc=$?; fi
+    info="$(tr -d '\r' <<< "$info")"
     role="$(sed -n 's/^role://p' <<< "$info")"
     offset="$(sed -n 's/^master_repl_offset://p' <<< "$info")"
     of="$(sed -n 's/^master_host://p' <<< "$info"):$(sed -n 's/^master_port://p' <<< "$info")"
+    if [ "$rc" = 124 ]; then
+      # It took the connection and did not answer in 2 s (frozen, overloaded): running, so it
+      # may hold writes this node's file lacks, which starting as the primary would have it
+      # drop in a full resync once it answers. As the sentinel last saw it (its offset there
+      # can be 10 s old: any); the failover to it waits for it, REDIS_HANDOVER_TIMEOUT_S at most.
+      role="$seen_role" of="$seen_of" offset=1
+      echo "redis-server.sh: the replica $host:$at does not answer (INFO replication):" \
+           "taking it as holding this node's stream, as the sentinel saw it" >&2
+    fi
     if [[ "$offset" =~ ^[0-9]+$ ]] && [ "$offset" -gt 0 ] &&
        { [ "$role" = master ] || [ "$of" = "127.0.0.1:$port" ]; }; then
       echo "$host:$at $offset"; return 0
     fi
   done < <(cli "$1" SENTINEL REPLICAS "$master" |
-           awk 'prev == "ip" { ip = $0 } prev == "port" { print ip, $0 } { prev = $0 }')
+           awk 'function out() { if (ip != "") print ip, at, mh ":" mp, off, role }
+                prev == "name" { out(); ip = at = mh = mp = off = role = "" }
+                prev == "ip" { ip = $0 } prev == "port" { at = $0 }
+                prev == "master-host" { mh = $0 } prev == "master-port" { mp = $0 }
+                prev == "slave-repl-offset" { off = $0 } prev == "role-reported" { role = $0 }
+                { prev = $0 } END { out() }')
   return 1
 }
 
