@@ -2,9 +2,10 @@
 on its own (a crash, a kill, a watchdog's stop), starts it again and says so, instead of honcho
 stopping the whole stack because one part ended. A SIGTERM or SIGINT (honcho's stop, Ctrl-C)
 stops it for good: the process itself gets the same signal from honcho, in its process group.
-Each start after the first has IQ_RESPAWN_LAST_EXIT, the exit status of the run before (a
-negative number: the signal that ended it), for a process whose start depends on how it ended
-(scripts/redis-server.sh: a Redis primary that shut down cleanly needs no handover).
+Each start after the first has IQ_RESPAWN_LAST_EXIT, the exit status of the run before (as
+/bin/sh reports it: 137 for a SIGKILL; negative when the shell itself was killed), for a
+process whose start depends on how it ended (scripts/redis-server.sh: a Redis primary that
+shut down cleanly needs no handover).
 
     python -m scripts.respawn NAME COMMAND
 """
