@@ -48,8 +48,9 @@
 # replication id, its replica resyncs in full from it and those writes are gone
 # (tests/faults/test_restart_handover.py). A replica that takes the connection and does not
 # answer within 2 s (frozen, stalled) counts as holding it too: it is running, and would drop
-# what it alone holds in a full resync from this node once it answers. The first start and a restart of the whole group
-# start at once: no replica started again holds anything (offset 0) before it has synced. So
+# what it alone holds in a full resync from this node once it answers. The first start and a
+# restart of the whole group start at once: no replica started again holds anything (offset 0)
+# before it has synced. So
 # does a node whose last run ended cleanly (IQ_RESPAWN_LAST_EXIT=0, from make run's keeper,
 # scripts/respawn.py: a SIGTERM's shutdown writes and fsyncs the whole file before it exits):
 # handing over would cost the writes of a failover's seconds for nothing.
