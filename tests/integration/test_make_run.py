@@ -50,6 +50,14 @@ def run_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def _session(pid: int) -> int | None:
+    """The session of `pid`; None when it has exited since it was listed (a restarted part)."""
+    try:
+        return os.getsid(pid)
+    except ProcessLookupError:
+        return None
+
+
 class MakeRun:
     """scripts/run.sh in its own process group, as a terminal runs `make run`."""
 
@@ -85,7 +93,7 @@ class MakeRun:
     def stop(self, sig: int = signal.SIGINT, group: bool = True) -> int | None:
         """Signal make run (its process group, as Ctrl-C does, or itself) and wait."""
         if self.proc.poll() is None:
-            self.sessions |= {os.getsid(p.pid) for p in self.processes()}
+            self.sessions |= {sid for p in self.processes() if (sid := _session(p.pid))}
             (os.killpg if group else os.kill)(self.proc.pid, sig)
         try:
             return self.proc.wait(60)
