@@ -63,10 +63,8 @@ def _settled(group) -> bool:
 
 def _wait_settled(group, timeout: float) -> float:
     start = time.monotonic()
-    while not _settled(group):
-        if time.monotonic() - start > timeout:
-            raise TimeoutError(f"no primary with a replica in sync {timeout} s after the kill")
-        time.sleep(0.05)
+    wait_until(lambda: _settled(group), timeout, "a primary with a replica in sync",
+               interval=0.05)
     group.follow()
     return time.monotonic() - start
 
