@@ -48,6 +48,8 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--drain", type=float, default=DRAIN_S,
                         help="seconds after the last arrival for jobs to finish")
     parser.add_argument("--model", default="minilm-embed")
+    parser.add_argument("--models-file", type=Path,
+                        help="the stack's models file (IQ_MODELS_FILE; default make run's)")
     parser.add_argument("--name", help="results' name (default gameday-<UTC time>)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the results go")
     parser.add_argument("--var", type=Path, help="the stack's var dir: secrets, Redis's data, "
@@ -83,13 +85,14 @@ def run(args: argparse.Namespace, faults: list[type[Fault]]) -> dict:
           f"defaults: {needs}", flush=True)
     with ExitStack() as context:
         host = context.enter_context(hosts.hosts(1))[0] if needs.own_host else None
-        stack = Stack(var, needs=needs, host=host)
+        stack = Stack(var, needs=needs, host=host, models_file=args.models_file)
         if stack.cpu_threads is not None:
             print(f"gameday: {len(stack.workers)} workers ({', '.join(stack.workers)}) share "
                   f"this machine's {os.cpu_count()} cores: IQ_CPU_THREADS={stack.cpu_threads} "
                   f"for each", flush=True)
         played, source = _play(args, faults, stack)
-    report = {"run": describe(played, args.model, started, source, load) | {"var": str(var)},
+    own = {"models_file": str(args.models_file)} if args.models_file else {}
+    report = {"run": describe(played, args.model, started, source, load) | own | {"var": str(var)},
               **analyse(played)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")

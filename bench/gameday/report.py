@@ -37,7 +37,9 @@ def _cpu(report: dict) -> str:
 def table(report: dict) -> str:
     run, jobs = report["run"], report["jobs"]
     lines = [
-        f"Game day {run['started']}: {run['model']}, {run['seconds']:.0f} s of arrivals at "
+        f"Game day {run['started']}: {run['model']}"
+        f"{' (models file ' + run['models_file'] + ')' if run.get('models_file') else ''}, "
+        f"{run['seconds']:.0f} s of arrivals at "
         f"{run['rate']:.1f} jobs/s ({run['rate_source']}), {jobs['arrivals']:,} jobs, "
         f"{len(report['faults'])} fault(s)",
         _cpu(report),

@@ -155,8 +155,10 @@ class Stack:
     a log per process (`logs/<name>.log`)."""
 
     def __init__(self, var: Path, environ: dict[str, str] | None = None,
-                 needs: Needs = Needs(), host: Host | None = None) -> None:
-        """`host`: the host of its own `needs.own_host` asks for (scripts/hosts.py)."""
+                 needs: Needs = Needs(), host: Host | None = None,
+                 models_file: Path | None = None) -> None:
+        """`host`: the host of its own `needs.own_host` asks for (scripts/hosts.py);
+        `models_file`: the models file the operator sets (IQ_MODELS_FILE), else the default."""
         if needs.own_host != (host is not None):
             raise ValueError("a host is given exactly when the needs ask for one")
         self.var, self.needs, self.host = var, needs, host
@@ -173,8 +175,10 @@ class Stack:
                         REDIS_SENTINEL_PORT=str(free_ports(SENTINELS, self.ports)))
         if needs.models_copy:
             models = var / "models.yaml"
-            shutil.copy(ROOT / Settings.models_file, models)
+            shutil.copy(models_file or ROOT / Settings.models_file, models)
             base["IQ_MODELS_FILE"] = str(models)
+        elif models_file is not None:
+            base["IQ_MODELS_FILE"] = str(models_file.resolve())
         self.operator_env = base  # what an operator's shell beside make run has set
         self.run = plan(base)
         self.procs = {name: Proc(name, command, {**process_env(name, self.run.env),

