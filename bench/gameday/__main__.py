@@ -28,6 +28,7 @@ from bench.gameday.play import DRAIN_S, Played, capacity, play
 from bench.gameday.report import picture, render_readme, table
 from bench.gameday.stack import Needs, Stack
 from scripts import hosts
+from scripts.preflight import Refused
 from scripts.run import ROOT
 
 RESULTS = ROOT / "bench" / "results"
@@ -55,6 +56,8 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--var", type=Path, help="the stack's var dir: secrets, Redis's data, "
                         "logs, the jobs (default var/gameday/<name>)")
     args = parser.parse_args(argv)
+    if args.models_file is not None and not args.models_file.is_file():
+        parser.error(f"--models-file {args.models_file}: no such file")
     unknown = [f for f in args.faults.split(",") if f and f not in FAULTS]
     if unknown:
         parser.error(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
@@ -85,7 +88,10 @@ def run(args: argparse.Namespace, faults: list[type[Fault]]) -> dict:
           f"defaults: {needs}", flush=True)
     with ExitStack() as context:
         host = context.enter_context(hosts.hosts(1))[0] if needs.own_host else None
-        stack = Stack(var, needs=needs, host=host, models_file=args.models_file)
+        try:
+            stack = Stack(var, needs=needs, host=host, models_file=args.models_file)
+        except Refused as exc:  # what make run would refuse: a bad setting or models file
+            raise SystemExit(f"gameday: {exc}") from None
         if stack.cpu_threads is not None:
             print(f"gameday: {len(stack.workers)} workers ({', '.join(stack.workers)}) share "
                   f"this machine's {os.cpu_count()} cores: IQ_CPU_THREADS={stack.cpu_threads} "

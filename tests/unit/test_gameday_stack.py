@@ -10,7 +10,9 @@ import shlex
 import sys
 
 import psutil
+import pytest
 
+from bench.gameday import __main__ as gameday
 from bench.gameday import stack as stack_module
 from bench.gameday.stack import PORTS, SENTINELS, Needs, Proc, Stack, free_ports
 from scripts.stack import wait_until
@@ -78,3 +80,16 @@ def test_a_models_file_of_the_operator_s_reaches_every_process(tmp_path):
     models = copied.procs["worker"].env["IQ_MODELS_FILE"]
     assert models == str(tmp_path / "copy" / "models.yaml")
     assert open(models).read() == own.read_text()
+
+
+def test_a_models_file_missing_or_refused_stops_the_game_day_before_it_starts(tmp_path, capsys):
+    with pytest.raises(SystemExit) as missing:
+        gameday.arguments(["--models-file", str(tmp_path / "none.yaml")])
+    assert missing.value.code == 2 and "none.yaml: no such file" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models:\n  minilm-embed:\n    kind: embedding\n    dtype: int9\n")
+    args = gameday.arguments(["--faults", "", "--models-file", str(bad),
+                              "--var", str(tmp_path / "var"), "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit, match="dtype must be one of .* got 'int9'"):
+        gameday.run(args, [])
+    assert not (tmp_path / "out").exists()  # nothing ran, nothing reported
