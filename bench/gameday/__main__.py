@@ -22,16 +22,21 @@ from functools import reduce
 from operator import or_
 from pathlib import Path
 
+import yaml
+
 from bench.gameday.faults import FAULTS, Fault
 from bench.gameday.ledger import analyse, jobs_of
 from bench.gameday.play import DRAIN_S, Played, capacity, play
 from bench.gameday.report import picture, render_readme, table
 from bench.gameday.stack import Needs, Stack
+from config import ConfigError, Settings
+from config.models import load_models
 from scripts import hosts
 from scripts.preflight import Refused
 from scripts.run import ROOT
 
 RESULTS = ROOT / "bench" / "results"
+PATH_KEYS = ("path", "runs_log", "load_gate")  # what config/models.py resolves from the file's folder
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,7 +66,34 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [f for f in args.faults.split(",") if f and f not in FAULTS]
     if unknown:
         parser.error(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+    try:
+        args.model_entry = model_entry(args.models_file or Path(Settings.models_file),
+                                       args.model, "model-reload" in args.faults.split(","))
+    except ValueError as exc:
+        parser.error(str(exc))
     return args
+
+
+def model_entry(models_file: Path, model: str, copied: bool) -> dict:
+    """The model's entry in the models file, as written there (the report keeps it); a
+    ValueError when the file is refused, lacks the model, or is to be copied (the reload's
+    copy in the var dir) with a relative path in it, which the copy would resolve elsewhere."""
+    try:
+        specs = load_models(models_file)
+    except ConfigError as exc:
+        raise ValueError(f"--models-file {models_file}: {exc}") from None
+    if model not in specs:
+        raise ValueError(f"--model {model} is not in {models_file} (it has "
+                         f"{', '.join(sorted(specs))}): the traffic would find no worker")
+    raw = yaml.safe_load(models_file.read_text())["models"]
+    relative = [f"{name}.{key}" for name, entry in raw.items() for key in PATH_KEYS
+                if isinstance(entry, dict) and entry.get(key)
+                and not Path(str(entry[key])).expanduser().is_absolute()]
+    if copied and relative:
+        raise ValueError(f"--models-file {models_file}: model-reload runs on a copy in the "
+                         f"run's var dir, where {', '.join(relative)} would point elsewhere: "
+                         f"give absolute paths")
+    return raw[model]
 
 
 def describe(played: Played, model: str, started: str, source: str,
@@ -97,8 +129,9 @@ def run(args: argparse.Namespace, faults: list[type[Fault]]) -> dict:
                   f"this machine's {os.cpu_count()} cores: IQ_CPU_THREADS={stack.cpu_threads} "
                   f"for each", flush=True)
         played, source = _play(args, faults, stack)
-    own = {"models_file": str(args.models_file)} if args.models_file else {}
-    report = {"run": describe(played, args.model, started, source, load) | own | {"var": str(var)},
+    own = {"models_file": str(args.models_file.resolve())} if args.models_file else {}
+    report = {"run": describe(played, args.model, started, source, load) | own
+              | {"model_entry": args.model_entry, "var": str(var)},
               **analyse(played)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")

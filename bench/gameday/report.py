@@ -158,7 +158,8 @@ def markdown(report: dict, picture_path: str) -> str:
     run, jobs = report["run"], report["jobs"]
     out = report["latency"]["outside_faults"]
     rows = [
-        f"Run {run['started']} on {run['machine']}: {run['model']}, "
+        f"Run {run['started']} on {run['machine']}: {run['model']}"
+        f"{' (models file ' + run['models_file'] + ')' if run.get('models_file') else ''}, "
         f"{run['seconds']:.0f} s of arrivals at {run['rate']:.1f} jobs/s "
         f"({run['rate_source']}), {jobs['arrivals']:,} jobs. {_cpu(report)}.",
         "", f"![latency over the game day, fault windows shaded]({picture_path})", "",

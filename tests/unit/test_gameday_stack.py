@@ -11,10 +11,13 @@ import sys
 
 import psutil
 import pytest
+import yaml
 
 from bench.gameday import __main__ as gameday
 from bench.gameday import stack as stack_module
 from bench.gameday.stack import PORTS, SENTINELS, Needs, Proc, Stack, free_ports
+from config import Settings
+from scripts.run import ROOT
 from scripts.stack import wait_until
 
 
@@ -83,13 +86,45 @@ def test_a_models_file_of_the_operator_s_reaches_every_process(tmp_path):
 
 
 def test_a_models_file_missing_or_refused_stops_the_game_day_before_it_starts(tmp_path, capsys):
-    with pytest.raises(SystemExit) as missing:
-        gameday.arguments(["--models-file", str(tmp_path / "none.yaml")])
-    assert missing.value.code == 2 and "none.yaml: no such file" in capsys.readouterr().err
+    def refused(*argv: str) -> str:
+        with pytest.raises(SystemExit) as stopped:
+            gameday.arguments(list(argv))
+        assert stopped.value.code == 2
+        return capsys.readouterr().err
+
+    assert "none.yaml: no such file" in refused("--models-file", str(tmp_path / "none.yaml"))
     bad = tmp_path / "bad.yaml"
     bad.write_text("models:\n  minilm-embed:\n    kind: embedding\n    dtype: int9\n")
-    args = gameday.arguments(["--faults", "", "--models-file", str(bad),
-                              "--var", str(tmp_path / "var"), "--out", str(tmp_path / "out")])
-    with pytest.raises(SystemExit, match="dtype must be one of .* got 'int9'"):
+    assert "dtype must be one of" in refused("--models-file", str(bad))
+    assert "--model nope is not in" in refused("--model", "nope")  # make run's own file
+    # A model path relative to the file's folder would point elsewhere from the reload's copy.
+    synthetic = tmp_path / "synthetic.yaml"
+    synthetic.write_text("models:\n  minilm-embed:\n    kind: synthetic\n"
+                         "    runs_log: runs.log\n")
+    assert "minilm-embed.runs_log would point elsewhere" in refused(
+        "--models-file", str(synthetic), "--faults", "child-killed,model-reload")
+    assert gameday.arguments(["--models-file", str(synthetic), "--faults", "child-killed"]
+                             ).model_entry == {"kind": "synthetic", "runs_log": "runs.log"}
+
+
+def test_a_stack_make_run_refuses_stops_the_game_day_before_it_starts(tmp_path):
+    """What make run refuses (here a var dir another user could swap) stops the run with make
+    run's reason, not a traceback, and nothing is reported."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    args = gameday.arguments(["--faults", "", "--var", str(shared / "var"),
+                              "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit, match="^gameday: make run: .*another user may"):
         gameday.run(args, [])
-    assert not (tmp_path / "out").exists()  # nothing ran, nothing reported
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_int8_and_bfloat16_models_files_are_make_run_s_with_only_the_dtype_changed():
+    default = yaml.safe_load(open(Settings.models_file))["models"]
+    for dtype in ("int8", "bfloat16"):
+        own = yaml.safe_load((ROOT / "bench" / "gameday" / f"models-{dtype}.yaml").read_text())
+        changed = own["models"].pop("minilm-embed")
+        assert changed.pop("dtype") == dtype and "dtype" not in default["minilm-embed"]
+        assert changed == default["minilm-embed"]
+        assert own["models"] == {k: v for k, v in default.items() if k != "minilm-embed"}
