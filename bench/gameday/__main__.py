@@ -30,7 +30,7 @@ from bench.gameday.play import DRAIN_S, Played, capacity, play
 from bench.gameday.report import picture, render_readme, table
 from bench.gameday.stack import Needs, Stack
 from config import ConfigError, Settings
-from config.models import load_models
+from config.models import parse_models, read_models_content
 from scripts import hosts
 from scripts.preflight import Refused
 from scripts.run import ROOT
@@ -80,13 +80,14 @@ def model_entry(models_file: Path, model: str, copied: bool) -> dict:
     ValueError when the file is refused, lacks the model, or is to be copied (the reload's
     copy in the var dir) with a relative path in it, which the copy would resolve elsewhere."""
     try:
-        specs = load_models(models_file)
+        content = read_models_content(models_file)
+        specs = parse_models(models_file, content)
     except ConfigError as exc:
         raise ValueError(f"--models-file {models_file}: {exc}") from None
     if model not in specs:
         raise ValueError(f"--model {model} is not in {models_file} (it has "
                          f"{', '.join(sorted(specs))}): the traffic would find no worker")
-    raw = yaml.safe_load(models_file.read_text())["models"]
+    raw = yaml.safe_load(content)["models"]  # the same bytes as parsed, as written
     relative = [f"{name}.{key}" for name, entry in raw.items() for key in PATH_KEYS
                 if isinstance(entry, dict) and entry.get(key)
                 and not Path(str(entry[key])).expanduser().is_absolute()]

@@ -34,11 +34,16 @@ def _cpu(report: dict) -> str:
             f"started, 1/5/15 min: {before})")
 
 
+def _served(run: dict) -> str:
+    """The model, and the models file when the run was given one (`--models-file`)."""
+    return run["model"] + (f" (models file {run['models_file']})" if run.get("models_file")
+                           else "")
+
+
 def table(report: dict) -> str:
     run, jobs = report["run"], report["jobs"]
     lines = [
-        f"Game day {run['started']}: {run['model']}"
-        f"{' (models file ' + run['models_file'] + ')' if run.get('models_file') else ''}, "
+        f"Game day {run['started']}: {_served(run)}, "
         f"{run['seconds']:.0f} s of arrivals at "
         f"{run['rate']:.1f} jobs/s ({run['rate_source']}), {jobs['arrivals']:,} jobs, "
         f"{len(report['faults'])} fault(s)",
@@ -158,8 +163,7 @@ def markdown(report: dict, picture_path: str) -> str:
     run, jobs = report["run"], report["jobs"]
     out = report["latency"]["outside_faults"]
     rows = [
-        f"Run {run['started']} on {run['machine']}: {run['model']}"
-        f"{' (models file ' + run['models_file'] + ')' if run.get('models_file') else ''}, "
+        f"Run {run['started']} on {run['machine']}: {_served(run)}, "
         f"{run['seconds']:.0f} s of arrivals at {run['rate']:.1f} jobs/s "
         f"({run['rate_source']}), {jobs['arrivals']:,} jobs. {_cpu(report)}.",
         "", f"![latency over the game day, fault windows shaded]({picture_path})", "",
