@@ -3,7 +3,6 @@ max_queue_depth has the script leave the depth unchecked, one near it has it che
 memory headroom is checked on every submit."""
 from __future__ import annotations
 
-import time
 import uuid
 
 import pytest
@@ -11,9 +10,11 @@ import redis
 
 from app.gauge import Gauge
 from config.models import ModelSpec
+from config.settings import Settings
 from scripts.stack import wait_until
 from tasks.jobstate import JobState, Overloaded, new_job
 from tasks.messages import QueuedMessage
+from tasks.redis_client import connect
 
 QUEUES = ["gauged"]
 
@@ -71,10 +72,15 @@ def test_the_memory_headroom_is_checked_on_every_submit_however_far_from_full(ga
 
 def test_a_reading_too_old_or_failed_checks_the_depth(gauge):
     read_now(gauge, max_age_s=0.05)
-    time.sleep(0.25)  # four times its age: too old to serve while the next one is taken
-    gauge.client = redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens there
+    gauge._reading.taken -= 0.25  # five times its age: too old to serve while the next is taken
+    # The API's own client (its retries bounded by redis_deadline_s), where nothing listens.
+    # A bare redis.Redis retried for up to ~7 s and outlasted the wait below (CI, stop 35).
+    settings = Settings()
+    gauge.client = connect("redis://127.0.0.1:1/0", settings, max_connections=4,
+                           deadline_s=settings.redis_deadline_s)
     assert gauge.limits(spec(100), QUEUES) == (100, 0.1)
-    wait_until(lambda: not gauge._lock.locked(), 5, "the failed reading")
+    wait_until(lambda: not gauge._lock.locked(), 2 * settings.redis_deadline_s + 5,
+               "the failed reading")
     assert gauge._reading is None and gauge.limits(spec(100), QUEUES) == (100, 0.1)
 
 
