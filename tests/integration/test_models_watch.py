@@ -11,6 +11,7 @@ import redis
 from app.reloading import ModelsWatch
 from config import load_settings
 from config.models import revision_of
+from scripts.stack import wait_until
 from tasks.keys import MODELS_REVISION_KEY
 
 
@@ -18,11 +19,12 @@ def test_a_master_gets_one_sighup_per_reload_also_back_to_a_revision_it_served(
         redis_server, tmp_path):
     redis.Redis.from_url(redis_server.extra["admin_url"]).flushdb()
     client = redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
-    hups = tmp_path / "hups"
-    # A stand-in for gunicorn's master: it counts the SIGHUPs it gets.
+    hups, trapping = tmp_path / "hups", tmp_path / "trapping"
+    # A stand-in for gunicorn's master: it counts the SIGHUPs it gets, from the moment it says
+    # its trap is set (a SIGHUP before that kills it, as CI found when it started slowly).
     master = subprocess.Popen(["bash", "-c", f"trap 'echo hup >> {hups}' HUP; "
-                               "while :; do sleep 0.05; done"])
-    time.sleep(0.3)
+                               f"touch {trapping}; while :; do sleep 0.05; done"])
+    wait_until(trapping.exists, 30, "the stand-in master's trap")
     models = tmp_path / "models.yaml"
     a, b = b"models: {a: {kind: synthetic}}\n", b"models: {b: {kind: synthetic}}\n"
     settings = load_settings({"redis_url": redis_server.extra["url"],
@@ -48,6 +50,7 @@ def test_a_master_gets_one_sighup_per_reload_also_back_to_a_revision_it_served(
                 time.sleep(0.05)
             time.sleep(0.3)
             assert received() == reloads, f"{received()} SIGHUPs for {reloads} reloads"
+            assert master.poll() is None  # it counted them, alive
     finally:
         master.kill()
         master.wait()
