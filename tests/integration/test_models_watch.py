@@ -3,32 +3,49 @@ master gets one SIGHUP per reload, whichever of its processes sees the announcem
 also for a reload back to a revision it served before."""
 from __future__ import annotations
 
-import signal
+import os
 import subprocess
-import time
+import sys
 
 import redis
 
+import app.reloading
 from app.reloading import ModelsWatch
 from config import load_settings
 from config.models import revision_of
 from scripts.stack import wait_until
 from tasks.keys import MODELS_REVISION_KEY
 
+# A stand-in for gunicorn's master: it counts the SIGHUPs it gets, from the moment it says its
+# handler is set. Python, as gunicorn, sets its handler over a SIGHUP the test run was started
+# with ignored (under nohup), which a shell's trap cannot.
+STAND_IN = """
+import pathlib, signal, sys
+hups = pathlib.Path(sys.argv[1])
+signal.signal(signal.SIGHUP, lambda *_: hups.open("a").write("hup\\n"))
+pathlib.Path(sys.argv[2]).touch()
+while True:
+    signal.pause()
+"""
+
 
 def test_a_master_gets_one_sighup_per_reload_also_back_to_a_revision_it_served(
-        redis_server, tmp_path):
+        redis_server, tmp_path, monkeypatch):
     redis.Redis.from_url(redis_server.extra["admin_url"]).flushdb()
     client = redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
-    hups, trapping = tmp_path / "hups", tmp_path / "trapping"
-    # A stand-in for gunicorn's master: it counts the SIGHUPs it gets, from the moment it says
-    # its trap is set (a SIGHUP before that kills it). SIGHUP as a terminal's session leaves
-    # it: a test run under nohup passes it on ignored, and bash cannot trap a signal ignored
-    # when it starts (0 SIGHUPs counted).
-    master = subprocess.Popen(["bash", "-c", f"trap 'echo hup >> {hups}' HUP; "
-                               f"touch {trapping}; while :; do sleep 0.05; done"],
-                              preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
-    wait_until(trapping.exists, 30, "the stand-in master's trap")
+    hups, ready = tmp_path / "hups", tmp_path / "ready"
+    master = subprocess.Popen([sys.executable, "-c", STAND_IN, str(hups), str(ready)])
+    wait_until(ready.exists, 30, "the stand-in master's handler")
+    # Every signal the watches send, recorded as it goes through: two SIGHUPs sent close
+    # together reach a process as one (a signal pending once), so only the sends count them.
+    sent: list[tuple[int, int]] = []
+    real_kill = os.kill
+
+    def kill(pid: int, sig: int) -> None:
+        sent.append((pid, sig))
+        real_kill(pid, sig)
+
+    monkeypatch.setattr(app.reloading.os, "kill", kill)
     models = tmp_path / "models.yaml"
     a, b = b"models: {a: {kind: synthetic}}\n", b"models: {b: {kind: synthetic}}\n"
     settings = load_settings({"redis_url": redis_server.extra["url"],
@@ -49,12 +66,9 @@ def test_a_master_gets_one_sighup_per_reload_also_back_to_a_revision_it_served(
                 watch.check()
             assert all(watch.handed_over for watch in watches)
             serving = target  # the processes that replace them serve the new file
-            deadline = time.monotonic() + 5
-            while received() < reloads and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.3)
-            assert received() == reloads, f"{received()} SIGHUPs for {reloads} reloads"
-            assert master.poll() is None  # it counted them, alive
+            assert sent == [(master.pid, app.reloading.signal.SIGHUP)] * reloads, sent
+            wait_until(lambda: received() == reloads, 10, f"SIGHUP {reloads} to arrive")
+        assert master.poll() is None  # it took them all, alive
     finally:
         master.kill()
         master.wait()
