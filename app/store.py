@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Iterable, Iterator
 
 import orjson
+import redis
 from celery import Celery
 
 from app.gauge import Gauge
@@ -49,6 +50,14 @@ DEAD_STATUSES = frozenset({Status.FAILED.value, Status.CANCELLED.value, Status.E
 # Redis connections one API process opens at most; requests beyond wait for one (each round
 # trip is well under a millisecond). The result listener holds one for good.
 REDIS_CONNECTIONS = 64
+
+
+def api_client(settings: Settings) -> redis.Redis:
+    """An API process's client of its Redis (settings.redis_url): every call on a request's
+    path bounded (redis_deadline_s), so that a frozen or unreachable Redis is answered with 503
+    in seconds, never waited out; up to REDIS_CONNECTIONS connections, more callers waiting."""
+    return connect(settings.redis_url, settings, max_connections=REDIS_CONNECTIONS,
+                   deadline_s=settings.redis_deadline_s)
 
 
 def new_job_id(group: str = "") -> str:
@@ -95,10 +104,7 @@ class JobStore:
         self.settings, self.group = settings, group
         self.celery = celery
         self.models = models
-        # Every call on a request's path is bounded (redis_deadline_s): a frozen or
-        # unreachable Redis is answered with 503 in seconds, never waited out.
-        self.redis = connect(settings.redis_url, settings, max_connections=REDIS_CONNECTIONS,
-                             deadline_s=settings.redis_deadline_s)
+        self.redis = api_client(settings)
         self.state = JobState(self.redis, settings.kept_s, settings.job_ttl_s)
         wanted = settings.wait_replicas
         self.replicas = (wanted, settings.redis_wait_timeout_s) if wanted else None

@@ -9,12 +9,12 @@ import pytest
 import redis
 
 from app.gauge import Gauge
+from app.store import api_client
+from config import load_settings
 from config.models import ModelSpec
-from config.settings import Settings
 from scripts.stack import wait_until
 from tasks.jobstate import JobState, Overloaded, new_job
 from tasks.messages import QueuedMessage
-from tasks.redis_client import connect
 
 QUEUES = ["gauged"]
 
@@ -75,9 +75,8 @@ def test_a_reading_too_old_or_failed_checks_the_depth(gauge):
     gauge._reading.taken -= 0.25  # five times its age: too old to serve while the next is taken
     # The API's own client (its retries bounded by redis_deadline_s), where nothing listens.
     # A bare redis.Redis retried for up to ~7 s and outlasted the wait below (CI, stop 35).
-    settings = Settings()
-    gauge.client = connect("redis://127.0.0.1:1/0", settings, max_connections=4,
-                           deadline_s=settings.redis_deadline_s)
+    settings = load_settings({"redis_url": "redis://127.0.0.1:1/0"}, environ={})
+    gauge.client = api_client(settings)
     assert gauge.limits(spec(100), QUEUES) == (100, 0.1)
     wait_until(lambda: not gauge._lock.locked(), 2 * settings.redis_deadline_s + 5,
                "the failed reading")
