@@ -36,6 +36,7 @@ from config.models import ModelSpec, parse_models, read_models_content, revision
 from tasks.errors import removed_error
 from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
 from tasks.names import task_name
+from tasks.queuemoves import QueueMoves, changed_queues
 from workers.broker.pool import ready_children, retire_idle_child
 from tasks.reload_failures import describe, failure_of
 from workers.model_tasks import register_model
@@ -77,6 +78,7 @@ class Reloader:
         self._timer: Any = None
         settings = self.app.conf.iq_settings
         self.turn = Turn(client, self.consumer.hostname, settings.heartbeat_ttl_s, STEP_S)
+        self.moves = QueueMoves(client)
 
     @property
     def unavailable(self) -> int:
@@ -91,9 +93,7 @@ class Reloader:
             announced, number = self.client.mget(MODELS_REVISION_KEY, MODELS_ANNOUNCEMENTS_KEY)
         except redis.RedisError:
             return
-        again = announced == self.refused_revision and number != self.refused_number
-        if announced and announced != self.revision and (
-                announced != self.refused_revision or again):
+        if self._newer(announced, number):
             self.begin(announced, number)
         elif announced == self.revision and self.state == "refused" and not self.stale \
                 and self.retiring is None:
@@ -102,7 +102,28 @@ class Reloader:
             self.state, self.error = "serving", ""
         self.watch()
         self.turn.renew()
+        self.move_queued()
         self.report()
+
+    def move_queued(self) -> None:
+        """What waits on a queue a reload took its model off goes to the model's new queue,
+        once no worker consumes the old one (tasks/queuemoves.py)."""
+        try:
+            moved = self.moves.move(self.app.conf.iq_settings.heartbeat_ttl_s)
+        except redis.RedisError as exc:
+            logger.warning("could not move the jobs of a renamed queue: %s", exc)
+            return
+        for m in moved:
+            if m.jobs:
+                logger.info("%d job(s) waiting on queue %s moved to its model's new queue %s",
+                            m.jobs, m.old, m.new)
+
+    def _newer(self, announced: str | None, number: str | None) -> bool:
+        """Whether the announced revision is one to begin: not the one it serves, nor one it
+        refused unless announced again since."""
+        again = announced == self.refused_revision and number != self.refused_number
+        return bool(announced) and announced != self.revision and (
+            announced != self.refused_revision or again)
 
     def begin(self, revision: str, number: str | None = None) -> None:
         """Reload to the announced `revision` (`number`: the count of its announcements)."""
@@ -167,9 +188,16 @@ class Reloader:
     def apply(self, specs: dict[str, ModelSpec], by: str = "the reload") -> None:
         """The new models file in this main process: what the dispatcher and the settlement
         read (batching limits, time limits), the new models' tasks and queues, the removed
-        models' jobs failed. Children started from now on load the new models."""
+        models' jobs failed, the moved queues recorded. Children started from now on load the
+        new models."""
         old = self.app.conf.iq_models
         self.app.conf.iq_models = specs
+        moves = changed_queues({n: m.queue for n, m in old.items()},
+                               {n: m.queue for n, m in specs.items()})
+        try:
+            self.moves.record(moves, [spec.queue for spec in specs.values()])
+        except redis.RedisError as exc:  # `make reload` records them once done
+            logger.warning("could not record the queues moved by %s: %s", by, exc)
         scheduler = self.dispatcher.scheduler
         for name, spec in specs.items():
             self.removed.pop(name, None)
