@@ -125,6 +125,24 @@ class Reloader:
         return bool(announced) and announced != self.revision and (
             announced != self.refused_revision or again)
 
+    def fails_removed(self, model: str) -> bool:
+        """Whether a job of `model` fails with `model_removed`: only when the file this worker
+        serves removed it and the newest announced revision has not been begun. A newer one
+        (a removal rolled back, which the API processes may serve already and accept the
+        model's jobs for) is begun here and now, not at the next tick: the job is then
+        judged by it. One read of Redis, for a removed model's jobs only."""
+        if model not in self.removed:
+            return False
+        try:
+            announced, number = self.client.mget(MODELS_REVISION_KEY, MODELS_ANNOUNCEMENTS_KEY)
+        except redis.RedisError:
+            return True  # failing it needs Redis too: the settlement keeps it meanwhile
+        if self._newer(announced, number):
+            logger.info("a job of %s, which this worker's models file removed: revision %s "
+                        "is announced, taken up now", model, announced)
+            self.begin(announced, number)
+        return model in self.removed
+
     def begin(self, revision: str, number: str | None = None) -> None:
         """Reload to the announced `revision` (`number`: the count of its announcements)."""
         self.announcement = number
@@ -150,8 +168,9 @@ class Reloader:
         # The children started from now on load this file (workers/pinned.py), as a reload's.
         self.content = content
         pin(content, reload_from=previous)
-        self.apply(specs)
+        gaining = self.apply(specs)
         self.stale, self.begun_with = self._pids(), self._pids()
+        self._hold(gaining)
         logger.info("reloading models file %s (revision %s → %s): %d child(ren) to replace, "
                     "one at a time", path, previous, revision, len(self.stale))
         if self._timer is None:
@@ -175,8 +194,9 @@ class Reloader:
         failed, (revision, content, specs) = self.revision, self.previous
         self.revision, self.content, self.previous = revision, content, None
         pin(content)  # not a reload's: it is what this worker served
-        self.apply(specs, "the rollback")
+        gaining = self.apply(specs, "the rollback")
         self.stale = self._pids() - self.begun_with
+        self._hold(gaining)
         self.refused_revision, self.state = failed, "refused"
         self.refused_number = self.announcement
         self.error = f"{describe(failed, failure)}; rolled back to revision {revision}"
@@ -185,11 +205,11 @@ class Reloader:
         self.report()
 
     # -- the main process's own models ---------------------------------------------------
-    def apply(self, specs: dict[str, ModelSpec], by: str = "the reload") -> None:
+    def apply(self, specs: dict[str, ModelSpec], by: str = "the reload") -> set[str]:
         """The new models file in this main process: what the dispatcher and the settlement
         read (batching limits, time limits), the new models' tasks and queues, the removed
         models' jobs failed, the moved queues recorded. Children started from now on load the
-        new models."""
+        new models. Returns the models it gains (its children so far lack them)."""
         old = self.app.conf.iq_models
         self.app.conf.iq_models = specs
         moves = changed_queues({n: m.queue for n, m in old.items()},
@@ -218,6 +238,18 @@ class Reloader:
         consumed = set(self.dispatcher.liveness.consumed_queues())
         os.environ["IQ_WORKER_MODELS"] = ",".join(
             name for name, spec in specs.items() if spec.queue in consumed)
+        return set(specs) - set(old)
+
+    def _hold(self, gaining: set[str]) -> None:
+        """The models the children on the previous file lack wait in the buffer until none
+        of those children is left (a batch handed to one would fail `model_unavailable`)."""
+        held = self.dispatcher.scheduler.held
+        held.clear()
+        if self.stale:
+            held.update(gaining)
+        if held:
+            logger.info("jobs of %s wait for a child on the new models file",
+                        ", ".join(sorted(held)))
 
     def retire_model(self, name: str, by: str = "the reload") -> None:
         """A model the new file removed: what waits in the buffer fails now; its queue stays
@@ -248,6 +280,9 @@ class Reloader:
             self.turn.release()  # a child serves again: the next worker's turn
             self.dispatcher.pump()  # the replacement takes work
         self.stale &= self._pids()
+        if not self.stale and self.dispatcher.scheduler.held:
+            self.dispatcher.scheduler.held.clear()  # every child has the new models
+            self.dispatcher.pump()
         if self.stale:
             # A child still loading the file rolled back from fails and goes by itself: no
             # turn taken for it.
