@@ -167,7 +167,8 @@ class JobStore:
             record, message, depth_lists=queue_lists(spec.queue), max_depth=max_depth,
             ttl_s=self.settings.job_ttl_s, timeout_s=job.get("timeout_s") or spec.timeout_s or 0,
             idempotency=idempotency, memory_headroom=headroom, request=self._kept(job),
-            replicas=self.replicas)
+            replicas=self.replicas,
+            kept_quota=(self.settings.kept_bytes_per_key or None) if owner else None)
         if submitted.created:
             return record, True
         earlier = self.state.read(submitted.job_id)
