@@ -180,6 +180,21 @@ def test_a_long_poll_whose_client_hangs_up_gives_its_wait_slot_back(stack):
     served(stack)
 
 
+def test_a_submit_waiting_on_prefer_wait_whose_client_hangs_up_gives_its_slot_back(stack):
+    port = int(stack.api.rsplit(":", 1)[1])
+    body = b'{"model": "idle", "inputs": ["a"]}'
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(f"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                 f"{KEYS['waiter']}\r\nPrefer: wait=30\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    wait_until(lambda: waiting(stack) == 1, timeout=10, what="the submit to wait")
+    sock.close()
+    gone = time.monotonic()
+    wait_until(lambda: waiting(stack) == 0, timeout=5,
+               what="the slot to be given back (30 s of wait left)")
+    assert time.monotonic() - gone < 5
+
+
 def test_an_event_stream_whose_client_hangs_up_gives_its_wait_slot_back(stack):
     job = call(stack, "POST", "/v1/jobs", "streamer", json={"model": "idle", "inputs": ["a"]})
     job_id = job.json()["id"]
