@@ -157,6 +157,13 @@ def waiting(stack) -> int:
     raise AssertionError("no iq_waiting_requests in /metrics")
 
 
+def queue_depth(stack, model: str = "quick") -> int:
+    for line in requests.get(f"{stack.api}/metrics", timeout=10).text.splitlines():
+        if line.startswith(f'iq_queue_depth{{model="{model}"}}'):
+            return int(float(line.split()[1]))
+    raise AssertionError(f"no iq_queue_depth of {model} in /metrics")
+
+
 def refused_a_wait(stack, who: str, job_id: str) -> bool:
     r = call(stack, "GET", f"/v1/jobs/{job_id}?wait=0.1", who)
     return r.status_code == 429 and r.json()["error"]["code"] == "too_many_waits"
@@ -210,3 +217,44 @@ def test_an_event_stream_whose_client_hangs_up_gives_its_wait_slot_back(stack):
     wait_until(lambda: waiting(stack) == 0, timeout=5,
                what="the stream's slot to be given back")
     assert time.monotonic() - gone < 5
+
+
+def test_on_the_defaults_a_flood_of_jobs_that_expire_at_once_stays_within_the_keys_quota(
+        tmp_path_factory):
+    """The issue's attack as it was made: requests as large as are kept (~256 KiB), each job
+    expiring at once, with every setting but the keys file at its default (Redis's maxmemory
+    1 GiB): the key is refused at 64 MiB kept, Redis stays far from its memory guard, and
+    another key's jobs are served meanwhile."""
+    workdir = tmp_path_factory.mktemp("shares-defaults")
+    keys_file = workdir / "keys.yaml"
+    keys_file.write_text(yaml.safe_dump({"keys": [
+        {"name": name, "sha256": hashlib.sha256(KEYS[name].encode()).hexdigest()}
+        for name in ("alice", "mallory")]}))
+    stack = launch(workdir, {"quick": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0}},
+                   {"w": ["quick"]}, defaults=True,
+                   env_extra={"IQ_API_KEYS_FILE": str(keys_file)})
+    try:
+        before = stack.admin.info("memory")["used_memory"]
+        large = ["x" * 10_000] * 25  # ~250 KB as kept: under kept_inputs_max_bytes
+        codes = []
+        for i in range(400):  # 100 MB if every request were kept
+            r = call(stack, "POST", "/v1/jobs", "mallory",
+                     json={"model": "quick", "inputs": large, "timeout_s": 0.0001})
+            codes.append(r.status_code)
+            if r.status_code == 429:
+                assert r.json()["error"]["code"] == "kept_full", r.text
+                break
+            assert r.status_code == 202, r.text
+            if i % 50 == 0:
+                served(stack)
+        assert codes[-1] == 429 and 240 <= len(codes) <= 280, codes  # 64 MiB / ~250 KB
+        kept = int(stack.redis.get(KEPT_BY_BYTES_PREFIX + "mallory"))
+        assert 64 * 2**20 - 300_000 < kept <= 64 * 2**20
+        for _ in range(5):
+            served(stack)
+        # Once the worker has taken (and expired) them, what stays is the kept requests.
+        wait_until(lambda: queue_depth(stack) == 0, timeout=60, what="the queue to drain")
+        grown = stack.admin.info("memory")["used_memory"] - before
+        assert grown < 100 * 2**20, grown  # far from 90 % of 1 GiB
+    finally:
+        stack.stop()
