@@ -6,8 +6,9 @@ found the connection closed (15 s on).
 Under gunicorn's gevent worker a greenlet waits for the request's socket to turn readable: a
 client that closed its connection makes it readable with nothing to read (EOF), and the wait's
 Event is set with `gone`. A client that sends more bytes instead (a pipelined request) is still
-there: the greenlet ends and notices nothing more. Outside gunicorn (a test client), and for a
-socket that is not gevent's, nothing is watched.
+there: the greenlet ends and notices nothing more. Outside gunicorn (a test client), for a
+socket that is not gevent's, and for a TLS socket (gunicorn's own TLS; a proxy in front
+terminates it usually), nothing is watched.
 """
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ def watch(wake: threading.Event) -> Hangup:
     """Start watching the current request's client: when it goes, `gone` and `wake` are set."""
     hangup = Hangup()
     sock = request.environ.get("gunicorn.socket") if has_request_context() else None
-    if sock is None or not type(sock).__module__.startswith("gevent"):
-        return hangup
+    kind = type(sock).__module__
+    if sock is None or not kind.startswith("gevent") or "ssl" in kind:
+        return hangup  # (TLS: a peek would read a record, not the connection's end)
     import gevent
     from gevent.socket import wait_read
 
