@@ -8,10 +8,11 @@ A stream is held like `?wait` (app/waiter.py): a greenlet woken by the moves the
 announce, no thread and no polling, within the same caps: it takes a wait slot (429 when none
 is free) and lasts at most `max_wait_s`, then ends; the client reconnects with
 `Last-Event-ID`, and an event it has seen is not sent again. A reconnect after the final
-event is answered 204, which tells an EventSource to stop. A client that closes its connection
-gives its slot back at once (app/hangup.py), not at the next heartbeat's failed write. A comment line every
-HEARTBEAT_S keeps proxies from closing a quiet stream. A move followed at once by the next may
-be seen only as the next; the final event is never skipped.
+event is answered 204, which tells an EventSource to stop. A client that closes its
+connection gives its slot back at once (app/hangup.py), not at the next heartbeat's failed
+write. A comment line every HEARTBEAT_S keeps proxies from closing a quiet stream. A move
+followed at once by the next may be seen only as the next; the final event is never
+skipped.
 """
 from __future__ import annotations
 

@@ -57,8 +57,8 @@ from redis.client import NEVER_DECODE
 from tasks import deliveryscripts, indexscripts, jobscripts, results, submitscript
 from tasks.jobrecord import (CANCELLED_ERROR, EXPIRED_ERROR, TERMINAL, CancelOutcome,
                              DeliveryClaim, Final, IdempotencyMismatch, JobRecord,
-                             KeptFull, NotReplicated, Overloaded, RetryRefused, StartDecision, Status,
-                             StoreFull, batch_text, iso, new_job, now_iso, now_stamp)
+                             KeptFull, NotReplicated, Overloaded, RetryRefused, StartDecision,
+                             Status, StoreFull, batch_text, iso, new_job, now_iso, now_stamp)
 from tasks.keys import (PENDING_KEY, dead_index, job_key, kept_request, owner_index, owner_jobs,
                         result_key, wake_key)
 from tasks.messages import QueuedMessage
@@ -176,9 +176,9 @@ class JobState:
         (claim key, request digest) already claimed by an earlier request with the same digest,
         that earlier job's id and created=False. `request`: what to keep for a retry, should it
         not succeed (b"": nothing); with `kept_quota`, the bytes of the requests kept for
-        the job's owner may not pass it (KeptFull). A job with `retry_of` is made only if that job ended without
-        success and was not retried yet; both are then linked. With `replicas` = (count,
-        timeout in seconds), also wait (Redis WAIT, in the same round trip) until that many
+        the job's owner may not pass it (KeptFull). A job with `retry_of` is made only if that
+        job ended without success and was not retried yet; both are then linked. With
+        `replicas` = (count, timeout in seconds), also wait (Redis WAIT, in the same round trip) until that many
         replicas hold the job, or raise NotReplicated."""
         claim, digest = idempotency or (job_key(job.id) + ":no-claim", "")
         retried = job_key(job.retry_of) if job.retry_of else job_key(job.id) + ":no-retry"
