@@ -178,8 +178,8 @@ class JobState:
         not succeed (b"": nothing); with `kept_quota`, the bytes of the requests kept for
         the job's owner may not pass it (KeptFull). A job with `retry_of` is made only if that
         job ended without success and was not retried yet; both are then linked. With
-        `replicas` = (count, timeout in seconds), also wait (Redis WAIT, in the same round trip) until that many
-        replicas hold the job, or raise NotReplicated."""
+        `replicas` = (count, timeout in seconds), also wait (Redis WAIT, in the same round
+        trip) until that many replicas hold the job, or raise NotReplicated."""
         claim, digest = idempotency or (job_key(job.id) + ":no-claim", "")
         retried = job_key(job.retry_of) if job.retry_of else job_key(job.id) + ":no-retry"
         # The owner's jobs list drops expired entries on one submit in 16 (ids are random),
