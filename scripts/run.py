@@ -35,7 +35,7 @@ from kombu.utils.url import maybe_sanitize_url
 from config import ConfigError, Settings, load_settings
 from scripts import run_redis
 from scripts.preflight import REDIS_APP_USER, Binding, Refused, model_file_problems, \
-    port_problems, reachable
+    operator_file_problems, port_problems, reachable
 from scripts.var_dir import kept_secret, shown, var_problems
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,6 +218,8 @@ def plan(environ: dict[str, str]) -> Run:
         problems += model_file_problems(settings.models_file)
     except ConfigError as exc:  # the models file itself is wrong
         problems.append(f"make run: {exc}")
+    problems += [f"make run: {line}" for line in
+                 operator_file_problems(env.get("IQ_CONFIG", ""), settings.api_keys_file)]
     if problems:
         raise Refused("\n".join(problems))
 
