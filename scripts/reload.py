@@ -59,8 +59,7 @@ import redis
 from config import ConfigError, Settings, load_settings
 from config.groups import check_model_groups
 from config.models import TENSOR_KINDS, parse_models, revision_of
-from scripts.preflight import model_file_problems, operator_file_problems, \
-    writable_by_others, writable_entry
+from scripts.preflight import model_file_problems, operator_file_problems, writable_entry
 from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, standing_of, wait
 from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, reload_failed_key
 from tasks.redis_client import connect
@@ -167,10 +166,11 @@ def install(target: Path, source: Path | None, groups: Mapping[str, str] | None 
 
 def _replaced_problems(target: Path, previous: Path) -> list[str]:
     """What another user may have put in place of the models file or its `.previous` (a link
-    or a file of theirs), or may change: each refused by name, before anything is written."""
+    or a file of theirs), or may change: each refused by name, before anything is written.
+    (The folder's own check is the staged file's, `model_file_problems`.)"""
     problems = []
     if os.path.lexists(target):
-        why = writable_by_others(target)
+        why = writable_entry(target)
         if why:
             problems.append(f"{target}: {why.removeprefix('is ')}; delete it, or move the "
                             "models file to a folder only you can write")
