@@ -46,9 +46,7 @@ import argparse
 import fcntl
 import importlib.util
 import os
-import stat
 import sys
-import tempfile
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -59,8 +57,9 @@ import redis
 from config import ConfigError, Settings, load_settings
 from config.groups import check_model_groups
 from config.models import TENSOR_KINDS, parse_models, revision_of
-from scripts.preflight import model_file_problems, operator_file_problems, writable_entry
+from scripts.preflight import model_file_problems, operator_file_problems
 from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, standing_of, wait
+from scripts.staging import put_in_place, replaced_problems, staged_beside
 from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, reload_failed_key
 from tasks.redis_client import connect
 
@@ -120,9 +119,9 @@ def _missing_files(target: Path, content: bytes, groups: Mapping[str, str]) -> l
 def install(target: Path, source: Path | None, groups: Mapping[str, str] | None = None) -> str:
     """Check `source` (default: `target` itself) as the models file at `target` and put it
     there; its revision. `groups`: the Redis groups its models may name. Raises Invalid,
-    changing nothing. Nothing is written through a link (`_beside`): another local user may
-    plant one under a name in a sticky folder (/tmp), and a link of theirs at `target` or
-    `<name>.previous`, or a file of theirs, is refused."""
+    changing nothing. Nothing is written through a link (scripts/staging.py): another local
+    user may plant one under a name in a sticky folder (/tmp), and a link of theirs at
+    `target` or `<name>.previous`, or a file of theirs, is refused."""
     try:
         content = (source or target).read_bytes()
         problems = _missing_files(target, content, groups or {})
@@ -134,85 +133,27 @@ def install(target: Path, source: Path | None, groups: Mapping[str, str] | None 
             raise Invalid("\n".join(problems))
         return revision_of(content)
     previous = target.with_name(target.name + ".previous")
-    problems += _replaced_problems(target, previous)
+    problems += replaced_problems(target, previous)
     if problems:
         raise Invalid("\n".join(problems))
     try:
         old = target.read_bytes() if target.exists() else None
-        like = target if old is not None else source
         # Checked where it will be read from (relative paths start at its folder), then moved
         # into place in one rename.
-        staged = _beside(target, content, like, private=old is None)
+        staged = staged_beside(target, content, target if old is not None else source,
+                               private=old is None)
     except OSError as exc:
         raise Invalid(f"cannot stage {target}: {exc}") from None
     try:
         problems += model_file_problems(str(staged))
         if problems:
             raise Invalid("\n".join(problems))
-        if old is not None:
-            kept = _beside(target, old, target)
-            try:
-                os.replace(kept, previous)
-            finally:
-                kept.unlink(missing_ok=True)
-        os.replace(staged, target)
-        _synced(target.parent)
+        put_in_place(staged, target, previous, old)
     except OSError as exc:
         raise Invalid(f"cannot install {target}: {exc}") from None
     finally:
         staged.unlink(missing_ok=True)
     return revision_of(content)
-
-
-def _replaced_problems(target: Path, previous: Path) -> list[str]:
-    """What another user may have put in place of the models file or its `.previous` (a link
-    or a file of theirs), or may change: each refused by name, before anything is written.
-    (The folder's own check is the staged file's, `model_file_problems`.)"""
-    problems = []
-    if os.path.lexists(target):
-        why = writable_entry(target)
-        if why:
-            problems.append(f"{target}: {why.removeprefix('is ')}; delete it, or move the "
-                            "models file to a folder only you can write")
-    if os.path.lexists(previous):
-        why = writable_entry(previous)
-        if why:
-            problems.append(f"{previous}: {why.removeprefix('is ')}; delete it, and reload "
-                            "again (it is where the file replaced is kept)")
-    return problems
-
-
-def _beside(target: Path, content: bytes, like: Path, private: bool = False) -> Path:
-    """`content` in a new file of its own in `target`'s folder (mkstemp: a fresh random name,
-    created O_EXCL|O_NOFOLLOW, so never through a link planted under a name guessed), with
-    the mode (and, where this user may, the owner) of the file `like`; `private`: less
-    group's and others' write (a first install, `like` the operator's FILE)."""
-    info = like.stat()
-    mode = stat.S_IMODE(info.st_mode) & (~0o022 if private else 0o7777)
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".staged", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as staged:
-            try:
-                os.fchown(staged.fileno(), info.st_uid, info.st_gid)
-            except PermissionError:
-                pass  # another owner, or a group this user is not in: keeps its own
-            os.fchmod(staged.fileno(), mode)  # after fchown, which clears set-id bits
-            staged.write(content)
-            staged.flush()
-            os.fsync(staged.fileno())
-    except BaseException:
-        os.unlink(name)
-        raise
-    return Path(name)
-
-
-def _synced(folder: Path) -> None:
-    """The renames in `folder` on disk (a crash after them keeps them)."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def reload(source: str | Path | None = None, *, timeout_s: float = 600,
