@@ -49,10 +49,8 @@ class Settings:
     # Request bodies one API key may be sending to one API process at once; past it, 429 at
     # once and the connection closed (app/limits.py). 0: no cap.
     max_uploads_per_key: int = 64
-    # What one API key may read, per API process: a token bucket of read_rate_per_key units a
-    # second, read_burst_per_key saved. Every /v1 request but a submit costs 1; a listing
-    # costs the index entries its page may scan (its `limit`; 500 with a filter that is not a
-    # dead-letter status). Past it, 429 with Retry-After. 0: no limit.
+    # One API key's read budget per API process (app/limits.py), in units a second and saved:
+    # a /v1 request but a submit costs 1, a listing what its page may scan. 0: no limit.
     read_rate_per_key: float = 1000.0
     read_burst_per_key: int = 2000
     forwarded_allow_ips: str = ""
@@ -89,10 +87,8 @@ class Settings:
     # record while the job waits: a job that succeeds drops its own.
     kept_inputs_ttl_s: int = 3_600
     kept_inputs_max_bytes: int = 262_144
-    # The bytes of the requests Redis keeps for one API key, on each Redis group: those of its
-    # jobs still waiting and those kept for a retry. A submit that would keep more is answered
-    # 429 (`kept_full`), so that no key can fill Redis's memory for the others (jobs that
-    # expire at once keep their request for kept_inputs_ttl_s). 0: no quota; keys off: none.
+    # The bytes of the requests Redis keeps for one API key (its waiting jobs', those kept for
+    # a retry), on each Redis: past it a submit is 429 `kept_full`. 0, or keys off: no quota.
     kept_bytes_per_key: int = 67_108_864
     api_keys_file: str = ""  # YAML of hashed API keys; none: the API is open
 

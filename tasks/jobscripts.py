@@ -9,8 +9,9 @@ job that did not succeed is kept for a retry (seconds; 0: none is kept) and the 
 to live (`job_ttl_s`); its own arguments follow from ARGV[3]."""
 from __future__ import annotations
 
-from tasks.keys import (JOB_PREFIX, KEPT_BY_BYTES_PREFIX, KEPT_BY_PREFIX, KEPT_BYTES_KEY,
-                        KEPT_KEY, MOVES_CHANNEL, dead_index, kept_request)
+from tasks.keptbooks import OWNER_BOOKS
+from tasks.keys import (JOB_PREFIX, KEPT_BYTES_KEY, KEPT_KEY, MOVES_CHANNEL, dead_index,
+                        kept_request)
 
 # The fields a read returns. (Not a job's request, kept for a retry: inputs can weigh a
 # megabyte and only a retry reads them.) The last four are those of a succeeded job's record as
@@ -84,36 +85,7 @@ local function trim_kept(most)
   redis.call('zrem', '{KEPT_KEY}', unpack(gone))
 end
 
--- An owner's quota books (tasks/keys.py's KEPT_BY_PREFIX): the requests whose time is up leave
--- them, the oldest `most` at most; one job's request leaves them when its record drops it or
--- its kept key is deleted. The total moves only with a member that ZADD added or ZREM removed,
--- so that it cannot drift from them; both expire together, no later than their last member.
-local function trim_owner_kept(owner, most)
-  local books, total = '{KEPT_BY_PREFIX}' .. owner, '{KEPT_BY_BYTES_PREFIX}' .. owner
-  local gone = redis.call('zrangebyscore', books, '-inf', now, 'LIMIT', 0, most)
-  if #gone == 0 then return end
-  local bytes = 0
-  for _, member in ipairs(gone) do bytes = bytes + tonumber(string.match(member, ':(%d+)$')) end
-  redis.call('zrem', books, unpack(gone))
-  redis.call('decrby', total, bytes)
-end
-local function release_owner_kept(owner, id, size)
-  if redis.call('zrem', '{KEPT_BY_PREFIX}' .. owner, id .. ':' .. size) == 1 then
-    redis.call('decrby', '{KEPT_BY_BYTES_PREFIX}' .. owner, size)
-  end
-end
--- A job's request, kept until `at` now (for a retry): its member's time moves there (XX: a job
--- submitted before the books has none), and the books live at least as long.
-local function rescore_owner_kept(owner, id, size, at)
-  local books, total = '{KEPT_BY_PREFIX}' .. owner, '{KEPT_BY_BYTES_PREFIX}' .. owner
-  if redis.call('zadd', books, 'XX', 'CH', at, id .. ':' .. size) == 0 then return end
-  local ms = math.ceil((at - now) * 1000)
-  if redis.call('pttl', books) < ms then
-    redis.call('pexpire', books, ms)
-    redis.call('pexpire', total, ms)
-  end
-end
-
+""" + OWNER_BOOKS + f"""
 -- A job that ends without succeeding (failed, cancelled, expired) joins its owner's
 -- dead-letter index, and the request its record kept while it waited ('request') moves to a
 -- key of its own, kept for a retry within KEEP_S. (A job that succeeds drops it: FINISH.)

@@ -201,20 +201,9 @@ class JobState:
             reply, acked = self._submit_and_wait(keys, [self.keep_s, ttl_s or self.ttl_s, *args],
                                                 *replicas)
         kind, found = (_text(x) for x in reply)
-        if kind == "overloaded":
-            raise Overloaded()
-        if kind == "full":
-            used, cap = (int(x) for x in found.split())
-            raise StoreFull(used, cap)
-        if kind == "kept_full":
-            held, wait_s = (int(x) for x in found.split())
-            raise KeptFull(held, kept_quota or 0, wait_s)
-        if kind == "mismatch":
-            raise IdempotencyMismatch()
-        if kind in ("gone", "retried", "not_retryable"):
-            raise RetryRefused("missing" if kind == "gone" else
-                               "retried" if kind == "retried" else found,
-                               found if kind == "retried" else "")
+        refused = submitscript.refusal(kind, found, kept_quota)
+        if refused is not None:
+            raise refused
         if replicas is not None and acked < replicas[0]:
             raise NotReplicated(found, acked, replicas[0])
         return Submitted(found, kind == "created")

@@ -3,6 +3,8 @@ it, on the prelude of tasks/jobscripts.py, whose two common arguments it takes f
 from __future__ import annotations
 
 from tasks.indexscripts import OWNED
+from tasks.jobrecord import (IdempotencyMismatch, KeptFull, Overloaded, RetryRefused,
+                             StoreFull)
 from tasks.jobscripts import PRELUDE
 from tasks.keys import JOB_PREFIX, KEPT_BY_BYTES_PREFIX, KEPT_BY_PREFIX
 
@@ -133,3 +135,23 @@ redis.call('zadd', KEYS[6], now, ARGV[3])
 if was_empty and redis.call('llen', KEYS[7]) == 0 then redis.call('lpush', KEYS[7], '1') end
 return {'created', ARGV[3]}
 """
+
+
+def refusal(kind: str, found: str, kept_quota: int | None) -> Exception | None:
+    """What the script's answer (`kind`, `found`) refuses the job with; None when it made the
+    job or found it made."""
+    if kind == "overloaded":
+        return Overloaded()
+    if kind == "full":
+        used, cap = (int(x) for x in found.split())
+        return StoreFull(used, cap)
+    if kind == "kept_full":
+        held, wait_s = (int(x) for x in found.split())
+        return KeptFull(held, kept_quota or 0, wait_s)
+    if kind == "mismatch":
+        return IdempotencyMismatch()
+    if kind in ("gone", "retried", "not_retryable"):
+        return RetryRefused("missing" if kind == "gone" else
+                            "retried" if kind == "retried" else found,
+                            found if kind == "retried" else "")
+    return None
