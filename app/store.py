@@ -29,6 +29,7 @@ from tasks.jobstate import CancelOutcome, JobRecord, JobState, Page, Status, new
 from tasks.keys import idempotency_key, versions_key
 from tasks.messages import JOB_TOKEN_HEADER, JobArgs, task_message
 from tasks.presence import Presence
+from tasks.queuemoves import QueueMoves
 from tasks.names import PRIORITIES, queue_lists, task_name
 from tasks.redis_client import connect
 
@@ -113,21 +114,16 @@ class JobStore:
         wanted = settings.wait_replicas
         self.replicas = (wanted, settings.redis_wait_timeout_s) if wanted else None
         self.presence = Presence(self.redis)
+        self.moves = QueueMoves(self.redis)
         self.waiter = ResultWaiter(self.redis, settings.max_waits, settings.max_waits_per_key,
                                    slots)
         self.gauge = Gauge(self.redis, settings.redis_memory_headroom)
 
     def queue_depths(self) -> dict[str, int]:
-        """Messages waiting on each model's queue, in one round trip."""
-        specs = list(self.models.values())
-        lists = [queue_lists(spec.queue) for spec in specs]
-        with self.redis.pipeline(transaction=False) as pipe:
-            for names in lists:
-                for name in names:
-                    pipe.llen(name)
-            lengths = iter(pipe.execute())
-        return {spec.name: sum(next(lengths) for _ in names)
-                for spec, names in zip(specs, lists)}
+        """Messages waiting for each model's queue, in one round trip: on its lists, and on
+        those of a queue a reload took the model off, not moved yet (tasks/queuemoves.py)."""
+        depths = self.moves.waiting(spec.queue for spec in self.models.values())
+        return {spec.name: depths[spec.queue] for spec in self.models.values()}
 
     def owned_by(self, job_id: str, owner: str) -> bool:
         """Whether `owner` (an API key's name; "" when keys are off) may see the job. A job

@@ -121,6 +121,13 @@ def reload_failed_key(revision: str) -> str:
     return f"{PREFIX}reload:failed:{revision}"
 
 
+# Hash of the queues a reload took a model off: old queue -> the model's new queue. What
+# waits on the old queue, or is handed back to it (a worker's buffer, a reaped worker's
+# messages, the reconciler), goes to the new one once no worker consumes the old
+# (tasks/queuemoves.py). An entry goes when a models file gives its queue to a model again.
+QUEUE_MOVES_KEY = f"{PREFIX}queue:moves"
+
+
 def consuming_key(queue: str) -> str:
     """Sorted set of the workers (hostname) consuming `queue` now, scored by their last tick:
     a worker told to stop consuming a queue (`cancel_consumer`) leaves it at its next tick."""
