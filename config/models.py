@@ -138,6 +138,8 @@ def settings_digest(spec: ModelSpec) -> str:
     version that is not declared."""
     values = {k: v for k, v in asdict(spec).items()
               if k not in _NOT_DEFINING and k != "load_gate"}  # a fault test's, as runs_log
+    if not values["kind_settings"]:  # the shipped kinds': their versions as before the field
+        del values["kind_settings"]
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -147,3 +147,20 @@ def test_reading_a_kind_of_ones_own_imports_no_model_code(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "[]", out
+
+
+def test_its_own_keys_count_in_the_version_and_the_shipped_kinds_versions_stay(tmp_path):
+    from config.models import settings_digest
+
+    twice, thrice = (settings_digest(echo_models(tmp_path, times=n)["hello"]) for n in (2, 3))
+    assert twice != thrice
+    # A shipped kind has no keys of its own: its digest is what it was before kind_settings.
+    spec = parse_models(*models_file(tmp_path, {"s": {"kind": "synthetic", "base_ms": 3}}))["s"]
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    before = {k: v for k, v in asdict(spec).items() if k not in (
+        "name", "path", "package", "runs_log", "version", "redis", "load_gate", "kind_settings")}
+    assert settings_digest(spec) == hashlib.sha256(
+        json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()
