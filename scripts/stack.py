@@ -179,7 +179,8 @@ def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
     scripts/hosts.py); `redis_args`: more of redis-server's options (one Redis only).
     `kinds`: the modules of kinds of one's own, the models file's `kinds:`."""
     models_file = workdir / "models.yaml"
-    models_file.write_text(yaml.safe_dump({"models": models, **({"kinds": kinds} if kinds else {})}))
+    declared = {"models": models, **({"kinds": kinds} if kinds else {})}
+    models_file.write_text(yaml.safe_dump(declared))
     group = start_group(workdir) if replicated else None
     redis_svc = group.primary if group else start_redis(workdir, appendonly=appendonly,
                                                         bind=bind, args=redis_args)
