@@ -1,35 +1,54 @@
-"""The names of kombu, Celery and billiard that the worker's subclasses override or read
+"""The names of kombu, Celery, billiard and redis-py that the service overrides or reads
 without those libraries promising to keep them (private, or undocumented), in one list:
-`OVERRIDDEN` (methods the worker's classes override: each must still be defined where it was,
-taking the same parameters) and `READ` (attributes and methods read or called). docs/
-upgrading.md's table names each of them; tests/unit/test_seam.py fails on a version that moved
-or changed one, and a worker checks `OVERRIDDEN` when it starts (`check`), so that an upgrade
-that moves a method fails loudly rather than leave the override unused."""
+`OVERRIDDEN` (methods the worker's classes in workers/broker/ override: each must still be
+defined where it was, taking the same parameters), `READ` (what workers/broker/ reads or
+calls) and `ELSEWHERE` (what the worker's strategy and settlement, and tasks/, read or
+override). docs/upgrading.md's table names each of them, and nothing else; tests/unit/
+test_seam.py fails on a version that moved or changed one, and a worker checks `OVERRIDDEN`
+when it starts (`check`), so that an upgrade that moves a method fails loudly rather than
+leave the override unused."""
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from types import ModuleType
 
 from billiard.pool import Pool as BilliardPool
 from billiard.process import BaseProcess
 from celery.concurrency import prefork
+from celery.backends.base import BaseKeyValueStoreBackend
+from celery.backends.redis import SentinelBackend
 from celery.concurrency.asynpool import AsynPool
+from celery.worker import state as worker_state
+from celery.worker import strategy as celery_strategy
 from celery.worker.consumer.consumer import Consumer
+from celery.worker.request import Request
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+from redis.retry import Retry
 
 
 @dataclass(frozen=True)
 class Name:
-    """`owner.name`: a method defined on `owner` itself with parameters `params` (their names,
-    self first), or, with `params` None, an attribute `owner`'s own code sets or defines."""
+    """`owner.name`: a function defined on `owner` (a class or a module) itself with
+    parameters `params` (their names, self first), or, with `params` None, an attribute
+    `owner`'s own code sets or defines."""
 
-    owner: type
+    owner: type | ModuleType
     name: str
     params: tuple[str, ...] | None = None
 
+    @property
+    def short(self) -> str:
+        """As docs/upgrading.md's table writes it: `Class.name`, or `module.name`."""
+        if isinstance(self.owner, ModuleType):
+            return f"{self.owner.__name__}.{self.name}"
+        return f"{self.owner.__qualname__}.{self.name}"
+
     def __str__(self) -> str:
-        return f"{self.owner.__module__}.{self.owner.__qualname__}.{self.name}"
+        if isinstance(self.owner, ModuleType):
+            return self.short
+        return f"{self.owner.__module__}.{self.short}"
 
     def problem(self) -> str | None:
         """What moved, in one line; None when it is where the worker expects it."""
@@ -37,10 +56,9 @@ class Name:
             if self.name in vars(self.owner) or \
                     f"self.{self.name}" in inspect.getsource(self.owner):
                 return None
-            return f"{self} is no longer set by {self.owner.__qualname__}"
+            return f"{self} is no longer set where it was"
         if self.name not in vars(self.owner):
-            return f"{self.owner.__module__}.{self.owner.__qualname__} no longer defines " \
-                   f"{self.name}"
+            return f"{str(self).rpartition('.')[0]} no longer defines {self.name}"
         found = tuple(inspect.signature(vars(self.owner)[self.name]).parameters)
         if found != self.params:
             return f"{self} now takes {found}, the worker's override {self.params}"
@@ -100,7 +118,33 @@ READ: tuple[Name, ...] = (
 )
 
 
-def problems(names: tuple[Name, ...] = OVERRIDDEN + READ) -> list[str]:
+# Read or overridden outside workers/broker/: the batching strategy's Celery requests
+# (workers/strategy.py, workers/settlement.py, workers/dispatcher.py, state.py), the result
+# backends (tasks/results.py) and the Redis clients' retries (tasks/redis_client.py).
+ELSEWHERE: tuple[Name, ...] = (
+    Name(celery_strategy, "proto1_to_proto2", ("message", "body")),
+    Name(Request, "__init__", ("self", "message", "on_ack", "hostname", "eventer", "app",
+                               "connection_errors", "request_dict", "task", "on_reject",
+                               "body", "headers", "decoded", "utc", "maybe_make_aware",
+                               "maybe_iso8601", "opts")),
+    Name(worker_state, "task_ready", ("request", "successful", "remove_request",
+                                      "discard_active_request", "discard_reserved_request",
+                                      "discard_scheduled_request")),
+    Name(worker_state, "task_reserved", ("request", "add_request", "add_reserved_request",
+                                         "discard_scheduled_request")),
+    Name(worker_state, "reserved_requests"),
+    Name(worker_state, "active_requests"),
+    Name(worker_state, "revoked"),
+    Name(BaseKeyValueStoreBackend, "_get_task_meta_for", ("self", "task_id")),
+    Name(SentinelBackend, "_get_sentinel_instance", ("self", "params")),
+    Name(Retry, "_backoff"),
+    Name(Retry, "_supported_errors"),
+)
+
+EVERY = OVERRIDDEN + READ + ELSEWHERE
+
+
+def problems(names: tuple[Name, ...] = EVERY) -> list[str]:
     return [p for p in (n.problem() for n in names) if p is not None]
 
 
