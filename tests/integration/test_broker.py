@@ -110,10 +110,12 @@ def test_a_failover_to_the_next_sentinel_keeps_the_worker_transport():
     """kombu's `Connection.switch` (its failover to the broker URL's next sentinel) takes
     the transport from the next URL's scheme: the worker's failover strategy gives it the
     worker's."""
+    import json
+
     from kombu.transport import redis as kombu_redis
 
-    from tasks.celery_app import make_celery
     from config import load_settings
+    from tasks.celery_app import make_celery
     from workers.broker.transport import SENTINEL_ALIAS, SentinelTransport
 
     app = make_celery(load_settings({"redis_url": "redis://127.0.0.1:1/0"}))
@@ -121,6 +123,8 @@ def test_a_failover_to_the_next_sentinel_keeps_the_worker_transport():
     select(app)
     assert app.conf.broker_transport == SENTINEL_ALIAS
     conn = app.connection_for_read()
+    # What `celery inspect conf` and `stats` (Flower's worker page) send, as JSON.
+    json.dumps([app.conf.broker_transport, app.conf.broker_failover_strategy, conn.info()])
     assert conn.transport_cls == SENTINEL_ALIAS
     assert isinstance(conn.transport, SentinelTransport)
     conn.maybe_switch_next()

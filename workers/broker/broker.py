@@ -49,8 +49,8 @@ def attach(app: Celery) -> Broker:
     its consumer (`worker_consumer`) and prefork pool (`worker_pool`; a `-P prefork` on the
     command line, which overrides that setting, gets it too), and, when a worker of this app
     starts (`worker_init`, in its main process, before it connects), its kombu transport
-    (`broker_transport`) and the Broker installed. A process that only imports the entry
-    module, its pool children, the API, Flower and the celery CLI run kombu and Celery as
+    (`broker_transport`) and the Broker installed. Nothing is patched: a process that only
+    imports the entry module, the API, Flower and the celery CLI run kombu and Celery as
     shipped."""
     settings = app.conf.iq_settings
     broker = Broker(settings.visibility_timeout_s, settings.heartbeat_interval_s)

@@ -4,9 +4,10 @@ channels fetch through the worker's in-flight record (fetch.py) and open the wor
 
 A worker selects them by configuration when it starts (`select`, from workers/broker/
 broker.py's `attach`): `broker_transport` names the transport registered here under an alias
-of kombu's TRANSPORT_ALIASES (`iqredis`, `iqsentinel`), and `broker_failover_strategy` keeps
-it across a failover to the next sentinel (kombu's `Connection.switch` takes the transport
-from the next URL's scheme, which would otherwise be kombu's own). The API, Flower, the celery
+of kombu's TRANSPORT_ALIASES (`iqredis`, `iqsentinel`), and `broker_failover_strategy` (one
+registered in kombu's `failover_strategies`) keeps it across a failover to the next sentinel
+(kombu's `Connection.switch` takes the transport from the next URL's scheme, which would
+otherwise be kombu's own). The API, Flower, the celery
 CLI and a worker's pool children open kombu's transports as shipped."""
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from itertools import cycle
 from typing import Any, Iterable, Iterator
 
 import redis
+from kombu.connection import failover_strategies
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
@@ -26,6 +28,9 @@ logger = logging.getLogger(__name__)
 # The aliases, each for the scheme of the URLs it serves (kombu's own: redis, rediss, sentinel).
 REDIS_ALIAS = "iqredis"
 SENTINEL_ALIAS = "iqsentinel"
+# The failover strategy, by the name kombu's `failover_strategies` knows it (a setting's value
+# must be plain data: `celery inspect conf` and `stats` send it as JSON).
+FAILOVER = "iq-keep-transport"
 _SCHEMES = {"redis": REDIS_ALIAS, "rediss": REDIS_ALIAS, "sentinel": SENTINEL_ALIAS}
 
 
@@ -68,8 +73,6 @@ class SentinelTransport(_BeatOnTheEventLoop, kombu_redis.SentinelTransport):
     Channel = ReliableSentinelChannel
 
 
-TRANSPORT_ALIASES.setdefault(REDIS_ALIAS, f"{__name__}:Transport")
-TRANSPORT_ALIASES.setdefault(SENTINEL_ALIAS, f"{__name__}:SentinelTransport")
 
 
 def alias_for(url: str) -> str:
@@ -90,7 +93,12 @@ def keep_the_transport(urls: Iterable[str]) -> Iterator[str]:
         yield f"{_SCHEMES.get(scheme, scheme)}{sep}{rest}" if sep else url
 
 
+TRANSPORT_ALIASES.setdefault(REDIS_ALIAS, f"{__name__}:Transport")
+TRANSPORT_ALIASES.setdefault(SENTINEL_ALIAS, f"{__name__}:SentinelTransport")
+failover_strategies.setdefault(FAILOVER, keep_the_transport)
+
+
 def select(app: Any) -> None:
     """The worker's transports for `app`'s connections (a worker's main process, at start)."""
     app.conf.broker_transport = alias_for(app.conf.broker_url)
-    app.conf.broker_failover_strategy = keep_the_transport
+    app.conf.broker_failover_strategy = FAILOVER
