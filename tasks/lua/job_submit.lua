@@ -1,0 +1,128 @@
+-- A job's admission, record and enqueue in one step (tasks/jobstate.py `submit`).
+-- KEYS: record, idempotency claim, target list, owner's jobs list (owner_jobs), the record of
+--       the job it retries (any key when it retries none), pending jobs, the queue's wake-up
+--       list, the owner's index of releases before (owner_index), then the model's queue lists
+--       (for its depth; none when it is not checked).
+-- ARGV (after the two of every job script): job id, max depth ('' : not checked), timeout_s
+--       (0: none), request digest ('' : no idempotency key), message, memory headroom (share
+--       of maxmemory kept free; '' : not checked), the request to keep ('' : none), what to
+--       trim ('0': nothing, '1': the owner's jobs list, '2': that and the owner's index of
+--       releases before), '1' when it retries a job, the owner's quota on the bytes of the
+--       requests kept for it ('' : none), the owner (an API key's name), then the record's
+--       field/value pairs.
+-- The API has the depth checked here only when its own reading of it (at most a second old,
+-- app/gauge.py) is near the limit, or when it has none; far from it, it costs no command. The
+-- memory headroom it has checked on every submit (the API passes '' only in tests). A submit
+-- refused for memory that finds its record (a resend) is answered 'created'.
+-- Idempotent by job id: sent again (a resend after a lost answer), it finds the job's record
+-- (the HSETNX of its status that begins a new one tells, so a first submit pays no EXISTS) and
+-- does nothing more, so a job is never queued twice. A refusal after that HSETNX takes the
+-- record back (tasks/jobstate.py's `refusal` reads the answer).
+-- A request kept counts on its owner's books (_owner_books.lua's trim_owner_kept) until it
+-- leaves Redis: a submit that would take them past the quota is refused ('kept_full', with
+-- the bytes held and the seconds until the first of them leaves).
+-- The record keeps the message and its list until the job is final, for the reconciler
+-- (workers/broker/scripts.py) to queue it again should it be lost; the job joins the pending
+-- set and its owner's jobs list; a queue list that was empty gets a wake-up token for its
+-- queue's idle workers.
+-- #include _job_prelude
+-- #include _owned
+
+-- A write that changes nothing (a key's expiry set to what it is), so that a WAIT after the
+-- script covers that key, which an earlier script wrote: WAIT counts from the last write of
+-- its own connection.
+local function touch(key)
+  local ms = redis.call('pttl', key)
+  if ms > 0 then redis.call('pexpire', key, ms) end
+end
+
+if ARGV[8] ~= '' then
+  local memory = redis.call('info', 'memory')
+  local cap = tonumber(string.match(memory, 'maxmemory:(%d+)'))
+  local used = tonumber(string.match(memory, 'used_memory:(%d+)'))
+  if cap > 0 and used > (1 - tonumber(ARGV[8])) * cap then
+    if redis.call('exists', KEYS[1]) == 1 then touch(KEYS[1]); return {'created', ARGV[3]} end
+    return {'full', used .. ' ' .. cap}
+  end
+end
+if redis.call('hsetnx', KEYS[1], 'status', 'queued') == 0 then
+  touch(KEYS[1])
+  return {'created', ARGV[3]}
+end
+local function refuse(kind, found)
+  redis.call('del', KEYS[1])
+  return {kind, found}
+end
+if ARGV[6] ~= '' then
+  local earlier = redis.call('get', KEYS[2])
+  if earlier then
+    local sep = string.find(earlier, ' ', 1, true)
+    local earlier_id = string.sub(earlier, 1, sep - 1)
+    -- A claim whose job was deleted claims nothing: the key makes a new job.
+    if redis.call('exists', JOB_PREFIX .. earlier_id) == 1 then
+      if string.sub(earlier, sep + 1) ~= ARGV[6] then return refuse('mismatch', '') end
+      touch(KEYS[2])
+      return refuse('existing', earlier_id)
+    end
+  end
+end
+if ARGV[11] == '1' then
+  local f = redis.call('hmget', KEYS[5], 'status', 'retried_as')
+  if not f[1] then return refuse('gone', '') end
+  if f[2] then return refuse('retried', f[2]) end
+  if f[1] ~= 'failed' and f[1] ~= 'cancelled' and f[1] ~= 'expired' then
+    return refuse('not_retryable', f[1])
+  end
+end
+if ARGV[4] ~= '' then
+  local depth = 0
+  for i = 9, #KEYS do depth = depth + redis.call('llen', KEYS[i]) end
+  if depth >= tonumber(ARGV[4]) then return refuse('overloaded', '') end
+end
+local kept_size = string.len(ARGV[9])
+local books = KEPT_BY_PREFIX .. ARGV[13]
+local total = KEPT_BY_BYTES_PREFIX .. ARGV[13]
+if ARGV[12] ~= '' and kept_size > 0 then
+  trim_owner_kept(ARGV[13], 1000)
+  local held = tonumber(redis.call('get', total) or 0)
+  if held + kept_size > tonumber(ARGV[12]) then
+    local first = redis.call('zrange', books, 0, 0, 'WITHSCORES')
+    local wait = first[2] and math.max(0, tonumber(first[2]) - now) or 0
+    return refuse('kept_full', held .. ' ' .. string.format('%.0f', math.ceil(wait)))
+  end
+end
+local fields = {'message', ARGV[7], 'list', KEYS[3]}
+for i = 14, #ARGV do fields[#fields + 1] = ARGV[i] end
+local timeout = tonumber(ARGV[5])
+if timeout > 0 then
+  fields[#fields + 1] = 'expires_at'
+  fields[#fields + 1] = string.format('%.3f', now + timeout)
+end
+if ARGV[9] ~= '' then
+  fields[#fields + 1] = 'request'  -- its request, kept in the record until it ends
+  fields[#fields + 1] = ARGV[9]
+end
+redis.call('hset', KEYS[1], unpack(fields))
+redis.call('expire', KEYS[1], TTL_S)
+if ARGV[6] ~= '' then redis.call('set', KEYS[2], ARGV[3] .. ' ' .. ARGV[6], 'EX', TTL_S) end
+if ARGV[12] ~= '' and kept_size > 0 then
+  redis.call('zadd', books, now + TTL_S, ARGV[3] .. ':' .. kept_size)
+  redis.call('incrby', total, kept_size)
+  if redis.call('pttl', books) < TTL_S * 1000 then
+    redis.call('expire', books, TTL_S)
+    redis.call('expire', total, TTL_S)
+  end
+end
+-- The list stays in time order, newest first, whatever Redis's clock does (a step back, a
+-- failover to a host a little behind): an entry is stamped after the head's, so that a page's
+-- bisection to its cursor (first_at_or_below) never passes over an entry it has not listed.
+local head, us = redis.call('lindex', KEYS[4], 0), now_us
+if head then us = math.max(us, owned_job(head) + 1) end
+redis.call('lpush', KEYS[4], owned_entry(us, ARGV[3]))
+if ARGV[10] ~= '0' then trim_owned(KEYS[4], 1000) end
+if ARGV[10] == '2' then trim(KEYS[8], now_us - TTL_S * 1000000, 1000) end
+if ARGV[11] == '1' then redis.call('hset', KEYS[5], 'retried_as', ARGV[3]) end
+local was_empty = redis.call('lpush', KEYS[3], ARGV[7]) == 1
+redis.call('zadd', KEYS[6], now, ARGV[3])
+if was_empty and redis.call('llen', KEYS[7]) == 0 then redis.call('lpush', KEYS[7], '1') end
+return {'created', ARGV[3]}
