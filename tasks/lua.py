@@ -10,7 +10,9 @@ text's as composed here.
   the script, where they go;
 * before it, `local NAME = <value>` for each of `constants` (a Python name -> str, int, float
   or a sequence of them, as a Lua table) that the text uses: the key prefixes and field names
-  the Python side defines, given to the Lua side in one place, by name.
+  the Python side defines, given to the Lua side in one place, by name;
+* its comment lines and blank lines left out: they are for the reader of the file, and a
+  submit that waits for replicas sends its script whole (EVAL), every time.
 
 A fragment is a file no Python module names: only scripts include it."""
 from __future__ import annotations
@@ -36,7 +38,8 @@ def source(name: str) -> str:
 
 def script(name: str, constants: Mapping[str, Any] | None = None) -> str:
     """The text to run: the script, its fragments included, after the constants it uses."""
-    body = _expand(name, ())
+    body = "".join(line for line in _expand(name, ()).splitlines(keepends=True)
+                   if line.strip() and not line.lstrip().startswith("--"))
     header = "".join(f"local {key} = {literal(value)}\n"
                      for key, value in (constants or {}).items()
                      if re.search(rf"\b{re.escape(key)}\b", body))

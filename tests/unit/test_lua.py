@@ -1,6 +1,7 @@
 """tasks/lua.py, the loader of the Lua scripts in tasks/lua/: includes expanded where they are
-named, a loop or a missing file refused by name, constants given as Lua locals (only those the
-text uses), each value as the Lua literal of the same bytes."""
+named, comment lines left in the file, a loop or a missing file refused by name, constants
+given as Lua locals (only those the text uses), each value as the Lua literal of the same
+bytes."""
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,14 @@ def test_an_include_is_replaced_by_its_fragment_where_it_is_named(folder):
     (folder / "_inner.lua").write_text("local x = 1\n")
     (folder / "_outer.lua").write_text("local w = 0\n-- #include _inner\nlocal y = x\n")
     (folder / "main.lua").write_text("-- #include _outer\nreturn y\n")
-    assert lua.script("main") == "local w = 0\nlocal x = 1\n\nlocal y = x\n\nreturn y\n"
+    assert lua.script("main") == "local w = 0\nlocal x = 1\nlocal y = x\nreturn y\n"
     assert lua.includes("main") == ["_outer"]
+
+
+def test_comment_and_blank_lines_stay_in_the_file(folder):
+    (folder / "main.lua").write_text("-- What it does.\n\n  -- why\nlocal s = '--' -- kept\n"
+                                     "return s\n")
+    assert lua.script("main") == "local s = '--' -- kept\nreturn s\n"
 
 
 def test_a_file_is_read_once(folder):
