@@ -62,6 +62,10 @@ def test_three_frozen_groups_cost_one_deadline_for_the_whole_request(frozen):
     listed = frozen.get("/v1/jobs").get_json()
     assert listed["unreachable"] == ["redis:b", "redis:c", "redis:d"], listed
     assert {job["model"] for job in listed["jobs"]} <= {"on-default"}
+    # As the OpenAPI document says a page is.
+    documented = frozen.get("/openapi.json").get_json()["components"]["schemas"]["JobList"]
+    assert set(listed) <= set(documented["properties"])
+    assert documented["properties"]["unreachable"]["items"] == {"type": "string"}
     # /v1/models still shows every model: the frozen groups' with their counts unknown.
     shown = {m["name"]: m for m in frozen.get("/v1/models").get_json()["models"]}
     assert shown["on-default"]["instances"] == 0 and "unreachable" not in shown["on-default"]
