@@ -136,19 +136,20 @@ class Stores:
             with store.answering():
                 return store.page(owner, status=status, model=model, cursor=cursor,
                                   limit=limit), []
-        pages, down = [], []
+        pages: list[Page] = []
+        down: dict[str, redis.RedisError] = {}
         for group, page in self._each(lambda store: store.page(
                 owner, status=status, cursor=cursor, limit=limit)).items():
             if isinstance(page, redis.RedisError):
                 logger.warning("jobs of %s unlisted: %s", group_name(group), page)
-                down.append(group)
+                down[group] = page
             elif isinstance(page, BaseException):
                 raise page
             else:
                 pages.append(page)
         if not pages:
-            raise _down(down[0], RuntimeError("no group answered"),
-                        "no Redis group answered the listing")
+            first = next(iter(down))
+            raise _down(first, down[first], "no Redis group answered the listing")
         return merge_pages(pages, limit), [f"redis:{g}" if g else "redis" for g in down]
 
     def queue_depths(self) -> dict[str, int]:
