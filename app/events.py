@@ -8,9 +8,11 @@ A stream is held like `?wait` (app/waiter.py): a greenlet woken by the moves the
 announce, no thread and no polling, within the same caps: it takes a wait slot (429 when none
 is free) and lasts at most `max_wait_s`, then ends; the client reconnects with
 `Last-Event-ID`, and an event it has seen is not sent again. A reconnect after the final
-event is answered 204, which tells an EventSource to stop. A comment line every
-HEARTBEAT_S keeps proxies from closing a quiet stream. A move followed at once by the next may
-be seen only as the next; the final event is never skipped.
+event is answered 204, which tells an EventSource to stop. A client that closes its
+connection gives its slot back at once (app/hangup.py), not at the next heartbeat's failed
+write. A comment line every HEARTBEAT_S keeps proxies from closing a quiet stream. A move
+followed at once by the next may be seen only as the next; the final event is never
+skipped.
 """
 from __future__ import annotations
 
@@ -61,7 +63,8 @@ def register(bp: Blueprint, settings: Settings, keys: bool) -> None:
             parameters=[LAST_EVENT_ID], responses={
                 200: _STREAM, 204: {"description": "the final event was sent already: "
                                                        "nothing more will come"}})
-    @errors(bp, keys, e404=None, e429="every wait slot is taken (too_many_waits)")
+    @errors(bp, keys, e404=None, e429="every wait slot is taken (too_many_waits), or the "
+            "key's read budget is used up (rate_limited)")
     def job_events(job_id: str):
         canonical, job = caller_job(job_id)
         seen = request.headers.get("Last-Event-ID", "")
@@ -69,8 +72,9 @@ def register(bp: Blueprint, settings: Settings, keys: bool) -> None:
             return no_content()
         store: Stores = current_app.extensions["iq.store"]
         watching = ExitStack()
+        peers = auth.current_key() is None  # read here: the stream runs outside the request
         if job.terminal:
-            events: Iterator[str] = iter([_frame(job)])
+            events: Iterator[str] = iter([_frame(job, peers)])
         else:
             try:
                 watch = watching.enter_context(
@@ -78,7 +82,7 @@ def register(bp: Blueprint, settings: Settings, keys: bool) -> None:
             except NoSlot as exc:
                 raise TooManyWaits(f"{exc}; read the job without a stream or retry later",
                                    retry_after=1, status=job.status.value) from None
-            events = _stream(watch, watching, seen, time.monotonic() + hold_s)
+            events = _stream(watch, watching, seen, time.monotonic() + hold_s, peers)
         response = Response(events, mimetype="text/event-stream",
                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         response.call_on_close(watching.close)  # the slot, even if the stream never started
@@ -92,14 +96,14 @@ def _event(job: JobRecord) -> tuple[str, str]:
     return job.status.value, job.status.value
 
 
-def _frame(job: JobRecord) -> str:
+def _frame(job: JobRecord, peers: bool) -> str:
     name, ident = _event(job)
-    data = orjson.dumps(dump(Job, job_body(job))).decode()
+    data = orjson.dumps(dump(Job, job_body(job, peers=peers))).decode()
     return f"id: {ident}\nevent: {name}\ndata: {data}\n\n"
 
 
-def _stream(watch: Watch, watching: ExitStack, seen: str,
-            deadline: float) -> Iterator[str]:
+def _stream(watch: Watch, watching: ExitStack, seen: str, deadline: float,
+            peers: bool) -> Iterator[str]:
     """Each move of the job once, woken by the watch, until its final one or `deadline`."""
     try:
         yield f"retry: {RETRY_MS}\n\n"
@@ -108,7 +112,7 @@ def _stream(watch: Watch, watching: ExitStack, seen: str,
         while job is not None:
             if _event(job)[1] != seen:
                 seen = _event(job)[1]
-                yield _frame(job)
+                yield _frame(job, peers)
             remaining = deadline - time.monotonic()
             if job.terminal or remaining <= 0:
                 return
@@ -116,6 +120,8 @@ def _stream(watch: Watch, watching: ExitStack, seen: str,
             subscribed = store.waiter.subscribed.is_set()
             woken = watch.finished.wait(min(remaining, HEARTBEAT_S if subscribed else 1.0))
             watch.finished.clear()
+            if watch.gone.is_set():  # the client left: its slot goes back now
+                return
             if not woken and subscribed and remaining > HEARTBEAT_S:
                 yield ": keep-alive\n\n"
             job = store.get(watch.job_id)
