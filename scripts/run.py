@@ -293,8 +293,9 @@ def main() -> int:
     except Refused as refused:
         print(refused, file=sys.stderr)
         return 1
-    manager = OrderedManager(Printer(Console(sys.stdout)),
-                             load_settings(environ=run.env).stop_timeout_s)
+    stop_timeout_s = load_settings(environ=run.env).stop_timeout_s
+    run.env["IQ_STOP_TIMEOUT_S"] = str(stop_timeout_s)  # also scripts/flower.sh's bound
+    manager = OrderedManager(Printer(Console(sys.stdout)), stop_timeout_s)
     for name, command in run.processes.items():
         kept = f"exec {shlex.quote(sys.executable)} -m scripts.respawn {name} " \
                f"{shlex.quote(command)}"

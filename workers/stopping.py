@@ -24,6 +24,9 @@ logger = logging.getLogger(__name__)
 
 # After the children were stopped, how long the worker may still take to exit.
 EXIT_GRACE_S = 15.0
+# Past stop_timeout_s, when a worker whose stop never reached its StopDeadline (its consumer
+# stuck on a frozen Redis) exits all the same (`exit_within`): before make run's kill, 5 s.
+LAST_RESORT_S = 3.0
 
 
 class StopDeadline:
