@@ -97,6 +97,7 @@ def test_a_stop_under_load_drains_in_order_and_runs_no_job_twice(tmp_path, how):
         assert twice == {}
         ran = runs(log)
         assert {text: ran[text] for text in load.accepted if ran[text] != 1} == {}
+        print(f"{len(accepted)} jobs accepted, each ran once")
     finally:
         second.stop(signal.SIGINT)
         left, busy_ports = second.left_behind(), second.ports_in_use()

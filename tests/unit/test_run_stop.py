@@ -92,3 +92,21 @@ def test_what_outlives_the_bound_is_killed_and_said(tmp_path):
     redis_term = float(marks.read_text()) - began
     assert 1 + 2 <= redis_term < 1 + 5, redis_term
     assert 1 + 5 <= took < 1 + 5 + 5, took
+
+
+def test_an_api_left_holding_waits_gets_its_quick_stop_once_the_worker_is_gone(tmp_path):
+    # gunicorn lets a client's `?wait` run out on SIGTERM (up to 35 s): its quick stop
+    # (SIGQUIT) ends it once nothing would change a job any more.
+    web = "trap 'echo web got TERM' TERM; trap 'echo web got QUIT; exit 0' QUIT; " \
+          "echo web running; while :; do sleep 0.05; done"
+    parts = {"web": web, "worker": PART.format(name="worker", linger=0.5),
+             "redis": PART.format(name="redis", linger=0)}
+    proc, log = start(tmp_path, 20, parts)
+    began = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(30) == 130
+    assert time.monotonic() - began < 10
+    lines = log.read_text().splitlines()
+    assert line_of(lines, "web got TERM") < line_of(lines, "worker leaves") \
+        < line_of(lines, "web got QUIT") < line_of(lines, "redis got TERM")
+    assert "SIGKILL" not in log.read_text()
