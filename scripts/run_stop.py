@@ -12,11 +12,14 @@ each begun once the one before is gone:
 2. `rest`: the webhook deliverer, Flower and anything else but Redis;
 3. `sentinels`, then 4. `redis`: Redis (and its replicas) last, once nothing writes to it.
 
-The whole stop is bounded by IQ_STOP_TIMEOUT_S (`stop_timeout_s`): a step still running then
-is left to finish while the next begins (an API still holding a client's `?wait` gets
-gunicorn's quick stop, SIGQUIT: the client resends), and what is left `KILL_MARGIN_S` later is
-killed (SIGKILL), saying so. A hang-up (SIGHUP: the terminal closed) stops the stack as Ctrl-C
-does: the parts run in sessions of their own, so nothing else would tell them.
+An API left holding only clients' `?wait`s once the workers are gone (gunicorn would let them
+run out, up to 35 s) gets gunicorn's quick stop, SIGQUIT, `QUICK_AFTER_S` later: nothing would
+change a job any more, and the clients resend. The whole stop is bounded by IQ_STOP_TIMEOUT_S
+(`stop_timeout_s`): a step still running `STEP_GRACE_S` past it (a worker's own stop puts
+back what a batch that never returns holds at IQ_STOP_TIMEOUT_S, and needs Redis for it) no
+longer holds the next one back, and what is left `KILL_MARGIN_S` past it is killed (SIGKILL),
+saying so. A hang-up (SIGHUP: the terminal closed) stops the stack as Ctrl-C does: the parts
+run in sessions of their own, so nothing else would tell them.
 """
 from __future__ import annotations
 
