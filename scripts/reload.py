@@ -56,7 +56,8 @@ import redis
 
 from config import ConfigError, Settings, load_settings
 from config.groups import check_model_groups
-from config.models import TENSOR_KINDS, parse_models, revision_of
+from config.kinds import kind_of
+from config.models import parse_models, revision_of
 from scripts.preflight import model_file_problems, operator_file_problems
 from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, standing_of, wait
 from scripts.staging import put_in_place, replaced_problems, staged_beside
@@ -80,7 +81,7 @@ def _unloadable(spec) -> str | None:
     path = Path(spec.path)
     if not path.exists():
         return f"{spec.path} does not exist"
-    if spec.kind in TENSOR_KINDS or spec.kind == "image":
+    if kind_of(spec.kind).archive:
         if not path.is_file():
             return f"{spec.path} is not a file"
         try:
