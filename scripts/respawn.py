@@ -1,7 +1,8 @@
 """`make run`'s keeper of one Procfile process: it runs the command and, when the process exits
 on its own (a crash, a kill, a watchdog's stop), starts it again and says so, instead of honcho
-stopping the whole stack because one part ended. A SIGTERM or SIGINT (honcho's stop, Ctrl-C)
-stops it for good: the process itself gets the same signal from honcho, in its process group.
+stopping the whole stack because one part ended. A SIGTERM, SIGINT or SIGQUIT (make run's
+stop, scripts/run_stop.py) stops it for good: the process itself gets the same signal, in its
+process group.
 Each start after the first has IQ_RESPAWN_LAST_EXIT, the exit status of the run before (as
 /bin/sh reports it: 137 for a SIGKILL; negative when the shell itself was killed), for a
 process whose start depends on how it ended (scripts/redis-server.sh: a Redis primary that
@@ -36,6 +37,7 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGQUIT, stop)  # a quick stop (make run's for the API) is a stop too
     pause, env = FIRST_PAUSE_S, dict(os.environ)
     while True:
         started = time.monotonic()
