@@ -27,16 +27,13 @@ import redis
 from config import Settings
 from config.models import revision_of
 from tasks.keys import MODELS_REVISION_KEY, PREFIX, RELOAD_STATUS_KEY
+from tasks.lua import script
 
 logger = logging.getLogger(__name__)
 
-# KEYS: a master's claim. ARGV: the announced revision. 1 (and the claim is this revision's)
-# unless the master was sent a SIGHUP for it already.
-_CLAIM = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return 0 end
-redis.call('set', KEYS[1], ARGV[1], 'EX', 3600)
-return 1
-"""
+# A master's claim of the SIGHUP of a revision (tasks/lua/reload_hup_claim.lua): 1 unless the
+# master was sent one for it already.
+_CLAIM = script("reload_hup_claim")
 
 
 class ModelsWatch:
