@@ -41,11 +41,9 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import importlib.util
 import os
 import shutil
 import sys
-import zipfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping
@@ -53,10 +51,11 @@ from typing import Callable, Mapping
 import redis
 
 from config import ConfigError, Settings, load_settings
-from config.groups import check_model_groups
-from config.models import TENSOR_KINDS, parse_models, revision_of
+from config.models import revision_of
+from scripts.models_check import problems_of
 from scripts.preflight import model_file_problems
-from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, standing_of, wait
+from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, live_reports, standing_of, \
+    wait
 from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, reload_failed_key
 from tasks.redis_client import connect
 
@@ -68,58 +67,14 @@ class Invalid(Exception):
     """The new models file cannot be used; the message says why. Nothing was changed."""
 
 
-def _unloadable(spec) -> str | None:
-    """Why a worker's pool child could not even open the model's file or folder, or None.
-    A reload's child that cannot load its models rolls its worker back (workers/reload.py):
-    a file none can open is refused here, before any worker tries it. The
-    tensor kinds' files (TorchScript `.pt`, torch.export `.pt2`) are zip archives, so a
-    truncated or garbage file is seen here without loading it."""
-    path = Path(spec.path)
-    if not path.exists():
-        return f"{spec.path} does not exist"
-    if spec.kind in TENSOR_KINDS or spec.kind == "image":
-        if not path.is_file():
-            return f"{spec.path} is not a file"
-        try:
-            with path.open("rb") as fh:
-                if not zipfile.is_zipfile(fh):
-                    return f"{spec.path} is not a TorchScript or torch.export archive " \
-                           "(truncated or corrupt?)"
-        except OSError as exc:
-            return f"{spec.path} cannot be read: {exc.strerror or exc}"
-    elif path.is_dir():
-        try:
-            next(os.scandir(path), None)
-        except OSError as exc:
-            return f"{spec.path} cannot be read: {exc.strerror or exc}"
-    else:
-        try:
-            path.open("rb").close()
-        except OSError as exc:
-            return f"{spec.path} cannot be read: {exc.strerror or exc}"
-    return None
-
-
-def _missing_files(target: Path, content: bytes, groups: Mapping[str, str]) -> list[str]:
-    problems = []
-    models = parse_models(target, content)
-    check_model_groups(models, groups)  # a Redis group the settings lack: ConfigError
-    for spec in models.values():
-        why = _unloadable(spec) if spec.path else None
-        if why:
-            problems.append(f"models.{spec.name}: {why}")
-        if spec.package and importlib.util.find_spec(spec.package) is None:
-            problems.append(f"models.{spec.name}: package {spec.package} is not installed")
-    return problems
-
-
-def install(target: Path, source: Path | None, groups: Mapping[str, str] | None = None) -> str:
+def install(target: Path, source: Path | None, groups: Mapping[str, str] | None = None,
+            reports: Mapping[str, dict] | None = None) -> str:
     """Check `source` (default: `target` itself) as the models file at `target` and put it
-    there; its revision. `groups`: the Redis groups its models may name. Raises Invalid,
-    changing nothing."""
+    there; its revision. `groups`: the Redis groups its models may name; `reports`: what each
+    live process said it can serve (tasks/serves.py). Raises Invalid, changing nothing."""
     try:
         content = (source or target).read_bytes()
-        problems = _missing_files(target, content, groups or {})
+        problems = problems_of(target, content, groups or {}, reports)
     except (OSError, ConfigError) as exc:
         raise Invalid(str(exc)) from None
     if source is None or source.resolve() == target.resolve():
@@ -158,22 +113,33 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
         say(f"reload refused, nothing changed: {exc}")
         return Result(INVALID, lines=[str(exc)])
     try:
-        try:
-            revision = install(target, Path(source) if source else None,
-                               settings.redis_group_urls)
-        except Invalid as exc:
-            say(f"reload refused, nothing changed: {exc}")
-            return Result(INVALID, lines=[str(exc)])
         # Each Redis group's workers watch their own Redis: announced there too, in turn.
         redises = [("", connect(redis_url or settings.redis_url, settings), settings)]
         for name, url in settings.redis_group_urls.items():
             group = replace(settings, redis_url=url, redis_sentinels="")
             redises.append((name, connect(url, group), group))
+        # Checked against what each live process can serve, on every Redis, before anything
+        # changes: their environment, not this shell's, runs the file.
+        reports: dict[str, dict] = {}
+        for name, client, group in redises:
+            try:
+                reports.update(live_reports(client, group.heartbeat_interval_s))
+            except redis.RedisError as exc:
+                if not name:  # REDIS_URL's: nothing could be announced either
+                    say(f"reload refused, nothing changed: Redis did not answer ({exc})")
+                    return Result(REFUSED, lines=[str(exc)])
+                say(f"Redis group {name}: its processes' reports could not be read ({exc})")
+        try:
+            revision = install(target, Path(source) if source else None,
+                               settings.redis_group_urls, reports)
+        except Invalid as exc:
+            say(f"reload refused, nothing changed: {exc}")
+            return Result(INVALID, lines=[str(exc)])
         for reached, (name, client, group) in enumerate(redises, 1):
             result = _announce(client, target, revision, timeout_s, say, group, name)
             if result.status != DONE:
                 break
-        if result.failed_load and source is not None:
+        if (result.failed_load or result.refused) and source is not None:
             return _undo(target, result, redises[:reached], timeout_s, say, settings)
         return result
     finally:
