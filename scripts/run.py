@@ -33,9 +33,11 @@ from honcho.printer import Message, Printer
 from kombu.utils.url import maybe_sanitize_url
 
 from config import ConfigError, Settings, load_settings
+from config.models import read_models_content
 from scripts import run_redis
 from scripts.preflight import REDIS_APP_USER, Binding, Refused, model_file_problems, \
     port_problems, reachable
+from scripts.models_check import problems_of
 from scripts.var_dir import kept_secret, shown, var_problems
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,6 +218,12 @@ def plan(environ: dict[str, str]) -> Run:
                               shown(password_file))
     try:
         problems += model_file_problems(settings.models_file)
+        # What every process would stop on at its start (a model on a Redis group these
+        # settings lack, a model file that is not there), stopped here before any starts:
+        # under respawn it would crash-loop.
+        problems += [f"make run: {problem}" for problem in problems_of(
+            Path(settings.models_file), read_models_content(settings.models_file),
+            settings.redis_group_urls)]
     except ConfigError as exc:  # the models file itself is wrong
         problems.append(f"make run: {exc}")
     if problems:
