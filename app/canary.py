@@ -1,6 +1,6 @@
 """An API process's canary of a reload's models file (app/reloading.py): before the process asks
 its gunicorn master to reload, the new file must build the app in a process of its own, with
-the API process's own environment, and reach every Redis the app would use. A master whose new
+the API process's own environment, and reach every Redis its models use. A master whose new
 processes cannot boot exits, which once took the API down for ten minutes; a canary that fails
 leaves the master alone and the old file served.
 
@@ -20,8 +20,8 @@ CANARY_TIMEOUT_S = 60.0
 
 
 def check(revision: str) -> None:
-    """Raises when the app cannot be built from the models file of `revision`, or a Redis it
-    uses does not answer."""
+    """Raises when the app cannot be built from the models file of `revision`, or a Redis its
+    models use (REDIS_URL's, their groups') does not answer."""
     from app import create_app
 
     app = create_app()
@@ -29,7 +29,10 @@ def check(revision: str) -> None:
     if built != revision:
         raise RuntimeError(f"the models file has revision {built} now, not the announced "
                            f"{revision}")
+    used = {""} | {spec.redis for spec in app.extensions["iq.models"].values()}
     for group, store in app.extensions["iq.store"].stores.items():
+        if group not in used:  # a group no model names: not this file's to wait for
+            continue
         try:
             store.redis.ping()
         except Exception as exc:  # noqa: BLE001 - said, with which Redis
