@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+from config import ConfigError
 from tasks.reload_failures import one_line
 
 CANARY_TIMEOUT_S = 60.0
@@ -63,6 +64,9 @@ def run(revision: str, timeout_s: float = CANARY_TIMEOUT_S) -> str:
 def main(argv: list[str]) -> int:
     try:
         check(argv[1])
+    except ConfigError as exc:  # names the field and the value already
+        print(str(exc).splitlines()[0], flush=True)
+        return 1
     except BaseException as exc:  # noqa: BLE001 - any failure is the canary's answer
         print(one_line(exc), flush=True)
         return 1

@@ -11,7 +11,9 @@ Redis group (`spare`):
   passes): the API process's canary cannot reach it, so its gunicorn is never asked to
   reload and keeps serving the old file; `make reload` exits 2 with the canary's reason well
   within its deadline, puts the previous file back, and says every process serves it only
-  once they do.
+  once they do;
+- that file announced without make reload's check: each process refuses it itself and keeps
+  serving, no pool child or gunicorn master started on it.
 
 Every accepted job succeeds, once."""
 from __future__ import annotations
@@ -28,7 +30,7 @@ import yaml
 
 from config.models import revision_of
 from scripts.stack import ROOT, launch, start_redis, start_worker, wait_until
-from tasks.keys import MODELS_REVISION_KEY, RELOAD_STATUS_KEY
+from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
 from tests.faults.test_reload_unloadable import check_every_job, instances
 from tests.support.load import Load
 
@@ -49,6 +51,18 @@ def reload(stack, models: dict, **env: str) -> subprocess.CompletedProcess:
 def api_processes(stack) -> dict[str, dict]:
     return {name: orjson.loads(raw) for name, raw in stack.redis.hgetall(RELOAD_STATUS_KEY).items()
             if name.startswith("api:")}
+
+
+def reports(stack) -> dict[str, dict]:
+    return {name: orjson.loads(raw) for name, raw in stack.redis.hgetall(RELOAD_STATUS_KEY).items()}
+
+
+def announce(stack, revision: str) -> None:
+    """As make reload announces a revision (scripts/reload.py), without its check."""
+    with stack.redis.pipeline() as pipe:
+        pipe.incr(MODELS_ANNOUNCEMENTS_KEY)
+        pipe.set(MODELS_REVISION_KEY, revision)
+        pipe.execute()
 
 
 def served_revision(stack) -> str:
@@ -128,6 +142,28 @@ def test_a_reload_the_running_processes_cannot_serve_changes_nothing_and_loses_n
         assert models_file.read_bytes() == old_bytes
         assert served_revision(stack) == old
         wait_until(lambda: instances(stack) == 1, 60, "the worker's child live")
+
+        # Announced without make reload's check (a process that had not reported yet): each
+        # process checks it against its own settings, refuses it and keeps serving; neither
+        # a pool child nor the master is started on it.
+        log = stack.workers["w"].log
+        logged = len(log.read_text(errors="replace"))
+        unservable = yaml.safe_dump({"models": {"quick": {**quick, "redis": "gpu"}}}).encode()
+        models_file.write_bytes(unservable)
+        announce(stack, revision_of(unservable))
+        wait_until(lambda: {s["state"] for s in reports(stack).values()} == {"refused"}, 120,
+                   "every process to refuse it")
+        errors = {n.split(":")[0]: s["error"] for n, s in reports(stack).items()}
+        wrong = "models.quick: redis must name a group of redis_groups (spare), got 'gpu'"
+        assert wrong in errors["worker"] and f"(its canary: {wrong})" in \
+            errors["api"], errors
+        assert set(api_processes(stack)) == before and served_revision(stack) == old
+        assert instances(stack) == 1
+        assert "exited with" not in log.read_text(errors="replace")[logged:]  # no child
+        models_file.write_bytes(old_bytes)
+        announce(stack, old)
+        wait_until(lambda: {(s["revision"], s["state"]) for s in reports(stack).values()} ==
+                   {(old, "serving")}, 60, "every process back to serving")
         load.stop()
         check_every_job(stack, load)
         print(f"\nunservable reloads under load: {len(load.accepted)} jobs, each ran once; the "
