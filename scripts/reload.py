@@ -2,19 +2,24 @@
 process, without a restart.
 
 1. The file is checked as every process would read it (config/models.py), its model files must
-   exist and be the operator's alone (scripts/preflight.py). A file that fails changes nothing:
-   the reason is printed and the exit status is 1. With FILE, FILE is checked and then
+   exist and be the operator's alone (scripts/preflight.py), and every live process must be
+   able to serve it by what it reported (its Redis groups; a worker's GPUs: tasks/serves.py),
+   whatever this shell's environment says. A file that fails changes nothing: the reason is
+   printed and the exit status is 1. With FILE, FILE is checked and then
    installed in place of the models file the processes read (IQ_MODELS_FILE), atomically; the
    file it replaces is kept beside it as `<name>.previous`, so that a rollback is
    `make reload FILE=config/models.yaml.previous`.
 2. Its revision (a hash of its bytes) is announced in Redis. Each worker takes the new file in
    its main process and replaces its pool children one at a time, each after its batch
-   (workers/reload.py); each API process has its gunicorn reload gracefully (app/reloading.py).
+   (workers/reload.py); each API process has its gunicorn reload gracefully once a canary of
+   the file started (app/reloading.py, app/canary.py), else refuses it.
    A process whose own file is not the announced one keeps serving and reports why.
    Announcements are numbered: a worker that refused a revision tries it again when it is
    announced again (its host fixed).
-3. It waits until every live worker and API process serves the new revision ("reload done":
-   exit 0), one refused or a worker stopped before it took the new file (2), or `--timeout`
+3. It waits until every live worker and API process serves the new revision and every
+   gunicorn runs as many processes on it as it runs ("reload done": exit 0; with FILE, a
+   refusal puts the previous file back as in a failed load below), one refused or a worker
+   stopped before it took the new file (2), or `--timeout`
    passed with no process moving on (3: moving on is a process reaching the new revision,
    replacing a child or finishing; a status that merely changes, as a worker's in a restart
    loop, is not), saying where each one stands. The workers that serve a queue reload in
