@@ -87,6 +87,10 @@ def test_a_reload_the_running_processes_cannot_serve_changes_nothing_and_loses_n
         wait_until(lambda: instances(stack) == 1, 180, "the worker's child loaded")
         wait_until(lambda: any(s.get("groups") == ["spare"]
                                for s in api_processes(stack).values()), 60, "the API's report")
+        # Each API process says which gunicorn it belongs to (its address: gunicorn.conf.py),
+        # for a reload to count them.
+        assert {s["service"].split(" ", 1)[1] for s in api_processes(stack).values()} == \
+            {stack.api.split("//", 1)[1]}
         load = Load(stack.api, "quick", "load", clients=2, pause_s=0.2).start()
         wait_until(lambda: len(load.accepted) > 10, 60, "the load to run")
         announced = stack.redis.get(MODELS_REVISION_KEY)
