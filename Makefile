@@ -9,7 +9,7 @@ RUN_STAMP := $(VENV)/.run-$(shell cat $(RUN_REQS) | cksum | cut -d' ' -f1)
 CELERY_BATCHES := 0.11
 DEV_STAMP := $(VENV)/.dev-$(shell echo $(CELERY_BATCHES) | cat $(RUN_REQS) requirements/dev.txt - | cksum | cut -d' ' -f1)
 
-.PHONY: run reload test browser bench bench-quick gameday gpu-check gpu-bench container-check clean
+.PHONY: run reload test test-tools bench bench-quick gameday gpu-check gpu-bench container-check clean
 
 run: $(RUN_STAMP)
 	scripts/run.sh
@@ -19,17 +19,13 @@ run: $(RUN_STAMP)
 reload: $(RUN_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m scripts.reload $(FILE)
 
-test: $(DEV_STAMP) browser
+test: $(DEV_STAMP) test-tools
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-# The event-stream test drives a real browser (headless Chromium): installed when it can be
-# (Debian, as root); without it that one test is skipped, saying why.
-browser:
-	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
-	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	    { apt-get update -q >/dev/null 2>&1; apt-get install -y -q --no-install-recommends \
-	      chromium >/dev/null 2>&1; }; } || \
-	  echo "chromium not installed: the browser's event-stream test will be skipped"
+# The system tools the tests drive (Chromium, iptables, faketime), installed once before the
+# tests as root (Debian); a test then fails, naming its tool, if one is still missing.
+test-tools: $(DEV_STAMP)
+	$(VENV)/bin/python -m scripts.test_tools
 
 bench: $(DEV_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m bench $(BENCH_ARGS)

@@ -69,8 +69,9 @@ def register(bp: Blueprint, settings: Settings, keys: bool) -> None:
             return no_content()
         store: Stores = current_app.extensions["iq.store"]
         watching = ExitStack()
+        peers = auth.current_key() is None  # read here: the stream runs outside the request
         if job.terminal:
-            events: Iterator[str] = iter([_frame(job)])
+            events: Iterator[str] = iter([_frame(job, peers)])
         else:
             try:
                 watch = watching.enter_context(
@@ -78,7 +79,7 @@ def register(bp: Blueprint, settings: Settings, keys: bool) -> None:
             except NoSlot as exc:
                 raise TooManyWaits(f"{exc}; read the job without a stream or retry later",
                                    retry_after=1, status=job.status.value) from None
-            events = _stream(watch, watching, seen, time.monotonic() + hold_s)
+            events = _stream(watch, watching, seen, time.monotonic() + hold_s, peers)
         response = Response(events, mimetype="text/event-stream",
                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         response.call_on_close(watching.close)  # the slot, even if the stream never started
@@ -92,14 +93,14 @@ def _event(job: JobRecord) -> tuple[str, str]:
     return job.status.value, job.status.value
 
 
-def _frame(job: JobRecord) -> str:
+def _frame(job: JobRecord, peers: bool) -> str:
     name, ident = _event(job)
-    data = orjson.dumps(dump(Job, job_body(job))).decode()
+    data = orjson.dumps(dump(Job, job_body(job, peers=peers))).decode()
     return f"id: {ident}\nevent: {name}\ndata: {data}\n\n"
 
 
-def _stream(watch: Watch, watching: ExitStack, seen: str,
-            deadline: float) -> Iterator[str]:
+def _stream(watch: Watch, watching: ExitStack, seen: str, deadline: float,
+            peers: bool) -> Iterator[str]:
     """Each move of the job once, woken by the watch, until its final one or `deadline`."""
     try:
         yield f"retry: {RETRY_MS}\n\n"
@@ -108,7 +109,7 @@ def _stream(watch: Watch, watching: ExitStack, seen: str,
         while job is not None:
             if _event(job)[1] != seen:
                 seen = _event(job)[1]
-                yield _frame(job)
+                yield _frame(job, peers)
             remaining = deadline - time.monotonic()
             if job.terminal or remaining <= 0:
                 return

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from flask import Response, current_app
+from flask import Response, current_app, g
 from marshmallow import Schema, fields, validate
 
 from tasks.errors import ErrorCode
@@ -41,8 +41,14 @@ class Error(Schema):
 
 class BatchInfo(Schema):
     id = fields.String(required=True)
-    jobs = fields.Integer(required=True, metadata={"description": "jobs in that model call"})
-    items = fields.Integer(required=True, metadata={"description": "inputs in that call"})
+    # Other jobs of the batch may be other tenants': with API keys their count is not shown.
+    jobs = fields.Integer(metadata={"description": "jobs in that batch (API keys off only)"})
+    items = fields.Integer(metadata={"description": "inputs in that batch (API keys off only)"})
+
+    def get_attribute(self, obj: Any, attr: str, default: Any) -> Any:
+        """A key or nothing: marshmallow's default falls back to attributes, and a dict
+        without `items` has a method of that name."""
+        return obj.get(attr, default)
 
 
 class Progress(Schema):
@@ -199,8 +205,12 @@ def job_url(job_id: str) -> str:
     return f"/v1/jobs/{job_id}"
 
 
-def job_body(job: JobRecord, outputs: bool = True) -> dict[str, Any]:
-    """A job as GET /v1/jobs/<id> shows it (`outputs`=False: without them, as listed)."""
+def job_body(job: JobRecord, outputs: bool = True, peers: bool | None = None) -> dict[str, Any]:
+    """A job as GET /v1/jobs/<id> shows it (`outputs`=False: without them, as listed).
+    `peers`: whether its batch's size is shown (its jobs may be other tenants'): by default
+    only with API keys off, read from the request (outside one, say which)."""
+    if peers is None:
+        peers = g.get("api_key") is None  # app.auth.current_key(), which imports this module
     body: dict[str, Any] = {
         "id": job.id, "url": job_url(job.id), "model": job.model, "status": job.status.value,
         "created_at": iso(job.created_at),
@@ -214,7 +224,7 @@ def job_body(job: JobRecord, outputs: bool = True) -> dict[str, Any]:
     if job.trace_id:
         body["trace_id"] = job.trace_id
     if job.batch is not None:
-        body["batch"] = job.batch
+        body["batch"] = job.batch if peers else {"id": job.batch["id"]}
     if job.model_version:
         body["model_version"] = job.model_version
     for link in ("retry_of", "retried_as"):

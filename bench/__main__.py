@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -219,6 +220,9 @@ def bench_one(workdir: Path, model: str, a: argparse.Namespace) -> dict:
 
 def main() -> int:
     a = parse_args()
+    # A SIGTERM or a hang-up ends the run through its `finally`s, which stop every stack.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
     name = a.name or ("quick" if a.quick else "latest")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ from bench.load import percentile
 from bench.usage import Usage
 from scripts.stack import wait_until
 
-_BATCH_METRICS = ("iq_batch_size_count", "iq_batch_size_sum", "iq_inference_seconds_sum")
+_BATCH_METRICS = ("iq_batch_jobs_count", "iq_batch_size_sum", "iq_inference_seconds_sum")
 
 
 def _sum(metrics_text: str, name: str) -> float:
@@ -106,7 +106,7 @@ class Point:
                "p50_ms": round(percentile(self.latencies, 50), 1),
                **self.usage.report(),
                "cores_used": {name: round(s / wall, 2) for name, s in self.usage.cpu.items()}}
-        batches = self.model["iq_batch_size_count"]
+        batches = self.model["iq_batch_jobs_count"]  # dispatched batches, each timed once
         if batches:
             items = self.model["iq_batch_size_sum"]
             model_s = self.model["iq_inference_seconds_sum"]

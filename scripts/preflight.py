@@ -6,8 +6,9 @@ can be told (a Redis that answers PING, an HTTP server), and the variable to set
 model file or folder (or anything in it) that another user may write stops it too, naming the
 file: models are code (TorchScript and torch.export programs run in the worker as they were
 written; docs/security.md), so whoever may write one may run code as the worker's user. Who may
-replace a file is decided by every folder above it, up to /, and by where each link on the way
-points; who may write it, by its mode and its POSIX ACL."""
+replace a file is decided by every folder above it, up to /, and by each link on the way (its
+owner, and where it points); who may write it, by its mode and its POSIX ACL. The settings file
+(IQ_CONFIG) and the API keys file are checked the same way (`operator_file_problems`)."""
 from __future__ import annotations
 
 import errno
@@ -148,6 +149,13 @@ def _owner(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _group(gid: int) -> str:
+    try:
+        return f"'{grp.getgrgid(gid).gr_name}'"
+    except KeyError:
+        return f"gid {gid}"
+
+
 def _others_in_group(gid: int, owner_uid: int) -> bool:
     """Whether a user other than the owner is in group `gid` (a user private group, as
     Debian and Ubuntu give each user, has none)."""
@@ -163,12 +171,18 @@ def _others_in_group(gid: int, owner_uid: int) -> bool:
     return bool(members)
 
 
-def writable_by_others(path: Path) -> str | None:
-    """Why another user may change `path`, or None."""
+def writable_entry(path: Path) -> str | None:
+    """Why another user may change `path` itself, or None: not what decides it (the folders
+    above, where a link points: `writable_by_others` walks those)."""
     info = path.lstat()
     mode = stat.S_IMODE(info.st_mode)
     if stat.S_ISLNK(info.st_mode):
-        return None  # a link's own mode means nothing; what it points to is checked
+        # A link's own mode means nothing, but its owner may point it anywhere: in a sticky
+        # folder (/tmp) another user may plant one under a name this user's tools open. Where
+        # it points is a step of its own (`guarding`).
+        if info.st_uid not in (0, os.getuid()):
+            return f"is a link owned by another user, {_owner(info.st_uid)}"
+        return None
     if info.st_uid not in (0, os.getuid()):
         return f"is owned by another user, {_owner(info.st_uid)}"
     if stat.S_ISDIR(info.st_mode) and mode & stat.S_ISVTX:
@@ -176,8 +190,26 @@ def writable_by_others(path: Path) -> str | None:
     if mode & 0o002:
         return f"is writable by everyone (mode {mode:04o})"
     if mode & 0o020 and _others_in_group(info.st_gid, info.st_uid):
-        return f"is writable by its group, which has other users (mode {mode:04o})"
+        return f"is writable by group {_group(info.st_gid)}, which has other users " \
+               f"(mode {mode:04o})"
     return _acl_writers(path, info.st_uid)
+
+
+def writable_by_others(path: Path) -> str | None:
+    """Why another user may change what `path` is or holds, or None: `path` itself, each link
+    on the way (its owner, then where it points, one hop at a time) and every folder above
+    each, up to / (`guarding`), as the models file's check does. The reason names the step
+    at fault when it is not `path` itself ("/srv is writable by everyone (mode 0777)"); a
+    step that does not exist is passed over (reading the file says so)."""
+    path = Path(os.path.abspath(path))
+    for step in guarding(path, set()):
+        try:
+            why = writable_entry(step)
+        except FileNotFoundError:
+            continue
+        if why:
+            return why if step == path else f"{step} {why}"
+    return None
 
 
 # A POSIX ACL as Linux keeps it in the system.posix_acl_access attribute (acl_ea.h): a version,
@@ -266,9 +298,31 @@ def model_file_problems(models_file: str) -> list[str]:
     """One message per model file or folder another user may write (none: all private)."""
     problems = []
     for path in _model_paths(Path(models_file)):
-        why = writable_by_others(path)
+        why = writable_entry(path)
         if why:
             problems.append(
                 f"make run: {path} {why}. A model file is code the worker runs, so only you "
                 f"(or root) may write it: chmod go-w '{path}' (or chown it to yourself).")
+    return problems
+
+
+# The operator's files beside the models file, by the variable that names each, and what
+# another user who may change one takes: checked as the models file is.
+OPERATOR_FILES = {
+    "IQ_CONFIG": "every process's settings (where Redis is, the webhook secret, which models "
+                 "file) come from it",
+    "IQ_API_KEYS_FILE": "it says which keys may use the API, and which models each reaches",
+}
+
+
+def operator_file_problems(settings_file: str, api_keys_file: str) -> list[str]:
+    """One line per operator file that another user may change (none: all private), naming
+    the variable, the file and why: the settings file (IQ_CONFIG) and the API keys file
+    (IQ_API_KEYS_FILE, or the settings file's `api_keys_file`)."""
+    problems = []
+    for variable, name in (("IQ_CONFIG", settings_file), ("IQ_API_KEYS_FILE", api_keys_file)):
+        why = writable_by_others(Path(name)) if name else None
+        if why:
+            problems.append(f"{variable} {name}: {why.removeprefix('is ')}; "
+                            f"{OPERATOR_FILES[variable]}, so only you (or root) may change it")
     return problems

@@ -8,7 +8,10 @@ process, without a restart.
    printed and the exit status is 1. With FILE, FILE is checked and then
    installed in place of the models file the processes read (IQ_MODELS_FILE), atomically; the
    file it replaces is kept beside it as `<name>.previous`, so that a rollback is
-   `make reload FILE=config/models.yaml.previous`.
+   `make reload FILE=config/models.yaml.previous`. Each is written to a file of its own first
+   (mkstemp), never through a link, with the mode and owner of the file replaced (`install`).
+   The settings file (IQ_CONFIG) and the API keys file, which the API processes read again
+   when they reload, are checked as the models file is (scripts/preflight.py).
 2. Its revision (a hash of its bytes) is announced in Redis. Each worker takes the new file in
    its main process and replaces its pool children one at a time, each after its batch
    (workers/reload.py); each API process has its gunicorn reload gracefully once a canary of
@@ -47,7 +50,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
-import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -58,9 +60,10 @@ import redis
 from config import ConfigError, Settings, load_settings
 from config.models import revision_of
 from scripts.models_check import problems_of
-from scripts.preflight import model_file_problems
+from scripts.preflight import model_file_problems, operator_file_problems
 from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, live_reports, standing_of, \
     wait
+from scripts.staging import put_in_place, replaced_problems, staged_beside
 from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, reload_failed_key
 from tasks.redis_client import connect
 
@@ -76,7 +79,10 @@ def install(target: Path, source: Path | None, groups: Mapping[str, str] | None 
             reports: Mapping[str, dict] | None = None) -> str:
     """Check `source` (default: `target` itself) as the models file at `target` and put it
     there; its revision. `groups`: the Redis groups its models may name; `reports`: what each
-    live process said it can serve (tasks/serves.py). Raises Invalid, changing nothing."""
+    live process said it can serve (tasks/serves.py). Raises Invalid, changing nothing.
+    Nothing is written through a link (scripts/staging.py): another local user may plant one
+    under a name in a sticky folder (/tmp), and a link of theirs at `target` or
+    `<name>.previous`, or a file of theirs, is refused."""
     try:
         content = (source or target).read_bytes()
         problems = problems_of(target, content, groups or {}, reports)
@@ -87,17 +93,25 @@ def install(target: Path, source: Path | None, groups: Mapping[str, str] | None 
         if problems:
             raise Invalid("\n".join(problems))
         return revision_of(content)
-    # Checked where it will be read from (relative paths start at its folder), then moved
-    # into place in one rename.
-    staged = target.with_name(f".{target.name}.{os.getpid()}")
-    staged.write_bytes(content)
+    previous = target.with_name(target.name + ".previous")
+    problems += replaced_problems(target, previous)
+    if problems:
+        raise Invalid("\n".join(problems))
+    try:
+        old = target.read_bytes() if target.exists() else None
+        # Checked where it will be read from (relative paths start at its folder), then moved
+        # into place in one rename.
+        staged = staged_beside(target, content, target if old is not None else source,
+                               private=old is None)
+    except OSError as exc:
+        raise Invalid(f"cannot stage {target}: {exc}") from None
     try:
         problems += model_file_problems(str(staged))
         if problems:
             raise Invalid("\n".join(problems))
-        if target.exists():
-            shutil.copy2(target, target.with_name(target.name + ".previous"))
-        os.replace(staged, target)
+        put_in_place(staged, target, previous, old)
+    except OSError as exc:
+        raise Invalid(f"cannot install {target}: {exc}") from None
     finally:
         staged.unlink(missing_ok=True)
     return revision_of(content)
@@ -118,6 +132,12 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
         say(f"reload refused, nothing changed: {exc}")
         return Result(INVALID, lines=[str(exc)])
     try:
+        # The API processes a reload restarts read both again (app/reloading.py).
+        refused = operator_file_problems(os.environ.get("IQ_CONFIG", ""), settings.api_keys_file)
+        if refused:
+            why = "\n".join(refused)
+            say(f"reload refused, nothing changed: {why}")
+            return Result(INVALID, lines=refused)
         # Each Redis group's workers watch their own Redis: announced there too, in turn.
         redises = [("", connect(redis_url or settings.redis_url, settings), settings)]
         for name, url in settings.redis_group_urls.items():
@@ -157,10 +177,15 @@ def _only_reload(target: Path) -> int:
     first's, then announce: one of them waited its whole timeout for a revision no longer
     on disk (or every process refused the last announced, when that one lost the install)."""
     path = target.with_name(f".{target.name}.reload-lock")
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:  # never through a link another user planted there (it would make their file)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         raise Invalid(f"cannot take the reload lock {path}: {exc}") from None
+    owner = os.fstat(fd).st_uid
+    if owner not in (0, os.getuid()):  # theirs to hold: every reload refused
+        os.close(fd)
+        raise Invalid(f"the reload lock {path} is owned by another user (uid {owner}); "
+                      "delete it") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

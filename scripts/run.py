@@ -33,27 +33,37 @@ from honcho.printer import Message, Printer
 from kombu.utils.url import maybe_sanitize_url
 
 from config import ConfigError, Settings, load_settings
+from config.groups import shown_groups
 from config.models import read_models_content
 from scripts import run_redis
-from scripts.preflight import REDIS_APP_USER, Binding, Refused, model_file_problems, \
-    port_problems, reachable
 from scripts.models_check import problems_of
+from scripts.preflight import REDIS_APP_USER, Binding, Refused, model_file_problems, \
+    operator_file_problems, port_problems, reachable
 from scripts.var_dir import kept_secret, shown, var_problems
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_UP_NOTE_S = 300  # a first model load can take minutes; after this, say what is missing
 # The variables that carry a secret, and which of them each process of the Procfile uses: a
-# process gets those, and none of the others (a process not named here gets none).
+# process gets those, and none of the others (a process not named here gets none). Only the
+# API reaches the Redis groups' servers (app/groups.py); the others check that each model's
+# group is configured (tasks/celery_app.py), for which the groups' names and addresses do:
+# they get IQ_REDIS_GROUPS with every password hidden (`process_env`). Only the API reads the
+# API keys file, only the deliverer signs webhooks, only Flower checks its login, and only
+# Redis's own processes read the password files (make run reads the secrets and hands the
+# others the values they use: no other process needs var/secrets).
 SECRET_VARIABLES = ("REDIS_URL", "IQ_REDIS_SENTINEL_PASSWORD", "IQ_REDIS_PASSWORD_FILE",
-                    "IQ_REDIS_APP_PASSWORD_FILE", "FLOWER_BASIC_AUTH", "IQ_WEBHOOK_SECRET")
+                    "IQ_REDIS_APP_PASSWORD_FILE", "FLOWER_BASIC_AUTH", "IQ_WEBHOOK_SECRET",
+                    "IQ_REDIS_GROUPS", "IQ_API_KEYS_FILE")
 REDIS_NEEDS = {"IQ_REDIS_PASSWORD_FILE", "IQ_REDIS_APP_PASSWORD_FILE"}
 NEEDS = {
     "redis": REDIS_NEEDS,  # and each replica and sentinel (scripts/run_redis.py)
-    "web": {"REDIS_URL", "IQ_REDIS_SENTINEL_PASSWORD"},
+    "web": {"REDIS_URL", "IQ_REDIS_SENTINEL_PASSWORD", "IQ_REDIS_GROUPS", "IQ_API_KEYS_FILE"},
     "worker": {"REDIS_URL", "IQ_REDIS_SENTINEL_PASSWORD"},
     "webhooks": {"REDIS_URL", "IQ_REDIS_SENTINEL_PASSWORD", "IQ_WEBHOOK_SECRET"},
     "flower": {"REDIS_URL", "IQ_REDIS_SENTINEL_PASSWORD", "FLOWER_BASIC_AUTH"},
 }
+# The application's processes that check the groups without reaching them.
+GROUP_NAMES_ONLY = {"worker", "webhooks", "flower"}
 
 
 def _port(env: dict[str, str], variable: str, default: int) -> int:
@@ -188,9 +198,25 @@ def own_redis_env(env: dict[str, str]) -> dict[str, str]:
 
 def process_env(name: str, env: dict[str, str]) -> dict[str, str]:
     """`env` less the secrets process `name` does not use (NEEDS; each Redis process's are
-    `redis`'s)."""
+    `redis`'s); IQ_REDIS_GROUPS without its passwords for those that only check the groups."""
     needs = NEEDS.get(name, REDIS_NEEDS if name.startswith(("redis-", "sentinel-")) else set())
-    return {k: v for k, v in env.items() if k not in SECRET_VARIABLES or k in needs}
+    own = {k: v for k, v in env.items() if k not in SECRET_VARIABLES or k in needs}
+    if name in GROUP_NAMES_ONLY and env.get("IQ_REDIS_GROUPS"):
+        own["IQ_REDIS_GROUPS"] = shown_groups(env["IQ_REDIS_GROUPS"])
+    return own
+
+
+def _models_problems(settings: Settings) -> list[str]:
+    """Why the models file cannot start: another user may write it or a model file, or every
+    process would stop on it at its start (a model on a Redis group these settings lack, a
+    model file that is not there), which under respawn would crash-loop for ever."""
+    try:
+        return model_file_problems(settings.models_file) + [
+            f"make run: {problem}" for problem in problems_of(
+                Path(settings.models_file), read_models_content(settings.models_file),
+                settings.redis_group_urls)]
+    except ConfigError as exc:  # the models file itself is wrong
+        return [f"make run: {exc}"]
 
 
 def plan(environ: dict[str, str]) -> Run:
@@ -216,16 +242,9 @@ def plan(environ: dict[str, str]) -> Run:
         else None
     problems += port_problems([b for b in ports.values() if b.port] + replicated, known,
                               shown(password_file))
-    try:
-        problems += model_file_problems(settings.models_file)
-        # What every process would stop on at its start (a model on a Redis group these
-        # settings lack, a model file that is not there), stopped here before any starts:
-        # under respawn it would crash-loop.
-        problems += [f"make run: {problem}" for problem in problems_of(
-            Path(settings.models_file), read_models_content(settings.models_file),
-            settings.redis_group_urls)]
-    except ConfigError as exc:  # the models file itself is wrong
-        problems.append(f"make run: {exc}")
+    problems += _models_problems(settings)
+    problems += [f"make run: {line}" for line in
+                 operator_file_problems(env.get("IQ_CONFIG", ""), settings.api_keys_file)]
     if problems:
         raise Refused("\n".join(problems))
 

@@ -12,7 +12,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from scripts.preflight import Refused, guarding, writable_by_others
+from scripts.preflight import Refused, guarding, writable_entry
 from scripts.processes import ROOT
 
 
@@ -45,7 +45,7 @@ def var_problems(var_dir: Path) -> list[str]:
     problems = []
     for above in guarding(Path(os.path.abspath(var_dir)).parent, set()):
         try:
-            why = writable_by_others(above)
+            why = writable_entry(above)
         except FileNotFoundError:
             continue  # made by make run, as var_dir is
         if why:

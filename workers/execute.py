@@ -159,12 +159,14 @@ def _run_model(rt: ModelRuntime, model: str, jobs: list[BatchJob]) -> _Ran:
             metrics.get().queue_wait.labels(model).observe(max(now - job.args.submitted_at, 0.0))
     started = time.monotonic()
     model_start_ns = time.time_ns()
-    returned = rt.run(model, [(job.args.inputs, job.args.options) for job in jobs],
-                      _Progress(rt, jobs))
+    progress = _Progress(rt, jobs)
+    returned = rt.run(model, [(job.args.inputs, job.args.options) for job in jobs], progress)
     model_ns = (model_start_ns, time.time_ns())
     elapsed = time.monotonic() - started
     metrics.get().inference.labels(model).observe(elapsed)
-    metrics.get().batch_size.labels(model).observe(sum(len(job.args.inputs) for job in jobs))
+    for items in progress.calls:
+        metrics.get().batch_size.labels(model).observe(items)
+    metrics.get().batch_jobs.labels(model).observe(len(jobs))
     return _Ran(returned, elapsed, started_ns, model_ns)
 
 
@@ -172,10 +174,12 @@ class _Progress:
     """Told how many of a batch's items (in order) are done after each model call, it counts
     them in the records of jobs part done: those spanning several calls (a job larger than
     max_batch_size runs alone, as several calls). A job done is left for `finish`. Progress
-    is a courtesy: a Redis error on the way is logged, never a job's failure."""
+    is a courtesy: a Redis error on the way is logged, never a job's failure. It also keeps
+    the items of each model call, for `iq_batch_size`."""
 
     def __init__(self, rt: ModelRuntime, jobs: list[BatchJob]) -> None:
         self.rt = rt
+        self.calls: list[int] = []  # the items of each model call, in order
         self.spans: list[tuple[str, int, int]] = []  # (job id, first item, items)
         first = 0
         for job in jobs:
@@ -183,6 +187,7 @@ class _Progress:
             first += len(job.args.inputs)
 
     def __call__(self, done: int) -> None:
+        self.calls.append(done - sum(self.calls))
         part_done = {job_id: done - first for job_id, first, items in self.spans
                      if first < done < first + items}
         if not part_done:

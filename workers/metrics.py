@@ -30,8 +30,10 @@ PORT_RANGE = 64
 
 # (kind, name, help, labels, options): what the worker exports.
 _DECLARED: tuple[tuple[str, str, str, tuple[str, ...], dict[str, Any]], ...] = (
-    ("histogram", "iq_batch_size", "Items in one model call", ("model",),
+    ("histogram", "iq_batch_size", "Items in one model call (that returned)", ("model",),
      {"buckets": (1, 2, 4, 8, 16, 32, 64, 128, 256)}),
+    ("histogram", "iq_batch_jobs", "Jobs in one dispatched batch (one or more model calls)",
+     ("model",), {"buckets": (1, 2, 4, 8, 16, 32, 64, 128, 256)}),
     ("histogram", "iq_queue_wait_seconds", "From submission to the start of its batch",
      ("model",), {"buckets": (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                               30, 60, 300)}),
@@ -56,6 +58,7 @@ def families() -> set[str]:
 @dataclass(frozen=True)
 class WorkerMetrics:
     batch_size: Any
+    batch_jobs: Any
     queue_wait: Any
     inference: Any
     jobs: Any

@@ -21,6 +21,7 @@ from scripts import hosts as nethosts
 from scripts.stack import ROOT, launch, spawn, wait_until
 from tasks.keys import CONSUMING_KEY
 from tests.support.records import fields, fields_of
+from tests.support.tools import require
 
 pytestmark = pytest.mark.slow
 
@@ -50,6 +51,7 @@ def _runs(workdir, name: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def two_hosts(tmp_path_factory):
+    require("iptables")
     if WHY:
         pytest.skip(WHY)
     workdir = tmp_path_factory.mktemp("hosts")

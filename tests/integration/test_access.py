@@ -12,6 +12,7 @@ import yaml
 
 from scripts.stack import launch, wait_until
 from tests.support.openapi import schemathesis
+from tests.support.records import fields
 
 KEYS = {"alice": "alice-secret-key-1234", "bob": "bob-secret-key-5678",
         "carol": "carol-secret-key-9012", "dave": "dave-secret-key-3456"}
@@ -24,15 +25,16 @@ def secured(tmp_path_factory):
     keys_file.write_text(yaml.safe_dump({"keys": [
         {"name": "alice", "sha256": hashlib.sha256(KEYS["alice"].encode()).hexdigest()},
         {"name": "bob", "sha256": hashlib.sha256(KEYS["bob"].encode()).hexdigest(),
-         "models": ["quick"]},
+         "models": ["quick", "slow"]},
         {"name": "carol", "sha256": hashlib.sha256(KEYS["carol"].encode()).hexdigest(),
          "rate_per_s": 0.2, "burst": 2},
         {"name": "dave", "sha256": hashlib.sha256(KEYS["dave"].encode()).hexdigest(),
          "rate_per_s": 0.01, "burst": 3},
     ]}))
     models = {"quick": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0},
-              "private": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0}}
-    stack = launch(workdir, models, {"w": ["quick", "private"]},
+              "private": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0},
+              "slow": {"kind": "synthetic", "base_ms": 1500, "per_item_ms": 0}}
+    stack = launch(workdir, models, {"w": ["quick", "private", "slow"]},
                    env_extra={"IQ_API_KEYS_FILE": str(keys_file)})
     yield stack
     stack.stop()
@@ -80,6 +82,24 @@ def test_a_job_belongs_to_the_key_that_created_it(secured):
         assert (job["id"] in [j["id"] for j in listed]) is sees
     assert call(secured, "DELETE", f"/v1/jobs/{job['id']}", "alice").status_code == 204
     assert call(secured, "GET", f"/v1/jobs/{job['id']}", "alice").status_code == 404
+
+
+def test_a_job_shows_its_batch_but_not_how_many_jobs_of_others_shared_it(secured):
+    """A job's `batch` names the batch; with keys on, not how many jobs and items it held:
+    those may be other tenants' (docs/security.md)."""
+    blocker = call(secured, "POST", "/v1/jobs", "alice", json={"model": "slow", "inputs": ["b"]})
+    wait_until(lambda: call(secured, "GET", f"/v1/jobs/{blocker.json()['id']}", "alice")
+               .json()["status"] == "running", 60, "the blocker running")
+    mine = call(secured, "POST", "/v1/jobs", "alice", json={"model": "slow", "inputs": ["a"]})
+    theirs = call(secured, "POST", "/v1/jobs", "bob", json={"model": "slow", "inputs": ["b", "c"]})
+    done = call(secured, "GET", f"/v1/jobs/{mine.json()['id']}?wait=20", "alice").json()
+    assert done["status"] == "succeeded"
+    batch_id, jobs, items = fields(secured.redis, done["id"])["batch"].split()
+    assert fields(secured.redis, theirs.json()["id"])["batch"].split()[0] == batch_id  # shared
+    assert (jobs, items) == ("2", "3")
+    assert done["batch"] == {"id": batch_id}
+    listed = call(secured, "GET", "/v1/jobs?model=slow", "alice").json()["jobs"]
+    assert [j["batch"] for j in listed if j["id"] == done["id"]] == [done["batch"]]
 
 
 def test_per_key_rate_limit_answers_429_with_retry_after(secured):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -18,8 +17,8 @@ import pytest
 import requests
 
 from scripts.stack import wait_until
+from tests.support.tools import require
 
-BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
 FINAL = ("succeeded", "failed", "cancelled", "expired")
 
 PAGE = """<!doctype html><meta charset="utf-8"><title>events</title><script type="module">
@@ -88,9 +87,8 @@ class _Page(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.skipif(BROWSER is None, reason="Chromium is not installed (Debian: apt-get "
-                                            "install chromium; make test does it as root)")
 def test_a_browsers_event_source_follows_a_job_to_its_end(stack, tmp_path):
+    browser = require("chromium")
     _Page.page = (PAGE % {"final": json.dumps(list(FINAL))}).encode()
     _Page.api, _Page.reports = stack.api, []
     # 16 inputs of a model that takes 2 a call of 300 ms: 8 calls, each counted as it ends.
@@ -100,7 +98,7 @@ def test_a_browsers_event_source_follows_a_job_to_its_end(stack, tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     log = open(tmp_path / "browser.log", "wb")
     browser = subprocess.Popen(
-        [BROWSER, "--headless", "--no-sandbox", "--disable-gpu",
+        [browser, "--headless", "--no-sandbox", "--disable-gpu",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr",
          f"http://127.0.0.1:{server.server_port}/"],

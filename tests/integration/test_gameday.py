@@ -16,6 +16,7 @@ from bench.gameday.stack import HOST_WORKER, Needs, Stack
 from config import Settings
 from scripts import hosts
 from scripts.stack import wait_until
+from tests.support.tools import require
 from tasks.keys import job_key
 from tasks.names import PRIORITIES, list_for
 
@@ -110,6 +111,7 @@ def test_the_stack_has_what_the_chosen_faults_need(tmp_path):
     assert open(models, "rb").read() == open(Settings.models_file, "rb").read()
     assert stack.primary_port() == primary  # no sentinel answers: REDIS_PORT's node
 
+    require("iptables")
     why = hosts.unavailable()
     if why:
         pytest.skip(f"no host of its own here: {why}")

@@ -483,3 +483,51 @@ def test_ctrl_c_under_tee_stops_every_process(tmp_path):
         run.reap()
     assert left == [] and busy == [], left
     assert code is not None  # the pipeline ended: make run did not hang
+
+
+def test_each_part_holds_only_its_own_secrets_with_redis_groups_and_keys(tmp_path):
+    """Issue 37: every process got IQ_REDIS_GROUPS, which carries each group's password; the
+    API keys file was named to every process. Read from each running part's /proc environ:
+    the API alone holds the groups' passwords and the keys file; the worker, the deliverer
+    and Flower check the groups with their passwords hidden; the admin password, the webhook
+    secret and Flower's login each where they are used and nowhere else."""
+    (tmp_path / "group").mkdir()
+    group = start_redis(tmp_path / "group")
+    group_password = group.extra["app_password"]
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(yaml.safe_dump({"keys": [{"name": "a", "sha256": "0" * 64}]}))
+    keys.chmod(0o600)
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({"models": {"synthetic": {
+        "kind": "synthetic", "base_ms": 5, "per_item_ms": 0}}}))
+    env = run_env(tmp_path, IQ_MODELS_FILE=str(models), IQ_API_KEYS_FILE=str(keys),
+                  IQ_REDIS_GROUPS=f"gpu={group.extra['url']}")
+    run = MakeRun(env, tmp_path / "make-run.log")
+    try:
+        run.wait_up(180)
+        check_each_process_holds_only_its_secrets(run, env)  # the variables of before
+        hidden = f"gpu={group.extra['url'].replace(group_password, '**')}"
+        seen = {}
+        for proc in run.processes():
+            cmd = " ".join(proc.cmdline())
+            role = next((r for r in HOLDS if r in cmd), None)
+            if role is None or role == "redis-server":
+                continue  # a pool child or a shell; Redis writes its title over /proc
+            environ = proc.environ()
+            seen[role] = (environ.get("IQ_REDIS_GROUPS"), environ.get("IQ_API_KEYS_FILE"))
+            assert group_password not in " ".join(environ.values()) or role == "gunicorn", role
+        assert seen == {"gunicorn": (f"gpu={group.extra['url']}", str(keys)),
+                        "workers.main worker": (hidden, None),
+                        "workers.webhook_main worker": (hidden, None),
+                        "tasks.cli flower": (hidden, None)}
+        # What the API holds, it uses: the group's Redis is checked, the keys are asked for.
+        api = f"http://127.0.0.1:{env['IQ_PORT']}"
+        ready = requests.get(f"{api}/readyz", timeout=10).json()
+        assert "redis:gpu" in str(ready), ready
+        assert requests.get(f"{api}/v1/models", timeout=10).status_code == 401
+    finally:
+        run.stop(signal.SIGINT)
+        left, busy = run.left_behind(), run.ports_in_use()
+        run.reap()
+        group.stop()
+    assert left == [] and busy == []

@@ -43,7 +43,7 @@ def test_worker_metrics_are_summed_across_prefork_children(tmp_path):
     from scripts.stack import launch
 
     models = {"syn2": {"kind": "synthetic", "base_ms": 50, "per_item_ms": 0,
-                       "max_batch_size": 4, "max_inputs": 4}}
+                       "max_batch_size": 4, "max_inputs": 10}}
     stack = launch(tmp_path, models, {}, ready_models=[])
     try:
         from scripts.stack import start_worker, wait_until
@@ -52,19 +52,31 @@ def test_worker_metrics_are_summed_across_prefork_children(tmp_path):
                                             concurrency=2)
         wait_until(lambda: requests.get(f"{stack.api}/v1/models", timeout=2).json()
                    ["models"][0]["instances"] == 2, 120, "two children")
+        # A job of 10 inputs runs alone, as three model calls (4, 4 and 2 items); the failing
+        # job runs last, alone, as a call that raised.
         jobs = [stack.submit("syn2", ["a", "bb"]) for _ in range(12)] + \
-            [stack.submit("syn2", ["!fail"])]
+            [stack.submit("syn2", list("abcdefghij"))]
         done = [stack.finished(j["id"]) for j in jobs]
+        jobs.append(stack.submit("syn2", ["!fail"]))
+        done.append(stack.finished(jobs[-1]["id"]))
         children = {fields(stack.redis, j['id']).get("worker") for j in jobs}
         assert len(children) == 2, "both children must have run jobs"
         text = requests.get(stack.workers["two"].extra["metrics_url"], timeout=5).text
-        assert _sample(text, "iq_jobs_total", model="syn2", outcome="succeeded") == 12
+        assert _sample(text, "iq_jobs_total", model="syn2", outcome="succeeded") == 13
         assert _sample(text, "iq_jobs_total", model="syn2", outcome="failed") == 1
-        assert _sample(text, "iq_items_total", model="syn2", outcome="succeeded") == 24
+        assert _sample(text, "iq_items_total", model="syn2", outcome="succeeded") == 34
         batches = {d["batch"]["id"] for d in done}
-        assert _sample(text, "iq_batch_size_count", model="syn2") == len(batches)
+        # iq_batch_size observes each model call that returned (the 10-input job's batch made
+        # three, of at most max_batch_size items; the failing job's none); iq_batch_jobs each
+        # dispatched batch.
+        assert _sample(text, "iq_batch_size_count", model="syn2") == len(batches) - 1 + 2
+        assert _sample(text, "iq_batch_size_sum", model="syn2") == 34
+        assert _sample(text, "iq_batch_size_bucket", model="syn2", le="4.0") == \
+            _sample(text, "iq_batch_size_count", model="syn2")
+        assert _sample(text, "iq_batch_jobs_count", model="syn2") == len(batches)
+        assert _sample(text, "iq_batch_jobs_sum", model="syn2") == 14
         assert _sample(text, "iq_inference_seconds_count", model="syn2") == len(batches)
-        assert _sample(text, "iq_queue_wait_seconds_count", model="syn2") == 13
+        assert _sample(text, "iq_queue_wait_seconds_count", model="syn2") == 14
     finally:
         stack.stop()
 

@@ -1,25 +1,20 @@
 """A process whose wall clock is off by a fixed amount: Debian's `faketime` (libfaketime,
-preloaded into the process and every process it starts), installed where it is missing (CI
-runs as root). libfaketime moves the monotonic clock with the wall clock (left alone, with
+preloaded into the process and every process it starts), installed before the tests by
+scripts/test_tools.py. libfaketime moves the monotonic clock with the wall clock (left alone, with
 FAKETIME_DONT_FAKE_MONOTONIC, its sleeps fail with EINVAL); a process only compares its own
 monotonic readings with each other, so that shift is harmless."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 
-
-def install_faketime() -> None:
-    if shutil.which("faketime") is None:
-        subprocess.run(["apt-get", "install", "-y", "-q", "faketime"], check=True,
-                       capture_output=True, timeout=600)
+from tests.support.tools import require
 
 
 def skewed(offset_s: int) -> list[str]:
     """A command prefix that runs a command with its wall clock `offset_s` seconds off (ahead
     when positive); checked to work before it is handed out."""
-    install_faketime()
+    require("faketime")
     prefix = ["faketime", "-f", f"{offset_s:+d}s"]
     seen = float(subprocess.run([*prefix, "date", "+%s.%N"], check=True, capture_output=True,
                                 text=True, timeout=30).stdout)

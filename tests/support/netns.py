@@ -4,10 +4,11 @@ on. Made and removed by the test that uses it, even when the test fails (`namesp
 from __future__ import annotations
 
 import secrets
-import shutil
 import subprocess
 from contextlib import contextmanager
 from typing import Iterator
+
+from tests.support.tools import require
 
 _RULES = (("INPUT", "-i"), ("OUTPUT", "-o"))
 
@@ -44,16 +45,9 @@ class Namespace:
         self._rules("-D")
 
 
-def install_iptables() -> None:
-    """Debian's iptables, where it is missing (CI runs as root)."""
-    if shutil.which("iptables") is None:
-        subprocess.run(["apt-get", "install", "-y", "-q", "iptables"], check=True,
-                       capture_output=True, timeout=600)
-
-
 @contextmanager
 def namespace() -> Iterator[Namespace]:
-    install_iptables()
+    require("iptables")
     tag = secrets.token_hex(3)
     ns = Namespace(f"iqt-{tag}", f"iqh{tag}", f"iqn{tag}", int(tag[:2], 16))
     try:
