@@ -9,7 +9,9 @@ master and revision): the master starts new processes, which read the new file (
 preloaded), and the old ones finish the requests they hold before they exit, so no request is
 dropped. A canary that fails leaves the master alone (its new processes could not have booted,
 and a master whose processes cannot boot exits): the process keeps serving the old file and
-refuses the revision, saying why, until it is announced again. A process whose file is not the
+refuses the revision, saying why, until it is announced again; it records the failure as a
+pool child's failed load is recorded (tasks/reload_failures.py), so that the roll halts and
+the workers that began it roll back. A process whose file is not the
 announced one (another host's, not yet updated) keeps serving and says so. Each process
 reports the revision it serves and what it can serve (tasks/keys.py RELOAD_STATUS_KEY,
 tasks/serves.py), for the reload command to check a file against and wait on; once it has
@@ -37,6 +39,7 @@ from config import Settings
 from config.models import revision_of
 from tasks.keys import (MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, PREFIX, RELOAD_API_KEY,
                         RELOAD_STATUS_KEY)
+from tasks.reload_failures import record_refusal
 from tasks.serves import capabilities
 
 logger = logging.getLogger(__name__)
@@ -131,11 +134,13 @@ class ModelsWatch:
             return
         why = self.canary(announced)
         if why:
-            # Tried again only when announced again (an operator fixed what failed).
+            # Tried again only when announced again (an operator fixed what failed). Recorded
+            # as a failed load is: the roll halts, the workers that began it roll back.
             self.refused = (announced, number)
             self.error = f"the API could not start on models file revision {announced} " \
                          f"(its canary: {why}); still serving revision {self.revision}"
             logger.error("models reload refused: %s", self.error)
+            record_refusal(self.client, announced, self.field, f"its canary: {why}")
             return
         # One SIGHUP per master and reload, whichever of its processes sees it first: the
         # master's claim holds the revision it was last sent a SIGHUP for, so that a reload

@@ -15,7 +15,7 @@ import redis
 from config import Settings
 from scripts.reload_removed import fail_removed_jobs
 from tasks.keys import CONSUMING_KEY, RELOAD_API_KEY, RELOAD_STATUS_KEY
-from tasks.reload_failures import failure_of
+from tasks.reload_failures import failed_where, failure_of
 
 DONE, REFUSED, TIMED_OUT = 0, 2, 3
 # A process's report older than this many heartbeats is a process that is gone.
@@ -168,7 +168,7 @@ def failed_load(client: redis.Redis, revision: str) -> str:
     failure = failure_of(client, revision)
     if not failure:
         return ""
-    return f"worker:{failure.get('worker')} could not load it: {failure.get('error')}"
+    return f"{failed_where(failure)} could not load it: {failure.get('error')}"
 
 
 class Progress:

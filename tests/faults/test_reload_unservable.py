@@ -9,9 +9,9 @@ Redis group (`spare`):
 - a file naming a model file that is not there: refused the same way;
 - a file adding a model on `spare` while spare's Redis is down (configured, so the check
   passes): the API process's canary cannot reach it, so its gunicorn is never asked to
-  reload and keeps serving the old file; `make reload` exits 2 with the canary's reason well
-  within its deadline, puts the previous file back, and says every process serves it only
-  once they do;
+  reload and keeps serving the old file, and the roll halts (the worker rolls back);
+  `make reload` exits 2 with the canary's reason well within its deadline, puts the previous
+  file back, and says every process serves it only once they do;
 - that file announced without make reload's check: each process refuses it itself and keeps
   serving, no pool child or gunicorn master started on it.
 
@@ -135,8 +135,10 @@ def test_a_reload_the_running_processes_cannot_serve_changes_nothing_and_loses_n
         sampler.join(10)
         bad = revision_of((tmp_path / "new.yaml").read_bytes())
         assert down.returncode == 2, down.stdout + down.stderr
-        assert f"the API could not start on models file revision {bad} (its canary: " \
-               "RuntimeError: Redis group 'spare' did not answer" in down.stdout, down.stdout
+        failure = next(x for x in down.stdout.splitlines() if x.startswith("reload to "))
+        assert failure.startswith(f"reload to {bad} refused: api:") and \
+            "could not load it: its canary: RuntimeError: Redis group 'spare' did not " \
+            "answer" in failure, down.stdout
         assert "putting back the previous models file" in down.stdout
         assert f"every process serves revision {old}" in down.stdout, down.stdout
         assert took < TIMEOUT_S

@@ -18,6 +18,7 @@ from config import load_settings
 from config.models import revision_of
 from scripts.stack import wait_until
 from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
+from tasks.reload_failures import failure_of
 
 # A stand-in for gunicorn's master: it counts the SIGHUPs it gets, from the moment it says its
 # handler is set. Python, as gunicorn, sets its handler over a SIGHUP the test run was started
@@ -87,7 +88,8 @@ def test_a_file_whose_canary_cannot_start_leaves_the_master_alone_and_is_refused
     but down): the canary, built with the process's own environment, cannot reach it, so the
     master gets no SIGHUP (its new processes would not have booted, and it would have exited),
     the process keeps serving the old revision and reports the refusal with the canary's
-    reason; it tries again only when the revision is announced again."""
+    reason, recording it as a failed load is recorded; it tries again only when the revision is
+    announced again."""
     redis.Redis.from_url(redis_server.extra["admin_url"]).flushdb()
     client = redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
     models = tmp_path / "models.yaml"
@@ -115,6 +117,10 @@ def test_a_file_whose_canary_cannot_start_leaves_the_master_alone_and_is_refused
         (revision_of(old), "refused", revision_of(new)), report
     assert "its canary: RuntimeError: Redis group 'gpu' did not answer" in report["error"]
     assert report["groups"] == ["gpu"]
+    # Recorded as a pool child's failed load: the roll halts, the workers roll back.
+    failure = failure_of(client, revision_of(new))
+    assert failure["worker"] == watch.field and failure["error"].startswith(
+        "its canary: RuntimeError: Redis group 'gpu' did not answer"), failure
     watch.check()  # the same announcement: not tried again
     assert canaries == [revision_of(new)]
     client.incr(MODELS_ANNOUNCEMENTS_KEY)  # announced again: tried again
