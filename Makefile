@@ -1,13 +1,17 @@
 # The two commands a newcomer needs: `make run` and `make test`.
 PYTHON ?= python3
 VENV := .venv
+# requirements.txt (the whole stack: make run) is requirements/run.txt under the constraints;
 # requirements/: base (every process), api, worker; run.txt (make run) and dev.txt (tests,
-# benchmarks) gather them.
-RUN_REQS := requirements/base.txt requirements/api.txt requirements/worker.txt requirements/run.txt
+# benchmarks) gather them. requirements/constraints.txt pins everything they bring (Celery's
+# billiard, vine, amqp, click...): every install here uses it (docs/upgrading.md).
+CONSTRAINTS := requirements/constraints.txt
+RUN_REQS := requirements.txt $(CONSTRAINTS) requirements/base.txt requirements/api.txt \
+	requirements/worker.txt requirements/run.txt
 RUN_STAMP := $(VENV)/.run-$(shell cat $(RUN_REQS) | cksum | cut -d' ' -f1)
-# The benchmark's peer; it declares celery<5.7 but works on 5.7, so it goes in --no-deps.
-CELERY_BATCHES := 0.11
-DEV_STAMP := $(VENV)/.dev-$(shell echo $(CELERY_BATCHES) | cat $(RUN_REQS) requirements/dev.txt - | cksum | cut -d' ' -f1)
+# The benchmark's peer; it declares celery<5.7 but works on 5.7, so it goes in --no-deps (its
+# version: the constraints').
+DEV_STAMP := $(VENV)/.dev-$(shell cat $(RUN_REQS) requirements/dev.txt | cksum | cut -d' ' -f1)
 
 .PHONY: run reload test test-tools bench bench-quick gameday gpu-check gpu-bench container-check clean
 
@@ -60,12 +64,12 @@ $(VENV)/bin/python:
 	$(VENV)/bin/pip install -q --upgrade pip
 
 $(RUN_STAMP): $(RUN_REQS) | $(VENV)/bin/python
-	$(VENV)/bin/pip install -q -r requirements/run.txt
+	$(VENV)/bin/pip install -q -r requirements.txt
 	touch $@
 
 $(DEV_STAMP): $(RUN_REQS) requirements/dev.txt | $(VENV)/bin/python
-	$(VENV)/bin/pip install -q -r requirements/dev.txt
-	$(VENV)/bin/pip install -q --no-deps celery-batches==$(CELERY_BATCHES)
+	$(VENV)/bin/pip install -q -c $(CONSTRAINTS) -r requirements/dev.txt
+	$(VENV)/bin/pip install -q --no-deps -c $(CONSTRAINTS) celery-batches
 	touch $@ $(RUN_STAMP)
 
 clean:

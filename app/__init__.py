@@ -18,6 +18,7 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     from app import auth, docs, errors, events, job_actions, jobs, ops, trace_ids
     from app.groups import Stores
     from app.json_provider import OrjsonProvider
+    from app.limits import ReadBudget, Uploads
     from app.metrics import ApiMetrics
     from app.submission import Submitter
 
@@ -48,7 +49,8 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     metrics.init_app(app)
     trace_ids.init_app(app)
     keys = auth.load_keys(settings.api_keys_file)
-    auth.init_app(app, keys)
+    auth.init_app(app, keys, ReadBudget(settings.read_rate_per_key, settings.read_burst_per_key))
+    app.extensions["iq.uploads"] = Uploads(settings.max_uploads_per_key)
     api = docs.init_app(app, models, submitter.schemas)
     routes = jobs.blueprint(settings, models, bool(keys))
     job_actions.register(routes, bool(keys))

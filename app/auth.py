@@ -1,4 +1,6 @@
-"""API keys (`Authorization: Bearer <key>`), who owns a job, and per-key rate limits.
+"""API keys (`Authorization: Bearer <key>`), who owns a job, and per-key rate limits: the
+key's submits (its `rate_per_s`, in Redis: shared by every API process) and its reads (the
+process's ReadBudget, app/limits.py: every /v1 request but a submit).
 
 Keys are configured hashed (SHA-256, hex) in the file IQ_API_KEYS_FILE names; when it lists
 any key, every /v1 route needs one. A job belongs to the key that created it: another key
@@ -17,6 +19,7 @@ import yaml
 from flask import Flask, current_app, g, request
 
 from app.errors import Forbidden, RateLimited, Unauthorized
+from app.limits import OverBudget, ReadBudget
 from config import ConfigError
 
 
@@ -118,8 +121,29 @@ def check_rate(client: redis.Redis, key: ApiKey | None) -> None:
                           retry_after=max(1, math.ceil(wait)))
 
 
-def init_app(app: Flask, keys: dict[str, ApiKey]) -> None:
+# The views that charge the key themselves: a submit takes a submit token (check_rate), a
+# listing pays for what its page may scan (charge_read).
+_CHARGED_BY_VIEW = frozenset({"jobs.submit_job", "jobs.list_jobs"})
+
+
+def charge_read(key: ApiKey | None, cost: int = 1) -> None:
+    """Take `cost` from the key's read budget (none without a key), or 429 with Retry-After."""
+    if key is None:
+        return
+    reads: ReadBudget = current_app.extensions["iq.reads"]
+    try:
+        reads.charge(key.name, cost)
+    except OverBudget as exc:
+        raise RateLimited(
+            f"read budget of {reads.rate:g} a second for this key on this API process "
+            f"(read_rate_per_key): this request costs {min(cost, reads.burst)} (a listing "
+            "what its page may scan, any other request 1)",
+            retry_after=exc.retry_after) from None
+
+
+def init_app(app: Flask, keys: dict[str, ApiKey], reads: ReadBudget | None = None) -> None:
     app.extensions["iq.keys"] = keys
+    app.extensions["iq.reads"] = reads or ReadBudget(0, 0)
 
     @app.before_request
     def _authenticate() -> None:
@@ -135,3 +159,8 @@ def init_app(app: Flask, keys: dict[str, ApiKey]) -> None:
         if key is None:
             raise Unauthorized("unknown API key")
         g.api_key = key
+
+    @app.before_request
+    def _charge_read() -> None:
+        if g.api_key is not None and request.endpoint not in _CHARGED_BY_VIEW:
+            charge_read(g.api_key)

@@ -83,12 +83,14 @@ _ERRORS = {
 
 def errors(bp: Blueprint, keys: bool, **described: str | None) -> Callable[[Any], Any]:
     """Document a /v1 operation's error answers: each `eNNN=` given (its description, or None
-    for the usual one), with 401 (and the security requirement) when API keys are
-    configured, and 503, which every operation touching Redis may answer. Without keys,
-    neither 401 nor 403 can be answered, and neither is documented."""
+    for the usual one), with 401 (and the security requirement) and 429 (the key's read
+    budget, app/auth.py) when API keys are configured, and 503, which every operation
+    touching Redis may answer. Without keys, neither 401 nor 403 can be answered, and neither
+    is documented."""
     codes = {int(name[1:]): text or _ERRORS[int(name[1:])] for name, text in described.items()}
     if keys:
         codes[401] = _ERRORS[401]
+        codes.setdefault(429, "the key's read budget is used up (read_rate_per_key)")
     else:
         codes.pop(403, None)
     codes.setdefault(503, _ERRORS[503])

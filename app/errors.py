@@ -100,6 +100,21 @@ class TooManyJobs(APIError):
     status, code = 429, "overloaded"
 
 
+class KeptRequestsFull(APIError):
+    """The requests Redis keeps for this API key would pass its quota (kept_bytes_per_key)."""
+    status, code = 429, "kept_full"
+
+
+class TooManyUploads(APIError):
+    """The key is sending as many request bodies at once as it may (max_uploads_per_key). The
+    body is left unread: gunicorn closes the connection unless the rest of it arrives within
+    its keep-alive (2 s)."""
+    status, code = 429, "too_many_uploads"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retry_after=1)
+
+
 class TooManyWaits(APIError):
     """Every wait slot (app/waiter.py) is taken; `status` carries the job's as it stands."""
     status, code = 429, "too_many_waits"

@@ -8,9 +8,11 @@ A stream is held like `?wait` (app/waiter.py): a greenlet woken by the moves the
 announce, no thread and no polling, within the same caps: it takes a wait slot (429 when none
 is free) and lasts at most `max_wait_s`, then ends; the client reconnects with
 `Last-Event-ID`, and an event it has seen is not sent again. A reconnect after the final
-event is answered 204, which tells an EventSource to stop. A comment line every
-HEARTBEAT_S keeps proxies from closing a quiet stream. A move followed at once by the next may
-be seen only as the next; the final event is never skipped.
+event is answered 204, which tells an EventSource to stop. A client that closes its
+connection gives its slot back at once (app/hangup.py), not at the next heartbeat's failed
+write. A comment line every HEARTBEAT_S keeps proxies from closing a quiet stream. A move
+followed at once by the next may be seen only as the next; the final event is never
+skipped.
 """
 from __future__ import annotations
 
@@ -61,7 +63,8 @@ def register(bp: Blueprint, settings: Settings, keys: bool) -> None:
             parameters=[LAST_EVENT_ID], responses={
                 200: _STREAM, 204: {"description": "the final event was sent already: "
                                                        "nothing more will come"}})
-    @errors(bp, keys, e404=None, e429="every wait slot is taken (too_many_waits)")
+    @errors(bp, keys, e404=None, e429="every wait slot is taken (too_many_waits), or the "
+            "key's read budget is used up (rate_limited)")
     def job_events(job_id: str):
         canonical, job = caller_job(job_id)
         seen = request.headers.get("Last-Event-ID", "")
@@ -117,6 +120,8 @@ def _stream(watch: Watch, watching: ExitStack, seen: str, deadline: float,
             subscribed = store.waiter.subscribed.is_set()
             woken = watch.finished.wait(min(remaining, HEARTBEAT_S if subscribed else 1.0))
             watch.finished.clear()
+            if watch.gone.is_set():  # the client left: its slot goes back now
+                return
             if not woken and subscribed and remaining > HEARTBEAT_S:
                 yield ": keep-alive\n\n"
             job = store.get(watch.job_id)

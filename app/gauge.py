@@ -6,7 +6,8 @@ start at all: a worker's first commands are refused on a full Redis), so it is n
 overshoot. A reading of it at most a second old let a single API process fill a small Redis
 past its headroom and keep a worker from starting (tests/faults/test_redis_full.py).
 
-The reading is one pipelined round trip (LLEN of every queue list), taken on
+The reading is one pipelined round trip (LLEN of every queue list; a second while a queue a
+reload renamed still holds jobs, tasks/queuemoves.py), taken on
 a thread of its own, started by the first submit that finds the reading older than `max_age_s`
 (a quarter second): a few round trips a second per API process, whatever the rate of submits,
 and never one a submit waits for (a Redis that does not answer would otherwise cost a submit
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 import redis
 
 from config.models import ModelSpec
-from tasks.names import queue_lists
+from tasks.queuemoves import QueueMoves
 
 logger = logging.getLogger(__name__)
 
@@ -83,12 +84,5 @@ class Gauge:
             self._lock.release()
 
     def _read(self, queues: list[str]) -> Reading:
-        lists = {queue: queue_lists(queue) for queue in queues}
-        with self.client.pipeline(transaction=False) as pipe:
-            for names in lists.values():
-                for name in names:
-                    pipe.llen(name)
-            lengths = pipe.execute()
-        found = iter(lengths)
-        depths = {queue: sum(next(found) for _ in names) for queue, names in lists.items()}
-        return Reading(time.monotonic(), depths)
+        # A queue's own lists and those of a queue a reload moved to it, not moved yet.
+        return Reading(time.monotonic(), QueueMoves(self.client).waiting(queues))

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 import redis
 
 from app.errors import Conflict, Unavailable
-from app.store import JobStore, Watch, new_job_id
+from app.store import DEAD_STATUSES, SCAN_BUDGET, JobStore, Watch, new_job_id
 from app.waiter import Slots
 from config import Settings
 from config.groups import group_of, group_tag
@@ -128,6 +128,13 @@ class Stores:
                 raise page
             pages.append(page)
         return merge_pages(pages, limit)
+
+    def scan_cost(self, *, status: str = "", model: str = "", limit: int = 20) -> int:
+        """The index entries a page (`page`) may read at most: `limit` of each group it reads
+        unfiltered or from the dead-letter index, SCAN_BUDGET with any other filter."""
+        groups = 1 if len(self.stores) == 1 or model else len(self.stores)
+        scans = limit if not model and (not status or status in DEAD_STATUSES) else SCAN_BUDGET
+        return groups * min(scans, SCAN_BUDGET)
 
     def queue_depths(self) -> dict[str, int]:
         """Each model's queue depth, from its group's Redis; a group that cannot be read

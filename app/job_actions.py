@@ -41,7 +41,8 @@ def register(bp: Blueprint, keys: bool) -> None:
                  headers={"Location": LOCATION, "X-Request-ID": REQUEST_ID})
     @errors(bp, keys, e403=None, e404=None, e409="it succeeded or is not finished, was "
             "retried already (`retried_as`), or its request is no longer kept", e422=None,
-            e429="the model's queue is full, or the key's rate limit is used up")
+            e429="the model's queue is full, the key's rate limit or read budget is used up, "
+                 "or its kept requests are at its quota (kept_full)")
     def retry_job(job_id: str):
         """A new job with the model, inputs and options of this one, which must have failed,
         been cancelled or expired, and not been retried yet; its request is kept

@@ -17,8 +17,9 @@ from werkzeug.wsgi import LimitedStream
 from app import auth, uploads
 from app.docs import (IDEMPOTENCY_KEY, LOCATION, PREFERENCE_APPLIED, REQUEST_ID, X_REQUEST_ID,
                       Blueprint, errors, job_links, job_request_body)
-from app.errors import (MalformedRequest, NotFound, PayloadTooLarge, TooManyWaits,
-                        UnsupportedMediaType, ValidationFailed)
+from app.errors import (MalformedRequest, NotFound, PayloadTooLarge, TooManyUploads,
+                        TooManyWaits, UnsupportedMediaType, ValidationFailed)
+from app.limits import NoUpload
 from app.responses import STATUSES, Job, JobList, answer, job_body, job_url
 from app.store import WaitRefused, Watch, parse_job_id
 from app.submission import Accepted, Caller
@@ -35,14 +36,19 @@ def _ext(name: str):
 
 
 def _read_whole_body() -> None:
-    """Read the body (kept for the parsers), refusing one over max_body_bytes. werkzeug ends
+    """Read the body (kept for the parsers), refusing one over max_body_bytes, within one of
+    the key's upload slots (app/limits.py: 429 at once when it holds them all). werkzeug ends
     a body sent without Content-Length (chunked) at the limit without a word, so one byte
     past it is asked of the server: any there means the body was larger."""
-    request.get_data(cache=True)
-    stream = request.stream
-    if isinstance(stream, LimitedStream) and stream.is_exhausted \
-            and request.environ["wsgi.input"].read(1):
-        raise PayloadTooLarge("request body is larger than the configured limit")
+    try:
+        with _ext("iq.uploads").hold(auth.current_owner() or None):
+            request.get_data(cache=True)
+            stream = request.stream
+            if isinstance(stream, LimitedStream) and stream.is_exhausted \
+                    and request.environ["wsgi.input"].read(1):
+                raise PayloadTooLarge("request body is larger than the configured limit")
+    except NoUpload as exc:
+        raise TooManyUploads(f"{exc}; send it once one of them has arrived") from None
 
 
 def _request_body() -> object:
@@ -158,7 +164,9 @@ def _submit_route(bp: Blueprint, settings: Settings, models: dict[str, ModelSpec
                      headers=_JOB_HEADERS, success=True)
     @errors(bp, keys, e400=None, e403=None, e409="Idempotency-Key reused with another body",
             e413=None, e415=None, e422=None,
-            e429="the model's queue is full, or the key's rate limit is used up")
+            e429="the model's queue is full, the key's rate limit is used up, its kept "
+                 "requests are at its quota (kept_full), or it is sending as many bodies as "
+                 "it may (too_many_uploads)")
     def submit_job():
         caller = Caller(auth.current_key(), g.trace_id, request.headers.get("Idempotency-Key"))
         wait = _preferred_wait(max_wait_s)
@@ -173,7 +181,8 @@ def _read_routes(bp: Blueprint, settings: Settings, models: dict[str, ModelSpec]
     @bp.doc(summary="Read a job", operationId="getJob")
     @bp.arguments(_wait_args(settings.max_wait_s), location="query", as_kwargs=True)
     @bp.response(200, Job, description="the job", headers={"X-Request-ID": REQUEST_ID})
-    @errors(bp, keys, e404=None, e429="every wait slot is taken (too_many_waits)")
+    @errors(bp, keys, e404=None, e429="every wait slot is taken (too_many_waits), or the "
+            "key's read budget is used up (rate_limited)")
     def get_job(job_id: str, wait: float | None = None):
         return answer(Job, job_body(_read_job(job_id, wait)))
 
@@ -189,6 +198,8 @@ def _read_routes(bp: Blueprint, settings: Settings, models: dict[str, ModelSpec]
         index: jobs that did not succeed, newest ending first. Any other filter reads at most
         500 jobs a page: a page may hold fewer than `limit` jobs and still have a
         `next_cursor`."""
+        auth.charge_read(auth.current_key(), _ext("iq.store").scan_cost(
+            status=status, model=model, limit=limit))
         after = tuple(cursor.split(":", 1)) if cursor else None
         page = _ext("iq.store").page(auth.current_owner(), status=status, model=model,
                                      cursor=after, limit=limit)

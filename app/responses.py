@@ -9,6 +9,7 @@ from typing import Any, Mapping
 from flask import Response, current_app, g
 from marshmallow import Schema, fields, validate
 
+from config.kinds import INPUT_TYPES
 from tasks.errors import ErrorCode
 from tasks.jobstate import JobRecord, Status, iso
 from tasks.results import ENCODINGS
@@ -126,7 +127,7 @@ class Readiness(Schema):
 
 
 class ModelInput(Schema):
-    type = fields.String(required=True, validate=validate.OneOf(["text", "tensor", "image"]))
+    type = fields.String(required=True, validate=validate.OneOf(INPUT_TYPES))
     shape = fields.List(fields.Integer())
     dtype = fields.String()
     sources = fields.List(fields.String())

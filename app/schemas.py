@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
+from config.kinds import kind_of
 from config.models import ModelSpec
 from config.preprocess import IMAGE_FORMATS
 from tasks.names import PRIORITIES
@@ -196,7 +197,7 @@ def _input_field(spec: ModelSpec) -> fields.Field:
 def job_schema(spec: ModelSpec) -> Schema:
     """The schema of one model's whole job: its name, its own inputs, limits and options."""
     option_fields: dict[str, fields.Field] = {}
-    if spec.kind == "classification":
+    if "labels" in spec.options:
         option_fields["labels"] = BoundedList(
             fields.String(validate=validate.Length(min=1, max=200)),
             min_items=1, max_items=spec.max_labels)
@@ -212,7 +213,7 @@ def job_schema(spec: ModelSpec) -> Schema:
             "options": fields.Nested(options(unknown=RAISE), load_default=dict),
             # base64 is for vectors: embedding models only.
             "encoding_format": fields.String(
-                validate=validate.OneOf(ENCODINGS if spec.kind == "embedding" else ["float"],
+                validate=validate.OneOf(ENCODINGS if kind_of(spec.kind).vectors else ["float"],
                                         error=f"must be one of: {{choices}} for a {spec.kind} "
                                               "model (base64 is for embedding models)"),
                 load_default="float"),

@@ -18,6 +18,7 @@ import orjson
 import redis
 from celery import Celery
 
+from app import hangup
 from app.gauge import Gauge
 from app.waiter import NoSlot, ResultWaiter, Slots
 from config import Settings
@@ -28,6 +29,7 @@ from tasks.jobstate import CancelOutcome, JobRecord, JobState, Page, Status, new
 from tasks.keys import idempotency_key, versions_key
 from tasks.messages import JOB_TOKEN_HEADER, JobArgs, task_message
 from tasks.presence import Presence
+from tasks.queuemoves import QueueMoves
 from tasks.names import PRIORITIES, queue_lists, task_name
 from tasks.redis_client import connect
 
@@ -75,10 +77,13 @@ def parse_job_id(raw: str) -> str | None:
 
 
 class Watch:
-    """A started watch on one job (JobStore.watch)."""
+    """A started watch on one job (JobStore.watch). `gone` is set (and `finished` too) when the
+    client of the request that watches has gone (app/hangup.py): the wait ends there."""
 
-    def __init__(self, store: JobStore, job_id: str, finished: threading.Event) -> None:
+    def __init__(self, store: JobStore, job_id: str, finished: threading.Event,
+                 gone: threading.Event | None = None) -> None:
         self.store, self.job_id, self.finished = store, job_id, finished
+        self.gone = gone or threading.Event()
 
     def until_terminal(self, job: JobRecord | None, deadline: float) -> JobRecord | None:
         """From `job` as last read (or written), the job once it is terminal or at
@@ -86,7 +91,7 @@ class Watch:
         is away (Redis reconnecting) the job is read every second, and once more when it is
         back."""
         subscribed = self.store.waiter.subscribed
-        while job is not None and not job.terminal:
+        while job is not None and not job.terminal and not self.gone.is_set():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -109,21 +114,16 @@ class JobStore:
         wanted = settings.wait_replicas
         self.replicas = (wanted, settings.redis_wait_timeout_s) if wanted else None
         self.presence = Presence(self.redis)
+        self.moves = QueueMoves(self.redis)
         self.waiter = ResultWaiter(self.redis, settings.max_waits, settings.max_waits_per_key,
                                    slots)
         self.gauge = Gauge(self.redis, settings.redis_memory_headroom)
 
     def queue_depths(self) -> dict[str, int]:
-        """Messages waiting on each model's queue, in one round trip."""
-        specs = list(self.models.values())
-        lists = [queue_lists(spec.queue) for spec in specs]
-        with self.redis.pipeline(transaction=False) as pipe:
-            for names in lists:
-                for name in names:
-                    pipe.llen(name)
-            lengths = iter(pipe.execute())
-        return {spec.name: sum(next(lengths) for _ in names)
-                for spec, names in zip(specs, lists)}
+        """Messages waiting for each model's queue, in one round trip: on its lists, and on
+        those of a queue a reload took the model off, not moved yet (tasks/queuemoves.py)."""
+        depths = self.moves.waiting(spec.queue for spec in self.models.values())
+        return {spec.name: depths[spec.queue] for spec in self.models.values()}
 
     def owned_by(self, job_id: str, owner: str) -> bool:
         """Whether `owner` (an API key's name; "" when keys are off) may see the job. A job
@@ -167,7 +167,8 @@ class JobStore:
             record, message, depth_lists=queue_lists(spec.queue), max_depth=max_depth,
             ttl_s=self.settings.job_ttl_s, timeout_s=job.get("timeout_s") or spec.timeout_s or 0,
             idempotency=idempotency, memory_headroom=headroom, request=self._kept(job),
-            replicas=self.replicas)
+            replicas=self.replicas,
+            kept_quota=(self.settings.kept_bytes_per_key or None) if owner else None)
         if submitted.created:
             return record, True
         earlier = self.state.read(submitted.job_id)
@@ -227,11 +228,16 @@ class JobStore:
     @contextmanager
     def watch(self, job_id: str, owner: str, moves: bool = False) -> Iterator[Watch]:
         """A watch on the job's finish (with `moves`, on its every move) for the block's life,
-        taking a wait slot of `owner`'s (raises NoSlot when none is free). Started before a
+        taking a wait slot of `owner`'s (raises NoSlot when none is free), given back as soon
+        as the request's client goes (app/hangup.py). Started before a
         job is submitted, it needs no read before waiting: a finish after it started cannot be
         missed."""
         with self.waiter.watch(job_id, owner, moves) as finished:
-            yield Watch(self, job_id, finished)
+            client = hangup.watch(finished)
+            try:
+                yield Watch(self, job_id, finished, client.gone)
+            finally:
+                client.stop()
 
     def wait(self, job_id: str, timeout_s: float, owner: str) -> JobRecord | None:
         """The job once it is terminal or `timeout_s` has passed; None at once when there is

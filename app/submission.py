@@ -26,15 +26,16 @@ from marshmallow import ValidationError
 
 from app import auth, images
 from app.decoders import DecoderPool, DecodersBusy
-from app.errors import Conflict, RateLimited, TooManyJobs, Unavailable, ValidationFailed
+from app.errors import (Conflict, KeptRequestsFull, RateLimited, TooManyJobs, Unavailable,
+                        ValidationFailed)
 from app.metrics import ApiMetrics
 from app.schemas import IDEMPOTENCY_KEY_PATTERN, flatten, job_schema, validate_job
 from app.groups import Stores, group_name
 from config import Settings
 from config.models import ModelSpec
 from tasks import egress, webhooks
-from tasks.jobstate import (IdempotencyMismatch, JobRecord, NotReplicated, Overloaded,
-                            StoreFull)
+from tasks.jobstate import (IdempotencyMismatch, JobRecord, KeptFull, NotReplicated,
+                            Overloaded, StoreFull)
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +163,9 @@ class Submitter:
             raise TooManyJobs(f"the queue of {spec.name} is full "
                               f"({spec.max_queue_depth} jobs); retry later",
                               retry_after=1) from None
+        except KeptFull as exc:
+            self._refused(spec.name, "kept_full")
+            raise self._kept_full(exc) from None
         except IdempotencyMismatch:
             raise Conflict("this Idempotency-Key was used with a different request "
                            "body") from None
@@ -174,6 +178,16 @@ class Submitter:
             logger.debug("job %s accepted: model=%s inputs=%d priority=%s", submitted.id,
                          spec.name, len(job["inputs"]), job["priority"])
         return Accepted(submitted, spec, created)
+
+    def _kept_full(self, exc: KeptFull) -> KeptRequestsFull:
+        """429 for a key whose kept requests are at its quota. Retry-After: when the first of
+        them leaves Redis, at most a minute (a waiting job's leaves once it succeeds, which
+        may be any moment)."""
+        return KeptRequestsFull(
+            f"the requests Redis keeps for this API key (its waiting jobs', and those of jobs "
+            f"that did not succeed, kept {self.settings.kept_s}s for a retry) hold {exc.held} "
+            f"of its {exc.quota} bytes (kept_bytes_per_key); DELETE /v1/jobs/<id> of finished "
+            "jobs frees theirs, or retry later", retry_after=max(1, min(exc.wait_s, 60)))
 
     def _unsure(self, job_id: str, key: str | None, exc: Exception,
                 group: str = "") -> Unavailable:

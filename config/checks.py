@@ -36,6 +36,18 @@ def _check_access(settings: Settings) -> None:
     for name in ("max_waits", "max_waits_per_key"):
         if getattr(settings, name) < 1:
             raise ConfigError(f"{name} must be an integer >= 1, got {getattr(settings, name)}")
+    for name in ("kept_bytes_per_key", "max_uploads_per_key", "read_burst_per_key"):
+        if getattr(settings, name) < 0:
+            raise ConfigError(f"{name} must be an integer >= 0, got {getattr(settings, name)}")
+    if 0 < settings.kept_bytes_per_key < settings.kept_inputs_max_bytes:
+        raise ConfigError(f"kept_bytes_per_key must be 0 (no quota) or at least "
+                          f"kept_inputs_max_bytes ({settings.kept_inputs_max_bytes}), so that "
+                          f"any request kept fits, got {settings.kept_bytes_per_key}")
+    if not settings.read_rate_per_key >= 0:  # NaN too
+        raise ConfigError(f"read_rate_per_key must be >= 0, got {settings.read_rate_per_key}")
+    if settings.read_rate_per_key > 0 and settings.read_burst_per_key < 1:
+        raise ConfigError("read_burst_per_key must be an integer >= 1 with a read_rate_per_key, "
+                          f"got {settings.read_burst_per_key}")
     if settings.webhook_host_concurrency < 1:
         raise ConfigError("webhook_host_concurrency must be an integer >= 1, "
                           f"got {settings.webhook_host_concurrency}")

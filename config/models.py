@@ -7,29 +7,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+import config.builtin_kinds  # noqa: F401  (the shipped kinds, registered)
 from config.groups import GROUP_NAME
-from config.preprocess import IMAGE_FORMATS, IMAGE_SOURCES, ImagePreprocess, parse_preprocess
+from config.kinds import Kind, import_kind_modules, kind_names, kind_of
+from config.preprocess import IMAGE_FORMATS, IMAGE_SOURCES, ImagePreprocess
 from config.settings import CONFIG_DIR, PROJECT_DIR, ConfigError
+from config.values import non_negative, one_of, positive_int
 
-KINDS = ("embedding", "classification", "sequence-classification", "torchscript", "export",
-         "image", "synthetic")
-# Kinds whose inputs are strings: the text models, and the synthetic stand-in, which takes any
-# string so that benchmarks and fault tests can send whatever they like.
-STRING_INPUT_KINDS = ("embedding", "classification", "sequence-classification", "synthetic")
-# Kinds read from a Hugging Face / sentence-transformers folder (or a package that ships one).
-FOLDER_KINDS = ("embedding", "classification", "sequence-classification")
-# Kinds whose inputs are tensors of a declared shape.
-TENSOR_KINDS = ("torchscript", "export")
 # int8: dynamic quantisation of the linear layers, which torch runs on the CPU only.
 DTYPES = ("float32", "float16", "bfloat16", "int8")
-INPUT_DTYPES = ("float32", "float64", "int64")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -82,16 +74,18 @@ class ModelSpec:
     # What the operator calls this model's version; "" (the default): a short hash of its
     # weights and settings, computed where the weights are (workers/versions.py).
     version: str = ""
+    # The per-job options its kind takes (config/kinds.py OPTIONS).
     options: tuple[str, ...] = field(default=())
     # The Redis group (settings' redis_groups) holding its queue, records and results; "":
     # REDIS_URL's (config/groups.py).
     redis: str = ""
+    # The values of its kind's own keys (a kind registered with `keys`: config/kinds.py).
+    kind_settings: dict[str, Any] = field(default_factory=dict, hash=False)
 
     @property
     def input_type(self) -> str:
-        if self.kind in STRING_INPUT_KINDS:
-            return "text"
-        return "image" if self.kind == "image" else "tensor"
+        """text, tensor or image: how the API takes one input (its kind's `input`)."""
+        return kind_of(self.kind).input
 
     def input_description(self) -> dict[str, Any]:
         """What one input is: shown by GET /v1/models and in the OpenAPI document."""
@@ -144,127 +138,41 @@ def settings_digest(spec: ModelSpec) -> str:
     version that is not declared."""
     values = {k: v for k, v in asdict(spec).items()
               if k not in _NOT_DEFINING and k != "load_gate"}  # a fault test's, as runs_log
+    if not values["kind_settings"]:  # the shipped kinds': their versions as before the field
+        del values["kind_settings"]
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _positive_int(where: str, key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{where}: {key} must be an integer >= 1, got {value!r}")
-    return value
-
-
-def _non_negative(where: str, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ConfigError(f"{where}: {key} must be a number >= 0, got {value!r}")
-    return float(value)
-
-
-def _one_of(where: str, key: str, value: Any, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ConfigError(f"{where}: {key} must be one of {', '.join(allowed)}; got {value!r}")
-    return value
-
-
-def _resolve_path(raw: str, base: Path) -> str:
-    """An absolute path, links kept (make run's model-file check judges the links too)."""
-    return os.path.abspath(base / Path(raw).expanduser())
-
-
-def _labels(where: str, raw: Any) -> tuple[str, ...]:
-    labels = raw or []
-    if not isinstance(labels, list) or not all(isinstance(x, str) and x for x in labels):
-        raise ConfigError(f"{where}: labels must be a list of non-empty strings")
-    return tuple(labels)
-
-
-def _folder_labels(folder: Path) -> tuple[str, ...]:
-    """A classifier's labels, from its folder's config.json (`id2label`), in index order; none
-    when this process cannot read the folder (the API may run where the weights are not)."""
-    try:
-        id2label = json.loads((folder / "config.json").read_text()).get("id2label") or {}
-        return tuple(str(id2label[k]) for k in sorted(id2label, key=int))
-    except (OSError, ValueError, TypeError):
-        return ()
-
-
-def _model_file(where: str, kind: str, raw: dict[str, Any], base: Path, what: str) -> str:
-    if not raw.get("path"):
-        raise ConfigError(f"{where}: kind {kind} needs `path` ({what})")
-    return _resolve_path(str(raw["path"]), base)
-
-
-def _tensor_input(where: str, raw: dict[str, Any]) -> dict[str, Any]:
-    shape = raw.get("input_shape")
-    if not isinstance(shape, list) or not shape:
-        raise ConfigError(f"{where}: input_shape must be a non-empty list of integers >= 1")
-    return {"input_shape": tuple(_positive_int(where, "input_shape[]", d) for d in shape),
-            "input_dtype": _one_of(where, "input_dtype", raw.get("input_dtype", "float32"),
-                                   INPUT_DTYPES)}
-
-
-def _kind_values(where: str, kind: str, raw: dict[str, Any], base: Path) -> dict[str, Any]:
-    """The keys that belong to `kind`, checked."""
-    values: dict[str, Any] = {}
-    if kind in FOLDER_KINDS:
-        has_package, has_path = bool(raw.get("package")), bool(raw.get("path"))
-        if has_package == has_path and kind != "sequence-classification":
-            raise ConfigError(f"{where}: kind {kind} needs `package` (the package that ships "
-                              f"it) or `path` (a Hugging Face folder), not both")
-        if kind == "sequence-classification" and not has_path:
-            raise ConfigError(f"{where}: kind {kind} needs `path` (a Hugging Face folder)")
-        if has_package:
-            values["package"] = str(raw["package"])
-        else:
-            values["path"] = _resolve_path(str(raw["path"]), base)
-    if kind == "sequence-classification":
-        values["labels"] = _folder_labels(Path(values["path"]))
-    if kind in ("classification", "image"):
-        values["labels"] = _labels(where, raw.get("labels"))
-    if kind == "classification":
-        values["options"] = ("labels",)
-    if kind in TENSOR_KINDS:
-        what = "a TorchScript file" if kind == "torchscript" else "a torch.export .pt2 file"
-        values["path"] = _model_file(where, kind, raw, base, what)
-        values.update(_tensor_input(where, raw))
-    if kind == "image":
-        values["path"] = _model_file(where, kind, raw, base,
-                                     "a torch.export .pt2 or TorchScript file")
-        values["preprocess"] = parse_preprocess(f"{where}.preprocess", raw.get("preprocess"))
-        values["options"] = ("top_k",)
-    return values
 
 
 def parse_model(name: str, raw: dict[str, Any], base: Path) -> ModelSpec:
     where = f"models.{name}"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping")
-    known = set(ModelSpec.__dataclass_fields__) - {"name", "options"}
-    unknown = set(raw) - known
+    kind = kind_of(one_of(where, "kind", raw.get("kind"), kind_names()))
+    known = set(ModelSpec.__dataclass_fields__) - {"name", "options", "kind_settings"}
+    unknown = set(raw) - known - set(kind.keys)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
-    kind = _one_of(where, "kind", raw.get("kind"), KINDS)
-    values: dict[str, Any] = {"name": name, "kind": kind, "queue": str(raw.get("queue") or name)}
+    values: dict[str, Any] = {"name": name, "kind": kind.name, "options": kind.options,
+                              "queue": str(raw.get("queue") or name)}
     for key in ("max_batch_size", "max_inputs", "max_input_chars", "max_labels",
                 "max_queue_depth", "oom_above", "top_k", "max_image_bytes",
                 "max_image_pixels"):
         if key in raw:
-            values[key] = _positive_int(where, key, raw[key])
+            values[key] = positive_int(where, key, raw[key])
     for key in ("max_wait_ms", "base_ms", "per_item_ms", "timeout_s", "time_limit_s"):
         if key in raw:
-            values[key] = _non_negative(where, key, raw[key])
-    for key in ("runs_log", "load_gate"):
-        if kind == "synthetic" and raw.get(key):
-            values[key] = _resolve_path(str(raw[key]), base)
-    values["device"] = _one_of(where, "device", raw.get("device", "auto"), DEVICES)
-    values["dtype"] = _one_of(where, "dtype", raw.get("dtype", "float32"), DTYPES)
+            values[key] = non_negative(where, key, raw[key])
+    values["device"] = one_of(where, "device", raw.get("device", "auto"), DEVICES)
+    values["dtype"] = one_of(where, "dtype", raw.get("dtype", "float32"), DTYPES)
     if values["dtype"] == "int8":
-        if kind not in FOLDER_KINDS:
+        if not kind.quantizable:
+            quantizable = [k for k in kind_names() if kind_of(k).quantizable]
             raise ConfigError(f"{where}: dtype int8 applies to the kinds "
-                              f"{', '.join(FOLDER_KINDS)}; got kind {kind}")
+                              f"{', '.join(quantizable)}; got kind {kind.name}")
         if values["device"] == "cuda":
             raise ConfigError(f"{where}: dtype int8 runs on the CPU only; use device: cpu "
                               f"(or auto)")
-    fraction = _non_negative(where, "memory_fraction", raw.get("memory_fraction", 0.0))
+    fraction = non_negative(where, "memory_fraction", raw.get("memory_fraction", 0.0))
     if fraction > 1:
         raise ConfigError(f"{where}: memory_fraction must be in (0, 1], got {fraction!r}")
     values["memory_fraction"] = fraction
@@ -278,6 +186,23 @@ def parse_model(name: str, raw: dict[str, Any], base: Path) -> ModelSpec:
         values["redis"] = _group(where, raw["redis"])
     values.update(_kind_values(where, kind, raw, base))
     return ModelSpec(**values)
+
+
+def _kind_values(where: str, kind: Kind, raw: dict[str, Any], base: Path) -> dict[str, Any]:
+    """What the kind's own parse makes of the entry: ModelSpec's fields, and the kind's own
+    keys gathered in `kind_settings`."""
+    fields, own = {}, {}
+    for key, value in kind.parse(where, raw, base).items():
+        if key in ModelSpec.__dataclass_fields__:
+            fields[key] = value
+        elif key in kind.keys:
+            own[key] = value
+        else:
+            raise ConfigError(f"{where}: kind {kind.name} set {key!r}, a key it does not "
+                              f"declare (Kind.keys)")
+    if own:
+        fields["kind_settings"] = own
+    return fields
 
 
 def _group(where: str, value: Any) -> str:
@@ -323,6 +248,8 @@ def parse_models(path: Path, content: bytes) -> dict[str, ModelSpec]:
     models = data.get("models") if isinstance(data, dict) else None
     if not isinstance(models, dict) or not models:
         raise ConfigError(f"{path}: expected `models:` with at least one model")
+    # Kinds of the operator's own: their modules register them before any model names one.
+    import_kind_modules(f"{path}: kinds", data.get("kinds"))
     base = PROJECT_DIR if path.resolve().parent == CONFIG_DIR else path.resolve().parent
     specs = {str(name): parse_model(str(name), raw, base) for name, raw in models.items()}
     queues: dict[str, str] = {}

@@ -46,6 +46,13 @@ class Settings:
     # later, 408. Proxy headers (SCRIPT_NAME, X-Forwarded-*) are honoured only from these
     # addresses or CIDRs, comma-separated (gunicorn.conf.py); none by default.
     body_timeout_s: float = 30.0
+    # Request bodies one API key may be sending to one API process at once; past it, 429 at
+    # once and the connection closed (app/limits.py). 0: no cap.
+    max_uploads_per_key: int = 64
+    # One API key's read budget per API process (app/limits.py), in units a second and saved:
+    # a /v1 request but a submit costs 1, a listing what its page may scan. 0: no limit.
+    read_rate_per_key: float = 1000.0
+    read_burst_per_key: int = 2000
     forwarded_allow_ips: str = ""
     # Connecting to Redis may take this long (workers; the API's calls are bounded by
     # redis_deadline_s instead).
@@ -80,6 +87,9 @@ class Settings:
     # record while the job waits: a job that succeeds drops its own.
     kept_inputs_ttl_s: int = 3_600
     kept_inputs_max_bytes: int = 262_144
+    # The bytes of the requests Redis keeps for one API key (its waiting jobs', those kept for
+    # a retry), on each Redis: past it a submit is 429 `kept_full`. 0, or keys off: no quota.
+    kept_bytes_per_key: int = 67_108_864
     api_keys_file: str = ""  # YAML of hashed API keys; none: the API is open
 
     # Webhooks. Hosts (or CIDRs) allowed even though they are private/loopback/link-local.

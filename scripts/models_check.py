@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Mapping
 
 from config.groups import check_model_groups
-from config.models import TENSOR_KINDS, parse_models
+from config.kinds import kind_of
+from config.models import parse_models
 from tasks.serves import unservable
 
 
@@ -26,7 +27,7 @@ def _unloadable(spec) -> str | None:
     path = Path(spec.path)
     if not path.exists():
         return f"{spec.path} does not exist"
-    if spec.kind in TENSOR_KINDS or spec.kind == "image":
+    if kind_of(spec.kind).archive:
         if not path.is_file():
             return f"{spec.path} is not a file"
         try:

@@ -84,6 +84,12 @@ def fail_removed(client: redis.Redis, settings: Settings, models: dict[str, Mode
 
 def removed_queues(client: redis.Redis, models: dict[str, ModelSpec]) -> dict[str, set[str]]:
     """The queues of the jobs not final yet whose model is not in `models`, by model."""
+    return {model: queues for model, queues in pending_queues(client).items()
+            if model not in models}
+
+
+def pending_queues(client: redis.Redis) -> dict[str, set[str]]:
+    """The queues the jobs not final yet were sent to (their records' `list`), by model."""
     out: dict[str, set[str]] = {}
     for members in _chunks(client.zscan_iter(PENDING_KEY, count=CHUNK)):
         with client.pipeline(transaction=False) as pipe:
@@ -91,7 +97,7 @@ def removed_queues(client: redis.Redis, models: dict[str, ModelSpec]) -> dict[st
                 pipe.hmget(job_key(_text(job_id)), "model", "list")
             found = pipe.execute()
         for model, list_key in found:
-            if model and list_key and _text(model) not in models:
+            if model and list_key:
                 out.setdefault(_text(model), set()).add(queue_of(_text(list_key)))
     return out
 

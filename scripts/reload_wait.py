@@ -13,6 +13,7 @@ import orjson
 import redis
 
 from config import Settings
+from scripts.reload_moved import move_queued_jobs
 from scripts.reload_removed import fail_removed_jobs
 from tasks.keys import CONSUMING_KEY, RELOAD_API_KEY, RELOAD_STATUS_KEY
 from tasks.reload_failures import failed_where, failure_of
@@ -150,7 +151,8 @@ def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[st
             if refused:
                 say(f"reload to {revision} refused by {', '.join(refused)}")
                 return Result(REFUSED, revision, lines, refused=True)
-            if not fail_removed_jobs(client, settings, target, revision, say):
+            if not move_queued_jobs(client, settings, target, revision, say) or \
+                    not fail_removed_jobs(client, settings, target, revision, say):
                 return Result(REFUSED, revision, lines)
             say(f"reload done: every worker child and API process on revision {revision}")
             return Result(DONE, revision, lines)

@@ -166,7 +166,8 @@ def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
            env_extra: dict[str, str] | None = None, appendonly: bool = False,
            ready_models: list[str] | None = None, defaults: bool = False,
            replicated: bool = False, bind: list[str] | None = None,
-           redis_args: list[str] | None = None, concurrency: int = 1) -> Stack:
+           redis_args: list[str] | None = None, concurrency: int = 1,
+           kinds: list[str] | None = None) -> Stack:
     """Start Redis, one worker per entry of `workers` (name → queues) with `concurrency` pool
     children each, and the API; return once each model in `ready_models` (default: all) has
     a live instance.
@@ -175,9 +176,11 @@ def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
     and, when `replicated`, the sentinels). `replicated`: a primary with append-only file,
     one replica and three sentinels (scripts/redis_nodes.py), every process pointed at the
     sentinels. `bind`: addresses the Redis listens on beside 127.0.0.1 (hosts of their own,
-    scripts/hosts.py); `redis_args`: more of redis-server's options (one Redis only)."""
+    scripts/hosts.py); `redis_args`: more of redis-server's options (one Redis only).
+    `kinds`: the modules of kinds of one's own, the models file's `kinds:`."""
     models_file = workdir / "models.yaml"
-    models_file.write_text(yaml.safe_dump({"models": models}))
+    declared = {"models": models, **({"kinds": kinds} if kinds else {})}
+    models_file.write_text(yaml.safe_dump(declared))
     group = start_group(workdir) if replicated else None
     redis_svc = group.primary if group else start_redis(workdir, appendonly=appendonly,
                                                         bind=bind, args=redis_args)

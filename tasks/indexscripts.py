@@ -144,6 +144,7 @@ redis.call('zrem', '{dead_index("")}' .. ARGV[3], id)
 if f[3] and redis.call('zrem', '{KEPT_KEY}', id .. ':' .. f[3]) == 1 then
   redis.call('decrby', '{KEPT_BYTES_KEY}', f[3])
 end
+if f[3] then release_owner_kept(ARGV[3], id, f[3]) end
 return 'deleted'
 """
 

@@ -94,6 +94,15 @@ class StoreFull(Exception):
         self.used, self.cap = used, cap
 
 
+class KeptFull(Exception):
+    """The requests Redis keeps for the job's owner would pass its quota (kept_bytes_per_key):
+    `held` bytes now, the first of them leaving in `wait_s` seconds."""
+
+    def __init__(self, held: int, quota: int, wait_s: int) -> None:
+        super().__init__(f"the requests kept for this owner hold {held} of its {quota} bytes")
+        self.held, self.quota, self.wait_s = held, quota, wait_s
+
+
 @dataclass(frozen=True)
 class Final:
     """A job's terminal outcome as a worker reports it to `finish`."""

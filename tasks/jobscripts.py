@@ -9,8 +9,9 @@ job that did not succeed is kept for a retry (seconds; 0: none is kept) and the 
 to live (`job_ttl_s`); its own arguments follow from ARGV[3]."""
 from __future__ import annotations
 
-from tasks.keys import (JOB_PREFIX, KEPT_BYTES_KEY, KEPT_KEY, MOVES_CHANNEL,
-                        dead_index, kept_request)
+from tasks.keptbooks import OWNER_BOOKS
+from tasks.keys import (JOB_PREFIX, KEPT_BYTES_KEY, KEPT_KEY, MOVES_CHANNEL, dead_index,
+                        kept_request)
 
 # The fields a read returns. (Not a job's request, kept for a retry: inputs can weigh a
 # megabyte and only a retry reads them.) The last four are those of a succeeded job's record as
@@ -84,6 +85,7 @@ local function trim_kept(most)
   redis.call('zrem', '{KEPT_KEY}', unpack(gone))
 end
 
+""" + OWNER_BOOKS + f"""
 -- A job that ends without succeeding (failed, cancelled, expired) joins its owner's
 -- dead-letter index, and the request its record kept while it waited ('request') moves to a
 -- key of its own, kept for a retry within KEEP_S. (A job that succeeds drops it: FINISH.)
@@ -99,9 +101,13 @@ local function dead(key, id)
   local size
   if f[2] then
     redis.call('hdel', key, 'request')
-    if KEEP_S <= 0 then return end
     size = string.len(f[2])
+    if KEEP_S <= 0 then
+      release_owner_kept(f[1] or '', id, size)
+      return
+    end
     redis.call('set', '{kept_request("")}' .. id, f[2], 'EX', KEEP_S)
+    rescore_owner_kept(f[1] or '', id, size, now + KEEP_S)
   elseif f[3] then
     redis.call('hdel', key, 'req')
     if KEEP_S <= 0 then
@@ -224,6 +230,8 @@ for i = 1, (#KEYS - 1) / 2 do
     if ARGV[a + 1] == 'succeeded' then
       for j = 2, #KEEP do if f[j] then v[KEEP[j]] = f[j] end end
       gone[#gone + 1] = key
+      local size = redis.call('hstrlen', key, 'request')  -- its request leaves with it
+      if size > 0 then release_owner_kept(v.owner or '', id_of(key), size) end
       if f[#READ] then gone[#gone + 1] = '{kept_request("")}' .. id_of(key) end
     end
     -- Its status, and its model version, error and webhook delivery's id if any.

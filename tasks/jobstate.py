@@ -57,8 +57,8 @@ from redis.client import NEVER_DECODE
 from tasks import deliveryscripts, indexscripts, jobscripts, results, submitscript
 from tasks.jobrecord import (CANCELLED_ERROR, EXPIRED_ERROR, TERMINAL, CancelOutcome,
                              DeliveryClaim, Final, IdempotencyMismatch, JobRecord,
-                             NotReplicated, Overloaded, RetryRefused, StartDecision, Status,
-                             StoreFull, batch_text, iso, new_job, now_iso, now_stamp)
+                             KeptFull, NotReplicated, Overloaded, RetryRefused, StartDecision,
+                             Status, StoreFull, batch_text, iso, new_job, now_iso, now_stamp)
 from tasks.keys import (PENDING_KEY, dead_index, job_key, kept_request, owner_index, owner_jobs,
                         result_key, wake_key)
 from tasks.messages import QueuedMessage
@@ -66,7 +66,7 @@ from tasks.names import PRIORITY_SEP
 
 # What a job is (tasks/jobrecord.py), with the state that moves it: one import for both.
 __all__ = ["CANCELLED_ERROR", "EXPIRED_ERROR", "TERMINAL", "CancelOutcome", "DeliveryClaim",
-           "Final", "IdempotencyMismatch", "JobRecord", "JobState", "NotReplicated",
+           "Final", "IdempotencyMismatch", "JobRecord", "JobState", "KeptFull", "NotReplicated",
            "Overloaded", "Page", "RetryRefused", "StartDecision", "Status", "StoreFull",
            "Submitted", "batch_text", "iso", "new_job", "now_iso", "now_stamp", "queue_of"]
 
@@ -167,17 +167,19 @@ class JobState:
                max_depth: int | None, ttl_s: int, timeout_s: float = 0,
                idempotency: tuple[str, str] | None = None,
                memory_headroom: float | None = None, request: bytes = b"",
-               replicas: tuple[int, float] | None = None) -> Submitted:
+               replicas: tuple[int, float] | None = None,
+               kept_quota: int | None = None) -> Submitted:
         """Record the job, index it under its owner and queue its message, or raise
         Overloaded (`depth_lists` hold `max_depth` messages or more; None: not checked),
         StoreFull (Redis's memory is within `memory_headroom` of its maxmemory; None: not
         checked), IdempotencyMismatch or RetryRefused. With `idempotency` =
         (claim key, request digest) already claimed by an earlier request with the same digest,
         that earlier job's id and created=False. `request`: what to keep for a retry, should it
-        not succeed (b"": nothing). A job with `retry_of` is made only if that job ended without
-        success and was not retried yet; both are then linked. With `replicas` = (count,
-        timeout in seconds), also wait (Redis WAIT, in the same round trip) until that many
-        replicas hold the job, or raise NotReplicated."""
+        not succeed (b"": nothing); with `kept_quota`, the bytes of the requests kept for
+        the job's owner may not pass it (KeptFull). A job with `retry_of` is made only if that
+        job ended without success and was not retried yet; both are then linked. With
+        `replicas` = (count, timeout in seconds), also wait (Redis WAIT, in the same round
+        trip) until that many replicas hold the job, or raise NotReplicated."""
         claim, digest = idempotency or (job_key(job.id) + ":no-claim", "")
         retried = job_key(job.retry_of) if job.retry_of else job_key(job.id) + ":no-retry"
         # The owner's jobs list drops expired entries on one submit in 16 (ids are random),
@@ -186,7 +188,8 @@ class JobState:
         args: list[Any] = [job.id, "" if max_depth is None else max_depth, timeout_s or 0,
                            digest, message.payload,
                            "" if memory_headroom is None else memory_headroom, request, trim,
-                           "1" if job.retry_of else "0"]
+                           "1" if job.retry_of else "0",
+                           "" if kept_quota is None else kept_quota, job.owner]
         for name, value in job.submitted_fields().items():
             args += [name, value]
         keys = [job_key(job.id), claim, message.list_key, owner_jobs(job.owner), retried,
@@ -198,17 +201,9 @@ class JobState:
             reply, acked = self._submit_and_wait(keys, [self.keep_s, ttl_s or self.ttl_s, *args],
                                                 *replicas)
         kind, found = (_text(x) for x in reply)
-        if kind == "overloaded":
-            raise Overloaded()
-        if kind == "full":
-            used, cap = (int(x) for x in found.split())
-            raise StoreFull(used, cap)
-        if kind == "mismatch":
-            raise IdempotencyMismatch()
-        if kind in ("gone", "retried", "not_retryable"):
-            raise RetryRefused("missing" if kind == "gone" else
-                               "retried" if kind == "retried" else found,
-                               found if kind == "retried" else "")
+        refused = submitscript.refusal(kind, found, kept_quota)
+        if refused is not None:
+            raise refused
         if replicas is not None and acked < replicas[0]:
             raise NotReplicated(found, acked, replicas[0])
         return Submitted(found, kind == "created")

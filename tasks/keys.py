@@ -21,6 +21,12 @@ MOVES_CHANNEL = f"{PREFIX}moves"
 # "<job id>:<bytes>" by the time each is dropped, and the bytes they hold in all.
 KEPT_KEY = f"{PREFIX}kept"
 KEPT_BYTES_KEY = f"{PREFIX}kept:bytes"
+# The requests Redis keeps for one owner (an API key's name), its quota's books
+# (IQ_KEPT_BYTES_PER_KEY): a sorted set of "<job id>:<bytes>" by the time each leaves Redis at
+# the latest (a waiting job's: its record's end; one kept for a retry: its key's), and the bytes
+# they hold in all, each changed only beside its member's ZADD or ZREM (tasks/jobscripts.py).
+KEPT_BY_PREFIX = f"{PREFIX}keptby:"
+KEPT_BY_BYTES_PREFIX = f"{PREFIX}keptby-bytes:"
 # Celery's Redis result backend names a task's result key (and channel) this way.
 RESULT_PREFIX = "celery-task-meta-"
 
@@ -118,6 +124,13 @@ def reload_failed_key(revision: str) -> str:
     day. Every worker on that revision rolls back to the one it served and refuses it since;
     `make reload` reports it, and clears it when it announces the revision again."""
     return f"{PREFIX}reload:failed:{revision}"
+
+
+# Hash of the queues a reload took a model off: old queue -> the model's new queue. What
+# waits on the old queue, or is handed back to it (a worker's buffer, a reaped worker's
+# messages, the reconciler), goes to the new one once no worker consumes the old
+# (tasks/queuemoves.py). An entry goes when a models file gives its queue to a model again.
+QUEUE_MOVES_KEY = f"{PREFIX}queue:moves"
 
 
 def consuming_key(queue: str) -> str:

@@ -3,8 +3,10 @@ it, on the prelude of tasks/jobscripts.py, whose two common arguments it takes f
 from __future__ import annotations
 
 from tasks.indexscripts import OWNED
+from tasks.jobrecord import (IdempotencyMismatch, KeptFull, Overloaded, RetryRefused,
+                             StoreFull)
 from tasks.jobscripts import PRELUDE
-from tasks.keys import JOB_PREFIX
+from tasks.keys import JOB_PREFIX, KEPT_BY_BYTES_PREFIX, KEPT_BY_PREFIX
 
 # A write that changes nothing (a key's expiry set to what it is), so that a WAIT after the
 # script covers that key, which an earlier script wrote: WAIT counts from the last write of
@@ -24,7 +26,8 @@ end
 #       idempotency key), message, memory headroom (share of maxmemory kept free; '' : not
 #       checked), the request to keep ('' : none), what to trim ('0': nothing, '1': the owner's
 #       jobs list, '2': that and the owner's index of releases before), '1' when it retries a
-#       job, then the record's field/value pairs.
+#       job, the owner's quota on the bytes of the requests kept for it ('' : none), the
+#       owner (an API key's name), then the record's field/value pairs.
 # The API has the depth checked here only when its own reading of it (at most a second old,
 # app/gauge.py) is near the limit, or when it has none; far from it, it costs no command. The
 # memory headroom it has checked on every submit (the API passes '' only in tests). A submit
@@ -33,6 +36,9 @@ end
 # (the HSETNX of its status that begins a new one tells, so a first submit pays no EXISTS) and
 # does nothing more, so a job is never queued twice. A refusal after that HSETNX takes the
 # record back.
+# A request kept counts on its owner's books (jobscripts' trim_owner_kept) until it leaves
+# Redis: a submit that would take them past the quota is refused ('kept_full', with the bytes
+# held and the seconds until the first of them leaves).
 # The record keeps the message and its list until the job is final, for the reconciler
 # (workers/broker/scripts.py) to queue it again should it be lost; the job joins the pending
 # set and its owner's jobs list; a queue list that was empty gets a wake-up token for its
@@ -81,8 +87,20 @@ if ARGV[4] ~= '' then
   for i = 9, #KEYS do depth = depth + redis.call('llen', KEYS[i]) end
   if depth >= tonumber(ARGV[4]) then return refuse('overloaded', '') end
 end
+local kept_size = string.len(ARGV[9])
+local books = '""" + KEPT_BY_PREFIX + """' .. ARGV[13]
+local total = '""" + KEPT_BY_BYTES_PREFIX + """' .. ARGV[13]
+if ARGV[12] ~= '' and kept_size > 0 then
+  trim_owner_kept(ARGV[13], 1000)
+  local held = tonumber(redis.call('get', total) or 0)
+  if held + kept_size > tonumber(ARGV[12]) then
+    local first = redis.call('zrange', books, 0, 0, 'WITHSCORES')
+    local wait = first[2] and math.max(0, tonumber(first[2]) - now) or 0
+    return refuse('kept_full', held .. ' ' .. string.format('%.0f', math.ceil(wait)))
+  end
+end
 local fields = {'message', ARGV[7], 'list', KEYS[3]}
-for i = 12, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 14, #ARGV do fields[#fields + 1] = ARGV[i] end
 local timeout = tonumber(ARGV[5])
 if timeout > 0 then
   fields[#fields + 1] = 'expires_at'
@@ -95,6 +113,14 @@ end
 redis.call('hset', KEYS[1], unpack(fields))
 redis.call('expire', KEYS[1], TTL_S)
 if ARGV[6] ~= '' then redis.call('set', KEYS[2], ARGV[3] .. ' ' .. ARGV[6], 'EX', TTL_S) end
+if ARGV[12] ~= '' and kept_size > 0 then
+  redis.call('zadd', books, now + TTL_S, ARGV[3] .. ':' .. kept_size)
+  redis.call('incrby', total, kept_size)
+  if redis.call('pttl', books) < TTL_S * 1000 then
+    redis.call('expire', books, TTL_S)
+    redis.call('expire', total, TTL_S)
+  end
+end
 -- The list stays in time order, newest first, whatever Redis's clock does (a step back, a
 -- failover to a host a little behind): an entry is stamped after the head's, so that a page's
 -- bisection to its cursor (first_at_or_below) never passes over an entry it has not listed.
@@ -109,3 +135,23 @@ redis.call('zadd', KEYS[6], now, ARGV[3])
 if was_empty and redis.call('llen', KEYS[7]) == 0 then redis.call('lpush', KEYS[7], '1') end
 return {'created', ARGV[3]}
 """
+
+
+def refusal(kind: str, found: str, kept_quota: int | None) -> Exception | None:
+    """What the script's answer (`kind`, `found`) refuses the job with; None when it made the
+    job or found it made."""
+    if kind == "overloaded":
+        return Overloaded()
+    if kind == "full":
+        used, cap = (int(x) for x in found.split())
+        return StoreFull(used, cap)
+    if kind == "kept_full":
+        held, wait_s = (int(x) for x in found.split())
+        return KeptFull(held, kept_quota or 0, wait_s)
+    if kind == "mismatch":
+        return IdempotencyMismatch()
+    if kind in ("gone", "retried", "not_retryable"):
+        return RetryRefused("missing" if kind == "gone" else
+                            "retried" if kind == "retried" else found,
+                            found if kind == "retried" else "")
+    return None

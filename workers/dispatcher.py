@@ -190,7 +190,7 @@ class PoolDispatcher:
 
     def submit(self, model: str, request: Any, alone: bool = False,
                arrived: float | None = None) -> None:
-        if model in self.reloader.removed:
+        if self.reloader.fails_removed(model):
             self.settlement.fail([request], removed_error(model))
             return
         kwargs = request.kwargs or {}

@@ -123,6 +123,9 @@ class BatchScheduler:
 
     def __init__(self) -> None:
         self.buffers: dict[str, ModelBuffer] = {}
+        # Models whose jobs wait, whatever their buffer's deadline: a reload's new models
+        # while a child on the previous file, which lacks them, may be handed a batch.
+        self.held: set[str] = set()
 
     def add_model(self, model: str, max_batch_size: int, max_wait_s: float) -> None:
         """A model's buffer; for a model it has already, its new limits (a reload), the jobs
@@ -157,7 +160,8 @@ class BatchScheduler:
         out: list[Batch] = []
         while idle > 0:
             worker_idle = busy == 0
-            ready = [b for b in self.buffers.values() if b.ready(now, worker_idle, freed > 0)]
+            ready = [b for b in self.buffers.values()
+                     if b.model not in self.held and b.ready(now, worker_idle, freed > 0)]
             if not ready:
                 break
             buf = min(ready, key=lambda b: b.oldest)  # the longest-waiting model goes first
@@ -171,7 +175,8 @@ class BatchScheduler:
         return out
 
     def next_deadline(self) -> float | None:
-        deadlines = [b.deadline for b in self.buffers.values() if b.queue]
+        deadlines = [b.deadline for b in self.buffers.values()
+                     if b.queue and b.model not in self.held]
         return min(deadlines) if deadlines else None
 
     def remove(self, job: Any) -> bool:

@@ -37,6 +37,7 @@ from config.models import ModelSpec, parse_models, read_models_content, revision
 from tasks.errors import removed_error
 from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
 from tasks.names import task_name
+from tasks.queuemoves import QueueMoves, changed_queues
 from workers.broker.pool import ready_children, retire_idle_child
 from tasks.reload_failures import describe, failure_of
 from tasks.serves import capabilities
@@ -81,6 +82,7 @@ class Reloader:
         self.gpus: int | None = None
         settings = self.app.conf.iq_settings
         self.turn = Turn(client, self.consumer.hostname, settings.heartbeat_ttl_s, STEP_S)
+        self.moves = QueueMoves(client)
 
     @property
     def unavailable(self) -> int:
@@ -95,9 +97,7 @@ class Reloader:
             announced, number = self.client.mget(MODELS_REVISION_KEY, MODELS_ANNOUNCEMENTS_KEY)
         except redis.RedisError:
             return
-        again = announced == self.refused_revision and number != self.refused_number
-        if announced and announced != self.revision and (
-                announced != self.refused_revision or again):
+        if self._newer(announced, number):
             self.begin(announced, number)
         elif announced == self.revision and self.state == "refused" and not self.stale \
                 and self.retiring is None:
@@ -106,7 +106,46 @@ class Reloader:
             self.state, self.error = "serving", ""
         self.watch()
         self.turn.renew()
+        self.move_queued()
         self.report()
+
+    def move_queued(self) -> None:
+        """What waits on a queue a reload took its model off goes to the model's new queue,
+        once no worker consumes the old one (tasks/queuemoves.py)."""
+        try:
+            moved = self.moves.move(self.app.conf.iq_settings.heartbeat_ttl_s)
+        except redis.RedisError as exc:
+            logger.warning("could not move the jobs of a renamed queue: %s", exc)
+            return
+        for m in moved:
+            if m.jobs:
+                logger.info("%d job(s) waiting on queue %s moved to its model's new queue %s",
+                            m.jobs, m.old, m.new)
+
+    def _newer(self, announced: str | None, number: str | None) -> bool:
+        """Whether the announced revision is one to begin: not the one it serves, nor one it
+        refused unless announced again since."""
+        again = announced == self.refused_revision and number != self.refused_number
+        return bool(announced) and announced != self.revision and (
+            announced != self.refused_revision or again)
+
+    def fails_removed(self, model: str) -> bool:
+        """Whether a job of `model` fails with `model_removed`: only when the file this worker
+        serves removed it and the newest announced revision has not been begun. A newer one
+        (a removal rolled back, which the API processes may serve already and accept the
+        model's jobs for) is begun here and now, not at the next tick: the job is then
+        judged by it. One read of Redis, for a removed model's jobs only."""
+        if model not in self.removed:
+            return False
+        try:
+            announced, number = self.client.mget(MODELS_REVISION_KEY, MODELS_ANNOUNCEMENTS_KEY)
+        except redis.RedisError:
+            return True  # failing it needs Redis too: the settlement keeps it meanwhile
+        if self._newer(announced, number):
+            logger.info("a job of %s, which this worker's models file removed: revision %s "
+                        "is announced, taken up now", model, announced)
+            self.begin(announced, number)
+        return model in self.removed
 
     def begin(self, revision: str, number: str | None = None) -> None:
         """Reload to the announced `revision` (`number`: the count of its announcements)."""
@@ -136,8 +175,9 @@ class Reloader:
         # The children started from now on load this file (workers/pinned.py), as a reload's.
         self.content = content
         pin(content, reload_from=previous)
-        self.apply(specs)
+        gaining = self.apply(specs)
         self.stale, self.begun_with = self._pids(), self._pids()
+        self._hold(gaining)
         logger.info("reloading models file %s (revision %s → %s): %d child(ren) to replace, "
                     "one at a time", path, previous, revision, len(self.stale))
         if self._timer is None:
@@ -161,8 +201,9 @@ class Reloader:
         failed, (revision, content, specs) = self.revision, self.previous
         self.revision, self.content, self.previous = revision, content, None
         pin(content)  # not a reload's: it is what this worker served
-        self.apply(specs, "the rollback")
+        gaining = self.apply(specs, "the rollback")
         self.stale = self._pids() - self.begun_with
+        self._hold(gaining)
         self.refused_revision, self.state = failed, "refused"
         self.refused_number = self.announcement
         self.error = f"{describe(failed, failure)}; rolled back to revision {revision}"
@@ -171,12 +212,19 @@ class Reloader:
         self.report()
 
     # -- the main process's own models ---------------------------------------------------
-    def apply(self, specs: dict[str, ModelSpec], by: str = "the reload") -> None:
+    def apply(self, specs: dict[str, ModelSpec], by: str = "the reload") -> set[str]:
         """The new models file in this main process: what the dispatcher and the settlement
         read (batching limits, time limits), the new models' tasks and queues, the removed
-        models' jobs failed. Children started from now on load the new models."""
+        models' jobs failed, the moved queues recorded. Children started from now on load the
+        new models. Returns the models it gains (its children so far lack them)."""
         old = self.app.conf.iq_models
         self.app.conf.iq_models = specs
+        moves = changed_queues({n: m.queue for n, m in old.items()},
+                               {n: m.queue for n, m in specs.items()})
+        try:
+            self.moves.record(moves, [spec.queue for spec in specs.values()])
+        except redis.RedisError as exc:  # `make reload` records them once done
+            logger.warning("could not record the queues moved by %s: %s", by, exc)
         scheduler = self.dispatcher.scheduler
         for name, spec in specs.items():
             self.removed.pop(name, None)
@@ -197,6 +245,18 @@ class Reloader:
         consumed = set(self.dispatcher.liveness.consumed_queues())
         os.environ["IQ_WORKER_MODELS"] = ",".join(
             name for name, spec in specs.items() if spec.queue in consumed)
+        return set(specs) - set(old)
+
+    def _hold(self, gaining: set[str]) -> None:
+        """The models the children on the previous file lack wait in the buffer until none
+        of those children is left (a batch handed to one would fail `model_unavailable`)."""
+        held = self.dispatcher.scheduler.held
+        held.clear()
+        if self.stale:
+            held.update(gaining)
+        if held:
+            logger.info("jobs of %s wait for a child on the new models file",
+                        ", ".join(sorted(held)))
 
     def retire_model(self, name: str, by: str = "the reload") -> None:
         """A model the new file removed: what waits in the buffer fails now; its queue stays
@@ -227,6 +287,9 @@ class Reloader:
             self.turn.release()  # a child serves again: the next worker's turn
             self.dispatcher.pump()  # the replacement takes work
         self.stale &= self._pids()
+        if not self.stale and self.dispatcher.scheduler.held:
+            self.dispatcher.scheduler.held.clear()  # every child has the new models
+            self.dispatcher.pump()
         if self.stale:
             # A child still loading the file rolled back from fails and goes by itself: no
             # turn taken for it.

@@ -154,6 +154,8 @@ def test_the_document_declares_the_key_and_its_refusals(secured):
             assert operation["security"] == [{"apiKey": []}], (method, path)
             assert "401" in operation["responses"], (method, path)
             assert "WWW-Authenticate" in operation["responses"]["401"]["headers"]
+            # Every keyed request but a submit costs from its key's read budget.
+            assert "Retry-After" in operation["responses"]["429"]["headers"], (method, path)
     submit = document["paths"]["/v1/jobs"]["post"]["responses"]
     assert {"403", "429"} <= set(submit)
 

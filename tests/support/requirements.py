@@ -4,53 +4,14 @@ Lets a test run a process as if only that file had been installed (`guard_env`).
 from __future__ import annotations
 
 import json
-import re
 import sysconfig
 from importlib import metadata
 from pathlib import Path
 
-from packaging.requirements import Requirement
+from scripts.constraints import REQUIREMENTS, ROOT, canonical, closure, pinned  # noqa: F401
 
-from scripts.stack import ROOT
-
-REQUIREMENTS = ROOT / "requirements"
 GUARD = Path(__file__).resolve().parent / "import_guard"
 PROJECT = ("app", "tasks", "config")  # what the API's tree holds of this project
-
-
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def pinned(path: Path) -> list[Requirement]:
-    """The requirements a file lists, following its `-r` includes."""
-    found = []
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line.startswith("-r "):
-            found += pinned(path.parent / line[3:].strip())
-        elif line:
-            found.append(Requirement(line))
-    return found
-
-
-def closure(path: Path) -> set[str]:
-    """Every distribution that installing `path` brings, as pip resolves it for this Python:
-    each pinned one and, recursively, what it requires (markers and extras evaluated)."""
-    seen: set[str] = set()
-    todo = [(r, frozenset(r.extras)) for r in pinned(path)]
-    while todo:
-        requirement, extras = todo.pop()
-        name = canonical(requirement.name)
-        if name in seen:
-            continue
-        seen.add(name)
-        for spec in metadata.requires(requirement.name) or []:
-            needed = Requirement(spec)
-            if needed.marker is None or any(needed.marker.evaluate({"extra": e})
-                                            for e in extras | {""}):
-                todo.append((needed, frozenset(needed.extras)))
-    return seen
 
 
 def top_level_modules(distributions: set[str]) -> set[str]:

@@ -128,6 +128,12 @@ def test_api_key_mistakes_are_named(tmp_path, second, message):
     ({"body_timeout_s": -1}, "body_timeout_s must be > 0, got -1"),
     ({"forwarded_allow_ips": "10.0.0.0/8, proxy.local"},
      "forwarded_allow_ips must list IP addresses or CIDRs, got 'proxy.local'"),
+    ({"kept_bytes_per_key": 1000}, r"kept_bytes_per_key must be 0 \(no quota\) or at least "
+                                   r"kept_inputs_max_bytes \(262144\).*got 1000"),
+    ({"max_uploads_per_key": -1}, "max_uploads_per_key must be an integer >= 0, got -1"),
+    ({"read_rate_per_key": float("nan")}, "read_rate_per_key must be >= 0, got nan"),
+    ({"read_burst_per_key": 0}, "read_burst_per_key must be an integer >= 1 with a "
+                                "read_rate_per_key, got 0"),
 ])
 def test_security_settings_are_checked(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -166,3 +166,17 @@ def test_drain_keeps_the_jobs_marked_alone_when_asked():
     s.add("m", "again", 1, now=1.0, alone=True)
     assert [p.job for p in s.drain()] == ["again"]
     assert len(s) == 0
+
+
+def test_a_held_models_jobs_wait_past_their_deadline_and_leave_once_released():
+    # A reload's new model while a child on the previous file (which lacks it) may take a
+    # batch: its jobs wait, the other models' are served, and no timer is armed for them.
+    s = make(max_wait_s=0.010, models=("m", "new"))
+    s.held.add("new")
+    s.add("new", "n1", 1, now=0.0)
+    s.add("m", "a", 1, now=0.5)
+    assert s.next_deadline() == pytest.approx(0.510)
+    assert ids(s.batches(now=1.0, idle=2, busy=0)) == [["a"]]
+    assert s.next_deadline() is None and len(s) == 1
+    s.held.clear()
+    assert ids(s.batches(now=1.0, idle=1, busy=0)) == [["n1"]]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from tasks.keys import JOB_PREFIX, PREFIX, wake_key
 from tasks.names import PRIORITY_SEP
+from tasks.queuemoves import FORWARD_LUA
 
 INFLIGHT_PREFIX = f"{PREFIX}inflight:"
 ALIVE_PREFIX = f"{PREFIX}alive:"
@@ -41,6 +42,7 @@ local SEP = {_lua(PRIORITY_SEP)}
 local WAKE = {_lua(wake_key(""))}
 local INFLIGHT = {_lua(INFLIGHT_PREFIX)}
 local ALIVE = {_lua(ALIVE_PREFIX)}
+{FORWARD_LUA}
 -- An in-flight entry: its queue list and its message.
 local function split(entry)
   local cut = string.find(entry, '\\n', 1, true)
@@ -65,12 +67,19 @@ local function tag_of(message)
   if type(tag) ~= 'string' then return nil end
   return tag
 end
+-- A message back at the head of its list: of the queue its queue moved to, if a reload moved
+-- it (tasks/queuemoves.py), its record pointed there.
+local function back(list, message)
+  local to = forward(list)
+  redis.call('rpush', to, message)
+  relist(message, list, to)
+  wake(to)
+end
 -- Put back what an in-flight hash holds (HGETALL's reply), each at the head of its list.
 local function put_back(held)
   for j = #held, 2, -2 do
     local list, message = split(held[j])
-    redis.call('rpush', list, message)
-    wake(list)
+    back(list, message)
   end
 end
 """
@@ -150,8 +159,7 @@ for i = #ARGV, 1, -1 do
   if entry then
     redis.call('hdel', KEYS[1], ARGV[i])
     local list, message = split(entry)
-    redis.call('rpush', list, message)
-    wake(list)
+    back(list, message)
     n = n + 1
   end
 end
@@ -210,14 +218,21 @@ for _, id in ipairs(ids) do
   if (f[1] ~= 'queued' and f[1] ~= 'running') or not tag or not f[3] then
     redis.call('zrem', KEYS[1], id)
   else
+    -- Its queue moved (a reload, tasks/queuemoves.py): looked for on the old list (not moved
+    -- yet) and the new, queued again on the new, the record following it there.
+    local list = forward(f[3])
     local found = false
     for _, holder in ipairs(holders) do
       if redis.call('hexists', holder, tag) == 1 then found = true break end
     end
-    if not found and redis.call('lpos', f[3], f[2], 'rank', -1) then found = true end
+    if not found and redis.call('lpos', f[3], f[2], 'rank', -1) then found, list = true, f[3] end
+    if not found and list ~= f[3] and redis.call('lpos', list, f[2], 'rank', -1) then
+      found = true
+    end
+    if list ~= f[3] then redis.call('hset', '""" + JOB_PREFIX + """' .. id, 'list', list) end
     if not found then
-      redis.call('rpush', f[3], f[2])
-      wake(f[3])
+      redis.call('rpush', list, f[2])
+      wake(list)
       out[#out + 1] = id
     end
     redis.call('zadd', KEYS[1], now, id)

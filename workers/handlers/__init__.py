@@ -1,34 +1,27 @@
-"""Model handlers by kind (see config/models.yaml)."""
+"""Model handlers by kind: each kind of config/kinds.py's registry names its handler class
+("package.module:Class"), imported here, in the pool child that loads the model, so that a
+worker serving only one kind loads only its dependencies."""
 from __future__ import annotations
 
+from kombu.utils.imports import symbol_by_name
+
+from config.kinds import kind_of
 from config.models import ModelSpec
 from workers.handlers.base import Handler
 
 
 def handler_class(kind: str) -> type[Handler]:
-    # Imported on demand so that a worker serving only one kind loads only its dependencies.
-    if kind == "embedding":
-        from workers.handlers.text import EmbeddingHandler
-        return EmbeddingHandler
-    if kind == "classification":
-        from workers.handlers.text import ClassificationHandler
-        return ClassificationHandler
-    if kind == "sequence-classification":
-        from workers.handlers.text import SequenceClassificationHandler
-        return SequenceClassificationHandler
-    if kind == "torchscript":
-        from workers.handlers.tensor import TorchScriptHandler
-        return TorchScriptHandler
-    if kind == "export":
-        from workers.handlers.tensor import ExportHandler
-        return ExportHandler
-    if kind == "image":
-        from workers.handlers.image import ImageHandler
-        return ImageHandler
-    if kind == "synthetic":
-        from workers.handlers.tensor import SyntheticHandler
-        return SyntheticHandler
-    raise ValueError(f"unknown model kind {kind!r}")
+    """The handler class the registered kind `kind` names; ValueError when there is no such
+    kind or its handler is not a Handler."""
+    try:
+        path = kind_of(kind).handler
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+    found = symbol_by_name(path)
+    if not (isinstance(found, type) and issubclass(found, Handler)):
+        raise ValueError(f"kind {kind}: handler {path} is not a subclass of "
+                         f"workers.handlers.base.Handler")
+    return found
 
 
 def build_handler(spec: ModelSpec, device: str) -> Handler:
