@@ -156,7 +156,7 @@ if #KEYS > records then
 end
 for i = 1, records do
   local key = KEYS[i]
-  local f = redis.call('hmget', key, 'status', 'expires_at', 'token', 'runs')
+  local f = redis.call('hmget', key, 'status', 'expires_at', 'token', 'runs', 'batch', 'worker')
   local status = f[1]
   if held and not held[i] then
     out[i] = 'lapsed'
@@ -166,6 +166,10 @@ for i = 1, records do
     out[i] = 'foreign'
   elseif expire_if_due(key, id_of(key), status, f[2], ARGV[6], ARGV[7]) then
     out[i] = 'expired'
+  elseif status == 'running' and f[5] == ARGV[5] and f[6] == ARGV[4] then
+    -- This very start sent again (a worker's retry after a timeout, each try of which a frozen
+    -- Redis runs once it resumes): the batch started once, and counts once.
+    out[i] = 'run'
   elseif status == 'queued' or status == 'running' then
     redis.call('hset', key, 'status', 'running', 'started_at', ARGV[3], 'worker', ARGV[4],
                'batch', ARGV[5], 'runs', (tonumber(f[4]) or 0) + 1)
