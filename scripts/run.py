@@ -33,7 +33,9 @@ from kombu.utils.url import maybe_sanitize_url
 
 from config import ConfigError, Settings, load_settings
 from config.groups import shown_groups
+from config.models import read_models_content
 from scripts import run_redis
+from scripts.models_check import problems_of
 from scripts.preflight import REDIS_APP_USER, Binding, Refused, model_file_problems, \
     operator_file_problems, port_problems, reachable
 from scripts.run_stop import OrderedManager
@@ -204,6 +206,19 @@ def process_env(name: str, env: dict[str, str]) -> dict[str, str]:
     return own
 
 
+def _models_problems(settings: Settings) -> list[str]:
+    """Why the models file cannot start: another user may write it or a model file, or every
+    process would stop on it at its start (a model on a Redis group these settings lack, a
+    model file that is not there), which under respawn would crash-loop for ever."""
+    try:
+        return model_file_problems(settings.models_file) + [
+            f"make run: {problem}" for problem in problems_of(
+                Path(settings.models_file), read_models_content(settings.models_file),
+                settings.redis_group_urls)]
+    except ConfigError as exc:  # the models file itself is wrong
+        return [f"make run: {exc}"]
+
+
 def plan(environ: dict[str, str]) -> Run:
     """Check the ports, then make or read the secrets (nothing is written when a port is
     taken)."""
@@ -227,10 +242,7 @@ def plan(environ: dict[str, str]) -> Run:
         else None
     problems += port_problems([b for b in ports.values() if b.port] + replicated, known,
                               shown(password_file))
-    try:
-        problems += model_file_problems(settings.models_file)
-    except ConfigError as exc:  # the models file itself is wrong
-        problems.append(f"make run: {exc}")
+    problems += _models_problems(settings)
     problems += [f"make run: {line}" for line in
                  operator_file_problems(env.get("IQ_CONFIG", ""), settings.api_keys_file)]
     if problems:

@@ -104,6 +104,11 @@ MODELS_ANNOUNCEMENTS_KEY = f"{PREFIX}models:announcements"
 # `api:<host>/<pid>`, value JSON {"revision", "state", "at", ...} (workers/reload.py,
 # app/reloading.py); a reload waits on it.
 RELOAD_STATUS_KEY = f"{PREFIX}reload:status"
+# Hash of the gunicorns serving the API: field `<host> <address>`, value JSON {"processes",
+# "at"}, written by each of its processes every heartbeat (app/reloading.py) and kept when they
+# exit: a reload is done once as many processes serve the new revision there as before, also
+# when none was up as it began (its master restarting).
+RELOAD_API_KEY = f"{PREFIX}reload:api"
 
 
 def reload_turn_key(queue: str) -> str:
