@@ -116,3 +116,10 @@ _wanted = worker_connections + 256
 if _soft != resource.RLIM_INFINITY and _soft < _wanted:
     _limit = _wanted if _hard == resource.RLIM_INFINITY else min(_wanted, _hard)
     resource.setrlimit(resource.RLIMIT_NOFILE, (_limit, _hard))
+
+
+def post_fork(server, worker):
+    """Each API process knows its gunicorn (its address) and how many processes it runs, for
+    a models reload to count them (app/reloading.py)."""
+    os.environ["_IQ_API_BIND"] = ",".join(server.cfg.bind)
+    os.environ["_IQ_API_PROCESSES"] = str(server.num_workers)

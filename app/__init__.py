@@ -7,7 +7,7 @@ from flask import Flask
 
 from config import load_settings
 from config.models import read_models
-from tasks import tracing
+from tasks import redis_deadline, tracing
 from tasks.logs import configure as configure_logging
 
 
@@ -59,4 +59,18 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     api.register_blueprint(ops.blueprint(bool(keys)))
     # After flask-smorest's: app/errors.py answers every error, theirs included.
     errors.register_error_handlers(app)
+    _one_deadline(app, settings.redis_deadline_s)
     return app
+
+
+def _one_deadline(app: Flask, seconds: float) -> None:
+    """Each request, from its first hook to its answer, under one Redis deadline
+    (tasks/redis_deadline.py): its calls on every Redis share `seconds`. What an event stream
+    reads once its answer has begun, each call is bounded on its own."""
+    inner = app.wsgi_app
+
+    def wsgi_app(environ, start_response):
+        with redis_deadline.deadline(seconds):
+            return inner(environ, start_response)
+
+    app.wsgi_app = wsgi_app  # type: ignore[method-assign]

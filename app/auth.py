@@ -21,6 +21,7 @@ from flask import Flask, current_app, g, request
 from app.errors import Forbidden, RateLimited, Unauthorized
 from app.limits import OverBudget, ReadBudget
 from config import ConfigError
+from tasks.lua import script
 
 
 @dataclass(frozen=True)
@@ -74,20 +75,9 @@ def load_keys(path: str) -> dict[str, ApiKey]:
     return keys
 
 
-# Token bucket: KEYS[1] the bucket; ARGV rate/s, burst, now. Returns 0 when a token was taken,
-# else the seconds until one will be there.
-_TAKE = """
-local rate, burst, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local state = redis.call('hmget', KEYS[1], 'tokens', 'ts')
-local tokens = tonumber(state[1]) or burst
-local ts = tonumber(state[2]) or now
-tokens = math.min(burst, tokens + (now - ts) * rate)
-local wait = 0
-if tokens >= 1 then tokens = tokens - 1 else wait = (1 - tokens) / rate end
-redis.call('hset', KEYS[1], 'tokens', tokens, 'ts', now)
-redis.call('expire', KEYS[1], math.ceil(burst / rate) + 60)
-return tostring(wait)
-"""
+# Token bucket (tasks/lua/rate_take.lua): 0 when a token was taken, else the seconds until one
+# will be there.
+_TAKE = script("rate_take")
 
 
 def take_token(client: redis.Redis, key: ApiKey) -> float:

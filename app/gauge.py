@@ -25,6 +25,7 @@ hold more jobs than `max_queue_depth`: up to P x max_queue_depth / 2 with P API 
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -70,8 +71,9 @@ class Gauge:
         reading = self._reading
         age = None if reading is None else time.monotonic() - reading.taken
         if (age is None or age >= self.max_age_s) and self._lock.acquire(blocking=False):
-            threading.Thread(target=self._refresh, args=(queues,), name="iq-gauge",
-                             daemon=True).start()
+            # Outside the submit's deadline (tasks/redis_deadline.py): no submit waits for it.
+            threading.Thread(target=contextvars.Context().run, args=(self._refresh, queues),
+                             name="iq-gauge", daemon=True).start()
         return reading if age is not None and age < 4 * self.max_age_s else None
 
     def _refresh(self, queues: list[str]) -> None:

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 import redis
 
 from app.errors import Conflict, Unavailable
-from app.store import DEAD_STATUSES, SCAN_BUDGET, JobStore, Watch, new_job_id
+from app.store import DEAD_STATUSES, SCAN_BUDGET, JobStore, Watch, group_name, new_job_id
 from app.waiter import Slots
 from config import Settings
 from config.groups import group_of, group_tag
@@ -30,11 +30,6 @@ from tasks.jobstate import CancelOutcome, JobRecord, Page
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-def group_name(group: str) -> str:
-    """How answers and logs name a group: `Redis group 'name'`, or REDIS_URL's Redis."""
-    return f"Redis group {group!r}" if group else "the default Redis (REDIS_URL)"
 
 
 class Stores:
@@ -82,11 +77,17 @@ class Stores:
 
     def get(self, job_id: str, owner: str | None = None) -> JobRecord | None:
         store = self.for_job(job_id)
-        return None if store is None else store.get(job_id, owner)
+        if store is None:
+            return None
+        with store.answering():
+            return store.get(job_id, owner)
 
     def wait(self, job_id: str, timeout_s: float, owner: str) -> JobRecord | None:
         store = self.for_job(job_id)
-        return None if store is None else store.wait(job_id, timeout_s, owner)
+        if store is None:
+            return None
+        with store.answering():
+            return store.wait(job_id, timeout_s, owner)
 
     @contextmanager
     def watch(self, job_id: str, owner: str, moves: bool = False) -> Iterator[Watch]:
@@ -96,38 +97,60 @@ class Stores:
 
     def owned_by(self, job_id: str, owner: str) -> bool:
         store = self.for_job(job_id)
-        return store is not None and store.owned_by(job_id, owner)
+        if store is None:
+            return False
+        with store.answering():
+            return store.owned_by(job_id, owner)
 
     def cancel(self, job_id: str) -> CancelOutcome:
         store = self.for_job(job_id)
-        return CancelOutcome.MISSING if store is None else store.cancel(job_id)
+        if store is None:
+            return CancelOutcome.MISSING
+        with store.answering():
+            return store.cancel(job_id)
 
     def delete(self, job_id: str, owner: str) -> str:
         store = self.for_job(job_id)
-        return "missing" if store is None else store.delete(job_id, owner)
+        if store is None:
+            return "missing"
+        with store.answering():
+            return store.delete(job_id, owner)
 
     def kept_request(self, job_id: str) -> str | bytes | None:
         store = self.for_job(job_id)
-        return None if store is None else store.kept_request(job_id)
+        if store is None:
+            return None
+        with store.answering():
+            return store.kept_request(job_id)
 
     def page(self, owner: str, *, status: str = "", model: str = "",
-             cursor: tuple[str, str] | None = None, limit: int = 20) -> Page:
+             cursor: tuple[str, str] | None = None,
+             limit: int = 20) -> tuple[Page, list[str]]:
         """A page of the owner's jobs, newest first, from every group (JobStore.page); with
-        `model`, from that model's group alone. A group that cannot be read makes it a 503
-        naming the group, not a page that silently lacks its jobs."""
+        `model`, from that model's group alone. And the groups that could not be read
+        (`redis:<group>`, `redis` for REDIS_URL's), whose jobs the page lacks: one frozen or
+        down group does not hold or fail the listing of the others (503 naming it when none
+        can be read)."""
         if len(self.stores) == 1 or model:
             store = self.for_model(self.models[model]) if model else self.default
-            return store.page(owner, status=status, model=model, cursor=cursor, limit=limit)
-        pages = []
+            with store.answering():
+                return store.page(owner, status=status, model=model, cursor=cursor,
+                                  limit=limit), []
+        pages: list[Page] = []
+        down: dict[str, redis.RedisError] = {}
         for group, page in self._each(lambda store: store.page(
                 owner, status=status, cursor=cursor, limit=limit)).items():
             if isinstance(page, redis.RedisError):
-                raise _down(group, page, "GET /v1/jobs?model=<a model of another group> "
-                                         "lists the others' jobs") from None
-            if isinstance(page, BaseException):
+                logger.warning("jobs of %s unlisted: %s", group_name(group), page)
+                down[group] = page
+            elif isinstance(page, BaseException):
                 raise page
-            pages.append(page)
-        return merge_pages(pages, limit)
+            else:
+                pages.append(page)
+        if not pages:
+            first = next(iter(down))
+            raise _down(first, down[first], "no Redis group answered the listing")
+        return merge_pages(pages, limit), [f"redis:{g}" if g else "redis" for g in down]
 
     def scan_cost(self, *, status: str = "", model: str = "", limit: int = 20) -> int:
         """The index entries a page (`page`) may read at most: `limit` of each group it reads
@@ -207,7 +230,8 @@ class Stores:
         """`call` on every group's store at once, a thread each (a greenlet under gunicorn's
         gevent worker), so that a group whose Redis does not answer costs one deadline, not one
         after another's: {group: what it returned, or what it raised}, in the groups' order.
-        One store: called here."""
+        Each thread runs in a copy of the caller's context: the request's one deadline
+        (tasks/redis_deadline.py) bounds them all. One store: called here."""
         if len(self.stores) == 1:
             try:
                 return {"": call(self.default)}

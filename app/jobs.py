@@ -197,19 +197,22 @@ def _read_routes(bp: Blueprint, settings: Settings, models: dict[str, ModelSpec]
         without their outputs. `status=failed` (or cancelled, expired) lists the dead-letter
         index: jobs that did not succeed, newest ending first. Any other filter reads at most
         500 jobs a page: a page may hold fewer than `limit` jobs and still have a
-        `next_cursor`."""
+        `next_cursor`. While a Redis group does not answer, the page holds the other groups'
+        jobs and `unreachable` names it."""
         auth.charge_read(auth.current_key(), _ext("iq.store").scan_cost(
             status=status, model=model, limit=limit))
         after = tuple(cursor.split(":", 1)) if cursor else None
-        page = _ext("iq.store").page(auth.current_owner(), status=status, model=model,
-                                     cursor=after, limit=limit)
+        page, unreachable = _ext("iq.store").page(auth.current_owner(), status=status,
+                                                  model=model, cursor=after, limit=limit)
         following = ":".join(page.cursor) if page.cursor else None
         query = {k: v for k, v in (("status", status), ("model", model)) if v}
         query.update(limit=limit, cursor=following)
-        return answer(JobList, {
-            "jobs": [job_body(job, outputs=False) for job in page.jobs],
-            "next_cursor": following,
-            "next": f"/v1/jobs?{urlencode(query, safe=':')}" if following else None})
+        body = {"jobs": [job_body(job, outputs=False) for job in page.jobs],
+                "next_cursor": following,
+                "next": f"/v1/jobs?{urlencode(query, safe=':')}" if following else None}
+        if unreachable:
+            body["unreachable"] = unreachable
+        return answer(JobList, body)
 
 
 def _wait_args(max_wait_s: float) -> type[Schema]:

@@ -2,14 +2,23 @@
 
 Under gunicorn, each API process looks at the announced revision every heartbeat. When it
 differs from the revision of the file the process serves, and the file on disk now has the
-announced revision, it asks its gunicorn master for a graceful reload (SIGHUP, once per master
-and revision): the master starts new processes, which read the new file (the app is not
+announced revision, it first runs a canary of it (app/canary.py: the app built from the new
+file with this process's environment, its Redis reached, in a process of its own); only once
+the canary started does it ask its gunicorn master for a graceful reload (SIGHUP, once per
+master and revision): the master starts new processes, which read the new file (the app is not
 preloaded), and the old ones finish the requests they hold before they exit, so no request is
-dropped. A process whose file is not the announced one (another host's, not yet updated)
-keeps serving and says so. Each process reports the revision it serves (tasks/keys.py
-RELOAD_STATUS_KEY), for the reload command to wait on; once it has handed over, "handing
-over" (it may still answer requests with the old file until its master stops it), until it
-exits, when it removes its report."""
+dropped. A canary that fails leaves the master alone (its new processes could not have booted,
+and a master whose processes cannot boot exits): the process keeps serving the old file and
+refuses the revision, saying why, until it is announced again; it records the failure as a
+pool child's failed load is recorded (tasks/reload_failures.py), so that the roll halts and
+the workers that began it roll back. A process whose file is not the
+announced one (another host's, not yet updated) keeps serving and says so. Each process
+reports the revision it serves and what it can serve (tasks/keys.py RELOAD_STATUS_KEY,
+tasks/serves.py), for the reload command to check a file against and wait on; once it has
+handed over, "handing over" (it may still answer requests with the old file until its master
+stops it), until it exits, when it removes its report. Each also keeps its gunicorn's address
+and process count in RELOAD_API_KEY, which outlives its processes, so that a reload is done
+only once as many processes as before serve the new revision there."""
 from __future__ import annotations
 
 import atexit
@@ -20,34 +29,46 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import orjson
 import redis
 
+from app import canary
 from config import Settings
 from config.models import revision_of
-from tasks.keys import MODELS_REVISION_KEY, PREFIX, RELOAD_STATUS_KEY
+from tasks.keys import (MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, PREFIX, RELOAD_API_KEY,
+                        RELOAD_STATUS_KEY)
+from tasks.lua import script
+from tasks.reload_failures import record_refusal
+from tasks.serves import capabilities
 
 logger = logging.getLogger(__name__)
+# Set in each API process by gunicorn.conf.py's post_fork: its gunicorn's address and process
+# count (not IQ_ variables: they are no settings).
+SERVICE_VARIABLE, PROCESSES_VARIABLE = "_IQ_API_BIND", "_IQ_API_PROCESSES"
 
-# KEYS: a master's claim. ARGV: the announced revision. 1 (and the claim is this revision's)
-# unless the master was sent a SIGHUP for it already.
-_CLAIM = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return 0 end
-redis.call('set', KEYS[1], ARGV[1], 'EX', 3600)
-return 1
-"""
+# A master's claim of the SIGHUP of a revision (tasks/lua/reload_hup_claim.lua): 1 unless the
+# master was sent one for it already.
+_CLAIM = script("reload_hup_claim")
 
 
 class ModelsWatch:
     """One per API process under gunicorn; `master`: the gunicorn master's pid."""
 
     def __init__(self, client: redis.Redis, settings: Settings, revision: str,
-                 master: int) -> None:
+                 master: int, canary: Callable[[str], str] = canary.run) -> None:
         self.client, self.settings, self.revision, self.master = (client, settings, revision,
                                                                   master)
+        self.canary = canary
         self.field = f"api:{socket.gethostname()}/{os.getpid()}"
+        # The gunicorn it belongs to: its address, and how many processes it runs (set by
+        # gunicorn.conf.py's post_fork; absent outside gunicorn).
+        bind = os.environ.get(SERVICE_VARIABLE) or f"master {master}"
+        self.service = f"{socket.gethostname()} {bind}"
+        self.processes = int(os.environ.get(PROCESSES_VARIABLE) or 1)
         self.error = ""
+        self.refused: tuple[str, str | None] | None = None  # (revision, its announcement)
         self.handed_over = False
         self.exiting = False
 
@@ -67,15 +88,24 @@ class ModelsWatch:
         if self.exiting:
             return
         if not self.handed_over:
-            announced = self.client.get(MODELS_REVISION_KEY)
-            if announced and announced != self.revision:
-                self._reload_to(announced)
+            announced, number = self.client.mget(MODELS_REVISION_KEY, MODELS_ANNOUNCEMENTS_KEY)
+            if announced and announced != self.revision and \
+                    self.refused != (announced, number):
+                self._reload_to(announced, number)
+            elif announced == self.revision:
+                self.error, self.refused = "", None  # a failed reload undone
         # Handed over, it is pending still: its master stops it only after the processes
         # that replace it started, and it answers requests with the old file until then.
         state = "handing over" if self.handed_over else "refused" if self.error else "serving"
         status = {"revision": self.revision, "state": state, "at": time.time(),
-                  "error": self.error}
-        self.client.hset(RELOAD_STATUS_KEY, self.field, orjson.dumps(status))
+                  "error": self.error, "service": self.service, **capabilities(self.settings)}
+        if self.refused:  # its canary failed: refused until announced again
+            status.update(refused=self.refused[0], announcement=self.refused[1])
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hset(RELOAD_STATUS_KEY, self.field, orjson.dumps(status))
+            pipe.hset(RELOAD_API_KEY, self.service, orjson.dumps(
+                {"processes": self.processes, "at": status["at"]}))
+            pipe.execute()
 
     def gone(self) -> None:
         """At the process's exit: its report goes (else it lapses after a few heartbeats),
@@ -86,7 +116,7 @@ class ModelsWatch:
         except redis.RedisError as exc:
             logger.debug("models watch: report not removed: %s", exc)
 
-    def _reload_to(self, announced: str) -> None:
+    def _reload_to(self, announced: str, number: str | None = None) -> None:
         path = Path(self.settings.models_file)
         try:
             found = revision_of(path.read_bytes())
@@ -98,6 +128,16 @@ class ModelsWatch:
                 logger.error("models reload refused, still serving revision %s: %s",
                              self.revision, error)
             self.error = error
+            return
+        why = self.canary(announced)
+        if why:
+            # Tried again only when announced again (an operator fixed what failed). Recorded
+            # as a failed load is: the roll halts, the workers that began it roll back.
+            self.refused = (announced, number)
+            self.error = f"the API could not start on models file revision {announced} " \
+                         f"(its canary: {why}); still serving revision {self.revision}"
+            logger.error("models reload refused: %s", self.error)
+            record_refusal(self.client, announced, self.field, f"its canary: {why}")
             return
         # One SIGHUP per master and reload, whichever of its processes sees it first: the
         # master's claim holds the revision it was last sent a SIGHUP for, so that a reload

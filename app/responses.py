@@ -107,6 +107,10 @@ class JobList(Schema):
         "description": "pass as `cursor` for the next page; null when there is no more"})
     next = fields.String(required=True, allow_none=True,
                          metadata={"description": "the next page's URL, filters kept"})
+    unreachable = fields.List(fields.String(), metadata={
+        "description": "only while the Redis of a group does not answer: which (`redis:<group>`, "
+                       "`redis` for REDIS_URL's); the page lacks that group's jobs (read the "
+                       "first page again once it is back)"})
 
 
 class Health(Schema):

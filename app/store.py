@@ -19,12 +19,13 @@ import redis
 from celery import Celery
 
 from app import hangup
+from app.errors import Unavailable
 from app.gauge import Gauge
 from app.waiter import NoSlot, ResultWaiter, Slots
 from config import Settings
 from config.groups import new_job_id as group_job_id
 from config.models import ModelSpec
-from tasks import tracing
+from tasks import redis_deadline, tracing
 from tasks.jobstate import CancelOutcome, JobRecord, JobState, Page, Status, new_job
 from tasks.keys import idempotency_key, versions_key
 from tasks.messages import JOB_TOKEN_HEADER, JobArgs, task_message
@@ -62,6 +63,11 @@ def api_client(settings: Settings) -> redis.Redis:
                    deadline_s=settings.redis_deadline_s)
 
 
+def group_name(group: str) -> str:
+    """How answers and logs name a group: `Redis group 'name'`, or REDIS_URL's Redis."""
+    return f"Redis group {group!r}" if group else "the default Redis (REDIS_URL)"
+
+
 def new_job_id(group: str = "") -> str:
     """A new job id: a random UUID; of a named Redis group, one carrying its tag
     (config/groups.py)."""
@@ -95,9 +101,11 @@ class Watch:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            self.finished.wait(remaining if subscribed.is_set() else min(remaining, 1.0))
+            with redis_deadline.paused():  # the wait asked for is not the request's Redis time
+                self.finished.wait(remaining if subscribed.is_set() else min(remaining, 1.0))
             self.finished.clear()
-            job = self.store.get(self.job_id)
+            with self.store.answering():
+                job = self.store.get(self.job_id)
         return job
 
 
@@ -118,6 +126,23 @@ class JobStore:
         self.waiter = ResultWaiter(self.redis, settings.max_waits, settings.max_waits_per_key,
                                    slots)
         self.gauge = Gauge(self.redis, settings.redis_memory_headroom)
+
+    @contextmanager
+    def answering(self) -> Iterator[None]:
+        """The block's calls answer a request: when the Redis of a named group does not
+        answer (within the request's deadline) or cannot be reached, a 503 naming the group,
+        with Retry-After (README: a group whose Redis is down). REDIS_URL's own errors are
+        left to app/errors.py, as without groups."""
+        try:
+            yield
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if not self.group:
+                raise
+            logger.warning("%s unavailable: %s", group_name(self.group), exc)
+            said = f"did not answer within {self.settings.redis_deadline_s:g}s" \
+                if isinstance(exc, redis.TimeoutError) else "is unreachable"
+            raise Unavailable(f"the job store ({group_name(self.group)}) {said}; retry later",
+                              retry_after=1) from None
 
     def queue_depths(self) -> dict[str, int]:
         """Messages waiting for each model's queue, in one round trip: on its lists, and on
@@ -248,7 +273,9 @@ class JobStore:
         deadline = time.monotonic() + timeout_s
         try:
             with self.watch(job_id, owner) as watch:
-                self.waiter.subscribed.wait(min(timeout_s, self.settings.redis_deadline_s))
+                # The listener's subscription, waited for on the request's Redis time.
+                self.waiter.subscribed.wait(redis_deadline.bound(
+                    min(timeout_s, self.settings.redis_deadline_s)))
                 return watch.until_terminal(self.get(job_id, owner), deadline)
         except NoSlot as exc:
             job = self.get(job_id, owner)

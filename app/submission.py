@@ -33,7 +33,7 @@ from app.schemas import IDEMPOTENCY_KEY_PATTERN, flatten, job_schema, validate_j
 from app.groups import Stores, group_name
 from config import Settings
 from config.models import ModelSpec
-from tasks import egress, webhooks
+from tasks import egress, redis_deadline, webhooks
 from tasks.jobstate import (IdempotencyMismatch, JobRecord, KeptFull, NotReplicated,
                             Overloaded, StoreFull)
 
@@ -81,12 +81,17 @@ class Submitter:
         `before_queue` is called with the new job's id (which says its model's Redis group)
         once every check has passed, just before the job is recorded and queued."""
         self._take_token(caller)
-        spec, job = self._validated(read_body())
+        # Reading the client's body, looking its webhook up and fetching its images have
+        # bounds of their own: they do not count against the request's Redis deadline.
+        with redis_deadline.paused():
+            body = read_body()
+        spec, job = self._validated(body)
         self._check_caller(caller, spec)
         if job["webhook"]:
             self._check_webhook(job["webhook"])
         if spec.input_type == "image":  # decoded, checked and resized before it is queued
-            job["inputs"] = self._canonical_images(spec, job["inputs"], caller)
+            with redis_deadline.paused():
+                job["inputs"] = self._canonical_images(spec, job["inputs"], caller)
         return self._queue(caller, spec, job, before_queue=before_queue)
 
     def retry(self, caller: Caller, job: JobRecord, request: str | bytes) -> Accepted:
@@ -222,7 +227,8 @@ class Submitter:
             raise ValidationFailed("the job is invalid",
                                    fields={"webhook": [webhooks.SECRET_MISSING]})
         try:
-            egress.check_url(hook["url"], allow=self.settings.webhook_allow_list)
+            with redis_deadline.paused():  # a DNS lookup, with its own timeout
+                egress.check_url(hook["url"], allow=self.settings.webhook_allow_list)
         except egress.NotPublic as exc:
             raise ValidationFailed("the job is invalid", fields={"webhook.url": [
                 f"{exc}; IQ_WEBHOOK_ALLOW lists the hosts and CIDRs allowed all the "

@@ -17,6 +17,7 @@ request that finds no slot is told so at once (`NoSlot`) rather than queued behi
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections import Counter
@@ -96,7 +97,10 @@ class ResultWaiter:
             if self._closed.is_set():
                 return
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._listen, name="iq-result-waiter",
+                # In a context of its own: the request that starts it does not lend it its
+                # deadline (tasks/redis_deadline.py).
+                self._thread = threading.Thread(target=contextvars.Context().run,
+                                                args=(self._listen,), name="iq-result-waiter",
                                                 daemon=True)
                 self._thread.start()
 

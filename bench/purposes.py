@@ -44,13 +44,18 @@ _SCRIPT_CALLS = {"EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO", "FCALL"}
 _LINE = re.compile(rb'^\+?[0-9.]+ \[\d+ ([^\]]+)\] (.*)$')
 _ARG = re.compile(rb'"((?:[^"\\]|\\.)*)"')
 
-# Lists the script names of one tree's modules, as `{sha1: "module.NAME"}` on stdout.
+# Lists the script names of one tree's modules, as `{sha1: "module.NAME"}` on stdout: the
+# module-level texts of every module that holds Lua (a tree before issue 38) or reads it from
+# tasks/lua/ (tasks.lua).
 _FIND_SCRIPTS = """
 import hashlib, importlib, json, pathlib, sys
 sys.path.insert(0, '.')
 out = {}
 for path in sorted(pathlib.Path('.').glob('*/**/*.py')):
-    if path.parts[0] not in ('app', 'tasks', 'workers') or 'redis.call' not in path.read_text():
+    if path.parts[0] not in ('app', 'tasks', 'workers'):
+        continue
+    text = path.read_text()
+    if 'redis.call' not in text and 'tasks.lua' not in text:
         continue
     module = importlib.import_module('.'.join(path.with_suffix('').parts))
     for name, value in vars(module).items():

@@ -2,8 +2,10 @@
 process, without a restart.
 
 1. The file is checked as every process would read it (config/models.py), its model files must
-   exist and be the operator's alone (scripts/preflight.py). A file that fails changes nothing:
-   the reason is printed and the exit status is 1. With FILE, FILE is checked and then
+   exist and be the operator's alone (scripts/preflight.py), and every live process must be
+   able to serve it by what it reported (its Redis groups; a worker's GPUs: tasks/serves.py),
+   whatever this shell's environment says. A file that fails changes nothing: the reason is
+   printed and the exit status is 1. With FILE, FILE is checked and then
    installed in place of the models file the processes read (IQ_MODELS_FILE), atomically; the
    file it replaces is kept beside it as `<name>.previous`, so that a rollback is
    `make reload FILE=config/models.yaml.previous`. Each is written to a file of its own first
@@ -12,12 +14,15 @@ process, without a restart.
    when they reload, are checked as the models file is (scripts/preflight.py).
 2. Its revision (a hash of its bytes) is announced in Redis. Each worker takes the new file in
    its main process and replaces its pool children one at a time, each after its batch
-   (workers/reload.py); each API process has its gunicorn reload gracefully (app/reloading.py).
+   (workers/reload.py); each API process has its gunicorn reload gracefully once a canary of
+   the file started (app/reloading.py, app/canary.py), else refuses it.
    A process whose own file is not the announced one keeps serving and reports why.
    Announcements are numbered: a worker that refused a revision tries it again when it is
    announced again (its host fixed).
-3. It waits until every live worker and API process serves the new revision ("reload done":
-   exit 0), one refused or a worker stopped before it took the new file (2), or `--timeout`
+3. It waits until every live worker and API process serves the new revision and every
+   gunicorn runs as many processes on it as it runs ("reload done": exit 0; with FILE, a
+   refusal puts the previous file back as in a failed load below), one refused or a worker
+   stopped before it took the new file (2), or `--timeout`
    passed with no process moving on (3: moving on is a process reaching the new revision,
    replacing a child or finishing; a status that merely changes, as a worker's in a restart
    loop, is not), saying where each one stands. The workers that serve a queue reload in
@@ -44,10 +49,8 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import importlib.util
 import os
 import sys
-import zipfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping
@@ -55,11 +58,11 @@ from typing import Callable, Mapping
 import redis
 
 from config import ConfigError, Settings, load_settings
-from config.groups import check_model_groups
-from config.kinds import kind_of
-from config.models import parse_models, revision_of
+from config.models import revision_of
+from scripts.models_check import problems_of
 from scripts.preflight import model_file_problems, operator_file_problems
-from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, standing_of, wait
+from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, live_reports, standing_of, \
+    wait
 from scripts.staging import put_in_place, replaced_problems, staged_beside
 from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, reload_failed_key
 from tasks.redis_client import connect
@@ -72,60 +75,17 @@ class Invalid(Exception):
     """The new models file cannot be used; the message says why. Nothing was changed."""
 
 
-def _unloadable(spec) -> str | None:
-    """Why a worker's pool child could not even open the model's file or folder, or None.
-    A reload's child that cannot load its models rolls its worker back (workers/reload.py):
-    a file none can open is refused here, before any worker tries it. The
-    tensor kinds' files (TorchScript `.pt`, torch.export `.pt2`) are zip archives, so a
-    truncated or garbage file is seen here without loading it."""
-    path = Path(spec.path)
-    if not path.exists():
-        return f"{spec.path} does not exist"
-    if kind_of(spec.kind).archive:
-        if not path.is_file():
-            return f"{spec.path} is not a file"
-        try:
-            with path.open("rb") as fh:
-                if not zipfile.is_zipfile(fh):
-                    return f"{spec.path} is not a TorchScript or torch.export archive " \
-                           "(truncated or corrupt?)"
-        except OSError as exc:
-            return f"{spec.path} cannot be read: {exc.strerror or exc}"
-    elif path.is_dir():
-        try:
-            next(os.scandir(path), None)
-        except OSError as exc:
-            return f"{spec.path} cannot be read: {exc.strerror or exc}"
-    else:
-        try:
-            path.open("rb").close()
-        except OSError as exc:
-            return f"{spec.path} cannot be read: {exc.strerror or exc}"
-    return None
-
-
-def _missing_files(target: Path, content: bytes, groups: Mapping[str, str]) -> list[str]:
-    problems = []
-    models = parse_models(target, content)
-    check_model_groups(models, groups)  # a Redis group the settings lack: ConfigError
-    for spec in models.values():
-        why = _unloadable(spec) if spec.path else None
-        if why:
-            problems.append(f"models.{spec.name}: {why}")
-        if spec.package and importlib.util.find_spec(spec.package) is None:
-            problems.append(f"models.{spec.name}: package {spec.package} is not installed")
-    return problems
-
-
-def install(target: Path, source: Path | None, groups: Mapping[str, str] | None = None) -> str:
+def install(target: Path, source: Path | None, groups: Mapping[str, str] | None = None,
+            reports: Mapping[str, dict] | None = None) -> str:
     """Check `source` (default: `target` itself) as the models file at `target` and put it
-    there; its revision. `groups`: the Redis groups its models may name. Raises Invalid,
-    changing nothing. Nothing is written through a link (scripts/staging.py): another local
-    user may plant one under a name in a sticky folder (/tmp), and a link of theirs at
-    `target` or `<name>.previous`, or a file of theirs, is refused."""
+    there; its revision. `groups`: the Redis groups its models may name; `reports`: what each
+    live process said it can serve (tasks/serves.py). Raises Invalid, changing nothing.
+    Nothing is written through a link (scripts/staging.py): another local user may plant one
+    under a name in a sticky folder (/tmp), and a link of theirs at `target` or
+    `<name>.previous`, or a file of theirs, is refused."""
     try:
         content = (source or target).read_bytes()
-        problems = _missing_files(target, content, groups or {})
+        problems = problems_of(target, content, groups or {}, reports)
     except (OSError, ConfigError) as exc:
         raise Invalid(str(exc)) from None
     if source is None or source.resolve() == target.resolve():
@@ -172,27 +132,39 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
         say(f"reload refused, nothing changed: {exc}")
         return Result(INVALID, lines=[str(exc)])
     try:
-        try:
-            # The API processes a reload restarts read both again (app/reloading.py).
-            refused = operator_file_problems(os.environ.get("IQ_CONFIG", ""),
-                                             settings.api_keys_file)
-            if refused:
-                raise Invalid("\n".join(refused))
-            revision = install(target, Path(source) if source else None,
-                               settings.redis_group_urls)
-        except Invalid as exc:
-            say(f"reload refused, nothing changed: {exc}")
-            return Result(INVALID, lines=[str(exc)])
+        # The API processes a reload restarts read both again (app/reloading.py).
+        refused = operator_file_problems(os.environ.get("IQ_CONFIG", ""), settings.api_keys_file)
+        if refused:
+            why = "\n".join(refused)
+            say(f"reload refused, nothing changed: {why}")
+            return Result(INVALID, lines=refused)
         # Each Redis group's workers watch their own Redis: announced there too, in turn.
         redises = [("", connect(redis_url or settings.redis_url, settings), settings)]
         for name, url in settings.redis_group_urls.items():
             group = replace(settings, redis_url=url, redis_sentinels="")
             redises.append((name, connect(url, group), group))
+        # Checked against what each live process can serve, on every Redis, before anything
+        # changes: their environment, not this shell's, runs the file.
+        reports: dict[str, dict] = {}
+        for name, client, group in redises:
+            try:
+                reports.update(live_reports(client, group.heartbeat_interval_s))
+            except redis.RedisError as exc:
+                if not name:  # REDIS_URL's: nothing could be announced either
+                    say(f"reload refused, nothing changed: Redis did not answer ({exc})")
+                    return Result(REFUSED, lines=[str(exc)])
+                say(f"Redis group {name}: its processes' reports could not be read ({exc})")
+        try:
+            revision = install(target, Path(source) if source else None,
+                               settings.redis_group_urls, reports)
+        except Invalid as exc:
+            say(f"reload refused, nothing changed: {exc}")
+            return Result(INVALID, lines=[str(exc)])
         for reached, (name, client, group) in enumerate(redises, 1):
             result = _announce(client, target, revision, timeout_s, say, group, name)
             if result.status != DONE:
                 break
-        if result.failed_load and source is not None:
+        if (result.failed_load or result.refused) and source is not None:
             return _undo(target, result, redises[:reached], timeout_s, say, settings)
         return result
     finally:

@@ -15,8 +15,8 @@ import redis
 from config import Settings
 from scripts.reload_moved import move_queued_jobs
 from scripts.reload_removed import fail_removed_jobs
-from tasks.keys import CONSUMING_KEY, RELOAD_STATUS_KEY
-from tasks.reload_failures import failure_of
+from tasks.keys import CONSUMING_KEY, RELOAD_API_KEY, RELOAD_STATUS_KEY
+from tasks.reload_failures import failed_where, failure_of
 
 DONE, REFUSED, TIMED_OUT = 0, 2, 3
 # A process's report older than this many heartbeats is a process that is gone.
@@ -29,6 +29,7 @@ class Result:
     revision: str = ""
     lines: list[str] = field(default_factory=list)
     failed_load: bool = False  # a worker's new pool child could not load it
+    refused: bool = False  # a process refused it (its canary failed, its file differs, …)
 
 
 def _statuses(client: redis.Redis, beat_s: float) -> dict[str, dict]:
@@ -43,6 +44,11 @@ def _statuses(client: redis.Redis, beat_s: float) -> dict[str, dict]:
         elif age <= STALE_BEATS * beat_s:
             live[name] = status
     return live
+
+
+def live_reports(client: redis.Redis, beat_s: float) -> dict[str, dict]:
+    """Each live process's report (where it stands, what it can serve: tasks/serves.py)."""
+    return _statuses(client, beat_s)
 
 
 def standing_of(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
@@ -89,6 +95,35 @@ def standing_of(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
                     and (statuses.get(n) or {}).get("state") != "handing over")
 
 
+def api_services(client: redis.Redis, beat_s: float) -> dict[str, int]:
+    """The gunicorns serving the API (tasks/keys.py RELOAD_API_KEY) seen in the last 100
+    heartbeats, and how many processes each runs; older ones are removed (a gunicorn
+    stopped for good holds a reload that long at most)."""
+    now, out = time.time(), {}
+    for name, raw in client.hgetall(RELOAD_API_KEY).items():
+        entry = orjson.loads(raw)
+        if now - float(entry.get("at", 0)) > 100 * beat_s:
+            client.hdel(RELOAD_API_KEY, name)
+        else:
+            out[name] = int(entry.get("processes") or 1)
+    return out
+
+
+def unready_apis(client: redis.Redis, revision: str, beat_s: float) -> dict[str, str]:
+    """Each gunicorn where fewer processes serve `revision` than it runs: "api <host>
+    <address>" → how many do. An API process that reports serving it has built its app from
+    the file and reached its Redis; one restarting, or not up yet, is not counted."""
+    statuses = _statuses(client, beat_s)
+    out = {}
+    for service, processes in api_services(client, beat_s).items():
+        ready = sum(1 for name, status in statuses.items() if name.startswith("api:")
+                    and status.get("service") == service and status.get("revision") == revision
+                    and status.get("state") == "serving")
+        if ready < processes:
+            out[f"api {service}"] = f"pending: {ready} of {processes} process(es) up on it"
+    return out
+
+
 def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[str], None],
           settings: Settings, target: Path, workers_before: set[str], apis_before: int,
           announcement: str | None = None) -> Result:
@@ -96,6 +131,8 @@ def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[st
     deadline, shown, progress = time.monotonic() + timeout_s, {}, Progress(revision)
     while True:
         standing, apis = standing_of(client, revision, beat, ttl, workers_before, announcement)
+        if not any(w.startswith(("refused", "gone")) for w in standing.values()):
+            standing.update(unready_apis(client, revision, beat))
         if progress.moved(_statuses(client, beat)):  # the timeout counts from now
             deadline = time.monotonic() + timeout_s
         for name, where in standing.items():
@@ -113,7 +150,7 @@ def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[st
             refused = [n for n, w in standing.items() if w.startswith(("refused", "gone"))]
             if refused:
                 say(f"reload to {revision} refused by {', '.join(refused)}")
-                return Result(REFUSED, revision, lines)
+                return Result(REFUSED, revision, lines, refused=True)
             if not move_queued_jobs(client, settings, target, revision, say) or \
                     not fail_removed_jobs(client, settings, target, revision, say):
                 return Result(REFUSED, revision, lines)
@@ -121,7 +158,8 @@ def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[st
             return Result(DONE, revision, lines)
         if time.monotonic() > deadline:
             say(f"reload to {revision} not done: nothing moved on for {timeout_s:g}s: "
-                f"{', '.join(pending) or 'API processes not back'}")
+                + ("; ".join(f"{n} ({standing[n]})" for n in pending)
+                   or "API processes not back"))
             return Result(TIMED_OUT, revision, lines)
         time.sleep(min(0.5, beat))
 
@@ -132,7 +170,7 @@ def failed_load(client: redis.Redis, revision: str) -> str:
     failure = failure_of(client, revision)
     if not failure:
         return ""
-    return f"worker:{failure.get('worker')} could not load it: {failure.get('error')}"
+    return f"{failed_where(failure)} could not load it: {failure.get('error')}"
 
 
 class Progress:

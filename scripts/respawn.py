@@ -1,13 +1,20 @@
 """`make run`'s keeper of one Procfile process: it runs the command and, when the process exits
 on its own (a crash, a kill, a watchdog's stop), starts it again and says so, instead of honcho
-stopping the whole stack because one part ended. A SIGTERM or SIGINT (honcho's stop, Ctrl-C)
-stops it for good: the process itself gets the same signal from honcho, in its process group.
+stopping the whole stack because one part ended. A SIGTERM, SIGINT or SIGQUIT (make run's
+stop, scripts/run_stop.py) stops it for good: the process itself gets the same signal, in its
+process group.
 Each start after the first has IQ_RESPAWN_LAST_EXIT, the exit status of the run before (as
 /bin/sh reports it: 137 for a SIGKILL; negative when the shell itself was killed), for a
 process whose start depends on how it ended (scripts/redis-server.sh: a Redis primary that
 shut down cleanly needs no handover).
 
     python -m scripts.respawn NAME COMMAND
+
+A part that reads the settings and the models file (`CHECKED`) and exits while they fail the
+check `make run` makes before it starts anything (scripts/run.py: a model on a Redis group
+the settings lack, a model file that is not there) is not started again to stop on it again,
+for ever: its keeper says why, once, and starts it when the check passes again (the file
+fixed), the rest of the stack serving meanwhile.
 """
 from __future__ import annotations
 
@@ -17,11 +24,47 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 FIRST_PAUSE_S = 1.0
 LONGEST_PAUSE_S = 30.0
 # A process that ran this long before it exited is started again after the first pause.
 STEADY_S = 60.0
+CHECKED = ("web", "worker", "webhooks", "flower")
+RECHECK_S = 5.0
+
+
+def config_problem(env: dict[str, str]) -> str:
+    """Why a part with environment `env` would stop at its start on its settings or models
+    file, in one line ("" : it would not)."""
+    from config import ConfigError, load_settings
+    from config.models import read_models_content
+    from scripts.models_check import problems_of
+
+    try:
+        settings = load_settings(environ=env)
+        problems = problems_of(Path(settings.models_file),
+                               read_models_content(settings.models_file),
+                               settings.redis_group_urls)
+    except ConfigError as exc:
+        return str(exc).splitlines()[0]
+    return problems[0] if problems else ""
+
+
+def held(name: str, env: dict[str, str], stopping: threading.Event, code: int) -> bool:
+    """Wait while the part's configuration fails its check (saying so once); whether it is
+    to be started again (else it was stopped meanwhile)."""
+    why = config_problem(env) if name in CHECKED else ""
+    if not why:
+        return True
+    print(f"{name} exited with code {code}; it is not started again while its configuration "
+          f"fails make run's check: "
+          f"{why} (fix it: {name} starts once it passes; Ctrl-C stops them all)", flush=True)
+    while not stopping.wait(RECHECK_S):
+        if not config_problem(env):
+            print(f"{name}: its configuration passes the check again; starting it", flush=True)
+            return True
+    return False
 
 
 def main(argv: list[str]) -> int:
@@ -36,6 +79,7 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGQUIT, stop)  # a quick stop (make run's for the API) is a stop too
     pause, env = FIRST_PAUSE_S, dict(os.environ)
     while True:
         started = time.monotonic()
@@ -44,6 +88,8 @@ def main(argv: list[str]) -> int:
         if stopping.is_set():
             return code
         ran = time.monotonic() - started
+        if not held(name, env, stopping, code):
+            return code
         pause = FIRST_PAUSE_S if ran >= STEADY_S else min(pause * 2, LONGEST_PAUSE_S)
         print(f"{name} exited with code {code} after {ran:.0f}s; starting it again in "
               f"{pause:.0f}s (make run keeps every process up; Ctrl-C stops them all)",

@@ -8,8 +8,8 @@ application's (an ACL user without administrative commands: scripts/redis-server
 password, the webhook signing secret. Each process gets only the secrets it uses (`NEEDS`). Once
 the API, the worker and Flower answer, one block says what is where. A process that exits on its
 own (a crash, a kill) is started again, its output saying so (scripts/respawn.py), rather than
-the whole stack stopped. Ctrl-C or SIGTERM stops every process it started: honcho signals each
-one's process group, and kills what is left once the worker has had its `stop_timeout_s`. Its
+the whole stack stopped. Ctrl-C, SIGTERM or a hang-up stops every process it started, in order
+(scripts/run_stop.py): what takes work first, Redis last, within `stop_timeout_s`. Its
 output may go through a pipe (`make run 2>&1 | tee run.log`): when the reader is gone (Ctrl-C
 stops `tee` too), the output is dropped rather than the stop (`Console`).
 """
@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from honcho import manager as honcho_manager
 from honcho.environ import parse_procfile
 from honcho.manager import Manager
 from honcho.printer import Message, Printer
@@ -34,9 +33,12 @@ from kombu.utils.url import maybe_sanitize_url
 
 from config import ConfigError, Settings, load_settings
 from config.groups import shown_groups
+from config.models import read_models_content
 from scripts import run_redis
+from scripts.models_check import problems_of
 from scripts.preflight import REDIS_APP_USER, Binding, Refused, model_file_problems, \
     operator_file_problems, port_problems, reachable
+from scripts.run_stop import OrderedManager
 from scripts.var_dir import kept_secret, shown, var_problems
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,6 +206,19 @@ def process_env(name: str, env: dict[str, str]) -> dict[str, str]:
     return own
 
 
+def _models_problems(settings: Settings) -> list[str]:
+    """Why the models file cannot start: another user may write it or a model file, or every
+    process would stop on it at its start (a model on a Redis group these settings lack, a
+    model file that is not there), which under respawn would crash-loop for ever."""
+    try:
+        return model_file_problems(settings.models_file) + [
+            f"make run: {problem}" for problem in problems_of(
+                Path(settings.models_file), read_models_content(settings.models_file),
+                settings.redis_group_urls)]
+    except ConfigError as exc:  # the models file itself is wrong
+        return [f"make run: {exc}"]
+
+
 def plan(environ: dict[str, str]) -> Run:
     """Check the ports, then make or read the secrets (nothing is written when a port is
     taken)."""
@@ -227,10 +242,7 @@ def plan(environ: dict[str, str]) -> Run:
         else None
     problems += port_problems([b for b in ports.values() if b.port] + replicated, known,
                               shown(password_file))
-    try:
-        problems += model_file_problems(settings.models_file)
-    except ConfigError as exc:  # the models file itself is wrong
-        problems.append(f"make run: {exc}")
+    problems += _models_problems(settings)
     problems += [f"make run: {line}" for line in
                  operator_file_problems(env.get("IQ_CONFIG", ""), settings.api_keys_file)]
     if problems:
@@ -268,8 +280,9 @@ def plan(environ: dict[str, str]) -> Run:
 
 class Console:
     """The stream honcho prints to. Once its reader is gone (a broken pipe: Ctrl-C stopped
-    `tee` as well), what is printed is dropped: a BrokenPipeError raised in honcho's signal
-    handler would skip the stop, leaving every process running and this one hung."""
+    `tee` as well; an EIO: its terminal hung up), what is printed is dropped: an error raised
+    in honcho's signal handler would skip the stop, leaving every process running and this one
+    hung."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream, self.gone = stream, False
@@ -278,7 +291,8 @@ class Console:
         if not self.gone:
             try:
                 self.stream.write(text)
-            except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
+            # ValueError: the stream was closed; OSError (EIO): its terminal hung up
+            except (OSError, ValueError):
                 self._reader_gone()
         return len(text)
 
@@ -286,7 +300,7 @@ class Console:
         if not self.gone:
             try:
                 self.stream.flush()
-            except (BrokenPipeError, ValueError):
+            except (OSError, ValueError):
                 self._reader_gone()
 
     def isatty(self) -> bool:
@@ -306,9 +320,9 @@ def main() -> int:
     except Refused as refused:
         print(refused, file=sys.stderr)
         return 1
-    # The worker's own stop (its running batches, then its children) before honcho's SIGKILL.
-    honcho_manager.KILL_WAIT = load_settings(environ=run.env).stop_timeout_s + 5
-    manager = Manager(Printer(Console(sys.stdout)))
+    stop_timeout_s = load_settings(environ=run.env).stop_timeout_s
+    run.env["IQ_STOP_TIMEOUT_S"] = str(stop_timeout_s)  # also scripts/flower.sh's bound
+    manager = OrderedManager(Printer(Console(sys.stdout)), stop_timeout_s)
     for name, command in run.processes.items():
         kept = f"exec {shlex.quote(sys.executable)} -m scripts.respawn {name} " \
                f"{shlex.quote(command)}"

@@ -24,7 +24,7 @@ KEPT_BYTES_KEY = f"{PREFIX}kept:bytes"
 # The requests Redis keeps for one owner (an API key's name), its quota's books
 # (IQ_KEPT_BYTES_PER_KEY): a sorted set of "<job id>:<bytes>" by the time each leaves Redis at
 # the latest (a waiting job's: its record's end; one kept for a retry: its key's), and the bytes
-# they hold in all, each changed only beside its member's ZADD or ZREM (tasks/jobscripts.py).
+# they hold in all, each changed only beside its member's ZADD or ZREM (tasks/lua/).
 KEPT_BY_PREFIX = f"{PREFIX}keptby:"
 KEPT_BY_BYTES_PREFIX = f"{PREFIX}keptby-bytes:"
 # Celery's Redis result backend names a task's result key (and channel) this way.
@@ -45,7 +45,7 @@ def result_key(job_id: str) -> str:
 def owner_jobs(owner: str) -> str:
     """The jobs of one owner (an API key's name; "" when keys are off), newest first: a list
     of 23-byte entries, each a job's submission time (microseconds, Redis's clock) and its id
-    (tasks/indexscripts.py), trimmed as their records expire. ~24 bytes a job, where a sorted
+    (tasks/lua/_owned.lua), trimmed as their records expire. ~24 bytes a job, where a sorted
     set's member takes ~135."""
     return f"{PREFIX}jobs:{owner}"
 
@@ -104,6 +104,11 @@ MODELS_ANNOUNCEMENTS_KEY = f"{PREFIX}models:announcements"
 # `api:<host>/<pid>`, value JSON {"revision", "state", "at", ...} (workers/reload.py,
 # app/reloading.py); a reload waits on it.
 RELOAD_STATUS_KEY = f"{PREFIX}reload:status"
+# Hash of the gunicorns serving the API: field `<host> <address>`, value JSON {"processes",
+# "at"}, written by each of its processes every heartbeat (app/reloading.py) and kept when they
+# exit: a reload is done once as many processes serve the new revision there as before, also
+# when none was up as it began (its master restarting).
+RELOAD_API_KEY = f"{PREFIX}reload:api"
 
 
 def reload_turn_key(queue: str) -> str:

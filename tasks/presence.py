@@ -10,36 +10,12 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from tasks.keys import CONSUMING_KEY, consuming_key, live_key, unhealthy_key
+from tasks.lua import script
 
-_CLOCK = """
-redis.replicate_commands()
-local t = redis.call('time')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-"""
-
-# KEYS: sorted sets. ARGV: member, how long entries are kept (s), how far ahead of now the
-# member's score goes (s: 0 for a heartbeat, the time it stays for an unhealthy mark).
-_STAMP = _CLOCK + """
-for _, key in ipairs(KEYS) do
-  redis.call('zadd', key, now + tonumber(ARGV[3]), ARGV[1])
-  redis.call('zremrangebyscore', key, '-inf', now - tonumber(ARGV[2]))
-end
-return 1
-"""
-
-# KEYS: per model, the consuming set of its queue, its live set and its unhealthy set. ARGV:
-# how recent a heartbeat must be (s). Returns, per model, {consuming workers, live members,
-# unhealthy workers}.
-_LIVE = _CLOCK + """
-local since = now - tonumber(ARGV[1])
-local out = {}
-for i = 1, #KEYS, 3 do
-  out[#out + 1] = redis.call('zrangebyscore', KEYS[i], since, '+inf')
-  out[#out + 1] = redis.call('zrangebyscore', KEYS[i + 1], since, '+inf')
-  out[#out + 1] = redis.call('zrangebyscore', KEYS[i + 2], now, '+inf')
-end
-return out
-"""
+# Redis's clock, then: a heartbeat or an unhealthy mark (tasks/lua/presence_stamp.lua), and who
+# serves each model (presence_live.lua).
+_STAMP = script("presence_stamp")
+_LIVE = script("presence_live")
 
 
 def _text(value: Any) -> str:

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Mapping
 import redis
 
 from tasks.keys import CONSUMING_KEY, JOB_PREFIX, QUEUE_MOVES_KEY, wake_key
+from tasks.lua import script
 from tasks.names import PRIORITY_SEP, queue_lists
 
 # Most messages one MOVE call takes (a script blocks Redis while it runs); `move` calls it
@@ -42,83 +43,17 @@ MOVE_CHUNK = 500
 MAX_HOPS = 8
 
 
-def _lua(text: str) -> str:
-    """A Lua string literal of `text`, every byte escaped (the priority separator is made of
-    control characters)."""
-    return '"' + "".join(f"\\{b}" for b in text.encode()) + '"'
-
-
+# What the moves' scripts are given (tasks/lua/queue_move.lua, _queue_forward.lua), by the
+# names they use.
+CONSTANTS = {"SEP": PRIORITY_SEP, "MOVES": QUEUE_MOVES_KEY, "MAX_HOPS": MAX_HOPS,
+             "JOB_PREFIX": JOB_PREFIX, "CONSUMING_PREFIX": CONSUMING_KEY + ":",
+             "WAKE_PREFIX": wake_key("")}
 # Lua helpers for a script that declares `SEP` (the priority separator) before them:
 # `forward(list)`, the list a message of `list` belongs on now; `relist(message, from, to)`,
-# its job's record pointed at `to` when it named `from`.
-FORWARD_LUA = f"""
-local MOVES = {_lua(QUEUE_MOVES_KEY)}
-local function forward(list)
-  for _ = 1, {MAX_HOPS} do
-    local cut = string.find(list, SEP, 1, true)
-    local queue = cut and string.sub(list, 1, cut - 1) or list
-    local to = redis.call('hget', MOVES, queue)
-    if not to then return list end
-    list = to .. (cut and string.sub(list, cut) or '')
-  end
-  return list
-end
-local function relist(message, from, to)
-  if from == to then return end
-  local ok, decoded = pcall(cjson.decode, message)
-  if not ok or type(decoded) ~= 'table' or type(decoded['headers']) ~= 'table' then return end
-  local id = decoded['headers']['id']
-  if type(id) ~= 'string' then return end
-  local key = {_lua(JOB_PREFIX)} .. id
-  if redis.call('hget', key, 'list') == from then redis.call('hset', key, 'list', to) end
-end
-"""
-
-# KEYS: the moves hash. ARGV: how recent a consuming worker's beat must be (s), most messages
-# to move, then the priority lists' suffixes ('' first). For each move whose old queue no
-# worker consumes, its messages to the new queue's lists (following a chain of moves), oldest
-# served first, each record relisted. Returns {old, new, moved, '1' when a worker still
-# consumes the old queue (nothing moved) else '0', ...}.
-MOVE = f"""
-redis.replicate_commands()
-local SEP = {_lua(PRIORITY_SEP)}
-""" + FORWARD_LUA + f"""
-local t = redis.call('time')
-local since = tonumber(t[1]) + tonumber(t[2]) / 1000000 - tonumber(ARGV[1])
-local left = tonumber(ARGV[2])
-local moves = redis.call('hgetall', KEYS[1])
-local out = {{}}
-for i = 1, #moves, 2 do
-  local from, to = moves[i], moves[i + 1]
-  local moved, held = 0, '0'
-  if redis.call('zcount', {_lua(CONSUMING_KEY + ":")} .. from, since, '+inf') > 0 then
-    held = '1'
-  else
-    for s = 3, #ARGV do
-      local src = from .. ARGV[s]
-      local dst = forward(src)
-      local items = left > 0 and redis.call('lrange', src, 0, left - 1) or {{}}
-      if #items > 0 and dst ~= src then
-        redis.call('ltrim', src, #items, -1)
-        for _, message in ipairs(items) do
-          redis.call('rpush', dst, message)
-          relist(message, src, dst)
-        end
-        local cut = string.find(dst, SEP, 1, true)
-        local wake = {_lua(wake_key(""))} .. (cut and string.sub(dst, 1, cut - 1) or dst)
-        if redis.call('llen', wake) == 0 then redis.call('lpush', wake, '1') end
-        moved = moved + #items
-        left = left - #items
-      end
-    end
-  end
-  out[#out + 1] = from
-  out[#out + 1] = to
-  out[#out + 1] = moved
-  out[#out + 1] = held
-end
-return out
-"""
+# its job's record pointed at `to` when it named `from` (workers/broker/scripts.py's too).
+FORWARD_LUA = script("_queue_forward", {k: v for k, v in CONSTANTS.items() if k != "SEP"})
+# Every old queue no worker consumes, its messages to its new queue (tasks/lua/queue_move.lua).
+MOVE = script("queue_move", CONSTANTS)
 
 
 @dataclass(frozen=True)

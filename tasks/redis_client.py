@@ -7,6 +7,9 @@ transient.
   (`redis_deadline_s`) for each call, retries included: a dropped connection is retried while
   the call is younger than it, a timeout never (it has spent the deadline already, and the
   command may have run), so a frozen or unreachable Redis is a 503 within the deadline.
+  Within a request (tasks/redis_deadline.py) every wait of its calls on a connection, the
+  pool or a retry is cut to what is left of the request's one deadline, so that its calls
+  together, not each of them, fit in it.
 * Sentinel. With `redis_sentinels` set, every client asks the sentinels where the primary is
   when it connects (redis-py's Sentinel support), and again after its connection to a former
   primary fails: no restart is needed after a failover.
@@ -19,11 +22,12 @@ from typing import Any, Callable, TypeVar
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
-from redis.connection import SSLConnection, parse_url
+from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from config import Settings
+from tasks import redis_deadline
 
 T = TypeVar("T")
 
@@ -31,7 +35,8 @@ T = TypeVar("T")
 class DeadlineRetry(Retry):
     """redis-py's retries bounded by time: a dropped or refused connection is retried with
     backoff while another try, as long as the last one, still fits in `deadline_s` from the
-    call's start; a timeout is not retried at all."""
+    call's start (and in what is left of the request's deadline); a timeout is not retried at
+    all."""
 
     def __init__(self, deadline_s: float) -> None:
         super().__init__(ExponentialWithJitterBackoff(base=0.05, cap=0.5), -1,
@@ -57,9 +62,75 @@ class DeadlineRetry(Retry):
                 else:
                     fail(error)
                 now, pause = time.monotonic(), self._backoff.compute(failures)
-                if now - started + pause + (now - tried) >= self.deadline_s:
+                left = self.deadline_s - (now - started)
+                request = redis_deadline.current()
+                if request is not None:
+                    left = min(left, request.remaining())
+                if pause + (now - tried) >= left:
                     raise
                 time.sleep(pause)
+
+
+class DeadlineConnection:
+    """A connection whose every wait on its socket (connecting, each send and each read, the
+    handshake's included) is cut to what is left of the request's deadline
+    (tasks/redis_deadline.py); outside a request, its own timeouts. Mixed into redis-py's
+    connection classes (DEADLINE_CONNECTIONS)."""
+
+    socket_timeout: float | None
+    socket_connect_timeout: float | None
+    _sock: Any
+
+    def _connect(self) -> Any:
+        configured = self.socket_connect_timeout
+        self.socket_connect_timeout = redis_deadline.bound(configured)
+        try:
+            sock = super()._connect()  # type: ignore[misc]
+        finally:
+            self.socket_connect_timeout = configured
+        request = redis_deadline.current()
+        if request is not None:  # until the first send or read bounds it again
+            sock.settimeout(max(min(self.socket_timeout or 1e9, request.remaining()), 0.001))
+        return sock
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        self._bound()
+        super().send_packed_command(command, check_health)  # type: ignore[misc]
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            self._bound()
+        except redis_deadline.DeadlinePassed:
+            self.disconnect()  # type: ignore[attr-defined]  # its reply may still come
+            raise
+        return super().read_response(*args, **kwargs)  # type: ignore[misc]
+
+    def _bound(self) -> None:
+        if self._sock is not None:
+            self._sock.settimeout(redis_deadline.bound(self.socket_timeout))
+
+
+class DeadlinePool:
+    """A blocking pool whose wait for a free connection is cut to what is left of the
+    request's deadline. Mixed into redis-py's BlockingConnectionPool, which reads `timeout`
+    at each wait."""
+
+    _timeout: float | None
+
+    @property
+    def timeout(self) -> float | None:
+        request = redis_deadline.current()
+        if request is None or self._timeout is None:
+            return self._timeout
+        return max(0.0, min(self._timeout, request.remaining()))
+
+    @timeout.setter
+    def timeout(self, value: float | None) -> None:
+        self._timeout = value
+
+
+class DeadlineBlockingPool(DeadlinePool, redis.BlockingConnectionPool):
+    pass
 
 
 class SentinelConnection(SentinelManagedConnection):
@@ -84,6 +155,37 @@ class BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool)
     pool's bound on connections, which redis-py does not ship for Sentinel."""
 
 
+class DeadlineSentinelPool(DeadlinePool, BlockingSentinelPool):
+    pass
+
+
+class _DeadlinePlain(DeadlineConnection, redis.Connection):
+    pass
+
+
+class _DeadlineSSL(DeadlineConnection, SSLConnection):
+    pass
+
+
+class _DeadlineUnix(DeadlineConnection, UnixDomainSocketConnection):
+    pass
+
+
+class _DeadlineSentinel(DeadlineConnection, SentinelConnection):
+    pass
+
+
+class _DeadlineSentinelSSL(DeadlineConnection, SentinelSSLConnection):
+    pass
+
+
+# Each connection class redis-py picks for a URL (or Sentinel), with the request's deadline.
+DEADLINE_CONNECTIONS: dict[type, type] = {
+    redis.Connection: _DeadlinePlain, SSLConnection: _DeadlineSSL,
+    UnixDomainSocketConnection: _DeadlineUnix, SentinelConnection: _DeadlineSentinel,
+    SentinelSSLConnection: _DeadlineSentinelSSL}
+
+
 def connect(url: str, settings: Settings, *, decode: bool = True,
             max_connections: int | None = None,
             deadline_s: float | None = None) -> redis.Redis:
@@ -92,7 +194,8 @@ def connect(url: str, settings: Settings, *, decode: bool = True,
     a worker's retries. With `max_connections`, its pool blocks: a caller past that many
     connections in use waits (up to the deadline, or redis_timeout_s) for one to be free
     instead of failing with "Too many connections" (redis-py's default pool stops at 100), as
-    the API's thousands of concurrent requests must."""
+    the API's thousands of concurrent requests must. With `deadline_s`, each wait is also cut
+    to what is left of the request's deadline (tasks/redis_deadline.py), if any."""
     if deadline_s is None:
         retry: Retry = Retry(ExponentialWithJitterBackoff(base=0.1, cap=1.0), 3)
         retry_on: list[type[Exception]] = [redis.ConnectionError, redis.TimeoutError]
@@ -105,11 +208,16 @@ def connect(url: str, settings: Settings, *, decode: bool = True,
         retry=retry, retry_on_error=retry_on, decode_responses=decode)
     blocking = {} if max_connections is None else {
         "max_connections": max_connections, "timeout": deadline_s or settings.redis_timeout_s}
+    bounded = deadline_s is not None
     if settings.sentinel_hosts:
-        return _primary(url, settings, options, blocking)
+        return _primary(url, settings, options, blocking, bounded)
+    if bounded:
+        options["connection_class"] = DEADLINE_CONNECTIONS[
+            parse_url(url).get("connection_class", redis.Connection)]
     if not blocking:
         return redis.Redis.from_url(url, **options)
-    pool = redis.BlockingConnectionPool.from_url(url, **blocking, **options)
+    pool_class = DeadlineBlockingPool if bounded else redis.BlockingConnectionPool
+    pool = pool_class.from_url(url, **blocking, **options)
     return redis.Redis(connection_pool=pool, retry=retry)
 
 
@@ -127,7 +235,7 @@ def sentinel_options(settings: Settings, timeout_s: float) -> dict[str, Any]:
 
 
 def _primary(url: str, settings: Settings, options: dict[str, Any],
-             blocking: dict[str, Any]) -> redis.Redis:
+             blocking: dict[str, Any], bounded: bool = False) -> redis.Redis:
     """A client of the primary the sentinels name, with `url`'s user, password, database and
     TLS options (its host is not used)."""
     params = parse_url(url)
@@ -135,11 +243,15 @@ def _primary(url: str, settings: Settings, options: dict[str, Any],
     params.pop("port", None)
     tls = params.pop("connection_class", None) is SSLConnection
     params["connection_class"] = SentinelSSLConnection if tls else SentinelConnection
+    if bounded:
+        params["connection_class"] = DEADLINE_CONNECTIONS[params["connection_class"]]
     sentinels = dict(sentinel_options(settings, options["socket_timeout"]),
                      retry=Retry(NoBackoff(), 0))
     sentinel = Sentinel(settings.sentinel_hosts, sentinel_kwargs=sentinels,
                         **options, **params)
     pool_class = BlockingSentinelPool if blocking else SentinelConnectionPool
+    if bounded and blocking:
+        pool_class = DeadlineSentinelPool
     return sentinel.master_for(settings.redis_master, connection_pool_class=pool_class,
                                **blocking)
 

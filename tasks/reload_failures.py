@@ -1,4 +1,5 @@
-"""A reload's models file that a new pool child could not load (workers/main.py): the child
+"""A reload's models file that a new pool child could not load (workers/main.py), or whose
+canary an API process could not start (app/reloading.py): the child (or API process)
 records it in Redis (tasks/keys.py `reload_failed_key`) and exits, rather than stop its
 worker; its worker's main process, and every other worker on that revision, roll back to the
 revision they served (workers/reload.py), and `make reload` reports it (scripts/reload_wait.py).
@@ -41,6 +42,22 @@ def record(settings: Settings, revision: str, worker: str, exc: BaseException) -
     return True
 
 
+def record_refusal(client: redis.Redis, revision: str, process: str, error: str) -> None:
+    """In an API process whose canary of `revision` failed (app/reloading.py): as a pool
+    child's failed load, it halts the roll, the workers that began it rolling back.
+    `process`: its report's field (`api:<host>/<pid>`)."""
+    error = error if len(error) <= _MAX_ERROR else error[:_MAX_ERROR - 1] + "…"
+    failure = {"worker": process, "error": error, "at": time.time()}
+    client.set(reload_failed_key(revision), orjson.dumps(failure), ex=FAILED_TTL_S)
+
+
+def failed_where(failure: dict) -> str:
+    """The process a failure names, as `make reload` lists it: `worker:<node>` for a pool
+    child's, `api:<host>/<pid>` for an API process's canary."""
+    where = str(failure.get("worker"))
+    return where if where.startswith("api:") else f"worker:{where}"
+
+
 def failure_of(client: redis.Redis, revision: str) -> dict | None:
     """The recorded failure of `revision`, or None (also when Redis does not answer)."""
     try:
@@ -51,5 +68,5 @@ def failure_of(client: redis.Redis, revision: str) -> dict | None:
 
 
 def describe(revision: str, failure: dict) -> str:
-    return (f"models file revision {revision} could not be loaded on worker "
-            f"{failure.get('worker')}: {failure.get('error')}")
+    return (f"models file revision {revision} could not be loaded on "
+            f"{failed_where(failure).replace(':', ' ', 1)}: {failure.get('error')}")

@@ -26,7 +26,7 @@ from workers import broker, metrics
 from workers.runtime import start_runtime, stop_runtime
 from workers.spawn import project_on_path
 from workers.model_tasks import register_model
-from workers.stopping import hold_stops_for_the_main_process
+from workers.stopping import LAST_RESORT_S, exit_within, hold_stops_for_the_main_process
 from workers.strategy import DispatcherStep
 
 logger = logging.getLogger(__name__)
@@ -104,3 +104,11 @@ def unload_models(pid: int | None = None, **_kw) -> None:
     stop_runtime()
     tracing.shutdown()
     metrics.child_exited(pid or os.getpid())
+
+
+@signals.worker_shutting_down.connect
+def bounded_stop(sender: str, **_kw) -> None:
+    """A stop's last resort (workers/stopping.py): a worker whose consumer never reaches its
+    close, so never arms its StopDeadline (its Redis frozen: each call waits out its socket
+    timeout), exits stop_timeout_s + LAST_RESORT_S into its stop, before make run kills it."""
+    exit_within(celery.conf.iq_settings.stop_timeout_s + LAST_RESORT_S, "the worker")

@@ -32,6 +32,7 @@ import orjson
 import redis
 
 from config import ConfigError
+from config.groups import check_model_groups
 from config.models import ModelSpec, parse_models, read_models_content, revision_of
 from tasks.errors import removed_error
 from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
@@ -39,6 +40,8 @@ from tasks.names import task_name
 from tasks.queuemoves import QueueMoves, changed_queues
 from workers.broker.pool import ready_children, retire_idle_child
 from tasks.reload_failures import describe, failure_of
+from tasks.serves import capabilities
+from workers.devices import visible_gpu_count
 from workers.model_tasks import register_model
 from workers.pinned import pin, pinned_content
 from workers.turns import Turn
@@ -76,6 +79,7 @@ class Reloader:
         self.content = pinned_content() or b""
         self.app.conf.iq_removed_models = self.removed  # for Liveness: still its queues
         self._timer: Any = None
+        self.gpus: int | None = None
         settings = self.app.conf.iq_settings
         self.turn = Turn(client, self.consumer.hostname, settings.heartbeat_ttl_s, STEP_S)
         self.moves = QueueMoves(client)
@@ -156,6 +160,9 @@ class Reloader:
             failure = failure_of(self.client, revision)
             if failure:  # another worker's child could not load it: the roll halted there
                 raise ConfigError(describe(revision, failure))
+            # What would stop every new child before it loads (make reload checks it against
+            # this worker's report; here too, for a reload that did not).
+            check_model_groups(specs, self.app.conf.iq_settings.redis_group_urls)
         except ConfigError as exc:
             self.refused_revision, self.error, self.state = revision, str(exc), "refused"
             self.refused_number = number
@@ -314,6 +321,14 @@ class Reloader:
             return True
         return ready == 1 and self.turn.take(self.dispatcher.liveness.consumed_queues())
 
+    def serves(self) -> dict:
+        """What this worker can serve (tasks/serves.py), for a reload's check."""
+        if self.gpus is None:  # nvidia-smi, once: never CUDA in the main process
+            self.gpus = visible_gpu_count(self.app.conf.iq_settings)
+        return capabilities(self.app.conf.iq_settings, gpus=self.gpus,
+                            queues=sorted(self.dispatcher.liveness.consumed_queues()),
+                            consumes_all=bool(getattr(self.app.conf, "iq_consumes_all", False)))
+
     def report(self) -> None:
         waiting = self.turn.waiting_for if self.stale and not self.turn.held else ""
         status = {"revision": self.revision, "state": self.state, "at": time.time(),
@@ -321,7 +336,8 @@ class Reloader:
                   "waiting_for": waiting,
                   "refused": self.refused_revision,
                   "announcement": self.announcement,  # its number, when it began or refused
-                  "metrics": getattr(self.app.conf, "iq_metrics_address", None)}
+                  "metrics": getattr(self.app.conf, "iq_metrics_address", None),
+                  **self.serves()}
         try:
             self.client.hset(RELOAD_STATUS_KEY, f"worker:{self.consumer.hostname}",
                              orjson.dumps(status))

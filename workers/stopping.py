@@ -24,6 +24,9 @@ logger = logging.getLogger(__name__)
 
 # After the children were stopped, how long the worker may still take to exit.
 EXIT_GRACE_S = 15.0
+# Past stop_timeout_s, when a worker whose stop never reached its StopDeadline (its consumer
+# stuck on a frozen Redis) exits all the same (`exit_within`): before make run's kill, 5 s.
+LAST_RESORT_S = 3.0
 
 
 class StopDeadline:
@@ -69,3 +72,25 @@ def hold_stops_for_the_main_process() -> None:
     kills the child (StopDeadline). A child still loading its models holds no batch: it dies of
     a SIGTERM, as before, rather than hold the stop until its models are loaded."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+_exit_armed = threading.Lock()
+
+
+def exit_within(seconds: float, what: str) -> None:
+    """The process was told to stop (a warm or cold shutdown): should it still be here
+    `seconds` later, it exits. A Celery worker's stop talks to Redis (its consumer closes, its
+    lease and in-flight record are settled) and, with Redis frozen or unreachable, each call
+    waits out its socket timeout and retries: the webhook deliverer stayed over 60 s after a
+    SIGTERM. What it still held is its in-flight record's, and comes back when its lease runs
+    out (workers/broker/inflight.py). Armed once; later calls do nothing."""
+    if not _exit_armed.acquire(blocking=False):
+        return
+
+    def run() -> None:
+        threading.Event().wait(seconds)
+        logger.critical("%s has not exited %gs into its stop; exiting now", what, seconds)
+        logging.shutdown()
+        os._exit(1)
+
+    threading.Thread(target=run, name="iq-exit-within", daemon=True).start()

@@ -22,31 +22,15 @@ from time import monotonic
 import redis
 
 from tasks.keys import reload_turn_key
+from tasks.lua import script
 
 logger = logging.getLogger(__name__)
 
-# KEYS: the turn keys of the worker's queues. ARGV: the worker, the TTL (ms). '' when each key
-# is free or the worker's own (then each is (re)set to it with the TTL), else the holder of
-# the first that is not.
-_TAKE = """
-for _, key in ipairs(KEYS) do
-  local holder = redis.call('get', key)
-  if holder and holder ~= ARGV[1] then return holder end
-end
-for _, key in ipairs(KEYS) do redis.call('set', key, ARGV[1], 'PX', ARGV[2]) end
-return ''
-"""
-# KEYS, ARGV as _TAKE's; ARGV[2] '0' deletes. Only the keys still the worker's: how many.
-_KEEP = """
-local mine = 0
-for _, key in ipairs(KEYS) do
-  if redis.call('get', key) == ARGV[1] then
-    mine = mine + 1
-    if ARGV[2] == '0' then redis.call('del', key) else redis.call('pexpire', key, ARGV[2]) end
-  end
-end
-return mine
-"""
+# The turn taken on every queue of the worker, or on none (tasks/lua/turn_take.lua: '' when
+# taken, else the holder of the first key that is not free), and kept or given back
+# (turn_keep.lua: how many keys were still the worker's).
+_TAKE = script("turn_take")
+_KEEP = script("turn_keep")
 
 
 class Turn:

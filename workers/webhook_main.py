@@ -13,7 +13,7 @@ from kombu import Queue
 from tasks import logs
 from tasks.celery_app import make_celery
 from tasks.webhooks import QUEUE, SECRET_MISSING, enabled
-from workers import broker, webhook_metrics
+from workers import broker, stopping, webhook_metrics
 from workers.webhooks import register
 
 celery = make_celery()
@@ -30,3 +30,9 @@ logs.configure_celery(celery.conf.iq_settings.log_format)
 def serve_metrics(sender: str, instance, conf, **_kw) -> None:
     """Only in the deliverer itself, not in `celery -A workers.webhook_main inspect`."""
     webhook_metrics.serve(conf.iq_settings)
+
+
+@signals.worker_shutting_down.connect
+def bounded_stop(sender: str, **_kw) -> None:
+    """A stop (SIGTERM, SIGQUIT) ends within stop_timeout_s, also with Redis gone or frozen."""
+    stopping.exit_within(celery.conf.iq_settings.stop_timeout_s, "the webhook deliverer")

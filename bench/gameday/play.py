@@ -231,6 +231,6 @@ def _records(client: redis.Redis, ids: list[str]) -> list[dict]:
         for job_id in ids:
             pipe.hmget(f"{JOB_PREFIX}{job_id}", "status", "runs", "r")
         rows = pipe.execute()
-    # A succeeded record keeps its runs third in `r` (tasks/jobscripts.py's COMPACT).
+    # A succeeded record keeps its runs third in `r` (tasks/lua/_compact.lua).
     return [{"status": status or "missing", "runs": int(runs or (packed or "0 0 0").split()[2])}
             for status, runs, packed in rows]

@@ -12,7 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from scripts.stack import Stack, launch, wait_until
-from tasks.jobrecord import JobRecord
+from tasks.jobstate import JobRecord
 from tests.support.load import runs
 from tests.support.records import fields_of
 

@@ -24,7 +24,7 @@ import requests
 
 from config import Settings
 from scripts.stack import launch, start_flower, start_webhooks, wait_until
-from tasks.jobrecord import JobRecord
+from tasks.jobstate import JobRecord
 from tests.support.load import Load, every_record, job_statuses, runs
 from tests.support.receivers import Receiver
 

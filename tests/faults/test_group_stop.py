@@ -23,7 +23,7 @@ import pytest
 
 from config import Settings
 from scripts.stack import launch, start_worker, wait_until
-from tasks.jobrecord import JobRecord
+from tasks.jobstate import JobRecord
 from tests.faults.test_recovery import (Watch, check_recovery, fresh_batch, held_by_workers,
                                         under_load)
 from tests.support.records import fields, fields_of

@@ -27,7 +27,7 @@ import requests
 
 from config import Settings
 from scripts.stack import Stack, launch, wait_until
-from tasks.jobrecord import JobRecord
+from tasks.jobstate import JobRecord
 from tests.faults.test_recovery import held_by_workers, runs
 
 pytestmark = pytest.mark.slow

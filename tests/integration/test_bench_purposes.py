@@ -40,9 +40,9 @@ def test_a_scripts_commands_take_its_purpose_and_match_commandstats(tmp_path):
         server.stop()
     tally = Tally(script_names(ROOT))
     tally.feed(lines, scripts_first=major < 7)
-    # FINISH: EVALSHA, TIME, HMGET, DEL, HSET (its model version in it), EXPIRE, SET, ZREM
-    # (result), PUBLISH "done j1" on iq:moves (wake-up).
-    assert tally.commands["result"] == 8
+    # FINISH: EVALSHA, TIME, HMGET, HSTRLEN (its kept request's size), DEL, HSET (its model
+    # version in it), EXPIRE, SET, ZREM (result), PUBLISH "done j1" on iq:moves (wake-up).
+    assert tally.commands["result"] == 9
     assert tally.round_trips["result"] == 1
     assert tally.commands["wake-up"] == 1 and tally.jobs_finished == 1
     assert tally.commands["ack"] == 4  # MULTI, ZREM, HDEL, EXEC

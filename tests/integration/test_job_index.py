@@ -64,7 +64,7 @@ def test_an_owner_pages_through_its_own_jobs_newest_first(state):
 
 
 def owned(us: int, job_id: str) -> bytes:
-    """An entry of an owner's jobs list (tasks/indexscripts.py): its time in 7 bytes, its id
+    """An entry of an owner's jobs list (tasks/lua/_owned.lua): its time in 7 bytes, its id
     in 16."""
     return us.to_bytes(7, "big") + uuid.UUID(job_id).bytes
 

@@ -221,6 +221,17 @@ def test_a_job_rerun_after_its_child_was_lost_runs_again(state):
     assert again.runs == 2 and again.worker == "w/1" and again.batch == {"id": "b"}
 
 
+def test_a_start_sent_again_counts_once(state):
+    """A worker's start retried after a timeout (a frozen Redis runs every try once it
+    resumes): the same batch on the same worker is one run, not two."""
+    job_id = submit(state).job_id
+    batch = '{"id": "b1"}'
+    assert state.start([job_id], worker="w/0", batch=batch) == [RUN]
+    started = state.read(job_id)
+    assert state.start([job_id], worker="w/0", batch=batch) == [RUN]
+    assert state.read(job_id) == started and started.runs == 1
+
+
 def test_terminal_states_are_final(state, client):
     job_id = submit(state).job_id
     state.start([job_id], worker="w/0", batch="{}")

@@ -218,6 +218,36 @@ def test_an_http_server_on_a_port_stops_make_run_naming_it(tmp_path, variable):
         server.server_close()
 
 
+@pytest.mark.parametrize("case", ["group", "weights"])
+def test_a_models_file_its_processes_cannot_serve_stops_make_run_before_anything_starts(
+        tmp_path, case):
+    """A model on a Redis group these settings lack, or a model file that is not there: every
+    API and worker process would stop on it at its start, and make run's keepers would start
+    them again for ever (30 exits in 75 s, never "up"). make run says why in one line naming
+    the field, and starts nothing."""
+    models = tmp_path / "models.yaml"
+    model = {"group": {"kind": "synthetic", "redis": "gpu"},
+             "weights": {"kind": "torchscript", "path": str(tmp_path / "nowhere.pt"),
+                         "input_shape": [1]}}[case]
+    models.write_text(yaml.safe_dump({"models": {"alpha": model}}))
+    env = run_env(tmp_path, IQ_MODELS_FILE=str(models))
+    run = subprocess.Popen(RUN, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = run.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # it started the stack: stop all of it
+        os.killpg(run.pid, signal.SIGTERM)
+        out, err = run.communicate(timeout=60)
+    done = subprocess.CompletedProcess(RUN, run.returncode, out, err)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [{
+        "group": "make run: models.alpha: redis must name a group of redis_groups (none is "
+                 "configured), got 'gpu'",
+        "weights": f"make run: models.alpha: {tmp_path / 'nowhere.pt'} does not exist"}[case]]
+    assert not (tmp_path / "var").exists()  # nothing made, nothing started
+    assert all(bind_error("127.0.0.1", int(env[name])) is None for name in PORTS)
+
+
 def test_make_run_on_a_running_redis_serves_a_job_and_ctrl_c_leaves_nothing(tmp_path):
     """The shipped models and settings, on a Redis that was already running (with a password,
     in REDIS_URL): up, says what is where, serves a job, and Ctrl-C stops all it started."""

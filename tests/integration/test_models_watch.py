@@ -1,12 +1,15 @@
 """An API process's side of a models reload (app/reloading.py) on a real Redis: its gunicorn
 master gets one SIGHUP per reload, whichever of its processes sees the announcement first,
-also for a reload back to a revision it served before."""
+also for a reload back to a revision it served before; none when the new file's canary
+(app/canary.py) cannot start, the process then refusing the revision until it is announced
+again."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 
+import orjson
 import redis
 
 import app.reloading
@@ -14,7 +17,8 @@ from app.reloading import ModelsWatch
 from config import load_settings
 from config.models import revision_of
 from scripts.stack import wait_until
-from tasks.keys import MODELS_REVISION_KEY
+from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
+from tasks.reload_failures import failure_of
 
 # A stand-in for gunicorn's master: it counts the SIGHUPs it gets, from the moment it says its
 # handler is set. Python, as gunicorn, sets its handler over a SIGHUP the test run was started
@@ -50,6 +54,10 @@ def test_a_master_gets_one_sighup_per_reload_also_back_to_a_revision_it_served(
     a, b = b"models: {a: {kind: synthetic}}\n", b"models: {b: {kind: synthetic}}\n"
     settings = load_settings({"redis_url": redis_server.extra["url"],
                               "models_file": str(models)})
+    # Each watch's canary (app/canary.py) builds the app in a process of its own, from this
+    # process's environment, as an API process's does from gunicorn's.
+    monkeypatch.setenv("REDIS_URL", redis_server.extra["url"])
+    monkeypatch.setenv("IQ_MODELS_FILE", str(models))
 
     def received() -> int:
         return len(hups.read_text().split()) if hups.exists() else 0
@@ -72,3 +80,49 @@ def test_a_master_gets_one_sighup_per_reload_also_back_to_a_revision_it_served(
     finally:
         master.kill()
         master.wait()
+
+
+def test_a_file_whose_canary_cannot_start_leaves_the_master_alone_and_is_refused(
+        redis_server, tmp_path, monkeypatch):
+    """A file that moves a model to a Redis group whose Redis does not answer (configured,
+    but down): the canary, built with the process's own environment, cannot reach it, so the
+    master gets no SIGHUP (its new processes would not have booted, and it would have exited),
+    the process keeps serving the old revision and reports the refusal with the canary's
+    reason, recording it as a failed load is recorded; it tries again only when the revision is
+    announced again."""
+    redis.Redis.from_url(redis_server.extra["admin_url"]).flushdb()
+    client = redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
+    models = tmp_path / "models.yaml"
+    old, new = b"models: {a: {kind: synthetic}}\n", b"models: {a: {kind: synthetic, redis: gpu}}\n"
+    models.write_bytes(new)
+    for name, value in {"REDIS_URL": redis_server.extra["url"], "IQ_MODELS_FILE": str(models),
+                        "IQ_REDIS_GROUPS": "gpu=redis://127.0.0.1:1/0"}.items():
+        monkeypatch.setenv(name, value)
+    settings = load_settings()
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(app.reloading.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    canaries: list[str] = []
+
+    def canary(revision: str) -> str:
+        canaries.append(revision)
+        return app.reloading.canary.run(revision)
+
+    watch = ModelsWatch(client, settings, revision_of(old), master=os.getpid(), canary=canary)
+    client.set(MODELS_REVISION_KEY, revision_of(new))
+    client.incr(MODELS_ANNOUNCEMENTS_KEY)
+    watch.check()
+    assert sent == [] and not watch.handed_over
+    report = orjson.loads(client.hget(RELOAD_STATUS_KEY, watch.field))
+    assert (report["revision"], report["state"], report["refused"]) == \
+        (revision_of(old), "refused", revision_of(new)), report
+    assert "its canary: RuntimeError: Redis group 'gpu' did not answer" in report["error"]
+    assert report["groups"] == ["gpu"]
+    # Recorded as a pool child's failed load: the roll halts, the workers roll back.
+    failure = failure_of(client, revision_of(new))
+    assert failure["worker"] == watch.field and failure["error"].startswith(
+        "its canary: RuntimeError: Redis group 'gpu' did not answer"), failure
+    watch.check()  # the same announcement: not tried again
+    assert canaries == [revision_of(new)]
+    client.incr(MODELS_ANNOUNCEMENTS_KEY)  # announced again: tried again
+    watch.check()
+    assert canaries == [revision_of(new)] * 2 and sent == []

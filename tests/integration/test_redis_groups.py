@@ -3,7 +3,8 @@ the default (REDIS_URL) and group `b` (IQ_REDIS_GROUPS), one prefork `celery wor
 group started with its group's REDIS_URL and queues, one gunicorn API. Each job's record,
 result and queue are on its model's Redis and nowhere else; reads, waits, event streams,
 cancel, retry, listing, /metrics, /readyz and a models reload work across both; with group
-b's Redis down its models answer 503 and the default group's jobs still succeed."""
+b's Redis down its models and jobs answer 503 naming it, the listing names it, and the default
+group's jobs still succeed."""
 from __future__ import annotations
 
 import os
@@ -183,9 +184,17 @@ def test_a_group_whose_redis_is_down_answers_503_and_the_other_keeps_working(gro
     refused = submit(groups, "quick-b")
     assert refused.status_code == 503 and refused.headers["Retry-After"], refused.text
     assert "Redis group 'b'" in refused.json()["error"]["message"]
-    assert requests.get(f"{groups.api}/v1/jobs/{done}", timeout=10).status_code == 503
+    # Every call on one of its jobs is a 503 naming the group: a read, a wait, a cancel, a
+    # retry, a delete, its events.
+    for method, path in (("GET", ""), ("GET", "?wait=5"), ("POST", "/cancel"),
+                         ("POST", "/retry"), ("DELETE", ""), ("GET", "/events")):
+        r = requests.request(method, f"{groups.api}/v1/jobs/{done}{path}", timeout=10)
+        assert r.status_code == 503 and r.headers["Retry-After"], (method, path, r.text)
+        assert "Redis group 'b'" in r.json()["error"]["message"], (method, path, r.text)
+    # The listing holds the default group's jobs and names the one it could not read.
     listing = requests.get(f"{groups.api}/v1/jobs", timeout=10)
-    assert listing.status_code == 503 and "Redis group 'b'" in listing.text
+    assert listing.status_code == 200 and listing.json()["unreachable"] == ["redis:b"]
+    assert {job["model"] for job in listing.json()["jobs"]} <= {"quick-a"}, listing.text
 
     accepted = submit(groups, "quick-a", wait=30)
     assert accepted.status_code == 201 and accepted.json()["status"] == "succeeded"

@@ -1,8 +1,12 @@
 """`make reload --timeout` bounds a stall, not the whole roll (scripts/reload.py): workers that
 reload in turn (workers/turns.py) take a model load each, so a reload that keeps moving on
 waits past its timeout, and one where nothing moves on gives up after it, even while a
-worker's status keeps changing; a failed load a worker recorded refuses it at once. A worker here is
-its report in Redis, written by the test as a worker's tick would."""
+worker's status keeps changing, saying where each process stands; a failed load a worker
+recorded refuses it at once. A file the running processes cannot serve (a Redis group only the
+operator's shell has, a GPU model for a worker without one) is refused before anything
+changes; the reload is done only once every gunicorn runs as many processes on the new
+revision as it runs. A worker or API process here is its report in Redis, written by the test
+as its tick would."""
 from __future__ import annotations
 
 import threading
@@ -16,7 +20,9 @@ import yaml
 from config import load_settings
 from config.models import revision_of
 from scripts.reload import DONE, REFUSED, TIMED_OUT, reload
-from tasks.keys import CONSUMING_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY, reload_failed_key
+from scripts.reload import INVALID
+from tasks.keys import CONSUMING_KEY, MODELS_REVISION_KEY, RELOAD_API_KEY, RELOAD_STATUS_KEY, \
+    reload_failed_key
 
 MODELS = {"quick": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0}}
 
@@ -28,11 +34,11 @@ def client(redis_server):
     return redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
 
 
-def report(client, revision: str, state: str, left: int = 0) -> None:
+def report(client, revision: str, state: str, left: int = 0, **serves) -> None:
     client.zadd(CONSUMING_KEY, {"w@h": time.time()})
     client.hset(RELOAD_STATUS_KEY, "worker:w@h", orjson.dumps(
         {"revision": revision, "state": state, "at": time.time(), "children_left": left,
-         "error": "", "refused": ""}))
+         "error": "", "refused": "", **serves}))
 
 
 def setup(tmp_path, client, redis_server):
@@ -51,6 +57,7 @@ def test_a_reload_where_nothing_moves_on_times_out(tmp_path, client, redis_serve
     result = reload(timeout_s=1.5, say=said.append, settings=settings)
     assert result.status == TIMED_OUT and time.monotonic() - started < 10
     assert "nothing moved on for 1.5s" in said[-1] and "worker:w@h" in said[-1]
+    assert "worker:w@h (pending: serving (old))" in said[-1], said  # where it stands
 
 
 def test_a_reload_that_keeps_moving_on_waits_past_its_timeout(tmp_path, client, redis_server):
@@ -222,3 +229,77 @@ def test_a_failed_load_on_a_groups_redis_puts_the_previous_file_back_everywhere(
     assert revision_of((tmp_path / "models.yaml").read_bytes()) == old
     assert [client.get(MODELS_REVISION_KEY), group.get(MODELS_REVISION_KEY)] == [old, old]
     assert f"every process serves revision {old}" in said[-1], said
+
+
+def api(client, pid: int, revision: str, state: str = "serving", **more) -> None:
+    client.hset(RELOAD_STATUS_KEY, f"api:h/{pid}", orjson.dumps(
+        {"revision": revision, "state": state, "at": time.time(), "error": "", **more}))
+
+
+@pytest.mark.parametrize("case", ["group", "device"])
+def test_a_file_the_running_processes_cannot_serve_is_refused_and_nothing_changes(
+        tmp_path, client, redis_server, case):
+    """The operator's shell has IQ_REDIS_GROUPS=gpu=…, the running processes do not (they
+    report the groups they have; an older process's report without them is not checked): the file moving a model there is refused, naming the field,
+    before it is installed or announced; as is a GPU model for the worker without a GPU that
+    would serve its queue. (Once, the shell's check passed, the file was installed, and every
+    API and worker process crash-looped on it.)"""
+    settings = setup(tmp_path, client, redis_server)
+    group_url = redis_server.extra["url"].rsplit("/", 1)[0] + "/1"
+    settings = load_settings({"redis_url": redis_server.extra["url"], "redis_groups":
+                              f"gpu={group_url}", "models_file": settings.models_file},
+                             environ={})
+    # Their own names: an earlier test's thread may still write w@h's report.
+    client.hset(RELOAD_STATUS_KEY, "worker:gpu-less@h", orjson.dumps(
+        {"revision": "old", "state": "serving", "at": time.time(), "groups": [], "gpus": 0,
+         "queues": ["quick"], "consumes_all": False}))
+    api(client, 1, "old", groups=[])
+    target = tmp_path / "models.yaml"
+    before = target.read_bytes()
+    new = tmp_path / "new.yaml"
+    moved = {"redis": "gpu"} if case == "group" else {"device": "cuda"}
+    new.write_text(yaml.safe_dump({"models": {"quick": {**MODELS["quick"], **moved}}}))
+    said: list[str] = []
+    result = reload(new, timeout_s=5, say=said.append, settings=settings)
+    assert result.status == INVALID, said
+    assert said[0].startswith("reload refused, nothing changed: "), said
+    assert said[0].endswith({
+        "group": "models.quick.redis: group 'gpu' is not configured in the running API/worker "
+                 "processes (api:h/1, worker:gpu-less@h): add it to their IQ_REDIS_GROUPS and restart "
+                 "them before a reload names it",
+        "device": "models.quick.device: 'cuda', but the running worker(s) worker:gpu-less@h "
+                  "that would serve queue 'quick' see no CUDA device"}[case]), said
+    assert target.read_bytes() == before
+    assert not (tmp_path / "models.yaml.previous").exists()
+    assert client.get(MODELS_REVISION_KEY) is None  # nothing announced
+
+
+def test_done_only_once_every_gunicorn_runs_its_processes_on_the_revision(
+        tmp_path, client, redis_server):
+    """A gunicorn of two processes whose master is restarting as the reload begins (no API
+    process reports; a rollback after a reload that took the API down): the reload is done
+    only once both its processes serve the revision, not as soon as the workers do. (Once,
+    a rollback printed "reload done" 17 s before any API process was up.)"""
+    settings = setup(tmp_path, client, redis_server)
+    service = "h 127.0.0.1:8000"
+    client.hset(RELOAD_API_KEY, service, orjson.dumps({"processes": 2, "at": time.time()}))
+    up: list[float] = []
+
+    def processes() -> None:
+        revision = announced(client)
+        report(client, revision, "serving")
+        for pid in (1, 2):
+            time.sleep(1.0)
+            api(client, pid, revision, service=service)
+            up.append(time.monotonic())
+
+    thread = threading.Thread(target=processes, daemon=True)
+    thread.start()
+    said: list[str] = []
+    result = reload(timeout_s=5, say=said.append, settings=settings)
+    finished = time.monotonic()
+    thread.join(10)
+    assert result.status == DONE, said
+    assert len(up) == 2 and finished >= up[1], said
+    assert f"  api {service}: pending: 0 of 2 process(es) up on it" in said, said
+    assert f"  api {service}: pending: 1 of 2 process(es) up on it" in said, said

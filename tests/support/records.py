@@ -1,10 +1,10 @@
 """A job's record as the tests read it from Redis: under its fields' own names, a succeeded
-record's packed fields unpacked (tasks/jobrecord.py's record_fields)."""
+record's packed fields unpacked (tasks/jobstate.py's record_fields)."""
 from __future__ import annotations
 
 import redis
 
-from tasks.jobrecord import record_fields
+from tasks.jobstate import record_fields
 from tasks.keys import job_key
 
 

@@ -4,6 +4,7 @@ can be checked from the files alone is checked here, so that a renamed script, a
 a misspelled variable or a secret handed to the wrong process fails the suite."""
 from __future__ import annotations
 
+import fnmatch
 import re
 import shlex
 from pathlib import Path
@@ -42,6 +43,28 @@ def test_every_path_the_containerfile_copies_exists():
     missing = [(stage, path) for stage, paths in stages().items() for path in paths
                if not (ROOT / path).exists()]
     assert missing == [], f"COPY of paths that are not in the repository: {missing}"
+
+
+def _ignored(path: str) -> bool:
+    """Whether .containerignore keeps `path` (or a folder above it) out of the build context."""
+    patterns = [line.strip() for line in (ROOT / ".containerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    return any(fnmatch.fnmatch(prefix, pattern) or fnmatch.fnmatch(prefix, pattern.lstrip("*/"))
+               for prefix in prefixes for pattern in patterns)
+
+
+@pytest.mark.parametrize("stage", ["api", "worker"])
+def test_the_lua_scripts_ship_in_both_images(stage):
+    """Every process registers its Lua scripts at start from tasks/lua/*.lua (tasks/lua.py):
+    each file is in the build context and copied into both images."""
+    scripts = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tasks" / "lua").glob("*.lua"))
+    assert scripts
+    assert [path for path in scripts if _ignored(path)] == []
+    copied = stages()[stage]
+    assert [path for path in scripts
+            if not any(path.startswith(c.rstrip("/") + "/") for c in copied)] == []
 
 
 @pytest.mark.parametrize("service", sorted(s for s in SERVICES if "command" in SERVICES[s]))

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from bench.gameday.ledger import PHASES, analyse
 from bench.gameday.play import Played, Struck
 from bench.gameday.report import markdown, table
-from tasks.jobrecord import iso
+from tasks.jobstate import iso
 
 START = 1000.0  # time.monotonic() of the run's first second, as recorded
 

@@ -1,7 +1,13 @@
-"""The house rule of issue 23: no module over 350 lines and no function over 60 in the project's
-own code (app/, tasks/, workers/, config/, scripts/, bench/ and the client's package), so that
-each concern keeps a room of its own. One that grows past it is split along a seam (a module
-per concern, a function per named step), not squeezed."""
+"""A ceiling on sizes in the project's own code (app/, tasks/, workers/, config/, scripts/,
+bench/ and the client's package): no module over 800 lines, no function over 60.
+
+Modules are cut by concern, not by size: issue 23's rule of 350 lines a module split concerns
+apart to fit it (a job's record from the moves that write it, re-exported to hide the seam;
+Lua carried in Python strings across nine modules), which issue 38 merged back. So the module
+bound is only a generous ceiling, above the largest module of one concern (tasks/jobstate.py,
+a job's record and its moves: about 600 lines) with room for it to grow, that a module reaches
+when it takes in a second concern: one that does is cut where its concerns part, never to fit
+a number. A function stays within 60 lines, one named step each."""
 from __future__ import annotations
 
 import ast
@@ -10,7 +16,7 @@ from scripts.stack import ROOT
 
 PACKAGES = ("app", "tasks", "workers", "config", "scripts", "bench",
             "client/inference_queue_client")
-MAX_MODULE_LINES = 350
+MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 60
 
 
@@ -39,4 +45,4 @@ def test_the_check_reads_every_package():
 
 def test_no_module_or_function_is_over_its_size():
     found = offenders()
-    assert not found, "split each along a seam (issue 23):\n  " + "\n  ".join(found)
+    assert not found, "cut each where its concerns part:\n  " + "\n  ".join(found)

@@ -1,49 +1,41 @@
-"""The submit script: a job's admission, record and enqueue in one step (tasks/jobstate.py runs
-it, on the prelude of tasks/jobscripts.py, whose two common arguments it takes first)."""
-from __future__ import annotations
+-- A job's admission, record and enqueue in one step (tasks/jobstate.py `submit`).
+-- KEYS: record, idempotency claim, target list, owner's jobs list (owner_jobs), the record of
+--       the job it retries (any key when it retries none), pending jobs, the queue's wake-up
+--       list, the owner's index of releases before (owner_index), then the model's queue lists
+--       (for its depth; none when it is not checked).
+-- ARGV (after the two of every job script): job id, max depth ('' : not checked), timeout_s
+--       (0: none), request digest ('' : no idempotency key), message, memory headroom (share
+--       of maxmemory kept free; '' : not checked), the request to keep ('' : none), what to
+--       trim ('0': nothing, '1': the owner's jobs list, '2': that and the owner's index of
+--       releases before), '1' when it retries a job, the owner's quota on the bytes of the
+--       requests kept for it ('' : none), the owner (an API key's name), then the record's
+--       field/value pairs.
+-- The API has the depth checked here only when its own reading of it (at most a second old,
+-- app/gauge.py) is near the limit, or when it has none; far from it, it costs no command. The
+-- memory headroom it has checked on every submit (the API passes '' only in tests). A submit
+-- refused for memory that finds its record (a resend) is answered 'created'.
+-- Idempotent by job id: sent again (a resend after a lost answer), it finds the job's record
+-- (the HSETNX of its status that begins a new one tells, so a first submit pays no EXISTS) and
+-- does nothing more, so a job is never queued twice. A refusal after that HSETNX takes the
+-- record back (tasks/jobstate.py's `refusal` reads the answer).
+-- A request kept counts on its owner's books (_owner_books.lua's trim_owner_kept) until it
+-- leaves Redis: a submit that would take them past the quota is refused ('kept_full', with
+-- the bytes held and the seconds until the first of them leaves).
+-- The record keeps the message and its list until the job is final, for the reconciler
+-- (workers/broker/scripts.py) to queue it again should it be lost; the job joins the pending
+-- set and its owner's jobs list; a queue list that was empty gets a wake-up token for its
+-- queue's idle workers.
+-- #include _job_prelude
+-- #include _owned
 
-from tasks.indexscripts import OWNED
-from tasks.jobrecord import (IdempotencyMismatch, KeptFull, Overloaded, RetryRefused,
-                             StoreFull)
-from tasks.jobscripts import PRELUDE
-from tasks.keys import JOB_PREFIX, KEPT_BY_BYTES_PREFIX, KEPT_BY_PREFIX
-
-# A write that changes nothing (a key's expiry set to what it is), so that a WAIT after the
-# script covers that key, which an earlier script wrote: WAIT counts from the last write of
-# its own connection.
-_TOUCH = """
+-- A write that changes nothing (a key's expiry set to what it is), so that a WAIT after the
+-- script covers that key, which an earlier script wrote: WAIT counts from the last write of
+-- its own connection.
 local function touch(key)
   local ms = redis.call('pttl', key)
   if ms > 0 then redis.call('pexpire', key, ms) end
 end
-"""
 
-# KEYS: record, idempotency claim, target list, owner's jobs list (owner_jobs), the record of
-#       the job it retries (any key when it retries none), pending jobs, the queue's wake-up
-#       list, the owner's index of releases before (owner_index), then the model's queue lists
-#       (for its depth; none when it is not checked).
-# ARGV: job id, max depth ('' : not checked), timeout_s (0: none), request digest ('' : no
-#       idempotency key), message, memory headroom (share of maxmemory kept free; '' : not
-#       checked), the request to keep ('' : none), what to trim ('0': nothing, '1': the owner's
-#       jobs list, '2': that and the owner's index of releases before), '1' when it retries a
-#       job, the owner's quota on the bytes of the requests kept for it ('' : none), the
-#       owner (an API key's name), then the record's field/value pairs.
-# The API has the depth checked here only when its own reading of it (at most a second old,
-# app/gauge.py) is near the limit, or when it has none; far from it, it costs no command. The
-# memory headroom it has checked on every submit (the API passes '' only in tests). A submit
-# refused for memory that finds its record (a resend) is answered 'created'.
-# Idempotent by job id: sent again (a resend after a lost answer), it finds the job's record
-# (the HSETNX of its status that begins a new one tells, so a first submit pays no EXISTS) and
-# does nothing more, so a job is never queued twice. A refusal after that HSETNX takes the
-# record back.
-# A request kept counts on its owner's books (jobscripts' trim_owner_kept) until it leaves
-# Redis: a submit that would take them past the quota is refused ('kept_full', with the bytes
-# held and the seconds until the first of them leaves).
-# The record keeps the message and its list until the job is final, for the reconciler
-# (workers/broker/scripts.py) to queue it again should it be lost; the job joins the pending
-# set and its owner's jobs list; a queue list that was empty gets a wake-up token for its
-# queue's idle workers.
-SUBMIT = PRELUDE + OWNED + _TOUCH + """
 if ARGV[8] ~= '' then
   local memory = redis.call('info', 'memory')
   local cap = tonumber(string.match(memory, 'maxmemory:(%d+)'))
@@ -67,7 +59,7 @@ if ARGV[6] ~= '' then
     local sep = string.find(earlier, ' ', 1, true)
     local earlier_id = string.sub(earlier, 1, sep - 1)
     -- A claim whose job was deleted claims nothing: the key makes a new job.
-    if redis.call('exists', '""" + JOB_PREFIX + """' .. earlier_id) == 1 then
+    if redis.call('exists', JOB_PREFIX .. earlier_id) == 1 then
       if string.sub(earlier, sep + 1) ~= ARGV[6] then return refuse('mismatch', '') end
       touch(KEYS[2])
       return refuse('existing', earlier_id)
@@ -88,8 +80,8 @@ if ARGV[4] ~= '' then
   if depth >= tonumber(ARGV[4]) then return refuse('overloaded', '') end
 end
 local kept_size = string.len(ARGV[9])
-local books = '""" + KEPT_BY_PREFIX + """' .. ARGV[13]
-local total = '""" + KEPT_BY_BYTES_PREFIX + """' .. ARGV[13]
+local books = KEPT_BY_PREFIX .. ARGV[13]
+local total = KEPT_BY_BYTES_PREFIX .. ARGV[13]
 if ARGV[12] ~= '' and kept_size > 0 then
   trim_owner_kept(ARGV[13], 1000)
   local held = tonumber(redis.call('get', total) or 0)
@@ -134,24 +126,3 @@ local was_empty = redis.call('lpush', KEYS[3], ARGV[7]) == 1
 redis.call('zadd', KEYS[6], now, ARGV[3])
 if was_empty and redis.call('llen', KEYS[7]) == 0 then redis.call('lpush', KEYS[7], '1') end
 return {'created', ARGV[3]}
-"""
-
-
-def refusal(kind: str, found: str, kept_quota: int | None) -> Exception | None:
-    """What the script's answer (`kind`, `found`) refuses the job with; None when it made the
-    job or found it made."""
-    if kind == "overloaded":
-        return Overloaded()
-    if kind == "full":
-        used, cap = (int(x) for x in found.split())
-        return StoreFull(used, cap)
-    if kind == "kept_full":
-        held, wait_s = (int(x) for x in found.split())
-        return KeptFull(held, kept_quota or 0, wait_s)
-    if kind == "mismatch":
-        return IdempotencyMismatch()
-    if kind in ("gone", "retried", "not_retryable"):
-        return RetryRefused("missing" if kind == "gone" else
-                            "retried" if kind == "retried" else found,
-                            found if kind == "retried" else "")
-    return None

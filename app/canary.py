@@ -1,0 +1,77 @@
+"""An API process's canary of a reload's models file (app/reloading.py): before the process asks
+its gunicorn master to reload, the new file must build the app in a process of its own, with
+the API process's own environment, and reach every Redis its models use. A master whose new
+processes cannot boot exits, which once took the API down for ten minutes; a canary that fails
+leaves the master alone and the old file served.
+
+    python -m app.canary REVISION
+
+Exit 0 when the app built from the models file of that revision reached its Redis; else one
+line on stdout (why), exit 1."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from config import ConfigError
+from tasks.reload_failures import one_line
+
+CANARY_TIMEOUT_S = 60.0
+
+
+def check(revision: str) -> None:
+    """Raises when the app cannot be built from the models file of `revision`, or a Redis its
+    models use (REDIS_URL's, their groups') does not answer."""
+    from app import create_app
+
+    app = create_app()
+    built = app.extensions["iq.revision"]
+    if built != revision:
+        raise RuntimeError(f"the models file has revision {built} now, not the announced "
+                           f"{revision}")
+    used = {""} | {spec.redis for spec in app.extensions["iq.models"].values()}
+    for group, store in app.extensions["iq.store"].stores.items():
+        if group not in used:  # a group no model names: not this file's to wait for
+            continue
+        try:
+            store.redis.ping()
+        except Exception as exc:  # noqa: BLE001 - said, with which Redis
+            where = f"Redis group {group!r}" if group else "REDIS_URL's Redis"
+            raise RuntimeError(f"{where} did not answer: {one_line(exc)}") from None
+
+
+def run(revision: str, timeout_s: float = CANARY_TIMEOUT_S) -> str:
+    """In the API process: why the canary of `revision` failed, "" when it started."""
+    env = dict(os.environ)
+    # The canary's metrics would count among the API's (prometheus_client's multiprocess
+    # folder), its spans among its traces.
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    env["OTEL_SDK_DISABLED"] = "true"
+    try:
+        done = subprocess.run([sys.executable, "-m", "app.canary", revision], env=env,
+                              capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"it did not start within {timeout_s:g}s"
+    except OSError as exc:
+        return f"it could not be run: {exc}"
+    if done.returncode == 0:
+        return ""
+    lines = (done.stdout.strip() or done.stderr.strip()).splitlines()
+    return lines[-1] if lines else f"it exited with status {done.returncode}"
+
+
+def main(argv: list[str]) -> int:
+    try:
+        check(argv[1])
+    except ConfigError as exc:  # names the field and the value already
+        print(str(exc).splitlines()[0], flush=True)
+        return 1
+    except BaseException as exc:  # noqa: BLE001 - any failure is the canary's answer
+        print(one_line(exc), flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

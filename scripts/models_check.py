@@ -1,0 +1,68 @@
+"""A models file checked as the processes that will run it would take it, before anything
+changes (`make reload`, scripts/reload.py; `make run`, scripts/run.py): it parses, its Redis
+groups are configured (here, and in every live process that reported what it can serve:
+tasks/serves.py), each model file it names opens, each package it names is installed. A file
+that fails one of these would stop every process that reads it, which `make run`'s keepers
+would restart for ever."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import zipfile
+from pathlib import Path
+from typing import Mapping
+
+from config.groups import check_model_groups
+from config.kinds import kind_of
+from config.models import parse_models
+from tasks.serves import unservable
+
+
+def _unloadable(spec) -> str | None:
+    """Why a worker's pool child could not even open the model's file or folder, or None.
+    A reload's child that cannot load its models rolls its worker back (workers/reload.py):
+    a file none can open is refused here, before any worker tries it. The
+    tensor kinds' files (TorchScript `.pt`, torch.export `.pt2`) are zip archives, so a
+    truncated or garbage file is seen here without loading it."""
+    path = Path(spec.path)
+    if not path.exists():
+        return f"{spec.path} does not exist"
+    if kind_of(spec.kind).archive:
+        if not path.is_file():
+            return f"{spec.path} is not a file"
+        try:
+            with path.open("rb") as fh:
+                if not zipfile.is_zipfile(fh):
+                    return f"{spec.path} is not a TorchScript or torch.export archive " \
+                           "(truncated or corrupt?)"
+        except OSError as exc:
+            return f"{spec.path} cannot be read: {exc.strerror or exc}"
+    elif path.is_dir():
+        try:
+            next(os.scandir(path), None)
+        except OSError as exc:
+            return f"{spec.path} cannot be read: {exc.strerror or exc}"
+    else:
+        try:
+            path.open("rb").close()
+        except OSError as exc:
+            return f"{spec.path} cannot be read: {exc.strerror or exc}"
+    return None
+
+
+def problems_of(target: Path, content: bytes, groups: Mapping[str, str],
+                reports: Mapping[str, dict] | None = None) -> list[str]:
+    """Why the models file `content`, to be read at `target`, cannot be served (none: it
+    can): by the settings here (`groups`), by what the live processes reported they can
+    serve (`reports`, by process: tasks/serves.py), by the files and packages it names.
+    ConfigError for a file that does not parse or names a group `groups` lacks."""
+    models = parse_models(target, content)
+    check_model_groups(models, groups)  # a Redis group the settings lack: ConfigError
+    problems = unservable(models, reports or {})
+    for spec in models.values():
+        why = _unloadable(spec) if spec.path else None
+        if why:
+            problems.append(f"models.{spec.name}: {why}")
+        if spec.package and importlib.util.find_spec(spec.package) is None:
+            problems.append(f"models.{spec.name}: package {spec.package} is not installed")
+    return problems

@@ -1,0 +1,26 @@
+-- How job_finish.lua writes a succeeded job's record, which lives job_ttl_s (a day) and is read
+-- as it was written: what a read needs, in as few bytes as keep it exact. The names that
+-- readers of the release before read a finished record by (`status`, `model`, `created_at`,
+-- `token`, the webhook's, `owner` ...) stay; five that only a read of this release needs are
+-- packed into `r`: "<started_at - created_at> <finished_at - started_at> <runs> <inputs>
+-- <batch>" (the times in milliseconds, the batch as `batch_text` writes it); `trace_id`,
+-- `worker` and `model_version` are kept as `t`, `w` and `v` (tasks/jobstate.py's
+-- record_fields reads them back). (Redis keeps a hash of small values as one compact list,
+-- every field name in it: ~90 bytes of names a record.) A record whose fields do not fit that
+-- (an ISO time or a JSON batch from an earlier release, a value over 64 bytes, which would
+-- turn the hash into Redis's large encoding) is written with its names.
+local function compact(v, finished_at)
+  local c, s = v.created_at, v.started_at
+  if c and s and string.match(c, '^%d+$') and string.match(s, '^%d+$') and v.batch
+      and string.match(v.batch, '^%w+ %d+ %d+$') then
+    local r = string.format('%.0f %.0f %s %s %s', tonumber(s) - tonumber(c),
+                            tonumber(finished_at) - tonumber(s), v.runs or '0', v.inputs or '0',
+                            v.batch)
+    if #r <= 64 then
+      v.r, v.started_at, v.finished_at, v.runs, v.inputs, v.batch = r, nil, nil, nil, nil, nil
+    end
+  end
+  for long, short in pairs({trace_id = 't', worker = 'w', model_version = 'v'}) do
+    if v[long] and #v[long] <= 64 then v[short], v[long] = v[long], nil end
+  end
+end

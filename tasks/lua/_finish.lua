@@ -1,0 +1,78 @@
+-- What job_finish.lua and job_finish_queued.lua run after the prelude: the jobs' terminal
+-- statuses (tasks/jobstate.py `finish`).
+-- KEYS: (record, stored result) per job, then the pending set. ARGV (after the two of every job
+-- script): finished_at, result ttl, model version ('' : none), then per job: status, stored
+-- result, error ('' : none), webhook list ('' : none), webhook message, the webhook queue's
+-- wake-up list, the token of the message that ran it, the webhook delivery's id (recorded: the
+-- one delivery delivery_claim.lua lets through). Returns, per job, 1 when it took its terminal
+-- status here, 0 when it already had one (or the message was not the job's own). The jobs it
+-- finished are announced on the moves channel, "done <id> <id> ...", in one message (as are a
+-- cancel's and an expiry's, one job).
+-- A finished record keeps what a read needs (and its token, so that a message sent by hand
+-- with its id is still told apart): not its message, deadline or request. That of a job that
+-- succeeded is written afresh (DEL, HSET, EXPIRE: it lives job_ttl_s from its finish),
+-- compact: Redis keeps a hash that once held a large value (the message) in its large encoding
+-- for good, one written with small values only takes its compact one (a listpack). The batch's
+-- succeeded records go in one DEL, after every job was decided. One that did not succeed drops
+-- the fields (its error is seldom small).
+-- KEEP (a constant): the fields of a record not final yet that its finished record keeps when
+-- the job succeeds, status and token first.
+-- #include _compact
+local out, done, writes, gone = {}, {}, {}, {}
+local ttl = tonumber(ARGV[4])
+-- Read beside them: 'req', the size of the request an earlier release's submit kept in a key
+-- of its own (dead() in the prelude), for a success to drop that key as that release did.
+local READ = {unpack(KEEP)}
+READ[#READ + 1] = 'req'
+for i = 1, (#KEYS - 1) / 2 do
+  local key, a = KEYS[2 * i - 1], 5 + 8 * (i - 1)
+  local f = redis.call('hmget', key, unpack(READ))
+  local status = f[1]
+  out[i] = 0
+  if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 7])
+      and not writes[key] then
+    local v = {}
+    if ARGV[a + 1] == 'succeeded' then
+      for j = 2, #KEEP do if f[j] then v[KEEP[j]] = f[j] end end
+      gone[#gone + 1] = key
+      local size = redis.call('hstrlen', key, 'request')  -- its request leaves with it
+      if size > 0 then release_owner_kept(v.owner or '', id_of(key), size) end
+      if f[#READ] then gone[#gone + 1] = KEPT_REQUEST .. id_of(key) end
+    end
+    -- Its status, and its model version, error and webhook delivery's id if any.
+    v.status, v.finished_at = ARGV[a + 1], ARGV[3]
+    if ARGV[5] ~= '' then v.model_version = ARGV[5] end
+    if ARGV[a + 3] ~= '' then v.error = ARGV[a + 3] end
+    if ARGV[a + 4] ~= '' then v.webhook_id = ARGV[a + 8] end
+    if ARGV[a + 1] == 'succeeded' then compact(v, ARGV[3]) end
+    writes[key], out[i] = v, 1
+  end
+end
+if #gone > 0 then redis.call('del', unpack(gone)) end
+for i = 1, (#KEYS - 1) / 2 do
+  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 8 * (i - 1)
+  if out[i] == 1 then
+    local fields = {'status', writes[key].status}
+    for name, value in pairs(writes[key]) do
+      if name ~= 'status' then fields[#fields + 1] = name; fields[#fields + 1] = value end
+    end
+    redis.call('hset', key, unpack(fields))
+    if ARGV[a + 1] == 'succeeded' then
+      redis.call('expire', key, TTL_S)
+    else
+      redis.call('hdel', key, 'message', 'list')
+      dead(key, id_of(key))
+    end
+    redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)
+    if ARGV[a + 4] ~= '' then
+      redis.call('lpush', ARGV[a + 4], ARGV[a + 5])
+      if redis.call('llen', ARGV[a + 6]) == 0 then redis.call('lpush', ARGV[a + 6], '1') end
+    end
+    done[#done + 1] = id_of(key)
+  end
+end
+if #done > 0 then
+  redis.call('zrem', KEYS[#KEYS], unpack(done))
+  redis.call('publish', MOVES_CHANNEL, 'done ' .. table.concat(done, ' '))
+end
+return out

@@ -1,0 +1,4 @@
+-- A batch's jobs take their terminal status, result and webhook, unless they have one already
+-- (tasks/jobstate.py `finish`): _finish.lua says how, its keys and arguments.
+-- #include _job_prelude
+-- #include _finish

@@ -1,0 +1,158 @@
+"""`make run`'s stop under load, on the default settings: Ctrl-C (SIGINT to its process group,
+as a terminal sends it), SIGTERM to make run alone (`kill`), and a hang-up (SIGHUP to its
+group: the terminal closed) each stop the stack in order (scripts/run_stop.py): the API and
+the worker first, the worker's running batch finishing and storing its results, Redis last.
+The stop ends within IQ_STOP_TIMEOUT_S with nothing killed, no process left and every port
+free; after a second `make run`, every job accepted before the stop ended has succeeded
+exactly once, counted by its record's `runs` (one per start by a pool child, a batch killed
+half-way included) and by the model's log of the inputs it returned.
+
+And every process leaves on SIGTERM within the stop timeout with its Redis frozen (every call
+waits out its socket timeout): the worker, the deliverer and Flower stayed for minutes."""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import time
+
+import pytest
+import redis
+import requests
+import yaml
+
+from config import Settings
+from workers.stopping import LAST_RESORT_S
+from scripts.stack import ROOT, free_port, launch, spawn, start_webhooks, wait_until
+from tests.integration.test_make_run import MakeRun, run_env, secret
+from tests.support.load import Load, job_statuses, runs
+from tests.support.records import fields_of
+
+pytestmark = pytest.mark.slow
+
+STOP_S = Settings.stop_timeout_s
+HOW = {"ctrl-c": (signal.SIGINT, True), "sigterm": (signal.SIGTERM, False),
+       "hang-up": (signal.SIGHUP, True)}
+
+
+def slow_model(log) -> dict:
+    # 1.5 s a batch of up to 8: a stop sent while a batch is seen running lands in it.
+    return {"models": {"slow": {"kind": "synthetic", "base_ms": 1500, "per_item_ms": 0,
+                                "max_batch_size": 8, "max_inputs": 1, "runs_log": str(log)}}}
+
+
+def stopped_lines(output: str) -> dict[str, int]:
+    """Where in make run's output each process was seen stopped (honcho's `NAME stopped`)."""
+    lines = output.splitlines()
+    return {m.group(1): i for i, line in enumerate(lines)
+            if (m := re.search(r"\| (\S+) stopped \(rc=", line))}
+
+
+@pytest.mark.parametrize("how", list(HOW))
+def test_a_stop_under_load_drains_in_order_and_runs_no_job_twice(tmp_path, how):
+    log = tmp_path / "runs.log"
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump(slow_model(log)))
+    env = run_env(tmp_path, IQ_MODELS_FILE=str(models))
+    api = f"http://127.0.0.1:{env['IQ_PORT']}"
+    sig, group = HOW[how]
+    first, load = MakeRun(env, tmp_path / "first.log"), None
+    try:
+        first.wait_up(180)
+        app = redis.Redis(port=int(env["REDIS_PORT"]), decode_responses=True,
+                          username="iq", password=secret(env, "redis-app-password"))
+        load = Load(api, "slow", how, clients=4, pause_s=0.1).start()
+
+        def busy() -> bool:  # a batch running, with batches done before it
+            statuses = job_statuses(app, list(load.accepted.values())).values()
+            return "running" in statuses and sum(runs(log).values()) >= 8
+
+        wait_until(busy, 120, "a batch running under load")
+        began = time.monotonic()
+        code = first.stop(sig, group=group)
+        took = time.monotonic() - began
+    finally:
+        left, busy_ports = first.left_behind(), first.ports_in_use()
+        first.reap()
+    output = first.output()
+    print(f"make run stopped by {how} under load in {took:.1f}s")
+    assert code is not None, output[-3000:]
+    assert "SIGKILL" not in output, (took, output[-3000:])
+    assert took < STOP_S, (took, output[-3000:])
+    assert left == [] and busy_ports == []
+    seen = stopped_lines(output)
+    assert seen["redis"] > max(seen["worker"], seen["web"], seen["webhooks"], seen["flower"])
+
+    second = MakeRun(env, tmp_path / "second.log")
+    try:
+        second.wait_up(180)
+        load.stop()  # clients resending through the stop are answered by this run
+        accepted = list(load.accepted.values())
+        assert len(accepted) >= 8
+        wait_until(lambda: set(job_statuses(app, accepted).values()) == {"succeeded"}, 300,
+                   "every accepted job succeeded")
+        records = fields_of(app, accepted)
+        twice = {job_id: r["runs"] for job_id, r in records.items() if r.get("runs") != "1"}
+        assert twice == {}
+        ran = runs(log)
+        assert {text: ran[text] for text in load.accepted if ran[text] != 1} == {}
+        print(f"{len(accepted)} jobs accepted, each ran once")
+    finally:
+        second.stop(signal.SIGINT)
+        left, busy_ports = second.left_behind(), second.ports_in_use()
+        second.reap()
+        if load is not None:
+            load._stop.set()
+    assert "SIGKILL" not in second.output()
+    assert left == [] and busy_ports == []
+
+
+def test_every_process_leaves_on_sigterm_with_its_redis_frozen(tmp_path):
+    """The worker, the deliverer, Flower and the API, each signalled as make run signals it
+    (SIGTERM to its process group) while their Redis is frozen: every call of their stop
+    waits out its socket timeout. Each is gone within the stop timeout and its last resort:
+    the worker, the deliverer and Flower stayed for minutes."""
+    stack = launch(tmp_path, {"quick": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0}},
+                   {"w": ["quick"]}, defaults=True)
+    parts = {"worker": stack.workers["w"], "web": stack.web}
+    frozen = False
+    try:
+        parts["webhooks"] = start_webhooks("stop", stack.env, tmp_path)
+        port = free_port()  # Flower as make run starts it: scripts/flower.sh
+        parts["flower"] = spawn("flower", [str(ROOT / "scripts" / "flower.sh")],
+                                dict(stack.env, FLOWER_PORT=str(port),
+                                     FLOWER_BASIC_AUTH="admin:" + secrets.token_hex(8)),
+                                tmp_path)
+        wait_until(lambda: requests.get(f"http://127.0.0.1:{port}/healthcheck", timeout=2).ok,
+                   120, "Flower up")
+        wait_until(lambda: requests.get(parts["webhooks"].extra["metrics_url"],
+                                        timeout=2).ok, 120, "the deliverer up")
+        os.kill(stack.redis_svc.proc.pid, signal.SIGSTOP)
+        frozen = True
+        # Stopped once they have met the freeze (the deliverer's lease renewal timed out),
+        # as an operator's stop meets it.
+        wait_until(lambda: "Timeout reading from socket" in parts["webhooks"].tail(), 60,
+                   "the deliverer to meet the freeze")
+        began = time.monotonic()
+        for part in parts.values():
+            part.send(signal.SIGTERM)
+        gone: dict[str, float] = {}
+
+        def all_gone() -> bool:
+            gone.update({name: time.monotonic() - began for name, part in parts.items()
+                         if name not in gone and part.proc.poll() is not None})
+            return len(gone) == len(parts)
+
+        bound = STOP_S + LAST_RESORT_S + 1
+        try:
+            wait_until(all_gone, bound + 10, "every part gone")
+        except TimeoutError:
+            pass
+        assert set(gone) == set(parts) and max(gone.values()) < bound, gone
+    finally:
+        if frozen:
+            os.kill(stack.redis_svc.proc.pid, signal.SIGCONT)
+        for part in parts.values():
+            part.stop()
+        stack.stop()
