@@ -278,7 +278,8 @@ def test_the_pool_stops_a_child_that_ignores_sigterm():
     from billiard.process import BaseProcess
     from celery.worker.request import Request
 
-    from workers.broker.pool import ForkChild, Pool as WorkerPool, SpawnChild
+    from workers.broker.pool import BlockingPool, ForkChild, SpawnChild
+    from workers.broker.pool import Pool as WorkerPool
 
     # What calls them: a shrink and a reload's retirement, the pool's own stop, a cancel.
     assert "self.terminate()" in inspect.getsource(BaseProcess.terminate_controlled)
@@ -286,9 +287,10 @@ def test_the_pool_stops_a_child_that_ignores_sigterm():
     assert "pool.terminate_job(self.worker_pid, signal)" in inspect.getsource(Request.cancel)
     # The pool makes its children through `Process`, of its context's class (spawn here).
     assert "self.Process(target=worker)" in inspect.getsource(Pool.WorkerProcess)
-    spawned = WorkerPool.__new__(WorkerPool)
-    spawned._ctx = billiard.get_context("spawn")
-    assert type(spawned.Process(target=print)) is SpawnChild
+    for kind in (WorkerPool, BlockingPool):  # with the event loop, and without
+        spawned = kind.__new__(kind)
+        spawned._ctx = billiard.get_context("spawn")
+        assert type(spawned.Process(target=print)) is SpawnChild
     assert issubclass(SpawnChild, SpawnProcess)
 
     ctx = billiard.get_context("fork")

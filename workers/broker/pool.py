@@ -71,13 +71,9 @@ _CHILDREN: dict[type, type] = {SpawnProcess: SpawnChild, ForkProcess: ForkChild,
                                ForkServerProcess: ForkServerChild}
 
 
-class Pool(AsynPool):
-    """Celery's asynchronous pool, whose children are killed by SIGKILL (`_KilledOnTerminate`,
-    `terminate_job`) and which calls `on_child_ready(pid)` once a child is ready."""
-
-    #: Called on the event loop with a child's pid once it is ready to take work (its
-    #: models loaded): the dispatcher's (`on_child_ready`).
-    on_child_ready: Callable[[int], Any] | None = None
+class _KillsItsChildren:
+    """A billiard pool whose children are killed by SIGKILL (`_KilledOnTerminate`,
+    `terminate_job`)."""
 
     def Process(self, *args: Any, **kwargs: Any) -> Any:
         base = self._ctx.Process
@@ -94,6 +90,19 @@ class Pool(AsynPool):
         return super().terminate_job(pid, signal.SIGKILL if sig in (None, signal.SIGTERM)
                                      else sig)
 
+
+class BlockingPool(_KillsItsChildren, prefork.BlockingPool):
+    """billiard's pool, as Celery runs it without an event loop."""
+
+
+class Pool(_KillsItsChildren, AsynPool):
+    """Celery's asynchronous pool, whose children are killed by SIGKILL and which calls
+    `on_child_ready(pid)` once a child is ready."""
+
+    #: Called on the event loop with a child's pid once it is ready to take work (its
+    #: models loaded): the dispatcher's (`on_child_ready`).
+    on_child_ready: Callable[[int], Any] | None = None
+
     def on_process_alive(self, pid: int) -> Any:
         """The pool's handler of a child's first word (WORKER_UP: its initializer, which
         loads its models, returned), followed by `on_child_ready`."""
@@ -108,6 +117,7 @@ class TaskPool(prefork.TaskPool):
     and never flushed."""
 
     Pool = Pool
+    BlockingPool = BlockingPool
     #: Most children (one per GPU); None: no limit (a CPU-only host).
     max_children: int | None = None
 
