@@ -161,7 +161,7 @@ def test_an_api_process_takes_a_file_only_once_every_worker_serves_it(
     watch.check()
     assert sent == [] and not watch.handed_over and canaries == [revision_of(new)]
     report = orjson.loads(client.hget(RELOAD_STATUS_KEY, watch.field))
-    assert (report["revision"], report["state"], report["waiting_for"]) == (
+    assert (report["revision"], report["state"], report["workers_pending"]) == (
         revision_of(old), "waiting for the workers", "worker:a@h, worker:b@h"), report
     worker("a@h", new)
     worker("b@h", new, "reloading")
