@@ -104,7 +104,8 @@ class ModelsWatch:
         state = "handing over" if self.handed_over else "refused" if self.error else \
             "waiting for the workers" if self.waiting else "serving"
         status = {"revision": self.revision, "state": state, "at": time.time(),
-                  "error": self.error, "workers_pending": self.waiting, "service": self.service, **capabilities(self.settings)}
+                  "error": self.error, "workers_pending": self.waiting,
+                  "service": self.service, **capabilities(self.settings)}
         if self.refused:  # its canary failed: refused until announced again
             status.update(refused=self.refused[0], announcement=self.refused[1])
         with self.client.pipeline(transaction=False) as pipe:
