@@ -78,7 +78,8 @@ def unconsumed(models: Mapping[str, ModelSpec],
         if not there:
             problems.append(f"models.{name}.redis: no worker runs on {where}: its jobs would "
                             "wait there for ever; start one there before a reload moves it")
-        elif not any(_serves(r, spec.queue) for r in there.values()):
+        elif not any(_serves(r, spec.queue) or not ({"queues", "consumes_all"} & r.keys())
+                     for r in there.values()):  # a report without them: not checked
             problems.append(f"models.{name}.queue: no worker on {where} consumes queue "
                             f"{spec.queue!r}: its jobs would wait there for ever; start one "
                             "that does (its -Q) before a reload names it")
