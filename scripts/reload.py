@@ -36,6 +36,8 @@ process, without a restart.
    disk are back on the revision the workers serve; the failed file is kept as
    `<name>.previous`. Announcing a revision clears such a failure first, so that the same
    file may be reloaded again once its host is fixed.
+   A Redis that stops answering once the file is installed puts the file it replaced back
+   the same way (exit 2, one line: nothing changed).
 4. Once done, the jobs still queued for a model the file does not have (removed now or by an
    earlier reload) end `failed` with `model_removed`, however many workers consumed its queue
    (scripts/reload_removed.py); it says how many. (Exit 2 when Redis refused that: the next
@@ -160,10 +162,15 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
         except Invalid as exc:
             say(f"reload refused, nothing changed: {exc}")
             return Result(INVALID, lines=[str(exc)])
-        for reached, (name, client, group) in enumerate(redises, 1):
-            result = _announce(client, target, revision, timeout_s, say, group, name)
-            if result.status != DONE:
-                break
+        reached = 0
+        try:
+            for reached, (name, client, group) in enumerate(redises, 1):
+                result = _announce(client, target, revision, timeout_s, say, group, name)
+                if result.status != DONE:
+                    break
+        except redis.RedisError as exc:
+            return _unannounced(target, source, revision, redises[:reached], exc, timeout_s,
+                                say, settings)
         if (result.failed_load or result.refused) and source is not None:
             return _undo(target, result, redises[:reached], timeout_s, say, settings)
         return result
@@ -219,6 +226,36 @@ def _undo(target: Path, result: Result, announced: list, timeout_s: float,
         f"{back}" if undone else f"reload to {result.revision} refused, and not undone "
         "everywhere (see above)")
     return replace(result, lines=lines)
+
+
+def _unannounced(target: Path, source: str | Path | None, revision: str, reached: list,
+                 exc: redis.RedisError, timeout_s: float, say: Callable[[str], None],
+                 settings: Settings) -> Result:
+    """A Redis stopped answering once the file was installed (a stall, a cut): as after a
+    failed load, the file it replaced goes back in place, and back is announced wherever the
+    new revision may have been (the failing Redis too, when it answers again at once), so
+    that a process restarted on the file on disk serves what the others serve. Else a worker
+    restarted by its keeper would read a file no running process took, and refuse it."""
+    back, where = revision, reached[-1][0] if reached else ""
+    if source is not None:
+        previous = target.with_name(target.name + ".previous")
+        try:
+            back = install(target, previous, settings.redis_group_urls)
+        except Invalid as undo:
+            say(f"reload refused: Redis{f' group {where}' if where else ''} did not answer "
+                f"({exc}), and the previous models file could not be put back ({undo}): fix "
+                f"{target} and reload it")
+            return Result(REFUSED, revision, lines=[str(exc), str(undo)])
+    quiet: Callable[[str], None] = lambda line: None  # noqa: E731
+    for name, client, group in reached:
+        try:
+            if back != revision and client.get(MODELS_REVISION_KEY) == revision:
+                _announce(client, target, back, timeout_s, quiet, group, name)
+        except redis.RedisError:
+            pass  # it never saw the new revision announced, or cannot have served it
+    say(f"reload refused, nothing changed: Redis{f' group {where}' if where else ''} did not "
+        f"answer ({exc}); {target} is revision {back} as before")
+    return Result(REFUSED, revision, lines=[str(exc)])
 
 
 def _announce(client: redis.Redis, target: Path, revision: str, timeout_s: float,
