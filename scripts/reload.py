@@ -60,13 +60,14 @@ from typing import Callable, Mapping
 import redis
 
 from config import ConfigError, Settings, load_settings
-from config.models import revision_of
+from config.models import parse_models, revision_of
 from scripts.models_check import problems_of
 from scripts.preflight import model_file_problems, operator_file_problems
 from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, live_reports, standing_of, \
     wait
 from scripts.staging import put_in_place, replaced_problems, staged_beside
 from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, reload_failed_key
+from tasks.queuemoves import QueueMoves
 from tasks.redis_client import connect
 
 INVALID = 1
@@ -78,7 +79,8 @@ class Invalid(Exception):
 
 
 def install(target: Path, source: Path | None, groups: Mapping[str, str] | None = None,
-            reports: Mapping[str, dict] | None = None) -> str:
+            reports: Mapping[str, dict] | None = None,
+            waiting: Callable[[str, str], int] | None = None) -> str:
     """Check `source` (default: `target` itself) as the models file at `target` and put it
     there; its revision. `groups`: the Redis groups its models may name; `reports`: what each
     live process said it can serve (tasks/serves.py). Raises Invalid, changing nothing.
@@ -87,7 +89,12 @@ def install(target: Path, source: Path | None, groups: Mapping[str, str] | None 
     `<name>.previous`, or a file of theirs, is refused."""
     try:
         content = (source or target).read_bytes()
-        problems = problems_of(target, content, groups or {}, reports)
+        # The models it replaces: one moved to another Redis group with jobs waiting on the
+        # old one is refused (scripts/models_check.py). (Reloaded in place, the file the
+        # processes took is gone: only a FILE is compared.)
+        before = parse_models(target, target.read_bytes()) \
+            if waiting and source is not None and target.exists() else None
+        problems = problems_of(target, content, groups or {}, reports, before, waiting)
     except (OSError, ConfigError) as exc:
         raise Invalid(str(exc)) from None
     if source is None or source.resolve() == target.resolve():
@@ -156,9 +163,21 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
                     say(f"reload refused, nothing changed: Redis did not answer ({exc})")
                     return Result(REFUSED, lines=[str(exc)])
                 say(f"Redis group {name}: its processes' reports could not be read ({exc})")
+        clients = {name: client for name, client, _ in redises}
+
+        def waiting(group: str, queue: str) -> int:
+            """Jobs waiting on `queue` on the Redis of `group` ("": REDIS_URL's)."""
+            try:
+                return QueueMoves(clients[group]).waiting([queue])[queue] \
+                    if group in clients else 0
+            except redis.RedisError as exc:  # moving a model off a Redis that is gone
+                say(f"Redis group {group}: its jobs waiting on {queue} could not be counted "
+                    f"({exc})")
+                return 0
+
         try:
             revision = install(target, Path(source) if source else None,
-                               settings.redis_group_urls, reports)
+                               settings.redis_group_urls, reports, waiting)
         except Invalid as exc:
             say(f"reload refused, nothing changed: {exc}")
             return Result(INVALID, lines=[str(exc)])
