@@ -40,8 +40,9 @@ process, without a restart.
    the same way (exit 2, one line: nothing changed).
 4. Once done, the jobs still queued for a model the file does not have (removed now or by an
    earlier reload) end `failed` with `model_removed`, however many workers consumed its queue
-   (scripts/reload_removed.py); it says how many. (Exit 2 when Redis refused that: the next
-   reload fails them.)
+   (scripts/reload_removed.py); it says how many, and how many ended so in all since the
+   announcement (the workers fail most as they meet them: tasks/keys.py REMOVED_FAILED_KEY).
+   (Exit 2 when Redis refused that: the next reload fails them.)
 5. With Redis groups (IQ_REDIS_GROUPS), 2 to 4 again on each group's Redis in turn, where its
    workers watch and report: the reload is done when every group's is.
 
@@ -66,7 +67,8 @@ from scripts.preflight import model_file_problems, operator_file_problems
 from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, live_reports, standing_of, \
     wait
 from scripts.staging import put_in_place, replaced_problems, staged_beside
-from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, reload_failed_key
+from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, REMOVED_FAILED_KEY, \
+    reload_failed_key
 from tasks.queuemoves import QueueMoves
 from tasks.redis_client import connect
 
@@ -287,13 +289,14 @@ def _announce(client: redis.Redis, target: Path, revision: str, timeout_s: float
     before, apis_before = standing_of(client, revision, beat, ttl)
     workers_before = {n for n in before if n.startswith("worker:")}
     with client.pipeline() as pipe:  # one step: a worker reads both at once
+        pipe.get(REMOVED_FAILED_KEY)  # the jobs ended model_removed so far: it says how many since
         pipe.delete(reload_failed_key(revision))  # a retry, once its host is fixed
         pipe.incr(MODELS_ANNOUNCEMENTS_KEY)  # a worker that refused it begins it again
         pipe.set(MODELS_REVISION_KEY, revision)
-        announcement = str(pipe.execute()[1])
+        removed, _, announcement, _ = pipe.execute()
     say(f"models file {target} revision {revision} announced")
     return wait(client, revision, timeout_s, say, settings, target, workers_before,
-                apis_before, announcement)
+                apis_before, str(announcement), int(removed or 0))
 
 
 def main(argv: list[str] | None = None) -> int:
