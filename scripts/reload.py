@@ -165,21 +165,9 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
                     say(f"reload refused, nothing changed: Redis did not answer ({exc})")
                     return Result(REFUSED, lines=[str(exc)])
                 say(f"Redis group {name}: its processes' reports could not be read ({exc})")
-        clients = {name: client for name, client, _ in redises}
-
-        def waiting(group: str, queue: str) -> int:
-            """Jobs waiting on `queue` on the Redis of `group` ("": REDIS_URL's)."""
-            try:
-                return QueueMoves(clients[group]).waiting([queue])[queue] \
-                    if group in clients else 0
-            except redis.RedisError as exc:  # moving a model off a Redis that is gone
-                say(f"Redis group {group}: its jobs waiting on {queue} could not be counted "
-                    f"({exc})")
-                return 0
-
         try:
             revision = install(target, Path(source) if source else None,
-                               settings.redis_group_urls, reports, waiting)
+                               settings.redis_group_urls, reports, _waiting(redises, say))
         except Invalid as exc:
             say(f"reload refused, nothing changed: {exc}")
             return Result(INVALID, lines=[str(exc)])
@@ -197,6 +185,20 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
         return result
     finally:
         os.close(lock)
+
+
+def _waiting(redises: list, say: Callable[[str], None]) -> Callable[[str, str], int]:
+    """How many jobs wait on a queue of a Redis group ("": REDIS_URL's), for the check of a
+    model moved to another group (scripts/models_check.py `stranded`)."""
+    clients = {name: client for name, client, _ in redises}
+
+    def waiting(group: str, queue: str) -> int:
+        try:
+            return QueueMoves(clients[group]).waiting([queue])[queue] if group in clients else 0
+        except redis.RedisError as exc:  # moving a model off a Redis that is gone
+            say(f"Redis group {group}: its jobs waiting on {queue} could not be counted ({exc})")
+            return 0
+    return waiting
 
 
 def _only_reload(target: Path) -> int:
