@@ -188,11 +188,12 @@ class JobStore:
         # The depth and the memory are checked only near their limits (app/gauge.py).
         max_depth, headroom = self.gauge.limits(
             spec, sorted({model.queue for model in self.models.values()}))
+        request = orjson.dumps(job)
         submitted = self.state.submit(
             record, message, depth_lists=queue_lists(spec.queue), max_depth=max_depth,
             ttl_s=self.settings.job_ttl_s, timeout_s=job.get("timeout_s") or spec.timeout_s or 0,
-            idempotency=idempotency, memory_headroom=headroom, request=self._kept(job),
-            replicas=self.replicas,
+            idempotency=idempotency, memory_headroom=headroom, request=self._kept(request),
+            replicas=self.replicas, size=len(request),
             kept_quota=(self.settings.kept_bytes_per_key or None) if owner else None)
         if submitted.created:
             return record, True
@@ -201,12 +202,12 @@ class JobStore:
             earlier = replace(record, id=submitted.job_id, status=Status.EXPIRED)
         return earlier, False
 
-    def _kept(self, job: dict) -> bytes:
-        """The request to keep for a retry, should the job not succeed: the job as validated
-        (images as queued), when retries are on and it is small enough; else nothing."""
+    def _kept(self, request: bytes) -> bytes:
+        """The request to keep for a retry, should the job not succeed (the job as validated,
+        images as queued), when retries are on and it is small enough; else nothing. Kept or
+        not, its size counts against its key's quota while the job waits."""
         if self.settings.kept_s <= 0:
             return b""
-        request = orjson.dumps(job)
         return request if len(request) <= self.settings.kept_inputs_max_bytes else b""
 
     def cancel(self, job_id: str) -> CancelOutcome:

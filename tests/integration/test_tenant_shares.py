@@ -24,7 +24,7 @@ from scripts.stack import launch, wait_until
 from tasks.keys import KEPT_BY_BYTES_PREFIX
 
 KEYS = {name: f"{name}-secret-key-0123456789" for name in (
-    "alice", "mallory", "lister", "trickler", "waiter", "streamer")}
+    "alice", "mallory", "lister", "trickler", "waiter", "streamer", "hoarder")}
 QUOTA = 1_048_576  # kept bytes per key: ~34 of the requests below
 READ_RATE, READ_BURST = 20, 600
 UPLOADS = 4
@@ -84,6 +84,37 @@ def test_jobs_that_expire_at_once_keep_no_more_than_the_keys_quota(stack):
     r = call(stack, "POST", "/v1/jobs", "alice", json={"model": "quick", "inputs": BIG,
                                                          "timeout_s": 0.0001})
     assert r.status_code == 202, r.text
+
+
+def test_waiting_jobs_too_large_to_keep_count_against_the_keys_quota(stack):
+    """Requests over kept_inputs_max_bytes are not kept for a retry, but while their jobs wait
+    (here on a model no worker serves) their messages and records hold them whole: they count
+    against the key's quota, 429 `kept_full` past it, and leave the books when the jobs end."""
+    huge = ["y" * 10_000] * 10  # ~100 KB: over IQ_KEPT_INPUTS_MAX_BYTES (64 KiB)
+    waiting, refused = [], None
+    for _ in range(3 * QUOTA // 100_000):
+        r = call(stack, "POST", "/v1/jobs", "hoarder", json={"model": "idle", "inputs": huge})
+        if r.status_code != 202:
+            refused = r
+            break
+        waiting.append(r.json()["id"])
+    assert refused is not None, f"{len(waiting)} waiting jobs of ~100 KB all accepted"
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "kept_full"
+    assert 8 <= len(waiting) <= 10, len(waiting)  # 1 MiB / ~100 KB
+    held = int(stack.redis.get(KEPT_BY_BYTES_PREFIX + "hoarder"))
+    assert QUOTA - 110_000 < held <= QUOTA
+    served(stack)  # another key's are served meanwhile
+    for job_id in waiting:
+        assert call(stack, "POST", f"/v1/jobs/{job_id}/cancel", "hoarder").status_code == 200
+    assert int(stack.redis.get(KEPT_BY_BYTES_PREFIX + "hoarder") or 0) == 0
+    # One that runs and succeeds leaves the books too.
+    r = call(stack, "POST", "/v1/jobs", "hoarder", json={"model": "quick", "inputs": huge})
+    assert r.status_code == 202, r.text
+    assert int(stack.redis.get(KEPT_BY_BYTES_PREFIX + "hoarder")) > 100_000
+    wait_until(lambda: call(stack, "GET", f"/v1/jobs/{r.json()['id']}", "hoarder").json()[
+        "status"] == "succeeded", timeout=30, what="the large job to succeed")
+    assert int(stack.redis.get(KEPT_BY_BYTES_PREFIX + "hoarder") or 0) == 0
 
 
 def test_a_listing_costs_what_its_page_scans_from_the_keys_read_budget(stack):
