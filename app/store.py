@@ -50,6 +50,14 @@ class WaitRefused(Exception):
 SCAN_BUDGET = 500
 DEAD_STATUSES = frozenset({Status.FAILED.value, Status.CANCELLED.value, Status.EXPIRED.value})
 
+
+def page_reads(*, status: str = "", model: str = "", limit: int = 20) -> int:
+    """The index entries a page of one Redis reads at most (the list script's budget, and
+    what the listing is charged: app/groups.py's Stores.scan_cost, so that they cannot
+    drift): `limit` unfiltered; SCAN_BUDGET with any filter, a dead-letter status included
+    (that index holds all three: a page of one reads past the others)."""
+    return min(limit, SCAN_BUDGET) if not status and not model else SCAN_BUDGET
+
 # Redis connections one API process opens at most; requests beyond wait for one (each round
 # trip is well under a millisecond). The result listener holds one for good.
 REDIS_CONNECTIONS = 64
@@ -231,10 +239,11 @@ class JobStore:
              cursor: tuple[str, str] | None = None, limit: int = 20) -> Page:
         """A page of the owner's jobs, newest first. Jobs that did not succeed are listed from
         their own index (the dead-letter view), which holds nothing else: a filter on one of
-        those statuses reads no other job. Any other filter reads at most SCAN_BUDGET index
+        those statuses reads no job that succeeded. It reads at most `page_reads` index
         entries a page."""
         return self.state.page(owner, dead=status in DEAD_STATUSES, status=status, model=model,
-                               cursor=cursor, limit=limit, budget=SCAN_BUDGET)
+                               cursor=cursor, limit=limit,
+                               budget=page_reads(status=status, model=model, limit=limit))
 
     def delete(self, job_id: str, owner: str) -> str:
         """"deleted", "missing", or the status of a job of `owner`'s not finished yet."""

@@ -13,6 +13,7 @@ it, and another key's submits are still served meanwhile.
 from __future__ import annotations
 
 import hashlib
+import re
 import socket
 import time
 
@@ -20,11 +21,12 @@ import pytest
 import requests
 import yaml
 
+from bench.purposes import Monitor
 from scripts.stack import launch, wait_until
 from tasks.keys import KEPT_BY_BYTES_PREFIX
 
 KEYS = {name: f"{name}-secret-key-0123456789" for name in (
-    "alice", "mallory", "lister", "trickler", "waiter", "streamer", "hoarder")}
+    "alice", "mallory", "lister", "trickler", "waiter", "streamer", "hoarder", "auditor")}
 QUOTA = 1_048_576  # kept bytes per key: ~34 of the requests below
 READ_RATE, READ_BURST = 20, 600
 UPLOADS = 4
@@ -134,6 +136,39 @@ def test_a_listing_costs_what_its_page_scans_from_the_keys_read_budget(stack):
     assert call(stack, "GET", "/v1/jobs?limit=5", "lister").status_code == 200
     assert call(stack, "GET", "/v1/models", "lister").status_code == 200
     served(stack)
+
+
+def test_a_listing_is_charged_what_its_page_reads_and_reads_no_more(stack):
+    """One function gives a page its budget of index entries and charges the listing for it:
+    an unfiltered page reads its `limit` (plus the entry its cursor names), a dead-letter
+    status filter scans that index (which holds failed, cancelled and expired alike) and is
+    charged the scan, so that cheap-looking `limit=1` pages cannot take Redis's time."""
+    for _ in range(6):
+        r = call(stack, "POST", "/v1/jobs", "auditor", json={"model": "idle", "inputs": ["a"]})
+        assert r.status_code == 202, r.text
+        assert call(stack, "POST", f"/v1/jobs/{r.json()['id']}/cancel",
+                    "auditor").status_code == 200
+    monitor = Monitor(stack.redis_svc.extra["admin_url"])
+    try:
+        first = call(stack, "GET", "/v1/jobs?limit=1", "auditor")
+        cursor = first.json()["next_cursor"]
+        second = call(stack, "GET", f"/v1/jobs?limit=1&cursor={cursor}", "auditor")
+        stack.admin.echo("listed")  # once MONITOR shows it, it has shown the pages' reads
+        wait_until(lambda: b'"listed"' in b"".join(monitor.chunks), 10, "the ECHO in MONITOR")
+    finally:
+        lines = monitor.stop()
+    assert first.status_code == second.status_code == 200
+    assert len(first.json()["jobs"]) == len(second.json()["jobs"]) == 1
+    reads = [re.findall(rb'"([^"]*)"', line)[2:4] for line in lines
+             if b'"lrange" "iq:jobs:auditor"' in line.lower()]
+    # Each page fetched at most two entries: [from, to], to - from <= 1.
+    assert len(reads) == 2 and all(int(to) - int(at) <= 1 for at, to in reads), reads
+    # The dead-letter index holds six cancelled jobs: a page of failed ones scans it.
+    scan = "/v1/jobs?status=failed&limit=1"
+    assert call(stack, "GET", scan, "auditor").status_code == 200  # 500 of 600
+    r = call(stack, "GET", scan, "auditor")
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "rate_limited"
 
 
 def answer_of(sock: socket.socket) -> bytes:
