@@ -29,7 +29,7 @@ FLUSH_INTERVAL = float(os.environ.get("BENCH_FLUSH_INTERVAL", "0.005"))
 
 project_on_path()  # for the spawned pool children
 celery = make_celery()
-broker.attach(celery)  # the service's adjustments of kombu: only the batching differs
+broker.attach(celery)  # the service's transport, consumer and pool: only the batching differs
 celery.conf.imports = ("bench.peer_worker",)
 
 

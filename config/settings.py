@@ -87,8 +87,9 @@ class Settings:
     # record while the job waits: a job that succeeds drops its own.
     kept_inputs_ttl_s: int = 3_600
     kept_inputs_max_bytes: int = 262_144
-    # The bytes of the requests Redis keeps for one API key (its waiting jobs', those kept for
-    # a retry), on each Redis: past it a submit is 429 `kept_full`. 0, or keys off: no quota.
+    # The bytes of the requests Redis keeps for one API key (its waiting jobs', whatever their
+    # size, those kept for a retry), on each Redis: past it a submit is 429 `kept_full`. 0, or
+    # keys off: no quota.
     kept_bytes_per_key: int = 67_108_864
     api_keys_file: str = ""  # YAML of hashed API keys; none: the API is open
 

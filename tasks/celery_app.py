@@ -1,6 +1,6 @@
 """The Celery app factory shared by the API (which only sends), Flower, the celery CLI and the
-workers. It only configures: the worker's adjustments of kombu and Celery are the worker entry
-modules' to install (workers/broker/)."""
+workers. It only configures: the worker's own kombu transport, consumer and pool are the worker
+entry modules' to select (workers/broker/)."""
 from __future__ import annotations
 
 from typing import Any

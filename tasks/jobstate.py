@@ -44,6 +44,8 @@ index of the jobs that did not succeed. A job's request (inputs and options) is 
 record while it waits, when it is small enough (`kept_inputs_max_bytes`): a job that succeeds
 drops it, one that fails, is cancelled or expires keeps it for `kept_inputs_ttl_s` under a key
 of its own, so that it can be retried (`submit` with `retry_of`, which links the two jobs).
+Each owner's books count those requests against its quota, and the request's size of a job
+that waits with none kept (its message holds the whole input) until it ends.
 """
 from __future__ import annotations
 
@@ -421,7 +423,7 @@ class JobState:
                idempotency: tuple[str, str] | None = None,
                memory_headroom: float | None = None, request: bytes = b"",
                replicas: tuple[int, float] | None = None,
-               kept_quota: int | None = None) -> Submitted:
+               kept_quota: int | None = None, size: int = 0) -> Submitted:
         """Record the job, index it under its owner and queue its message, or raise
         Overloaded (`depth_lists` hold `max_depth` messages or more; None: not checked),
         StoreFull (Redis's memory is within `memory_headroom` of its maxmemory; None: not
@@ -429,7 +431,8 @@ class JobState:
         (claim key, request digest) already claimed by an earlier request with the same digest,
         that earlier job's id and created=False. `request`: what to keep for a retry, should it
         not succeed (b"": nothing); with `kept_quota`, the bytes of the requests kept for
-        the job's owner may not pass it (KeptFull). A job with `retry_of` is made only if that
+        the job's owner may not pass it (KeptFull): a kept request counts its length, a job
+        with none its request's `size` while it waits (its message holds the whole input). A job with `retry_of` is made only if that
         job ended without success and was not retried yet; both are then linked. With
         `replicas` = (count, timeout in seconds), also wait (Redis WAIT, in the same round
         trip) until that many replicas hold the job, or raise NotReplicated."""
@@ -442,7 +445,7 @@ class JobState:
                            digest, message.payload,
                            "" if memory_headroom is None else memory_headroom, request, trim,
                            "1" if job.retry_of else "0",
-                           "" if kept_quota is None else kept_quota, job.owner]
+                           "" if kept_quota is None else kept_quota, job.owner, size]
         for name, value in job.submitted_fields().items():
             args += [name, value]
         keys = [job_key(job.id), claim, message.list_key, owner_jobs(job.owner), retried,

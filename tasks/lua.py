@@ -14,7 +14,10 @@ text's as composed here.
 * its comment lines and blank lines left out: they are for the reader of the file, and a
   submit that waits for replicas sends its script whole (EVAL), every time.
 
-A fragment is a file no Python module names: only scripts include it."""
+A fragment is a file no Python module names: only scripts include it.
+
+Another folder of scripts (`folder`: the worker's, workers/broker/lua/) is read the same way;
+an include its folder lacks is one of tasks/lua/'s shared fragments."""
 from __future__ import annotations
 
 import functools
@@ -27,18 +30,19 @@ _INCLUDE = re.compile(r"^-- #include ([\w-]+)[ \t]*$", re.M)
 
 
 @functools.cache
-def source(name: str) -> str:
-    """tasks/lua/<name>.lua as it is on disk, read once."""
-    path = FOLDER / f"{name}.lua"
+def source(name: str, folder: Path | None = None) -> str:
+    """tasks/lua/<name>.lua (or `folder`'s) as it is on disk, read once."""
+    path = (folder or FOLDER) / f"{name}.lua"
     try:
         return path.read_text()
     except FileNotFoundError:
         raise FileNotFoundError(f"no Lua script {name!r}: {path} is missing") from None
 
 
-def script(name: str, constants: Mapping[str, Any] | None = None) -> str:
+def script(name: str, constants: Mapping[str, Any] | None = None,
+           folder: Path | None = None) -> str:
     """The text to run: the script, its fragments included, after the constants it uses."""
-    body = "".join(line for line in _expand(name, ()).splitlines(keepends=True)
+    body = "".join(line for line in _expand(name, (), folder).splitlines(keepends=True)
                    if line.strip() and not line.lstrip().startswith("--"))
     header = "".join(f"local {key} = {literal(value)}\n"
                      for key, value in (constants or {}).items()
@@ -46,16 +50,19 @@ def script(name: str, constants: Mapping[str, Any] | None = None) -> str:
     return header + body
 
 
-def includes(name: str) -> list[str]:
+def includes(name: str, folder: Path | None = None) -> list[str]:
     """The fragments a file names in its `-- #include` lines (not theirs), in order."""
-    return _INCLUDE.findall(source(name))
+    return _INCLUDE.findall(source(name, folder))
 
 
-def _expand(name: str, chain: tuple[str, ...]) -> str:
+def _expand(name: str, chain: tuple[str, ...], folder: Path | None = None) -> str:
     if name in chain:
-        raise ValueError(f"tasks/lua/{name}.lua includes itself: "
+        raise ValueError(f"{folder or 'tasks/lua'}/{name}.lua includes itself: "
                          f"{' -> '.join((*chain, name))}")
-    return _INCLUDE.sub(lambda m: _expand(m.group(1), (*chain, name)), source(name))
+    if folder is not None and chain and not (folder / f"{name}.lua").exists():
+        folder = None  # one of tasks/lua/'s shared fragments
+    return _INCLUDE.sub(lambda m: _expand(m.group(1), (*chain, name), folder),
+                        source(name, folder))
 
 
 def literal(value: Any) -> str:

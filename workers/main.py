@@ -1,7 +1,7 @@
 """Worker entry module: `celery -A workers.main worker -P prefork -Q <model queues>`.
 
 It wires things together: the Celery app with one batching task per model, the worker's
-adjustments of kombu and Celery (workers.broker), the dispatcher's consumer bootstep, logging,
+kombu transport, consumer and pool (workers.broker), the dispatcher's consumer bootstep, logging,
 metrics and the pool children's model runtime. The parent process buffers and batches
 (workers.strategy → workers.dispatcher); each pool child, started with the spawn method,
 loads the models of the queues this worker consumes (workers.runtime) and runs batches

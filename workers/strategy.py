@@ -15,8 +15,7 @@ from config import ConfigError
 from tasks.logs import trace
 from tasks.names import model_of_task
 from workers.batch import trace_headers
-from workers.broker.pool import (guard_pool_growth, keep_batches_through_reconnects,
-                                 on_child_ready)
+from workers.broker.pool import TaskPool, on_child_ready
 from workers.devices import visible_gpu_count
 from workers.dispatcher import PoolDispatcher
 
@@ -26,14 +25,14 @@ _DISPATCHER_ATTR = "_iq_dispatcher"
 
 
 def dispatcher_for(consumer: Any) -> PoolDispatcher:
-    """The consumer's dispatcher, made (and the pool adjusted) when it first starts; after a
-    reconnect, the same one, reset for the new connection."""
+    """The consumer's dispatcher, made (and the pool capped at the GPUs) when it first
+    starts; after a reconnect, the same one, reset for the new connection."""
     dispatcher = getattr(consumer, _DISPATCHER_ATTR, None)
     if dispatcher is None:
         dispatcher = PoolDispatcher(consumer)
         setattr(consumer, _DISPATCHER_ATTR, dispatcher)
-        guard_pool_growth(consumer.pool, visible_gpu_count(dispatcher.settings))
-        keep_batches_through_reconnects(consumer.pool)
+        if isinstance(consumer.pool, TaskPool):  # the worker's (workers/broker/pool.py)
+            consumer.pool.cap_children(visible_gpu_count(dispatcher.settings))
         on_child_ready(consumer.pool, dispatcher.child_ready)
     else:
         dispatcher.reset_for(consumer.connection)

@@ -12,6 +12,7 @@ from tasks.messages import task_message
 from tasks.names import list_for
 from workers.broker import Broker, installed
 from workers.broker.events import EVENT_FLUSH_S
+from workers.broker.transport import REDIS_ALIAS, select
 
 
 @pytest.fixture
@@ -21,14 +22,14 @@ def redis_url(redis_server):
 
 @pytest.fixture
 def broker():
-    """A worker's adjustments, installed for the test and taken out after it."""
+    """A worker's Broker, installed for the test and taken out after it."""
     broker = Broker().install()
     yield broker
     broker.uninstall()
 
 
 def test_a_channel_reuses_one_client_and_follows_a_new_pool(redis_url, broker):
-    with kombu.Connection(redis_url) as conn:
+    with kombu.Connection(redis_url, transport=REDIS_ALIAS) as conn:
         channel = conn.default_channel
         with channel.conn_or_acquire() as first, channel.conn_or_acquire() as second:
             assert first is second
@@ -48,6 +49,13 @@ def make_app(redis_url: str):
     from tasks.celery_app import make_celery
 
     return make_celery(load_settings({"redis_url": redis_url}))
+
+
+def worker_app(redis_url: str):
+    """The app as a worker's main process runs it: with the worker's transport."""
+    app = make_app(redis_url)
+    select(app)
+    return app
 
 
 def empty_queue(redis_url: str, name: str) -> tuple[kombu.Queue, redis.Redis]:
@@ -84,11 +92,13 @@ def test_kombu_still_has_what_the_fetch_replaces_and_reads(redis_url, broker):
         assert name in vars(kombu_redis.Channel), name
     assert "qos.append(message, message.delivery_tag)" in inspect.getsource(
         kombu_redis.virtual.Channel.basic_consume)
-    # Installed, kombu's transports open the worker's channels.
-    assert kombu_redis.Transport.Channel is ReliableChannel
-    assert kombu_redis.SentinelTransport.Channel is ReliableSentinelChannel
+    # The worker's transports open the worker's channels; kombu's stay as shipped.
+    assert kombu_redis.Transport.Channel is kombu_redis.Channel
+    assert kombu_redis.SentinelTransport.Channel is kombu_redis.SentinelChannel
     assert issubclass(ReliableSentinelChannel, kombu_redis.SentinelChannel)
-    app = make_app(redis_url)
+    with make_app(redis_url).connection_for_write() as conn:
+        assert type(conn.default_channel) is kombu_redis.Channel
+    app = worker_app(redis_url)
     with app.connection_for_write() as conn:
         channel = conn.default_channel
         assert isinstance(channel, ReliableChannel) and isinstance(channel.qos, ReliableQoS)
@@ -96,8 +106,40 @@ def test_kombu_still_has_what_the_fetch_replaces_and_reads(redis_url, broker):
             assert list_for("q", priority) == channel._q_for_pri("q", priority)
 
 
+def test_a_failover_to_the_next_sentinel_keeps_the_worker_transport():
+    """kombu's `Connection.switch` (its failover to the broker URL's next sentinel) takes
+    the transport from the next URL's scheme: the worker's failover strategy gives it the
+    worker's."""
+    import json
+
+    from kombu.transport import redis as kombu_redis
+
+    from config import load_settings
+    from tasks.celery_app import make_celery
+    from workers.broker.transport import SENTINEL_ALIAS, SentinelTransport
+
+    app = make_celery(load_settings({"redis_url": "redis://127.0.0.1:1/0"}))
+    app.conf.broker_url = "sentinel://127.0.0.1:1/0;sentinel://127.0.0.1:2/0"
+    select(app)
+    assert app.conf.broker_transport == SENTINEL_ALIAS
+    conn = app.connection_for_read()
+    # What `celery inspect conf` and `stats` (Flower's worker page) send, as JSON.
+    json.dumps([app.conf.broker_transport, app.conf.broker_failover_strategy, conn.info()])
+    assert conn.transport_cls == SENTINEL_ALIAS
+    assert isinstance(conn.transport, SentinelTransport)
+    conn.maybe_switch_next()
+    assert conn.port == 2 and conn.transport_cls == SENTINEL_ALIAS
+    assert isinstance(conn.transport, SentinelTransport)
+    assert issubclass(SentinelTransport, kombu_redis.SentinelTransport)
+    plain = make_celery(load_settings({"redis_url": "redis://127.0.0.1:1/0"}))
+    plain.conf.broker_url = app.conf.broker_url
+    conn = plain.connection_for_read()
+    conn.maybe_switch_next()
+    assert type(conn.transport) is kombu_redis.SentinelTransport  # kombu's, as shipped
+
+
 def test_the_event_loop_connections_never_retry(redis_url, broker):
-    app = make_app(redis_url)
+    app = worker_app(redis_url)
     with app.connection_for_write() as conn:
         channel = conn.default_channel
         assert channel._connparams(asynchronous=True)["retry"].get_retries() == 0
@@ -143,7 +185,8 @@ def test_task_events_wait_a_few_milliseconds_to_leave_together(broker):
 
     from celery.events.dispatcher import EventDispatcher
     from celery.worker.consumer import events
-    from celery.worker.consumer.consumer import Consumer
+
+    from workers.broker.events import Consumer
 
     # Celery's worker buffers task events and has the consumer schedule their flush.
     assert "on_send_buffered=c.on_send_event_buffered" in inspect.getsource(events.Events.start)
@@ -170,7 +213,7 @@ def test_task_events_wait_a_few_milliseconds_to_leave_together(broker):
     assert len(consumer.hub.later) == 2
 
 
-def test_the_pool_adjustments_replace_what_celery_calls():
+def test_the_pool_adjustments_replace_what_celery_calls(monkeypatch):
     import inspect
     from types import SimpleNamespace
 
@@ -178,23 +221,34 @@ def test_the_pool_adjustments_replace_what_celery_calls():
     from celery.worker import control
     from celery.worker.consumer.consumer import Consumer
 
-    from workers.broker.pool import guard_pool_growth, keep_batches_through_reconnects
+    from workers.broker.pool import TaskPool
 
     # A reconnect flushes the pool through the pool object's own `flush`, set per pool.
     assert "self.pool.flush()" in inspect.getsource(Consumer.on_close)
     assert "self.flush = " in inspect.getsource(prefork.TaskPool.on_start)
+    assert "self.grow = P.grow" in inspect.getsource(prefork.TaskPool.on_start)
     # `control pool_grow` (and autoscale) grow it through the pool object's `grow`.
     assert "state.consumer.pool.grow(n)" in inspect.getsource(control.pool_grow)
 
     grown = []
-    pool = SimpleNamespace(num_processes=1, grow=grown.append, flush=lambda: grown.clear())
-    guard_pool_growth(pool, gpus=1)
-    keep_batches_through_reconnects(pool)
+
+    def celery_on_start(self):  # what Celery's on_start hands out, without children
+        self._pool = SimpleNamespace(_processes=1)
+        self.grow, self.flush = grown.append, grown.clear
+
+    monkeypatch.setattr(prefork.TaskPool, "on_start", celery_on_start)
+    pool = TaskPool.__new__(TaskPool)
+    pool.on_start()
+    pool.cap_children(1)
     assert pool.grow(1) is None and grown == []  # past the GPU count: refused
-    pool.num_processes = 0
+    pool._pool._processes = 0
     pool.grow(1)
     pool.flush()
     assert grown == [1]  # the flush dropped nothing
+    pool.cap_children(0)  # a CPU-only host: no cap
+    pool._pool._processes = 5
+    pool.grow(2)
+    assert grown == [1, 2]
 
 
 def _ignore_sigterm_until_killed(ready) -> None:
@@ -208,11 +262,11 @@ def _ignore_sigterm_until_killed(ready) -> None:
     threading.Event().wait(60)
 
 
-def test_the_pool_stops_a_child_that_ignores_sigterm(broker):
+def test_the_pool_stops_a_child_that_ignores_sigterm():
     """billiard's and Celery's ways to stop a pool child (its `terminate`, as a cold shutdown
     and a shrink call it, and `Pool.terminate_job`, as a cancel and `revoke --terminate` call
-    it) send SIGKILL while the Broker is installed: a child that ignores SIGTERM still stops,
-    where SIGTERM alone leaves it running."""
+    it) send SIGKILL from the worker's pool (workers/broker/pool.py): a child that ignores
+    SIGTERM still stops, where SIGTERM alone leaves it running."""
     import inspect
     import os
     import signal
@@ -220,19 +274,30 @@ def test_the_pool_stops_a_child_that_ignores_sigterm(broker):
 
     import billiard
     from billiard.pool import Pool
+    from billiard.context import SpawnProcess
     from billiard.process import BaseProcess
     from celery.worker.request import Request
+
+    from workers.broker.pool import BlockingPool, ForkChild, SpawnChild
+    from workers.broker.pool import Pool as WorkerPool
 
     # What calls them: a shrink and a reload's retirement, the pool's own stop, a cancel.
     assert "self.terminate()" in inspect.getsource(BaseProcess.terminate_controlled)
     assert "p.terminate()" in inspect.getsource(Pool._terminate_pool)
     assert "pool.terminate_job(self.worker_pid, signal)" in inspect.getsource(Request.cancel)
+    # The pool makes its children through `Process`, of its context's class (spawn here).
+    assert "self.Process(target=worker)" in inspect.getsource(Pool.WorkerProcess)
+    for kind in (WorkerPool, BlockingPool):  # with the event loop, and without
+        spawned = kind.__new__(kind)
+        spawned._ctx = billiard.get_context("spawn")
+        assert type(spawned.Process(target=print)) is SpawnChild
+    assert issubclass(SpawnChild, SpawnProcess)
 
     ctx = billiard.get_context("fork")
     children = []
     for _ in range(3):
         ready = ctx.Event()
-        child = ctx.Process(target=_ignore_sigterm_until_killed, args=(ready,), daemon=True)
+        child = ForkChild(target=_ignore_sigterm_until_killed, args=(ready,), daemon=True)
         child.start()
         assert ready.wait(30)
         children.append(child)
@@ -242,8 +307,9 @@ def test_the_pool_stops_a_child_that_ignores_sigterm(broker):
         stubborn.join(1)
         assert stubborn.exitcode is None  # SIGTERM alone: still running its batch
         stubborn.terminate_controlled()
-        pool = SimpleNamespace(_process_by_pid=lambda pid: (cancelled, 0))
-        Pool.terminate_job(pool, cancelled.pid, signal.SIGTERM)
+        pool = WorkerPool.__new__(WorkerPool)
+        pool._process_by_pid = lambda pid: (cancelled, 0)
+        pool.terminate_job(cancelled.pid, signal.SIGTERM)
         terminated.terminate()
         for child in children:
             child.join(10)
@@ -255,18 +321,18 @@ def test_the_pool_stops_a_child_that_ignores_sigterm(broker):
                 os.kill(child.pid, signal.SIGKILL)
 
 
-def test_the_pool_tells_the_dispatcher_when_a_child_is_ready(broker):
+def test_the_pool_tells_the_dispatcher_when_a_child_is_ready():
     """A pool child says WORKER_UP once its initializer (worker_process_init: its models
     loaded) returned; the pool hands it to its `on_process_alive`, looked up when the pool is
-    made, after the Broker is installed. With the Broker, that also calls the callback
-    `on_child_ready` gave the pool, after the child counts among those that take work."""
+    made. The worker's pool (workers/broker/pool.py) also calls the callback `on_child_ready`
+    gave it, after the child counts among those that take work."""
     import inspect
     from types import SimpleNamespace
 
     from billiard.pool import Worker
     from celery.concurrency.asynpool import AsynPool
 
-    from workers.broker.pool import on_child_ready, ready_children
+    from workers.broker.pool import Pool, on_child_ready, ready_children
 
     child = inspect.getsource(Worker.__call__)
     assert child.index("self.after_fork()") < child.index("self.on_loop_start(pid=pid)")
@@ -281,14 +347,18 @@ def test_the_pool_tells_the_dispatcher_when_a_child_is_ready(broker):
             return True
 
     proc = Child()
-    inner = SimpleNamespace(_pool=[proc], _fileno_to_inq={}, _fileno_to_synq={},
-                            _all_inqueues=set(), _waiting_to_start={proc})
+    inner = Pool.__new__(Pool)
+    for name, value in dict(_pool=[proc], _fileno_to_inq={}, _fileno_to_synq={},
+                            _all_inqueues=set(), _waiting_to_start={proc}).items():
+        setattr(inner, name, value)
     told: list[tuple[int, set[int]]] = []
     pool = SimpleNamespace(_pool=inner)
     assert on_child_ready(pool, lambda pid: told.append((pid, ready_children(pool))))
-    AsynPool.on_process_alive(inner, 41)
+    inner.on_process_alive(41)
     assert told == [(41, {41})]
     assert not on_child_ready(SimpleNamespace(_pool=None), print)  # not started: no callback
+    celery_own = SimpleNamespace(_pool=AsynPool.__new__(AsynPool))
+    assert not on_child_ready(celery_own, print)  # Celery's pool, as shipped: no callback
 
 
 def test_a_stored_result_is_what_celery_stores_and_reads(redis_url):
@@ -355,8 +425,10 @@ def test_through_the_sentinels_celery_stores_and_reads_a_packed_result(tmp_path)
 
 def test_only_a_starting_worker_adjusts_kombu_and_celery():
     """The API, Flower's and the CLI's app (tasks.cli) run kombu and Celery as shipped; so
-    does a process that merely imports a worker entry module. A worker installs its Broker
-    when it starts, in its main process."""
+    does a process that merely imports a worker entry module (only a worker reads
+    `worker_consumer` and `worker_pool`). A worker installs its Broker and selects its
+    transport when it starts, in its main process, and runs its pool in place of prefork's;
+    no class of kombu, Celery or billiard is changed."""
     import subprocess
     import sys
 
@@ -365,35 +437,66 @@ def test_only_a_starting_worker_adjusts_kombu_and_celery():
     code = """
 import os
 from celery import signals
+from celery.concurrency import prefork
+from celery.concurrency import thread as threads
+from billiard.pool import Pool
+from billiard.process import BaseProcess
+from celery.concurrency.asynpool import AsynPool
+from celery.worker.consumer.consumer import Consumer
+from kombu.transport import redis as kombu_redis
 from app import create_app
 import tasks.cli
 from workers.broker import installed
+from workers.broker.pool import TaskPool
+shipped = {c: dict(vars(c)) for c in (kombu_redis.Channel, kombu_redis.QoS,
+           kombu_redis.Transport, kombu_redis.SentinelTransport, Consumer, Pool, AsynPool,
+           BaseProcess, prefork.TaskPool)}
 create_app()
 assert installed() is None, "the API or tasks.cli adjusted kombu"
+assert tasks.cli.celery.conf.broker_transport is None
 os.environ['IQ_WEBHOOK_SECRET'] = 's3cret'
 import workers.main, workers.webhook_main
 assert installed() is None, "importing a worker entry module adjusted kombu"
+assert workers.main.celery.conf.broker_transport is None
 class Worker:  # what Celery sends worker_init with: its WorkController
     app = workers.main.celery
-signals.worker_init.send(sender=Worker())
+    hostname = 'w@h'
+    pool_cls = prefork.TaskPool  # as -P prefork gives it
+worker = Worker()
+signals.worker_init.send(sender=worker)
 assert installed() is workers.main.celery.conf.iq_broker
+assert workers.main.celery.conf.broker_transport == 'iqredis'
+assert worker.pool_cls is TaskPool
+class Deliverer:
+    app = workers.webhook_main.celery
+    pool_cls = threads.TaskPool
+signals.worker_init.send(sender=Deliverer())
+assert Deliverer.pool_cls is threads.TaskPool  # its threads, as asked
+for c, attrs in shipped.items():
+    assert dict(vars(c)) == attrs, c
 """
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
 
 
-def test_a_moved_method_fails_the_install_loudly():
+def test_a_moved_method_fails_the_start_loudly(monkeypatch):
     from kombu.transport import redis as kombu_redis
 
-    from workers.broker.patch import Patch
+    from workers.broker import seam
 
     class Moved(kombu_redis.QoS):  # `append` is inherited here, not defined
-        pass
+        def ack(self, tag, multiple=False):  # another signature
+            pass
 
-    with pytest.raises(RuntimeError, match="no longer defines append"):
-        Patch(Moved, "append", lambda original: original).apply()
+    moved = (seam.Name(Moved, "append", ("self", "message", "delivery_tag")),
+             seam.Name(Moved, "ack", ("self", "delivery_tag")))
+    monkeypatch.setattr(seam, "OVERRIDDEN", moved)
+    with pytest.raises(RuntimeError, match="no longer defines append") as err:
+        Broker().install()
+    assert "Moved.ack now takes ('self', 'tag', 'multiple')" in str(err.value)
     assert installed() is None
+    monkeypatch.undo()
     first = Broker().install()
     try:
         with pytest.raises(RuntimeError, match="another Broker"):

@@ -20,6 +20,7 @@ from tasks.messages import QueuedMessage
 from workers.broker import Broker, InFlight
 from workers.broker.scripts import FETCHERS_KEY
 from workers.broker.state import BrokerState
+from workers.broker.transport import REDIS_ALIAS  # the worker's transport
 
 QUEUE = "iq-fetch-test"
 
@@ -65,7 +66,7 @@ def calls(server: redis.Redis, command: str) -> int:
 
 def test_one_fetch_moves_a_burst_onto_the_in_flight_record_oldest_first(redis_url, server,
                                                                         broker):
-    with kombu.Connection(redis_url) as conn:
+    with kombu.Connection(redis_url, transport=REDIS_ALIAS) as conn:
         publish(conn, *({"n": n} for n in range(5)))
         got: list = []
         with consumer(conn, got, prefetch=3):
@@ -91,7 +92,7 @@ def test_one_fetch_moves_a_burst_onto_the_in_flight_record_oldest_first(redis_ur
 
 def test_the_fetch_the_lease_and_the_settlements_work_while_redis_is_full(redis_url, server,
                                                                           admin, broker):
-    with kombu.Connection(redis_url) as conn:
+    with kombu.Connection(redis_url, transport=REDIS_ALIAS) as conn:
         publish(conn, {"n": 7}, {"n": 8})
         channel = conn.channel()
         InFlight(server, broker).beat()
@@ -115,7 +116,7 @@ def test_the_fetch_the_lease_and_the_settlements_work_while_redis_is_full(redis_
 
 def test_a_reply_lost_with_its_connection_is_put_back_by_the_next_channel(redis_url, server,
                                                                           broker):
-    with kombu.Connection(redis_url) as conn:
+    with kombu.Connection(redis_url, transport=REDIS_ALIAS) as conn:
         publish(conn, {"n": 1}, {"n": 2})
         channel = conn.channel()
         lost: list = []
@@ -127,7 +128,7 @@ def test_a_reply_lost_with_its_connection_is_put_back_by_the_next_channel(redis_
             channel.client.connection.disconnect()  # ...and its reply never read
             assert not lost and server.llen(QUEUE) == 0
             assert server.hlen(broker.inflight_key) == 2  # not lost: on the record
-    with kombu.Connection(redis_url) as conn:
+    with kombu.Connection(redis_url, transport=REDIS_ALIAS) as conn:
         got: list = []
         with consumer(conn, got):  # a new channel: what nobody received goes back
             assert server.hlen(broker.inflight_key) == 0
@@ -136,7 +137,7 @@ def test_a_reply_lost_with_its_connection_is_put_back_by_the_next_channel(redis_
 
 
 def test_closing_a_channel_leaves_what_the_dispatcher_holds(redis_url, server, broker):
-    with kombu.Connection(redis_url) as conn:
+    with kombu.Connection(redis_url, transport=REDIS_ALIAS) as conn:
         publish(conn, {"n": 0}, {"n": 1})
         channel = conn.channel()
         held, free = (kombu.Queue(QUEUE)(channel).get(no_ack=False) for _ in range(2))
@@ -223,7 +224,7 @@ def test_an_empty_queue_gets_one_wake_up_token_and_an_idle_channel_waits_on_it(r
     submit(jobs, "a")
     submit(jobs, "b")  # the queue was not empty: no second token
     assert server.llen(wake_key(QUEUE)) == 1
-    with kombu.Connection(redis_url) as conn:
+    with kombu.Connection(redis_url, transport=REDIS_ALIAS) as conn:
         got: list = []
         with consumer(conn, got):
             conn.drain_events(timeout=2)
@@ -248,7 +249,7 @@ def test_a_delayed_message_is_fetched_once_due_by_redis_clock(redis_url, server,
                            "headers": {}, "content-type": "application/json",
                            "content-encoding": "utf-8", "m": marker})
         server.zadd(delayed_key(QUEUE), {f"{QUEUE}\n{body}": due})
-    with kombu.Connection(redis_url) as conn:
+    with kombu.Connection(redis_url, transport=REDIS_ALIAS) as conn:
         message = kombu.Queue(QUEUE)(conn.channel()).get(no_ack=False)
         assert message.delivery_tag == "due"
         assert server.zcard(delayed_key(QUEUE)) == 1  # the later one waits

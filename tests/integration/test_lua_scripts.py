@@ -1,4 +1,4 @@
-"""The Lua scripts in tasks/lua/ on a real Redis: every file is used (a module loads it, or a
+"""The Lua scripts in tasks/lua/ (and the worker's, in workers/broker/lua/) on a real Redis: every file is used (a module loads it, or a
 script includes it), each compiles (SCRIPT LOAD) alone and as the modules compose it, under the
 SHA of its final text; and no Python module keeps Lua of its own any more."""
 from __future__ import annotations
@@ -15,9 +15,10 @@ from tasks import lua
 from tasks.names import PRIORITY_SEP
 
 PACKAGES = ("tasks", "app", "workers", "scripts")
-# Python modules that still hold Lua, each for a reason: the worker's fetch scripts belong to
-# issue 38's item 2 (the reliable fetch as a kombu transport), which moves them.
-STILL_IN_PYTHON = {"workers/broker/scripts.py"}
+# Python modules that still hold Lua, each for a reason: none.
+STILL_IN_PYTHON: set[str] = set()
+# Every folder of scripts tasks/lua.py reads: tasks/lua/, and the worker's fetch and recovery.
+FOLDERS = (lua.FOLDER, ROOT / "workers" / "broker" / "lua")
 
 
 def _sources() -> dict[str, str]:
@@ -45,22 +46,23 @@ def client(redis_server):
 
 
 def test_every_lua_file_is_loaded_by_a_module_or_included_by_a_script():
-    files = sorted(path.stem for path in lua.FOLDER.glob("*.lua"))
-    assert len(files) >= 20, files
+    files = sorted(path.stem for folder in FOLDERS for path in folder.glob("*.lua"))
+    assert len(files) >= 27, files
     named = set()
     for text in _sources().values():
         named |= set(re.findall(r"""\bscript\(\s*["']([\w-]+)["']""", text))
-    included = {fragment for name in files for fragment in lua.includes(name)}
+    included = {fragment for folder in FOLDERS for path in folder.glob("*.lua")
+                for fragment in lua.includes(path.stem, folder)}
     unused = [name for name in files if name not in named | included]
-    assert unused == [], f"tasks/lua/ files nothing loads or includes: {unused}"
+    assert unused == [], f"Lua files nothing loads or includes: {unused}"
     missing = sorted((named | included) - set(files))
-    assert missing == [], f"scripts named that tasks/lua/ lacks: {missing}"
+    assert missing == [], f"scripts named that no folder has: {missing}"
     # A fragment (a name starting with _) is only included; a script is loaded, never included.
     assert {name for name in included if not name.startswith("_")} == set()
 
 
 def test_each_file_compiles_on_redis(client):
-    for path in sorted(lua.FOLDER.glob("*.lua")):
+    for path in sorted(path for folder in FOLDERS for path in folder.glob("*.lua")):
         text = path.read_text()
         try:
             sha = client.script_load(text)
@@ -75,7 +77,8 @@ def test_each_script_the_modules_register_compiles_under_its_texts_sha(client):
     for name in ("tasks.jobscripts.SUBMIT", "tasks.jobscripts.FINISH", "tasks.jobscripts.LIST",
                  "tasks.jobscripts.CLAIM_DELIVERY", "tasks.queuemoves.MOVE",
                  "tasks.presence._LIVE", "app.auth._TAKE", "app.reloading._CLAIM",
-                 "workers.turns._TAKE"):
+                 "workers.turns._TAKE", "workers.broker.scripts.FETCH",
+                 "workers.broker.scripts.RECONCILE"):
         assert name in composed, sorted(composed)
     for name, text in composed.items():
         assert "-- #include" not in text, name

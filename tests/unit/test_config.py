@@ -129,7 +129,10 @@ def test_api_key_mistakes_are_named(tmp_path, second, message):
     ({"forwarded_allow_ips": "10.0.0.0/8, proxy.local"},
      "forwarded_allow_ips must list IP addresses or CIDRs, got 'proxy.local'"),
     ({"kept_bytes_per_key": 1000}, r"kept_bytes_per_key must be 0 \(no quota\) or at least "
-                                   r"kept_inputs_max_bytes \(262144\).*got 1000"),
+                                   r"max_body_bytes \(1048576\).*got 1000"),
+    ({"kept_bytes_per_key": 2_000_000, "kept_inputs_max_bytes": 3_000_000},
+     r"kept_bytes_per_key must be 0 \(no quota\) or at least kept_inputs_max_bytes "
+     r"\(3000000\).*got 2000000"),
     ({"max_uploads_per_key": -1}, "max_uploads_per_key must be an integer >= 0, got -1"),
     ({"read_rate_per_key": float("nan")}, "read_rate_per_key must be >= 0, got nan"),
     ({"read_burst_per_key": 0}, "read_burst_per_key must be an integer >= 1 with a "

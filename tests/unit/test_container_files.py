@@ -88,3 +88,14 @@ def test_each_service_gets_only_known_variables_and_its_own_secrets(service):
     needs = NEEDS[PROCFILE_NAME[service]]
     given = {name for name in environment if name in SECRET_VARIABLES or name in SECRET_HOLDERS}
     assert given <= needs, f"{service} gets secrets it does not use: {sorted(given - needs)}"
+
+
+def test_the_worker_lua_scripts_ship_in_the_worker_image():
+    """The worker's fetch and recovery scripts, workers/broker/lua/*.lua, read at its start."""
+    scripts = sorted(str(p.relative_to(ROOT))
+                     for p in (ROOT / "workers" / "broker" / "lua").glob("*.lua"))
+    assert scripts
+    assert [path for path in scripts if _ignored(path)] == []
+    copied = stages()["worker"]
+    assert [path for path in scripts
+            if not any(path.startswith(c.rstrip("/") + "/") for c in copied)] == []

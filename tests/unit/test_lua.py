@@ -74,3 +74,17 @@ def test_values_become_lua_literals(value, literal):
 def test_a_value_with_no_lua_literal_is_refused_naming_it():
     with pytest.raises(TypeError, match=r"dict \{'a': 1\}"):
         lua.literal({"a": 1})
+
+
+def test_another_folder_is_read_the_same_way_and_includes_the_shared_fragments(folder,
+                                                                               tmp_path_factory):
+    own = tmp_path_factory.mktemp("own")
+    (folder / "_shared.lua").write_text("local shared = SEP\n")
+    (own / "_mine.lua").write_text("-- #include _shared\nlocal mine = shared\n")
+    (own / "main.lua").write_text("-- A script of another folder.\n-- #include _mine\n"
+                                  "return mine\n")
+    assert lua.script("main", {"SEP": "\x06"}, folder=own) == \
+        "local SEP = '\\6'\nlocal shared = SEP\nlocal mine = shared\nreturn mine\n"
+    assert lua.includes("main", own) == ["_mine"]
+    with pytest.raises(FileNotFoundError, match=r"main\.lua is missing"):
+        lua.script("main")  # tasks/lua/ has no such script

@@ -1,25 +1,22 @@
 """`Broker`: what one worker process holds of the broker's messages beyond kombu's own books
-(BrokerState), and the adjustments of kombu and Celery that read and write it."""
+(BrokerState), and `attach`, which has a Celery app's workers run the worker's classes:
+its kombu transport (transport.py), its consumer (events.py) and its prefork pool (pool.py),
+each selected by Celery's or kombu's own settings."""
 from __future__ import annotations
 
 from typing import Any
 
 from celery import Celery, signals
+from celery.concurrency import prefork
 
-from workers.broker import clients, events, fetch, pool
-from workers.broker.patch import Patch
+from workers.broker import events, pool, seam, transport
 from workers.broker.state import BrokerState, _installed, installed
 
 
-
 class Broker(BrokerState):
-    """One per worker process: its state (BrokerState) and the adjustments of kombu's and
-    Celery's classes that read and write it. `install` applies them, bound to this object;
-    only a worker's main process does (`attach`)."""
-
-    def __init__(self, lease_s: float = 30.0, heartbeat_s: float = 2.0) -> None:
-        super().__init__(lease_s, heartbeat_s)
-        self._patches: list[Patch] = []
+    """One per worker process: the state the worker's transport, channels and dispatcher
+    read and write. `install` makes it this process's; only a worker's main process does
+    (`attach`)."""
 
     def __reduce__(self) -> tuple:
         # The app's configuration holds it (`attach`) and is pickled for each spawned pool
@@ -27,55 +24,49 @@ class Broker(BrokerState):
         return Broker, (self.lease_s, self.heartbeat_s)
 
     def install(self, node: str | None = None) -> Broker:
-        """Adjust kombu and Celery for this process, bound to this object; again is a no-op.
-        Refused while another Broker's adjustments are in place. `node`: the worker's node
-        name (Celery's hostname)."""
+        """This process's Broker, once the libraries are checked to still define what the
+        worker's classes override (seam.check); again is a no-op. Refused while another
+        Broker is installed. `node`: the worker's node name (Celery's hostname)."""
         current = installed()
         if current is self:
             return self
         if current is not None:
-            raise RuntimeError("another Broker's adjustments are installed in this process")
+            raise RuntimeError("another Broker is installed in this process")
+        seam.check()
         if node:
             self.name(node)
-        patches = [*clients.patches(), *fetch.patches(), *events.patches(),
-                   *pool.patches()]
-        applied: list[Patch] = []
-        try:
-            for patch in patches:
-                patch.apply()
-                applied.append(patch)
-        except Exception:
-            for patch in reversed(applied):
-                patch.revert()
-            raise
         _installed[:] = [self]
-        self._patches = applied
         return self
 
     def uninstall(self) -> None:
-        """kombu and Celery as shipped again (tests)."""
-        for patch in reversed(self._patches):
-            patch.revert()
-        self._patches = []
+        """No Broker in this process again (tests)."""
         if installed() is self:
             _installed.clear()
 
 
-
-
 def attach(app: Celery) -> Broker:
-    """A Broker for `app`'s workers (`broker_of(app)`), installed when a worker of this app
-    starts (`worker_init`: in its main process, before it connects). Its pool children, the
-    API, Flower and the celery CLI run kombu and Celery as shipped."""
+    """A Broker for `app`'s workers (`broker_of(app)`), and the worker's classes for them:
+    its consumer (`worker_consumer`) and prefork pool (`worker_pool`; a `-P prefork` on the
+    command line, which overrides that setting, gets it too), and, when a worker of this app
+    starts (`worker_init`, in its main process, before it connects), its kombu transport
+    (`broker_transport`) and the Broker installed. Nothing is patched: a process that only
+    imports the entry module, the API, Flower and the celery CLI run kombu and Celery as
+    shipped."""
     settings = app.conf.iq_settings
     broker = Broker(settings.visibility_timeout_s, settings.heartbeat_interval_s)
     app.conf.iq_broker = broker
+    app.conf.worker_consumer = events.WORKER_CONSUMER
+    app.conf.worker_pool = pool.WORKER_POOL
 
-    def install(sender: Any = None, **_kw: Any) -> None:
-        if getattr(sender, "app", None) is app:
-            broker.install(getattr(sender, "hostname", None))
+    def start(sender: Any = None, **_kw: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        broker.install(getattr(sender, "hostname", None))
+        transport.select(app)
+        if getattr(sender, "pool_cls", None) in ("prefork", prefork.TaskPool):
+            sender.pool_cls = pool.TaskPool
 
-    signals.worker_init.connect(install, weak=False)
+    signals.worker_init.connect(start, weak=False)
     return broker
 
 

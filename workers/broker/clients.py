@@ -1,4 +1,5 @@
-"""The Redis clients kombu's channel opens.
+"""The Redis clients the worker's kombu channel opens (`WorkerClients`, mixed into its channel
+classes: workers/broker/fetch.py).
 
 * One client per channel pool instead of one per command. kombu's `conn_or_acquire` builds a
   new `redis.Redis` for each ack, unacked-index write and event publish, and redis-py 8
@@ -13,41 +14,30 @@
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
-from kombu.transport import redis as kombu_redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from workers.broker.patch import Patch
 
-_CLIENT_ATTR = "_iq_sync_client"
+class WorkerClients:
+    """kombu's Redis channel's `_create_client` and `_connparams`, overridden: one
+    synchronous client per channel pool, and no retries on the event loop's connections."""
 
+    _worker_client: Any = None
 
-def _reuse_sync_client(create: Callable[..., Any]) -> Callable[..., Any]:
-    def _create_client(self: Any, asynchronous: bool = False) -> Any:
+    def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:
-            return create(self, asynchronous=True)
-        client = self.__dict__.get(_CLIENT_ATTR)
+            return super()._create_client(asynchronous=True)
+        client = self._worker_client
         # A channel that reconnects gets a new pool; the cached client must follow it.
         if client is None or client.connection_pool is not self.pool:
-            client = create(self, asynchronous=False)
-            self.__dict__[_CLIENT_ATTR] = client
+            client = super()._create_client(asynchronous=False)
+            self._worker_client = client
         return client
 
-    return _create_client
-
-
-def _no_retries_in_the_event_loop(connparams: Callable[..., dict]) -> Callable[..., dict]:
-    def _connparams(self: Any, asynchronous: bool = False) -> dict:
-        params = connparams(self, asynchronous=asynchronous)
+    def _connparams(self, asynchronous: bool = False) -> dict:
+        params = super()._connparams(asynchronous=asynchronous)
         if asynchronous:  # the BRPOP and pub/sub connections the event loop reads
             params["retry"] = Retry(NoBackoff(), 0)
         return params
-
-    return _connparams
-
-
-def patches() -> list[Patch]:
-    return [Patch(kombu_redis.Channel, "_create_client", _reuse_sync_client),
-            Patch(kombu_redis.Channel, "_connparams", _no_retries_in_the_event_loop)]

@@ -15,14 +15,15 @@ token lost costs a poll, never a message.
 The channel is kombu's own (plain or Sentinel: `ReliableChannel`, `ReliableSentinelChannel`),
 its client and connection the ones kombu made, so the fetch works over any Redis the channel
 reaches. Each message still reaches Celery's consumer as a kombu message (`_deliver`), so every
-job stays a Celery task. Installed in a worker's main process only (workers/broker/broker.py).
+job stays a Celery task. The worker's transports open these channels (workers/broker/
+transport.py), which a worker's main process selects when it starts (workers/broker/broker.py).
 """
 from __future__ import annotations
 
 import logging
 from queue import Empty
 from time import monotonic
-from typing import Any, Callable
+from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
@@ -32,8 +33,8 @@ from kombu.utils.json import loads
 
 from tasks.keys import delayed_key, wake_key
 from tasks.redis_client import SentinelConnection, SentinelSSLConnection
+from workers.broker.clients import WorkerClients
 from workers.broker.inflight import InFlight, fetch_call, fetched
-from workers.broker.patch import Patch
 from workers.broker.state import BrokerState, installed
 
 logger = logging.getLogger(__name__)
@@ -261,45 +262,13 @@ class ReliableFetch:
         return True
 
 
-class ReliableChannel(ReliableFetch, kombu_redis.Channel):
-    """kombu's Redis channel with the worker's fetch."""
+class ReliableChannel(ReliableFetch, WorkerClients, kombu_redis.Channel):
+    """kombu's Redis channel with the worker's fetch and clients."""
 
 
-class ReliableSentinelChannel(ReliableFetch, kombu_redis.SentinelChannel):
+class ReliableSentinelChannel(ReliableFetch, WorkerClients, kombu_redis.SentinelChannel):
     """kombu's Redis Sentinel channel with the worker's fetch, on connections dropped when a
     read fails (tasks/redis_client.SentinelConnection: redis-py's Sentinel connections keep
     a timed-out reply for the next command)."""
     connection_class = SentinelConnection
     connection_class_ssl = SentinelSSLConnection
-
-
-def _beat_on_the_event_loop(register: Callable[..., Any]) -> Callable[..., Any]:
-    """The worker's lease is pushed forward every heartbeat by its event loop, through the
-    channel that consumes: whatever else the worker does, no message is renewed one by one."""
-    def register_with_event_loop(self: Any, connection: Any, loop: Any) -> Any:
-        out = register(self, connection, loop)
-        cycle = self.cycle
-        old = getattr(cycle, "_iq_beat_tref", None)
-        if old is not None:
-            old.cancel()
-        cycle._iq_beat_tref = loop.call_repeatedly(_state().heartbeat_s, _beat, cycle)
-        return out
-
-    return register_with_event_loop
-
-
-def _beat(cycle: Any) -> None:
-    for channel in list(cycle._channels):
-        if isinstance(channel, ReliableFetch) and channel._iq_consuming and not channel.closed:
-            try:
-                channel.inflight.beat()
-            except redis.RedisError as exc:
-                logger.warning("could not renew this worker's lease: %s", exc)
-            return
-
-
-def patches() -> list[Patch]:
-    return [Patch(kombu_redis.Transport, "Channel", lambda _original: ReliableChannel),
-            Patch(kombu_redis.SentinelTransport, "Channel",
-                  lambda _original: ReliableSentinelChannel),
-            Patch(kombu_redis.Transport, "register_with_event_loop", _beat_on_the_event_loop)]

@@ -1,78 +1,30 @@
-"""Two adjustments of the worker's prefork pool, made on the pool object when the dispatcher
-first meets it (workers/strategy.py); two of billiard's and Celery's classes, installed with
-the Broker (`patches`): the pool stops a child with SIGKILL, and tells the dispatcher when a
-child is ready to take work (`on_child_ready`); and the looks inside it the dispatcher and a
-reload need (workers/dispatcher.py, workers/reload.py): which children take work, and
-stopping an idle one so that the pool starts another in its place."""
+"""The worker's prefork pool: Celery's, subclassed (`TaskPool`), which a worker of this service
+runs (`worker_pool`, and in place of `-P prefork`: workers/broker/broker.py's `attach`). It
+
+* stops a child with SIGKILL where billiard and Celery send it SIGTERM (`kill_child`);
+* tells the dispatcher when a child is ready to take work (`on_child_ready`);
+* is grown no further than the GPUs (`TaskPool.cap_children`);
+* is not flushed on a reconnect (`TaskPool.keep_every_batch`);
+
+and the looks inside it the dispatcher and a reload need (workers/dispatcher.py,
+workers/reload.py): which children take work, and stopping an idle one so that the pool
+starts another in its place."""
 from __future__ import annotations
 
 import errno
 import logging
 import os
 import signal
-from typing import Any
+from typing import Any, Callable
 
-from billiard.pool import Pool
-from billiard.process import BaseProcess
+from billiard.context import ForkProcess, ForkServerProcess, SpawnProcess
+from celery.concurrency import prefork
 from celery.concurrency.asynpool import AsynPool
-
-from workers.broker.patch import Patch
 
 logger = logging.getLogger(__name__)
 
-
-def guard_pool_growth(pool: Any, gpus: int) -> None:
-    """One pool child per GPU: growing the pool past the host's GPU count (`celery control
-    pool_grow`, autoscale) is refused with a log message. No limit on a CPU-only host."""
-    if gpus <= 0 or getattr(pool, "_iq_guarded", False):
-        return
-    grow = pool.grow
-
-    def guarded_grow(n: int = 1) -> Any:
-        if pool.num_processes + n > gpus:
-            logger.error("refusing to grow the pool from %d to %d children: this host has %d "
-                         "GPU(s) and each child owns one; add a worker host instead",
-                         pool.num_processes, pool.num_processes + n, gpus)
-            return None
-        return grow(n)
-
-    pool.grow = guarded_grow
-    pool._iq_guarded = True
-
-
-def keep_batches_through_reconnects(pool: Any) -> None:
-    """When the broker connection goes, Celery flushes the pool (`Consumer.on_close`): it
-    discards every job no child has accepted yet and clears what waits to be written to a
-    child, because the broker will redeliver those messages. Here every pool job is a batch
-    whose messages the dispatcher holds by their leases, which kombu does not restore
-    (workers/broker/unacked.py), so nothing would redeliver them: a batch discarded in the
-    milliseconds between its hand-over and its child's acceptance never came back, and the
-    dispatcher counted that child busy for good, so the worker took no more work. The flush
-    is skipped: batches in flight are written, run and settled as after any reconnect."""
-    if not getattr(pool, "_iq_keeps_batches", False):
-        pool.flush = _keep_every_batch
-        pool._iq_keeps_batches = True
-
-
-def _keep_every_batch() -> None:
-    """The pool's flush on a reconnect: nothing to drop (keep_batches_through_reconnects)."""
-
-
-def patches() -> list[Patch]:
-    """The pool stops a child with SIGKILL where billiard and Celery send it SIGTERM. A child
-    ignores SIGTERM once its models are loaded (workers/stopping.py: a stop of the worker's
-    whole process group must not kill its batch), so their SIGTERM would no longer stop it:
-    not at a cold shutdown (Celery cancels the running tasks with `terminate_job`, then
-    `Pool.terminate` waits for its children), a shrink or a reload's retirement of an idle
-    child (`terminate_controlled`), a `revoke --terminate`, nor at a hard time limit (billiard
-    follows with SIGKILL 0.1 s later there anyway). SIGTERM at its default killed the child at
-    once, running no handler of its own: SIGKILL does the same. Another signal asked for
-    (`revoke --signal`) is sent as asked. Installed in a worker's main process only, where
-    every billiard process is a pool child; on the class, not on each process object, since a
-    spawned child's process object is pickled for it."""
-    return [Patch(BaseProcess, "terminate", lambda _original: kill_child),
-            Patch(Pool, "terminate_job", _sigkill_for_sigterm),
-            Patch(AsynPool, "on_process_alive", _tell_when_alive)]
+#: The setting that selects it.
+WORKER_POOL = f"{__name__}:TaskPool"
 
 
 def kill_child(process: Any) -> None:
@@ -88,33 +40,129 @@ def kill_child(process: Any) -> None:
             raise
 
 
-def _sigkill_for_sigterm(original: Any) -> Any:
-    def terminate_job(self: Any, pid: int, sig: int | None = None) -> Any:
-        return original(self, pid, signal.SIGKILL if sig in (None, signal.SIGTERM) else sig)
+class _KilledOnTerminate:
+    """A pool child stopped with SIGKILL where billiard and Celery send it SIGTERM. A child
+    ignores SIGTERM once its models are loaded (workers/stopping.py: a stop of the worker's
+    whole process group must not kill its batch), so their SIGTERM would no longer stop it:
+    not at a cold shutdown (Celery cancels the running tasks with `terminate_job`, then the
+    pool waits for its children), a shrink or a reload's retirement of an idle child
+    (`terminate_controlled`), a `revoke --terminate`, nor at a hard time limit (billiard
+    follows with SIGKILL 0.1 s later there anyway). SIGTERM at its default killed the child at
+    once, running no handler of its own: SIGKILL does the same. On the class (a spawned
+    child's process object is pickled for it, by the name of its class)."""
 
-    return terminate_job
+    def terminate(self) -> None:
+        kill_child(self)
 
 
-def _tell_when_alive(original: Any) -> Any:
-    """The pool's handler of a child's first word (WORKER_UP: its initializer, which loads its
-    models, returned), followed by the callback `on_child_ready` gave it, if any."""
-    def on_process_alive(self: Any, pid: int) -> Any:
-        out = original(self, pid)
-        callback = getattr(self, "_iq_on_child_ready", None)
-        if callback is not None:
-            callback(pid)
+class SpawnChild(_KilledOnTerminate, SpawnProcess):
+    pass
+
+
+class ForkChild(_KilledOnTerminate, ForkProcess):
+    pass
+
+
+class ForkServerChild(_KilledOnTerminate, ForkServerProcess):
+    pass
+
+
+_CHILDREN: dict[type, type] = {SpawnProcess: SpawnChild, ForkProcess: ForkChild,
+                               ForkServerProcess: ForkServerChild}
+
+
+class _KillsItsChildren:
+    """A billiard pool whose children are killed by SIGKILL (`_KilledOnTerminate`,
+    `terminate_job`)."""
+
+    def Process(self, *args: Any, **kwargs: Any) -> Any:
+        base = self._ctx.Process
+        try:
+            return _CHILDREN[base](*args, **kwargs)
+        except KeyError:
+            raise RuntimeError(f"the worker's pool has no child class for billiard's "
+                               f"{base.__qualname__} (start method "
+                               f"{self._ctx.get_start_method()!r})") from None
+
+    def terminate_job(self, pid: int, sig: int | None = None) -> Any:
+        """A job's child stopped (a cancel, `revoke --terminate`): SIGKILL for SIGTERM;
+        another signal asked for (`revoke --signal`) is sent as asked."""
+        return super().terminate_job(pid, signal.SIGKILL if sig in (None, signal.SIGTERM)
+                                     else sig)
+
+
+class BlockingPool(_KillsItsChildren, prefork.BlockingPool):
+    """billiard's pool, as Celery runs it without an event loop."""
+
+
+class Pool(_KillsItsChildren, AsynPool):
+    """Celery's asynchronous pool, whose children are killed by SIGKILL and which calls
+    `on_child_ready(pid)` once a child is ready."""
+
+    #: Called on the event loop with a child's pid once it is ready to take work (its
+    #: models loaded): the dispatcher's (`on_child_ready`).
+    on_child_ready: Callable[[int], Any] | None = None
+
+    def on_process_alive(self, pid: int) -> Any:
+        """The pool's handler of a child's first word (WORKER_UP: its initializer, which
+        loads its models, returned), followed by `on_child_ready`."""
+        out = super().on_process_alive(pid)
+        if self.on_child_ready is not None:
+            self.on_child_ready(pid)
         return out
 
-    return on_process_alive
+
+class TaskPool(prefork.TaskPool):
+    """Celery's prefork pool with `Pool` inside, grown no further than `cap_children` allows
+    and never flushed."""
+
+    Pool = Pool
+    BlockingPool = BlockingPool
+    #: Most children (one per GPU); None: no limit (a CPU-only host).
+    max_children: int | None = None
+
+    def on_start(self) -> None:
+        super().on_start()
+        # Celery's on_start hands out the inner pool's methods as this object's: `grow` (as
+        # `control pool_grow` and autoscale call it) and `flush` (as a reconnect calls it).
+        self._grow = self.grow
+        self.grow = self.grow_within_cap
+        self.flush = self.keep_every_batch
+
+    def cap_children(self, gpus: int) -> None:
+        """One pool child per GPU: growing the pool past `gpus` is refused with a log
+        message. No limit when `gpus` is 0 (a CPU-only host)."""
+        self.max_children = gpus if gpus > 0 else None
+
+    def grow_within_cap(self, n: int = 1) -> Any:
+        cap = self.max_children
+        if cap is not None and self.num_processes + n > cap:
+            logger.error("refusing to grow the pool from %d to %d children: this host has %d "
+                         "GPU(s) and each child owns one; add a worker host instead",
+                         self.num_processes, self.num_processes + n, cap)
+            return None
+        return self._grow(n)
+
+    def keep_every_batch(self) -> None:
+        """The pool's flush on a reconnect: nothing dropped. When the broker connection goes,
+        Celery flushes the pool (`Consumer.on_close`): it discards every job no child has
+        accepted yet and clears what waits to be written to a child, because the broker will
+        redeliver those messages. Here every pool job is a batch whose messages the
+        dispatcher holds by their leases, which kombu does not restore (fetch.py), so nothing
+        would redeliver them: a batch discarded in the milliseconds between its hand-over and
+        its child's acceptance never came back, and the dispatcher counted that child busy for
+        good, so the worker took no more work. The flush is skipped: batches in flight are
+        written, run and settled as after any reconnect."""
 
 
-def on_child_ready(pool: Any, callback: Any) -> bool:
+def on_child_ready(pool: Any, callback: Callable[[int], Any]) -> bool:
     """`callback(pid)` from now on each time a child of the pool is ready to take work (its
-    models loaded), on the event loop. False when the pool has not started."""
+    models loaded), on the event loop. False when the pool has not started, or is not the
+    worker's (`Pool`)."""
     inner = _asynpool(pool)
-    if inner is None:
+    if not isinstance(inner, Pool):
         return False
-    inner._iq_on_child_ready = callback
+    inner.on_child_ready = callback
     return True
 
 

@@ -1,0 +1,104 @@
+"""The worker's kombu transports: kombu's Redis and Redis Sentinel transports, subclassed, whose
+channels fetch through the worker's in-flight record (fetch.py) and open the worker's clients
+(clients.py), and whose event loop renews the worker's lease every heartbeat.
+
+A worker selects them by configuration when it starts (`select`, from workers/broker/
+broker.py's `attach`): `broker_transport` names the transport registered here under an alias
+of kombu's TRANSPORT_ALIASES (`iqredis`, `iqsentinel`), and `broker_failover_strategy` (one
+registered in kombu's `failover_strategies`) keeps it across a failover to the next sentinel
+(kombu's `Connection.switch` takes the transport from the next URL's scheme, which would
+otherwise be kombu's own). The API, Flower, the celery
+CLI and a worker's pool children open kombu's transports as shipped."""
+from __future__ import annotations
+
+import logging
+from itertools import cycle
+from typing import Any, Iterable, Iterator
+
+import redis
+from kombu.connection import failover_strategies
+from kombu.transport import TRANSPORT_ALIASES
+from kombu.transport import redis as kombu_redis
+
+from workers.broker.fetch import ReliableChannel, ReliableFetch, ReliableSentinelChannel
+from workers.broker.state import installed
+
+logger = logging.getLogger(__name__)
+
+# The aliases, each for the scheme of the URLs it serves (kombu's own: redis, rediss, sentinel).
+REDIS_ALIAS = "iqredis"
+SENTINEL_ALIAS = "iqsentinel"
+# The failover strategy, by the name kombu's `failover_strategies` knows it (a setting's value
+# must be plain data: `celery inspect conf` and `stats` send it as JSON).
+FAILOVER = "iq-keep-transport"
+_SCHEMES = {"redis": REDIS_ALIAS, "rediss": REDIS_ALIAS, "sentinel": SENTINEL_ALIAS}
+
+
+class _BeatOnTheEventLoop:
+    """The worker's lease is pushed forward every heartbeat by its event loop, through the
+    channel that consumes: whatever else the worker does, no message is renewed one by one."""
+
+    _beat_tref: Any = None
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> Any:
+        out = super().register_with_event_loop(connection, loop)
+        state = installed()
+        if state is None:
+            raise RuntimeError("the worker's transport runs only with its Broker installed")
+        if self._beat_tref is not None:
+            self._beat_tref.cancel()
+        self._beat_tref = loop.call_repeatedly(state.heartbeat_s, _beat, self.cycle)
+        return out
+
+
+def _beat(poller: Any) -> None:
+    for channel in list(poller._channels):
+        if isinstance(channel, ReliableFetch) and channel._iq_consuming and not channel.closed:
+            try:
+                channel.inflight.beat()
+            except redis.RedisError as exc:
+                logger.warning("could not renew this worker's lease: %s", exc)
+            return
+
+
+class Transport(_BeatOnTheEventLoop, kombu_redis.Transport):
+    """kombu's Redis transport, with the worker's fetch."""
+
+    Channel = ReliableChannel
+
+
+class SentinelTransport(_BeatOnTheEventLoop, kombu_redis.SentinelTransport):
+    """kombu's Redis Sentinel transport, with the worker's fetch."""
+
+    Channel = ReliableSentinelChannel
+
+
+
+
+def alias_for(url: str) -> str:
+    """The worker's transport for a broker URL (its first, for a `;`-separated list)."""
+    scheme = url.split(";", 1)[0].partition("://")[0]
+    try:
+        return _SCHEMES[scheme]
+    except KeyError:
+        raise ValueError(f"broker_url: the worker fetches from Redis only (redis://, "
+                         f"rediss://, sentinel://), got {scheme!r}") from None
+
+
+def keep_the_transport(urls: Iterable[str]) -> Iterator[str]:
+    """kombu's round-robin failover over the broker's URLs, each with the scheme of the
+    worker's transport, so that `Connection.switch` keeps it."""
+    for url in cycle(list(urls)):
+        scheme, sep, rest = url.partition("://")
+        yield f"{_SCHEMES.get(scheme, scheme)}{sep}{rest}" if sep else url
+
+
+TRANSPORT_ALIASES.setdefault(REDIS_ALIAS, f"{__name__}:Transport")
+TRANSPORT_ALIASES.setdefault(SENTINEL_ALIAS, f"{__name__}:SentinelTransport")
+failover_strategies.setdefault(FAILOVER, keep_the_transport)
+
+
+def select(app: Any) -> None:
+    """The worker's transports for `app`'s connections (a worker's main process, at start)."""
+    app.conf.broker_transport = alias_for(app.conf.broker_url)
+    app.conf.broker_failover_strategy = FAILOVER
