@@ -50,6 +50,7 @@ that waits with none kept (its message holds the whole input) until it ends.
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -61,10 +62,12 @@ from redis.client import NEVER_DECODE
 
 from tasks import jobscripts, results
 from tasks.errors import ErrorCode, JobError
-from tasks.keys import (PENDING_KEY, dead_index, job_key, kept_request, owner_index, owner_jobs,
-                        result_key, wake_key)
+from tasks.keys import (PENDING_KEY, REMOVED_FAILED_KEY, dead_index, job_key, kept_request,
+                        owner_index, owner_jobs, result_key, wake_key)
 from tasks.messages import QueuedMessage
 from tasks.names import PRIORITY_SEP
+
+logger = logging.getLogger(__name__)
 
 
 class Status(str, enum.Enum):
@@ -507,7 +510,9 @@ class JobState:
         if not finals:
             return []
         keys, args = _finish_call(finals, result_ttl_s, model_version)
-        return [bool(x) for x in self._run("finish", keys, args)]
+        written = [bool(x) for x in self._run("finish", keys, args)]
+        self._count_removed([f for f, fresh in zip(finals, written) if fresh])
+        return written
 
     def finish_queued(self, list_key: str, message: bytes, final: Final, *,
                       result_ttl_s: int) -> bool | None:
@@ -517,7 +522,20 @@ class JobState:
         else whether this call finished the job (False: it had ended already)."""
         keys, args = _finish_call([final], result_ttl_s, "")
         out = self._run("finish_queued", keys, [*args, list_key, message])
+        if int(out[0]) > 0:
+            self._count_removed([final])
         return None if int(out[0]) < 0 else bool(out[0])
+
+    def _count_removed(self, finished: Sequence[Final]) -> None:
+        """Count the jobs just finished `model_removed` (tasks/keys.py REMOVED_FAILED_KEY), for
+        a reload to say how many ended so in all, by the workers and by its own sweep. A count
+        for people: one Redis refused after the finish leaves it short, which it says."""
+        removed = sum(1 for f in finished if f.error and f.error.code == ErrorCode.MODEL_REMOVED)
+        if removed:
+            try:
+                self.client.incrby(REMOVED_FAILED_KEY, removed)
+            except redis.RedisError as exc:
+                logger.warning("%d job(s) failed model_removed not counted: %s", removed, exc)
 
     def crashed(self, job_ids: Sequence[str]) -> list[int]:
         """Count a lost pool child against each of these jobs: per job, how many it has lost
