@@ -183,7 +183,7 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
             kept = previous.read_bytes() if source is not None and previous.is_file() \
                 and not previous.is_symlink() else None
             unconsumed = consumers_problems(target, Path(source) if source else target,
-                                            by_group)
+                                            by_group, reports)
             if unconsumed:
                 raise Invalid("\n".join(unconsumed))
             revision = install(target, Path(source) if source else None,
@@ -199,7 +199,8 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
         reached = 0
         try:
             for reached, (name, client, group) in enumerate(redises, 1):
-                result = _announce(client, target, revision, timeout_s, say, group, name)
+                result = _announce(client, target, revision, timeout_s, say, group, name,
+                                   workers_seen=any(n.startswith("worker:") for n in reports))
                 if result.status != DONE:
                     break
         except redis.RedisError as exc:
@@ -305,12 +306,13 @@ def _keep(target: Path, path: Path, content: bytes) -> None:
         staged.unlink(missing_ok=True)
 
 
-def consumers_problems(target: Path, source: Path, by_group: Mapping[str, dict[str, dict]]) \
-        -> list[str]:
+def consumers_problems(target: Path, source: Path, by_group: Mapping[str, dict[str, dict]],
+                       reports: Mapping[str, dict] | None = None) -> list[str]:
     """One line per model, new or with a new queue or Redis group, whose queue no live worker
     on its Redis (its group's, "" the default's) would consume, by the workers' reports there
-    (tasks/serves.py): its jobs would wait there for ever. Not checked when no worker reports anywhere (a stack whose
-    workers are all down or restarting: the devices are checked against this host)."""
+    (tasks/serves.py): its jobs would wait there for ever. Not checked when no worker
+    reports anywhere (a stack whose workers are all down or restarting: the devices are
+    checked against this host). `reports`: every live process's, by field."""
     if not any(n.startswith("worker:") for r in by_group.values() for n in r):
         return []
     try:
@@ -322,6 +324,10 @@ def consumers_problems(target: Path, source: Path, by_group: Mapping[str, dict[s
     # purpose) is no reason to refuse another change.
     models = {n: m for n, m in models.items()
               if n not in now or (now[n].queue, now[n].redis) != (m.queue, m.redis)}
+    # A group a live process lacks, or these settings: said by install's check instead.
+    models = {n: m for n, m in models.items() if (m.redis or "") in by_group and not any(
+        "groups" in r and m.redis and m.redis not in r["groups"]
+        for r in (reports or {}).values())}
     return unconsumed(models, {g: {n: r for n, r in reports.items()
                                    if n.startswith("worker:")}
                                for g, reports in by_group.items()})
@@ -359,9 +365,11 @@ def _unannounced(target: Path, source: str | Path | None, revision: str, reached
 
 
 def _announce(client: redis.Redis, target: Path, revision: str, timeout_s: float,
-              say: Callable[[str], None], settings: Settings, group_name: str = "") -> Result:
+              say: Callable[[str], None], settings: Settings, group_name: str = "",
+              workers_seen: bool = False) -> Result:
     """Announce `revision` on `client`'s Redis (Redis group `group_name`'s, "" for the
-    default), and wait for every process that watches it to serve it."""
+    default), and wait for every process that watches it to serve it. `workers_seen`: a
+    worker reported on some Redis: a group the models name must then have one too."""
     if group_name:
         say(f"Redis group {group_name}:")
     beat, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
@@ -375,7 +383,7 @@ def _announce(client: redis.Redis, target: Path, revision: str, timeout_s: float
         removed, _, announcement, _ = pipe.execute()
     say(f"models file {target} revision {revision} announced")
     try:
-        named = group_name and any(m.redis == group_name for m in
+        named = workers_seen and group_name and any(m.redis == group_name for m in
                                    parse_models(target, target.read_bytes()).values())
     except (OSError, ConfigError):
         named = False
