@@ -42,7 +42,8 @@ from config import ConfigError
 from config.groups import check_model_groups
 from config.models import ModelSpec, parse_models, read_models_content, revision_of
 from tasks.errors import removed_error
-from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
+from tasks.keys import (MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY,
+                        live_key, versions_key)
 from tasks.names import task_name
 from tasks.queuemoves import QueueMoves, changed_queues
 from workers.broker.pool import (before_children_start, end_surge, ready_children,
@@ -335,16 +336,23 @@ class Reloader:
             if not self.stale & ready_children(pool):
                 return
             if self.shrink_next:  # a surge's end: no child comes in its place
+                indices = self._indices()
                 retired = retire_idle_child(pool, self.stale, shrink=True)
                 if retired is not None:
+                    self._forget(indices.get(retired))
                     self.shrink_next = False
                     self.stale.discard(retired)
+                    self.turn.release()  # its new child serves: the next worker's turn
                     logger.info("reload: child %d stops after its batch, the pool back to its "
                                 "size; %d more to replace", retired, len(self.stale))
                     self.step()
                 return
             if self.surges and len(ready_children(pool)) == 1:
-                # Its last serving child: a new one loads beside it first.
+                # Its last serving child: a new one loads beside it first, in this worker's
+                # turn on its queues (one worker's new child loads at a time: the roll
+                # halts at the first that cannot load it).
+                if not self.turn.take(self.dispatcher.liveness.consumed_queues()):
+                    return
                 self.surge_before = self._pids()
                 if surge(pool):
                     logger.info("reload: a surge child loads the new file beside the last "
@@ -370,6 +378,26 @@ class Reloader:
             pin(self.content)  # a child that fails from now on stops the worker, as at start
             logger.info("reload done: every child on models file revision %s", self.revision)
             self.report()
+
+    def _indices(self) -> dict[int, int]:
+        pool = getattr(self.consumer.pool, "_pool", None)
+        return {p.pid: p.index for p in getattr(pool, "_pool", ()) if hasattr(p, "index")}
+
+    def _forget(self, index: int | None) -> None:
+        """A child stopped with no other taking its index (a surge's end): its copies' live
+        entries and versions go now (a SIGKILLed child cannot), rather than be counted and
+        listed (GET /v1/models, /readyz) until they lapse."""
+        if index is None:
+            return
+        member = f"{self.consumer.hostname}/{index}"
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for name in set(self.app.conf.iq_models) | set(self.removed):
+                    pipe.zrem(live_key(name), member)
+                    pipe.hdel(versions_key(name), member)
+                pipe.execute()
+        except redis.RedisError as exc:  # they lapse by themselves
+            logger.warning("could not remove stopped child %s's live entries: %s", member, exc)
 
     def _may_retire(self) -> bool:
         """Whether a child may stop now: while another child of this worker serves, yes;

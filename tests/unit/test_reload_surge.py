@@ -60,10 +60,11 @@ def pinned_file() -> str:
     return "new" if base64.b64decode(raw["content"]) == NEW else "old"
 
 
-def reloading(monkeypatch, *pids: int, surges: bool = True):
+def reloading(monkeypatch, *pids: int, surges: bool = True, name: str = "a@h",
+              turns: FakeTurns | None = None):
     """A worker reloading from OLD to NEW with children `pids` on OLD."""
     monkeypatch.delenv(pinned.ENV, raising=False)
-    a, _ = worker("a@h", FakeTurns(), *pids)
+    a, _ = worker(name, turns or FakeTurns(), *pids)
     pool = SizedPool(*pids)
     a.consumer.pool._pool = pool
     pool.before_children_start = a.before_children_start
@@ -108,6 +109,20 @@ def test_the_old_child_goes_only_after_its_batch(monkeypatch):
     pool._busy_workers.clear()  # its batch returned (the dispatcher steps the reload)
     a.step()
     assert pool.child(1).stopped and pool._processes == 1 and a.state == "serving"
+
+
+def test_two_one_child_workers_on_a_queue_surge_one_after_the_other(monkeypatch):
+    turns = FakeTurns()
+    a, pool_a = reloading(monkeypatch, 1, turns=turns)
+    b, pool_b = reloading(monkeypatch, 2, name="b@h", turns=turns)
+    a.step()
+    b.step()
+    assert pool_a._processes == 2 and pool_b._processes == 1, "b waits for a's turn"
+    assert b.turn.waiting_for == "a@h"
+    pool_a.up(101)
+    a.step()
+    b.step()
+    assert a.state == "serving" and pool_a._processes == 1 and pool_b._processes == 2
 
 
 def test_a_surge_child_that_cannot_load_leaves_the_old_one_serving(monkeypatch):
