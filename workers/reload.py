@@ -108,6 +108,8 @@ class Reloader:
     def tick(self) -> None:
         """From the worker's tick: start a reload when one was announced, say where it
         stands."""
+        if not self.hooked:  # once the pool has started
+            self.hooked = before_children_start(self.consumer.pool, self.before_children_start)
         try:
             announced, number = self.client.mget(MODELS_REVISION_KEY, MODELS_ANNOUNCEMENTS_KEY)
         except redis.RedisError:
@@ -119,8 +121,6 @@ class Reloader:
             # The revision it serves announced again (make reload's undo of a failed load):
             # serving it, as every process is told to.
             self.state, self.error = "serving", ""
-        if not self.hooked:
-            self.hooked = before_children_start(self.consumer.pool, self.before_children_start)
         self.watch()
         self.turn.renew()
         self.move_queued()
