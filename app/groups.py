@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 import redis
 
 from app.errors import Conflict, Unavailable
-from app.store import DEAD_STATUSES, SCAN_BUDGET, JobStore, Watch, group_name, new_job_id
+from app.store import JobStore, Watch, group_name, new_job_id, page_reads
 from app.waiter import Slots
 from config import Settings
 from config.groups import group_of, group_tag
@@ -153,11 +153,10 @@ class Stores:
         return merge_pages(pages, limit), [f"redis:{g}" if g else "redis" for g in down]
 
     def scan_cost(self, *, status: str = "", model: str = "", limit: int = 20) -> int:
-        """The index entries a page (`page`) may read at most: `limit` of each group it reads
-        unfiltered or from the dead-letter index, SCAN_BUDGET with any other filter."""
+        """The index entries a page (`page`) may read at most: app/store.py's `page_reads`
+        (what each group's page is given to read) for each group it reads."""
         groups = 1 if len(self.stores) == 1 or model else len(self.stores)
-        scans = limit if not model and (not status or status in DEAD_STATUSES) else SCAN_BUDGET
-        return groups * min(scans, SCAN_BUDGET)
+        return groups * page_reads(status=status, model=model, limit=limit)
 
     def queue_depths(self) -> dict[str, int]:
         """Each model's queue depth, from its group's Redis; a group that cannot be read

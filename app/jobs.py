@@ -195,9 +195,9 @@ def _read_routes(bp: Blueprint, settings: Settings, models: dict[str, ModelSpec]
     def list_jobs(limit: int, status: str = "", model: str = "", cursor: str = ""):
         """The caller's jobs (its API key's; every job when keys are off), newest first,
         without their outputs. `status=failed` (or cancelled, expired) lists the dead-letter
-        index: jobs that did not succeed, newest ending first. Any other filter reads at most
-        500 jobs a page: a page may hold fewer than `limit` jobs and still have a
-        `next_cursor`. While a Redis group does not answer, the page holds the other groups'
+        index: jobs that did not succeed, newest ending first. A page without a filter reads
+        `limit` jobs; one with any filter at most 500 jobs (and costs that from the key's read
+        budget): a page may hold fewer than `limit` jobs and still have a `next_cursor`. While a Redis group does not answer, the page holds the other groups'
         jobs and `unreachable` names it."""
         auth.charge_read(auth.current_key(), _ext("iq.store").scan_cost(
             status=status, model=model, limit=limit))

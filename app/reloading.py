@@ -5,7 +5,7 @@ differs from the revision of the file the process serves, and the file on disk n
 announced revision, it first runs a canary of it (app/canary.py: the app built from the new
 file with this process's environment, its Redis reached, in a process of its own); only once
 the canary started does it ask its gunicorn master for a graceful reload (SIGHUP, once per
-master and revision): the master starts new processes, which read the new file (the app is not
+master and announcement): the master starts new processes, which read the new file (the app is not
 preloaded), and the old ones finish the requests they hold before they exit, so no request is
 dropped. A canary that fails leaves the master alone (its new processes could not have booted,
 and a master whose processes cannot boot exits): the process keeps serving the old file and
@@ -48,8 +48,8 @@ logger = logging.getLogger(__name__)
 # count (not IQ_ variables: they are no settings).
 SERVICE_VARIABLE, PROCESSES_VARIABLE = "_IQ_API_BIND", "_IQ_API_PROCESSES"
 
-# A master's claim of the SIGHUP of a revision (tasks/lua/reload_hup_claim.lua): 1 unless the
-# master was sent one for it already.
+# A master's claim of the SIGHUP of an announcement (tasks/lua/reload_hup_claim.lua): 1 unless
+# the master was sent one for it after the asking process read its file.
 _CLAIM = script("reload_hup_claim")
 
 
@@ -57,10 +57,14 @@ class ModelsWatch:
     """One per API process under gunicorn; `master`: the gunicorn master's pid."""
 
     def __init__(self, client: redis.Redis, settings: Settings, revision: str,
-                 master: int, canary: Callable[[str], str] = canary.run) -> None:
+                 master: int, canary: Callable[[str], str] = canary.run,
+                 started: float | None = None) -> None:
         self.client, self.settings, self.revision, self.master = (client, settings, revision,
                                                                   master)
         self.canary = canary
+        # When the process read the models file it serves (before the app was built): a
+        # SIGHUP its master was sent before then did not replace it.
+        self.started = time.time() if started is None else started
         self.field = f"api:{socket.gethostname()}/{os.getpid()}"
         # The gunicorn it belongs to: its address, and how many processes it runs (set by
         # gunicorn.conf.py's post_fork; absent outside gunicorn).
@@ -139,12 +143,16 @@ class ModelsWatch:
             logger.error("models reload refused: %s", self.error)
             record_refusal(self.client, announced, self.field, f"its canary: {why}")
             return
-        # One SIGHUP per master and reload, whichever of its processes sees it first: the
-        # master's claim holds the revision it was last sent a SIGHUP for, so that a reload
-        # back to a revision it served before (A, B, then A or B again) is one too.
+        # One SIGHUP per master and announcement, whichever of its processes sees it first:
+        # the master's claim holds the announcement (its number and revision) it was last sent
+        # a SIGHUP for, and when. Per announcement, not per revision: a process started by a
+        # SIGHUP for revision A that read the file after A's rollback must get its own when A
+        # is announced again. The process hands over only once a SIGHUP for this announcement
+        # was sent after it read its file: only such a SIGHUP replaces it.
         claim = f"{PREFIX}reload:hup:{socket.gethostname()}:{self.master}"
-        if self.client.eval(_CLAIM, 1, claim, announced):
-            logger.info("models file revision %s announced: reloading gunicorn (pid %d) "
-                        "gracefully", announced, self.master)
+        if self.client.eval(_CLAIM, 1, claim, number or "", announced, repr(self.started),
+                            repr(time.time())):
+            logger.info("models file revision %s announced (%s): reloading gunicorn (pid %d) "
+                        "gracefully", announced, number, self.master)
             os.kill(self.master, signal.SIGHUP)
         self.handed_over, self.error = True, ""

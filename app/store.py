@@ -50,6 +50,14 @@ class WaitRefused(Exception):
 SCAN_BUDGET = 500
 DEAD_STATUSES = frozenset({Status.FAILED.value, Status.CANCELLED.value, Status.EXPIRED.value})
 
+
+def page_reads(*, status: str = "", model: str = "", limit: int = 20) -> int:
+    """The index entries a page of one Redis reads at most (the list script's budget, and
+    what the listing is charged: app/groups.py's Stores.scan_cost, so that they cannot
+    drift): `limit` unfiltered; SCAN_BUDGET with any filter, a dead-letter status included
+    (that index holds all three: a page of one reads past the others)."""
+    return min(limit, SCAN_BUDGET) if not status and not model else SCAN_BUDGET
+
 # Redis connections one API process opens at most; requests beyond wait for one (each round
 # trip is well under a millisecond). The result listener holds one for good.
 REDIS_CONNECTIONS = 64
@@ -188,11 +196,12 @@ class JobStore:
         # The depth and the memory are checked only near their limits (app/gauge.py).
         max_depth, headroom = self.gauge.limits(
             spec, sorted({model.queue for model in self.models.values()}))
+        request = orjson.dumps(job)
         submitted = self.state.submit(
             record, message, depth_lists=queue_lists(spec.queue), max_depth=max_depth,
             ttl_s=self.settings.job_ttl_s, timeout_s=job.get("timeout_s") or spec.timeout_s or 0,
-            idempotency=idempotency, memory_headroom=headroom, request=self._kept(job),
-            replicas=self.replicas,
+            idempotency=idempotency, memory_headroom=headroom, request=self._kept(request),
+            replicas=self.replicas, size=len(request),
             kept_quota=(self.settings.kept_bytes_per_key or None) if owner else None)
         if submitted.created:
             return record, True
@@ -201,12 +210,12 @@ class JobStore:
             earlier = replace(record, id=submitted.job_id, status=Status.EXPIRED)
         return earlier, False
 
-    def _kept(self, job: dict) -> bytes:
-        """The request to keep for a retry, should the job not succeed: the job as validated
-        (images as queued), when retries are on and it is small enough; else nothing."""
+    def _kept(self, request: bytes) -> bytes:
+        """The request to keep for a retry, should the job not succeed (the job as validated,
+        images as queued), when retries are on and it is small enough; else nothing. Kept or
+        not, its size counts against its key's quota while the job waits."""
         if self.settings.kept_s <= 0:
             return b""
-        request = orjson.dumps(job)
         return request if len(request) <= self.settings.kept_inputs_max_bytes else b""
 
     def cancel(self, job_id: str) -> CancelOutcome:
@@ -230,10 +239,11 @@ class JobStore:
              cursor: tuple[str, str] | None = None, limit: int = 20) -> Page:
         """A page of the owner's jobs, newest first. Jobs that did not succeed are listed from
         their own index (the dead-letter view), which holds nothing else: a filter on one of
-        those statuses reads no other job. Any other filter reads at most SCAN_BUDGET index
+        those statuses reads no job that succeeded. It reads at most `page_reads` index
         entries a page."""
         return self.state.page(owner, dead=status in DEAD_STATUSES, status=status, model=model,
-                               cursor=cursor, limit=limit, budget=SCAN_BUDGET)
+                               cursor=cursor, limit=limit,
+                               budget=page_reads(status=status, model=model, limit=limit))
 
     def delete(self, job_id: str, owner: str) -> str:
         """"deleted", "missing", or the status of a job of `owner`'s not finished yet."""

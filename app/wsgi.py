@@ -9,8 +9,11 @@ if "gunicorn.workers.ggevent" in sys.modules:
     if not monkey.is_module_patched("socket"):
         raise RuntimeError("the gevent worker must load the app itself: run without --preload")
 
+import time  # noqa: E402
+
 from app import create_app  # noqa: E402
 
+started = time.time()  # before the app reads its models file (app/reloading.py)
 app = create_app()
 if "gunicorn.workers.ggevent" in sys.modules:  # bodies read under gevent Timeouts
     import os
@@ -22,4 +25,4 @@ if "gunicorn.workers.ggevent" in sys.modules:  # bodies read under gevent Timeou
     app.wsgi_app = GuardedBodies(app.wsgi_app, settings.body_timeout_s)
     # A models reload announced in Redis: this gunicorn reloads gracefully onto the new file.
     ModelsWatch(app.extensions["iq.store"].redis, settings, app.extensions["iq.revision"],
-                master=os.getppid()).start()
+                master=os.getppid(), started=started).start()

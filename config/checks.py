@@ -39,10 +39,13 @@ def _check_access(settings: Settings) -> None:
     for name in ("kept_bytes_per_key", "max_uploads_per_key", "read_burst_per_key"):
         if getattr(settings, name) < 0:
             raise ConfigError(f"{name} must be an integer >= 0, got {getattr(settings, name)}")
-    if 0 < settings.kept_bytes_per_key < settings.kept_inputs_max_bytes:
-        raise ConfigError(f"kept_bytes_per_key must be 0 (no quota) or at least "
-                          f"kept_inputs_max_bytes ({settings.kept_inputs_max_bytes}), so that "
-                          f"any request kept fits, got {settings.kept_bytes_per_key}")
+    # A waiting job's request counts against the quota whatever its size: any body must fit.
+    floor = max(("kept_inputs_max_bytes", settings.kept_inputs_max_bytes),
+                ("max_body_bytes", settings.max_body_bytes), key=lambda item: item[1])
+    if 0 < settings.kept_bytes_per_key < floor[1]:
+        raise ConfigError(f"kept_bytes_per_key must be 0 (no quota) or at least {floor[0]} "
+                          f"({floor[1]}), so that any request fits, got "
+                          f"{settings.kept_bytes_per_key}")
     if not settings.read_rate_per_key >= 0:  # NaN too
         raise ConfigError(f"read_rate_per_key must be >= 0, got {settings.read_rate_per_key}")
     if settings.read_rate_per_key > 0 and settings.read_burst_per_key < 1:

@@ -92,8 +92,9 @@ class Settings:
     # record while the job waits: a job that succeeds drops its own.
     kept_inputs_ttl_s: int = 3_600
     kept_inputs_max_bytes: int = 262_144
-    # The bytes of the requests Redis keeps for one API key (its waiting jobs', those kept for
-    # a retry), on each Redis: past it a submit is 429 `kept_full`. 0, or keys off: no quota.
+    # The bytes of the requests Redis keeps for one API key (its waiting jobs', whatever their
+    # size, those kept for a retry), on each Redis: past it a submit is 429 `kept_full`. 0, or
+    # keys off: no quota.
     kept_bytes_per_key: int = 67_108_864
     api_keys_file: str = ""  # YAML of hashed API keys; none: the API is open
 
@@ -299,8 +300,19 @@ def _coerce(name: str, raw: Any, kind: type) -> Any:
 
 
 def _from_file(config_file: str, types: Mapping[str, type]) -> dict[str, Any]:
-    """The settings the YAML file IQ_CONFIG names."""
-    data = yaml.safe_load(Path(config_file).read_text()) or {}
+    """The settings the YAML file IQ_CONFIG names. One line naming IQ_CONFIG and the path for
+    a file that cannot be read or parsed; refused when it holds a secret and other users may
+    read it (as a file others may write is refused: scripts/preflight.py)."""
+    try:
+        with open(config_file, "rb") as f:  # a folder: IsADirectoryError
+            mode, text = os.fstat(f.fileno()).st_mode & 0o777, f.read()
+        data = yaml.safe_load(text) or {}
+    except OSError as exc:
+        raise ConfigError(f"IQ_CONFIG {config_file}: cannot be read "
+                          f"({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"IQ_CONFIG {config_file}: not YAML ({' '.join(str(exc).split())})") \
+            from None
     if not isinstance(data, dict):
         raise ConfigError(f"{config_file}: expected a mapping at the top level")
     values = {}
@@ -309,7 +321,33 @@ def _from_file(config_file: str, types: Mapping[str, type]) -> dict[str, Any]:
             raise ConfigError(f"{config_file}: unknown setting {key!r}")
         values[key] = _coerce(key, groups_text(raw) if key == "redis_groups" else raw,
                               types[key])
+    secrets = _secrets_in(values)
+    if secrets and mode & 0o044:
+        raise ConfigError(f"IQ_CONFIG {config_file} holds {', '.join(secrets)} and other users "
+                          f"may read it (mode {mode:04o}): chmod 600 {config_file}")
     return values
+
+
+def _secrets_in(values: Mapping[str, Any]) -> list[str]:
+    """The settings among `values` that hold a secret: a password or the webhooks' key."""
+    found = [key for key in ("webhook_secret", "redis_sentinel_password") if values.get(key)]
+    if values.get("redis_url") and _has_password(values["redis_url"]):
+        found.append("redis_url (its password)")
+    if values.get("redis_groups"):
+        try:
+            groups = parse_groups(values["redis_groups"])
+        except ConfigError:
+            groups = {}  # named by the check after this
+        found += [f"redis_groups.{name} (its password)" for name, url in groups.items()
+                  if _has_password(url)]
+    return found
+
+
+def _has_password(url: str) -> bool:
+    try:
+        return bool(urlsplit(url).password)
+    except ValueError:
+        return False
 
 
 def _from_environ(environ: Mapping[str, str], types: Mapping[str, type]) -> dict[str, Any]:

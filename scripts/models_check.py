@@ -10,11 +10,11 @@ import importlib.util
 import os
 import zipfile
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from config.groups import check_model_groups
 from config.kinds import kind_of
-from config.models import parse_models
+from config.models import ModelSpec, parse_models
 from tasks.serves import unservable
 
 
@@ -51,18 +51,46 @@ def _unloadable(spec) -> str | None:
 
 
 def problems_of(target: Path, content: bytes, groups: Mapping[str, str],
-                reports: Mapping[str, dict] | None = None) -> list[str]:
+                reports: Mapping[str, dict] | None = None,
+                before: Mapping[str, ModelSpec] | None = None,
+                waiting: Callable[[str, str], int] | None = None) -> list[str]:
     """Why the models file `content`, to be read at `target`, cannot be served (none: it
     can): by the settings here (`groups`), by what the live processes reported they can
-    serve (`reports`, by process: tasks/serves.py), by the files and packages it names.
+    serve (`reports`, by process: tasks/serves.py), by the files and packages it names, and,
+    given the models it replaces (`before`) and how many jobs wait on a queue of a Redis
+    group (`waiting(group, queue)`), by the jobs a model moved to another group would leave.
     ConfigError for a file that does not parse or names a group `groups` lacks."""
     models = parse_models(target, content)
     check_model_groups(models, groups)  # a Redis group the settings lack: ConfigError
     problems = unservable(models, reports or {})
+    if before and waiting:
+        problems += stranded(before, models, waiting)
     for spec in models.values():
         why = _unloadable(spec) if spec.path else None
         if why:
             problems.append(f"models.{spec.name}: {why}")
         if spec.package and importlib.util.find_spec(spec.package) is None:
             problems.append(f"models.{spec.name}: package {spec.package} is not installed")
+    return problems
+
+
+def stranded(before: Mapping[str, ModelSpec], after: Mapping[str, ModelSpec],
+             waiting: Callable[[str, str], int]) -> list[str]:
+    """A model moved to another Redis group while jobs of it wait on its queue on the old
+    group's Redis: once no worker there consumes that queue they would wait for ever (a
+    queue's move, tasks/queuemoves.py, is within one Redis, and a renamed queue as well would
+    move them onto a queue of the old Redis no worker reads). Refused until drained."""
+    problems = []
+    for name in sorted(before.keys() & after.keys()):
+        old, new = before[name], after[name]
+        if old.redis == new.redis:
+            continue
+        jobs = waiting(old.redis, old.queue)
+        if jobs:
+            also = f" and queue {old.queue} -> {new.queue}" if old.queue != new.queue else ""
+            problems.append(
+                f"models.{name}.redis: {old.redis or 'REDIS_URL'} -> {new.redis or 'REDIS_URL'}"
+                f"{also} while {jobs} job(s) wait on queue {old.queue} on "
+                f"{'group ' + old.redis if old.redis else 'REDIS_URL'}'s Redis: drain it first "
+                f"(stop submitting, wait for iq_queue_depth 0)")
     return problems

@@ -36,10 +36,13 @@ process, without a restart.
    disk are back on the revision the workers serve; the failed file is kept as
    `<name>.previous`. Announcing a revision clears such a failure first, so that the same
    file may be reloaded again once its host is fixed.
+   A Redis that stops answering once the file is installed puts the file it replaced back
+   the same way (exit 2, one line: nothing changed).
 4. Once done, the jobs still queued for a model the file does not have (removed now or by an
    earlier reload) end `failed` with `model_removed`, however many workers consumed its queue
-   (scripts/reload_removed.py); it says how many. (Exit 2 when Redis refused that: the next
-   reload fails them.)
+   (scripts/reload_removed.py); it says how many, and how many ended so in all since the
+   announcement (the workers fail most as they meet them: tasks/keys.py REMOVED_FAILED_KEY).
+   (Exit 2 when Redis refused that: the next reload fails them.)
 5. With Redis groups (IQ_REDIS_GROUPS), 2 to 4 again on each group's Redis in turn, where its
    workers watch and report: the reload is done when every group's is.
 
@@ -58,13 +61,15 @@ from typing import Callable, Mapping
 import redis
 
 from config import ConfigError, Settings, load_settings
-from config.models import revision_of
+from config.models import parse_models, revision_of
 from scripts.models_check import problems_of
 from scripts.preflight import model_file_problems, operator_file_problems
 from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, live_reports, standing_of, \
     wait
 from scripts.staging import put_in_place, replaced_problems, staged_beside
-from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, reload_failed_key
+from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, REMOVED_FAILED_KEY, \
+    reload_failed_key
+from tasks.queuemoves import QueueMoves
 from tasks.redis_client import connect
 
 INVALID = 1
@@ -76,7 +81,8 @@ class Invalid(Exception):
 
 
 def install(target: Path, source: Path | None, groups: Mapping[str, str] | None = None,
-            reports: Mapping[str, dict] | None = None) -> str:
+            reports: Mapping[str, dict] | None = None,
+            waiting: Callable[[str, str], int] | None = None) -> str:
     """Check `source` (default: `target` itself) as the models file at `target` and put it
     there; its revision. `groups`: the Redis groups its models may name; `reports`: what each
     live process said it can serve (tasks/serves.py). Raises Invalid, changing nothing.
@@ -85,7 +91,12 @@ def install(target: Path, source: Path | None, groups: Mapping[str, str] | None 
     `<name>.previous`, or a file of theirs, is refused."""
     try:
         content = (source or target).read_bytes()
-        problems = problems_of(target, content, groups or {}, reports)
+        # The models it replaces: one moved to another Redis group with jobs waiting on the
+        # old one is refused (scripts/models_check.py). (Reloaded in place, the file the
+        # processes took is gone: only a FILE is compared.)
+        before = parse_models(target, target.read_bytes()) \
+            if waiting and source is not None and target.exists() else None
+        problems = problems_of(target, content, groups or {}, reports, before, waiting)
     except (OSError, ConfigError) as exc:
         raise Invalid(str(exc)) from None
     if source is None or source.resolve() == target.resolve():
@@ -156,19 +167,38 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
                 say(f"Redis group {name}: its processes' reports could not be read ({exc})")
         try:
             revision = install(target, Path(source) if source else None,
-                               settings.redis_group_urls, reports)
+                               settings.redis_group_urls, reports, _waiting(redises, say))
         except Invalid as exc:
             say(f"reload refused, nothing changed: {exc}")
             return Result(INVALID, lines=[str(exc)])
-        for reached, (name, client, group) in enumerate(redises, 1):
-            result = _announce(client, target, revision, timeout_s, say, group, name)
-            if result.status != DONE:
-                break
+        reached = 0
+        try:
+            for reached, (name, client, group) in enumerate(redises, 1):
+                result = _announce(client, target, revision, timeout_s, say, group, name)
+                if result.status != DONE:
+                    break
+        except redis.RedisError as exc:
+            return _unannounced(target, source, revision, redises[:reached], exc, timeout_s,
+                                say, settings)
         if (result.failed_load or result.refused) and source is not None:
             return _undo(target, result, redises[:reached], timeout_s, say, settings)
         return result
     finally:
         os.close(lock)
+
+
+def _waiting(redises: list, say: Callable[[str], None]) -> Callable[[str, str], int]:
+    """How many jobs wait on a queue of a Redis group ("": REDIS_URL's), for the check of a
+    model moved to another group (scripts/models_check.py `stranded`)."""
+    clients = {name: client for name, client, _ in redises}
+
+    def waiting(group: str, queue: str) -> int:
+        try:
+            return QueueMoves(clients[group]).waiting([queue])[queue] if group in clients else 0
+        except redis.RedisError as exc:  # moving a model off a Redis that is gone
+            say(f"Redis group {group}: its jobs waiting on {queue} could not be counted ({exc})")
+            return 0
+    return waiting
 
 
 def _only_reload(target: Path) -> int:
@@ -221,6 +251,36 @@ def _undo(target: Path, result: Result, announced: list, timeout_s: float,
     return replace(result, lines=lines)
 
 
+def _unannounced(target: Path, source: str | Path | None, revision: str, reached: list,
+                 exc: redis.RedisError, timeout_s: float, say: Callable[[str], None],
+                 settings: Settings) -> Result:
+    """A Redis stopped answering once the file was installed (a stall, a cut): as after a
+    failed load, the file it replaced goes back in place, and back is announced wherever the
+    new revision may have been (the failing Redis too, when it answers again at once), so
+    that a process restarted on the file on disk serves what the others serve. Else a worker
+    restarted by its keeper would read a file no running process took, and refuse it."""
+    back, where = revision, reached[-1][0] if reached else ""
+    if source is not None:
+        previous = target.with_name(target.name + ".previous")
+        try:
+            back = install(target, previous, settings.redis_group_urls)
+        except Invalid as undo:
+            say(f"reload refused: Redis{f' group {where}' if where else ''} did not answer "
+                f"({exc}), and the previous models file could not be put back ({undo}): fix "
+                f"{target} and reload it")
+            return Result(REFUSED, revision, lines=[str(exc), str(undo)])
+    quiet: Callable[[str], None] = lambda line: None  # noqa: E731
+    for name, client, group in reached:
+        try:
+            if back != revision and client.get(MODELS_REVISION_KEY) == revision:
+                _announce(client, target, back, timeout_s, quiet, group, name)
+        except redis.RedisError:
+            pass  # it never saw the new revision announced, or cannot have served it
+    say(f"reload refused, nothing changed: Redis{f' group {where}' if where else ''} did not "
+        f"answer ({exc}); {target} is revision {back} as before")
+    return Result(REFUSED, revision, lines=[str(exc)])
+
+
 def _announce(client: redis.Redis, target: Path, revision: str, timeout_s: float,
               say: Callable[[str], None], settings: Settings, group_name: str = "") -> Result:
     """Announce `revision` on `client`'s Redis (Redis group `group_name`'s, "" for the
@@ -231,13 +291,14 @@ def _announce(client: redis.Redis, target: Path, revision: str, timeout_s: float
     before, apis_before = standing_of(client, revision, beat, ttl)
     workers_before = {n for n in before if n.startswith("worker:")}
     with client.pipeline() as pipe:  # one step: a worker reads both at once
+        pipe.get(REMOVED_FAILED_KEY)  # the jobs ended model_removed so far: it says how many since
         pipe.delete(reload_failed_key(revision))  # a retry, once its host is fixed
         pipe.incr(MODELS_ANNOUNCEMENTS_KEY)  # a worker that refused it begins it again
         pipe.set(MODELS_REVISION_KEY, revision)
-        announcement = str(pipe.execute()[1])
+        removed, _, announcement, _ = pipe.execute()
     say(f"models file {target} revision {revision} announced")
     return wait(client, revision, timeout_s, say, settings, target, workers_before,
-                apis_before, announcement)
+                apis_before, str(announcement), int(removed or 0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ from config.models import ModelSpec, parse_models, revision_of
 from tasks.celery_app import make_celery
 from tasks.errors import removed_error
 from tasks.jobstate import Final, JobState, queue_of
-from tasks.keys import PENDING_KEY, job_key
+from tasks.keys import PENDING_KEY, REMOVED_FAILED_KEY, job_key
 from tasks.names import model_of_task, queue_lists
 from workers.batch import BatchJob, failed
 
@@ -37,10 +37,12 @@ CHUNK = 500
 
 
 def fail_removed_jobs(client: redis.Redis, settings: Settings, target: Path, revision: str,
-                      say: Callable[[str], None]) -> bool:
+                      say: Callable[[str], None], removed_before: int | None = None) -> bool:
     """Fail the jobs queued for models the models file at `target` (of `revision`) does not
     have, saying how many; False when Redis refused (the jobs left are failed by the next
-    reload)."""
+    reload). `removed_before`: the count of jobs ended `model_removed` on this Redis when the
+    reload was announced (tasks/keys.py REMOVED_FAILED_KEY): it also says how many ended so
+    since, the workers' (which fail most as they meet them) and its own."""
     try:
         content = target.read_bytes()
         if revision_of(content) != revision:
@@ -58,8 +60,20 @@ def fail_removed_jobs(client: redis.Redis, settings: Settings, target: Path, rev
         return False
     say("jobs queued for removed models: " + (", ".join(
         f"{n} for {model}" for model, n in sorted(failed_by.items())) or "none") +
-        (" failed with model_removed" if failed_by else ""))
+        (" failed with model_removed" if failed_by else "") + _in_all(client, removed_before))
     return True
+
+
+def _in_all(client: redis.Redis, before: int | None) -> str:
+    """"; N in all …": the jobs ended `model_removed` on this Redis since the announcement."""
+    if before is None:
+        return ""
+    try:
+        since = int(client.get(REMOVED_FAILED_KEY) or 0) - before
+    except redis.RedisError:
+        return ""
+    return f"; {since} job(s) ended model_removed in all since the reload was announced " \
+           "(the workers fail those they meet)"
 
 
 def fail_removed(client: redis.Redis, settings: Settings, models: dict[str, ModelSpec],

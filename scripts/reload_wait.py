@@ -126,7 +126,7 @@ def unready_apis(client: redis.Redis, revision: str, beat_s: float) -> dict[str,
 
 def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[str], None],
           settings: Settings, target: Path, workers_before: set[str], apis_before: int,
-          announcement: str | None = None) -> Result:
+          announcement: str | None = None, removed_before: int | None = None) -> Result:
     beat, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
     deadline, shown, progress = time.monotonic() + timeout_s, {}, Progress(revision)
     while True:
@@ -152,7 +152,8 @@ def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[st
                 say(f"reload to {revision} refused by {', '.join(refused)}")
                 return Result(REFUSED, revision, lines, refused=True)
             if not move_queued_jobs(client, settings, target, revision, say) or \
-                    not fail_removed_jobs(client, settings, target, revision, say):
+                    not fail_removed_jobs(client, settings, target, revision, say,
+                                          removed_before):
                 return Result(REFUSED, revision, lines)
             say(f"reload done: every worker child and API process on revision {revision}")
             return Result(DONE, revision, lines)

@@ -6,11 +6,18 @@ honcho's SIGKILL and ran again after the next start. `OrderedManager` extends ho
 so that a stop (Ctrl-C, SIGTERM, a hang-up, or a part that stopped for good) goes in steps,
 each begun once the one before is gone:
 
-1. `intake`: the API (gunicorn stops accepting and answers what it holds) and the workers
-   (each stops fetching, lets its running batches finish and store their results, puts what
-   waits in its buffer back on the queues: workers/stopping.py);
-2. `rest`: the webhook deliverer, Flower and anything else but Redis;
-3. `sentinels`, then 4. `redis`: Redis (and its replicas) last, once nothing writes to it.
+1. `intake` and the rest: the API (gunicorn stops accepting and answers what it holds), the
+   workers (each stops fetching, lets its running batches finish and store their results,
+   puts what waits in its buffer back on the queues: workers/stopping.py), and beside them the
+   webhook deliverer, Flower and anything else but Redis: none of these waits for a worker
+   (pending deliveries wait in Redis), and each has the whole stop's time (with its Redis
+   frozen the deliverer needs ~25 s: told after the worker, it was killed);
+2. `sentinels`, then 3. `redis`: Redis (and its replicas) last, once nothing writes to it.
+
+Before the first step, each Redis node and sentinel is sent SIGCONT: a Redis frozen (SIGSTOP,
+an operator's mistake) lets no batch store its results (they ran again after the next start)
+and acts on no SIGTERM (it was killed, its file unwritten); woken, the stop drains as with a
+Redis that runs, to which SIGCONT is nothing.
 
 An API left holding only clients' `?wait`s once the workers are gone (gunicorn would let them
 run out, up to 35 s) gets gunicorn's quick stop, SIGQUIT, `QUICK_AFTER_S` later: nothing would
@@ -49,15 +56,22 @@ QUICK_AFTER_S = 1.0
 honcho_manager.SIGNALS.setdefault(signal.SIGHUP, {"name": "SIGHUP", "rc": 129})
 
 
+def is_redis(name: str) -> bool:
+    """A Redis node or sentinel of make run's Procfile, by its name."""
+    return name == "redis" or name.startswith(("redis-", "sentinel-"))
+
+
+def is_worker(name: str) -> bool:
+    return name == "worker" or name.startswith("worker-")
+
+
 def step_of(name: str) -> int:
-    """The step (0-3) of a process of make run's Procfile, by its name."""
-    if name in ("web", "worker") or name.startswith("worker-"):
-        return 0
+    """The step (0-2) of a process of make run's Procfile, by its name."""
     if name.startswith("sentinel-"):
+        return 1
+    if is_redis(name):
         return 2
-    if name == "redis" or name.startswith("redis-"):
-        return 3
-    return 1
+    return 0
 
 
 class KeptProcess(Process):
@@ -138,6 +152,11 @@ class OrderedManager(Manager):
             steps.setdefault(step_of(name), []).append(name)
         self._say("stopping in order: " + "; then ".join(", ".join(steps[i])
                                                            for i in sorted(steps)))
+        # A Redis frozen (SIGSTOP) would hold the whole stop: the running batches could not
+        # store their results (they would run again after the next start), and it would act on
+        # no SIGTERM. Woken now, everything drains as it does with Redis running.
+        self._signal(self._running([n for n in self._processes if is_redis(n)]),
+                     signal.SIGCONT)
         # A worker's own stop puts back, stop_timeout_s in, what its batches still hold: Redis
         # must still be there then.
         step_deadline = started + self.stop_timeout_s + STEP_GRACE_S
@@ -146,10 +165,11 @@ class OrderedManager(Manager):
             names = self._running(steps[index])
             self._signal(names, signal.SIGTERM)
             deadline = kill_at if index == max(steps) else step_deadline
-            others = [n for n in names if n not in QUICK_STOP]
+            # What a `?wait` waits on: once the workers have gone, nothing changes a job.
+            workers = [n for n in names if is_worker(n)]
             quick_at = None
             while self._running(names) and time.monotonic() < deadline:
-                if quick_at is None and not self._running(others):
+                if quick_at is None and not self._running(workers):
                     quick_at = time.monotonic() + QUICK_AFTER_S
                 elif quick_at is not None and time.monotonic() >= quick_at:
                     # Only `?wait`s are left (submits are answered in milliseconds), and

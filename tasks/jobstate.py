@@ -44,10 +44,13 @@ index of the jobs that did not succeed. A job's request (inputs and options) is 
 record while it waits, when it is small enough (`kept_inputs_max_bytes`): a job that succeeds
 drops it, one that fails, is cancelled or expires keeps it for `kept_inputs_ttl_s` under a key
 of its own, so that it can be retried (`submit` with `retry_of`, which links the two jobs).
+Each owner's books count those requests against its quota, and the request's size of a job
+that waits with none kept (its message holds the whole input) until it ends.
 """
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -59,10 +62,12 @@ from redis.client import NEVER_DECODE
 
 from tasks import jobscripts, results
 from tasks.errors import ErrorCode, JobError
-from tasks.keys import (PENDING_KEY, dead_index, job_key, kept_request, owner_index, owner_jobs,
-                        result_key, wake_key)
+from tasks.keys import (PENDING_KEY, REMOVED_FAILED_KEY, dead_index, job_key, kept_request,
+                        owner_index, owner_jobs, result_key, wake_key)
 from tasks.messages import QueuedMessage
 from tasks.names import PRIORITY_SEP
+
+logger = logging.getLogger(__name__)
 
 
 class Status(str, enum.Enum):
@@ -421,7 +426,7 @@ class JobState:
                idempotency: tuple[str, str] | None = None,
                memory_headroom: float | None = None, request: bytes = b"",
                replicas: tuple[int, float] | None = None,
-               kept_quota: int | None = None) -> Submitted:
+               kept_quota: int | None = None, size: int = 0) -> Submitted:
         """Record the job, index it under its owner and queue its message, or raise
         Overloaded (`depth_lists` hold `max_depth` messages or more; None: not checked),
         StoreFull (Redis's memory is within `memory_headroom` of its maxmemory; None: not
@@ -429,7 +434,8 @@ class JobState:
         (claim key, request digest) already claimed by an earlier request with the same digest,
         that earlier job's id and created=False. `request`: what to keep for a retry, should it
         not succeed (b"": nothing); with `kept_quota`, the bytes of the requests kept for
-        the job's owner may not pass it (KeptFull). A job with `retry_of` is made only if that
+        the job's owner may not pass it (KeptFull): a kept request counts its length, a job
+        with none its request's `size` while it waits (its message holds the whole input). A job with `retry_of` is made only if that
         job ended without success and was not retried yet; both are then linked. With
         `replicas` = (count, timeout in seconds), also wait (Redis WAIT, in the same round
         trip) until that many replicas hold the job, or raise NotReplicated."""
@@ -442,7 +448,7 @@ class JobState:
                            digest, message.payload,
                            "" if memory_headroom is None else memory_headroom, request, trim,
                            "1" if job.retry_of else "0",
-                           "" if kept_quota is None else kept_quota, job.owner]
+                           "" if kept_quota is None else kept_quota, job.owner, size]
         for name, value in job.submitted_fields().items():
             args += [name, value]
         keys = [job_key(job.id), claim, message.list_key, owner_jobs(job.owner), retried,
@@ -504,7 +510,9 @@ class JobState:
         if not finals:
             return []
         keys, args = _finish_call(finals, result_ttl_s, model_version)
-        return [bool(x) for x in self._run("finish", keys, args)]
+        written = [bool(x) for x in self._run("finish", keys, args)]
+        self._count_removed([f for f, fresh in zip(finals, written) if fresh])
+        return written
 
     def finish_queued(self, list_key: str, message: bytes, final: Final, *,
                       result_ttl_s: int) -> bool | None:
@@ -514,7 +522,20 @@ class JobState:
         else whether this call finished the job (False: it had ended already)."""
         keys, args = _finish_call([final], result_ttl_s, "")
         out = self._run("finish_queued", keys, [*args, list_key, message])
+        if int(out[0]) > 0:
+            self._count_removed([final])
         return None if int(out[0]) < 0 else bool(out[0])
+
+    def _count_removed(self, finished: Sequence[Final]) -> None:
+        """Count the jobs just finished `model_removed` (tasks/keys.py REMOVED_FAILED_KEY), for
+        a reload to say how many ended so in all, by the workers and by its own sweep. A count
+        for people: one Redis refused after the finish leaves it short, which it says."""
+        removed = sum(1 for f in finished if f.error and f.error.code == ErrorCode.MODEL_REMOVED)
+        if removed:
+            try:
+                self.client.incrby(REMOVED_FAILED_KEY, removed)
+            except redis.RedisError as exc:
+                logger.warning("%d job(s) failed model_removed not counted: %s", removed, exc)
 
     def crashed(self, job_ids: Sequence[str]) -> list[int]:
         """Count a lost pool child against each of these jobs: per job, how many it has lost

@@ -100,6 +100,9 @@ MODELS_REVISION_KEY = f"{PREFIX}models:revision"
 # refused a revision (a failed load, workers/reload.py) begins it again once it is announced
 # again, an operator having fixed what failed.
 MODELS_ANNOUNCEMENTS_KEY = f"{PREFIX}models:announcements"
+# How many jobs ended `model_removed` on this Redis, ever (tasks/jobstate.py `finish`, by a
+# worker as it meets them and by `make reload`'s sweep): a reload reports the difference.
+REMOVED_FAILED_KEY = f"{PREFIX}models:removed-failed"
 # Hash of where each process stands with the models file: field `worker:<node name>` or
 # `api:<host>/<pid>`, value JSON {"revision", "state", "at", ...} (workers/reload.py,
 # app/reloading.py); a reload waits on it.

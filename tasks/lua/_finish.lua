@@ -22,8 +22,10 @@ local out, done, writes, gone = {}, {}, {}, {}
 local ttl = tonumber(ARGV[4])
 -- Read beside them: 'req', the size of the request an earlier release's submit kept in a key
 -- of its own (dead() in the prelude), for a success to drop that key as that release did.
+-- And 'charged', what the owner's books hold for a job whose request was not kept (job_submit).
 local READ = {unpack(KEEP)}
 READ[#READ + 1] = 'req'
+READ[#READ + 1] = 'charged'
 for i = 1, (#KEYS - 1) / 2 do
   local key, a = KEYS[2 * i - 1], 5 + 8 * (i - 1)
   local f = redis.call('hmget', key, unpack(READ))
@@ -37,7 +39,8 @@ for i = 1, (#KEYS - 1) / 2 do
       gone[#gone + 1] = key
       local size = redis.call('hstrlen', key, 'request')  -- its request leaves with it
       if size > 0 then release_owner_kept(v.owner or '', id_of(key), size) end
-      if f[#READ] then gone[#gone + 1] = KEPT_REQUEST .. id_of(key) end
+      if f[#READ] then release_owner_kept(v.owner or '', id_of(key), f[#READ]) end
+      if f[#READ - 1] then gone[#gone + 1] = KEPT_REQUEST .. id_of(key) end
     end
     -- Its status, and its model version, error and webhook delivery's id if any.
     v.status, v.finished_at = ARGV[a + 1], ARGV[3]

@@ -40,13 +40,19 @@ end
 -- its API processes while both run) holds instead the request's size in 'req', the request
 -- already in that key: it is kept as that release kept it. (The field's new name also keeps
 -- that release's workers from reading a request as a size: their FINISH failed midway.)
+-- A job whose request was not kept ('charged': the size its owner's books hold for it while it
+-- waits, job_submit.lua) leaves the books as it ends.
 local function dead(key, id)
-  local f = redis.call('hmget', key, 'owner', 'request', 'req')
+  local f = redis.call('hmget', key, 'owner', 'request', 'req', 'charged')
   local index = DEAD_INDEX .. (f[1] or '')
   redis.call('zadd', index, now_us, id)
   trim(index, now_us - TTL_S * 1000000, 100)
   local size
-  if f[2] then
+  if f[4] then
+    redis.call('hdel', key, 'charged')
+    release_owner_kept(f[1] or '', id, f[4])
+    return
+  elseif f[2] then
     redis.call('hdel', key, 'request')
     size = string.len(f[2])
     if KEEP_S <= 0 then

@@ -4,7 +4,9 @@
 -- script): now, expired error, the cursor's time and job id ('' : from the newest), page
 -- size, scan budget, status ('' : any), model ('' : any). Newest first (the two merged by
 -- time: an upgrade's API processes of both releases write each its own), it reads at most
--- `budget` entries, keeping those that match: {next cursor's time and id (false: no more),
+-- `budget` entries (fetching `budget` of each source, and again those at the cursor's time
+-- that the page before listed, to skip them: its own entry, and in the sorted set the ties,
+-- which the list never has), keeping those that match: {next cursor's time and id (false: no more),
 -- then per job {id, FIELDS' values, its time in the index (what orders it; a merge of several
 -- Redis' pages orders by it)}}. An entry whose record is gone is skipped (and leaves a sorted
 -- set); entries past the records' time to live leave both.
@@ -12,15 +14,16 @@
 -- #include _owned
 local cursor_id, cs = ARGV[6], tonumber(ARGV[5])
 local limit, budget, status, model = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], ARGV[10]
-local index = KEYS[#KEYS]
+local index, fetch = KEYS[#KEYS], budget + (cs and 1 or 0)
 trim(index, now_us - TTL_S * 1000000, 1000)
+local zfetch = budget + (cs and redis.call('zcount', index, ARGV[5], ARGV[5]) or 0)
 local zrows = redis.call('zrevrangebyscore', index, ARGV[5] == '' and '+inf' or ARGV[5],
-                         '-inf', 'WITHSCORES', 'LIMIT', 0, budget)
+                         '-inf', 'WITHSCORES', 'LIMIT', 0, zfetch)
 local lrows = {}
 if #KEYS == 2 then
   trim_owned(KEYS[1], 1000)
   local from = cs and first_at_or_below(KEYS[1], cs) or 0
-  for i, entry in ipairs(redis.call('lrange', KEYS[1], from, from + budget - 1)) do
+  for i, entry in ipairs(redis.call('lrange', KEYS[1], from, from + fetch - 1)) do
     local us, id = owned_job(entry)
     lrows[i] = {us, id}
   end
@@ -28,7 +31,7 @@ if #KEYS == 2 then
   table.sort(lrows, function(a, b) return a[1] > b[1] or (a[1] == b[1] and a[2] > b[2]) end)
 end
 -- A source that filled its read may hold more: the merge stops where it runs out.
-local zfull, lfull = #zrows == 2 * budget, #lrows == budget
+local zfull, lfull = #zrows == 2 * zfetch, #lrows == fetch
 local zi, li, lus, lid = 1, 1, nil, nil
 local function next_listed()
   if li <= #lrows then lus, lid = lrows[li][1], lrows[li][2] else lus = nil end

@@ -8,8 +8,9 @@
 --       of maxmemory kept free; '' : not checked), the request to keep ('' : none), what to
 --       trim ('0': nothing, '1': the owner's jobs list, '2': that and the owner's index of
 --       releases before), '1' when it retries a job, the owner's quota on the bytes of the
---       requests kept for it ('' : none), the owner (an API key's name), then the record's
---       field/value pairs.
+--       requests kept for it ('' : none), the owner (an API key's name), the request's size
+--       (what its waiting job is charged when none is kept: '' or 0, nothing), then the
+--       record's field/value pairs.
 -- The API has the depth checked here only when its own reading of it (at most a second old,
 -- app/gauge.py) is near the limit, or when it has none; far from it, it costs no command. The
 -- memory headroom it has checked on every submit (the API passes '' only in tests). A submit
@@ -19,8 +20,11 @@
 -- does nothing more, so a job is never queued twice. A refusal after that HSETNX takes the
 -- record back (tasks/jobstate.py's `refusal` reads the answer).
 -- A request kept counts on its owner's books (_owner_books.lua's trim_owner_kept) until it
--- leaves Redis: a submit that would take them past the quota is refused ('kept_full', with
--- the bytes held and the seconds until the first of them leaves).
+-- leaves Redis; a job whose request is not kept (too large, or retries off) counts its
+-- request's size while it waits, since its message and record hold the whole input: the
+-- record's 'charged' says how much, for the job's end to take it off (_job_prelude's dead,
+-- _finish.lua). A submit that would take the books past the quota is refused ('kept_full',
+-- with the bytes held and the seconds until the first of them leaves).
 -- The record keeps the message and its list until the job is final, for the reconciler
 -- (workers/broker/scripts.py) to queue it again should it be lost; the job joins the pending
 -- set and its owner's jobs list; a queue list that was empty gets a wake-up token for its
@@ -80,6 +84,7 @@ if ARGV[4] ~= '' then
   if depth >= tonumber(ARGV[4]) then return refuse('overloaded', '') end
 end
 local kept_size = string.len(ARGV[9])
+if kept_size == 0 then kept_size = tonumber(ARGV[14]) or 0 end
 local books = KEPT_BY_PREFIX .. ARGV[13]
 local total = KEPT_BY_BYTES_PREFIX .. ARGV[13]
 if ARGV[12] ~= '' and kept_size > 0 then
@@ -92,7 +97,7 @@ if ARGV[12] ~= '' and kept_size > 0 then
   end
 end
 local fields = {'message', ARGV[7], 'list', KEYS[3]}
-for i = 14, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 15, #ARGV do fields[#fields + 1] = ARGV[i] end
 local timeout = tonumber(ARGV[5])
 if timeout > 0 then
   fields[#fields + 1] = 'expires_at'
@@ -101,6 +106,9 @@ end
 if ARGV[9] ~= '' then
   fields[#fields + 1] = 'request'  -- its request, kept in the record until it ends
   fields[#fields + 1] = ARGV[9]
+elseif ARGV[12] ~= '' and kept_size > 0 then
+  fields[#fields + 1] = 'charged'  -- what its owner's books hold for it while it waits
+  fields[#fields + 1] = kept_size
 end
 redis.call('hset', KEYS[1], unpack(fields))
 redis.call('expire', KEYS[1], TTL_S)

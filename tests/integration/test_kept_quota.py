@@ -13,13 +13,14 @@ import pytest
 import redis
 
 from tasks import results
-from tasks.jobstate import (CancelOutcome, Final, JobRecord, JobState, KeptFull, Status,
-                            new_job)
+from tasks.jobstate import (CancelOutcome, Final, JobRecord, JobState, KeptFull, StartDecision,
+                            Status, new_job)
 from tasks.keys import KEPT_BY_BYTES_PREFIX, KEPT_BY_PREFIX, kept_request
 from tasks.messages import QueuedMessage
 
 REQUEST = b"x" * 1000
 QUOTA = 3500  # three requests fit, a fourth does not
+RUN = StartDecision.RUN
 
 
 @pytest.fixture
@@ -34,11 +35,13 @@ def job(owner: str = "alice") -> JobRecord:
 
 
 def submit(state: JobState, owner: str = "alice", *, timeout_s: float = 0,
-           request: bytes = REQUEST, ttl_s: int = 60, quota: int | None = QUOTA) -> str:
+           request: bytes = REQUEST, ttl_s: int = 60, quota: int | None = QUOTA,
+           size: int = 0) -> str:
     record = job(owner)
     message = QueuedMessage("q", orjson.dumps({"id": record.id}))
     return state.submit(record, message, depth_lists=["q"], max_depth=None, ttl_s=ttl_s,
-                        timeout_s=timeout_s, request=request, kept_quota=quota).job_id
+                        timeout_s=timeout_s, request=request, kept_quota=quota,
+                        size=size).job_id
 
 
 def books(client, owner: str = "alice") -> tuple[int, int]:
@@ -114,6 +117,43 @@ def test_requests_whose_time_is_up_leave_the_books_on_the_next_submit(client):
     assert client.get(kept_request(ended)) is None and not client.exists(f"iq:job:{gone_record}")
     submit(state, request=b"y" * 600)
     assert books(client) == (2, 1600)
+
+
+def test_a_waiting_job_whose_request_is_not_kept_is_charged_its_size_until_it_ends(client):
+    """A request too large to keep for a retry (or with retries off) is not kept, but while
+    its job waits its message and record hold the whole input: its size counts against the
+    quota like a kept one, and leaves the books when the job ends, whatever way it ends."""
+    state = JobState(client, keep_s=600, ttl_s=60)
+    large = dict(request=b"", size=1000)  # over kept_inputs_max_bytes: nothing kept
+    ok, failed, cancelled = submit(state, **large), submit(state, **large), submit(state, **large)
+    assert books(client) == (3, 3000)
+    with pytest.raises(KeptFull) as refused:
+        submit(state, **large)
+    assert refused.value.held == 3000
+    assert client.llen("q") == 3
+    assert state.start([ok, failed], worker="w/0", batch="b 1 2") == [RUN, RUN]
+    assert books(client) == (3, 3000)  # running: its message is still held
+    state.finish([succeeded(ok), Final(failed, Status.FAILED,
+                                       results.stored(failed, outputs=["a"]), None)],
+                 result_ttl_s=60)
+    assert books(client) == (1, 1000)  # neither is kept for a retry
+    assert client.get(kept_request(failed)) is None
+    assert state.cancel(cancelled) is CancelOutcome.CANCELLED
+    assert books(client) == (0, 0)
+    expired = submit(state, timeout_s=0.001, **large)
+    assert books(client) == (1, 1000)
+    time.sleep(0.01)
+    assert state.read(expired).status is Status.EXPIRED
+    assert books(client) == (0, 0)
+    assert state.delete(expired, "alice") == "deleted"  # released once only
+    assert books(client) == (0, 0)
+    # Retries off: the same, and a job that waits is charged whatever is kept.
+    off = JobState(client, keep_s=0, ttl_s=60)
+    gone = submit(off, **large)
+    assert books(client) == (1, 1000)
+    off.finish([Final(gone, Status.FAILED, results.stored(gone, outputs=["a"]), None)],
+               result_ttl_s=60)
+    assert books(client) == (0, 0)
 
 
 def test_a_resent_submit_is_not_charged_twice(client):

@@ -8,7 +8,12 @@ exactly once, counted by its record's `runs` (one per start by a pool child, a b
 half-way included) and by the model's log of the inputs it returned.
 
 And every process leaves on SIGTERM within the stop timeout with its Redis frozen (every call
-waits out its socket timeout): the worker, the deliverer and Flower stayed for minutes."""
+waits out its socket timeout): the worker, the deliverer and Flower stayed for minutes. A
+`make run` stopped under load with its Redis frozen (SIGSTOP) still stops in order and kills
+nothing and runs no job twice: Redis is woken (SIGCONT) as the stop begins, so that the
+running batch stores its results and Redis shuts down on its SIGTERM writing its file (it was
+killed), and the deliverer and Flower are told with the API and the worker, not 27 s in (the
+deliverer was killed at 30.5 s)."""
 from __future__ import annotations
 
 import os
@@ -17,6 +22,7 @@ import secrets
 import signal
 import time
 
+import psutil
 import pytest
 import redis
 import requests
@@ -156,3 +162,81 @@ def test_every_process_leaves_on_sigterm_with_its_redis_frozen(tmp_path):
         for part in parts.values():
             part.stop()
         stack.stop()
+
+
+def make_runs_redis(run: MakeRun) -> psutil.Process:
+    """The redis-server make run started (its keeper and script above it)."""
+    servers = [p for p in run.processes() if "redis-server" in p.name()]
+    assert len(servers) == 1, servers
+    return servers[0]
+
+
+def gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_stop_under_load_with_redis_frozen_goes_in_order_and_kills_nothing(tmp_path):
+    log = tmp_path / "runs.log"
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump(slow_model(log)))
+    env = run_env(tmp_path, IQ_MODELS_FILE=str(models))
+    api = f"http://127.0.0.1:{env['IQ_PORT']}"
+    first, load, server = MakeRun(env, tmp_path / "first.log"), None, None
+    try:
+        first.wait_up(180)
+        app = redis.Redis(port=int(env["REDIS_PORT"]), decode_responses=True,
+                          username="iq", password=secret(env, "redis-app-password"))
+        load = Load(api, "slow", "frozen", clients=4, pause_s=0.1).start()
+        wait_until(lambda: sum(runs(log).values()) >= 8, 120, "batches done under load")
+        server = make_runs_redis(first)
+        server.suspend()  # an operator's mistake: SIGSTOP to Redis
+        began = time.monotonic()
+        code = first.stop(signal.SIGINT)
+        took = time.monotonic() - began
+    finally:
+        left, busy_ports = first.left_behind(), first.ports_in_use()
+        first.reap()
+    output = first.output()
+    print(f"make run stopped with its Redis frozen under load in {took:.1f}s")
+    assert code is not None, output[-3000:]
+    assert "SIGKILL" not in output, (took, output[-3000:])
+    assert took < STOP_S + 5, (took, output[-3000:])
+    assert left == [] and busy_ports == []
+    assert gone(server), server  # it was not left frozen: shut down, or killed
+    lines = output.splitlines()
+    sent = {m.group(2): i for i, line in enumerate(lines)
+            if (m := re.search(r"sending (SIG\w+) to (\S+) ", line)) and m.group(1) == "SIGTERM"}
+    seen = stopped_lines(output)
+    # Redis is woken first, so that the running batch stores its results; the deliverer and
+    # Flower are told in the first step, with the API and the worker (before either has gone);
+    # Redis is told last.
+    cont = next(i for i, line in enumerate(lines) if "sending SIGCONT to redis " in line)
+    assert cont < min(sent.values())
+    assert max(sent["webhooks"], sent["flower"]) < min(seen["worker"], seen["web"])
+    assert max(seen["webhooks"], seen["flower"], seen["worker"], seen["web"]) < sent["redis"]
+    assert seen["redis"] > max(seen["webhooks"], seen["flower"], seen["web"])
+
+    second = MakeRun(env, tmp_path / "second.log")
+    try:
+        second.wait_up(180)
+        load.stop()
+        accepted = list(load.accepted.values())
+        wait_until(lambda: set(job_statuses(app, accepted).values()) == {"succeeded"}, 300,
+                   "every accepted job succeeded")
+        records = fields_of(app, accepted)
+        twice = {job_id: r["runs"] for job_id, r in records.items() if r.get("runs") != "1"}
+        assert twice == {}
+        ran = runs(log)
+        assert {text: ran[text] for text in load.accepted if ran[text] != 1} == {}
+        print(f"{len(accepted)} jobs accepted, each ran once")
+    finally:
+        second.stop(signal.SIGINT)
+        left, busy_ports = second.left_behind(), second.ports_in_use()
+        second.reap()
+        if load is not None:
+            load._stop.set()
+    assert "SIGKILL" not in second.output()
+    assert left == [] and busy_ports == []

@@ -126,3 +126,55 @@ def test_a_file_whose_canary_cannot_start_leaves_the_master_alone_and_is_refused
     client.incr(MODELS_ANNOUNCEMENTS_KEY)  # announced again: tried again
     watch.check()
     assert canaries == [revision_of(new)] * 2 and sent == []
+
+
+def test_a_revision_announced_again_after_its_rollback_sends_its_master_another_sighup(
+        redis_server, tmp_path, monkeypatch):
+    """Revision A announced: its master is sent a SIGHUP; A rolled back (the old revision O
+    announced), and a process the SIGHUP started read the file after the rollback, so it
+    serves O; A announced again: that process's master must be sent a SIGHUP again, else the
+    process hands over for ever with none to come (a CI failure: "pending: handing over" for
+    120 s). The claim is per announcement, not per revision."""
+    redis.Redis.from_url(redis_server.extra["admin_url"]).flushdb()
+    client = redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(app.reloading.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    models = tmp_path / "models.yaml"
+    old, new = b"models: {a: {kind: synthetic}}\n", b"models: {b: {kind: synthetic}}\n"
+    settings = load_settings({"redis_url": redis_server.extra["url"],
+                              "models_file": str(models)})
+    hup = [(4242, app.reloading.signal.SIGHUP)]
+
+    def announce(contents: bytes) -> None:
+        models.write_bytes(contents)
+        client.set(MODELS_REVISION_KEY, revision_of(contents))
+        client.incr(MODELS_ANNOUNCEMENTS_KEY)
+
+    def process(serving: bytes) -> ModelsWatch:  # a canary that starts
+        return ModelsWatch(client, settings, revision_of(serving), 4242, canary=lambda _: "")
+
+    before = [process(old), process(old)]
+    announce(new)
+    for watch in before:
+        watch.check()
+    assert all(watch.handed_over for watch in before) and sent == hup
+    # The SIGHUP's new process reads the file after A's rollback: it serves O.
+    announce(old)
+    started = process(old)
+    started.check()
+    assert not started.handed_over
+    announce(new)  # A again
+    started.check()
+    assert started.handed_over and sent == hup * 2, sent
+    # A process that read its file after that SIGHUP, the same announcement still out (its
+    # master started it, it read the file before A was installed again): its own SIGHUP.
+    models.write_bytes(old)
+    late = process(old)
+    models.write_bytes(new)
+    late.check()
+    assert late.handed_over and sent == hup * 3, sent
+    # Its sibling, started before that SIGHUP: the same SIGHUP replaces it, none more.
+    sibling = ModelsWatch(client, settings, revision_of(old), 4242, canary=lambda _: "",
+                          started=late.started)
+    sibling.check()
+    assert sibling.handed_over and sent == hup * 3, sent

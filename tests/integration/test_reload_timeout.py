@@ -303,3 +303,50 @@ def test_done_only_once_every_gunicorn_runs_its_processes_on_the_revision(
     assert len(up) == 2 and finished >= up[1], said
     assert f"  api {service}: pending: 0 of 2 process(es) up on it" in said, said
     assert f"  api {service}: pending: 1 of 2 process(es) up on it" in said, said
+
+
+def test_a_redis_that_stalls_once_the_file_is_installed_puts_the_previous_file_back(
+        tmp_path, monkeypatch):
+    """Redis frozen (SIGSTOP) between the install and the announcement: the file that was
+    replaced goes back in place (a worker restarted by its keeper reads the file on disk, and
+    would refuse a revision no running process took), the announced revision is the old one
+    still, and the reload says so in one line and fails."""
+    import os
+    import signal
+
+    import scripts.reload
+    from scripts.redis_nodes import start_redis
+
+    server = start_redis(tmp_path / "redis")
+    try:
+        client = redis.Redis.from_url(server.extra["url"], decode_responses=True)
+        target = tmp_path / "models.yaml"
+        old = yaml.safe_dump({"models": MODELS}).encode()
+        target.write_bytes(old)
+        new = tmp_path / "new.yaml"
+        new.write_text(yaml.safe_dump({"models": {**MODELS, "other": MODELS["quick"]}}))
+        client.set(MODELS_REVISION_KEY, revision_of(old))
+        settings = load_settings({"redis_url": server.extra["url"], "models_file": str(target),
+                                  "redis_timeout_s": 1.0}, environ={})
+        installed: list[str] = []
+        real_install = scripts.reload.install
+
+        def install(*args, **kwargs) -> str:
+            revision = real_install(*args, **kwargs)
+            if not installed:  # the new file: Redis stalls at once
+                os.kill(server.proc.pid, signal.SIGSTOP)
+            installed.append(revision)
+            return revision
+
+        monkeypatch.setattr(scripts.reload, "install", install)
+        said: list[str] = []
+        result = reload(new, timeout_s=5, say=said.append, settings=settings)
+        os.kill(server.proc.pid, signal.SIGCONT)
+        assert result.status == REFUSED, (result, said)
+        assert len(said) == 1 and said[0].startswith("reload refused, nothing changed: Redis "
+                                                     "did not answer"), said
+        assert target.read_bytes() == old
+        assert client.get(MODELS_REVISION_KEY) == revision_of(old)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+        server.stop()

@@ -13,6 +13,7 @@ it, and another key's submits are still served meanwhile.
 from __future__ import annotations
 
 import hashlib
+import re
 import socket
 import time
 
@@ -20,11 +21,12 @@ import pytest
 import requests
 import yaml
 
+from bench.purposes import Monitor
 from scripts.stack import launch, wait_until
 from tasks.keys import KEPT_BY_BYTES_PREFIX
 
 KEYS = {name: f"{name}-secret-key-0123456789" for name in (
-    "alice", "mallory", "lister", "trickler", "waiter", "streamer")}
+    "alice", "mallory", "lister", "trickler", "waiter", "streamer", "hoarder", "auditor")}
 QUOTA = 1_048_576  # kept bytes per key: ~34 of the requests below
 READ_RATE, READ_BURST = 20, 600
 UPLOADS = 4
@@ -86,6 +88,37 @@ def test_jobs_that_expire_at_once_keep_no_more_than_the_keys_quota(stack):
     assert r.status_code == 202, r.text
 
 
+def test_waiting_jobs_too_large_to_keep_count_against_the_keys_quota(stack):
+    """Requests over kept_inputs_max_bytes are not kept for a retry, but while their jobs wait
+    (here on a model no worker serves) their messages and records hold them whole: they count
+    against the key's quota, 429 `kept_full` past it, and leave the books when the jobs end."""
+    huge = ["y" * 10_000] * 10  # ~100 KB: over IQ_KEPT_INPUTS_MAX_BYTES (64 KiB)
+    waiting, refused = [], None
+    for _ in range(3 * QUOTA // 100_000):
+        r = call(stack, "POST", "/v1/jobs", "hoarder", json={"model": "idle", "inputs": huge})
+        if r.status_code != 202:
+            refused = r
+            break
+        waiting.append(r.json()["id"])
+    assert refused is not None, f"{len(waiting)} waiting jobs of ~100 KB all accepted"
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "kept_full"
+    assert 8 <= len(waiting) <= 10, len(waiting)  # 1 MiB / ~100 KB
+    held = int(stack.redis.get(KEPT_BY_BYTES_PREFIX + "hoarder"))
+    assert QUOTA - 110_000 < held <= QUOTA
+    served(stack)  # another key's are served meanwhile
+    for job_id in waiting:
+        assert call(stack, "POST", f"/v1/jobs/{job_id}/cancel", "hoarder").status_code == 200
+    assert int(stack.redis.get(KEPT_BY_BYTES_PREFIX + "hoarder") or 0) == 0
+    # One that runs and succeeds leaves the books too.
+    r = call(stack, "POST", "/v1/jobs", "hoarder", json={"model": "quick", "inputs": huge})
+    assert r.status_code == 202, r.text
+    assert int(stack.redis.get(KEPT_BY_BYTES_PREFIX + "hoarder")) > 100_000
+    wait_until(lambda: call(stack, "GET", f"/v1/jobs/{r.json()['id']}", "hoarder").json()[
+        "status"] == "succeeded", timeout=30, what="the large job to succeed")
+    assert int(stack.redis.get(KEPT_BY_BYTES_PREFIX + "hoarder") or 0) == 0
+
+
 def test_a_listing_costs_what_its_page_scans_from_the_keys_read_budget(stack):
     # The key's index has jobs for the filter to read through (none of them `idle`'s).
     for _ in range(3):
@@ -103,6 +136,39 @@ def test_a_listing_costs_what_its_page_scans_from_the_keys_read_budget(stack):
     assert call(stack, "GET", "/v1/jobs?limit=5", "lister").status_code == 200
     assert call(stack, "GET", "/v1/models", "lister").status_code == 200
     served(stack)
+
+
+def test_a_listing_is_charged_what_its_page_reads_and_reads_no_more(stack):
+    """One function gives a page its budget of index entries and charges the listing for it:
+    an unfiltered page reads its `limit` (plus the entry its cursor names), a dead-letter
+    status filter scans that index (which holds failed, cancelled and expired alike) and is
+    charged the scan, so that cheap-looking `limit=1` pages cannot take Redis's time."""
+    for _ in range(6):
+        r = call(stack, "POST", "/v1/jobs", "auditor", json={"model": "idle", "inputs": ["a"]})
+        assert r.status_code == 202, r.text
+        assert call(stack, "POST", f"/v1/jobs/{r.json()['id']}/cancel",
+                    "auditor").status_code == 200
+    monitor = Monitor(stack.redis_svc.extra["admin_url"])
+    try:
+        first = call(stack, "GET", "/v1/jobs?limit=1", "auditor")
+        cursor = first.json()["next_cursor"]
+        second = call(stack, "GET", f"/v1/jobs?limit=1&cursor={cursor}", "auditor")
+        stack.admin.echo("listed")  # once MONITOR shows it, it has shown the pages' reads
+        wait_until(lambda: b'"listed"' in b"".join(monitor.chunks), 10, "the ECHO in MONITOR")
+    finally:
+        lines = monitor.stop()
+    assert first.status_code == second.status_code == 200
+    assert len(first.json()["jobs"]) == len(second.json()["jobs"]) == 1
+    reads = [re.findall(rb'"([^"]*)"', line)[2:4] for line in lines
+             if b'"lrange" "iq:jobs:auditor"' in line.lower()]
+    # Each page fetched at most two entries: [from, to], to - from <= 1.
+    assert len(reads) == 2 and all(int(to) - int(at) <= 1 for at, to in reads), reads
+    # The dead-letter index holds six cancelled jobs: a page of failed ones scans it.
+    scan = "/v1/jobs?status=failed&limit=1"
+    assert call(stack, "GET", scan, "auditor").status_code == 200  # 500 of 600
+    r = call(stack, "GET", scan, "auditor")
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "rate_limited"
 
 
 def answer_of(sock: socket.socket) -> bytes:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -129,7 +131,10 @@ def test_api_key_mistakes_are_named(tmp_path, second, message):
     ({"forwarded_allow_ips": "10.0.0.0/8, proxy.local"},
      "forwarded_allow_ips must list IP addresses or CIDRs, got 'proxy.local'"),
     ({"kept_bytes_per_key": 1000}, r"kept_bytes_per_key must be 0 \(no quota\) or at least "
-                                   r"kept_inputs_max_bytes \(262144\).*got 1000"),
+                                   r"max_body_bytes \(1048576\).*got 1000"),
+    ({"kept_bytes_per_key": 2_000_000, "kept_inputs_max_bytes": 3_000_000},
+     r"kept_bytes_per_key must be 0 \(no quota\) or at least kept_inputs_max_bytes "
+     r"\(3000000\).*got 2000000"),
     ({"max_uploads_per_key": -1}, "max_uploads_per_key must be an integer >= 0, got -1"),
     ({"read_rate_per_key": float("nan")}, "read_rate_per_key must be >= 0, got nan"),
     ({"read_burst_per_key": 0}, "read_burst_per_key must be an integer >= 1 with a "
@@ -172,3 +177,38 @@ def test_sentinels_are_read_and_turn_the_replica_wait_on():
     assert load_settings({"redis_wait_replicas": 0}, environ={
         "IQ_REDIS_SENTINELS": "h:1"}).wait_replicas == 0
     assert load_settings({"redis_wait_replicas": 2}, environ={}).wait_replicas == 2
+
+
+@pytest.mark.parametrize("where", ["missing", "folder", "unreadable"])
+def test_a_settings_file_that_cannot_be_read_is_one_line_naming_it(tmp_path, where):
+    path = tmp_path / "service.yaml"
+    if where == "folder":
+        path.mkdir()
+    elif where == "unreadable":
+        path.write_text("job_ttl_s: 60\n")
+        path.chmod(0)
+        if os.access(path, os.R_OK):
+            pytest.skip("root reads every file")
+    with pytest.raises(ConfigError) as raised:
+        load_settings(environ={"IQ_CONFIG": str(path)})
+    message = str(raised.value)
+    assert message.startswith(f"IQ_CONFIG {path}: cannot be read (") and "\n" not in message
+
+
+@pytest.mark.parametrize("settings, named", [
+    ({"webhook_secret": "s3cret"}, "webhook_secret"),
+    ({"redis_url": "redis://app:pw@h:1/0"}, "redis_url (its password)"),
+    ({"redis_groups": {"gpu": "redis://:pw@g:1/0"}}, "redis_groups.gpu (its password)"),
+])
+def test_a_settings_file_with_a_secret_others_may_read_is_refused(tmp_path, settings, named):
+    path = tmp_path / "service.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match=rf"IQ_CONFIG {path} holds {re.escape(named)} and "
+                                          r"other users may read it \(mode 0644\)"):
+        load_settings(environ={"IQ_CONFIG": str(path)})
+    path.chmod(0o600)
+    load_settings(environ={"IQ_CONFIG": str(path)})
+    path.write_text(yaml.safe_dump({"redis_url": "redis://h:1/0"}))  # no secret in it
+    path.chmod(0o644)
+    load_settings(environ={"IQ_CONFIG": str(path)})

@@ -20,6 +20,7 @@ A, B = "redis://:pw@a:6379/0", "redis://b:6380/0"
 def test_groups_come_from_the_yaml_mapping_and_the_environment(tmp_path):
     config_file = tmp_path / "service.yaml"
     config_file.write_text(yaml.safe_dump({"redis_groups": {"gpu": A, "cpu_2": B}}))
+    config_file.chmod(0o600)  # A's password: the operator's alone
     assert load_settings(environ={"IQ_CONFIG": str(config_file)}).redis_group_urls == {
         "gpu": A, "cpu_2": B}
     assert load_settings(environ={"IQ_REDIS_GROUPS": f"gpu={A}, cpu_2={B}"}) \

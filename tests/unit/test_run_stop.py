@@ -1,9 +1,11 @@
 """make run's stop in order (scripts/run_stop.py), on stand-in processes with make run's names:
-each step is signalled once the one before has gone (Redis last), a hang-up stops it as Ctrl-C
-does, and what outlives the stop's bound is killed, saying so."""
+each step is signalled once the one before has gone (Redis last; the deliverer and Flower with
+the API and the worker), a frozen Redis is woken before its SIGTERM, a hang-up stops it as
+Ctrl-C does, and what outlives the stop's bound is killed, saying so."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,16 +53,41 @@ def line_of(lines: list[str], text: str) -> int:
 
 def test_each_step_waits_for_the_one_before_and_redis_goes_last(tmp_path):
     parts = {"redis": PART.format(name="redis", linger=0),
-             "webhooks": PART.format(name="webhooks", linger=0),
+             "webhooks": PART.format(name="webhooks", linger=0.5),
+             "flower": PART.format(name="flower", linger=0),
              "worker": PART.format(name="worker", linger=1.0),
              "web": PART.format(name="web", linger=0)}
     proc, log = start(tmp_path, 20, parts)
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
     assert proc.wait(30) == 130
     lines = log.read_text().splitlines()
-    assert line_of(lines, "worker leaves") < line_of(lines, "webhooks got TERM") \
-        < line_of(lines, "redis got TERM")
-    assert line_of(lines, "web got TERM") < line_of(lines, "worker leaves")
+    # The deliverer and Flower depend on no worker: they are told with the API and the
+    # worker, and have the whole stop's time (a deliverer told after the worker was killed).
+    first_step = [line_of(lines, f"{name} got TERM") for name in ("web", "worker", "webhooks",
+                                                                  "flower")]
+    assert max(first_step) < line_of(lines, "worker leaves") < line_of(lines, "redis got TERM")
+    assert line_of(lines, "webhooks leaves") < line_of(lines, "redis got TERM")
+    assert "SIGKILL" not in log.read_text()
+    assert "nothing killed" in lines[-1]
+
+
+def test_a_frozen_redis_is_woken_first_and_stops_on_its_sigterm_last(tmp_path):
+    # A Redis frozen by SIGSTOP acts on no SIGTERM: it was killed at the stop's bound.
+    redis = "trap 'echo redis got TERM; exit 0' TERM; echo redis running as $$; " \
+            "while :; do sleep 0.05; done"
+    parts = {"redis": redis, "worker": PART.format(name="worker", linger=0)}
+    proc, log = start(tmp_path, 2, parts)
+    pid = int(re.search(r"redis running as (\d+)", log.read_text()).group(1))
+    os.kill(pid, signal.SIGSTOP)
+    began = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(30) == 130
+    assert time.monotonic() - began < 2 + 2, log.read_text()  # not held to the bound
+    lines = log.read_text().splitlines()
+    # Woken before the first step (the worker's), so that the stop drains as with a Redis
+    # that runs; then told last.
+    assert line_of(lines, "sending SIGCONT to redis") < line_of(lines, "sending SIGTERM to worker") \
+        < line_of(lines, "sending SIGTERM to redis") < line_of(lines, "redis got TERM")
     assert "SIGKILL" not in log.read_text()
     assert "nothing killed" in lines[-1]
 
