@@ -176,3 +176,38 @@ def test_without_a_surge_the_only_child_goes_first_and_comes_back_on_the_previou
     pool.maintain_pool()
     fail_load(a, pool, 101)
     assert pool.started_on[102] == "old" and a.state == "refused"
+
+
+def test_the_worker_pool_asks_before_it_starts_children_and_sizes_after():
+    """The real pool class (billiard's `_repopulate_pool` under workers/broker/pool.py's
+    `Pool`): the callback runs before the pool reads its size, so a surge undone there
+    (`end_surge`) starts no child; the default `_putlock` of an AsynPool is None-safe."""
+    from types import SimpleNamespace
+
+    from billiard.common import restart_state
+    from billiard.pool import RUN
+
+    from workers.broker.pool import Pool, before_children_start, end_surge
+
+    class Gone:  # a pool process: the failed surge child, already reaped
+        pid, index, inqW_fd = 7, 1, 9
+
+        def _is_alive(self) -> bool:
+            return True
+
+    inner = Pool.__new__(Pool)
+    started: list[int] = []
+    old = Gone()
+    old.pid, old.index = 6, 0
+    for name, value in dict(_pool=[old], _processes=2, _putlock=None, _state=RUN,
+                            _all_inqueues={9}, restart_state=restart_state(10, 1),
+                            _create_worker_process=started.append).items():
+        setattr(inner, name, value)
+    pool = SimpleNamespace(_pool=inner)
+    assert before_children_start(pool, lambda: end_surge(pool, {6}))
+    inner._repopulate_pool([1])
+    assert started == [] and inner._processes == 1, "the surge undone first: no child started"
+    inner.before_children_start = None
+    inner._processes = 2
+    inner._repopulate_pool([1])
+    assert started == [1], "without it, billiard starts one"
