@@ -135,8 +135,10 @@ class ResultWaiter:
                     message = pubsub.get_message(timeout=1.0)
                     # psubscribe's confirmation has been read once get_message returns.
                     if not self.subscribed.is_set():
+                        # Whatever finished while no one listened, woken before `subscribed`
+                        # says so: once it is set, every waiter has had that wake-up.
+                        self._wake(None)
                         self.subscribed.set()
-                        self._wake(None)  # whatever finished while no one listened
                     backoff = 0.1
                     if message is None:
                         continue

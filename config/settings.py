@@ -32,6 +32,11 @@ class Settings:
     # and results on that one (config/groups.py). None by default: every model on redis_url.
     redis_groups: str = ""
     models_file: str = str(CONFIG_DIR / "models.yaml")
+    # A reload replaces a worker's last serving child only once a new child, started beside
+    # it (the pool one larger for the time it loads: on a GPU, a second copy of the models on
+    # the same device meanwhile), serves the new file. Off: it goes first, in its turn among
+    # the workers on its queues (a worker alone on them serves nothing while the new loads).
+    reload_surge: bool = True
 
     # Access layer.
     max_body_bytes: int = 1_048_576

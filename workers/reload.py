@@ -3,9 +3,13 @@ takes the new file (new models' tasks and queues, new batching limits, removed m
 failed with `model_removed`), then replaces its pool children one at a time, each after the
 batch it holds: a spawned child loads the models file its main process hands it
 (workers/pinned.py), from then on the new one, so the new child loads the new models. The
-worker keeps serving from its other children. Its last serving child goes only in its turn
-(workers/turns.py): the workers that serve the same queues take turns, so that another keeps
-serving while this one's new child loads. Where it stands is written to Redis (tasks/keys.py
+worker keeps serving from its other children. Its last serving child goes only once a child on
+the new file serves beside it: the pool grows by one (a surge, `IQ_RELOAD_SURGE`), the new
+child loads the new file, and the old one stops after its batch with the pool shrunk back; a
+surge child that cannot load exits and the old child never stopped serving. Without a surge,
+its last serving child goes only in its turn (workers/turns.py): the workers that serve the
+same queues take turns, so that another keeps serving while this one's new child loads. Where
+it stands is written to Redis (tasks/keys.py
 RELOAD_STATUS_KEY) for the reload command to wait on.
 
 A new child that cannot load the new file records that in Redis and exits
@@ -13,6 +17,9 @@ A new child that cannot load the new file records that in Redis and exits
 still reloading to that revision (one waiting for its turn), rolls back: the previous file
 pinned and applied again, its children started on the new file replaced, the revision
 refused; a worker that has not begun it refuses it. The fleet keeps serving the old models.
+The pool asks before it starts a child in place of one that exited
+(`Reloader.before_children_start`): a failure recorded by then is rolled back first, so that
+the next child is started on the previous file, not on the failed one again.
 
     serving ──(announced revision ≠ its own)──▶ reloading ──(every child replaced)──▶ serving
                  │ its file is not the announced one,       │ a child (its own or another
@@ -35,10 +42,12 @@ from config import ConfigError
 from config.groups import check_model_groups
 from config.models import ModelSpec, parse_models, read_models_content, revision_of
 from tasks.errors import removed_error
-from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
+from tasks.keys import (MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY,
+                        live_key, versions_key)
 from tasks.names import task_name
 from tasks.queuemoves import QueueMoves, changed_queues
-from workers.broker.pool import ready_children, retire_idle_child
+from workers.broker.pool import (before_children_start, end_surge, ready_children,
+                                  retire_idle_child, surge)
 from tasks.reload_failures import describe, failure_of
 from tasks.serves import capabilities
 from workers.devices import visible_gpu_count
@@ -71,6 +80,10 @@ class Reloader:
         self.stale: set[int] = set()  # children still on the previous file
         self.retiring: int | None = None
         self.before_retiring: set[int] = set()
+        # A surge: the pids before the pool grew by one, while its child loads; then the
+        # pool is one child over its size until a child on the previous file stops.
+        self.surge_before: set[int] | None = None
+        self.shrink_next = False
         self.removed: dict[str, ModelSpec] = {}
         # Removed by the reload in progress: their jobs wait in the buffer (the old children
         # still serve them, the API still accepts them) until every child is on the new file,
@@ -87,6 +100,8 @@ class Reloader:
         settings = self.app.conf.iq_settings
         self.turn = Turn(client, self.consumer.hostname, settings.heartbeat_ttl_s, STEP_S)
         self.moves = QueueMoves(client)
+        self.surges: bool = settings.reload_surge
+        self.hooked = False
 
     @property
     def unavailable(self) -> int:
@@ -97,6 +112,8 @@ class Reloader:
     def tick(self) -> None:
         """From the worker's tick: start a reload when one was announced, say where it
         stands."""
+        if not self.hooked:  # once the pool has started
+            self.hooked = before_children_start(self.consumer.pool, self.before_children_start)
         try:
             announced, number = self.client.mget(MODELS_REVISION_KEY, MODELS_ANNOUNCEMENTS_KEY)
         except redis.RedisError:
@@ -198,6 +215,16 @@ class Reloader:
                 self.roll_back(failure)
         self.step()
 
+    def before_children_start(self) -> None:
+        """From the pool, before it starts children in place of those that exited: a failure
+        of the reload in progress recorded by then (most often by the child that just exited)
+        is rolled back now, so that the next child is started on the previous file. Without
+        this, a child the pool starts before the next STEP_S loaded the failed file again."""
+        if self.state == "reloading" and self.previous is not None:
+            failure = failure_of(self.client, self.revision)
+            if failure:
+                self.roll_back(failure)
+
     def roll_back(self, failure: dict) -> None:
         """The previous file pinned and applied again; the children started since `begin`
         (on the new file) are replaced; the revision refused from now on. A child billiard
@@ -206,7 +233,14 @@ class Reloader:
         self.revision, self.content, self.previous = revision, content, None
         pin(content)  # not a reload's: it is what this worker served
         gaining = self.apply(specs, "the rollback")
-        self.stale = self._pids() - self.begun_with
+        stopped: set[int] = set()
+        if self.surge_before is not None:
+            if ready_children(self.consumer.pool) - self.surge_before:
+                self.shrink_next = True  # it serves: it goes after its batch, as stale
+            else:  # still loading (or gone): the pool back to its size, the child stopped
+                stopped = end_surge(self.consumer.pool, self.surge_before)
+            self.surge_before = None
+        self.stale = self._pids() - self.begun_with - stopped
         self._hold(gaining)
         self.refused_revision, self.state = failed, "refused"
         self.refused_number = self.announcement
@@ -287,6 +321,12 @@ class Reloader:
         a child that holds no batch goes now; else the next to hand back its batch
         (`PoolDispatcher._returned` calls this before it hands out more)."""
         pool = self.consumer.pool
+        if self.surge_before is not None:
+            if not ready_children(pool) - self.surge_before:
+                return  # its child still loads; the old one serves
+            self.surge_before, self.shrink_next = None, True
+            logger.info("reload: the surge child serves; a child on the previous file stops "
+                        "after its batch")
         if self.retiring is not None:
             gone = self.retiring not in self._pids()
             fresh = ready_children(pool) - self.before_retiring
@@ -306,7 +346,33 @@ class Reloader:
         if self.stale:
             # A child still loading the file rolled back from fails and goes by itself: no
             # turn taken for it.
-            if not self.stale & ready_children(pool) or not self._may_retire():
+            if not self.stale & ready_children(pool):
+                return
+            if self.shrink_next:  # a surge's end: no child comes in its place
+                indices = self._indices()
+                retired = retire_idle_child(pool, self.stale, shrink=True)
+                if retired is not None:
+                    self._forget(indices.get(retired))
+                    self.shrink_next = False
+                    self.stale.discard(retired)
+                    self.turn.release()  # its new child serves: the next worker's turn
+                    logger.info("reload: child %d stops after its batch, the pool back to its "
+                                "size; %d more to replace", retired, len(self.stale))
+                    self.step()
+                return
+            if self.surges and len(ready_children(pool)) == 1:
+                # Its last serving child: a new one loads beside it first, in this worker's
+                # turn on its queues (one worker's new child loads at a time: the roll
+                # halts at the first that cannot load it).
+                if not self.turn.take(self.dispatcher.liveness.consumed_queues()):
+                    return
+                self.surge_before = self._pids()
+                if surge(pool):
+                    logger.info("reload: a surge child loads the new file beside the last "
+                                "one serving")
+                    return
+                self.surge_before = None
+            if not self._may_retire():
                 return
             self.before_retiring = self._pids()
             self.retiring = retire_idle_child(pool, self.stale)
@@ -325,6 +391,26 @@ class Reloader:
             pin(self.content)  # a child that fails from now on stops the worker, as at start
             logger.info("reload done: every child on models file revision %s", self.revision)
             self.report()
+
+    def _indices(self) -> dict[int, int]:
+        pool = getattr(self.consumer.pool, "_pool", None)
+        return {p.pid: p.index for p in getattr(pool, "_pool", ()) if hasattr(p, "index")}
+
+    def _forget(self, index: int | None) -> None:
+        """A child stopped with no other taking its index (a surge's end): its copies' live
+        entries and versions go now (a SIGKILLed child cannot), rather than be counted and
+        listed (GET /v1/models, /readyz) until they lapse."""
+        if index is None:
+            return
+        member = f"{self.consumer.hostname}/{index}"
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for name in set(self.app.conf.iq_models) | set(self.removed):
+                    pipe.zrem(live_key(name), member)
+                    pipe.hdel(versions_key(name), member)
+                pipe.execute()
+        except redis.RedisError as exc:  # they lapse by themselves
+            logger.warning("could not remove stopped child %s's live entries: %s", member, exc)
 
     def _may_retire(self) -> bool:
         """Whether a child may stop now: while another child of this worker serves, yes;

@@ -36,7 +36,9 @@ from scripts.stack import Stack, start_redis, start_web, start_worker, wait_unti
 from tests.support.load import every_record, job_statuses, runs
 from tests.support.records import fields_of
 
-pytestmark = pytest.mark.slow
+# Alone (serial): its bound is the API's deadline plus 0.25 s, and busy neighbours on two cores
+# stretched a few answers past it (5 of 1,075 at 2.40 s in a full suite run).
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 DEADLINE_S = Settings.redis_deadline_s
 # What an answer may take beyond the deadline: the API's own work after Redis gave up (the

@@ -1,8 +1,9 @@
 """Issue 29: a models reload rolls through the workers that serve a queue (workers/turns.py).
 Two workers of one pool child each on one queue, default settings, under load: one worker's
-new child loads the new models while the other keeps serving the queue with the old version;
-only once that new child is up does the other worker retire its child, and the first serves
-with the new version meanwhile. Every job succeeds and runs once, none is lost, and the reload
+new child loads the new models beside its old one (a surge: workers/reload.py) while both keep
+serving the queue with the old version; only once that new child is up (and the first's old
+one gone) does the other worker start its own, and the first serves with the new version
+meanwhile. Every job succeeds and runs once, none is lost, and the reload
 ends with both workers on the new version.
 
 Each worker reads its own copy of the models file (the same bytes: the reload checks its
@@ -40,8 +41,9 @@ def log_of(stack, node: str) -> str:
     return stack.workers[node].log.read_text(errors="replace")
 
 
-def retired(stack, node: str) -> bool:
-    return "stops after its batch" in log_of(stack, node)
+def began(stack, node: str) -> bool:
+    """Whether worker `node` started its new child (beside its old one)."""
+    return "surge child loads" in log_of(stack, node)
 
 
 def ready_lines(stack, node: str) -> int:
@@ -103,18 +105,19 @@ def test_two_workers_on_a_queue_reload_in_turn_and_the_queue_is_always_served(st
     load = Load(stack.api, "rolled", "load", clients=4, pause_s=0.1).start()
     reload = start_reload(stack)
     try:
-        first = wait_until(lambda: next((n for n in WORKERS if retired(stack, n)), None), 60,
-                           "a worker to retire its child")
+        first = wait_until(lambda: next((n for n in WORKERS if began(stack, n)), None), 60,
+                           "a worker to start its new child")
         other = "b" if first == "a" else "a"
         loaded = {n: ready_lines(stack, n) for n in WORKERS}
-        # first's new child loads; other serves the queue with the old version meanwhile.
-        assert set(probe(stack, "while-first-loads")) == {(other, "v1")}
-        assert not retired(stack, other) and ready_lines(stack, first) == loaded[first]
+        # first's new child loads; both serve the queue with the old version meanwhile.
+        assert {v for _n, v in probe(stack, "while-first-loads")} == {"v1"}
+        assert not began(stack, other) and ready_lines(stack, first) == loaded[first]
 
         gates[first].unlink()  # first's new child comes up; then, only then, other's turn
-        wait_until(lambda: retired(stack, other), 60, f"{other} to retire its child")
+        wait_until(lambda: began(stack, other), 60, f"{other} to start its new child")
         assert ready_lines(stack, first) == loaded[first] + 1
-        assert set(probe(stack, "while-other-loads")) == {(first, "v2")}
+        assert "stops after its batch" in log_of(stack, first), "first's old child went"
+        assert set(probe(stack, "while-other-loads")) <= {(first, "v2"), (other, "v1")}
         assert ready_lines(stack, other) == loaded[other], "other's new child still loads"
 
         gates[other].unlink()
@@ -122,7 +125,7 @@ def test_two_workers_on_a_queue_reload_in_turn_and_the_queue_is_always_served(st
         assert reload.returncode == 0 and "reload done" in out, out
         logs = {n: log_of(stack, n) for n in WORKERS}
         assert stamp(logs[first], r"version v2 ready on") <= \
-            stamp(logs[other], "stops after its batch"), "the new children came up in turn"
+            stamp(logs[other], "surge child loads"), "the new children came up in turn"
         assert "its turn after worker:" in out, out
     finally:
         for gate in gates.values():

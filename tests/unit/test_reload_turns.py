@@ -1,6 +1,7 @@
 """A reload's turns in the worker (workers/reload.py, workers/turns.py), with fake pools and a
-fake turn store standing in for Redis: two one-child workers on one queue retire their
-children one after the other, the second only once the first's replacement is up; a worker
+fake turn store standing in for Redis, without a surge (IQ_RELOAD_SURGE=false; with one:
+tests/unit/test_reload_surge.py): two one-child workers on one queue retire their children
+one after the other, the second only once the first's replacement is up; a worker
 with another child serving needs no turn; a worker rolls back what it replaced when a load
 failed. (The turn's Redis scripts, against a real Redis:
 tests/integration/test_reload_turns.py; two real workers: tests/faults/test_reload_rolling.py.)"""
@@ -103,6 +104,7 @@ def worker(name: str, turns: FakeTurns, *pids: int):
     reloader.turn = FakeTurn(turns, name)
     reloader.report = lambda: None  # no Redis here
     reloader.stale, reloader.state = set(pids), "reloading"
+    reloader.surges = False  # IQ_RELOAD_SURGE=false: turns (tests/unit/test_reload_surge.py)
     return reloader, pool
 
 

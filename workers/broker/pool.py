@@ -6,9 +6,14 @@ runs (`worker_pool`, and in place of `-P prefork`: workers/broker/broker.py's `a
 * is grown no further than the GPUs (`TaskPool.cap_children`);
 * is not flushed on a reconnect (`TaskPool.keep_every_batch`);
 
+* tells a reload before it starts children in place of those that exited
+  (`before_children_start`), so that a failed reload's pin is undone first;
+
 and the looks inside it the dispatcher and a reload need (workers/dispatcher.py,
-workers/reload.py): which children take work, and stopping an idle one so that the pool
-starts another in its place."""
+workers/reload.py): which children take work, stopping an idle one so that the pool starts
+another in its place, and a surge: one child more, started beside the others, then one
+stopped with the pool shrunk back (`surge`, `retire_idle_child(shrink=True)`,
+`end_surge`)."""
 from __future__ import annotations
 
 import errno
@@ -102,6 +107,15 @@ class Pool(_KillsItsChildren, AsynPool):
     #: Called on the event loop with a child's pid once it is ready to take work (its
     #: models loaded): the dispatcher's (`on_child_ready`).
     on_child_ready: Callable[[int], Any] | None = None
+    #: Called before the pool starts children in place of those that exited (or to reach
+    #: a grown size): the reload's (`Reloader.before_children_start`), which may shrink the
+    #: pool back (`end_surge`) and change the file the children are started on.
+    before_children_start: Callable[[], Any] | None = None
+
+    def _repopulate_pool(self, exitcodes: Any) -> Any:
+        if self.before_children_start is not None:
+            self.before_children_start()
+        return super()._repopulate_pool(exitcodes)
 
     def on_process_alive(self, pid: int) -> Any:
         """The pool's handler of a child's first word (WORKER_UP: its initializer, which
@@ -166,6 +180,17 @@ def on_child_ready(pool: Any, callback: Callable[[int], Any]) -> bool:
     return True
 
 
+def before_children_start(pool: Any, callback: Callable[[], Any]) -> bool:
+    """`callback()` from now on each time before the pool starts children in place of those
+    that exited, on the event loop. False when the pool has not started, or is not the
+    worker's (`Pool`)."""
+    inner = _asynpool(pool)
+    if not isinstance(inner, Pool):
+        return False
+    inner.before_children_start = callback
+    return True
+
+
 def _asynpool(pool: Any) -> Any:
     """Celery's AsynPool inside its prefork TaskPool (None before the pool started)."""
     return getattr(pool, "_pool", None)
@@ -188,11 +213,12 @@ def serving_children(pool: Any) -> int | None:
     return len(ready_children(pool))
 
 
-def retire_idle_child(pool: Any, among: set[int]) -> int | None:
+def retire_idle_child(pool: Any, among: set[int], shrink: bool = False) -> int | None:
     """Stop one child of `among` that holds no batch, nor is being written one: it is taken
     out of the children the pool writes to, then terminated as the pool shrinks a child
     (`terminate_controlled`, a SIGKILL here: no error logged), and the pool starts another in
-    its place. Returns its pid; None when every one of them is busy."""
+    its place; with `shrink`, none: the pool is one child smaller (a surge's end). Returns its
+    pid; None when every one of them is busy."""
     inner = _asynpool(pool)
     if inner is None:
         return None
@@ -202,6 +228,46 @@ def retire_idle_child(pool: Any, among: set[int]) -> int | None:
         if proc.pid in among and proc._is_alive() and fd in inner._all_inqueues \
                 and fd not in busy:
             inner._all_inqueues.discard(fd)
+            if shrink:
+                _shrink_by_one(inner)
             proc.terminate_controlled()
             return proc.pid
     return None
+
+
+def surge(pool: Any) -> bool:
+    """One child more, started now beside the others (billiard's `grow`, as `control
+    pool_grow` does, then its maintenance, which starts it): past `cap_children` on purpose,
+    for the time it takes to load; on a GPU host it lands on a device a child already uses
+    (`cuda:<index mod count>`), which holds both copies meanwhile. False when the pool has
+    not started."""
+    inner = _asynpool(pool)
+    if inner is None:
+        return False
+    inner.grow(1)
+    inner.maintain_pool()
+    return True
+
+
+def end_surge(pool: Any, before: set[int]) -> set[int]:
+    """A surge undone before its child served (it failed to load, or the reload it was for
+    rolled back): the pool one child smaller, and the children started since it had `before`
+    as its pids stopped. Returns their pids."""
+    inner = _asynpool(pool)
+    if inner is None:
+        return set()
+    _shrink_by_one(inner)
+    stopped = set()
+    for proc in list(inner._pool):
+        if proc.pid not in before and proc._is_alive():
+            inner._all_inqueues.discard(proc.inqW_fd)
+            proc.terminate_controlled()
+            stopped.add(proc.pid)
+    return stopped
+
+
+def _shrink_by_one(inner: Any) -> None:
+    """What billiard's `shrink` does to the pool's size, without its choice of child."""
+    inner._processes -= 1
+    if inner._putlock is not None:
+        inner._putlock.shrink()

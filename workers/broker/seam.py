@@ -87,6 +87,7 @@ OVERRIDDEN: tuple[Name, ...] = (
     Name(prefork.TaskPool, "on_start", ("self",)),
     Name(BilliardPool, "Process", ("self", "args", "kwds")),
     Name(BilliardPool, "terminate_job", ("self", "pid", "sig")),
+    Name(BilliardPool, "_repopulate_pool", ("self", "exitcodes")),
     Name(AsynPool, "on_process_alive", ("self", "pid")),
     Name(BaseProcess, "terminate", ("self",)),
 )
@@ -108,6 +109,8 @@ READ: tuple[Name, ...] = (
     Name(prefork.TaskPool, "_pool"),
     Name(BilliardPool, "_ctx"),
     Name(BilliardPool, "_pool"),
+    Name(BilliardPool, "_processes"),
+    Name(BilliardPool, "_putlock"),
     Name(AsynPool, "_all_inqueues"),
     Name(AsynPool, "_busy_workers"),
     Name(AsynPool, "_active_writes"),

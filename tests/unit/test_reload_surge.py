@@ -1,0 +1,213 @@
+"""A reload's surge and its rollback's order in the worker (workers/reload.py,
+workers/broker/pool.py), with a fake pool that sizes itself as billiard's does (`_processes`,
+`grow`, `maintain_pool`) and asks the reload before it starts children in place of those
+that exited, as `Pool._repopulate_pool` does; each child it starts keeps the models file
+pinned when it started (workers/pinned.py), as a spawned child inherits it.
+
+* One child (the default): a new child loads the new file beside it; the old one stops only
+  once the new one serves, and the pool is back to one child. A new child that cannot load
+  exits; the old one never stopped, and the pool is back to one child, none restarted.
+* The rollback's order (finding M2): the child the pool starts after a failed one is started
+  on the previous file, not on the failed one again, however the pool's restart and the
+  reload's timer are ordered."""
+from __future__ import annotations
+
+import os
+
+import orjson
+
+from tasks.keys import reload_failed_key
+from tests.unit.test_reload_turns import Child, FakeTurns, Markers, Pool, worker
+from workers import pinned
+
+OLD, NEW = b"models: {}\n# old\n", b"models: {}\n# new\n"
+
+
+class SizedPool(Pool):
+    """`Pool` with billiard's size: children are started up to `_processes`, each with the
+    file pinned then; the reload is asked first (`before_children_start`)."""
+
+    def __init__(self, *pids: int) -> None:
+        super().__init__(*pids)
+        self._processes = len(pids)
+        self._putlock = None
+        self.next_pid = 100
+        self.before_children_start = None
+        self.started_on: dict[int, str] = {}
+
+    def grow(self, n: int = 1) -> None:
+        self._processes += n
+
+    def maintain_pool(self) -> None:
+        self.reap()
+        if self.before_children_start is not None:
+            self.before_children_start()
+        for _ in range(self._processes - len(self._pool)):
+            self.next_pid += 1
+            child = Child(self.next_pid)
+            self._pool.append(child)
+            self.started_on[child.pid] = pinned_file()
+
+    def exits(self, pid: int) -> None:
+        """A child exits (a failed load: its failure recorded first), the pool maintains."""
+        self.child(pid).stopped = True
+        self.maintain_pool()
+
+
+def pinned_file() -> str:
+    raw = orjson.loads(os.environ[pinned.ENV])
+    import base64
+    return "new" if base64.b64decode(raw["content"]) == NEW else "old"
+
+
+def reloading(monkeypatch, *pids: int, surges: bool = True, name: str = "a@h",
+              turns: FakeTurns | None = None):
+    """A worker reloading from OLD to NEW with children `pids` on OLD."""
+    monkeypatch.delenv(pinned.ENV, raising=False)
+    a, _ = worker(name, turns or FakeTurns(), *pids)
+    pool = SizedPool(*pids)
+    a.consumer.pool._pool = pool
+    pool.before_children_start = a.before_children_start
+    a.client = Markers()
+    a.surges = surges
+    a.previous = ("old", OLD, a.app.conf.iq_models)
+    a.revision, a.begun_with, a.content = "new", set(pids), NEW
+    pinned.pin(NEW, reload_from="old")
+    return a, pool
+
+
+def fail_load(a, pool, pid: int) -> None:
+    a.client.values[reload_failed_key("new")] = orjson.dumps(
+        {"worker": "a@h", "error": "RuntimeError: not a model", "at": 0})
+    pool.exits(pid)
+
+
+def test_one_child_keeps_serving_until_the_new_one_serves(monkeypatch):
+    a, pool = reloading(monkeypatch, 1)
+    a.step()
+    assert not pool.child(1).stopped, "the only child serves while the new one loads"
+    assert pool._processes == 2 and [c.pid for c in pool._pool] == [1, 101]
+    assert pool.started_on[101] == "new"
+    for _ in range(3):
+        a.step()
+    assert not pool.child(1).stopped and a.state == "reloading"
+    pool.up(101)  # WORKER_UP: the new child loaded the new file
+    a.step()
+    assert pool.child(1).stopped and pool._processes == 1, "then the old one goes, no other"
+    pool.maintain_pool()
+    assert [c.pid for c in pool._pool] == [101]
+    assert a.state == "serving" and a.revision == "new" and not a.turn.held
+
+
+def test_the_old_child_goes_only_after_its_batch(monkeypatch):
+    a, pool = reloading(monkeypatch, 1)
+    a.step()
+    pool._busy_workers.add(pool.child(1).inqW_fd)
+    pool.up(101)
+    a.step()
+    assert not pool.child(1).stopped and a.state == "reloading"
+    pool._busy_workers.clear()  # its batch returned (the dispatcher steps the reload)
+    a.step()
+    assert pool.child(1).stopped and pool._processes == 1 and a.state == "serving"
+
+
+def test_two_one_child_workers_on_a_queue_surge_one_after_the_other(monkeypatch):
+    turns = FakeTurns()
+    a, pool_a = reloading(monkeypatch, 1, turns=turns)
+    b, pool_b = reloading(monkeypatch, 2, name="b@h", turns=turns)
+    a.step()
+    b.step()
+    assert pool_a._processes == 2 and pool_b._processes == 1, "b waits for a's turn"
+    assert b.turn.waiting_for == "a@h"
+    pool_a.up(101)
+    a.step()
+    b.step()
+    assert a.state == "serving" and pool_a._processes == 1 and pool_b._processes == 2
+
+
+def test_a_surge_child_that_cannot_load_leaves_the_old_one_serving(monkeypatch):
+    a, pool = reloading(monkeypatch, 1)
+    a.step()
+    fail_load(a, pool, 101)
+    assert (a.revision, a.state, a.refused_revision) == ("old", "refused", "new")
+    assert [c.pid for c in pool._pool] == [1] and not pool.child(1).stopped
+    assert pool._processes == 1, "the pool back to one child: none restarted"
+    for _ in range(3):
+        a.watch()
+    assert not pool.child(1).stopped and [c.pid for c in pool._pool] == [1]
+    assert orjson.loads(os.environ[pinned.ENV])["reload_from"] == ""
+
+
+def test_a_rollback_seen_by_the_timer_first_stops_the_loading_surge_child(monkeypatch):
+    """Another worker's child failed: this worker's surge child, still loading, is stopped
+    and the pool shrunk back; its old child serves on."""
+    a, pool = reloading(monkeypatch, 1)
+    a.step()
+    a.client.values[reload_failed_key("new")] = orjson.dumps(
+        {"worker": "b@h", "error": "RuntimeError: not a model", "at": 0})
+    a.watch()
+    assert a.state == "refused" and pool.child(101).stopped and pool._processes == 1
+    pool.maintain_pool()
+    assert [c.pid for c in pool._pool] == [1] and not a.stale
+
+
+def test_the_child_started_after_a_failed_load_loads_the_previous_file(monkeypatch):
+    """M2: two children, no surge needed. One is replaced; its replacement fails to load and
+    exits before the reload's timer looked. The pool starts the next child on the previous
+    file: the reload rolled back before the pool started it."""
+    a, pool = reloading(monkeypatch, 1, 2)
+    a.step()
+    first = a.retiring
+    pool.maintain_pool()  # its replacement, started on the new file
+    new_child = max(pool.started_on)
+    assert pool.started_on[new_child] == "new"
+    fail_load(a, pool, new_child)  # the pool's restart comes before any timer tick
+    restarted = max(pool.started_on)
+    assert restarted != new_child and pool.started_on[restarted] == "old"
+    assert a.state == "refused" and a.revision == "old"
+    assert not pool.child(3 - first).stopped
+
+
+def test_without_a_surge_the_only_child_goes_first_and_comes_back_on_the_previous_file(
+        monkeypatch):
+    a, pool = reloading(monkeypatch, 1, surges=False)
+    a.step()
+    assert pool.child(1).stopped and pool._processes == 1
+    pool.maintain_pool()
+    fail_load(a, pool, 101)
+    assert pool.started_on[102] == "old" and a.state == "refused"
+
+
+def test_the_worker_pool_asks_before_it_starts_children_and_sizes_after():
+    """The real pool class (billiard's `_repopulate_pool` under workers/broker/pool.py's
+    `Pool`): the callback runs before the pool reads its size, so a surge undone there
+    (`end_surge`) starts no child; the default `_putlock` of an AsynPool is None-safe."""
+    from types import SimpleNamespace
+
+    from billiard.common import restart_state
+    from billiard.pool import RUN
+
+    from workers.broker.pool import Pool, before_children_start, end_surge
+
+    class Gone:  # a pool process: the failed surge child, already reaped
+        pid, index, inqW_fd = 7, 1, 9
+
+        def _is_alive(self) -> bool:
+            return True
+
+    inner = Pool.__new__(Pool)
+    started: list[int] = []
+    old = Gone()
+    old.pid, old.index = 6, 0
+    for name, value in dict(_pool=[old], _processes=2, _putlock=None, _state=RUN,
+                            _all_inqueues={9}, restart_state=restart_state(10, 1),
+                            _create_worker_process=started.append).items():
+        setattr(inner, name, value)
+    pool = SimpleNamespace(_pool=inner)
+    assert before_children_start(pool, lambda: end_surge(pool, {6}))
+    inner._repopulate_pool([1])
+    assert started == [] and inner._processes == 1, "the surge undone first: no child started"
+    inner.before_children_start = None
+    inner._processes = 2
+    inner._repopulate_pool([1])
+    assert started == [1], "without it, billiard starts one"
