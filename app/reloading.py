@@ -40,7 +40,7 @@ from config.models import revision_of
 from tasks.keys import (MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, PREFIX, RELOAD_API_KEY,
                         RELOAD_STATUS_KEY)
 from tasks.lua import script
-from tasks.reload_failures import record_refusal
+from tasks.reload_failures import failure_of, record_refusal
 from tasks.serves import capabilities
 
 logger = logging.getLogger(__name__)
@@ -75,6 +75,10 @@ class ModelsWatch:
         self.refused: tuple[str, str | None] | None = None  # (revision, its announcement)
         self.handed_over = False
         self.exiting = False
+        # The announcement whose canary started: the process then waits (a check each
+        # heartbeat) until every live worker on its Redis serves it before it hands over.
+        self.canaried: tuple[str, str | None] | None = None
+        self.waiting = ""  # which workers it waits for, said in its report
 
     def start(self) -> None:
         atexit.register(self.gone)
@@ -97,12 +101,15 @@ class ModelsWatch:
                     self.refused != (announced, number):
                 self._reload_to(announced, number)
             elif announced == self.revision:
-                self.error, self.refused = "", None  # a failed reload undone
+                # a failed reload undone
+                self.error, self.refused, self.waiting, self.canaried = "", None, "", None
         # Handed over, it is pending still: its master stops it only after the processes
         # that replace it started, and it answers requests with the old file until then.
-        state = "handing over" if self.handed_over else "refused" if self.error else "serving"
+        state = "handing over" if self.handed_over else "refused" if self.error else \
+            "waiting for the workers" if self.waiting else "serving"
         status = {"revision": self.revision, "state": state, "at": time.time(),
-                  "error": self.error, "service": self.service, **capabilities(self.settings)}
+                  "error": self.error, "workers_pending": self.waiting,
+                  "service": self.service, **capabilities(self.settings)}
         if self.refused:  # its canary failed: refused until announced again
             status.update(refused=self.refused[0], announcement=self.refused[1])
         with self.client.pipeline(transaction=False) as pipe:
@@ -133,7 +140,7 @@ class ModelsWatch:
                              self.revision, error)
             self.error = error
             return
-        why = self.canary(announced)
+        why = self.canary(announced) if self.canaried != (announced, number) else ""
         if why:
             # Tried again only when announced again (an operator fixed what failed). Recorded
             # as a failed load is: the roll halts, the workers that began it roll back.
@@ -143,6 +150,24 @@ class ModelsWatch:
             logger.error("models reload refused: %s", self.error)
             record_refusal(self.client, announced, self.field, f"its canary: {why}")
             return
+        self.canaried = (announced, number)
+        refused, waiting = workers_on(self.client, announced, number,
+                                      self.settings.heartbeat_interval_s)
+        if refused:
+            # A worker refused or failed to load it: the old file stays served (the reload
+            # is undone, or announced again once its host is fixed).
+            self.refused, self.waiting = (announced, number), ""
+            self.error = f"worker(s) did not take models file revision {announced} " \
+                         f"({refused}); still serving revision {self.revision}"
+            logger.error("models reload refused: %s", self.error)
+            return
+        if waiting:  # looked at again next heartbeat: the API never runs ahead of them
+            if waiting != self.waiting:
+                logger.info("models file revision %s: its canary started; waiting for %s "
+                            "to serve it", announced, waiting)
+            self.waiting = waiting
+            return
+        self.waiting = ""
         # One SIGHUP per master and announcement, whichever of its processes sees it first:
         # the master's claim holds the announcement (its number and revision) it was last sent
         # a SIGHUP for, and when. Per announcement, not per revision: a process started by a
@@ -156,3 +181,33 @@ class ModelsWatch:
                         "gracefully", announced, number, self.master)
             os.kill(self.master, signal.SIGHUP)
         self.handed_over, self.error = True, ""
+
+
+# A worker's report older than this many heartbeats is of a worker that is gone (as
+# scripts/reload_wait.py STALE_BEATS).
+_STALE_BEATS = 5
+
+
+def workers_on(client: redis.Redis, revision: str, number: str | None,
+               beat_s: float) -> tuple[str, str]:
+    """Where the live workers on `client`'s Redis stand with `revision` (announcement
+    `number`): (the ones that refused it or could not load it, the ones not serving it yet),
+    each "" or their names. An API process takes a new file only once both are "", so that it
+    never accepts a job for a model no worker serves yet, nor stops taking one for a model the
+    workers still serve."""
+    failure = failure_of(client, revision)
+    if failure:
+        return f"{failure.get('worker', 'a worker')}: {failure.get('error')}", ""
+    now, refused, waiting = time.time(), [], []
+    for name, raw in client.hgetall(RELOAD_STATUS_KEY).items():
+        if not name.startswith("worker:"):
+            continue
+        status = orjson.loads(raw)
+        if now - float(status.get("at", 0)) > _STALE_BEATS * beat_s:
+            continue
+        if status.get("refused") == revision and \
+                status.get("announcement", number) == number:
+            refused.append(f"{name}: {status.get('error')}")
+        elif status.get("revision") != revision or status.get("state") != "serving":
+            waiting.append(name)
+    return "; ".join(refused), ", ".join(sorted(waiting))

@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 from config.groups import check_model_groups
 from config.kinds import kind_of
 from config.models import ModelSpec, parse_models
-from tasks.serves import unservable
+from tasks.serves import cuda_only, unservable
 
 
 def _unloadable(spec) -> str | None:
@@ -53,16 +53,23 @@ def _unloadable(spec) -> str | None:
 def problems_of(target: Path, content: bytes, groups: Mapping[str, str],
                 reports: Mapping[str, dict] | None = None,
                 before: Mapping[str, ModelSpec] | None = None,
-                waiting: Callable[[str, str], int] | None = None) -> list[str]:
+                waiting: Callable[[str, str], int] | None = None, *,
+                host_gpus: int | None = None) -> list[str]:
     """Why the models file `content`, to be read at `target`, cannot be served (none: it
-    can): by the settings here (`groups`), by what the live processes reported they can
-    serve (`reports`, by process: tasks/serves.py), by the files and packages it names, and,
-    given the models it replaces (`before`) and how many jobs wait on a queue of a Redis
-    group (`waiting(group, queue)`), by the jobs a model moved to another group would leave.
+    can): by the settings here (`groups`), by this host's GPUs (`host_gpus`, when given:
+    `make run`, its keepers, a reload no worker reports on), by what the live processes
+    reported they can serve (`reports`, by process: tasks/serves.py), by the files and
+    packages it names, and, given the models it replaces (`before`) and how many jobs wait on
+    a queue of a Redis group (`waiting(group, queue)`), by the jobs a model moved to another
+    group would leave.
     ConfigError for a file that does not parse or names a group `groups` lacks."""
     models = parse_models(target, content)
     check_model_groups(models, groups)  # a Redis group the settings lack: ConfigError
     problems = unservable(models, reports or {})
+    if host_gpus == 0:  # this host's GPUs (nvidia-smi: workers/devices.py), none
+        problems += [f"models.{spec.name}.device: 'cuda', but this host has no GPU "
+                     "(nvidia-smi lists none): its worker's children could not load it"
+                     for spec in models.values() if cuda_only(spec)]
     if before and waiting:
         problems += stranded(before, models, waiting)
     for spec in models.values():

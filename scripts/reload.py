@@ -71,8 +71,12 @@ from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, REMOVED_FA
     reload_failed_key
 from tasks.queuemoves import QueueMoves
 from tasks.redis_client import connect
+from tasks.serves import unconsumed
+from workers.devices import visible_gpu_count
 
 INVALID = 1
+# The longest one Redis call of a reload may take (a frozen Redis is said at once).
+_ANSWER_S = 5.0
 __all__ = ["DONE", "INVALID", "REFUSED", "TIMED_OUT", "Result", "install", "main", "reload"]
 
 
@@ -82,7 +86,8 @@ class Invalid(Exception):
 
 def install(target: Path, source: Path | None, groups: Mapping[str, str] | None = None,
             reports: Mapping[str, dict] | None = None,
-            waiting: Callable[[str, str], int] | None = None) -> str:
+            waiting: Callable[[str, str], int] | None = None, *,
+            host_gpus: int | None = None) -> str:
     """Check `source` (default: `target` itself) as the models file at `target` and put it
     there; its revision. `groups`: the Redis groups its models may name; `reports`: what each
     live process said it can serve (tasks/serves.py). Raises Invalid, changing nothing.
@@ -96,7 +101,8 @@ def install(target: Path, source: Path | None, groups: Mapping[str, str] | None 
         # processes took is gone: only a FILE is compared.)
         before = parse_models(target, target.read_bytes()) \
             if waiting and source is not None and target.exists() else None
-        problems = problems_of(target, content, groups or {}, reports, before, waiting)
+        problems = problems_of(target, content, groups or {}, reports, before, waiting,
+                               host_gpus=host_gpus)
     except (OSError, ConfigError) as exc:
         raise Invalid(str(exc)) from None
     if source is None or source.resolve() == target.resolve():
@@ -150,38 +156,58 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
             say(f"reload refused, nothing changed: {why}")
             return Result(INVALID, lines=refused)
         # Each Redis group's workers watch their own Redis: announced there too, in turn.
-        redises = [("", connect(redis_url or settings.redis_url, settings), settings)]
+        # Each call bounded (a frozen Redis is said within seconds, and --timeout holds).
+        answer_s = min(_ANSWER_S, timeout_s)
+        redises = [("", connect(redis_url or settings.redis_url, settings,
+                                deadline_s=answer_s), settings)]
         for name, url in settings.redis_group_urls.items():
             group = replace(settings, redis_url=url, redis_sentinels="")
-            redises.append((name, connect(url, group), group))
+            redises.append((name, connect(url, group, deadline_s=answer_s), group))
         # Checked against what each live process can serve, on every Redis, before anything
         # changes: their environment, not this shell's, runs the file.
         reports: dict[str, dict] = {}
+        by_group: dict[str, dict[str, dict]] = {}  # the reports on each group's Redis
         for name, client, group in redises:
             try:
-                reports.update(live_reports(client, group.heartbeat_interval_s))
+                by_group[name] = live_reports(client, group.heartbeat_interval_s)
+                reports.update(by_group[name])
             except redis.RedisError as exc:
                 if not name:  # REDIS_URL's: nothing could be announced either
                     say(f"reload refused, nothing changed: Redis did not answer ({exc})")
                     return Result(REFUSED, lines=[str(exc)])
                 say(f"Redis group {name}: its processes' reports could not be read ({exc})")
+        previous = target.with_name(target.name + ".previous")
         try:
+            # What `.previous` holds now: kept there when this reload is undone (the last
+            # good file before the one in place, for README's rollback).
+            kept = previous.read_bytes() if source is not None and previous.is_file() \
+                and not previous.is_symlink() else None
+            unconsumed = consumers_problems(target, Path(source) if source else target,
+                                            by_group, reports)
+            if unconsumed:
+                raise Invalid("\n".join(unconsumed))
             revision = install(target, Path(source) if source else None,
-                               settings.redis_group_urls, reports, _waiting(redises, say))
+                               settings.redis_group_urls, reports, _waiting(redises, say),
+                               host_gpus=None if any(n.startswith("worker:") for n in reports)
+                               else visible_gpu_count(settings))
+        except OSError as exc:
+            say(f"reload refused, nothing changed: {exc}")
+            return Result(INVALID, lines=[str(exc)])
         except Invalid as exc:
             say(f"reload refused, nothing changed: {exc}")
             return Result(INVALID, lines=[str(exc)])
         reached = 0
         try:
             for reached, (name, client, group) in enumerate(redises, 1):
-                result = _announce(client, target, revision, timeout_s, say, group, name)
+                result = _announce(client, target, revision, timeout_s, say, group, name,
+                                   workers_seen=any(n.startswith("worker:") for n in reports))
                 if result.status != DONE:
                     break
         except redis.RedisError as exc:
             return _unannounced(target, source, revision, redises[:reached], exc, timeout_s,
-                                say, settings)
+                                say, settings, kept)
         if (result.failed_load or result.refused) and source is not None:
-            return _undo(target, result, redises[:reached], timeout_s, say, settings)
+            return _undo(target, result, redises[:reached], timeout_s, say, settings, kept)
         return result
     finally:
         os.close(lock)
@@ -226,7 +252,7 @@ def _only_reload(target: Path) -> int:
 
 
 def _undo(target: Path, result: Result, announced: list, timeout_s: float,
-          say: Callable[[str], None], settings: Settings) -> Result:
+          say: Callable[[str], None], settings: Settings, kept: bytes | None = None) -> Result:
     """A worker's new child could not load the file (on any Redis group's): the roll halted
     there and the workers rolled back. The file it replaced goes back in place, announced on
     every Redis the new one was, so that the API processes (which took the new file) and the
@@ -238,8 +264,9 @@ def _undo(target: Path, result: Result, announced: list, timeout_s: float,
         say(f"the previous models file could not be put back ({exc}): fix {target} and "
             "reload it")
         return result
+    failed = _set_aside(target, previous, kept, say)
     say(f"putting back the previous models file (revision {back}); the failed one is kept "
-        f"as {previous}")
+        f"as {failed}")
     lines, undone = list(result.lines), True
     for name, client, group in announced:
         undo = _announce(client, target, back, timeout_s, say, group, name)
@@ -251,9 +278,64 @@ def _undo(target: Path, result: Result, announced: list, timeout_s: float,
     return replace(result, lines=lines)
 
 
+def _set_aside(target: Path, previous: Path, kept: bytes | None,
+               say: Callable[[str], None]) -> Path:
+    """Once the file a failed reload replaced is back in place (`previous` then holds the
+    failed one): the failed file kept as `<name>.failed`, `previous` as it was before the
+    reload (`kept`; none when there was none), so that README's rollback goes back to the last
+    good change. Returns the `.failed` path."""
+    failed = target.with_name(target.name + ".failed")
+    try:
+        _keep(target, failed, previous.read_bytes())
+        if kept is not None:
+            _keep(target, previous, kept)
+        else:
+            previous.unlink(missing_ok=True)
+    except OSError as exc:
+        say(f"could not keep the failed file as {failed}: {exc}")
+    return failed
+
+
+def _keep(target: Path, path: Path, content: bytes) -> None:
+    """`content` at `path` beside the models file, written as install writes (never through
+    a link), with the models file's mode."""
+    staged = staged_beside(target, content, target)
+    try:
+        os.replace(staged, path)
+    finally:
+        staged.unlink(missing_ok=True)
+
+
+def consumers_problems(target: Path, source: Path, by_group: Mapping[str, dict[str, dict]],
+                       reports: Mapping[str, dict] | None = None) -> list[str]:
+    """One line per model, new or with a new queue or Redis group, whose queue no live worker
+    on its Redis (its group's, "" the default's) would consume, by the workers' reports there
+    (tasks/serves.py): its jobs would wait there for ever. Not checked when no worker
+    reports anywhere (a stack whose workers are all down or restarting: the devices are
+    checked against this host). `reports`: every live process's, by field."""
+    if not any(n.startswith("worker:") for r in by_group.values() for n in r):
+        return []
+    try:
+        models = parse_models(target, source.read_bytes())
+        now = parse_models(target, target.read_bytes()) if target.exists() else {}
+    except (OSError, ConfigError):
+        return []  # said by install's check
+    # Only what this reload changes: a model that no worker consumed before (parked on
+    # purpose) is no reason to refuse another change.
+    models = {n: m for n, m in models.items()
+              if n not in now or (now[n].queue, now[n].redis) != (m.queue, m.redis)}
+    # A group a live process lacks, or these settings: said by install's check instead.
+    models = {n: m for n, m in models.items() if (m.redis or "") in by_group and not any(
+        "groups" in r and m.redis and m.redis not in r["groups"]
+        for r in (reports or {}).values())}
+    return unconsumed(models, {g: {n: r for n, r in reports.items()
+                                   if n.startswith("worker:")}
+                               for g, reports in by_group.items()})
+
+
 def _unannounced(target: Path, source: str | Path | None, revision: str, reached: list,
                  exc: redis.RedisError, timeout_s: float, say: Callable[[str], None],
-                 settings: Settings) -> Result:
+                 settings: Settings, kept: bytes | None = None) -> Result:
     """A Redis stopped answering once the file was installed (a stall, a cut): as after a
     failed load, the file it replaced goes back in place, and back is announced wherever the
     new revision may have been (the failing Redis too, when it answers again at once), so
@@ -269,6 +351,7 @@ def _unannounced(target: Path, source: str | Path | None, revision: str, reached
                 f"({exc}), and the previous models file could not be put back ({undo}): fix "
                 f"{target} and reload it")
             return Result(REFUSED, revision, lines=[str(exc), str(undo)])
+        _set_aside(target, previous, kept, say)
     quiet: Callable[[str], None] = lambda line: None  # noqa: E731
     for name, client, group in reached:
         try:
@@ -282,9 +365,11 @@ def _unannounced(target: Path, source: str | Path | None, revision: str, reached
 
 
 def _announce(client: redis.Redis, target: Path, revision: str, timeout_s: float,
-              say: Callable[[str], None], settings: Settings, group_name: str = "") -> Result:
+              say: Callable[[str], None], settings: Settings, group_name: str = "",
+              workers_seen: bool = False) -> Result:
     """Announce `revision` on `client`'s Redis (Redis group `group_name`'s, "" for the
-    default), and wait for every process that watches it to serve it."""
+    default), and wait for every process that watches it to serve it. `workers_seen`: a
+    worker reported on some Redis: a group the models name must then have one too."""
     if group_name:
         say(f"Redis group {group_name}:")
     beat, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
@@ -297,8 +382,14 @@ def _announce(client: redis.Redis, target: Path, revision: str, timeout_s: float
         pipe.set(MODELS_REVISION_KEY, revision)
         removed, _, announcement, _ = pipe.execute()
     say(f"models file {target} revision {revision} announced")
+    try:
+        named = workers_seen and group_name and any(m.redis == group_name for m in
+                                   parse_models(target, target.read_bytes()).values())
+    except (OSError, ConfigError):
+        named = False
     return wait(client, revision, timeout_s, say, settings, target, workers_before,
-                apis_before, str(announcement), int(removed or 0))
+                apis_before, str(announcement), int(removed or 0),
+                needs_worker=group_name if named else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,6 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     except redis.RedisError as exc:
         print(f"make reload: Redis: {exc}", file=sys.stderr)
         return REFUSED
+    except KeyboardInterrupt:
+        print("make reload: interrupted; what was announced goes on in the running processes "
+              "(`make reload` again waits on it, or FILE=<the models file>.previous undoes it)",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -126,11 +126,27 @@ def unready_apis(client: redis.Redis, revision: str, beat_s: float) -> dict[str,
 
 def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[str], None],
           settings: Settings, target: Path, workers_before: set[str], apis_before: int,
-          announcement: str | None = None, removed_before: int | None = None) -> Result:
+          announcement: str | None = None, removed_before: int | None = None,
+          needs_worker: str = "") -> Result:
+    """`needs_worker`: this Redis is a group's that models name (its name): done only once
+    a worker serves there (none there, its models' jobs would wait for ever)."""
     beat, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
     deadline, shown, progress = time.monotonic() + timeout_s, {}, Progress(revision)
+    unanswered = False
     while True:
-        standing, apis = standing_of(client, revision, beat, ttl, workers_before, announcement)
+        try:
+            standing, apis = standing_of(client, revision, beat, ttl, workers_before,
+                                         announcement)
+        except redis.RedisError as exc:  # a frozen Redis: said once, the timeout holds
+            if not unanswered:
+                say(f"  Redis does not answer ({exc}); still waiting")
+            unanswered = True
+            if time.monotonic() > deadline:
+                say(f"reload to {revision} not done: Redis did not answer for {timeout_s:g}s")
+                return Result(TIMED_OUT, revision, [f"Redis: {exc}"])
+            time.sleep(min(0.5, beat))
+            continue
+        unanswered = False
         if not any(w.startswith(("refused", "gone")) for w in standing.values()):
             standing.update(unready_apis(client, revision, beat))
         if progress.moved(_statuses(client, beat)):  # the timeout counts from now
@@ -148,6 +164,10 @@ def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[st
         pending = [n for n, w in standing.items() if w.startswith("pending")]
         if not pending and apis >= apis_before:
             refused = [n for n, w in standing.items() if w.startswith(("refused", "gone"))]
+            if needs_worker and not any(n.startswith("worker:") for n in standing):
+                say(f"reload to {revision} refused: no worker runs on group {needs_worker!r}, "
+                    "whose models' jobs would wait there for ever")
+                return Result(REFUSED, revision, lines, refused=True)
             if refused:
                 say(f"reload to {revision} refused by {', '.join(refused)}")
                 return Result(REFUSED, revision, lines, refused=True)

@@ -34,18 +34,21 @@ CHECKED = ("web", "worker", "webhooks", "flower")
 RECHECK_S = 5.0
 
 
-def config_problem(env: dict[str, str]) -> str:
+def config_problem(env: dict[str, str], devices: bool = False) -> str:
     """Why a part with environment `env` would stop at its start on its settings or models
-    file, in one line ("" : it would not)."""
+    file, in one line ("" : it would not). `devices`: also a model on a device this host
+    lacks (the worker's children could not load it)."""
     from config import ConfigError, load_settings
     from config.models import read_models_content
     from scripts.models_check import problems_of
+    from workers.devices import visible_gpu_count
 
     try:
         settings = load_settings(environ=env)
         problems = problems_of(Path(settings.models_file),
                                read_models_content(settings.models_file),
-                               settings.redis_group_urls)
+                               settings.redis_group_urls,
+                               host_gpus=visible_gpu_count(settings) if devices else None)
     except ConfigError as exc:
         return str(exc).splitlines()[0]
     return problems[0] if problems else ""
@@ -54,14 +57,15 @@ def config_problem(env: dict[str, str]) -> str:
 def held(name: str, env: dict[str, str], stopping: threading.Event, code: int) -> bool:
     """Wait while the part's configuration fails its check (saying so once); whether it is
     to be started again (else it was stopped meanwhile)."""
-    why = config_problem(env) if name in CHECKED else ""
+    devices = name == "worker"
+    why = config_problem(env, devices) if name in CHECKED else ""
     if not why:
         return True
     print(f"{name} exited with code {code}; it is not started again while its configuration "
           f"fails make run's check: "
           f"{why} (fix it: {name} starts once it passes; Ctrl-C stops them all)", flush=True)
     while not stopping.wait(RECHECK_S):
-        if not config_problem(env):
+        if not config_problem(env, devices):
             print(f"{name}: its configuration passes the check again; starting it", flush=True)
             return True
     return False

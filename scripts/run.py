@@ -36,6 +36,7 @@ from config.groups import shown_groups
 from config.models import read_models_content
 from scripts import run_redis
 from scripts.models_check import problems_of
+from workers.devices import visible_gpu_count
 from scripts.preflight import REDIS_APP_USER, Binding, Refused, model_file_problems, \
     operator_file_problems, port_problems, reachable
 from scripts.run_stop import OrderedManager
@@ -214,7 +215,7 @@ def _models_problems(settings: Settings) -> list[str]:
         return model_file_problems(settings.models_file) + [
             f"make run: {problem}" for problem in problems_of(
                 Path(settings.models_file), read_models_content(settings.models_file),
-                settings.redis_group_urls)]
+                settings.redis_group_urls, host_gpus=visible_gpu_count(settings))]
     except ConfigError as exc:  # the models file itself is wrong
         return [f"make run: {exc}"]
 

@@ -51,11 +51,36 @@ def unservable(models: Mapping[str, ModelSpec],
                     f"models.{name}.redis: group {spec.redis!r} is not configured in the running "
                     f"API/worker processes ({_named(lacking)}): add it to their IQ_REDIS_GROUPS "
                     "and restart them before a reload names it")
-        if spec.device == "cuda" and spec.dtype != "int8":
+        if cuda_only(spec):
             bare = sorted(p for p, r in reports.items()
                           if r.get("gpus") == 0 and _serves(r, spec.queue))
             if bare:
                 problems.append(
                     f"models.{name}.device: 'cuda', but the running worker(s) {_named(bare)} "
                     f"that would serve queue {spec.queue!r} see no CUDA device")
+    return problems
+
+
+def cuda_only(spec: ModelSpec) -> bool:
+    """Whether the model loads only on a CUDA device (an int8 one runs on the CPU)."""
+    return spec.device == "cuda" and spec.dtype != "int8"
+
+
+def unconsumed(models: Mapping[str, ModelSpec],
+               workers: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[str]:
+    """One line per model whose queue no live worker on its Redis would consume.
+    `workers`: each Redis group's ("" the default's) live workers' reports, by field."""
+    problems = []
+    for name, spec in models.items():
+        group = spec.redis or ""
+        there = workers.get(group) or {}
+        where = f"group {group!r}" if group else "the default Redis"
+        if not there:
+            problems.append(f"models.{name}.redis: no worker runs on {where}: its jobs would "
+                            "wait there for ever; start one there before a reload moves it")
+        elif not any(_serves(r, spec.queue) or not ({"queues", "consumes_all"} & r.keys())
+                     for r in there.values()):  # a report without them: not checked
+            problems.append(f"models.{name}.queue: no worker on {where} consumes queue "
+                            f"{spec.queue!r}: its jobs would wait there for ever; start one "
+                            "that does (its -Q) before a reload names it")
     return problems

@@ -85,6 +85,10 @@ class Reloader:
         self.surge_before: set[int] | None = None
         self.shrink_next = False
         self.removed: dict[str, ModelSpec] = {}
+        # Removed by the reload in progress: their jobs wait in the buffer (the old children
+        # still serve them, the API still accepts them) until every child is on the new file,
+        # then fail `model_removed`; a rollback serves them again, none failed.
+        self.removing: set[str] = set()
         # What the worker served before the reload in progress, to roll back to:
         # (revision, file content, models); and its children then.
         self.previous: tuple[str, bytes, dict[str, ModelSpec]] | None = None
@@ -152,7 +156,7 @@ class Reloader:
         (a removal rolled back, which the API processes may serve already and accept the
         model's jobs for) is begun here and now, not at the next tick: the job is then
         judged by it. One read of Redis, for a removed model's jobs only."""
-        if model not in self.removed:
+        if model not in self.removed or model in self.removing:
             return False
         try:
             announced, number = self.client.mget(MODELS_REVISION_KEY, MODELS_ANNOUNCEMENTS_KEY)
@@ -262,6 +266,7 @@ class Reloader:
         scheduler = self.dispatcher.scheduler
         for name, spec in specs.items():
             self.removed.pop(name, None)
+            self.removing.discard(name)
             self.dispatcher.limits.declared[name] = spec.time_limit_s
             if name in old or task_name(name) in self.app.tasks:
                 scheduler.add_model(name, spec.max_batch_size, spec.max_wait_ms / 1000.0)
@@ -275,7 +280,10 @@ class Reloader:
                     self.consumer.add_task_queue(spec.queue)
         for name in old.keys() - specs.keys():
             self.removed[name] = old[name]
-            self.retire_model(name, by)
+            if by == "the reload":  # retired once every child is on the new file
+                self.removing.add(name)
+            else:
+                self.retire_model(name, by)
         consumed = set(self.dispatcher.liveness.consumed_queues())
         os.environ["IQ_WORKER_MODELS"] = ",".join(
             name for name, spec in specs.items() if spec.queue in consumed)
@@ -288,6 +296,7 @@ class Reloader:
         held.clear()
         if self.stale:
             held.update(gaining)
+        held.update(self.removing)
         if held:
             logger.info("jobs of %s wait for a child on the new models file",
                         ", ".join(sorted(held)))
@@ -327,6 +336,10 @@ class Reloader:
             self.turn.release()  # a child serves again: the next worker's turn
             self.dispatcher.pump()  # the replacement takes work
         self.stale &= self._pids()
+        if not self.stale and self.removing and self.state == "reloading":
+            for name in sorted(self.removing):  # no child serves them now
+                self.retire_model(name)
+            self.removing.clear()
         if not self.stale and self.dispatcher.scheduler.held:
             self.dispatcher.scheduler.held.clear()  # every child has the new models
             self.dispatcher.pump()

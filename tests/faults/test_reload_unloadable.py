@@ -77,7 +77,9 @@ def test_an_unloadable_model_halts_the_roll_and_every_worker_keeps_serving(tmp_p
         # processes, which had taken the new file, list the old models only.
         assert "putting back the previous models file" in done.stdout, done.stdout
         assert revision_of((tmp_path / "models.yaml").read_bytes()) == old
-        assert revision_of((tmp_path / "models.yaml.previous").read_bytes()) == bad
+        # The failed file beside it; `.previous` as before the reload (there was none).
+        assert revision_of((tmp_path / "models.yaml.failed").read_bytes()) == bad
+        assert not (tmp_path / "models.yaml.previous").exists()
         listed = requests.get(f"{stack.api}/v1/models", timeout=10).json()["models"]
         assert [m["name"] for m in listed] == ["quick"]
         assert f"every process serves revision {old}" in done.stdout, done.stdout

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import orjson
 import redis
@@ -126,6 +127,75 @@ def test_a_file_whose_canary_cannot_start_leaves_the_master_alone_and_is_refused
     client.incr(MODELS_ANNOUNCEMENTS_KEY)  # announced again: tried again
     watch.check()
     assert canaries == [revision_of(new)] * 2 and sent == []
+
+
+def test_an_api_process_takes_a_file_only_once_every_worker_serves_it(
+        redis_server, tmp_path, monkeypatch):
+    """Its canary started, the process still waits (a look each heartbeat, the canary not run
+    again) while a live worker on its Redis serves the old revision, so that it never accepts
+    a job for a model no worker serves yet nor refuses one the workers still serve; it hands
+    over once every live worker serves the new one. A worker that refused the revision makes
+    it refuse it too, with no SIGHUP: the reload is undone, the old file stays served."""
+    redis.Redis.from_url(redis_server.extra["admin_url"]).flushdb()
+    client = redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
+    models = tmp_path / "models.yaml"
+    old, new = b"models: {a: {kind: synthetic}}\n", b"models: {b: {kind: synthetic}}\n"
+    models.write_bytes(new)
+    settings = load_settings({"redis_url": redis_server.extra["url"],
+                              "models_file": str(models)})
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(app.reloading.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    canaries: list[str] = []
+    watch = ModelsWatch(client, settings, revision_of(old), master=os.getpid(),
+                        canary=lambda revision: canaries.append(revision) or "")
+
+    def worker(node: str, revision: bytes, state: str = "serving", **more) -> None:
+        client.hset(RELOAD_STATUS_KEY, f"worker:{node}", orjson.dumps(
+            {"revision": revision_of(revision), "state": state, "at": time.time(), **more}))
+
+    worker("a@h", old)
+    worker("b@h", old, "reloading")
+    client.set(MODELS_REVISION_KEY, revision_of(new))
+    number = str(client.incr(MODELS_ANNOUNCEMENTS_KEY))
+    watch.check()
+    watch.check()
+    assert sent == [] and not watch.handed_over and canaries == [revision_of(new)]
+    report = orjson.loads(client.hget(RELOAD_STATUS_KEY, watch.field))
+    assert (report["revision"], report["state"], report["workers_pending"]) == (
+        revision_of(old), "waiting for the workers", "worker:a@h, worker:b@h"), report
+    worker("a@h", new)
+    worker("b@h", new, "reloading")
+    watch.check()
+    assert sent == [] and not watch.handed_over
+    worker("b@h", new)
+    worker("gone@h", old)
+    client.hset(RELOAD_STATUS_KEY, "worker:gone@h", orjson.dumps(  # lapsed: not waited for
+        {"revision": revision_of(old), "state": "serving", "at": time.time() - 3600}))
+    watch.check()
+    assert sent == [(os.getpid(), app.reloading.signal.SIGHUP)] and watch.handed_over
+
+    # Another process of an API, a newer file that a worker refused: no SIGHUP, refused.
+    newer = b"models: {c: {kind: synthetic}}\n"
+    models.write_bytes(newer)
+    sent.clear()
+    watch = ModelsWatch(client, settings, revision_of(new), master=os.getpid(),
+                        canary=lambda revision: "")
+    client.set(MODELS_REVISION_KEY, revision_of(newer))
+    number = str(client.incr(MODELS_ANNOUNCEMENTS_KEY))
+    worker("a@h", new, "refused", refused=revision_of(newer), announcement=number,
+           error="its file differs")
+    worker("b@h", newer)
+    watch.check()
+    assert sent == [] and not watch.handed_over
+    report = orjson.loads(client.hget(RELOAD_STATUS_KEY, watch.field))
+    assert (report["revision"], report["state"], report["refused"]) == (
+        revision_of(new), "refused", revision_of(newer)), report
+    assert "worker:a@h: its file differs" in report["error"]
+    # The undo announces the revision it serves: it serves on, refusing nothing.
+    client.set(MODELS_REVISION_KEY, revision_of(new))
+    watch.check()
+    report = orjson.loads(client.hget(RELOAD_STATUS_KEY, watch.field))
+    assert (report["state"], report["error"], sent) == ("serving", "", [])
 
 
 def test_a_revision_announced_again_after_its_rollback_sends_its_master_another_sighup(

@@ -170,6 +170,27 @@ def test_a_reload_reaches_the_workers_of_every_group(groups):
     assert submit(groups, "quick-b", wait=30).status_code == 201
 
 
+def test_a_reload_moving_a_model_where_no_worker_consumes_it_is_refused(groups):
+    """By the workers' reports on the group's own Redis: quick-a moved to group b, whose only
+    worker consumes quick-b's queue, would wait there for ever; the reload is refused in one
+    line naming the field, nothing changed (it was once "done", its jobs never ran)."""
+    target = groups.workdir / "models.yaml"
+    before = target.read_bytes()
+    changed = yaml.safe_load(before)
+    changed["models"]["quick-a"]["redis"] = "b"
+    source = groups.workdir / "moved.yaml"
+    source.write_text(yaml.safe_dump(changed))
+    said: list[str] = []
+    result = reload(source, timeout_s=60, say=said.append,
+                    settings=load_settings(environ=groups.env))
+    assert result.status == 1, said
+    assert said == ["reload refused, nothing changed: models.quick-a.queue: no worker on group "
+                    "'b' consumes queue 'quick-a': its jobs would wait there for ever; start "
+                    "one that does (its -Q) before a reload names it"], said
+    assert target.read_bytes() == before
+    assert submit(groups, "quick-a", wait=30).status_code == 201
+
+
 def test_a_group_whose_redis_is_down_answers_503_and_the_other_keeps_working(groups):
     done = groups.submit("quick-b", ["before"])["id"]
     groups.finished(done)

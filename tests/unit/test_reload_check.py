@@ -74,3 +74,97 @@ def test_a_second_reload_while_one_runs_is_refused_and_changes_nothing(tmp_path)
     assert "another reload" in said[0] and "nothing changed" in said[0]
     assert target.read_bytes() == before
     assert not (tmp_path / "models.yaml.previous").exists()
+
+
+CUDA = {"quick": {"kind": "synthetic", "device": "cuda"}}
+
+
+def test_a_cuda_model_is_refused_against_a_host_without_gpus(tmp_path):
+    """No worker reports (all down, or held by their keeper): the file is checked against this
+    host's GPUs (nvidia-smi's count), and a `device: cuda` model refused, nothing changed."""
+    target, new = models_file(tmp_path, CUDA)
+    before = target.read_bytes()
+    with pytest.raises(Invalid, match=r"^models\.quick\.device: 'cuda', but this host has no "
+                                      r"GPU \(nvidia-smi lists none\)"):
+        install(target, new, host_gpus=0)
+    assert target.read_bytes() == before
+    install(target, new, host_gpus=1)  # a host with one: installed
+    assert yaml.safe_load(target.read_text())["models"] == CUDA
+
+
+def test_the_keeper_and_make_run_check_devices_against_this_host(tmp_path):
+    """make run (scripts/run.py) stops before anything starts, and the worker's keeper
+    (scripts/respawn.py) holds it, on a `device: cuda` model where the host has no GPU; the
+    API's keeper does not (the API loads no model)."""
+    from config import load_settings
+    from scripts.respawn import config_problem
+    from scripts.run import _models_problems
+
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({"models": CUDA}))
+    os.chmod(models, 0o600)
+    env = {"IQ_MODELS_FILE": str(models), "IQ_GPU_COUNT": "0"}
+    line = "models.quick.device: 'cuda', but this host has no GPU (nvidia-smi lists none): " \
+           "its worker's children could not load it"
+    assert config_problem(env, devices=True) == line
+    assert config_problem(env) == ""
+    assert _models_problems(load_settings(environ=env)) == [f"make run: {line}"]
+    assert config_problem(dict(env, IQ_GPU_COUNT="1"), devices=True) == ""
+
+
+def test_a_model_moved_where_no_worker_consumes_its_queue_is_refused(tmp_path):
+    """By the workers' reports on each Redis (group): a model moved to a group where no
+    worker runs, or to a queue no worker there consumes, is refused; a model no worker
+    consumed before the reload (parked on purpose) is no reason to refuse another change."""
+    from scripts.reload import consumers_problems
+
+    parked = {"kind": "synthetic", "queue": "parked"}
+    target, _ = models_file(tmp_path, {})
+    target.write_text(yaml.safe_dump({"models": {**GOOD, "parked": parked}}))
+    workers = {"": {"worker:a@h": {"queues": ["quick"], "consumes_all": False}},
+               "spare": {}, "b": {"worker:b@h": {"queues": ["other"]}}}
+
+    def check(models: dict) -> list[str]:
+        new = tmp_path / "next.yaml"
+        new.write_text(yaml.safe_dump({"models": models}))
+        return consumers_problems(target, new, workers)
+
+    quick = GOOD["quick"]
+    assert check({**GOOD, "parked": {**parked, "max_batch_size": 2}}) == []
+    assert check({"quick": {**quick, "redis": "spare"}}) == [
+        "models.quick.redis: no worker runs on group 'spare': its jobs would wait there for "
+        "ever; start one there before a reload moves it"]
+    assert check({"quick": {**quick, "redis": "b"}}) == [
+        "models.quick.queue: no worker on group 'b' consumes queue 'quick': its jobs would "
+        "wait there for ever; start one that does (its -Q) before a reload names it"]
+    assert check({"quick": {**quick, "queue": "quick-q2"}}) == [
+        "models.quick.queue: no worker on the default Redis consumes queue 'quick-q2': its "
+        "jobs would wait there for ever; start one that does (its -Q) before a reload names it"]
+    workers[""]["worker:a@h"]["consumes_all"] = True  # it takes up a new queue: served
+    assert check({"quick": {**quick, "queue": "quick-q2"}}) == []
+    assert consumers_problems(target, tmp_path / "next.yaml", {"": {}, "b": {}}) == []
+
+
+def test_an_undone_reload_keeps_previous_as_it_was_and_the_failed_file_beside_it(tmp_path):
+    """After a failed reload's undo, `<name>.previous` is still the last good file before the
+    one in place (README's rollback goes there), the failed file kept as `<name>.failed`."""
+    from scripts.reload import REFUSED, Result, _undo
+    from config import load_settings
+
+    target = tmp_path / "models.yaml"
+    earlier, good, bad = ({"models": {m: {"kind": "synthetic"}}} for m in ("e", "g", "b"))
+    previous, failed = tmp_path / "models.yaml.previous", tmp_path / "models.yaml.failed"
+    target.write_text(yaml.safe_dump(earlier))
+    source = tmp_path / "good.yaml"
+    source.write_text(yaml.safe_dump(good))
+    install(target, source)  # the last good reload: previous holds `earlier`
+    source.write_text(yaml.safe_dump(bad))
+    kept = previous.read_bytes()
+    install(target, source)  # the failed one (as reload() installs it), then undone
+    said: list[str] = []
+    _undo(target, Result(REFUSED, "x", failed_load=True), [], 5, said.append,
+          load_settings({"models_file": str(target)}), kept)
+    assert yaml.safe_load(target.read_text()) == good
+    assert yaml.safe_load(previous.read_text()) == earlier
+    assert yaml.safe_load(failed.read_text()) == bad
+    assert f"the failed one is kept as {failed}" in said[0], said
