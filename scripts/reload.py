@@ -155,27 +155,12 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
             why = "\n".join(refused)
             say(f"reload refused, nothing changed: {why}")
             return Result(INVALID, lines=refused)
-        # Each Redis group's workers watch their own Redis: announced there too, in turn.
-        # Each call bounded (a frozen Redis is said within seconds, and --timeout holds).
-        answer_s = min(_ANSWER_S, timeout_s)
-        redises = [("", connect(redis_url or settings.redis_url, settings,
-                                deadline_s=answer_s), settings)]
-        for name, url in settings.redis_group_urls.items():
-            group = replace(settings, redis_url=url, redis_sentinels="")
-            redises.append((name, connect(url, group, deadline_s=answer_s), group))
-        # Checked against what each live process can serve, on every Redis, before anything
-        # changes: their environment, not this shell's, runs the file.
-        reports: dict[str, dict] = {}
-        by_group: dict[str, dict[str, dict]] = {}  # the reports on each group's Redis
-        for name, client, group in redises:
-            try:
-                by_group[name] = live_reports(client, group.heartbeat_interval_s)
-                reports.update(by_group[name])
-            except redis.RedisError as exc:
-                if not name:  # REDIS_URL's: nothing could be announced either
-                    say(f"reload refused, nothing changed: Redis did not answer ({exc})")
-                    return Result(REFUSED, lines=[str(exc)])
-                say(f"Redis group {name}: its processes' reports could not be read ({exc})")
+        redises = _redises(settings, redis_url, min(_ANSWER_S, timeout_s))
+        try:
+            reports, by_group = _live_reports(redises, say)
+        except redis.RedisError as exc:  # REDIS_URL's: nothing could be announced either
+            say(f"reload refused, nothing changed: Redis did not answer ({exc})")
+            return Result(REFUSED, lines=[str(exc)])
         previous = target.with_name(target.name + ".previous")
         try:
             # What `.previous` holds now: kept there when this reload is undone (the last
@@ -190,10 +175,7 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
                                settings.redis_group_urls, reports, _waiting(redises, say),
                                host_gpus=None if any(n.startswith("worker:") for n in reports)
                                else visible_gpu_count(settings))
-        except OSError as exc:
-            say(f"reload refused, nothing changed: {exc}")
-            return Result(INVALID, lines=[str(exc)])
-        except Invalid as exc:
+        except (OSError, Invalid) as exc:
             say(f"reload refused, nothing changed: {exc}")
             return Result(INVALID, lines=[str(exc)])
         reached = 0
@@ -211,6 +193,36 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
         return result
     finally:
         os.close(lock)
+
+
+def _redises(settings: Settings, redis_url: str | None, answer_s: float) -> list:
+    """(group name, client, its settings) of REDIS_URL's Redis and each group's: each group's
+    workers watch their own Redis, so a reload is announced there too, in turn. Each call is
+    bounded by `answer_s` (a frozen Redis is said within seconds, and --timeout holds)."""
+    redises = [("", connect(redis_url or settings.redis_url, settings, deadline_s=answer_s),
+                settings)]
+    for name, url in settings.redis_group_urls.items():
+        group = replace(settings, redis_url=url, redis_sentinels="")
+        redises.append((name, connect(url, group, deadline_s=answer_s), group))
+    return redises
+
+
+def _live_reports(redises: list, say: Callable[[str], None]
+                  ) -> tuple[dict[str, dict], dict[str, dict[str, dict]]]:
+    """What each live process reports it can serve, on every Redis, all together and by
+    group: a file is checked against their environment, not this shell's, before anything
+    changes. REDIS_URL's Redis not answering raises; a group's is said and left out."""
+    reports: dict[str, dict] = {}
+    by_group: dict[str, dict[str, dict]] = {}
+    for name, client, group in redises:
+        try:
+            by_group[name] = live_reports(client, group.heartbeat_interval_s)
+            reports.update(by_group[name])
+        except redis.RedisError as exc:
+            if not name:
+                raise
+            say(f"Redis group {name}: its processes' reports could not be read ({exc})")
+    return reports, by_group
 
 
 def _waiting(redises: list, say: Callable[[str], None]) -> Callable[[str, str], int]:

@@ -321,20 +321,8 @@ class Reloader:
         a child that holds no batch goes now; else the next to hand back its batch
         (`PoolDispatcher._returned` calls this before it hands out more)."""
         pool = self.consumer.pool
-        if self.surge_before is not None:
-            if not ready_children(pool) - self.surge_before:
-                return  # its child still loads; the old one serves
-            self.surge_before, self.shrink_next = None, True
-            logger.info("reload: the surge child serves; a child on the previous file stops "
-                        "after its batch")
-        if self.retiring is not None:
-            gone = self.retiring not in self._pids()
-            fresh = ready_children(pool) - self.before_retiring
-            if not (gone and fresh):
-                return
-            self.retiring = None
-            self.turn.release()  # a child serves again: the next worker's turn
-            self.dispatcher.pump()  # the replacement takes work
+        if not self._caught_up(pool):
+            return
         self.stale &= self._pids()
         if not self.stale and self.removing and self.state == "reloading":
             for name in sorted(self.removing):  # no child serves them now
@@ -344,43 +332,7 @@ class Reloader:
             self.dispatcher.scheduler.held.clear()  # every child has the new models
             self.dispatcher.pump()
         if self.stale:
-            # A child still loading the file rolled back from fails and goes by itself: no
-            # turn taken for it.
-            if not self.stale & ready_children(pool):
-                return
-            if self.shrink_next:  # a surge's end: no child comes in its place
-                indices = self._indices()
-                retired = retire_idle_child(pool, self.stale, shrink=True)
-                if retired is not None:
-                    self._forget(indices.get(retired))
-                    self.shrink_next = False
-                    self.stale.discard(retired)
-                    self.turn.release()  # its new child serves: the next worker's turn
-                    logger.info("reload: child %d stops after its batch, the pool back to its "
-                                "size; %d more to replace", retired, len(self.stale))
-                    self.step()
-                return
-            if self.surges and len(ready_children(pool)) == 1:
-                # Its last serving child: a new one loads beside it first, in this worker's
-                # turn on its queues (one worker's new child loads at a time: the roll
-                # halts at the first that cannot load it).
-                if not self.turn.take(self.dispatcher.liveness.consumed_queues()):
-                    return
-                self.surge_before = self._pids()
-                if surge(pool):
-                    logger.info("reload: a surge child loads the new file beside the last "
-                                "one serving")
-                    return
-                self.surge_before = None
-            if not self._may_retire():
-                return
-            self.before_retiring = self._pids()
-            self.retiring = retire_idle_child(pool, self.stale)
-            if self.retiring is not None:
-                self.stale.discard(self.retiring)
-                logger.info("reload: child %d stops after its batch; %d more to replace",
-                            self.retiring, len(self.stale))
-                self.dispatcher.fit_intake()  # its last child: the buffer to other workers
+            self._replace_next(pool)
             return
         self.turn.release()
         if self._timer is not None:  # done, or rolled back
@@ -391,6 +343,67 @@ class Reloader:
             pin(self.content)  # a child that fails from now on stops the worker, as at start
             logger.info("reload done: every child on models file revision %s", self.revision)
             self.report()
+
+    def _caught_up(self, pool) -> bool:
+        """Whether the last replacement is up: a surge child ready, a retired child gone
+        and its replacement ready."""
+        if self.surge_before is not None:
+            if not ready_children(pool) - self.surge_before:
+                return False  # its child still loads; the old one serves
+            self.surge_before, self.shrink_next = None, True
+            logger.info("reload: the surge child serves; a child on the previous file stops "
+                        "after its batch")
+        if self.retiring is not None:
+            gone = self.retiring not in self._pids()
+            fresh = ready_children(pool) - self.before_retiring
+            if not (gone and fresh):
+                return False
+            self.retiring = None
+            self.turn.release()  # a child serves again: the next worker's turn
+            self.dispatcher.pump()  # the replacement takes work
+        return True
+
+    def _replace_next(self, pool) -> None:
+        """The next child on the previous file replaced: a surge's end shrinks the pool, a
+        last serving child gets a surge child beside it first, any other goes after its
+        batch."""
+        # A child still loading the file rolled back from fails and goes by itself: no
+        # turn taken for it.
+        if not self.stale & ready_children(pool):
+            return
+        if self.shrink_next:  # a surge's end: no child comes in its place
+            indices = self._indices()
+            retired = retire_idle_child(pool, self.stale, shrink=True)
+            if retired is not None:
+                self._forget(indices.get(retired))
+                self.shrink_next = False
+                self.stale.discard(retired)
+                self.turn.release()  # its new child serves: the next worker's turn
+                logger.info("reload: child %d stops after its batch, the pool back to its "
+                            "size; %d more to replace", retired, len(self.stale))
+                self.step()
+            return
+        if self.surges and len(ready_children(pool)) == 1:
+            # Its last serving child: a new one loads beside it first, in this worker's
+            # turn on its queues (one worker's new child loads at a time: the roll
+            # halts at the first that cannot load it).
+            if not self.turn.take(self.dispatcher.liveness.consumed_queues()):
+                return
+            self.surge_before = self._pids()
+            if surge(pool):
+                logger.info("reload: a surge child loads the new file beside the last "
+                            "one serving")
+                return
+            self.surge_before = None
+        if not self._may_retire():
+            return
+        self.before_retiring = self._pids()
+        self.retiring = retire_idle_child(pool, self.stale)
+        if self.retiring is not None:
+            self.stale.discard(self.retiring)
+            logger.info("reload: child %d stops after its batch; %d more to replace",
+                        self.retiring, len(self.stale))
+            self.dispatcher.fit_intake()  # its last child: the buffer to other workers
 
     def _indices(self) -> dict[int, int]:
         pool = getattr(self.consumer.pool, "_pool", None)
