@@ -121,6 +121,10 @@ class DispatcherStep(bootsteps.StartStopStep):
                 "models file that declares them")
         dispatcher.fit_intake()  # no fetch before a child can serve
         liveness.start_consuming()
+        # What it serves, reported now rather than at its first tick: a reload in between
+        # found no worker, so its checks and the API's wait for the workers passed with none
+        # to ask (a CI run: an API process took a file whose model no child could load).
+        dispatcher.reloader.report()
         self._tick = c.timer.call_repeatedly(dispatcher.settings.heartbeat_interval_s,
                                              dispatcher.tick)
 
