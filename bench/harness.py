@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from bench.load import percentile
 from bench.raw import batch_sizes
 from bench.usage import Meter, Usage
 from scripts import stack as launcher
+from scripts.processes import reap_group, signal_group
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -216,34 +216,13 @@ def stop_all(stacks: list[Stack]) -> None:
     """Every stack's API and worker told to stop at once (each its own warm shutdown, seconds
     long), then their Redis servers, which they write to until they are gone. A baseline's
     services come from that commit's launcher, whose Service may lack this checkout's methods:
-    only `proc`, which every launcher's Service has, is used, and one service that fails to
-    stop does not leave the others running."""
+    they are stopped through their Popen alone."""
     front = [svc for stack in stacks for svc in reversed(stack.services[1:])]
-    for svc in [svc for svc in front if _signal(svc, signal.SIGTERM)]:
-        _reap(svc)
+    for svc in [svc for svc in front if signal_group(svc.proc)]:
+        reap_group(svc.proc)
     for stack in stacks:
-        if _signal(stack.services[0], signal.SIGTERM):
-            _reap(stack.services[0])
-
-
-def _signal(svc, sig: int) -> bool:
-    """`sig` sent to the service's process group; False once it has exited."""
-    if svc.proc.poll() is not None:
-        return False
-    try:
-        os.killpg(svc.proc.pid, sig)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _reap(svc, timeout: float = 20) -> None:
-    """The service waited for, its group killed after `timeout`."""
-    try:
-        svc.proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        _signal(svc, signal.SIGKILL)
-        svc.proc.wait(10)
+        if signal_group(stack.services[0].proc):
+            reap_group(stack.services[0].proc)
 
 
 def start_stack(workdir: Path, model: str, spec: dict, config: Config, args,

@@ -39,6 +39,28 @@ def wait_until(check: Callable[[], object], timeout: float, what: str,
                        + (f" (last error: {last_exc!r})" if last_exc else ""))
 
 
+def signal_group(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> bool:
+    """Send `sig` to the process group `proc` leads; False if it has already exited. (A
+    function of the Popen alone: the benchmark stops a baseline commit's services, whose
+    Service class is that commit's.)"""
+    if proc.poll() is not None:
+        return False
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def reap_group(proc: subprocess.Popen, timeout: float = 20) -> None:
+    """Wait for `proc` to exit; SIGKILL its group after `timeout`."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        signal_group(proc, signal.SIGKILL)
+        proc.wait(10)
+
+
 @dataclass
 class Service:
     name: str
@@ -53,22 +75,10 @@ class Service:
             return ""
 
     def send(self, sig: int = signal.SIGTERM) -> bool:
-        """Send `sig` to the process group; False if it has already exited."""
-        if self.proc.poll() is not None:
-            return False
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            return False
-        return True
+        return signal_group(self.proc, sig)
 
     def reap(self, timeout: float = 20) -> None:
-        """Wait for the process to exit; SIGKILL its group after `timeout`."""
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        reap_group(self.proc, timeout)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
         if self.send(sig):
