@@ -12,7 +12,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import zipfile
 
 import pytest
 import requests
@@ -20,6 +19,7 @@ import yaml
 
 from scripts.stack import ROOT, launch, wait_until
 from tests.support.load import Load, runs
+from tests.support.models import build_hollow_archive
 from tests.support.records import fields_of
 
 pytestmark = pytest.mark.slow
@@ -78,9 +78,7 @@ def test_the_api_never_serves_a_model_before_the_workers_do(tmp_path):
                 "runs_log": str(tmp_path / f"{name}.log")}
 
     quick, other = synthetic("quick"), synthetic("other")
-    weights = tmp_path / "hollow.pt"
-    with zipfile.ZipFile(weights, "w") as archive:
-        archive.writestr("hollow/readme.txt", b"an archive, but no TorchScript program")
+    weights = build_hollow_archive(tmp_path / "hollow.pt")
     bad = {"kind": "torchscript", "path": str(weights), "input_shape": [1]}
     stack = launch(tmp_path, {"quick": quick, "other": other}, {"a": None}, defaults=True)
     loads: list[Load] = []

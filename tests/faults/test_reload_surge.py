@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import threading
 import time
-import zipfile
 
 import pytest
 import requests
@@ -19,6 +18,7 @@ from config.models import revision_of
 from scripts.stack import launch, start_worker, wait_until
 from tests.faults.test_reload_unloadable import instances, reload
 from tests.support.load import Load, runs
+from tests.support.models import build_hollow_archive
 from tests.support.records import fields_of
 
 pytestmark = pytest.mark.slow
@@ -78,9 +78,7 @@ def now_ms() -> int:
 def test_one_child_serves_through_a_failed_and_a_good_reload(tmp_path):
     quick = {"kind": "synthetic", "base_ms": 20, "per_item_ms": 0, "max_batch_size": 4,
              "runs_log": str(tmp_path / "runs.log")}
-    weights = tmp_path / "hollow.pt"
-    with zipfile.ZipFile(weights, "w") as archive:
-        archive.writestr("hollow/readme.txt", b"an archive, but no TorchScript program")
+    weights = build_hollow_archive(tmp_path / "hollow.pt")
     stack = launch(tmp_path, {"quick": quick}, {}, defaults=True, ready_models=[])
     old = revision_of((tmp_path / "models.yaml").read_bytes())
     load = None

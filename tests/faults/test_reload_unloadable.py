@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import zipfile
 
 import orjson
 import pytest
@@ -22,6 +21,7 @@ from config.models import revision_of
 from scripts.stack import ROOT, launch, start_worker, wait_until
 from tasks.keys import RELOAD_STATUS_KEY, reload_failed_key, reload_turn_key
 from tests.support.load import Load, runs
+from tests.support.models import build_hollow_archive
 from tests.support.records import fields_of
 
 pytestmark = pytest.mark.slow
@@ -51,9 +51,7 @@ def instances(stack) -> int:
 def test_an_unloadable_model_halts_the_roll_and_every_worker_keeps_serving(tmp_path):
     quick = {"kind": "synthetic", "base_ms": 20, "per_item_ms": 0, "max_batch_size": 4,
              "runs_log": str(tmp_path / "runs.log")}
-    weights = tmp_path / "hollow.pt"
-    with zipfile.ZipFile(weights, "w") as archive:
-        archive.writestr("hollow/readme.txt", b"an archive, but no TorchScript program")
+    weights = build_hollow_archive(tmp_path / "hollow.pt")
     stack = launch(tmp_path, {"quick": quick}, {}, defaults=True, ready_models=[])
     old = revision_of((tmp_path / "models.yaml").read_bytes())
     load = None

@@ -76,3 +76,13 @@ def build_image_model(path: Path) -> Path:
                                   dynamic_shapes=({0: batch},))
     torch.export.save(program, str(path))
     return path
+
+
+def build_hollow_archive(path: Path) -> Path:
+    """A zip archive that is no TorchScript program: it passes make reload's file check (a
+    file of the operator's, an archive) and fails only when a pool child loads it."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("hollow/readme.txt", b"an archive, but no TorchScript program")
+    return path
