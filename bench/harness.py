@@ -33,6 +33,13 @@ MODELS = {
     # Stands in for a GPU: a batch costs a + b·n ms of sleep, no CPU.
     "synthetic": {"kind": "synthetic", "base_ms": 20, "per_item_ms": 0.2,
                   "max_batch_size": 32, "max_wait_ms": 5, "max_inputs": 64},
+    # The GPU-faithful stand-in: minilm-embed on the H200 (2026-12-04, results/gpu/gpu.json),
+    # as the device's time (a sleep, GIL released) and the child's own work (preparation with
+    # the GIL held, 384 float32 a row packed and stored). Calibration: bench/README.md,
+    # "A GPU-faithful stand-in".
+    "synthetic-gpu": {"kind": "synthetic", "base_ms": 3.9, "per_item_ms": 0.04,
+                      "prepare_ms": 0.026, "output_floats": 384,
+                      "max_batch_size": 32, "max_wait_ms": 5, "max_inputs": 64},
 }
 
 
