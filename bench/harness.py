@@ -187,7 +187,8 @@ class Stack:
         return Meter({"redis": [psutil.Process(redis_svc.proc.pid)], "worker main": [main],
                       "worker child": main.children(recursive=True),
                       "api": api_processes(self.web_pid)},
-                     redis.Redis.from_url(redis_svc.extra["url"]))
+                     redis.Redis.from_url(redis_svc.extra["url"]),
+                     getattr(worker, "extra", {}).get("metrics_url"))
 
     def load(self, model: str, clients: int, inputs: int, args, usage: Usage | None = None,
              duration: float | None = None, warmup: float | None = None) -> dict:
@@ -205,7 +206,7 @@ class Stack:
         if usage is not None:
             # The meter ran through the warm-up too: its counts are shared out over every job
             # finished since, not only those of the measured window.
-            usage.add(meter.cpu, meter.calls, result["jobs_in_run"])
+            usage.add(meter.cpu, meter.calls, result["jobs_in_run"], meter.device)
         return result
 
     def worker_warnings(self, lines: int = 10) -> str:

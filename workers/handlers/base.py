@@ -7,11 +7,13 @@ half on CUDA out-of-memory, and isolates failures so one bad job never fails its
 from __future__ import annotations
 
 import logging
+import time
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Sequence
 
 from config.models import ModelSpec
 from tasks.errors import ErrorCode, JobError
+from workers.handlers import busy
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +63,17 @@ class Handler(ABC):
 
     def call(self, items: list) -> list:
         """One model call on all of `items` (no chunking): preprocess, inference,
-        postprocess, one output per item checked."""
+        postprocess, one output per item checked. The inference's span on the device goes
+        to the busy-share ledger (busy.py)."""
         import torch
 
         with torch.inference_mode():
-            outputs = self.postprocess(self.inference(self.preprocess(items)), len(items))
+            batch = self.preprocess(items)
+            timer = DeviceTimer(self.device)
+            output = self.inference(batch)
+            timer.stop()
+            outputs = self.postprocess(output, len(items))
+            timer.record(self.spec.name)
         if len(outputs) != len(items):
             raise RuntimeError(
                 f"model {self.spec.name} returned {len(outputs)} outputs for {len(items)} inputs"
@@ -106,10 +114,13 @@ class Handler(ABC):
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
 
-    def run(self, jobs: Sequence[Job],
-            progress: Progress | None = None) -> list[list | JobError]:
+    def run(self, jobs: Sequence[Job], progress: Progress | None = None,
+            waiting_since: float | None = None) -> list[list | JobError]:
         """Each job's outputs (or its error), the jobs' inputs run together; `progress` is told
-        how many of their items (in order) are done after each model call."""
+        how many of their items (in order) are done after each model call. `waiting_since`:
+        when the earliest of them was submitted (time.monotonic), for the busy share."""
+        if waiting_since is not None:
+            busy.ledger().work_waiting(self.device, waiting_since)
         flat = [item for inputs, _opts in jobs for item in inputs]
         try:
             outputs = self.predict(flat, progress)
@@ -142,3 +153,40 @@ class Handler(ABC):
     def _failure(self, exc: BaseException) -> JobError:
         logger.warning("job failed on %s: %r", self.spec.name, exc)
         return JobError(ErrorCode.INFERENCE_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+class DeviceTimer:
+    """A model call's span on its device: host times around the inference; on CUDA, the
+    device's own time between two events recorded on the stream (read once the outputs are
+    copied back, when the stream has passed them: no extra synchronisation)."""
+
+    def __init__(self, device: str) -> None:
+        import torch
+
+        self.device = device
+        self.events = None
+        if device.startswith("cuda"):
+            self.events = (torch.cuda.Event(enable_timing=True),
+                           torch.cuda.Event(enable_timing=True))
+            self.events[0].record()
+        self.start = time.monotonic()
+        self.end = self.start
+
+    def stop(self) -> None:
+        if self.events is not None:
+            self.events[1].record()
+        self.end = time.monotonic()
+
+    def record(self, model: str) -> None:
+        device_s = None
+        if self.events is not None:
+            self.events[1].synchronize()
+            device_s = self.events[0].elapsed_time(self.events[1]) / 1000.0
+            # The device ends its work after the host has queued it: its span starts where the
+            # host's did (the child's stream is idle between calls) and lasts its own time.
+            self.end = self.start + device_s
+        busy_s, idle_s = busy.ledger().ran(model, self.device, self.start, self.end, device_s)
+        from workers import metrics
+
+        metrics.record_device(model, self.device, busy_s, idle_s,
+                              busy.ledger().share(model, self.device))
