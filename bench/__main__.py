@@ -103,7 +103,8 @@ def measure_point(model: str, stacks: list[Stack], raw: RawServer, clients: int,
               f"{point['items_per_s']:8.1f} items/s  p50 {point['p50_ms']:7.1f} ms  "
               f"p99 {point['p99_ms']:7.1f} ms  queue-path CPU "
               f"{point['queue_path_cpu_ms_per_job']:.2f} ms/job  "
-              f"device busy {_share(point['device_busy_share'])}  rounds {point['rounds_items_per_s']}", flush=True)
+              f"device busy {_share(point['device_busy_share'])} "
+              f"(of wall {_share(point['device_busy_of_wall'])})  rounds {point['rounds_items_per_s']}", flush=True)
         if inputs == 1:
             results[name]["sweep"].append(point)
         else:

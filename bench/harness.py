@@ -54,6 +54,8 @@ class Config:
     tree: str | None = None
     # The clients' flow (FLOWS); None: the run's.
     flow: str | None = None
+    # Pool children of its worker, all on the one device (a GPU, or the stand-in's).
+    concurrency: int = 1
 
     @property
     def slug(self) -> str:
@@ -76,6 +78,9 @@ def configs_for(model: dict, baseline_rev: str | None = None) -> list[Config]:
                  Config(f"{baseline_rev} prefer-wait", tree=tree, flow="prefer-wait")]
     return extra + [
         Config("service"),
+        # A second child on the same device: one runs the device while the other starts,
+        # prepares, stores and reports (bench/README.md, "Keeping the device busy").
+        Config("two-children", concurrency=2),
         Config("no-batching", max_batch_size=1),
         Config("celery-batches", app="bench.peer_worker", flush_every=model["max_batch_size"],
                flush_interval=model["max_wait_ms"] / 1000),
@@ -206,7 +211,8 @@ class Stack:
         if usage is not None:
             # The meter ran through the warm-up too: its counts are shared out over every job
             # finished since, not only those of the measured window.
-            usage.add(meter.cpu, meter.calls, result["jobs_in_run"], meter.device)
+            usage.add(meter.cpu, meter.calls, result["jobs_in_run"], meter.device,
+                      meter.wall_s)
         return result
 
     def worker_warnings(self, lines: int = 10) -> str:
@@ -251,8 +257,9 @@ def start_stack(workdir: Path, model: str, spec: dict, config: Config, args,
     services = [redis_svc]
     try:
         services.append(launch.start_worker(worker_name or f"bench-{model}-{config.slug}",
-                                            env, workdir,
-                                            [model], app=config.app))
+                                            env, workdir, [model], app=config.app,
+                                            **({"concurrency": config.concurrency}
+                                               if config.concurrency > 1 else {})))
         # An earlier commit's API as that commit's benchmark ran it (a gthread API before the
         # gevent one: a thread per client and some to spare).
         web = launch.start_web(env, workdir, threads=max(args.clients) + 8) if config.tree \

@@ -4,6 +4,7 @@ worker's main process, its pool children, the API's workers) and Redis's calls p
 round of the benchmark takes them."""
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -64,14 +65,24 @@ class Usage:
     commands: Counter[str] = field(default_factory=Counter)
     jobs: int = 0
     device: Counter[str] = field(default_factory=Counter)
+    wall_s: float = 0.0  # of the rounds whose device counters were read
 
     def add(self, cpu: dict[str, float], calls: Counter[str], jobs: int,
-            device: dict[str, float] | None = None) -> None:
+            device: dict[str, float] | None = None, wall_s: float = 0.0) -> None:
         self.cpu.update(cpu)
         self.commands.update(calls)
         self.jobs += jobs
         if device is not None:
             self.device.update(device)
+            self.wall_s += wall_s
+
+    def device_busy_of_wall(self) -> float | None:
+        """The device's time running model calls over the rounds' wall time, all its children
+        together: its utilisation, whether or not work waited (with a second child per device
+        each child's busy share counts the other's turns as its idle; this does not)."""
+        if self.wall_s <= 0:
+            return None
+        return round(self.device[DEVICE_METRICS[0]] / self.wall_s, 3)
 
     def busy_share(self) -> float | None:
         """The device's busy share over the rounds (workers/handlers/busy.py); None where the
@@ -90,6 +101,7 @@ class Usage:
             "redis_commands_total_per_job": round(sum(n for n in self.commands.values()
                                                       if n > 0) / jobs, 2),
             "device_busy_share": self.busy_share(),
+            "device_busy_of_wall": self.device_busy_of_wall(),
         }
 
 
@@ -102,6 +114,7 @@ class Meter:
         self.device: dict[str, float] | None = None
 
     def __enter__(self) -> Meter:
+        self._started = time.monotonic()
         self._calls = commands(self.client)
         self._cpu = {name: cpu_seconds(procs) for name, procs in self.groups.items()}
         self._device = device_seconds(self.metrics_url)
@@ -113,5 +126,6 @@ class Meter:
         self.calls = commands(self.client) - self._calls
         self.calls["info"] -= 1  # the snapshot's own
         after = device_seconds(self.metrics_url)
+        self.wall_s = time.monotonic() - self._started
         if self._device is not None and after is not None:
             self.device = {name: after[name] - self._device[name] for name in DEVICE_METRICS}

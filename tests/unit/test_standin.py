@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -83,3 +84,24 @@ def _write(tmp_path: Path, model: dict) -> Path:
     path = tmp_path / "plain.yaml"
     path.write_text(yaml.safe_dump({"models": {"s": model}}))
     return path
+
+
+def test_children_of_one_worker_take_turns_on_the_stand_ins_device(tmp_path):
+    """Two handlers of one worker on one device (threads here, children there: the lock is a
+    file's) run their device time one after the other, as calls on one GPU do; each one's
+    device span is its own sleep, not its wait for the other."""
+    first, second = (standin(tmp_path, base_ms=150, per_item_ms=0, output_floats=1)
+                     for _ in range(2))
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda h: h.inference(["a"]), (first, second)))
+    spans = sorted([first.device_span, second.device_span])
+    assert spans[1][0] >= spans[0][1] - 0.001  # no overlap
+    assert all(0.14 <= end - start < 0.3 for start, end in spans), spans
+
+
+def test_the_plain_synthetic_models_children_run_side_by_side(tmp_path):
+    first, second = (standin(tmp_path, base_ms=150, per_item_ms=0) for _ in range(2))
+    started = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda h: h.inference(["a"]), (first, second)))
+    assert time.monotonic() - started < 0.29

@@ -7,12 +7,15 @@ if it holds pickled opaque objects (exported.py).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from workers.handlers.base import Handler
 
@@ -97,14 +100,21 @@ class SyntheticHandler(Handler):
     held (as tokenising and packing a batch cost), the sleep standing for the device's time
     (it releases the GIL, as a CUDA kernel does), and per input a float32 vector of
     `output_floats` values, returned as lists of Python floats as a real embedding model's
-    postprocess returns them, so that they are packed and stored as its are. Its calibration
-    against the H200 run is in bench/README.md, "A GPU-faithful stand-in"."""
+    postprocess returns them, so that they are packed and stored as its are. Its device is one
+    per worker, as a GPU is: children of one worker on the same device take turns on it (a
+    lock file named after the worker's main process and the device), so a second child per
+    device overlaps its work with the device's, never two devices' worth of sleep. Its
+    calibration against the H200 run is in bench/README.md, "A GPU-faithful stand-in"."""
 
     def __init__(self, spec: Any, device: str) -> None:
         super().__init__(spec, device)
         own = spec.kind_settings
         self.prepare_s = float(own.get("prepare_ms", 0.0)) / 1000.0
         self.output_floats = int(own.get("output_floats", 0))
+        self.device_lock: Path | None = None
+        if own:  # the stand-in: one device per worker, whatever its children
+            self.device_lock = Path(tempfile.gettempdir()) / (
+                f"iq-standin-{os.getppid()}-{device.replace(':', '')}.lock")
 
     def initialize(self) -> None:
         gate = Path(self.spec.load_gate) if self.spec.load_gate else None
@@ -129,7 +139,10 @@ class SyntheticHandler(Handler):
 
             raise torch.cuda.OutOfMemoryError(
                 f"CUDA out of memory (injected above {self.spec.oom_above} items)")
-        time.sleep((self.spec.base_ms + self.spec.per_item_ms * len(batch)) / 1000.0)
+        with self._device():
+            started = time.monotonic()
+            time.sleep((self.spec.base_ms + self.spec.per_item_ms * len(batch)) / 1000.0)
+            self.device_span = (started, time.monotonic())
         if self.spec.runs_log:
             # One write with O_APPEND: lines from concurrent children never interleave.
             with open(self.spec.runs_log, "a") as log:
@@ -141,6 +154,17 @@ class SyntheticHandler(Handler):
         if any(str(x).startswith(HANG_MARKER) for x in batch):
             threading.Event().wait()
         return [len(str(x)) for x in batch]
+
+    @contextlib.contextmanager
+    def _device(self) -> Iterator[None]:
+        """The device to itself for a call (the stand-in's; the plain synthetic model has no
+        lock: its fault tests' children run side by side)."""
+        if self.device_lock is None:
+            yield
+            return
+        with open(self.device_lock, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when the child dies
+            yield
 
     def postprocess(self, output: Any, count: int) -> list:
         if not self.output_floats:
