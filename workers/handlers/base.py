@@ -177,17 +177,21 @@ class DeviceTimer:
             self.events[0].record()
         self.start = time.monotonic()
         self.end = self.start
+        self.own_span = False
 
     def stop(self, span: tuple[float, float] | None = None) -> None:
+        """The call returned; `span`: the handler's own device span, which the events and
+        the host's times give way to (the stand-in's sleep, whatever its device)."""
         if self.events is not None:
             self.events[1].record()
         self.end = time.monotonic()
         if span is not None:
             self.start, self.end = span
+            self.own_span = True
 
     def record(self, model: str) -> None:
         device_s = None
-        if self.events is not None:
+        if self.events is not None and not self.own_span:
             self.events[1].synchronize()
             device_s = self.events[0].elapsed_time(self.events[1]) / 1000.0
             # The device ends its work after the host has queued it: its span starts where the
