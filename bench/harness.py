@@ -254,6 +254,9 @@ def start_stack(workdir: Path, model: str, spec: dict, config: Config, args,
                HF_HUB_OFFLINE="1", IQ_HEARTBEAT_INTERVAL_S="0.5", IQ_LOG_LEVEL="WARNING",
                BENCH_FLUSH_EVERY=str(config.flush_every),
                BENCH_FLUSH_INTERVAL=str(config.flush_interval))
+    if config.concurrency > 1:
+        # Its children on the host's one device: on a GPU host the pool's cap allows them.
+        env["IQ_CHILDREN_PER_GPU"] = str(config.concurrency)
     services = [redis_svc]
     try:
         services.append(launch.start_worker(worker_name or f"bench-{model}-{config.slug}",
