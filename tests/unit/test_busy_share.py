@@ -60,3 +60,16 @@ def test_cuda_events_time_stands_for_the_device_and_the_window_forgets_old_calls
 def test_a_submission_time_from_a_skewed_clock_never_lies_in_the_future():
     assert monotonic_of(wall=1_000.0, now_wall=990.0, now_mono=50.0) == 50.0
     assert monotonic_of(wall=985.0, now_wall=990.0, now_mono=50.0) == 45.0
+
+
+def test_the_share_is_of_the_last_window_only():
+    ledger = DeviceLedger(clock=Clock(), window_s=30.0)
+    for i in range(60):  # a minute of back-to-back calls of 1 s
+        ledger.work_waiting("cpu", 100.0 + i)
+        ledger.ran("m", "cpu", 100.0 + i, 101.0 + i)
+    for i in range(30):  # then half a minute of calls of 0.5 s with 0.5 s gaps while work waited
+        start = 160.5 + i
+        ledger.work_waiting("cpu", start - 1.0)
+        ledger.ran("m", "cpu", start, start + 0.5)
+    ledger.clock.now = 190.0
+    assert ledger.share("m", "cpu") == pytest.approx(0.5, abs=0.02)

@@ -31,13 +31,35 @@ class _Span:
 
 
 @dataclass
+class _Window:
+    """A model's calls on a device over the last window_s, with their sums kept as calls come
+    and go (a share is read after every call: never a walk over thousands of calls)."""
+    spans: deque = field(default_factory=deque)
+    busy: float = 0.0
+    idle: float = 0.0
+
+    def add(self, span: _Span) -> None:
+        self.spans.append(span)
+        self.busy += span.busy
+        self.idle += span.idle
+
+    def forget_before(self, when: float) -> None:
+        while self.spans and self.spans[0].end < when:
+            old = self.spans.popleft()
+            self.busy -= old.busy
+            self.idle -= old.idle
+        if not self.spans:
+            self.busy = self.idle = 0.0  # no float dust left over
+
+
+@dataclass
 class DeviceLedger:
     """One child's calls, per device. `clock` is time.monotonic (a fake clock in tests)."""
     clock: Callable[[], float] = time.monotonic
     window_s: float = WINDOW_S
     _last_end: dict[str, float] = field(default_factory=dict)
     _waiting_since: dict[str, float] = field(default_factory=dict)
-    _spans: dict[tuple[str, str], deque] = field(default_factory=dict)
+    _windows: dict[tuple[str, str], _Window] = field(default_factory=dict)
 
     def work_waiting(self, device: str, since: float) -> None:
         """Work for `device` has waited since `since` (this clock's time): the batch about to
@@ -58,20 +80,19 @@ class DeviceLedger:
         # Later calls of the same batch: its work has waited since this call ended.
         self._last_end[device] = end
         self._waiting_since[device] = end
-        spans = self._spans.setdefault((model, device), deque())
-        spans.append(_Span(end, busy, idle))
-        while spans and spans[0].end < end - self.window_s:
-            spans.popleft()
+        window = self._windows.setdefault((model, device), _Window())
+        window.add(_Span(end, busy, idle))
+        window.forget_before(end - self.window_s)
         return busy, idle
 
     def share(self, model: str, device: str) -> float | None:
         """The busy share of `model` on `device` over the window (None: no call in it)."""
-        spans = self._spans.get((model, device))
-        now = self.clock()
-        recent = [s for s in spans or () if s.end >= now - self.window_s]
-        busy = sum(s.busy for s in recent)
-        total = busy + sum(s.idle for s in recent)
-        return busy / total if total > 0 else None
+        window = self._windows.get((model, device))
+        if window is None:
+            return None
+        window.forget_before(self.clock() - self.window_s)
+        total = window.busy + window.idle
+        return window.busy / total if total > 0 else None
 
 
 _ledger = DeviceLedger()
