@@ -257,7 +257,7 @@ ENV_NAMES.update({f"IQ_{f.name.upper()}": f.name for f in fields(Settings)
 
 # IQ_ variables that something other than Settings reads, each with where: accepted beside the
 # settings' own, so that an IQ_ variable nobody reads (a typo) stops the process instead of
-# being silently ignored. README's "Process settings" documents the launchers' ones.
+# being silently ignored. docs/configuration.md's "Process settings" documents the launchers'.
 OTHER_VARIABLES: dict[str, str] = {
     "IQ_CONFIG": "load_settings: the YAML settings file",
     "IQ_HOST": "scripts/web.sh, scripts/run.py",
