@@ -4,6 +4,8 @@ that they cannot drift from what they describe.
 * docs/configuration.md: its `<!-- settings -->` marker becomes the table of every setting,
   the names and defaults read from config/settings.py's `Settings`, the meanings from
   docs/settings.yml. A setting without a meaning, or a meaning for no setting, fails the build.
+* a `<!-- README.md: <section> -->` marker in any page becomes that section of README.md (its
+  curl session, which the tests run: one copy), its links made the site's.
 * docs/performance.md: its `<!-- bench/README.md -->` marker becomes bench/README.md (the
   benchmark report), its headings one level down, and the images it shows are published
   beside it.
@@ -27,6 +29,8 @@ MEANINGS = ROOT / "docs" / "settings.yml"
 BENCH = ROOT / "bench" / "README.md"
 SETTINGS_MARK = "<!-- settings -->"
 BENCH_MARK = "<!-- bench/README.md -->"
+README = ROOT / "README.md"
+README_MARK = re.compile(r"<!-- README\.md: (?P<section>[^>]+?) -->")
 LOCAL_LINK = re.compile(r"\]\((?!https?://|#|mailto:)([^)\s]+)\)")
 
 
@@ -90,6 +94,16 @@ def bench_report() -> tuple[str, list[str]]:
     return LOCAL_LINK.sub(local, "\n".join(text)), cited
 
 
+def readme_section(title: str) -> str:
+    """The body of README.md's `## <title>` section, its links to docs/ pages made relative
+    to the site's pages and its link to the benchmark report the Performance page's."""
+    parts = README.read_text().split(f"\n## {title}\n", 1)
+    if len(parts) != 2:
+        raise DocsError(f"README.md has no section {title!r}")
+    body = parts[1].split("\n## ", 1)[0]
+    return body.replace("](docs/", "](").replace("](bench/README.md", "](performance.md")
+
+
 def on_files(files, config):
     from mkdocs.structure.files import File
     for path in bench_report()[1]:
@@ -100,6 +114,7 @@ def on_files(files, config):
 def on_page_markdown(markdown: str, page, config, files) -> str:
     from mkdocs.exceptions import PluginError
     try:
+        markdown = README_MARK.sub(lambda m: readme_section(m["section"]), markdown)
         if page.file.src_uri == "configuration.md":
             return _replace(markdown, SETTINGS_MARK, settings_table())
         if page.file.src_uri == "performance.md":
