@@ -261,7 +261,8 @@ ENV_NAMES.update({f"IQ_{f.name.upper()}": f.name for f in fields(Settings)
 OTHER_VARIABLES: dict[str, str] = {
     "IQ_CONFIG": "load_settings: the YAML settings file",
     "IQ_HOST": "scripts/web.sh, scripts/run.py",
-    "IQ_PORT": "scripts/web.sh, scripts/run.py",
+    "IQ_PORT": "scripts/web.sh, scripts/run.py; the client's default: "
+               "client/inference_queue_client/environment.py",
     "IQ_WEB_WORKERS": "gunicorn.conf.py",
     "IQ_WORKER_CONCURRENCY": "scripts/worker.sh",
     "IQ_WORKER_QUEUES": "scripts/worker.sh",
@@ -273,8 +274,8 @@ OTHER_VARIABLES: dict[str, str] = {
     "IQ_REDIS_APP_PASSWORD_FILE": "scripts/run.py, scripts/redis-server.sh",
     "IQ_REDIS_APP_USER": "scripts/run.py, scripts/redis-server.sh",
     "IQ_RESPAWN_LAST_EXIT": "scripts/respawn.py sets it, scripts/redis-server.sh reads it",
-    "IQ_API_URL": "client/inference_queue_client/client.py",
-    "IQ_API_KEY": "client/inference_queue_client/client.py",
+    "IQ_API_URL": "client/inference_queue_client/environment.py",
+    "IQ_API_KEY": "client/inference_queue_client/environment.py",
 }
 KNOWN_VARIABLES = frozenset(ENV_NAMES) | frozenset(OTHER_VARIABLES)
 
