@@ -1,8 +1,9 @@
 """The client's environment variables, read as the stack sets them: `IQ_API_URL` (where the
 API is), else `IQ_PORT` (the port `make run` gives the API on this host), else
-http://127.0.0.1:8000; `IQ_API_KEY`. A misspelling of one of them (`IQ_API_UR`) is refused,
-naming the closest, as the servers refuse theirs, rather than silently falling back to the
-default address, where another stack may be listening."""
+http://127.0.0.1:8000; `IQ_API_KEY`. A misspelling of one of them is refused, naming the
+closest (unknown environment variable IQ_API_UR: did you mean IQ_API_URL?), as the servers
+refuse theirs, rather than silently falling back to the default address, where another stack
+may be listening."""
 from __future__ import annotations
 
 import difflib
