@@ -23,8 +23,8 @@ from pathlib import Path
 
 from bench.load import make_inputs
 from config import Settings, load_models
-from workers.devices import cores_less_one, usable_cpus
-from workers.runtime import load_handler
+from workers.child.devices import cores_less_one, usable_cpus
+from workers.child.runtime import load_handler
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = (1, 16, 32)

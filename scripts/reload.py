@@ -72,7 +72,7 @@ from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, REMOVED_FA
 from tasks.queuemoves import QueueMoves
 from tasks.redis_client import connect
 from tasks.serves import unconsumed
-from workers.devices import visible_gpu_count
+from workers.child.devices import visible_gpu_count
 
 INVALID = 1
 # The longest one Redis call of a reload may take (a frozen Redis is said at once).

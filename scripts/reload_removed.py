@@ -31,7 +31,7 @@ from tasks.errors import removed_error
 from tasks.jobstate import Final, JobState, queue_of
 from tasks.keys import PENDING_KEY, REMOVED_FAILED_KEY, job_key
 from tasks.names import model_of_task, queue_lists
-from workers.batch import BatchJob, failed
+from workers.child.batch import BatchJob, failed
 
 CHUNK = 500
 

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-gpus="$(.venv/bin/python -m workers.devices)"
+gpus="$(.venv/bin/python -m workers.child.devices)"
 concurrency="${IQ_WORKER_CONCURRENCY:-$(( gpus > 0 ? gpus : 1 ))}"
 queues=()
 [ -n "${IQ_WORKER_QUEUES:-}" ] && queues=(--queues "$IQ_WORKER_QUEUES")

@@ -3,9 +3,9 @@
 It wires things together: the Celery app with one batching task per model, the worker's
 kombu transport, consumer and pool (workers.broker), the dispatcher's consumer bootstep, logging,
 metrics and the pool children's model runtime. The parent process buffers and batches
-(workers.strategy → workers.dispatcher); each pool child, started with the spawn method,
-loads the models of the queues this worker consumes (workers.runtime) and runs batches
-(workers.execute). Neither this module nor the parent imports torch.
+(workers.batching.strategy → workers.batching.dispatcher); each pool child, started with the
+spawn method, loads the models of the queues this worker consumes (workers.child.runtime) and
+runs batches (workers.child.execute). Neither this module nor the parent imports torch.
 """
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ from tasks import logs, reload_failures, tracing
 from config import load_settings
 from config.models import parse_models, read_models_content, revision_of
 from tasks.celery_app import make_celery
-from workers.pinned import pin, pinned, reload_from
+from workers.child.pinned import pin, pinned, reload_from
 from workers import broker, metrics
-from workers.runtime import start_runtime, stop_runtime
+from workers.child.runtime import start_runtime, stop_runtime
 from workers.spawn import project_on_path
-from workers.model_tasks import register_model
-from workers.stopping import LAST_RESORT_S, exit_within, hold_stops_for_the_main_process
-from workers.strategy import DispatcherStep
+from workers.batching.model_tasks import register_model
+from workers.batching.stopping import LAST_RESORT_S, exit_within, hold_stops_for_the_main_process
+from workers.batching.strategy import DispatcherStep
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from tasks.jobstate import JobState, StartDecision, Status, new_job
 from tasks.messages import JobArgs, QueuedMessage
 from tasks.names import PRIORITIES, list_for
 from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
-from workers.batch import BatchJob, Outcome, succeeded
-from workers.execute import execute
+from workers.child.batch import BatchJob, Outcome, succeeded
+from workers.child.execute import execute
 
 
 class Runtime:

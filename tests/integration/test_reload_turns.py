@@ -8,7 +8,7 @@ import redis
 
 from scripts.stack import wait_until
 from tasks.keys import reload_turn_key
-from workers.turns import Turn
+from workers.batching.turns import Turn
 
 
 @pytest.fixture

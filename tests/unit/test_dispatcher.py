@@ -10,8 +10,8 @@ from typing import Any
 from config import load_settings
 from config.models import parse_model
 from workers.broker import Broker
-from workers.dispatcher import PoolDispatcher
-from workers.batch import JobOutcome, Outcome
+from workers.batching.dispatcher import PoolDispatcher
+from workers.child.batch import JobOutcome, Outcome
 
 
 class FakePool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.isolation import (LIMIT_FLOOR_S, UNMEASURED_LIMIT_S, CrashLoops, TimeLimits,
+from workers.batching.isolation import (LIMIT_FLOOR_S, UNMEASURED_LIMIT_S, CrashLoops, TimeLimits,
                                Verdict, after_lost_batch)
 
 

@@ -18,8 +18,7 @@ import orjson
 
 from tasks.keys import reload_failed_key
 from tests.unit.test_reload_turns import Child, FakeTurns, Markers, Pool, worker
-from workers import pinned
-
+from workers.child import pinned
 OLD, NEW = b"models: {}\n# old\n", b"models: {}\n# new\n"
 
 

@@ -14,9 +14,7 @@ import orjson
 
 from tasks.keys import reload_failed_key
 from tests.unit.test_dispatcher import dispatcher
-from workers import pinned
-
-
+from workers.child import pinned
 class Child:
     """A pool process as Celery's prefork pool books it; `ready` once it said WORKER_UP."""
 

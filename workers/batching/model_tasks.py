@@ -12,9 +12,9 @@ from tasks.names import task_name
 
 class BatchingTask(Task):
     """A model's task. Messages never reach `run` one by one: the Strategy buffers them and
-    the pool runs whole batches (workers.execute.run_batch)."""
+    the pool runs whole batches (workers.child.execute.run_batch)."""
 
-    Strategy = "workers.strategy:batching_strategy"
+    Strategy = "workers.batching.strategy:batching_strategy"
     acks_late = True
     reject_on_worker_lost = True
     typing = False

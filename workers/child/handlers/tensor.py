@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.handlers.base import Handler
+from workers.child.handlers.base import Handler
 
 _INPUT_DTYPES = {"float32": "float32", "float64": "float64", "int64": "int64"}
 
@@ -32,7 +32,7 @@ def load_program(spec: Any, device: str, input_shape: tuple[int, ...]):
     import torch
 
     if spec.kind == "export" or (spec.kind == "image" and str(spec.path).endswith(".pt2")):
-        from workers.handlers.exported import load_exported
+        from workers.child.handlers.exported import load_exported
 
         return load_exported(model_file(spec, "torch.export"), device, input_shape)
     return torch.jit.load(str(model_file(spec, "TorchScript")), map_location=device).eval()

@@ -50,10 +50,10 @@ from workers.broker.pool import (before_children_start, end_surge, ready_childre
                                   retire_idle_child, surge)
 from tasks.reload_failures import describe, failure_of
 from tasks.serves import capabilities
-from workers.devices import visible_gpu_count
-from workers.model_tasks import register_model
-from workers.pinned import pin, pinned_content
-from workers.turns import Turn
+from workers.child.devices import visible_gpu_count
+from workers.batching.model_tasks import register_model
+from workers.child.pinned import pin, pinned_content
+from workers.batching.turns import Turn
 
 logger = logging.getLogger(__name__)
 

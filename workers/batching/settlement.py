@@ -20,9 +20,9 @@ from celery.worker import state as worker_state
 from tasks.errors import ErrorCode, JobError
 from tasks.jobstate import JobState, StartDecision, Status
 from tasks.logs import trace
-from workers.batch import BatchJob, JobOutcome, Outcome, failed
+from workers.child.batch import BatchJob, JobOutcome, Outcome, failed
 from workers.broker import Leases
-from workers.isolation import TimeLimits, Verdict, after_lost_batch
+from workers.batching.isolation import TimeLimits, Verdict, after_lost_batch
 
 logger = logging.getLogger(__name__)
 

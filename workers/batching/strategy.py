@@ -14,10 +14,10 @@ from celery.worker.strategy import proto1_to_proto2
 from config import ConfigError
 from tasks.logs import trace
 from tasks.names import model_of_task
-from workers.batch import trace_headers
+from workers.child.batch import trace_headers
 from workers.broker.pool import TaskPool, on_child_ready
-from workers.devices import visible_gpu_count
-from workers.dispatcher import PoolDispatcher
+from workers.child.devices import visible_gpu_count
+from workers.batching.dispatcher import PoolDispatcher
 
 logger = logging.getLogger(__name__)
 

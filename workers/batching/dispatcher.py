@@ -26,16 +26,16 @@ from tasks.errors import removed_error
 from tasks.jobstate import JobState
 from tasks.names import PRIORITIES
 from tasks.redis_client import connect
-from workers.batch import FOREIGN, BatchJob, JobOutcome, job_token
+from workers.child.batch import FOREIGN, BatchJob, JobOutcome, job_token
 from workers.broker import InFlight, Leases, broker_of
 from workers.broker.pool import serving_children
-from workers.execute import run_batch
-from workers.isolation import CrashLoops, TimeLimits
-from workers.liveness import Liveness
-from workers.policy import Batch, BatchScheduler
-from workers.reload import Reloader
-from workers.settlement import Settlement
-from workers.stopping import StopDeadline
+from workers.child.execute import run_batch
+from workers.batching.isolation import CrashLoops, TimeLimits
+from workers.batching.liveness import Liveness
+from workers.batching.policy import Batch, BatchScheduler
+from workers.batching.reload import Reloader
+from workers.batching.settlement import Settlement
+from workers.batching.stopping import StopDeadline
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from tasks.keys import CONSUMING_KEY, consuming_key
 from tasks.names import queue_lists
 from tasks.presence import Presence
 from workers.broker import Leases
-from workers.watchdog import Watchdog
+from workers.batching.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
