@@ -1,6 +1,6 @@
 """The kinds the service ships, registered in config/kinds.py's registry: each one's keys
 checked, its input and options for the API, and the handler a pool child loads it with
-(workers/handlers/)."""
+(workers/child/handlers/)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -19,7 +19,7 @@ from deliverer import metrics
 from deliverer.webhooks import register
 
 celery = make_celery()
-# Retries wait in the webhook queue's delayed set (workers/webhooks.py); fetches move them.
+# Retries wait in the webhook queue's delayed set (deliverer/webhooks.py); fetches move them.
 broker.attach(celery).delayed_queues.add(QUEUE)
 if not enabled(celery.conf.iq_settings.webhook_secret):
     raise SystemExit(f"the webhook deliverer will not start: {SECRET_MISSING}")

@@ -2,7 +2,7 @@
 # One Celery worker for the configured models' queues (several may run on one host: each gets
 # a node name and a metrics port of its own). One pool child per GPU (each child owns
 # one device), or one child on a CPU-only host; IQ_WORKER_CONCURRENCY overrides. The GPUs are
-# counted as the worker counts them (workers/devices.py: IQ_GPU_COUNT, else nvidia-smi, a
+# counted as the worker counts them (workers/child/devices.py: IQ_GPU_COUNT, else nvidia-smi, a
 # separate process, so that this parent never initialises CUDA).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -252,7 +252,7 @@ def test_the_pool_adjustments_replace_what_celery_calls(monkeypatch):
 
 
 def _ignore_sigterm_until_killed(ready) -> None:
-    """A pool child once its models are loaded (workers/stopping.py), running a batch."""
+    """A pool child once its models are loaded (workers/batching/stopping.py), running a batch."""
     import threading
 
     from workers.batching.stopping import hold_stops_for_the_main_process

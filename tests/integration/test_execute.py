@@ -1,4 +1,4 @@
-"""A batch as a pool child runs it (workers/execute.py), on a real Redis with the real job
+"""A batch as a pool child runs it (workers/child/execute.py), on a real Redis with the real job
 state, its model a stand-in: each step's outcome per job, and what is stored."""
 from __future__ import annotations
 

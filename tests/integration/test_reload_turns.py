@@ -1,6 +1,6 @@
-"""A reload's turn (workers/turns.py) against a real Redis: one worker at a time per queue,
-taken all at once or not at all, given back only by its holder, lapsing when its holder stops
-renewing it."""
+"""A reload's turn (workers/batching/turns.py) against a real Redis: one worker at a time per
+queue, taken all at once or not at all, given back only by its holder, lapsing when its holder
+stops renewing it."""
 from __future__ import annotations
 
 import pytest

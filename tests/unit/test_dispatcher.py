@@ -1,6 +1,6 @@
-"""The dispatcher's order of things (workers/dispatcher.py, workers/settlement.py), with a fake
-pool and timer: a freed child gets its next batch before the last batch is acknowledged, and
-a batch's acks go to Redis together."""
+"""The dispatcher's order of things (workers/batching/dispatcher.py,
+workers/batching/settlement.py), with a fake pool and timer: a freed child gets its next batch
+before the last batch is acknowledged, and a batch's acks go to Redis together."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -138,7 +138,8 @@ def test_with_no_child_to_serve_the_buffer_goes_back_and_nothing_is_fetched():
     d, pool, _timer, unacked = dispatcher()
     restored: list[str] = []
     unacked.restore = lambda tags: restored.extend(tags)
-    # Each job of a lost batch runs again alone (workers/isolation.py; its Redis part aside).
+    # Each job of a lost batch runs again alone (workers/batching/isolation.py; its Redis part
+    # aside).
     d.settlement.failed_batch = lambda _model, requests, _exc, stopping: list(requests)
     child = Child(1)
     pool._pool = SimpleNamespace(_pool=[child], _all_inqueues={child.inqW_fd})

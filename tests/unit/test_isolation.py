@@ -1,5 +1,5 @@
-"""Poison and hang isolation on its own (workers/isolation.py): no broker, no worker, a fake
-clock."""
+"""Poison and hang isolation on its own (workers/batching/isolation.py): no broker, no worker, a
+fake clock."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""The worker watchdog's decisions, on a fake clock (workers/watchdog.py)."""
+"""The worker watchdog's decisions, on a fake clock (workers/batching/watchdog.py)."""
 from __future__ import annotations
 
 from workers.batching.watchdog import Watchdog

@@ -1,6 +1,6 @@
 """A model's Celery task in the worker: registered for each model at start (workers/main.py)
-and for a model a reload adds (workers/reload.py). Its jobs never run one by one: its Strategy
-hands them to the dispatcher (workers/strategy.py)."""
+and for a model a reload adds (workers/batching/reload.py). Its jobs never run one by one: its
+Strategy hands them to the dispatcher (workers/batching/strategy.py)."""
 from __future__ import annotations
 
 from typing import Any

@@ -2,15 +2,14 @@
 takes the new file (new models' tasks and queues, new batching limits, removed models' jobs
 failed with `model_removed`), then replaces its pool children one at a time, each after the
 batch it holds: a spawned child loads the models file its main process hands it
-(workers/pinned.py), from then on the new one, so the new child loads the new models. The
+(workers/child/pinned.py), from then on the new one, so the new child loads the new models. The
 worker keeps serving from its other children. Its last serving child goes only once a child on
 the new file serves beside it: the pool grows by one (a surge, `IQ_RELOAD_SURGE`), the new
 child loads the new file, and the old one stops after its batch with the pool shrunk back; a
 surge child that cannot load exits and the old child never stopped serving. Without a surge,
-its last serving child goes only in its turn (workers/turns.py): the workers that serve the
-same queues take turns, so that another keeps serving while this one's new child loads. Where
-it stands is written to Redis (tasks/keys.py
-RELOAD_STATUS_KEY) for the reload command to wait on.
+its last serving child goes only in its turn (workers/batching/turns.py): the workers that serve
+the same queues take turns, so that another keeps serving while this one's new child loads. Where
+it stands is written to Redis (tasks/keys.py RELOAD_STATUS_KEY) for the reload command to wait on.
 
 A new child that cannot load the new file records that in Redis and exits
 (tasks/reload_failures.py): the rolling update halts there. Its worker, and any other worker
@@ -193,7 +192,7 @@ class Reloader:
         previous, self.revision = self.revision, revision
         self.previous = (previous, self.content, self.app.conf.iq_models)
         self.refused_revision, self.error, self.state = "", "", "reloading"
-        # The children started from now on load this file (workers/pinned.py), as a reload's.
+        # The children started from now on load this file (workers/child/pinned.py), as a reload's.
         self.content = content
         pin(content, reload_from=previous)
         gaining = self.apply(specs)

@@ -4,8 +4,9 @@ worker's leases (workers/broker/leases.py), a batch's together in one round trip
 
 Results a child could not store (Redis refused them for longer than `redis_retry_s`) are kept
 here and stored on a later tick, their messages held meanwhile: a job that ran is never run
-again because Redis was full. A batch whose child was lost is settled by workers/isolation.py's
-rules: each job runs again alone, and only the one that loses its child alone fails."""
+again because Redis was full. A batch whose child was lost is settled by
+workers/batching/isolation.py's rules: each job runs again alone, and only the one that loses its
+child alone fails."""
 from __future__ import annotations
 
 import logging

@@ -142,8 +142,8 @@ class DispatcherStep(bootsteps.StartStopStep):
 
     def close(self, c: Any) -> None:
         """The worker stops: the running batches have `stop_timeout_s` to finish
-        (workers/stopping.py); results Redis still refuses are given up; a reload's turn it
-        holds is given back (workers/turns.py)."""
+        (workers/batching/stopping.py); results Redis still refuses are given up; a reload's turn
+        it holds is given back (workers/batching/turns.py)."""
         self.stop(c)
         dispatcher = getattr(c, _DISPATCHER_ATTR, None)
         if dispatcher is not None:

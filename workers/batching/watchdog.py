@@ -37,7 +37,8 @@ ARGV = list(sys.argv)
 class Watchdog:
     def __init__(self, limit_s: float, liveness: Any,
                  clock: Callable[[], float] = monotonic) -> None:
-        """`liveness`: the worker's (workers/liveness.py): its settings, leases and pool."""
+        """`liveness`: the worker's (workers/batching/liveness.py): its settings, leases and
+        pool."""
         self.limit_s = limit_s
         self.liveness = liveness
         self.clock = clock
