@@ -116,11 +116,19 @@ class ModelRuntime:
         return handler.run(jobs, progress)
 
     def record_memory(self, model: str) -> None:
-        from workers.metrics import record_gpu_memory
-
+        """What torch holds on the model's GPU, in the worker's metrics (here, in the child:
+        workers/metrics.py, which the main process and the deliverer import, never imports
+        torch)."""
         handler = self.handlers.get(model)
-        if handler is not None:
-            record_gpu_memory(handler.device)
+        if handler is None or not handler.device.startswith("cuda"):
+            return
+        import torch
+
+        from workers import metrics
+
+        device = handler.device
+        metrics.get().gpu_allocated.labels(device).set(torch.cuda.memory_allocated(device))
+        metrics.get().gpu_reserved.labels(device).set(torch.cuda.memory_reserved(device))
 
     def stop(self) -> None:
         self.state = State.DEFUNCT
