@@ -11,6 +11,9 @@ from config import load_settings
 from config.models import parse_model
 from workers.broker import Broker
 from workers.batching.dispatcher import PoolDispatcher
+from workers.batching.reload import Failing, QueuesConsumed, ReloadHost
+from workers.batching.stopping import PoolChildren, Stoppable
+from workers.batching.watchdog import Watched
 from workers.child.batch import JobOutcome, Outcome
 
 
@@ -119,6 +122,19 @@ def test_a_freed_child_gets_its_next_batch_before_the_last_one_is_acknowledged()
     timer.run_due()
     assert unacked.acked[-1] == ["tag-b", "tag-c"]  # one round trip for the batch
     assert second.acknowledged and third.acknowledged
+
+
+def test_the_reload_the_stop_deadline_and_the_watchdog_get_what_their_interfaces_name():
+    """The main process's back-references are typed interfaces handed in (reload.py
+    ReloadHost, stopping.py Stoppable, watchdog.py Watched), not `Any`: the dispatcher and its
+    liveness have every member those name, so a rename fails here rather than in a reload or a
+    stop."""
+    d, *_ = dispatcher()
+    assert isinstance(d, ReloadHost) and isinstance(d, Stoppable)
+    assert isinstance(d.liveness, QueuesConsumed) and isinstance(d.liveness, PoolChildren)
+    assert isinstance(d.liveness, Watched) and isinstance(d.settlement, Failing)
+    assert d.reloader.dispatcher is d and d.stop_deadline.dispatcher is d
+    assert d.liveness.watchdog.liveness is d.liveness
 
 
 class Child:

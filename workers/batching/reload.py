@@ -32,7 +32,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import orjson
 import redis
@@ -40,7 +40,7 @@ import redis
 from config import ConfigError
 from config.groups import check_model_groups
 from config.models import ModelSpec, parse_models, read_models_content, revision_of
-from tasks.errors import removed_error
+from tasks.errors import JobError, removed_error
 from tasks.keys import (MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY,
                         live_key, versions_key)
 from tasks.names import task_name
@@ -50,7 +50,9 @@ from workers.broker.pool import (before_children_start, end_surge, ready_childre
 from tasks.reload_failures import describe, failure_of
 from tasks.serves import capabilities
 from workers.child.devices import visible_gpu_count
+from workers.batching.isolation import TimeLimits
 from workers.batching.model_tasks import register_model
+from workers.batching.policy import BatchScheduler
 from workers.child.pinned import pin, pinned_content
 from workers.batching.turns import Turn
 
@@ -60,10 +62,47 @@ logger = logging.getLogger(__name__)
 STEP_S = 0.25
 
 
+@runtime_checkable
+class QueuesConsumed(Protocol):
+    def consumed_queues(self) -> list[str]: ...
+
+
+@runtime_checkable
+class Failing(Protocol):
+    def fail(self, requests: list, error: JobError) -> None: ...
+
+
+@runtime_checkable
+class ReloadHost(Protocol):
+    """What a reload needs of its worker's dispatcher (workers/batching/dispatcher.py), which
+    hands itself in: Celery's consumer (its app, pool, strategies, queues), the buffers and
+    the time limits the new file changes, the queues consumed, the settlement that fails a
+    removed model's jobs, and the dispatcher's own pump and intake."""
+
+    @property
+    def consumer(self) -> Any: ...  # Celery's consumer
+
+    @property
+    def scheduler(self) -> BatchScheduler: ...
+
+    @property
+    def limits(self) -> TimeLimits: ...
+
+    @property
+    def liveness(self) -> QueuesConsumed: ...
+
+    @property
+    def settlement(self) -> Failing: ...
+
+    def pump(self) -> None: ...
+
+    def fit_intake(self) -> None: ...
+
+
 class Reloader:
     """One per worker (`PoolDispatcher.reloader`). `dispatcher`: its PoolDispatcher."""
 
-    def __init__(self, dispatcher: Any, client: redis.Redis) -> None:
+    def __init__(self, dispatcher: ReloadHost, client: redis.Redis) -> None:
         self.dispatcher = dispatcher
         self.consumer = dispatcher.consumer
         self.app = self.consumer.app

@@ -14,19 +14,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from config.models import ModelSpec
 from workers.child.handlers.base import Handler
 
 _INPUT_DTYPES = {"float32": "float32", "float64": "float64", "int64": "int64"}
 
 
-def model_file(spec: Any, what: str) -> Path:
+def model_file(spec: ModelSpec, what: str) -> Path:
     path = Path(spec.path)
     if not path.is_file():
         raise FileNotFoundError(f"model {spec.name}: no {what} file at {path}")
     return path
 
 
-def load_program(spec: Any, device: str, input_shape: tuple[int, ...]):
+def load_program(spec: ModelSpec, device: str, input_shape: tuple[int, ...]):
     """The callable module in `spec.path`: a torch.export program for kind export (and for an
     image model whose file ends in `.pt2`), else TorchScript."""
     import torch
