@@ -5,7 +5,8 @@ every process needs of it.
 - the API builds a job's schema, and the OpenAPI document, from its `input` and `options`
   (app/schemas.py);
 - a worker's pool child imports its `handler` ("package.module:Class", a subclass of
-  workers.handlers.base.Handler) and loads the model with it (workers/handlers/__init__.py).
+  workers.child.handlers.base.Handler) and loads the model with it
+  (workers/child/handlers/__init__.py).
 
 The handler is named, not imported, so that the API and a worker's main process, which read
 every kind, never import a kind's model code (nor torch). The shipped kinds register in

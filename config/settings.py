@@ -116,7 +116,7 @@ class Settings:
     # they are not public, and one deadline for all of a job's fetches.
     image_url_allow: str = ""
     image_fetch_deadline_s: float = 10.0
-    # Image decoding (app/decoders.py): decoder processes per API process, the time each image
+    # Image decoding (app/decoder_pool.py): decoder processes per API process, the time each image
     # may take, the decoding time all of a job's images share, the memory (address space) each
     # decoder may use, and the decoders one API key may hold at once (0: half of them, at
     # least one; keys off: no cap).

@@ -1,8 +1,8 @@
-"""Image decoding, in a process of its own (app/decoders.py runs a few): what makes a decoder
+"""Image decoding, in a process of its own (app/decoder_pool.py runs a few): what makes a decoder
 slow or memory-hungry is refused from the header first, then the picture is decoded, turned
 upright, converted to RGB, resized and centre-cropped, and its raw bytes go back.
 
-Run as `python -I app/decoding.py MEMORY_MB`, it serves requests on stdin (frames below) until
+Run as `python -I app/decoder.py MEMORY_MB`, it serves requests on stdin (frames below) until
 stdin closes, with its address space capped at MEMORY_MB: a picture that needs more is refused,
 never a danger to the API. It imports Pillow and the standard library only, so that it starts
 in a fraction of a second and holds nothing of the API (no settings, no secrets). Before it
@@ -26,7 +26,7 @@ the bytes), none of which padding the file or reordering its chunks can get past
   counted by walking the markers as libjpeg does, skipping stray bytes between segments.
 
 What the header cannot tell (a picture under every cap that is merely slow) is bounded by the
-decoder's deadline and memory, and by the budget a request's images share (app/decoders.py).
+decoder's deadline and memory, and by the budget a request's images share (app/decoder_pool.py).
 
 Frames: first, once confined, the decoder says what it gave up: an answer frame (below) whose
 body is JSON (`uid`, `network`: "none" or "shared", `hidden`, `no_new_privs`). Then request

@@ -17,10 +17,10 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from workers.handlers.base import Handler
-from workers.handlers.folders import (encoder_config, load_model, load_tokenizer,
+from workers.child.handlers.base import Handler
+from workers.child.handlers.folders import (encoder_config, load_model, load_tokenizer,
                                       max_seq_length, model_dir)
-from workers.handlers.packing import pack_rows
+from workers.child.handlers.packing import pack_rows
 
 WARMUP_TEXT = " ".join(["The quick brown fox jumps over the lazy dog."] * 8)
 

@@ -2,15 +2,14 @@
 takes the new file (new models' tasks and queues, new batching limits, removed models' jobs
 failed with `model_removed`), then replaces its pool children one at a time, each after the
 batch it holds: a spawned child loads the models file its main process hands it
-(workers/pinned.py), from then on the new one, so the new child loads the new models. The
+(workers/child/pinned.py), from then on the new one, so the new child loads the new models. The
 worker keeps serving from its other children. Its last serving child goes only once a child on
 the new file serves beside it: the pool grows by one (a surge, `IQ_RELOAD_SURGE`), the new
 child loads the new file, and the old one stops after its batch with the pool shrunk back; a
 surge child that cannot load exits and the old child never stopped serving. Without a surge,
-its last serving child goes only in its turn (workers/turns.py): the workers that serve the
-same queues take turns, so that another keeps serving while this one's new child loads. Where
-it stands is written to Redis (tasks/keys.py
-RELOAD_STATUS_KEY) for the reload command to wait on.
+its last serving child goes only in its turn (workers/batching/turns.py): the workers that serve
+the same queues take turns, so that another keeps serving while this one's new child loads. Where
+it stands is written to Redis (tasks/keys.py RELOAD_STATUS_KEY) for the reload command to wait on.
 
 A new child that cannot load the new file records that in Redis and exits
 (tasks/reload_failures.py): the rolling update halts there. Its worker, and any other worker
@@ -33,7 +32,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import orjson
 import redis
@@ -41,7 +40,7 @@ import redis
 from config import ConfigError
 from config.groups import check_model_groups
 from config.models import ModelSpec, parse_models, read_models_content, revision_of
-from tasks.errors import removed_error
+from tasks.errors import JobError, removed_error
 from tasks.keys import (MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY,
                         live_key, versions_key)
 from tasks.names import task_name
@@ -50,10 +49,12 @@ from workers.broker.pool import (before_children_start, end_surge, ready_childre
                                   retire_idle_child, surge)
 from tasks.reload_failures import describe, failure_of
 from tasks.serves import capabilities
-from workers.devices import visible_gpu_count
-from workers.model_tasks import register_model
-from workers.pinned import pin, pinned_content
-from workers.turns import Turn
+from workers.child.devices import visible_gpu_count
+from workers.batching.isolation import TimeLimits
+from workers.batching.model_tasks import register_model
+from workers.batching.policy import BatchScheduler
+from workers.child.pinned import pin, pinned_content
+from workers.batching.turns import Turn
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +62,47 @@ logger = logging.getLogger(__name__)
 STEP_S = 0.25
 
 
+@runtime_checkable
+class QueuesConsumed(Protocol):
+    def consumed_queues(self) -> list[str]: ...
+
+
+@runtime_checkable
+class Failing(Protocol):
+    def fail(self, requests: list, error: JobError) -> None: ...
+
+
+@runtime_checkable
+class ReloadHost(Protocol):
+    """What a reload needs of its worker's dispatcher (workers/batching/dispatcher.py), which
+    hands itself in: Celery's consumer (its app, pool, strategies, queues), the buffers and
+    the time limits the new file changes, the queues consumed, the settlement that fails a
+    removed model's jobs, and the dispatcher's own pump and intake."""
+
+    @property
+    def consumer(self) -> Any: ...  # Celery's consumer
+
+    @property
+    def scheduler(self) -> BatchScheduler: ...
+
+    @property
+    def limits(self) -> TimeLimits: ...
+
+    @property
+    def liveness(self) -> QueuesConsumed: ...
+
+    @property
+    def settlement(self) -> Failing: ...
+
+    def pump(self) -> None: ...
+
+    def fit_intake(self) -> None: ...
+
+
 class Reloader:
     """One per worker (`PoolDispatcher.reloader`). `dispatcher`: its PoolDispatcher."""
 
-    def __init__(self, dispatcher: Any, client: redis.Redis) -> None:
+    def __init__(self, dispatcher: ReloadHost, client: redis.Redis) -> None:
         self.dispatcher = dispatcher
         self.consumer = dispatcher.consumer
         self.app = self.consumer.app
@@ -193,7 +231,7 @@ class Reloader:
         previous, self.revision = self.revision, revision
         self.previous = (previous, self.content, self.app.conf.iq_models)
         self.refused_revision, self.error, self.state = "", "", "reloading"
-        # The children started from now on load this file (workers/pinned.py), as a reload's.
+        # The children started from now on load this file (workers/child/pinned.py), as a reload's.
         self.content = content
         pin(content, reload_from=previous)
         gaining = self.apply(specs)

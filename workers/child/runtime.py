@@ -18,17 +18,17 @@ from tasks.jobstate import JobState
 from tasks.keys import live_key, versions_key
 from tasks.presence import Presence
 from tasks.redis_client import connect
-from workers.handlers import Handler, build_handler
-from workers.handlers.base import Progress
-from workers.versions import model_version
+from workers.child.handlers import Handler, build_handler
+from workers.child.handlers.base import Progress
+from workers.child.versions import model_version
 
 logger = logging.getLogger(__name__)
 
 def load_handler(spec: ModelSpec, device: str, settings: Settings,
                  memory_fraction: float = 0.0) -> Handler:
     """A model loaded as a pool child loads it: device prepared, weights loaded, warmed up with
-    a full-size batch. The batch-size calibrator (workers.calibrate) loads through here too."""
-    from workers.devices import prepare_device
+    a full-size batch. The batch-size calibrator (scripts.calibrate) loads through here too."""
+    from workers.child.devices import prepare_device
 
     prepare_device(device, settings, memory_fraction)
     handler = build_handler(spec, device)
@@ -63,7 +63,7 @@ class ModelRuntime:
         self._presence = Presence(self._redis)
 
     def start(self) -> None:
-        from workers.devices import configure_allocator
+        from workers.child.devices import configure_allocator
 
         configure_allocator(self.settings)
         for name in self.specs:
@@ -83,7 +83,7 @@ class ModelRuntime:
         return self.state is State.READY
 
     def _load(self, name: str) -> Handler:
-        from workers.devices import device_for
+        from workers.child.devices import device_for
 
         spec = self.all_specs[name]
         device = device_for(spec, self.index)
@@ -116,11 +116,19 @@ class ModelRuntime:
         return handler.run(jobs, progress)
 
     def record_memory(self, model: str) -> None:
-        from workers.metrics import record_gpu_memory
-
+        """What torch holds on the model's GPU, in the worker's metrics (here, in the child:
+        workers/metrics.py, which the main process and the deliverer import, never imports
+        torch)."""
         handler = self.handlers.get(model)
-        if handler is not None:
-            record_gpu_memory(handler.device)
+        if handler is None or not handler.device.startswith("cuda"):
+            return
+        import torch
+
+        from workers import metrics
+
+        device = handler.device
+        metrics.get().gpu_allocated.labels(device).set(torch.cuda.memory_allocated(device))
+        metrics.get().gpu_reserved.labels(device).set(torch.cuda.memory_reserved(device))
 
     def stop(self) -> None:
         self.state = State.DEFUNCT

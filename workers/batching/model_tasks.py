@@ -1,6 +1,6 @@
 """A model's Celery task in the worker: registered for each model at start (workers/main.py)
-and for a model a reload adds (workers/reload.py). Its jobs never run one by one: its Strategy
-hands them to the dispatcher (workers/strategy.py)."""
+and for a model a reload adds (workers/batching/reload.py). Its jobs never run one by one: its
+Strategy hands them to the dispatcher (workers/batching/strategy.py)."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,9 +12,9 @@ from tasks.names import task_name
 
 class BatchingTask(Task):
     """A model's task. Messages never reach `run` one by one: the Strategy buffers them and
-    the pool runs whole batches (workers.execute.run_batch)."""
+    the pool runs whole batches (workers.child.execute.run_batch)."""
 
-    Strategy = "workers.strategy:batching_strategy"
+    Strategy = "workers.batching.strategy:batching_strategy"
     acks_late = True
     reject_on_worker_lost = True
     typing = False

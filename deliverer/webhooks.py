@@ -1,6 +1,6 @@
 """Webhook delivery: what to deliver (`delivery`, read from the job in Redis), one attempt
 (`attempt`, a plain function) and the task that retries it (its steps: `Deliverer`), run by
-the deliverer (workers.webhook_main, `scripts/webhooks.sh`).
+the deliverer (deliverer.main, `scripts/webhooks.sh`).
 
 The task's arguments are the job id and the event; its task id is the delivery's id
 (`webhook-id`, the same on every retry), chosen when the job finished and recorded with its
@@ -49,7 +49,7 @@ from tasks.names import PRIORITIES
 from tasks.redis_client import connect
 from tasks.webhooks import (DEAD_LETTER_CAP, DEAD_LETTERS, DELIVER_TASK, QUEUE, headers,
                             signing_key)
-from workers import webhook_metrics
+from deliverer import metrics
 from workers.broker import InFlight, broker_of
 
 logger = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ class Deliverer:
         self.slots = HostSlots(self.settings.webhook_host_concurrency)
         self.client = connect(self.settings.redis_url, self.settings)
         self.jobs = JobState(self.client)
-        self.metrics = webhook_metrics.get()
+        self.metrics = metrics.get()
         self._inflight: InFlight | None = None  # the worker's Broker's, once it started
 
     def deliver(self, task: Any, job_id: str, event: str, trace_id: str | None) -> None:

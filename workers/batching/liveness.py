@@ -14,7 +14,7 @@ from tasks.keys import CONSUMING_KEY, consuming_key
 from tasks.names import queue_lists
 from tasks.presence import Presence
 from workers.broker import Leases
-from workers.watchdog import Watchdog
+from workers.batching.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Liveness:
         task_consumer = getattr(self.consumer, "task_consumer", None)
         conf = self.consumer.app.conf
         # A model a reload removed keeps its queue until the worker stops: its jobs fail
-        # there with `model_removed` (workers/reload.py).
+        # there with `model_removed` (workers/batching/reload.py).
         removed = getattr(conf, "iq_removed_models", None) or {}
         models = {spec.queue for spec in [*conf.iq_models.values(), *removed.values()]}
         return [q.name for q in (task_consumer.queues if task_consumer else [])

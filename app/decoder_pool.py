@@ -1,4 +1,4 @@
-"""A small pool of decoder processes (app/decoding.py) per API process, so that no image, however
+"""A small pool of decoder processes (app/decoder.py) per API process, so that no image, however
 hostile, blocks the requests beside it: the API only writes the image's bytes to a decoder's
 pipe and waits for its answer, which under gunicorn's gevent worker yields to every other
 request (the standard library's threading, subprocess and selectors are gevent's there; without
@@ -18,7 +18,7 @@ gevent, a waiting thread waits).
 * Each decoder's address space is capped at `memory_mb`: a picture that needs more is refused
   (or, should the decoder die of it, refused all the same).
 
-A decoder's refusal is a code (app/decoding.py's CODES); the client's message is worded here,
+A decoder's refusal is a code (app/decoder.py's CODES); the client's message is worded here,
 from the model's limits, so that nothing a decoder says reaches a client (`refusal`).
 
 Decoders start on first use and stop when the API process does (their stdin closes). A decoder
@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from app.decoding import ANSWER, MAX_JPEG_SCANS, OK, REQUEST, Limits
+from app.decoder import ANSWER, MAX_JPEG_SCANS, OK, REQUEST, Limits
 from app.image_errors import ImageRefused
 
-DECODER = str(Path(__file__).with_name("decoding.py"))
+DECODER = str(Path(__file__).with_name("decoder.py"))
 # Where make run keeps the secrets and Redis's files: out of its decoders' sight (with /proc).
 HIDDEN_FOLDERS = ("IQ_VAR_DIR", "IQ_REDIS_DIR")
 WAITING_PER_DECODER = 4
@@ -160,7 +160,7 @@ class _Decoder:
         self.fd_in, self.fd_out = self.proc.stdin.fileno(), self.proc.stdout.fileno()
         os.set_blocking(self.fd_in, False)
         os.set_blocking(self.fd_out, False)
-        try:  # its first answer: what it gave up (app/decoding.py's confine)
+        try:  # its first answer: what it gave up (app/decoder.py's confine)
             _kind, size = ANSWER.unpack(self._receive(ANSWER.size, time.monotonic() + STARTUP_S))
             self.confinement = json.loads(self._receive(size, time.monotonic() + STARTUP_S))
         except (_Late, OSError, EOFError, ValueError):

@@ -1,4 +1,4 @@
-"""Find a model's batch size by measuring it: `python -m workers.calibrate MODEL`.
+"""Find a model's batch size by measuring it: `python -m scripts.calibrate MODEL`.
 
 Loads the model as a pool child would (its device, memory fraction, weights, warm-up), then
 calls it on 1, 2, 4, … items, recording the time per batch, items/s and, on a GPU, peak memory.
@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from config import load_models, load_settings
-from workers.handlers.base import Handler, is_oom
+from workers.child.handlers.base import Handler, is_oom
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 NOISY = 0.25  # a size's slowest call this much over its fastest: the timings were disturbed
@@ -159,7 +159,7 @@ def noise_warning(result: Calibration) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m workers.calibrate", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m scripts.calibrate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="a model of the models file")
     p.add_argument("--models-file", help="default: the configured one (IQ_MODELS_FILE)")
@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the measurements as JSON")
     a = p.parse_args(argv)
 
-    from workers.devices import configure_allocator, device_for
-    from workers.runtime import load_handler
+    from workers.child.devices import configure_allocator, device_for
+    from workers.child.runtime import load_handler
 
     settings = load_settings({"models_file": a.models_file} if a.models_file else None)
     models = load_models(settings.models_file)

@@ -1,5 +1,5 @@
 """Entry module of the webhook deliverer:
-`celery -A workers.webhook_main worker --pool threads --queues iq.webhooks` (scripts/webhooks.sh).
+`celery -A deliverer.main worker --pool threads --queues iq.webhooks` (scripts/webhooks.sh).
 
 Only the delivery task: no model, no batching dispatcher, no torch. It will not start while
 webhooks are off (IQ_WEBHOOK_SECRET unset or the placeholder): it would sign deliveries with a
@@ -13,11 +13,13 @@ from kombu import Queue
 from tasks import logs
 from tasks.celery_app import make_celery
 from tasks.webhooks import QUEUE, SECRET_MISSING, enabled
-from workers import broker, stopping, webhook_metrics
-from workers.webhooks import register
+from workers import broker
+from workers.batching import stopping
+from deliverer import metrics
+from deliverer.webhooks import register
 
 celery = make_celery()
-# Retries wait in the webhook queue's delayed set (workers/webhooks.py); fetches move them.
+# Retries wait in the webhook queue's delayed set (deliverer/webhooks.py); fetches move them.
 broker.attach(celery).delayed_queues.add(QUEUE)
 if not enabled(celery.conf.iq_settings.webhook_secret):
     raise SystemExit(f"the webhook deliverer will not start: {SECRET_MISSING}")
@@ -28,8 +30,8 @@ logs.configure_celery(celery.conf.iq_settings.log_format)
 
 @signals.celeryd_after_setup.connect
 def serve_metrics(sender: str, instance, conf, **_kw) -> None:
-    """Only in the deliverer itself, not in `celery -A workers.webhook_main inspect`."""
-    webhook_metrics.serve(conf.iq_settings)
+    """Only in the deliverer itself, not in `celery -A deliverer.main inspect`."""
+    metrics.serve(conf.iq_settings)
 
 
 @signals.worker_shutting_down.connect

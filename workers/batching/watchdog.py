@@ -22,11 +22,13 @@ import signal
 import sys
 import threading
 from time import monotonic
-from typing import Any, Callable
+from typing import Callable, Protocol, runtime_checkable
 
 import redis
 
+from config import Settings
 from tasks.redis_client import connect
+from workers.broker import Leases
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +36,25 @@ logger = logging.getLogger(__name__)
 ARGV = list(sys.argv)
 
 
+@runtime_checkable
+class Watched(Protocol):
+    """What the watchdog needs of its worker's liveness (workers/batching/liveness.py), which
+    hands itself in: its settings, the leases on what the worker holds, its pool children."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def leases(self) -> Leases: ...
+
+    def pool_pids(self) -> list[int]: ...
+
+
 class Watchdog:
-    def __init__(self, limit_s: float, liveness: Any,
+    def __init__(self, limit_s: float, liveness: Watched,
                  clock: Callable[[], float] = monotonic) -> None:
-        """`liveness`: the worker's (workers/liveness.py): its settings, leases and pool."""
+        """`liveness`: the worker's (workers/batching/liveness.py): its settings, leases and
+        pool."""
         self.limit_s = limit_s
         self.liveness = liveness
         self.clock = clock

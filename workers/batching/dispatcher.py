@@ -1,9 +1,9 @@
 """The worker's dispatcher, in its main process: intake and batching. Every batching task's
-requests wait in one buffer per model (workers/policy.py decides when a batch leaves); each
-batch goes, as one call, to a free prefork pool child (workers/execute.py). How its jobs then
-end is the settlement's (workers/settlement.py); the periodic tick is the liveness's
-(workers/liveness.py). Celery hands it requests through the task Strategy
-(workers/strategy.py).
+requests wait in one buffer per model (workers/batching/policy.py decides when a batch leaves);
+each batch goes, as one call, to a free prefork pool child (workers/child/execute.py). How its jobs
+then end is the settlement's (workers/batching/settlement.py); the periodic tick is the liveness's
+(workers/batching/liveness.py). Celery hands it requests through the task Strategy
+(workers/batching/strategy.py).
 
 Each job keeps its Celery identity: it is a real `celery.worker.request.Request`, so Celery's
 own handlers do the bookkeeping per job: `inspect reserved/active`, task events for Flower
@@ -26,16 +26,16 @@ from tasks.errors import removed_error
 from tasks.jobstate import JobState
 from tasks.names import PRIORITIES
 from tasks.redis_client import connect
-from workers.batch import FOREIGN, BatchJob, JobOutcome, job_token
+from workers.child.batch import FOREIGN, BatchJob, JobOutcome, job_token
 from workers.broker import InFlight, Leases, broker_of
 from workers.broker.pool import serving_children
-from workers.execute import run_batch
-from workers.isolation import CrashLoops, TimeLimits
-from workers.liveness import Liveness
-from workers.policy import Batch, BatchScheduler
-from workers.reload import Reloader
-from workers.settlement import Settlement
-from workers.stopping import StopDeadline
+from workers.child.execute import run_batch
+from workers.batching.isolation import CrashLoops, TimeLimits
+from workers.batching.liveness import Liveness
+from workers.batching.policy import Batch, BatchScheduler
+from workers.batching.reload import Reloader
+from workers.batching.settlement import Settlement
+from workers.batching.stopping import StopDeadline
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class PoolDispatcher:
         one that died, a reload's, the first ones), this worker fetches nothing, and what
         waits in its buffer goes back to its queue, for another worker to run now rather than
         this one in a model load's time; a job of a lost batch stays, to run alone here
-        (workers/isolation.py). It fetches again once a child can serve (`child_ready`, or
+        (workers/batching/isolation.py). It fetches again once a child can serve (`child_ready`, or
         the next tick)."""
         serving = self.capacity > 0
         state = self.leases.inflight.state
@@ -149,10 +149,10 @@ class PoolDispatcher:
         message held (the same token: delivered again) is, acknowledged unless it is the very
         message held (then the entry on the in-flight record is the one held: should the held
         one turn out to have lapsed when it starts, the settlement puts that entry back on
-        its queue, workers/settlement.py). Of two messages with one job id and different tokens, one is not the
-        job's own (sent by hand: Flower's send-task), and the job's record tells which: the
-        newcomer is dropped, or the one held if it has not started (one running is refused by
-        its start); where the record cannot tell, the newcomer is dropped."""
+        its queue, workers/batching/settlement.py). Of two messages with one job id and different
+        tokens, one is not the job's own (sent by hand: Flower's send-task), and the job's record
+        tells which: the newcomer is dropped, or the one held if it has not started (one running is
+        refused by its start); where the record cannot tell, the newcomer is dropped."""
         held = self.ids.get(request.id)
         if held is None or held is request or not self.leases.holds(held.message):
             return False
@@ -281,7 +281,7 @@ class PoolDispatcher:
         self.consumer.timer.call_after(0.001, self.settlement.finish, (model, requests, outcomes))
 
     def _lost(self, running: Running, exc_info: ExceptionInfo) -> None:
-        """The batch call did not return (workers/isolation.py): its jobs run again alone,
+        """The batch call did not return (workers/batching/isolation.py): its jobs run again alone,
         ahead of what arrived since, or fail."""
         self.inflight -= 1
         exc = exc_info.exception
@@ -299,8 +299,8 @@ class PoolDispatcher:
 
     # -- the tick and the stop -----------------------------------------------------------
     def _tick(self) -> None:
-        """Every heartbeat (workers/liveness.py): results Redis refused are stored, and the
-        ids of jobs no longer held are forgotten."""
+        """Every heartbeat (workers/batching/liveness.py): results Redis refused are stored, and
+        the ids of jobs no longer held are forgotten."""
         self.settlement.store_kept()
         for job_id, request in list(self.ids.items()):
             if not self.leases.holds(request.message):

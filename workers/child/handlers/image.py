@@ -11,8 +11,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from workers.handlers.base import Handler
-from workers.handlers.tensor import load_program, rows_of
+from workers.child.handlers.base import Handler
+from workers.child.handlers.tensor import load_program, rows_of
 
 
 class ImageHandler(Handler):

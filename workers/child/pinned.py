@@ -11,7 +11,7 @@ them only from its own parent.
 
 A reload pins the new file as a reload's (`reload_from`, the revision it replaces): a child
 that cannot load it records the failure rather than stop its worker (tasks/reload_failures.py),
-and the worker rolls back (workers/reload.py)."""
+and the worker rolls back (workers/batching/reload.py)."""
 from __future__ import annotations
 
 import base64

@@ -29,7 +29,7 @@ def model_version(spec: ModelSpec) -> str:
 
 def _weights_root(spec: ModelSpec) -> Path | None:
     if spec.package:
-        from workers.handlers.folders import package_model_dir
+        from workers.child.handlers.folders import package_model_dir
 
         return package_model_dir(spec.package)
     return Path(spec.path) if spec.path else None

@@ -7,7 +7,7 @@ from kombu.utils.imports import symbol_by_name
 
 from config.kinds import kind_of
 from config.models import ModelSpec
-from workers.handlers.base import Handler
+from workers.child.handlers.base import Handler
 
 
 def handler_class(kind: str) -> type[Handler]:
@@ -20,7 +20,7 @@ def handler_class(kind: str) -> type[Handler]:
     found = symbol_by_name(path)
     if not (isinstance(found, type) and issubclass(found, Handler)):
         raise ValueError(f"kind {kind}: handler {path} is not a subclass of "
-                         f"workers.handlers.base.Handler")
+                         f"workers.child.handlers.base.Handler")
     return found
 
 

@@ -3,17 +3,17 @@ another, as replicas do in a rolling update, so that while one worker's new chil
 another keeps serving the queue with the old version.
 
 A worker needs a turn only to retire its last serving child (a worker with another child
-serving keeps serving meanwhile, workers/reload.py). A turn is one key per queue the worker
-consumes (tasks/keys.py `reload_turn_key`) naming the worker; all of them are taken in one
-script, or none is (so two workers with overlapping queues never each hold half of what the
-other needs). A worker alone on its queues finds them free and goes at once. The holder keeps
-its turn while its replacement loads, renewing it every tick, and gives it back once the new
-child is up (the pool's WORKER_UP, after the child's initializer loaded the models), when its
-reload rolls back (workers/reload.py), or when it stops (a warm shutdown gives it back at
-once: the next worker need not wait out the TTL). Each key lapses `ttl_s` after the holder's
-last renewal, so that a holder that died or whose event loop is stuck delays the others by
-that much, never for ever; a holder whose keys lapsed (or were taken since) learns it at its
-next renewal and no longer counts itself the holder."""
+serving keeps serving meanwhile, workers/batching/reload.py). A turn is one key per queue the
+worker consumes (tasks/keys.py `reload_turn_key`) naming the worker; all of them are taken in one
+script, or none is (so two workers with overlapping queues never each hold half of what the other
+needs). A worker alone on its queues finds them free and goes at once. The holder keeps its turn
+while its replacement loads, renewing it every tick, and gives it back once the new child is up
+(the pool's WORKER_UP, after the child's initializer loaded the models), when its reload rolls back
+(workers/batching/reload.py), or when it stops (a warm shutdown gives it back at once: the next
+worker need not wait out the TTL). Each key lapses `ttl_s` after the holder's last renewal, so that
+a holder that died or whose event loop is stuck delays the others by that much, never for ever; a
+holder whose keys lapsed (or were taken since) learns it at its next renewal and no longer counts
+itself the holder."""
 from __future__ import annotations
 
 import logging

@@ -4,6 +4,8 @@ drift: each configured model's job schema is a component, and the submit body is
 them. Responses are documented by the schemas every answer is dumped through
 (app/responses.py); the headers the API reads and writes, with their constraints; the API-key
 security scheme, when keys are configured; links from a submitted job to what can follow.
+Every view declares itself on this module's `Blueprint` (its arguments read by the API's own
+parser) and its refusals with `errors`, so that what it answers is what the document says.
 The same document is rendered at GET /docs by Swagger UI (flask-smorest's page), its files
 served by the API itself from the flask-swagger-ui package (no CDN: a deployment's private
 network reaches none).

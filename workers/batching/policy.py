@@ -14,8 +14,8 @@ A worker's main process buffers jobs per model and hands batches to idle pool ch
 * Jobs the caller says to discard (revoked, expired) are dropped when a batch is formed.
 * Within a model, higher-priority jobs (lower number) leave first, FIFO within a priority:
   prefetched jobs are reordered here, so priority holds even with a full buffer.
-* A job marked `alone` (its batch lost its child: workers/isolation.py) leaves in a batch of
-  its own.
+* A job marked `alone` (its batch lost its child: workers/batching/isolation.py) leaves in a
+  batch of its own.
 """
 from __future__ import annotations
 

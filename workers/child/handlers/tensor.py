@@ -14,25 +14,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.handlers.base import Handler
+from config.models import ModelSpec
+from workers.child.handlers.base import Handler
 
 _INPUT_DTYPES = {"float32": "float32", "float64": "float64", "int64": "int64"}
 
 
-def model_file(spec: Any, what: str) -> Path:
+def model_file(spec: ModelSpec, what: str) -> Path:
     path = Path(spec.path)
     if not path.is_file():
         raise FileNotFoundError(f"model {spec.name}: no {what} file at {path}")
     return path
 
 
-def load_program(spec: Any, device: str, input_shape: tuple[int, ...]):
+def load_program(spec: ModelSpec, device: str, input_shape: tuple[int, ...]):
     """The callable module in `spec.path`: a torch.export program for kind export (and for an
     image model whose file ends in `.pt2`), else TorchScript."""
     import torch
 
     if spec.kind == "export" or (spec.kind == "image" and str(spec.path).endswith(".pt2")):
-        from workers.handlers.exported import load_exported
+        from workers.child.handlers.exported import load_exported
 
         return load_exported(model_file(spec, "torch.export"), device, input_shape)
     return torch.jit.load(str(model_file(spec, "TorchScript")), map_location=device).eval()

@@ -31,10 +31,10 @@ from tasks.jobstate import Final, StartDecision, Status, batch_text
 from tasks.logs import trace
 from tasks.redis_client import is_transient
 from workers import metrics
-from workers.batch import FOREIGN, BatchJob, JobOutcome, Outcome, failed, succeeded
+from workers.child.batch import FOREIGN, BatchJob, JobOutcome, Outcome, failed, succeeded
 
 if TYPE_CHECKING:
-    from workers.runtime import ModelRuntime
+    from workers.child.runtime import ModelRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def _with_retries(call: Callable[[], T], what: str, patience_s: float) -> T:
 def run_batch(model: str, jobs: list[BatchJob], held_by: str = "") -> list[JobOutcome]:
     """The pool's entry point, in the child: its runtime (its Celery app and loaded models)
     runs the batch. `held_by`: the in-flight hash that holds the jobs' messages."""
-    from workers.runtime import runtime
+    from workers.child.runtime import runtime
 
     rt = runtime()
     return execute(rt.app, rt, model, jobs, held_by)

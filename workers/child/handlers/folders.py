@@ -119,11 +119,11 @@ def load_tokenizer(folder: Path, max_length: int):
 
 def load_model(folder: Path, auto_class: str, device: str, dtype: str):
     """transformers' `auto_class` from the folder's safetensors, on `device` (int8: quantised,
-    see workers.devices.place)."""
+    see workers.child.devices.place)."""
     import transformers
     from transformers.utils import logging as transformers_logging
 
-    from workers.devices import place, torch_dtype
+    from workers.child.devices import place, torch_dtype
 
     # A pool child's stderr goes to Celery's log as WARNING lines, one per redraw of the
     # "Loading weights" bar; the runtime logs one line per model instead.

@@ -4,8 +4,9 @@ worker's leases (workers/broker/leases.py), a batch's together in one round trip
 
 Results a child could not store (Redis refused them for longer than `redis_retry_s`) are kept
 here and stored on a later tick, their messages held meanwhile: a job that ran is never run
-again because Redis was full. A batch whose child was lost is settled by workers/isolation.py's
-rules: each job runs again alone, and only the one that loses its child alone fails."""
+again because Redis was full. A batch whose child was lost is settled by
+workers/batching/isolation.py's rules: each job runs again alone, and only the one that loses its
+child alone fails."""
 from __future__ import annotations
 
 import logging
@@ -20,9 +21,9 @@ from celery.worker import state as worker_state
 from tasks.errors import ErrorCode, JobError
 from tasks.jobstate import JobState, StartDecision, Status
 from tasks.logs import trace
-from workers.batch import BatchJob, JobOutcome, Outcome, failed
+from workers.child.batch import BatchJob, JobOutcome, Outcome, failed
 from workers.broker import Leases
-from workers.isolation import TimeLimits, Verdict, after_lost_batch
+from workers.batching.isolation import TimeLimits, Verdict, after_lost_batch
 
 logger = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from celery.worker.strategy import proto1_to_proto2
 from config import ConfigError
 from tasks.logs import trace
 from tasks.names import model_of_task
-from workers.batch import trace_headers
+from workers.child.batch import trace_headers
 from workers.broker.pool import TaskPool, on_child_ready
-from workers.devices import visible_gpu_count
-from workers.dispatcher import PoolDispatcher
+from workers.child.devices import visible_gpu_count
+from workers.batching.dispatcher import PoolDispatcher
 
 logger = logging.getLogger(__name__)
 
@@ -142,8 +142,8 @@ class DispatcherStep(bootsteps.StartStopStep):
 
     def close(self, c: Any) -> None:
         """The worker stops: the running batches have `stop_timeout_s` to finish
-        (workers/stopping.py); results Redis still refuses are given up; a reload's turn it
-        holds is given back (workers/turns.py)."""
+        (workers/batching/stopping.py); results Redis still refuses are given up; a reload's turn
+        it holds is given back (workers/batching/turns.py)."""
         self.stop(c)
         dispatcher = getattr(c, _DISPATCHER_ATTR, None)
         if dispatcher is not None:

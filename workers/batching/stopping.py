@@ -18,7 +18,9 @@ import logging
 import os
 import signal
 import threading
-from typing import Any
+from typing import Protocol, runtime_checkable
+
+from workers.broker import Leases
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +31,28 @@ EXIT_GRACE_S = 15.0
 LAST_RESORT_S = 3.0
 
 
+@runtime_checkable
+class PoolChildren(Protocol):
+    def pool_pids(self) -> list[int]: ...
+
+
+@runtime_checkable
+class Stoppable(Protocol):
+    """What the stop deadline needs of its worker's dispatcher (workers/batching/dispatcher.py),
+    which hands itself in: the delivery tags of the batches in its pool, the leases that put
+    them back on their queues, and the pool children to kill."""
+
+    def running_tags(self) -> list[str]: ...
+
+    @property
+    def leases(self) -> Leases: ...
+
+    @property
+    def liveness(self) -> PoolChildren: ...
+
+
 class StopDeadline:
-    def __init__(self, dispatcher: Any, seconds: float) -> None:
+    def __init__(self, dispatcher: Stoppable, seconds: float) -> None:
         self.dispatcher = dispatcher
         self.seconds = seconds
         self._armed = False
