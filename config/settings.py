@@ -378,7 +378,7 @@ def load_settings(
     environ = os.environ if environ is None else environ
     unknown = unknown_variables(environ)
     if unknown:
-        raise ConfigError("\n".join(unknown + ["(README's Configuration lists every variable)"]))
+        raise ConfigError("\n".join(unknown + ["(docs/configuration.md lists every variable)"]))
     types = {f.name: type(f.default) for f in fields(Settings)}
     values: dict[str, Any] = {}
     if environ.get("IQ_CONFIG"):
