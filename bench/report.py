@@ -169,7 +169,7 @@ def _cpu(point: dict) -> str:
 
 
 def _busy(point: dict) -> str:
-    """The device's busy share while work waited (workers/handlers/busy.py); - for a worker
+    """The device's busy share while work waited (workers/child/handlers/busy.py); - for a worker
     that does not measure it (an earlier commit, the celery-batches peer)."""
     share = point.get("device_busy_share")
     return "-" if share is None else f"{share:.2f}"

@@ -85,7 +85,7 @@ class Usage:
         return round(self.device[DEVICE_METRICS[0]] / self.wall_s, 3)
 
     def busy_share(self) -> float | None:
-        """The device's busy share over the rounds (workers/handlers/busy.py); None where the
+        """The device's busy share over the rounds (workers/child/handlers/busy.py); None where the
         worker exports no device counters."""
         busy, idle = (self.device[name] for name in DEVICE_METRICS)
         return round(busy / (busy + idle), 3) if busy + idle > 0 else None

@@ -46,7 +46,7 @@ _DECLARED: tuple[tuple[str, str, str, tuple[str, ...], dict[str, Any]], ...] = (
      {"multiprocess_mode": "liveall"}),
     ("gauge", "iq_gpu_memory_reserved_bytes", "torch.cuda.memory_reserved", ("device",),
      {"multiprocess_mode": "liveall"}),
-    # The device's busy share (workers/handlers/busy.py): its time running a model call, and
+    # The device's busy share (workers/child/handlers/busy.py): its time running a model call, and
     # its idle time while work for it waited; their ratio over the last 30 s as a gauge.
     ("counter", "iq_device_busy_seconds", "Device time running this model's calls",
      ("model", "device"), {}),
@@ -95,40 +95,10 @@ def get() -> WorkerMetrics:
     return WorkerMetrics(*made)
 
 
-def record_gpu_memory(device: str) -> None:
-    if not device.startswith("cuda"):
-        return
-    import torch
-
-    get().gpu_allocated.labels(device).set(torch.cuda.memory_allocated(device))
-    get().gpu_reserved.labels(device).set(torch.cuda.memory_reserved(device))
-    utilization = nvml_utilization(device)
-    if utilization is not None:
-        get().gpu_utilization.labels(device).set(utilization)
-
-
-def nvml_utilization(device: str) -> float | None:
-    """NVML's utilisation of `device` (0-1), beside the busy share: the share of the last
-    sample period in which a kernel ran, whoever ran it. None without pynvml (not a
-    requirement) or where NVML cannot say. Called in the pool child only, which holds the
-    CUDA context: the device is found by its UUID, so CUDA_VISIBLE_DEVICES cannot mislead."""
-    try:
-        import pynvml
-        import torch
-
-        pynvml.nvmlInit()
-        uuid = str(torch.cuda.get_device_properties(device).uuid)
-        handle = pynvml.nvmlDeviceGetHandleByUUID(
-            uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-        return pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
-    except Exception:  # noqa: BLE001 (no pynvml, no NVML, an older driver: no figure)
-        return None
-
-
 def record_device(model: str, device: str, busy_s: float, idle_s: float,
                   share: float | None) -> None:
     """A model call's device time and the idle time before it while work waited (in the
-    child: workers/handlers/base.py DeviceTimer)."""
+    child: workers/child/handlers/base.py DeviceTimer)."""
     get().device_busy.labels(model, device).inc(busy_s)
     get().device_idle_waiting.labels(model, device).inc(idle_s)
     if share is not None:

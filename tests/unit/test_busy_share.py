@@ -1,10 +1,10 @@
-"""The device's busy share from the child's own timings (workers/handlers/busy.py), on a fake
+"""The device's busy share from the child's own timings (workers/child/handlers/busy.py), on a fake
 clock: idle counts only while work waited for the device."""
 from __future__ import annotations
 
 import pytest
 
-from workers.handlers.busy import DeviceLedger, monotonic_of
+from workers.child.handlers.busy import DeviceLedger, monotonic_of
 
 
 class Clock:

@@ -10,7 +10,7 @@ import pytest
 
 from config import ConfigError, load_settings
 from scripts.stack import ROOT
-from workers.devices import child_memory_fraction, pool_children
+from workers.child.devices import child_memory_fraction, pool_children
 
 
 def test_a_worker_runs_children_per_gpu_children_per_gpu_and_none_extra_without_one():
@@ -38,7 +38,7 @@ def test_a_devices_children_share_its_memory_cap():
 def test_worker_sh_starts_children_per_gpu_children_per_gpu():
     """The count scripts/worker.sh takes for its --concurrency."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
-    out = subprocess.run([sys.executable, "-m", "workers.devices"], cwd=ROOT, text=True,
+    out = subprocess.run([sys.executable, "-m", "workers.child.devices"], cwd=ROOT, text=True,
                          env=dict(env, IQ_GPU_COUNT="3", IQ_CHILDREN_PER_GPU="2"),
                          capture_output=True, check=True).stdout
     assert out.strip() == "6"

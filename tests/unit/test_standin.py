@@ -15,7 +15,7 @@ import yaml
 from config import load_models
 from config.models import settings_digest
 from tasks import results
-from workers.handlers.tensor import SyntheticHandler
+from workers.child.handlers.tensor import SyntheticHandler
 
 
 def standin(tmp_path: Path, **keys) -> SyntheticHandler:
