@@ -20,10 +20,10 @@ from typing import Callable, Iterable, Iterator, TypeVar
 import redis
 
 from app.errors import Conflict, Unavailable
-from app.store import JobStore, Watch, group_name, new_job_id, page_reads
+from app.store import JobStore, Watch, group_name, page_reads
 from app.waiter import Slots
 from config import Settings
-from config.groups import group_of, group_tag
+from config.job_ids import group_of, group_tag, new_job_id
 from config.models import ModelSpec
 from tasks.celery_app import make_celery
 from tasks.jobstate import CancelOutcome, JobRecord, Page

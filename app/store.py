@@ -23,7 +23,7 @@ from app.errors import Unavailable
 from app.gauge import Gauge
 from app.waiter import NoSlot, ResultWaiter, Slots
 from config import Settings
-from config.groups import new_job_id as group_job_id
+from config.job_ids import new_job_id
 from config.models import ModelSpec
 from tasks import redis_deadline, tracing
 from tasks.jobstate import CancelOutcome, JobRecord, JobState, Page, Status, new_job
@@ -74,12 +74,6 @@ def api_client(settings: Settings) -> redis.Redis:
 def group_name(group: str) -> str:
     """How answers and logs name a group: `Redis group 'name'`, or REDIS_URL's Redis."""
     return f"Redis group {group!r}" if group else "the default Redis (REDIS_URL)"
-
-
-def new_job_id(group: str = "") -> str:
-    """A new job id: a random UUID; of a named Redis group, one carrying its tag
-    (config/groups.py)."""
-    return group_job_id(group)
 
 
 def parse_job_id(raw: str) -> str | None:

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.events import HEARTBEAT_S
 from config import load_settings
-from config.groups import group_tag
+from config.job_ids import group_tag
 from scripts.stack import Stack, start_redis, start_web, start_worker, wait_until
 from scripts.reload import DONE, reload
 from tasks.keys import RELOAD_STATUS_KEY, job_key, result_key

@@ -9,7 +9,7 @@ import yaml
 
 from app.groups import merge_pages
 from config import ConfigError, load_models, load_settings
-from config.groups import group_of, group_tag, new_job_id
+from config.job_ids import group_of, group_tag, new_job_id
 from config.models import settings_digest
 from tasks.celery_app import make_celery
 from tasks.jobstate import Page, new_job
