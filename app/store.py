@@ -53,7 +53,7 @@ DEAD_STATUSES = frozenset({Status.FAILED.value, Status.CANCELLED.value, Status.E
 
 def page_reads(*, status: str = "", model: str = "", limit: int = 20) -> int:
     """The index entries a page of one Redis reads at most (the list script's budget, and
-    what the listing is charged: app/groups.py's Stores.scan_cost, so that they cannot
+    what the listing is charged: app/group_stores.py's Stores.scan_cost, so that they cannot
     drift): `limit` unfiltered; SCAN_BUDGET with any filter, a dead-letter status included
     (that index holds all three: a page of one reads past the others)."""
     return min(limit, SCAN_BUDGET) if not status and not model else SCAN_BUDGET

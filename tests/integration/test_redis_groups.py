@@ -1,4 +1,4 @@
-"""Redis groups behind one API (config/groups.py, app/groups.py): two private redis-servers,
+"""Redis groups behind one API (config/groups.py, app/group_stores.py): two private redis-servers,
 the default (REDIS_URL) and group `b` (IQ_REDIS_GROUPS), one prefork `celery worker` per
 group started with its group's REDIS_URL and queues, one gunicorn API. Each job's record,
 result and queue are on its model's Redis and nowhere else; reads, waits, event streams,
