@@ -18,7 +18,7 @@ from tasks.jobstate import JobState, new_job
 from tasks.keys import PENDING_KEY, delayed_key, wake_key
 from tasks.messages import QueuedMessage
 from workers.broker import Broker, InFlight
-from workers.broker.scripts import FETCHERS_KEY
+from workers.broker.lua import FETCHERS_KEY
 from workers.broker.state import BrokerState
 from workers.broker.transport import REDIS_ALIAS  # the worker's transport
 

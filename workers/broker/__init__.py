@@ -14,7 +14,7 @@ seam.py (and docs/upgrading.md), each checked by a test.
 * fetch.py, clients.py: their channels, whose fetch moves messages onto the in-flight record
   in one step and blocks on wake-up lists when nothing waits; one Redis client per channel
   pool, no retries on the event loop's connections.
-* scripts.py, inflight.py: the in-flight record of one worker process, its lease (one key per
+* lua.py, inflight.py: the in-flight record of one worker process, its lease (one key per
   worker, on Redis's clock) and the recovery of what stopped workers held (`InFlight`).
 * leases.py: `Leases`, what the dispatcher holds, acknowledged or put back a batch at a time.
 * events.py: Celery's consumer, whose task events leave together every few milliseconds.

@@ -1,5 +1,5 @@
 """The worker's fetch: a kombu Redis channel whose messages are never off a queue without being
-on this worker's in-flight record (workers/broker/scripts.py).
+on this worker's in-flight record (workers/broker/lua.py).
 
 kombu pops a message (BRPOP) and records it as unacknowledged in a second command: a reply lost
 on the wire (a network cut), a worker killed between the two, or a Redis that refuses the

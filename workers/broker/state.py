@@ -8,7 +8,7 @@ from typing import Any
 
 from celery.worker import state as worker_state
 
-from workers.broker.scripts import ALIVE_PREFIX, INFLIGHT_PREFIX
+from workers.broker.lua import ALIVE_PREFIX, INFLIGHT_PREFIX
 
 
 class BrokerState:
@@ -16,7 +16,7 @@ class BrokerState:
     process (a `Broker`):
 
     * `incarnation`: this process's name in Redis (node name, pid and a random part): its
-      in-flight hash and its lease are keyed by it (workers/broker/scripts.py).
+      in-flight hash and its lease are keyed by it (workers/broker/lua.py).
     * `held`: delivery tag -> message, for each message the dispatcher holds (buffered or
       running); a closing channel must not put these back (fetch.py).
     * `to_ack`, `to_restore`: delivery tag -> message, settlements Redis refused, tried again
