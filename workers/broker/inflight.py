@@ -24,7 +24,7 @@ from kombu.utils.encoding import bytes_to_str
 
 from tasks.keys import PENDING_KEY, delayed_key
 from workers.broker import lua
-from workers.broker.state import BrokerState
+from workers.broker.broker import Broker
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ RECONCILE_LIMIT = 100
 MISSED_BEATS = 3
 
 
-def fetch_call(state: BrokerState, lists: list[str], want: int,
+def fetch_call(state: Broker, lists: list[str], want: int,
                delayed: Iterable[str] = ()) -> tuple[list[str], list[Any]]:
     """FETCH's keys and arguments: take up to `want` messages from `lists` (in the order they
     are served), moving the due messages of the `delayed` sets onto their lists first."""
@@ -51,7 +51,7 @@ def fetched(reply: list) -> list[tuple[str, str]] | None:
 
 
 class InFlight:
-    def __init__(self, client: Any, state: BrokerState) -> None:
+    def __init__(self, client: Any, state: Broker) -> None:
         self.client = client
         self.state = state
         self._fetch = client.register_script(lua.FETCH)
