@@ -6,12 +6,18 @@ them. Responses are documented by the schemas every answer is dumped through
 security scheme, when keys are configured; links from a submitted job to what can follow.
 Every view declares itself on this module's `Blueprint` (its arguments read by the API's own
 parser) and its refusals with `errors`, so that what it answers is what the document says.
+The same document is rendered at GET /docs by Swagger UI (flask-smorest's page), its files
+served by the API itself from the flask-swagger-ui package (no CDN: a deployment's private
+network reaches none).
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import flask_smorest
+import flask_swagger_ui
+from flask import Blueprint as FlaskBlueprint
 from flask import Flask
 from marshmallow import Schema, ValidationError, validate
 from webargs.flaskparser import FlaskParser
@@ -21,6 +27,9 @@ from app.responses import Error
 from app.schemas import IDEMPOTENCY_KEY_PATTERN, flatten
 from config.models import ModelSpec
 from tasks.names import PRIORITIES
+
+# Swagger UI's files (swagger-ui-bundle.js, swagger-ui.css, ...), as the package ships them.
+SWAGGER_UI_ASSETS = str(Path(flask_swagger_ui.__file__).parent / "dist")
 
 # Headers the API writes, as each response declares them.
 REQUEST_ID = {"description": "the request's trace id: the job's, on a submit",
@@ -162,9 +171,15 @@ def init_app(app: Flask, models: Mapping[str, ModelSpec],
     app.config.update(
         API_TITLE="inference-queue", API_VERSION="1", OPENAPI_VERSION="3.1.0",
         OPENAPI_URL_PREFIX="/", OPENAPI_JSON_PATH="openapi.json",
+        # Relative to the page, so that a proxy's SCRIPT_NAME prefix carries over.
+        OPENAPI_SWAGGER_UI_PATH="docs", OPENAPI_SWAGGER_UI_URL="docs/assets/",
+        OPENAPI_SWAGGER_UI_CONFIG={"deepLinking": True, "tryItOutEnabled": False},
         API_SPEC_OPTIONS={"info": {"description": "Submit inference jobs and poll (or wait "
                                                   "on) their results."}})
     api = Api(app)
+    app.register_blueprint(FlaskBlueprint("swagger_ui_assets", __name__,
+                                          static_folder=SWAGGER_UI_ASSETS,
+                                          static_url_path="/docs/assets"))
     api.ma_plugin.converter.add_attribute_function(_more_properties)
     api.spec.components.security_scheme("apiKey", SECURITY_SCHEME)
     for name, schema in schemas.items():

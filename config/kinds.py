@@ -12,7 +12,7 @@ The handler is named, not imported, so that the API and a worker's main process,
 every kind, never import a kind's model code (nor torch). The shipped kinds register in
 config/builtin_kinds.py; a kind of your own is a module that calls `register` (with its handler
 in a module beside it), named in the models file's `kinds:` list, which every process imports
-before it reads the models (README, "A kind of your own").
+before it reads the models (docs/extending.md, "A kind of your own").
 """
 from __future__ import annotations
 

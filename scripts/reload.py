@@ -163,7 +163,7 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
         previous = target.with_name(target.name + ".previous")
         try:
             # What `.previous` holds now: kept there when this reload is undone (the last
-            # good file before the one in place, for README's rollback).
+            # good file before the one in place, for the documented rollback, docs/deploying.md).
             kept = previous.read_bytes() if source is not None and previous.is_file() \
                 and not previous.is_symlink() else None
             unconsumed = consumers_problems(target, Path(source) if source else target,
@@ -293,7 +293,7 @@ def _set_aside(target: Path, previous: Path, kept: bytes | None,
                say: Callable[[str], None]) -> Path:
     """Once the file a failed reload replaced is back in place (`previous` then holds the
     failed one): the failed file kept as `<name>.failed`, `previous` as it was before the
-    reload (`kept`; none when there was none), so that README's rollback goes back to the last
+    reload (`kept`; none when there was none), so that the rollback goes back to the last
     good change. Returns the `.failed` path."""
     failed = target.with_name(target.name + ".failed")
     try:
