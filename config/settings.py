@@ -176,6 +176,11 @@ class Settings:
     # (memory_fraction, cuda_memory_fraction) is split between a device's children.
     gpu_count: int = -1
     children_per_gpu: int = 1
+    # Batches the main process hands each pool child ahead of the one it runs (0: none, a
+    # child is handed its next batch only once the last returned): the next waits in the
+    # child's pipe and starts the moment the last leaves the device. Only a full batch goes
+    # ahead (max_batch_size); none while a reload replaces children.
+    batches_ahead: int = 1
     # The models a worker's pool children load at start, comma-separated; empty: those of the
     # queues the worker consumes (the worker sets it for its children).
     worker_models: str = ""

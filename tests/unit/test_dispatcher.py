@@ -3,6 +3,8 @@ workers/batching/settlement.py), with a fake pool and timer: a freed child gets 
 before the last batch is acknowledged, and a batch's acks go to Redis together."""
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -179,3 +181,44 @@ def test_with_no_child_to_serve_the_buffer_goes_back_and_nothing_is_fetched():
     d.child_ready(fresh.pid)
     assert state.fetching
     assert [job.id for job in pool.calls[1]["args"][1]] == ["a"]
+
+
+def test_a_full_batch_is_handed_to_the_busy_child_ahead_and_a_partial_one_waits():
+    """`batches_ahead` (default 1): while the only child runs a batch, the next full one is
+    handed to it at once (it waits in the child's pipe, workers/broker/pool.py HeldBatches);
+    what is not full waits in the buffer for the child to be free, as before."""
+    d, pool, timer, _unacked = dispatcher()
+    assert d.settings.batches_ahead == 1
+    receive(d, "a")  # to the idle child at once
+    for job_id in "bcde":
+        receive(d, job_id)
+    assert [job.id for job in pool.calls[1]["args"][1]] == ["b", "c", "d", "e"]  # ahead
+    receive(d, "f")
+    assert len(pool.calls) == 2  # one ahead at most, and only a full batch
+
+    pool.calls[0]["callback"]([JobOutcome("a", Outcome.SUCCEEDED, 0.1, 1)])
+    assert len(pool.calls) == 2  # the child runs b..e now: f still waits for it
+    pool.calls[1]["callback"]([JobOutcome(j, Outcome.SUCCEEDED, 0.1, 1) for j in "bcde"])
+    assert [job.id for job in pool.calls[2]["args"][1]] == ["f"]  # the child is free
+    timer.run_due()
+
+
+def test_with_batches_ahead_0_a_busy_child_is_handed_nothing():
+    d, pool, _timer, _unacked = dispatcher()
+    d.settings = dataclasses.replace(d.settings, batches_ahead=0)
+    receive(d, "a")
+    for job_id in "bcde":
+        receive(d, job_id)
+    assert len(pool.calls) == 1
+    pool.calls[0]["callback"]([JobOutcome("a", Outcome.SUCCEEDED, 0.1, 1)])
+    assert [job.id for job in pool.calls[1]["args"][1]] == ["b", "c", "d", "e"]
+
+
+def test_no_batch_goes_ahead_while_a_reload_replaces_children():
+    """A child on the previous file must come to hold no batch to be stopped."""
+    d, pool, _timer, _unacked = dispatcher()
+    d.reloader.stale = {1234}
+    receive(d, "a")
+    for job_id in "bcde":
+        receive(d, job_id)
+    assert len(pool.calls) == 1

@@ -1,6 +1,8 @@
 """The worker's dispatcher, in its main process: intake and batching. Every batching task's
 requests wait in one buffer per model (workers/batching/policy.py decides when a batch leaves);
-each batch goes, as one call, to a free prefork pool child (workers/child/execute.py). How its jobs
+each batch goes, as one call, to a free prefork pool child (workers/child/execute.py), and the
+next full one to a busy child ahead of time (`batches_ahead`: it waits in the child's pipe,
+workers/broker/pool.py `HeldBatches`). How its jobs
 then end is the settlement's (workers/batching/settlement.py); the periodic tick is the liveness's
 (workers/batching/liveness.py). Celery hands it requests through the task Strategy
 (workers/batching/strategy.py).
@@ -50,7 +52,7 @@ class Running:
     """A batch handed to the pool."""
     model: str
     requests: list
-    started: float  # monotonic
+    started: float  # monotonic: handed, then taken up by its child
     limit: float  # its time limit (s)
 
 
@@ -87,6 +89,12 @@ class PoolDispatcher:
         total = int(self.consumer.pool.num_processes or 1) - self.reloader.unavailable
         serving = serving_children(self.consumer.pool)
         return max(total if serving is None else min(total, serving), 0)
+
+    @property
+    def ahead(self) -> int:
+        """Batches handed each child beyond the one it runs (`batches_ahead`); none while a
+        reload replaces children (a child on the previous file must come to hold none)."""
+        return 0 if self.reloader.replacing else self.settings.batches_ahead
 
     def tick(self) -> None:
         """The worker's periodic tick (`heartbeat_interval_s`)."""
@@ -206,10 +214,21 @@ class PoolDispatcher:
 
     # -- batching ------------------------------------------------------------------------
     def pump(self, freed: int = 0) -> None:
-        idle = max(self.capacity - self.inflight, 0)
+        """Batches to the children: to an idle one what waits (the policy's say); then, to a
+        busy one, ahead, only a full batch, so that no batch is smaller for going ahead (what
+        is not full waits, as before, for a child to be free)."""
+        capacity = self.capacity
+        idle = max(capacity - self.inflight, 0)
+        ahead = max(capacity * (1 + self.ahead) - self.inflight - idle, 0)
         with self.settlement.settling():
             batches = self.scheduler.batches(monotonic(), idle=idle, busy=self.inflight,
-                                             freed=freed, discard=self.settlement.revoked)
+                                             freed=min(freed, idle),
+                                             discard=self.settlement.revoked)
+            if ahead > 0:
+                busy = self.inflight + len(batches)
+                batches += self.scheduler.batches(monotonic(), idle=ahead, busy=max(busy, 1),
+                                                  discard=self.settlement.revoked,
+                                                  full_only=True)
         for batch in batches:
             self._apply(batch)
         self._arm_timer()
@@ -241,6 +260,7 @@ class PoolDispatcher:
         self.running[id(running)] = running
 
         def on_accepted(pid: int, time_accepted: float) -> None:
+            running.started = monotonic()  # a batch handed ahead starts when its child is free
             for r in requests:
                 r.on_accepted(pid, time_accepted)
 

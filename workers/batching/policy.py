@@ -73,7 +73,9 @@ class ModelBuffer:
     def deadline(self) -> float:
         return self.oldest + self.max_wait_s
 
-    def ready(self, now: float, worker_idle: bool, freed: bool) -> bool:
+    def ready(self, now: float, worker_idle: bool, freed: bool, full_only: bool = False) -> bool:
+        if full_only:
+            return bool(self.queue) and self.items >= self.max_batch_size
         return bool(self.queue) and (
             freed or worker_idle or self.items >= self.max_batch_size or now >= self.deadline
         )
@@ -154,14 +156,17 @@ class BatchScheduler:
         busy: int,
         freed: int = 0,
         discard: Callable[[Any], bool] = _keep,
+        full_only: bool = False,
     ) -> list[Batch]:
         """Batches to hand out now. `idle`/`busy`: children free and working; `freed`: how
-        many of the idle children have just finished (they take what waits, without delay)."""
+        many of the idle children have just finished (they take what waits, without delay);
+        `full_only`: only full batches (those handed to a busy child ahead of time)."""
         out: list[Batch] = []
         while idle > 0:
             worker_idle = busy == 0
             ready = [b for b in self.buffers.values()
-                     if b.model not in self.held and b.ready(now, worker_idle, freed > 0)]
+                     if b.model not in self.held
+                     and b.ready(now, worker_idle, freed > 0, full_only)]
             if not ready:
                 break
             buf = min(ready, key=lambda b: b.oldest)  # the longest-waiting model goes first

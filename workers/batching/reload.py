@@ -146,6 +146,12 @@ class Reloader:
         """Children out of service for the reload: one stopping, or its replacement loading."""
         return 1 if self.retiring is not None else 0
 
+    @property
+    def replacing(self) -> bool:
+        """Whether children on the previous file are being replaced (the dispatcher hands no
+        batch ahead meanwhile: each of them must come to hold none to be stopped)."""
+        return bool(self.stale) or self.retiring is not None or self.surge_before is not None
+
     # -- the tick ------------------------------------------------------------------------
     def tick(self) -> None:
         """From the worker's tick: start a reload when one was announced, say where it

@@ -15,7 +15,7 @@ from config import ConfigError
 from tasks.logs import trace
 from tasks.names import model_of_task
 from workers.child.batch import trace_headers
-from workers.broker.pool import TaskPool, on_child_ready
+from workers.broker.pool import TaskPool, hold_ahead, on_child_ready
 from workers.child.devices import pool_children
 from workers.batching.dispatcher import PoolDispatcher
 
@@ -34,6 +34,7 @@ def dispatcher_for(consumer: Any) -> PoolDispatcher:
         if isinstance(consumer.pool, TaskPool):  # the worker's (workers/broker/pool.py)
             consumer.pool.cap_children(pool_children(dispatcher.settings))
         on_child_ready(consumer.pool, dispatcher.child_ready)
+        hold_ahead(consumer.pool, dispatcher.settings.batches_ahead)
     else:
         dispatcher.reset_for(consumer.connection)
     return dispatcher

@@ -3,6 +3,8 @@ runs (`worker_pool`, and in place of `-P prefork`: workers/broker/attach.py's `a
 
 * stops a child with SIGKILL where billiard and Celery send it SIGTERM (`kill_child`);
 * tells the dispatcher when a child is ready to take work (`on_child_ready`);
+* writes a child its next batch while it runs one (`HeldBatches`, `hold_ahead`), an idle
+  child always first;
 * is grown no further than the GPUs (`TaskPool.cap_children`);
 * is not flushed on a reconnect (`TaskPool.keep_every_batch`);
 
@@ -100,9 +102,76 @@ class BlockingPool(_KillsItsChildren, prefork.BlockingPool):
     """billiard's pool, as Celery runs it without an event loop."""
 
 
+class HeldBatches:
+    """The pool's busy children (`AsynPool._busy_workers`: the write fds of their inqueues),
+    counting the batches each holds: written to it, not returned. Celery's fair scheduling
+    writes a job only to a child not in this set; a set of fds would hold one job a child, so
+    a child finished its batch and waited for its parent to hear of it, hand it the next and
+    write it. Here a child counts busy while it holds `depth` batches, or holds one while
+    another child holds none (an idle child is always written first): with `depth` 2 its next
+    batch waits in its pipe, and it starts it as the last leaves the device.
+
+    A batch written to a child that dies before taking it up (it was not accepted) goes back
+    to the pool's outbound buffer and is written to another child (Celery's
+    `on_job_process_down`, `on_partial_read`): it runs once, never lost."""
+
+    def __init__(self, inqueues: set) -> None:
+        self.inqueues = inqueues  # the pool's `_all_inqueues`: the children written to
+        self.held: dict[int, int] = {}
+        self.depth = 1
+
+    def _busy(self) -> set[int]:
+        held = {fd: n for fd, n in self.held.items() if fd in self.inqueues}
+        if len(held) < len(self.inqueues):  # a child holds none: every other is busy
+            return set(held)
+        return {fd for fd, n in held.items() if n >= self.depth}
+
+    def __contains__(self, fd: object) -> bool:
+        return fd in self._busy()
+
+    def __len__(self) -> int:
+        return len(self._busy())
+
+    def __iter__(self) -> Any:
+        return iter(self._busy())
+
+    def holding(self) -> set[int]:
+        """The fds of the children that hold a batch."""
+        return set(self.held)
+
+    def add(self, fd: int) -> None:
+        """A batch written to the child (Celery: `mark_worker_as_busy`)."""
+        self.held[fd] = self.held.get(fd, 0) + 1
+
+    def release(self, fd: int) -> None:
+        """A batch of the child returned (`AsynPool.on_job_ready`)."""
+        n = self.held.get(fd, 0) - 1
+        if n > 0:
+            self.held[fd] = n
+        else:
+            self.held.pop(fd, None)
+
+    def discard(self, fd: int) -> None:
+        """The child is gone (its inqueue closed, its process down): it holds nothing."""
+        self.held.pop(fd, None)
+
+    def intersection_update(self, fds: Any) -> None:
+        """Celery's flush on a reconnect (not run here: `TaskPool.keep_every_batch`)."""
+        keep = set(fds)
+        for fd in [fd for fd in self.held if fd not in keep]:
+            del self.held[fd]
+
+
 class Pool(_KillsItsChildren, AsynPool):
-    """Celery's asynchronous pool, whose children are killed by SIGKILL and which calls
-    `on_child_ready(pid)` once a child is ready."""
+    """Celery's asynchronous pool, whose children are killed by SIGKILL, which counts the
+    batches each child holds (`HeldBatches`) and calls `on_child_ready(pid)` once a child is
+    ready."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Before the event loop's handlers are made: they hold the set and its `add`.
+        self._busy_workers = HeldBatches(self._all_inqueues)
+        self._mark_worker_as_available = self._busy_workers.release
 
     #: Called on the event loop with a child's pid once it is ready to take work (its
     #: models loaded): the dispatcher's (`on_child_ready`).
@@ -181,6 +250,17 @@ def on_child_ready(pool: Any, callback: Callable[[int], Any]) -> bool:
     return True
 
 
+def hold_ahead(pool: Any, ahead: int) -> bool:
+    """Each child of the pool is written up to `ahead` batches beyond the one it runs
+    (`HeldBatches`); 0: one at a time, as Celery's fair scheduling does. False when the pool
+    has not started, or is not the worker's (`Pool`)."""
+    inner = _asynpool(pool)
+    if not isinstance(inner, Pool):
+        return False
+    inner._busy_workers.depth = 1 + ahead
+    return True
+
+
 def before_children_start(pool: Any, callback: Callable[[], Any]) -> bool:
     """`callback()` from now on each time before the pool starts children in place of those
     that exited, on the event loop. False when the pool has not started, or is not the
@@ -223,7 +303,9 @@ def retire_idle_child(pool: Any, among: set[int], shrink: bool = False) -> int |
     inner = _asynpool(pool)
     if inner is None:
         return None
-    busy = inner._busy_workers | inner._active_writes
+    held = inner._busy_workers
+    busy = (held.holding() if isinstance(held, HeldBatches) else set(held)) \
+        | inner._active_writes
     for proc in list(inner._pool):
         fd = proc.inqW_fd
         if proc.pid in among and proc._is_alive() and fd in inner._all_inqueues \
