@@ -92,6 +92,9 @@ def _check_workers(settings: Settings) -> None:
     if not 1 <= settings.children_per_gpu <= 8:
         raise ConfigError(f"children_per_gpu must be an integer from 1 to 8, got "
                           f"{settings.children_per_gpu}")
+    if settings.max_batch_tokens < 1:
+        raise ConfigError(f"max_batch_tokens must be an integer >= 1, got "
+                          f"{settings.max_batch_tokens}")
     if not 0 <= settings.batches_ahead <= 4:
         raise ConfigError(f"batches_ahead must be an integer from 0 to 4, got "
                           f"{settings.batches_ahead}")

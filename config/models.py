@@ -32,6 +32,9 @@ class ModelSpec:
     queue: str
     max_batch_size: int = 32
     max_wait_ms: float = 5.0
+    # Whether the models file names max_batch_size: one left out takes, on a GPU, the
+    # calibrator's answer (config/calibration.py).
+    batch_size_declared: bool = False
     max_inputs: int = 64
     # Text kinds: `package` (a Python package shipping the model folder) or `path` (a folder).
     package: str = ""
@@ -148,7 +151,8 @@ def parse_model(name: str, raw: dict[str, Any], base: Path) -> ModelSpec:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping")
     kind = kind_of(one_of(where, "kind", raw.get("kind"), kind_names()))
-    known = set(ModelSpec.__dataclass_fields__) - {"name", "options", "kind_settings"}
+    known = set(ModelSpec.__dataclass_fields__) - {"name", "options", "kind_settings",
+                                                   "batch_size_declared"}
     unknown = set(raw) - known - set(kind.keys)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
@@ -159,6 +163,7 @@ def parse_model(name: str, raw: dict[str, Any], base: Path) -> ModelSpec:
                 "max_image_pixels"):
         if key in raw:
             values[key] = positive_int(where, key, raw[key])
+    values["batch_size_declared"] = "max_batch_size" in raw
     for key in ("max_wait_ms", "base_ms", "per_item_ms", "timeout_s", "time_limit_s"):
         if key in raw:
             values[key] = non_negative(where, key, raw[key])

@@ -181,6 +181,13 @@ class Settings:
     # child's pipe and starts the moment the last leaves the device. Only a full batch goes
     # ahead (max_batch_size); none while a reload replaces children.
     batches_ahead: int = 1
+    # A model on a GPU whose models-file entry leaves max_batch_size out takes the calibrator's
+    # answer (`python -m scripts.calibrate MODEL --save` writes it to calibration_file; a
+    # relative path is taken from the models file's folder), capped for a text model at
+    # max_batch_tokens / its max sequence length (text-embeddings-inference's
+    # max-batch-tokens). On a CPU, or with no answer saved, max_batch_size's default (32).
+    calibration_file: str = "calibration.json"
+    max_batch_tokens: int = 16384
     # The models a worker's pool children load at start, comma-separated; empty: those of the
     # queues the worker consumes (the worker sets it for its children).
     worker_models: str = ""

@@ -5,7 +5,12 @@ calls it on 1, 2, 4, … items, recording the time per batch, items/s and, on a 
 It stops at the first out-of-memory, or once doubling the batch no longer raises items/s by
 `--min-gain` (5%). It recommends `max_batch_size` = 80% of the largest size that ran (headroom
 for longer inputs than the samples), and `max_wait_ms` = the time of a call of one item:
-holding a job longer than that to fill a batch costs more than running it would have.
+holding a job longer than that to fill a batch costs more than running it would have. For a
+text model the recommendation is capped by the token budget: `max_batch_tokens` / its max
+sequence length (text-embeddings-inference's max-batch-tokens).
+
+With `--save`, the answer goes to the calibration file (`calibration_file`), where a worker takes
+it as the model's max batch on a GPU unless the models file declares one (config/calibration.py).
 
 Each batch size is timed `--repeats` times and the fastest call counts; when the slowest of a
 size's calls took more than `NOISY` longer than its fastest, other work disturbed the timings
@@ -20,8 +25,10 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from config import load_models, load_settings
+from config.calibration import calibration_path, recommended, save_answer, token_cap
 from workers.child.handlers.base import Handler, is_oom
 
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
@@ -45,6 +52,8 @@ class Calibration:
     steps: list[Step] = field(default_factory=list)
     stopped: str = ""
     repeats: int = 3  # timed calls per batch size
+    max_seq_length: int | None = None  # a text model's
+    token_cap: int | None = None  # max_batch_tokens / max_seq_length
 
     @property
     def largest_safe(self) -> int:
@@ -52,7 +61,7 @@ class Calibration:
 
     @property
     def max_batch_size(self) -> int:
-        return max(1, int(0.8 * self.largest_safe))
+        return recommended(self.largest_safe, self.token_cap)
 
     @property
     def noisy(self) -> list[Step]:
@@ -71,7 +80,8 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(handler: Handler, size: int, repeats: int) -> Step:
+def measure(handler: Handler, size: int, repeats: int,
+            clock: Callable[[], float] = time.perf_counter) -> Step:
     """The fastest of `repeats` calls of `size` items, after one call to warm that size: on a
     machine shared with other work the fastest call is the one least disturbed by it."""
     import torch
@@ -84,22 +94,29 @@ def measure(handler: Handler, size: int, repeats: int) -> Step:
     times = []
     for _ in range(repeats):
         _sync(handler.device)
-        started = time.perf_counter()
+        started = clock()
         handler.call(items)
         _sync(handler.device)
-        times.append(time.perf_counter() - started)
+        times.append(clock() - started)
     seconds = min(times)
     peak = torch.cuda.max_memory_allocated(handler.device) / 2**20 if cuda else None
     return Step(size, 1000 * seconds, size / seconds, peak, spread=max(times) / seconds - 1)
 
 
 def calibrate(handler: Handler, limit: int = 4096, min_gain: float = 0.05,
-              repeats: int = 3) -> Calibration:
-    result = Calibration(handler.spec.name, handler.device, repeats=repeats)
+              repeats: int = 3, clock: Callable[[], float] = time.perf_counter,
+              max_batch_tokens: int | None = None) -> Calibration:
+    """Double the batch from 1 until memory runs out or items/s stops rising; with
+    `max_batch_tokens`, a text model's answer is capped at it over its max sequence length."""
+    seq = getattr(handler, "max_seq_length", None)
+    seq = seq if isinstance(seq, int) and seq > 0 else None
+    result = Calibration(handler.spec.name, handler.device, repeats=repeats,
+                         max_seq_length=seq,
+                         token_cap=token_cap(max_batch_tokens, seq) if max_batch_tokens else None)
     size, best = 1, 0.0
     while True:
         try:
-            step = measure(handler, size, repeats)
+            step = measure(handler, size, repeats, clock)
         except Exception as exc:
             if not is_oom(exc):
                 raise
@@ -170,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", default=None,
                    help="PNG to write (default bench/results/calibration-MODEL.png)")
     p.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    p.add_argument("--save", action="store_true",
+                   help="write the answer to the calibration file (calibration_file), the "
+                        "model's max batch on a GPU unless the models file declares one")
     a = p.parse_args(argv)
 
     from workers.child.devices import configure_allocator, device_for
@@ -182,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = models[a.model]
     configure_allocator(settings)
     handler = load_handler(spec, device_for(spec, 0), settings, spec.memory_fraction)
-    result = calibrate(handler, a.limit, a.min_gain, a.repeats)
+    result = calibrate(handler, a.limit, a.min_gain, a.repeats,
+                       max_batch_tokens=settings.max_batch_tokens)
 
     print(f"{'batch':>6} {'ms/batch':>10} {'items/s':>10} {'peak MB':>9}")
     for s in result.steps:
@@ -199,11 +220,26 @@ def main(argv: list[str] | None = None) -> int:
     plot(result, plot_path)
     print(f"stopped: {result.stopped}; largest safe batch: {result.largest_safe}")
     print(f"recommended for {a.model} on {result.device}:")
-    print(f"  max_batch_size: {result.max_batch_size}")
+    capped = (f" (capped by max_batch_tokens {settings.max_batch_tokens} / max sequence "
+              f"length {result.max_seq_length})" if result.token_cap is not None
+              and result.token_cap < int(0.8 * result.largest_safe) else "")
+    print(f"  max_batch_size: {result.max_batch_size}{capped}")
     print(f"  max_wait_ms: {result.max_wait_ms:g}")
     print(f"plot: {plot_path}")
     if result.noisy:
         print(noise_warning(result), file=sys.stderr)
+    if a.save:
+        path = calibration_path(settings)
+        save_answer(path, a.model, {
+            "device": result.device, "largest_safe": result.largest_safe,
+            "max_batch_size": result.max_batch_size, "max_seq_length": result.max_seq_length,
+            "max_wait_ms": result.max_wait_ms, "stopped": result.stopped,
+            "noisy": [s.batch_size for s in result.noisy],
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        print(f"saved to {path}: {a.model}'s max batch on a GPU unless the models file "
+              f"declares one" if result.device.startswith("cuda") else
+              f"saved to {path}, measured on {result.device}: a worker takes only an answer "
+              f"measured on a GPU (rerun it there)")
     if a.json:
         print(json.dumps({**asdict(result), "max_batch_size": result.max_batch_size,
                           "max_wait_ms": result.max_wait_ms,

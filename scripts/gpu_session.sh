@@ -11,6 +11,11 @@
 #    clients and 32-input jobs with one and two children; $OUT/gpu-standin.json and its output
 #    in $OUT/gpu_standin.log. The machine's NVML figures beside the busy share, where pynvml
 #    is installed: $OUT/nvml.txt.
+# 2c. The calibrator on the shipped model (~1 minute, issue 39 item 4): its batch-size search
+#    on the GPU (double from 1 until memory runs out or items/s stops rising, 80 % of it,
+#    capped by max_batch_tokens over its max sequence length): the answer a worker there takes
+#    as minilm-embed's max batch; $OUT/calibration.json (the answer, as `--save` writes it),
+#    $OUT/calibration-minilm-embed.png and its output in $OUT/calibrate.log.
 # 3. With GAMEDAY=1, instead of 1 and 2 (a device command of its own, up to 9 minutes): a game
 #    day of 3 minutes with no fault on the stack as make run starts it on this GPU host
 #    (`python -m bench.gameday --minutes 3 --faults ""`, half the capacity it measures there,
@@ -20,8 +25,9 @@
 #    its output in $OUT/gameday.log.
 # The machine's facts go to $OUT/machine.txt. Paste the results into bench/README.md's GPU
 # section. Steps 1 and 2: exits 1 when either failed; the benchmark runs even when the check
-# failed; 1 is cut at 2 minutes, 2 at 4.5 and 2b at 2.5, so all fit in one 10-minute device
-# command (step 2b's result is reported, not part of the exit status). Step 3: exits
+# failed; 1 is cut at 2 minutes, 2 at 4.5, 2b at 2.5 and 2c at 0.8, so all fit in one
+# 10-minute device command (steps 2b's and 2c's results are reported, not part of the exit
+# status). Step 3: exits
 # 0 when the game day ran and reported (a missed target included: its table says which), 1
 # when it did not. It needs .venv built (make's stamps present: the device machine has no
 # network) with a CUDA torch.
@@ -68,7 +74,13 @@ timeout 150 .venv/bin/python -m bench --name gpu-standin --models synthetic-gpu 
     --configs service two-children --clients 16 --duration 3 --rounds 2 --no-rss \
     --out "$OUT" > "$OUT/gpu_standin.log" 2>&1
 standin=$?
-echo "gpu-check: exit $check; gpu-bench: exit $bench; stand-in: exit $standin; results in $OUT"
+IQ_CALIBRATION_FILE="$OUT/calibration.json" timeout 50 .venv/bin/python -m scripts.calibrate \
+    minilm-embed --limit 2048 --repeats 3 --save --json \
+    --plot "$OUT/calibration-minilm-embed.png" > "$OUT/calibrate.log" 2>&1
+calibrated=$?
+echo "gpu-check: exit $check; gpu-bench: exit $bench; stand-in: exit $standin;" \
+    "calibrator: exit $calibrated; results in $OUT"
 tail -n 40 "$OUT/gpu_check.log"
 grep -E "raw:|items/s|PASS|MISS" "$OUT/gpu_bench.log" "$OUT/gpu_standin.log"
+grep -E "stopped:|max_batch_size:|saved to" "$OUT/calibrate.log"
 [ "$check" -eq 0 ] && [ "$bench" -eq 0 ]

@@ -24,6 +24,9 @@ from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.worker import state as worker_state
 
+from config.calibration import batch_size_for, calibration_path, load_calibration
+from config.checks import ConfigError
+from config.models import ModelSpec
 from tasks.errors import removed_error
 from tasks.jobstate import JobState
 from tasks.names import PRIORITIES
@@ -31,6 +34,7 @@ from tasks.redis_client import connect
 from workers.child.batch import FOREIGN, BatchJob, JobOutcome, job_token
 from workers.broker import InFlight, Leases, broker_of
 from workers.broker.pool import serving_children
+from workers.child.devices import visible_gpu_count
 from workers.child.execute import run_batch
 from workers.batching.isolation import CrashLoops, TimeLimits
 from workers.batching.liveness import Liveness
@@ -81,6 +85,7 @@ class PoolDispatcher:
         self.reloader = Reloader(self, self.client)
         self._timer_entry: Any = None
         self._timer_due: float | None = None
+        self._gpu_count: int | None = None
 
     @property
     def capacity(self) -> int:
@@ -89,6 +94,30 @@ class PoolDispatcher:
         total = int(self.consumer.pool.num_processes or 1) - self.reloader.unavailable
         serving = serving_children(self.consumer.pool)
         return max(total if serving is None else min(total, serving), 0)
+
+    def batch_size(self, spec: ModelSpec) -> int:
+        """The model's max batch (config/calibration.py): on a GPU, unless its entry declares
+        one, the calibrator's answer under the token budget; else its max_batch_size."""
+        on_gpu = spec.device == "cuda" or (spec.device == "auto" and self._gpus() > 0)
+        if not on_gpu or spec.batch_size_declared:
+            return spec.max_batch_size
+        path = calibration_path(self.settings)
+        try:
+            size = batch_size_for(spec, True, load_calibration(path),
+                                  self.settings.max_batch_tokens)
+        except ConfigError as exc:
+            logger.error("%s; model %s keeps max_batch_size %d", exc, spec.name,
+                         spec.max_batch_size)
+            return spec.max_batch_size
+        if size != spec.max_batch_size:
+            logger.info("model %s on a GPU: max batch %d, the calibrator's (%s)", spec.name,
+                        size, path)
+        return size
+
+    def _gpus(self) -> int:
+        if self._gpu_count is None:
+            self._gpu_count = visible_gpu_count(self.settings)
+        return self._gpu_count
 
     @property
     def ahead(self) -> int:

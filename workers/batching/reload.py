@@ -96,6 +96,8 @@ class ReloadHost(Protocol):
 
     def pump(self) -> None: ...
 
+    def batch_size(self, spec: ModelSpec) -> int: ...
+
     def fit_intake(self) -> None: ...
 
 
@@ -313,7 +315,8 @@ class Reloader:
             self.removing.discard(name)
             self.dispatcher.limits.declared[name] = spec.time_limit_s
             if name in old or task_name(name) in self.app.tasks:
-                scheduler.add_model(name, spec.max_batch_size, spec.max_wait_ms / 1000.0)
+                scheduler.add_model(name, self.dispatcher.batch_size(spec),
+                                    spec.max_wait_ms / 1000.0)
             else:
                 task = register_model(self.app, name)
                 self.consumer.strategies[task.name] = task.start_strategy(self.app,

@@ -55,7 +55,8 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
     model = model_of_task(task.name)
     spec = app.conf.iq_models[model]
     dispatcher = dispatcher_for(consumer)
-    dispatcher.scheduler.add_model(model, spec.max_batch_size, spec.max_wait_ms / 1000.0)
+    dispatcher.scheduler.add_model(model, dispatcher.batch_size(spec),
+                                   spec.max_wait_ms / 1000.0)
 
     hostname = consumer.hostname
     eventer = consumer.event_dispatcher

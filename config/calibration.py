@@ -1,0 +1,82 @@
+"""The calibrator's answers (scripts/calibrate.py `--save`) as the GPU default batch size.
+
+The calibration file holds, per model, what the calibrator measured on a GPU: the largest batch
+that ran, its recommendation (80 % of that: the reference design's rule, headroom for longer
+inputs than its samples) and, for a text model, its max sequence length. A model that runs on a
+GPU and whose models-file entry leaves `max_batch_size` out takes that recommendation (one
+measured on a GPU), capped by
+the token budget (`max_batch_tokens` / its max sequence length, text-embeddings-inference's
+max-batch-tokens); one on a CPU, or with no answer saved, keeps `max_batch_size`'s default."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from config.models import ModelSpec
+from config.checks import ConfigError
+from config.settings import Settings
+
+
+def calibration_path(settings: Settings) -> Path:
+    path = Path(settings.calibration_file)
+    return path if path.is_absolute() else Path(settings.models_file).parent / path
+
+
+def load_calibration(path: Path) -> dict[str, dict[str, Any]]:
+    """The answers saved, by model; {} when there is no file."""
+    try:
+        content = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise ConfigError(f"calibration_file {path}: cannot be read: {exc}") from None
+    try:
+        answers = json.loads(content)
+    except ValueError as exc:
+        raise ConfigError(f"calibration_file {path}: not JSON: {exc}") from None
+    if not isinstance(answers, dict) or not all(isinstance(v, dict) for v in answers.values()):
+        raise ConfigError(f"calibration_file {path}: expected an object of models, each an "
+                          f"object")
+    return answers
+
+
+def token_cap(max_batch_tokens: int, max_seq_length: int | None) -> int | None:
+    """The most items of max_seq_length tokens a batch may hold; None: not a text model."""
+    if not max_seq_length or max_seq_length < 1:
+        return None
+    return max(1, max_batch_tokens // max_seq_length)
+
+
+def recommended(largest_safe: int, cap: int | None = None) -> int:
+    """80 % of the largest batch that ran, no more than the token cap, at least 1."""
+    size = max(1, int(0.8 * largest_safe))
+    return size if cap is None else max(1, min(size, cap))
+
+
+def batch_size_for(spec: ModelSpec, on_gpu: bool, answers: dict[str, dict[str, Any]],
+                   max_batch_tokens: int) -> int:
+    """The model's max batch: the one its entry declares; on a GPU, the calibrator's answer
+    under the token budget; else max_batch_size's default."""
+    answer = answers.get(spec.name)
+    if spec.batch_size_declared or not on_gpu or not answer \
+            or not str(answer.get("device", "")).startswith("cuda"):
+        return spec.max_batch_size  # an answer measured on a CPU says nothing of a GPU
+    try:
+        largest = int(answer["largest_safe"])
+        seq = answer.get("max_seq_length")
+        return recommended(largest, token_cap(max_batch_tokens, int(seq) if seq else None))
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"calibration_file: model {spec.name}: expected largest_safe (an "
+                          f"integer) and max_seq_length (an integer or null), got "
+                          f"{answer!r}") from None
+
+
+def save_answer(path: Path, model: str, answer: dict[str, Any]) -> None:
+    """The calibrator's answer for `model` written to the file, beside the others."""
+    answers = load_calibration(path)
+    answers[model] = answer
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(answers, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
