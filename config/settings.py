@@ -179,7 +179,9 @@ class Settings:
     # Batches the main process hands each pool child ahead of the one it runs (0: none, a
     # child is handed its next batch only once the last returned): the next waits in the
     # child's pipe and starts the moment the last leaves the device. Only a full batch goes
-    # ahead (max_batch_size); none while a reload replaces children.
+    # ahead (max_batch_size), and only as the running batch nears its end (its model's usual
+    # time less a quarter and 5 ms: a job of higher priority arriving before then still goes
+    # first); none before a model is timed, nor while a reload replaces children.
     batches_ahead: int = 1
     # A model on a GPU whose models-file entry leaves max_batch_size out takes the calibrator's
     # answer (`python -m scripts.calibrate MODEL --save` writes it to calibration_file; a

@@ -183,42 +183,86 @@ def test_with_no_child_to_serve_the_buffer_goes_back_and_nothing_is_fetched():
     assert [job.id for job in pool.calls[1]["args"][1]] == ["a"]
 
 
-def test_a_full_batch_is_handed_to_the_busy_child_ahead_and_a_partial_one_waits():
-    """`batches_ahead` (default 1): while the only child runs a batch, the next full one is
-    handed to it at once (it waits in the child's pipe, workers/broker/pool.py HeldBatches);
+def test_a_full_batch_is_handed_to_the_busy_child_ahead_as_its_batch_nears_its_end(
+        monkeypatch):
+    """`batches_ahead` (default 1): as the only child's batch nears its end (its model's usual
+    time), the next full batch is handed to it (it waits in the child's pipe,
+    workers/broker/pool.py HeldBatches), not before (a job of higher priority may still come);
     what is not full waits in the buffer for the child to be free, as before."""
+    import workers.batching.dispatcher as dispatcher_module
+
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(dispatcher_module, "monotonic", lambda: clock.now)
     d, pool, timer, _unacked = dispatcher()
     assert d.settings.batches_ahead == 1
+    receive(d, "warm")  # the model's usual batch time: 0.1 s
+    pool.calls[0]["accept_callback"](1, 0.0)
+    pool.calls[0]["callback"]([JobOutcome("warm", Outcome.SUCCEEDED, 0.1, 1)])
+
     receive(d, "a")  # to the idle child at once
+    pool.calls[1]["accept_callback"](1, 0.0)
     for job_id in "bcde":
         receive(d, job_id)
-    assert [job.id for job in pool.calls[1]["args"][1]] == ["b", "c", "d", "e"]  # ahead
+    assert len(pool.calls) == 2  # full, but the child's batch has 0.1 s to run
+    armed = [delay for delay, _fn, _args in timer.due if delay > 0.01]
+    assert armed and abs(armed[-1] - (0.075 - 0.005)) < 1e-6  # its end, less the lead
+    clock.now += 0.071
+    d._on_timer()
+    assert [job.id for job in pool.calls[2]["args"][1]] == ["b", "c", "d", "e"]  # ahead
     receive(d, "f")
-    assert len(pool.calls) == 2  # one ahead at most, and only a full batch
+    assert len(pool.calls) == 3  # one ahead at most, and only a full batch
 
-    pool.calls[0]["callback"]([JobOutcome("a", Outcome.SUCCEEDED, 0.1, 1)])
-    assert len(pool.calls) == 2  # the child runs b..e now: f still waits for it
-    pool.calls[1]["callback"]([JobOutcome(j, Outcome.SUCCEEDED, 0.1, 1) for j in "bcde"])
-    assert [job.id for job in pool.calls[2]["args"][1]] == ["f"]  # the child is free
-    timer.run_due()
+    pool.calls[1]["callback"]([JobOutcome("a", Outcome.SUCCEEDED, 0.1, 1)])
+    assert len(pool.calls) == 3  # the child runs b..e now: f still waits for it
+    pool.calls[2]["callback"]([JobOutcome(j, Outcome.SUCCEEDED, 0.1, 1) for j in "bcde"])
+    assert [job.id for job in pool.calls[3]["args"][1]] == ["f"]  # the child is free
 
 
-def test_with_batches_ahead_0_a_busy_child_is_handed_nothing():
+def test_before_a_model_is_timed_nothing_goes_ahead():
     d, pool, _timer, _unacked = dispatcher()
-    d.settings = dataclasses.replace(d.settings, batches_ahead=0)
     receive(d, "a")
+    pool.calls[0]["accept_callback"](1, 0.0)
     for job_id in "bcde":
         receive(d, job_id)
     assert len(pool.calls) == 1
-    pool.calls[0]["callback"]([JobOutcome("a", Outcome.SUCCEEDED, 0.1, 1)])
-    assert [job.id for job in pool.calls[1]["args"][1]] == ["b", "c", "d", "e"]
 
 
-def test_no_batch_goes_ahead_while_a_reload_replaces_children():
+def busy_near_its_end(monkeypatch, **settings):
+    """The only child runs a batch of a model timed at 0.1 s, 0.09 s in (past the lead), and
+    a full batch waits."""
+    import workers.batching.dispatcher as dispatcher_module
+
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(dispatcher_module, "monotonic", lambda: clock.now)
+    d, pool, _timer, _unacked = dispatcher()
+    d.settings = dataclasses.replace(d.settings, **settings)
+    receive(d, "warm")
+    pool.calls[0]["accept_callback"](1, 0.0)
+    pool.calls[0]["callback"]([JobOutcome("warm", Outcome.SUCCEEDED, 0.1, 1)])
+    receive(d, "a")
+    pool.calls[1]["accept_callback"](1, 0.0)
+    clock.now += 0.09
+    for job_id in "bcde":
+        receive(d, job_id)
+    return d, pool
+
+
+def test_near_its_end_a_full_batch_goes_ahead(monkeypatch):
+    _d, pool = busy_near_its_end(monkeypatch)
+    assert len(pool.calls) == 3
+
+
+def test_with_batches_ahead_0_a_busy_child_is_handed_nothing(monkeypatch):
+    d, pool = busy_near_its_end(monkeypatch, batches_ahead=0)
+    assert len(pool.calls) == 2
+    pool.calls[1]["callback"]([JobOutcome("a", Outcome.SUCCEEDED, 0.1, 1)])
+    assert [job.id for job in pool.calls[2]["args"][1]] == ["b", "c", "d", "e"]
+
+
+def test_no_batch_goes_ahead_while_a_reload_replaces_children(monkeypatch):
     """A child on the previous file must come to hold no batch to be stopped."""
-    d, pool, _timer, _unacked = dispatcher()
-    d.reloader.stale = {1234}
-    receive(d, "a")
-    for job_id in "bcde":
-        receive(d, job_id)
-    assert len(pool.calls) == 1
+    import workers.batching.dispatcher as dispatcher_module
+
+    monkeypatch.setattr(dispatcher_module.Reloader, "replacing", property(lambda self: True))
+    _d, pool = busy_near_its_end(monkeypatch)
+    assert len(pool.calls) == 2

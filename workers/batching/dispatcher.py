@@ -58,6 +58,14 @@ class Running:
     requests: list
     started: float  # monotonic: handed, then taken up by its child
     limit: float  # its time limit (s)
+    accepted: bool = False  # taken up by its child (not waiting in its pipe)
+
+
+#: A batch goes ahead to a busy child this long before the child's batch is due to end: a
+#: fixed margin (the parent's round trip, with room for a busy loop), and a share of the
+#: batch's usual time (its spread).
+AHEAD_MARGIN_S = 0.005
+AHEAD_SHARE = 0.25
 
 
 class PoolDispatcher:
@@ -86,6 +94,7 @@ class PoolDispatcher:
         self._timer_entry: Any = None
         self._timer_due: float | None = None
         self._gpu_count: int | None = None
+        self._usual: dict[str, float] = {}  # a model's usual batch time (s), smoothed
 
     @property
     def capacity(self) -> int:
@@ -242,13 +251,30 @@ class PoolDispatcher:
         self.pump()
 
     # -- batching ------------------------------------------------------------------------
+    def _ahead_due(self) -> list[float]:
+        """When each running batch's child should have its next batch: shortly before the
+        batch is due to end (its model's usual time, AHEAD_MARGIN_S and AHEAD_SHARE before).
+        Handed no earlier, a batch sent ahead is not fixed while a job of higher priority may
+        still arrive, for longer than a hand-over's round trip; a model not yet timed, none."""
+        due = []
+        for r in list(self.running.values()):
+            usual = self._usual.get(r.model)
+            if r.accepted and usual is not None:
+                due.append(r.started + usual * (1 - AHEAD_SHARE) - AHEAD_MARGIN_S)
+        return due
+
     def pump(self, freed: int = 0) -> None:
         """Batches to the children: to an idle one what waits (the policy's say); then, to a
-        busy one, ahead, only a full batch, so that no batch is smaller for going ahead (what
-        is not full waits, as before, for a child to be free)."""
+        busy one whose batch is about to end (`_ahead_due`), ahead, only a full batch, so that
+        no batch is smaller for going ahead (what is not full waits, as before, for a child to
+        be free)."""
         capacity = self.capacity
         idle = max(capacity - self.inflight, 0)
         ahead = max(capacity * (1 + self.ahead) - self.inflight - idle, 0)
+        if ahead > 0:
+            now = monotonic()
+            ending = sum(1 for due in self._ahead_due() if due <= now)
+            ahead = min(ahead, max(ending - max(self.inflight - capacity, 0), 0))
         with self.settlement.settling():
             batches = self.scheduler.batches(monotonic(), idle=idle, busy=self.inflight,
                                              freed=min(freed, idle),
@@ -265,6 +291,11 @@ class PoolDispatcher:
 
     def _arm_timer(self) -> None:
         due = self.scheduler.next_deadline() if self.inflight < self.capacity else None
+        if len(self.scheduler) and self.inflight < self.capacity * (1 + self.ahead):
+            now = monotonic()  # a full batch may go ahead when a child's batch nears its end
+            coming = [d for d in self._ahead_due() if d > now]
+            if coming:
+                due = min(coming) if due is None else min(due, min(coming))
         if due == self._timer_due:
             return
         if self._timer_entry is not None:
@@ -290,6 +321,7 @@ class PoolDispatcher:
 
         def on_accepted(pid: int, time_accepted: float) -> None:
             running.started = monotonic()  # a batch handed ahead starts when its child is free
+            running.accepted = True
             for r in requests:
                 r.on_accepted(pid, time_accepted)
 
@@ -316,7 +348,10 @@ class PoolDispatcher:
 
     def _returned(self, model: str, requests: list, outcomes: list[JobOutcome]) -> None:
         self.inflight -= 1
-        self.limits.observe(model, max((o.runtime for o in outcomes), default=0.0))
+        took = max((o.runtime for o in outcomes), default=0.0)
+        self.limits.observe(model, took)
+        usual = self._usual.get(model)
+        self._usual[model] = took if usual is None else 0.8 * usual + 0.2 * took
         if _stopping():
             # Shutting down: the loop may not turn again, and no new batch starts.
             self.settlement.finish(model, requests, outcomes)
