@@ -110,12 +110,13 @@ def _submit_and_wait(caller: Caller, wait: float) -> Response:
     finished: JobRecord | None = None
     watch: Watch | None = None
     with ExitStack() as watching:
-        def watch_first(job_id: str) -> None:  # its id says its Redis: known once validated
+        def watch_first(job_id: str) -> str:  # its id says its Redis: known once validated
             nonlocal watch
             try:
                 watch = watching.enter_context(store.watch(job_id, caller.owner))
             except NoSlot:
-                pass
+                return ""
+            return watch.reply  # its finish brings the job to this watch: no read after it
 
         done: Accepted = submitter.submit(caller, _request_body, before_queue=watch_first)
         if watch is not None and done.created:

@@ -358,6 +358,29 @@ def _record(job_id: str, values: Sequence[Any], stored: Any = None) -> JobRecord
         stored or None, found.get("encoding_format")))
 
 
+def announced(message: bytes) -> dict[str, tuple[bytes, bytes]]:
+    """The jobs of a finish's message on a reply channel (tasks/lua/_finish.lua), each id's
+    (fields as JSON, stored result) as sent: `announced_record` reads one. Cheap, for the
+    listener that receives it; the waiting request reads its own."""
+    out: dict[str, tuple[bytes, bytes]] = {}
+    pos, end = 0, len(message)
+    while pos < end:
+        line = message.index(b"\n", pos)
+        job_id, fields_size, stored_size = message[pos:line].split(b" ")
+        start = line + 1
+        middle = start + int(fields_size)
+        pos = middle + int(stored_size)
+        out[job_id.decode()] = (message[start:middle], message[middle:pos])
+    return out
+
+
+def announced_record(job_id: str, entry: tuple[bytes, bytes]) -> JobRecord:
+    """The job as its finish announced it (`announced`): what `JobState.read` would have
+    read from its record and stored result the moment after."""
+    fields, stored = entry
+    return _record(job_id, orjson.loads(fields), stored or None)
+
+
 def _finish_call(finals: Sequence[Final], result_ttl_s: int,
                  model_version: str) -> tuple[list[str], list[Any]]:
     """FINISH's keys and arguments (but the two every script takes first)."""
@@ -426,7 +449,7 @@ class JobState:
                idempotency: tuple[str, str] | None = None,
                memory_headroom: float | None = None, request: bytes = b"",
                replicas: tuple[int, float] | None = None,
-               kept_quota: int | None = None, size: int = 0) -> Submitted:
+               kept_quota: int | None = None, size: int = 0, reply: str = "") -> Submitted:
         """Record the job, index it under its owner and queue its message, or raise
         Overloaded (`depth_lists` hold `max_depth` messages or more; None: not checked),
         StoreFull (Redis's memory is within `memory_headroom` of its maxmemory; None: not
@@ -438,7 +461,9 @@ class JobState:
         with none its request's `size` while it waits (its message holds the whole input). A job with `retry_of` is made only if that
         job ended without success and was not retried yet; both are then linked. With
         `replicas` = (count, timeout in seconds), also wait (Redis WAIT, in the same round
-        trip) until that many replicas hold the job, or raise NotReplicated."""
+        trip) until that many replicas hold the job, or raise NotReplicated. `reply`: the
+        channel its finish announces it on, record and result (`announced`), for a process
+        that waits on it ("": none)."""
         claim, digest = idempotency or (job_key(job.id) + ":no-claim", "")
         retried = job_key(job.retry_of) if job.retry_of else job_key(job.id) + ":no-retry"
         # The owner's jobs list drops expired entries on one submit in 16 (ids are random),
@@ -451,6 +476,8 @@ class JobState:
                            "" if kept_quota is None else kept_quota, job.owner, size]
         for name, value in job.submitted_fields().items():
             args += [name, value]
+        if reply:
+            args += ["reply", reply]
         keys = [job_key(job.id), claim, message.list_key, owner_jobs(job.owner), retried,
                 PENDING_KEY, wake_key(queue_of(message.list_key)), owner_index(job.owner),
                 *(depth_lists if max_depth is not None else ())]

@@ -10,7 +10,8 @@
 --       releases before), '1' when it retries a job, the owner's quota on the bytes of the
 --       requests kept for it ('' : none), the owner (an API key's name), the request's size
 --       (what its waiting job is charged when none is kept: '' or 0, nothing), then the
---       record's field/value pairs.
+--       record's field/value pairs ('reply' among them for a job an API process waits on:
+--       the channel its finish announces it on, _finish.lua).
 -- The API has the depth checked here only when its own reading of it (at most a second old,
 -- app/gauge.py) is near the limit, or when it has none; far from it, it costs no command. The
 -- memory headroom it has checked on every submit (the API passes '' only in tests). A submit
