@@ -137,7 +137,8 @@ class JobStore:
         self.celery = celery
         self.models = models
         self.redis = api_client(settings)
-        self.state = JobState(self.redis, settings.kept_s, settings.job_ttl_s)
+        self.state = JobState(self.redis, settings.kept_s, settings.job_ttl_s,
+                              group_submits=True)
         wanted = settings.wait_replicas
         self.replicas = (wanted, settings.redis_wait_timeout_s) if wanted else None
         self.presence = Presence(self.redis)

@@ -35,6 +35,7 @@ CONSTANTS = {"FIELDS": READ_FIELDS, "KEEP": KEEP_FIELDS, "JOB_PREFIX": JOB_PREFI
 
 # Each script's text, by the name its move goes by (tasks/jobstate.py's `JobState._run`).
 SUBMIT = script("job_submit", CONSTANTS)
+SUBMIT_MANY = script("job_submit_many", CONSTANTS)
 START = script("job_start", CONSTANTS)
 PROGRESS = script("job_progress", CONSTANTS)
 FINISH = script("job_finish", CONSTANTS)
@@ -48,7 +49,7 @@ KEPT = script("job_kept", CONSTANTS)
 CLAIM_DELIVERY = script("delivery_claim", CONSTANTS)
 DELIVERY_DONE = script("delivery_done", CONSTANTS)
 
-SCRIPTS = {"submit": SUBMIT, "start": START, "progress": PROGRESS, "finish": FINISH,
+SCRIPTS = {"submit": SUBMIT, "submit_many": SUBMIT_MANY, "start": START, "progress": PROGRESS, "finish": FINISH,
            "finish_queued": FINISH_QUEUED, "cancel": CANCEL, "read": READ, "crashed": CRASHED,
            "list": LIST, "delete": DELETE, "kept": KEPT, "claim_delivery": CLAIM_DELIVERY,
            "delivery_done": DELIVERY_DONE}

@@ -61,6 +61,7 @@ import redis
 from redis.client import NEVER_DECODE
 
 from tasks import jobscripts, results
+from tasks.group_commit import GroupCommit
 from tasks.errors import ErrorCode, JobError
 from tasks.keys import (PENDING_KEY, REMOVED_FAILED_KEY, dead_index, job_key, kept_request,
                         owner_index, owner_jobs, result_key, wake_key)
@@ -337,6 +338,10 @@ def _refusal(kind: str, found: str, kept_quota: int | None) -> Exception | None:
     return plain[kind]() if kind in plain else None
 
 
+# Submits one group commit sends at most (JobState's `group_submits`): a script call's work
+# stays bounded (~0.1 ms a job inside Redis).
+SUBMIT_GROUP_MOST = 32
+
 # How far this process's clock may be from Redis's for a read to leave a queued job's deadline
 # to READ (which expires it by Redis's clock) only when it is this close or past.
 CLOCK_MARGIN_S = 30.0
@@ -415,15 +420,21 @@ class Page:
 class JobState:
     """The status machine over one Redis client. Each method is one round trip. `keep_s`: how
     long a job that did not succeed keeps its request for a retry (0: none is kept);
-    `ttl_s`: how long records live (job_ttl_s), which the indexes follow."""
+    `ttl_s`: how long records live (job_ttl_s), which the indexes follow. `group_submits`:
+    submits made within requests while one is on its way to Redis go together in the next
+    script call (tasks/group_commit.py; an API process's), but those that wait for replicas."""
     client: redis.Redis
     keep_s: int = 0
     ttl_s: int = 86_400
+    group_submits: bool = False
     _scripts: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    _grouped: GroupCommit | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name, text in jobscripts.SCRIPTS.items():
             self._scripts[name] = self.client.register_script(text)
+        if self.group_submits:
+            self._grouped = GroupCommit(self._submit_many, most=SUBMIT_GROUP_MOST)
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
              ttl_s: int | None = None) -> Any:
@@ -481,18 +492,34 @@ class JobState:
         keys = [job_key(job.id), claim, message.list_key, owner_jobs(job.owner), retried,
                 PENDING_KEY, wake_key(queue_of(message.list_key)), owner_index(job.owner),
                 *(depth_lists if max_depth is not None else ())]
-        if replicas is None:
-            reply, acked = self._run("submit", keys, args, ttl_s), 0
+        if replicas is None and self._grouped is not None and (ttl_s or self.ttl_s) == self.ttl_s:
+            answer, acked = self._grouped.submit((keys, args)), 0
+        elif replicas is None:
+            answer, acked = self._run("submit", keys, args, ttl_s), 0
         else:
-            reply, acked = self._submit_and_wait(keys, [self.keep_s, ttl_s or self.ttl_s, *args],
-                                                *replicas)
-        kind, found = (_text(x) for x in reply)
+            answer, acked = self._submit_and_wait(keys, [self.keep_s, ttl_s or self.ttl_s, *args],
+                                                 *replicas)
+        kind, found = (_text(x) for x in answer)
         refused = _refusal(kind, found, kept_quota)
         if refused is not None:
             raise refused
         if replicas is not None and acked < replicas[0]:
             raise NotReplicated(found, acked, replicas[0])
         return Submitted(found, kind == "created")
+
+    def _submit_many(self, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Submits that arrived together (`group_submits`), in one script call: each one's
+        answer, as the submit script's."""
+        if len(calls) == 1:
+            return [self._run("submit", *calls[0])]
+        keys: list[str] = []
+        args: list[Any] = [len(calls)]
+        for job_keys, job_args in calls:
+            args += [len(job_keys), len(job_args)]
+        for job_keys, job_args in calls:
+            keys += job_keys
+            args += job_args
+        return self._run("submit_many", keys, args)
 
     def _submit_and_wait(self, keys: list[str], args: list[Any], count: int,
                          timeout_s: float) -> tuple[Any, int]:
