@@ -96,8 +96,8 @@ def accepted(job: JobRecord, finished: JobRecord | None = None,
     if wait is not None:
         headers["Preference-Applied"] = f"wait={wait:g}"
     if finished is not None and finished.terminal:
-        return answer(Job, job_body(finished), 201, headers)
-    return answer(Job, job_body(job), 202, headers)
+        return answer(Job, job_body(finished), 201, headers, dumped=True)
+    return answer(Job, job_body(job), 202, headers, dumped=True)
 
 
 def _submit_and_wait(caller: Caller, wait: float) -> Response:
@@ -185,7 +185,7 @@ def _read_routes(bp: Blueprint, settings: Settings, models: dict[str, ModelSpec]
     @errors(bp, keys, e404=None, e429="every wait slot is taken (too_many_waits), or the "
             "key's read budget is used up (rate_limited)")
     def get_job(job_id: str, wait: float | None = None):
-        return answer(Job, job_body(_read_job(job_id, wait)))
+        return answer(Job, job_body(_read_job(job_id, wait)), dumped=True)
 
     @bp.get("/jobs")
     @bp.doc(summary="List your jobs, newest first", operationId="listJobs")
