@@ -12,7 +12,8 @@
 -- with what a read would answer, so that the waiting process needs no read: per job
 -- "<id> <bytes of the fields> <bytes of the result>\n", the record's FIELDS as a JSON array
 -- (false for a field it lacks), then the stored result ('' but for a success); one message a
--- channel a batch. The finished record drops the field.
+-- channel a batch. A result over REPLY_MAX_BYTES is not sent (its waiter reads it, woken by the
+-- "done"): a subscriber's output buffer stays small. The finished record drops the field.
 -- A finished record keeps what a read needs (and its token, so that a message sent by hand
 -- with its id is still told apart): not its message, deadline or request. That of a job that
 -- succeeded is written afresh (DEL, HSET, EXPIRE: it lives job_ttl_s from its finish),
@@ -78,9 +79,9 @@ for i = 1, (#KEYS - 1) / 2 do
       if redis.call('llen', ARGV[a + 6]) == 0 then redis.call('lpush', ARGV[a + 6], '1') end
     end
     done[#done + 1] = id_of(key)
-    if reply[i] then
+    local stored = ARGV[a + 1] == 'succeeded' and ARGV[a + 2] or ''
+    if reply[i] and #stored <= REPLY_MAX_BYTES then
       local fields = cjson.encode(redis.call('hmget', key, unpack(FIELDS)))
-      local stored = ARGV[a + 1] == 'succeeded' and ARGV[a + 2] or ''
       local entries = replies[reply[i]] or {}
       entries[#entries + 1] = id_of(key) .. ' ' .. #fields .. ' ' .. #stored .. '\n' .. fields
         .. stored

@@ -28,7 +28,8 @@ def clients(redis_server):
     waiter.close()
 
 
-def _run(state: JobState, reply: str, final: str = "succeeded", job_id: str = "") -> str:
+def _run(state: JobState, reply: str, final: str = "succeeded", job_id: str = "",
+         values: int = 4) -> str:
     """A one-input job submitted (naming `reply`), started and finished as a worker does."""
     token = secrets.token_urlsafe(6)
     record = new_job(job_id or str(uuid.uuid4()), model="embed",
@@ -39,7 +40,7 @@ def _run(state: JobState, reply: str, final: str = "succeeded", job_id: str = ""
     assert state.start([record.id], worker="w@h/0/1", batch=batch,
                        tokens=[token]) == [StartDecision.RUN]
     if final == "succeeded":
-        outputs = [np.arange(4, dtype=np.float32).tolist()]
+        outputs = [np.arange(values, dtype=np.float32).tolist()]
         done = Final(record.id, Status.SUCCEEDED, results.stored(record.id, outputs=outputs),
                      token=token)
     else:
@@ -96,3 +97,15 @@ def test_a_job_without_a_reply_channel_is_announced_on_the_moves_channel_only(cl
     pubsub.close()
     assert "iq:moves" in seen and not [c for c in seen if c.startswith("iq:reply:")]
     assert state.read(job_id).status is Status.SUCCEEDED
+
+
+def test_a_result_too_large_for_the_reply_channel_is_read_by_its_waiter(clients):
+    state, waiter, _ = clients
+    job_id = str(uuid.uuid4())
+    with waiter.watch(job_id) as woken:
+        assert waiter.subscribed.wait(5)
+        woken.clear()
+        _run(state, waiter.reply_channel, job_id=job_id, values=20_000)  # 80 kB > 64 KiB
+        assert woken.wait(5)  # by its "done"
+        assert waiter.answer(job_id) is None  # not sent: the waiter reads it
+    assert len(state.read(job_id).outputs[0]) == 20_000
