@@ -35,7 +35,7 @@ SCRIPT_PURPOSES = {
     "SUBMIT": "submit", "SUBMIT_MANY": "submit", "START": "start", "FINISH": "result",
     "READ": "result",
     "FETCH": "fetch", "_RESTORE": "lease", "PROGRESS": "start", "CRASHED": "start",
-    # Issue 24's broker scripts (workers/broker/scripts.py): the lease per worker and the
+    # Issue 24's broker scripts (workers/broker/lua.py): the lease per worker and the
     # recoveries that read it.
     "BEAT": "lease", "REAP": "lease", "RECONCILE": "lease", "RESTORE": "lease",
     "LATER": "other", "_LIVE": "heartbeat", "_STAMP": "heartbeat",

@@ -1,5 +1,5 @@
 """The worker's prefork pool: Celery's, subclassed (`TaskPool`), which a worker of this service
-runs (`worker_pool`, and in place of `-P prefork`: workers/broker/broker.py's `attach`). It
+runs (`worker_pool`, and in place of `-P prefork`: workers/broker/attach.py's `attach`). It
 
 * stops a child with SIGKILL where billiard and Celery send it SIGTERM (`kill_child`);
 * tells the dispatcher when a child is ready to take work (`on_child_ready`);

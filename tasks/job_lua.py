@@ -54,7 +54,7 @@ KEPT = script("job_kept", CONSTANTS)
 CLAIM_DELIVERY = script("delivery_claim", CONSTANTS)
 DELIVERY_DONE = script("delivery_done", CONSTANTS)
 
-SCRIPTS = {"submit": SUBMIT, "submit_many": SUBMIT_MANY, "start": START, "progress": PROGRESS, "finish": FINISH,
-           "finish_queued": FINISH_QUEUED, "cancel": CANCEL, "read": READ, "crashed": CRASHED,
+SCRIPTS = {"submit": SUBMIT, "submit_many": SUBMIT_MANY, "start": START, "progress": PROGRESS,
+           "finish": FINISH, "finish_queued": FINISH_QUEUED, "cancel": CANCEL, "read": READ, "crashed": CRASHED,
            "list": LIST, "delete": DELETE, "kept": KEPT, "claim_delivery": CLAIM_DELIVERY,
            "delivery_done": DELIVERY_DONE}
