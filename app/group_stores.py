@@ -65,7 +65,8 @@ class Stores:
 
     def submit(self, spec: ModelSpec, job: dict, trace_id: str,
                idempotency_key_: str | None = None, owner: str = "",
-               job_id: str | None = None, retry_of: str = "") -> tuple[JobRecord, bool]:
+               job_id: str | None = None, retry_of: str = "",
+               reply: str = "") -> tuple[JobRecord, bool]:
         """JobStore.submit on the Redis of the model's group. A retry is linked to its job
         in one script, on one Redis: 409 when the model has changed group since."""
         store = self.for_model(spec)
@@ -73,7 +74,7 @@ class Stores:
             raise Conflict(f"the job's model {spec.name} has moved to "
                            f"{group_name(spec.redis)} since the job ran: submit it anew")
         return store.submit(spec, job, trace_id, idempotency_key_, owner=owner,
-                            job_id=job_id, retry_of=retry_of)
+                            job_id=job_id, retry_of=retry_of, reply=reply)
 
     # The calls on one job go to the store its id names, a named group's Redis errors
     # answered as that group's 503 (JobStore.answering); an id of no configured group is no
