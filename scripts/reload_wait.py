@@ -51,6 +51,13 @@ def live_reports(client: redis.Redis, beat_s: float) -> dict[str, dict]:
     return _statuses(client, beat_s)
 
 
+def consuming_workers(client: redis.Redis, ttl_s: float) -> set[str]:
+    """The workers consuming now on `client`'s Redis (a heartbeat in the last `ttl_s`), as
+    their reports' fields (`worker:<node>`): a stopped worker's report outlives it a while."""
+    return {f"worker:{n}" for n in
+            client.zrangebyscore(CONSUMING_KEY, time.time() - ttl_s, "+inf")}
+
+
 def standing_of(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
               workers_before: set[str] = frozenset(),
               announcement: str | None = None) -> tuple[dict[str, str], int]:
@@ -60,8 +67,7 @@ def standing_of(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
     keys.py MODELS_ANNOUNCEMENTS_KEY); a worker's refusal of an earlier one is pending until
     it looked at this one (it begins a revision it refused again once announced again)."""
     statuses = _statuses(client, beat_s)
-    consuming = {f"worker:{n}" for n in
-                 client.zrangebyscore(CONSUMING_KEY, time.time() - ttl_s, "+inf")}
+    consuming = consuming_workers(client, ttl_s)
     names = consuming | set(workers_before) | {n for n in statuses if n.startswith("api:")}
     out = {}
     for name in sorted(names):
