@@ -147,7 +147,11 @@ class ModelsWatch:
                              self.revision, error)
             self.error = error
             return
-        why = self.canary(announced) if self.canaried != (announced, number) else ""
+        try:
+            why = self.canary(announced) if self.canaried != (announced, number) else ""
+        except redis.RedisError as exc:  # its own Redis away: not the file's fault
+            logger.warning("models reload: %s; tried again at the next heartbeat", exc)
+            raise
         if why:
             # Tried again only when announced again (an operator fixed what failed). Recorded
             # as a failed load is: the roll halts, the workers that began it roll back.

@@ -11,6 +11,7 @@ import sys
 import time
 
 import orjson
+import pytest
 import redis
 
 import app.reloading
@@ -314,3 +315,34 @@ def test_an_api_process_with_no_worker_to_ask_waits_and_a_groups_model_waits_for
     report = orjson.loads(client.hget(RELOAD_STATUS_KEY, process.field))
     assert sent == [] and report["state"] == "refused", report
     assert "worker:g@h (group gpu): no GPU here" in report["error"], report
+
+
+def test_a_canary_that_cannot_reach_redis_url_is_tried_again_not_refused(
+        redis_server, tmp_path, monkeypatch):
+    """REDIS_URL's Redis not answering the canary (frozen, away for a while) is no fault of
+    the file: the process neither refuses it nor records a failed load (a Redis freeze during
+    a good reload once had it refused and undone); it tries the canary again at its next
+    heartbeat, and takes the file once it starts. A group's Redis not answering is still a
+    refusal (above)."""
+    redis.Redis.from_url(redis_server.extra["admin_url"]).flushdb()
+    client = redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
+    models = tmp_path / "models.yaml"
+    old, new = b"models: {a: {kind: synthetic}}\n", b"models: {b: {kind: synthetic}}\n"
+    models.write_bytes(new)
+    monkeypatch.setenv("IQ_MODELS_FILE", str(models))
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")  # the canary's: no answer
+    settings = load_settings({"redis_url": redis_server.extra["url"],
+                              "models_file": str(models)}, environ={})
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(app.reloading.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    watch = ModelsWatch(client, settings, revision_of(old), master=os.getpid())
+    client.set(MODELS_REVISION_KEY, revision_of(new))
+    client.incr(MODELS_ANNOUNCEMENTS_KEY)
+    serves(client, new)
+    with pytest.raises(redis.ConnectionError, match="REDIS_URL's Redis did not answer"):
+        watch.check()
+    assert not watch.handed_over and watch.refused is None and sent == []
+    assert failure_of(client, revision_of(new)) is None
+    monkeypatch.setenv("REDIS_URL", redis_server.extra["url"])  # it answers again
+    watch.check()
+    assert watch.handed_over and sent == [(os.getpid(), app.reloading.signal.SIGHUP)]
