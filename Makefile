@@ -13,7 +13,7 @@ RUN_STAMP := $(VENV)/.run-$(shell cat $(RUN_REQS) | cksum | cut -d' ' -f1)
 # version: the constraints').
 DEV_STAMP := $(VENV)/.dev-$(shell cat $(RUN_REQS) requirements/dev.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run reload test test-tools bench bench-quick gameday gpu-check gpu-bench container-check clean
+.PHONY: run reload test test-tools docs bench bench-quick gameday gpu-check gpu-bench container-check clean
 
 run: $(RUN_STAMP)
 	scripts/run.sh
@@ -30,6 +30,12 @@ test: $(DEV_STAMP) test-tools
 # tests as root (Debian); a test then fails, naming its tool, if one is still missing.
 test-tools: $(DEV_STAMP)
 	$(VENV)/bin/python -m scripts.test_tools
+
+# The documentation site (mkdocs.yml, docs/), served with live reload on DOCS_ADDR; the tests
+# build it with --strict (tests/integration/test_docs_site.py).
+DOCS_ADDR ?= 127.0.0.1:8001
+docs: $(DEV_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/python -m mkdocs serve --dev-addr $(DOCS_ADDR)
 
 bench: $(DEV_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m bench $(BENCH_ARGS)

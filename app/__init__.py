@@ -15,7 +15,7 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     settings = load_settings(overrides)
     models, revision = read_models(settings.models_file)
 
-    from app import auth, docs, errors, events, job_actions, jobs, ops, trace_ids
+    from app import auth, errors, events, job_actions, jobs, openapi, ops, trace_ids
     from app.groups import Stores
     from app.json_provider import OrjsonProvider
     from app.limits import ReadBudget, Uploads
@@ -51,7 +51,7 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     keys = auth.load_keys(settings.api_keys_file)
     auth.init_app(app, keys, ReadBudget(settings.read_rate_per_key, settings.read_burst_per_key))
     app.extensions["iq.uploads"] = Uploads(settings.max_uploads_per_key)
-    api = docs.init_app(app, models, submitter.schemas)
+    api = openapi.init_app(app, models, submitter.schemas)
     routes = jobs.blueprint(settings, models, bool(keys))
     job_actions.register(routes, bool(keys))
     events.register(routes, settings, bool(keys))

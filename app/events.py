@@ -26,7 +26,7 @@ import redis
 from flask import Response, current_app, request
 
 from app import auth
-from app.docs import LAST_EVENT_ID, REQUEST_ID, Blueprint, errors
+from app.openapi import LAST_EVENT_ID, REQUEST_ID, Blueprint, errors
 from app.errors import TooManyWaits
 from app.jobs import caller_job
 from app.responses import Job, dump, job_body, no_content

@@ -21,7 +21,7 @@ depth would have to cross the rest of the way (half the queue) within one readin
 through the other API processes, for a submit to get past the limit unchecked. A queue can then
 hold more jobs than `max_queue_depth`: up to P x max_queue_depth / 2 with P API processes
 (each lets half the limit through unchecked from one reading of an empty queue): a soft limit
-(README, Reliability).
+(docs/reliability.md).
 """
 from __future__ import annotations
 

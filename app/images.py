@@ -6,7 +6,7 @@ reaches a queue.
 
 Here the encoded image is found (decoded from base64, or fetched: a job's URLs share one
 deadline, `image_fetch_deadline_s`) and capped at `max_image_bytes`; the picture is made in a
-decoder process (app/decoders.py, app/decoding.py), never in the API's own, so that no image
+decoder process (app/decoder_pool.py, app/decoder.py), never in the API's own, so that no image
 can hold up the requests beside it; a job's images share one budget of decoding time,
 `image_decode_budget_s`, and its key's share of the decoders. Pillow is told the accepted
 formats, so no other decoder ever runs. The API never imports torch.
@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from app.decoders import Budget, DecoderPool
-from app.decoding import Limits
+from app.decoder_pool import Budget, DecoderPool
+from app.decoder import Limits
 from app.image_errors import ImageRefused
 from app.image_urls import fetch_image
 from config import Settings

@@ -8,7 +8,7 @@ from __future__ import annotations
 from flask import current_app, g
 
 from app import auth
-from app.docs import LOCATION, REQUEST_ID, Blueprint, errors, job_links
+from app.openapi import LOCATION, REQUEST_ID, Blueprint, errors, job_links
 from app.errors import Conflict, job_is
 from app.jobs import accepted, caller_job, not_found
 from app.responses import Job, answer, job_body, no_content

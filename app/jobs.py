@@ -15,8 +15,8 @@ from marshmallow import Schema, fields, validate
 from werkzeug.wsgi import LimitedStream
 
 from app import auth, uploads
-from app.docs import (IDEMPOTENCY_KEY, LOCATION, PREFERENCE_APPLIED, REQUEST_ID, X_REQUEST_ID,
-                      Blueprint, errors, job_links, job_request_body)
+from app.openapi import (IDEMPOTENCY_KEY, LOCATION, PREFERENCE_APPLIED, REQUEST_ID,
+                         X_REQUEST_ID, Blueprint, errors, job_links, job_request_body)
 from app.errors import (MalformedRequest, NotFound, PayloadTooLarge, TooManyUploads,
                         TooManyWaits, UnsupportedMediaType, ValidationFailed)
 from app.limits import NoUpload

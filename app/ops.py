@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from flask import current_app
 
-from app.docs import REQUEST_ID, RETRY_AFTER, Blueprint, errors
+from app.openapi import REQUEST_ID, RETRY_AFTER, Blueprint, errors
 from app.responses import Health, Models, Readiness, answer
 
 _TEXT = {"content": {"text/plain": {"schema": {"type": "string"}}}}

@@ -1,6 +1,6 @@
 """What the API answers, as marshmallow schemas, and the one place answers are written
 (`answer`): every JSON body leaves dumped through the schema that documents it in
-/openapi.json (app/docs.py), so a field the schema does not name never leaves, and the two
+/openapi.json (app/openapi.py), so a field the schema does not name never leaves, and the two
 cannot drift. Errors leave through `Error` the same way (app/errors.py)."""
 from __future__ import annotations
 

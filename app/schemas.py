@@ -1,5 +1,5 @@
 """Request validation: bad input stops here, with every field at fault named, before it can
-reach a queue or a model. The same schemas generate the OpenAPI document (app/docs.py), so
+reach a queue or a model. The same schemas generate the OpenAPI document (app/openapi.py), so
 the two cannot drift.
 
 Refusing is cheap: a list's length is checked before any of its items (100,000 bad inputs

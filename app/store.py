@@ -139,7 +139,7 @@ class JobStore:
     def answering(self) -> Iterator[None]:
         """The block's calls answer a request: when the Redis of a named group does not
         answer (within the request's deadline) or cannot be reached, a 503 naming the group,
-        with Retry-After (README: a group whose Redis is down). REDIS_URL's own errors are
+        with Retry-After (docs/deploying.md: a group down). REDIS_URL's own errors are
         left to app/errors.py, as without groups."""
         try:
             yield

@@ -7,7 +7,7 @@ request costs little:
 2. the body against its model's schema (app/schemas.py: lengths before items);
 3. the key's right to the model, the Idempotency-Key's form;
 4. the webhook URL (a DNS lookup) and image inputs (URL fetches, decoding in a decoder
-   process: app/decoders.py);
+   process: app/decoder_pool.py);
 5. the atomic submit (tasks/jobstate.py): a full queue, an Idempotency-Key reused, a retry
    of a job that succeeded or was retried already.
 
@@ -25,7 +25,7 @@ import redis
 from marshmallow import ValidationError
 
 from app import auth, images
-from app.decoders import DecoderPool, DecodersBusy
+from app.decoder_pool import DecoderPool, DecodersBusy
 from app.errors import (Conflict, KeptRequestsFull, RateLimited, TooManyJobs, Unavailable,
                         ValidationFailed)
 from app.metrics import ApiMetrics

@@ -19,9 +19,9 @@ from tasks.keys import CONSUMING_KEY, consuming_key
 from tasks.names import task_name
 from tasks.redis_client import connect
 from workers import broker
-from workers.batch import BatchJob
-from workers.execute import run_batch
-from workers.runtime import start_runtime, stop_runtime
+from workers.child.batch import BatchJob
+from workers.child.execute import run_batch
+from workers.child.runtime import start_runtime, stop_runtime
 from workers.spawn import project_on_path
 
 FLUSH_EVERY = int(os.environ.get("BENCH_FLUSH_EVERY", "32"))

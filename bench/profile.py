@@ -75,7 +75,7 @@ WORKER_COSTS = [
     ("acks", r"Leases\.|InFlight\.|QoS\.ack|Message\.ack|basic_ack"),
     ("logging", r"\(logging/"),
     ("Celery request and the batching strategy", r"task_message_handler|on_task_received|"
-     r"_receive_callback|Request\.__init__|\(workers/policy"),
+     r"_receive_callback|Request\.__init__|\(workers/(batching/)?policy"),
     ("batch to the pool child", r"\(billiard/compat|_write_job|schedule_writes|apply_async|"
      r"PoolDispatcher\._apply |PoolDispatcher\.pump"),
     ("results back from the child, per-job bookkeeping", r"ResultHandler|on_return|"

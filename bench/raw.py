@@ -16,8 +16,8 @@ import time
 
 from bench.load import make_inputs
 from config import load_models
-from workers.devices import device_for
-from workers.handlers import build_handler
+from workers.child.devices import device_for
+from workers.child.handlers import build_handler
 
 
 def weight_bytes(model: object) -> int:

@@ -1,5 +1,5 @@
 """How many torch threads a model on the CPU should have when other processes share the host:
-every usable core but one (workers/devices.py `cores_less_one`) against torch's own default
+every usable core but one (workers/child/devices.py `cores_less_one`) against torch's own default
 (every usable core), side by side in one process, on an idle host and with other work beside
 it. The service's default is torch's; IQ_CPU_THREADS sets another.
 
@@ -23,8 +23,8 @@ from pathlib import Path
 
 from bench.load import make_inputs
 from config import Settings, load_models
-from workers.devices import cores_less_one, usable_cpus
-from workers.runtime import load_handler
+from workers.child.devices import cores_less_one, usable_cpus
+from workers.child.runtime import load_handler
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SIZES = (1, 16, 32)

@@ -1,6 +1,6 @@
 """The kinds the service ships, registered in config/kinds.py's registry: each one's keys
 checked, its input and options for the API, and the handler a pool child loads it with
-(workers/handlers/)."""
+(workers/child/handlers/)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -63,8 +63,8 @@ def _synthetic(where: str, raw: Mapping[str, Any], base: Path) -> dict[str, Any]
             if raw.get(key)}
 
 
-TEXT = "workers.handlers.text"
-TENSOR = "workers.handlers.tensor"
+TEXT = "workers.child.handlers.text"
+TENSOR = "workers.child.handlers.tensor"
 
 BUILTIN = (
     Kind("embedding", "text", f"{TEXT}:EmbeddingHandler", _embedding, vectors=True,
@@ -82,7 +82,7 @@ BUILTIN = (
     Kind("export", "tensor", f"{TENSOR}:ExportHandler",
          _tensor("export", "a torch.export .pt2 file"), archive=True,
          description="a torch.export .pt2 program over tensors of input_shape"),
-    Kind("image", "image", "workers.handlers.image:ImageHandler", _image,
+    Kind("image", "image", "workers.child.handlers.image:ImageHandler", _image,
          options=("top_k",), archive=True,
          description="a .pt2 or .pt image classifier: its top_k labels per picture"),
     Kind("synthetic", "text", f"{TENSOR}:SyntheticHandler", _synthetic,

@@ -5,13 +5,14 @@ every process needs of it.
 - the API builds a job's schema, and the OpenAPI document, from its `input` and `options`
   (app/schemas.py);
 - a worker's pool child imports its `handler` ("package.module:Class", a subclass of
-  workers.handlers.base.Handler) and loads the model with it (workers/handlers/__init__.py).
+  workers.child.handlers.base.Handler) and loads the model with it
+  (workers/child/handlers/__init__.py).
 
 The handler is named, not imported, so that the API and a worker's main process, which read
 every kind, never import a kind's model code (nor torch). The shipped kinds register in
 config/builtin_kinds.py; a kind of your own is a module that calls `register` (with its handler
 in a module beside it), named in the models file's `kinds:` list, which every process imports
-before it reads the models (README, "A kind of your own").
+before it reads the models (docs/extending.md, "A kind of your own").
 """
 from __future__ import annotations
 

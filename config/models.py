@@ -72,7 +72,7 @@ class ModelSpec:
     # sum over the models it loads there (0: no cap of its own, IQ_CUDA_MEMORY_FRACTION).
     memory_fraction: float = 0.0
     # What the operator calls this model's version; "" (the default): a short hash of its
-    # weights and settings, computed where the weights are (workers/versions.py).
+    # weights and settings, computed where the weights are (workers/child/versions.py).
     version: str = ""
     # The per-job options its kind takes (config/kinds.py OPTIONS).
     options: tuple[str, ...] = field(default=())

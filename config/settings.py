@@ -116,7 +116,7 @@ class Settings:
     # they are not public, and one deadline for all of a job's fetches.
     image_url_allow: str = ""
     image_fetch_deadline_s: float = 10.0
-    # Image decoding (app/decoders.py): decoder processes per API process, the time each image
+    # Image decoding (app/decoder_pool.py): decoder processes per API process, the time each image
     # may take, the decoding time all of a job's images share, the memory (address space) each
     # decoder may use, and the decoders one API key may hold at once (0: half of them, at
     # least one; keys off: no cap).
@@ -257,11 +257,12 @@ ENV_NAMES.update({f"IQ_{f.name.upper()}": f.name for f in fields(Settings)
 
 # IQ_ variables that something other than Settings reads, each with where: accepted beside the
 # settings' own, so that an IQ_ variable nobody reads (a typo) stops the process instead of
-# being silently ignored. README's "Process settings" documents the launchers' ones.
+# being silently ignored. docs/configuration.md's "Process settings" documents the launchers'.
 OTHER_VARIABLES: dict[str, str] = {
     "IQ_CONFIG": "load_settings: the YAML settings file",
     "IQ_HOST": "scripts/web.sh, scripts/run.py",
-    "IQ_PORT": "scripts/web.sh, scripts/run.py",
+    "IQ_PORT": "scripts/web.sh, scripts/run.py; the client's default: "
+               "client/inference_queue_client/environment.py",
     "IQ_WEB_WORKERS": "gunicorn.conf.py",
     "IQ_WORKER_CONCURRENCY": "scripts/worker.sh",
     "IQ_WORKER_QUEUES": "scripts/worker.sh",
@@ -273,8 +274,8 @@ OTHER_VARIABLES: dict[str, str] = {
     "IQ_REDIS_APP_PASSWORD_FILE": "scripts/run.py, scripts/redis-server.sh",
     "IQ_REDIS_APP_USER": "scripts/run.py, scripts/redis-server.sh",
     "IQ_RESPAWN_LAST_EXIT": "scripts/respawn.py sets it, scripts/redis-server.sh reads it",
-    "IQ_API_URL": "client/inference_queue_client/client.py",
-    "IQ_API_KEY": "client/inference_queue_client/client.py",
+    "IQ_API_URL": "client/inference_queue_client/environment.py",
+    "IQ_API_KEY": "client/inference_queue_client/environment.py",
 }
 KNOWN_VARIABLES = frozenset(ENV_NAMES) | frozenset(OTHER_VARIABLES)
 
@@ -377,7 +378,7 @@ def load_settings(
     environ = os.environ if environ is None else environ
     unknown = unknown_variables(environ)
     if unknown:
-        raise ConfigError("\n".join(unknown + ["(README's Configuration lists every variable)"]))
+        raise ConfigError("\n".join(unknown + ["(docs/configuration.md lists every variable)"]))
     types = {f.name: type(f.default) for f in fields(Settings)}
     values: dict[str, Any] = {}
     if environ.get("IQ_CONFIG"):

@@ -138,7 +138,7 @@ def pool_children(parent: int) -> list[int]:
 
 def embedder(device: str, max_batch_size: int = 32):
     from config.models import ModelSpec
-    from workers.handlers.text import EmbeddingHandler
+    from workers.child.handlers.text import EmbeddingHandler
 
     spec = ModelSpec("ref", "embedding", "ref", package=PACKAGE, max_batch_size=max_batch_size)
     handler = EmbeddingHandler(spec, device)

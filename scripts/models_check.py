@@ -20,9 +20,9 @@ from tasks.serves import cuda_only, unservable
 
 def _unloadable(spec) -> str | None:
     """Why a worker's pool child could not even open the model's file or folder, or None.
-    A reload's child that cannot load its models rolls its worker back (workers/reload.py):
-    a file none can open is refused here, before any worker tries it. The
-    tensor kinds' files (TorchScript `.pt`, torch.export `.pt2`) are zip archives, so a
+    A reload's child that cannot load its models rolls its worker back
+    (workers/batching/reload.py): a file none can open is refused here, before any worker tries it.
+    The tensor kinds' files (TorchScript `.pt`, torch.export `.pt2`) are zip archives, so a
     truncated or garbage file is seen here without loading it."""
     path = Path(spec.path)
     if not path.exists():
@@ -66,7 +66,7 @@ def problems_of(target: Path, content: bytes, groups: Mapping[str, str],
     models = parse_models(target, content)
     check_model_groups(models, groups)  # a Redis group the settings lack: ConfigError
     problems = unservable(models, reports or {})
-    if host_gpus == 0:  # this host's GPUs (nvidia-smi: workers/devices.py), none
+    if host_gpus == 0:  # this host's GPUs (nvidia-smi: workers/child/devices.py), none
         problems += [f"models.{spec.name}.device: 'cuda', but this host has no GPU "
                      "(nvidia-smi lists none): its worker's children could not load it"
                      for spec in models.values() if cuda_only(spec)]

@@ -14,11 +14,10 @@ process, without a restart.
    when they reload, are checked as the models file is (scripts/preflight.py).
 2. Its revision (a hash of its bytes) is announced in Redis. Each worker takes the new file in
    its main process and replaces its pool children one at a time, each after its batch
-   (workers/reload.py); each API process has its gunicorn reload gracefully once a canary of
-   the file started (app/reloading.py, app/canary.py), else refuses it.
-   A process whose own file is not the announced one keeps serving and reports why.
-   Announcements are numbered: a worker that refused a revision tries it again when it is
-   announced again (its host fixed).
+   (workers/batching/reload.py); each API process has its gunicorn reload gracefully once a canary
+   of the file started (app/reloading.py, app/canary.py), else refuses it. A process whose own file
+   is not the announced one keeps serving and reports why. Announcements are numbered: a worker
+   that refused a revision tries it again when it is announced again (its host fixed).
 3. It waits until every live worker and API process serves the new revision and every
    gunicorn runs as many processes on it as it runs ("reload done": exit 0; with FILE, a
    refusal puts the previous file back as in a failed load below), one refused or a worker
@@ -26,11 +25,11 @@ process, without a restart.
    passed with no process moving on (3: moving on is a process reaching the new revision,
    replacing a child or finishing; a status that merely changes, as a worker's in a restart
    loop, is not), saying where each one stands. The workers that serve a queue reload in
-   turn (workers/turns.py), one model load after another: the timeout bounds a stall, not
+   turn (workers/batching/turns.py), one model load after another: the timeout bounds a stall, not
    the whole roll, so that it need not grow with the number of workers. A new pool child
    that cannot load the new models (a file that passes the check in 1 but is no program)
    halts the roll: that worker and any still reloading roll back to the revision they
-   served, the others refuse it (workers/reload.py), and this exits 2 with the failing
+   served, the others refuse it (workers/batching/reload.py), and this exits 2 with the failing
    worker and its error. With FILE, it first puts the file it replaced back in place and
    announces it, so that the API processes (which took the new file at once) and the file on
    disk are back on the revision the workers serve; the failed file is kept as
@@ -78,7 +77,7 @@ from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, REMOVED_FA
 from tasks.queuemoves import QueueMoves
 from tasks.redis_client import connect
 from tasks.serves import unconsumed
-from workers.devices import visible_gpu_count
+from workers.child.devices import visible_gpu_count
 
 INVALID = 1
 # The longest one Redis call of a reload may take (a frozen Redis is said at once).
@@ -173,7 +172,7 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
         previous = target.with_name(target.name + ".previous")
         try:
             # What `.previous` holds now: kept there when this reload is undone (the last
-            # good file before the one in place, for README's rollback).
+            # good file before the one in place, for the documented rollback, docs/deploying.md).
             kept = previous.read_bytes() if source is not None and previous.is_file() \
                 and not previous.is_symlink() else None
             if unconsumed := consumers_problems(target, Path(source) if source else target,
@@ -348,7 +347,7 @@ def _set_aside(target: Path, previous: Path, kept: bytes | None,
                say: Callable[[str], None]) -> Path:
     """Once the file a failed reload replaced is back in place (`previous` then holds the
     failed one): the failed file kept as `<name>.failed`, `previous` as it was before the
-    reload (`kept`; none when there was none), so that README's rollback goes back to the last
+    reload (`kept`; none when there was none), so that the rollback goes back to the last
     good change. Returns the `.failed` path."""
     failed = target.with_name(target.name + ".failed")
     try:

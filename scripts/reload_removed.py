@@ -1,8 +1,8 @@
 """The end of a reload (scripts/reload.py, once every live process serves the new models
 file): the jobs still queued for a model the file does not have end `failed` with
 `model_removed`, as a worker consuming that model's queue at the reload fails them
-(workers/reload.py). Without this, jobs queued while no running worker consumed the queue (its
-only worker stopped) waited for ever: a worker started later reads the new file and never
+(workers/batching/reload.py). Without this, jobs queued while no running worker consumed the queue
+(its only worker stopped) waited for ever: a worker started later reads the new file and never
 consumes that queue.
 
 Which queues: those of the jobs not final yet (tasks/keys.py PENDING_KEY) whose model is not in
@@ -31,7 +31,7 @@ from tasks.errors import removed_error
 from tasks.jobstate import Final, JobState, queue_of
 from tasks.keys import PENDING_KEY, REMOVED_FAILED_KEY, job_key
 from tasks.names import model_of_task, queue_lists
-from workers.batch import BatchJob, failed
+from workers.child.batch import BatchJob, failed
 
 CHUNK = 500
 

@@ -1,6 +1,6 @@
 """Where the processes stand with an announced models file, for `make reload`
-(scripts/reload.py) to wait on: each process's report (workers/reload.py, app/reloading.py),
-the consuming workers, a failed load a worker's new pool child recorded
+(scripts/reload.py) to wait on: each process's report (workers/batching/reload.py,
+app/reloading.py), the consuming workers, a failed load a worker's new pool child recorded
 (tasks/reload_failures.py), and whether anything moved on since the last look."""
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def standing_of(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
                 status and status.get("revision") == revision
                 and status.get("state") == "serving"):
             # A worker that stopped during the reload (a crash, an operator; one whose new
-            # child cannot load the new models rolls back instead, workers/reload.py) left
+            # child cannot load the new models rolls back instead, workers/batching/reload.py) left
             # the consuming workers, and is not "done". (An API process is never among them:
             # it is pending until it reports the revision.)
             out[name] = "gone: stopped consuming during the reload (see its log)"

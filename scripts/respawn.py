@@ -41,7 +41,7 @@ def config_problem(env: dict[str, str], devices: bool = False) -> str:
     from config import ConfigError, load_settings
     from config.models import read_models_content
     from scripts.models_check import problems_of
-    from workers.devices import visible_gpu_count
+    from workers.child.devices import visible_gpu_count
 
     try:
         settings = load_settings(environ=env)

@@ -36,7 +36,7 @@ from config.groups import shown_groups
 from config.models import read_models_content
 from scripts import run_redis
 from scripts.models_check import problems_of
-from workers.devices import visible_gpu_count
+from workers.child.devices import visible_gpu_count
 from scripts.preflight import REDIS_APP_USER, Binding, Refused, model_file_problems, \
     operator_file_problems, port_problems, reachable
 from scripts.run_stop import OrderedManager

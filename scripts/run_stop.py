@@ -8,10 +8,10 @@ each begun once the one before is gone:
 
 1. `intake` and the rest: the API (gunicorn stops accepting and answers what it holds), the
    workers (each stops fetching, lets its running batches finish and store their results,
-   puts what waits in its buffer back on the queues: workers/stopping.py), and beside them the
-   webhook deliverer, Flower and anything else but Redis: none of these waits for a worker
-   (pending deliveries wait in Redis), and each has the whole stop's time (with its Redis
-   frozen the deliverer needs ~25 s: told after the worker, it was killed);
+   puts what waits in its buffer back on the queues: workers/batching/stopping.py), and beside them
+   the webhook deliverer, Flower and anything else but Redis: none of these waits for a worker
+   (pending deliveries wait in Redis), and each has the whole stop's time (with its Redis frozen
+   the deliverer needs ~25 s: told after the worker, it was killed);
 2. `sentinels`, then 3. `redis`: Redis (and its replicas) last, once nothing writes to it.
 
 Before the first step, each Redis node and sentinel is sent SIGCONT: a Redis frozen (SIGSTOP,

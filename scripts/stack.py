@@ -46,7 +46,7 @@ def start_webhooks(name: str, env: dict[str, str], logdir: Path,
     metrics endpoint."""
     env = dict(env, IQ_WEBHOOK_METRICS_PORT=str(free_port()))
     svc = start_worker(name, env, logdir, ["iq.webhooks"], concurrency=concurrency,
-                       app="workers.webhook_main", pool="threads")
+                       app="deliverer.main", pool="threads")
     svc.extra["metrics_url"] = f"http://127.0.0.1:{env['IQ_WEBHOOK_METRICS_PORT']}/metrics"
     return svc
 

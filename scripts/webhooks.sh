@@ -3,6 +3,6 @@
 # not start until IQ_WEBHOOK_SECRET is set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec .venv/bin/celery -A workers.webhook_main worker --pool threads \
+exec .venv/bin/celery -A deliverer.main worker --pool threads \
   --concurrency "${IQ_WEBHOOK_CONCURRENCY:-8}" --queues iq.webhooks \
   --loglevel "${IQ_LOG_LEVEL:-INFO}" --hostname "webhooks@%h"

@@ -85,7 +85,7 @@ def live_key(model: str) -> str:
 
 def versions_key(model: str) -> str:
     """Hash of the version of the model each pool child serves: field `hostname/index` (a
-    member of live_key), value the version (workers/versions.py)."""
+    member of live_key), value the version (workers/child/versions.py)."""
     return f"{PREFIX}versions:{model}"
 
 
@@ -97,14 +97,14 @@ CONSUMING_KEY = f"{PREFIX}consuming"
 # own file has that revision reloads it.
 MODELS_REVISION_KEY = f"{PREFIX}models:revision"
 # How many times a revision was announced, counted by each announcement with it: a worker that
-# refused a revision (a failed load, workers/reload.py) begins it again once it is announced
-# again, an operator having fixed what failed.
+# refused a revision (a failed load, workers/batching/reload.py) begins it again once it is
+# announced again, an operator having fixed what failed.
 MODELS_ANNOUNCEMENTS_KEY = f"{PREFIX}models:announcements"
 # How many jobs ended `model_removed` on this Redis, ever (tasks/jobstate.py `finish`, by a
 # worker as it meets them and by `make reload`'s sweep): a reload reports the difference.
 REMOVED_FAILED_KEY = f"{PREFIX}models:removed-failed"
 # Hash of where each process stands with the models file: field `worker:<node name>` or
-# `api:<host>/<pid>`, value JSON {"revision", "state", "at", ...} (workers/reload.py,
+# `api:<host>/<pid>`, value JSON {"revision", "state", "at", ...} (workers/batching/reload.py,
 # app/reloading.py); a reload waits on it.
 RELOAD_STATUS_KEY = f"{PREFIX}reload:status"
 # Hash of the gunicorns serving the API: field `<host> <address>`, value JSON {"processes",
@@ -117,7 +117,7 @@ RELOAD_API_KEY = f"{PREFIX}reload:api"
 def reload_turn_key(queue: str) -> str:
     """The worker whose turn it is to reload its last serving child of `queue`'s (its node
     name, expiring unless renewed): the workers serving a queue reload one after another
-    (workers/turns.py)."""
+    (workers/batching/turns.py)."""
     return f"{PREFIX}reload:turn:{queue}"
 
 

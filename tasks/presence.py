@@ -3,8 +3,8 @@ pool child's heartbeat per model it has loaded (tasks.keys.live_key), each worke
 heartbeat (CONSUMING_KEY, and consuming_key per queue it consumes), and the models a worker
 says must not count as live for a while (unhealthy_key: its children crash-loop, or a batch
 runs past its time limit). Workers write
-them (workers/runtime.py, workers/liveness.py); the API reads them for /readyz and /v1/models
-(app/store.py)."""
+them (workers/child/runtime.py, workers/batching/liveness.py); the API reads them for /readyz and
+/v1/models (app/store.py)."""
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping

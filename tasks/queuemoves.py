@@ -7,10 +7,10 @@ ends under load from an API process not reloaded yet; a move is what an operator
 queue expects, and it keeps each job's place (its priority list, and ahead of the jobs sent to
 the new queue since, which are younger).
 
-    record   a worker taking a models file (workers/reload.py apply), or `make reload` finding
-             jobs not final on a queue their model no longer has (scripts/reload_moved.py),
-             writes old queue -> new queue in QUEUE_MOVES_KEY; a queue that a file gives to a
-             model again is no longer moved from.
+    record   a worker taking a models file (workers/batching/reload.py apply), or `make
+             reload` finding jobs not final on a queue their model no longer has
+             (scripts/reload_moved.py), writes old queue -> new queue in QUEUE_MOVES_KEY; a
+             queue that a file gives to a model again is no longer moved from.
     MOVE     every worker's tick, and `make reload` once done: for each move whose old queue
              no worker consumes any more (no beat in its consuming set for a heartbeat's
              ttl), the messages of each of its priority lists go to the tail of the same list

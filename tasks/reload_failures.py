@@ -2,9 +2,10 @@
 canary an API process could not start (app/reloading.py): the child (or API process)
 records it in Redis (tasks/keys.py `reload_failed_key`) and exits, rather than stop its
 worker; its worker's main process, and every other worker on that revision, roll back to the
-revision they served (workers/reload.py), and `make reload` reports it (scripts/reload_wait.py).
-One such failure halts the rolling update: no other worker tries the file. Both sides read it
-here: it is part of the contract between the workers and the reload command."""
+revision they served (workers/batching/reload.py), and `make reload` reports it
+(scripts/reload_wait.py). One such failure halts the rolling update: no other worker tries the
+file. Both sides read it here: it is part of the contract between the workers and the reload
+command."""
 from __future__ import annotations
 
 import time

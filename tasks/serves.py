@@ -1,5 +1,5 @@
 """What a running process can serve, as it says beside where it stands with a reload
-(tasks/keys.py RELOAD_STATUS_KEY: workers/reload.py, app/reloading.py), and a models file
+(tasks/keys.py RELOAD_STATUS_KEY: workers/batching/reload.py, app/reloading.py), and a models file
 checked against what every live process said, before a reload changes anything
 (scripts/reload.py). A file is checked against the environment of the processes that will run
 it, not the operator's shell: a group exported only in the shell that runs `make reload` once

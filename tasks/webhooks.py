@@ -3,7 +3,7 @@
 A job may ask for `"webhook": {"url", "events"}`. The URL is kept in the job's record, never in
 a task message. When the job reaches one of its events the pool child queues a delivery on the
 light `iq.webhooks` queue whose arguments are the job id and the event only; the deliverer
-(workers.webhook_main) reads the URL, the job's owner and its result from Redis, and POSTs
+(deliverer.main) reads the URL, the job's owner and its result from Redis, and POSTs
 through tasks.egress, with retries and exponential backoff. Flower, `celery inspect` and the
 retries' task arguments show neither the URL (which may carry a receiver's token) nor the
 payload.

@@ -3,9 +3,9 @@
 It wires things together: the Celery app with one batching task per model, the worker's
 kombu transport, consumer and pool (workers.broker), the dispatcher's consumer bootstep, logging,
 metrics and the pool children's model runtime. The parent process buffers and batches
-(workers.strategy → workers.dispatcher); each pool child, started with the spawn method,
-loads the models of the queues this worker consumes (workers.runtime) and runs batches
-(workers.execute). Neither this module nor the parent imports torch.
+(workers.batching.strategy → workers.batching.dispatcher); each pool child, started with the
+spawn method, loads the models of the queues this worker consumes (workers.child.runtime) and
+runs batches (workers.child.execute). Neither this module nor the parent imports torch.
 """
 from __future__ import annotations
 
@@ -21,13 +21,14 @@ from tasks import logs, reload_failures, tracing
 from config import load_settings
 from config.models import parse_models, read_models_content, revision_of
 from tasks.celery_app import make_celery
-from workers.pinned import pin, pinned, reload_from
-from workers import broker, load_failure, metrics
-from workers.runtime import start_runtime, stop_runtime
+from workers.child.pinned import pin, pinned, reload_from
+from workers import broker, metrics
+from workers.child import load_failure
+from workers.child.runtime import start_runtime, stop_runtime
 from workers.spawn import project_on_path
-from workers.model_tasks import register_model
-from workers.stopping import LAST_RESORT_S, exit_within, hold_stops_for_the_main_process
-from workers.strategy import DispatcherStep
+from workers.batching.model_tasks import register_model
+from workers.batching.stopping import LAST_RESORT_S, exit_within, hold_stops_for_the_main_process
+from workers.batching.strategy import DispatcherStep
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def load_models(sender: str | None = None, **_kw) -> None:
         if _reload_from and reload_failures.record(celery.conf.iq_settings, _pinned[1],
                                                sender or "worker", exc):
             # A reload's new models: this child exits, and its worker keeps serving the
-            # models it had, rolling the reload back (workers/reload.py).
+            # models it had, rolling the reload back (workers/batching/reload.py).
             logger.error("pool child %d could not load models file revision %s (a reload's): "
                          "recorded; this worker rolls back to revision %s", index, _pinned[1],
                          _reload_from, exc_info=True)
@@ -98,7 +99,7 @@ def load_models(sender: str | None = None, **_kw) -> None:
         os.kill(os.getppid(), signal.SIGTERM)
         os._exit(1)
     # From its first batch on, a SIGTERM to the worker's whole group (make run's stop) leaves
-    # the child's batch to the main process's warm shutdown (workers/stopping.py).
+    # the child's batch to the main process's warm shutdown (workers/batching/stopping.py).
     hold_stops_for_the_main_process()
 
 
@@ -112,7 +113,7 @@ def unload_models(pid: int | None = None, **_kw) -> None:
 @signals.worker_shutdown.connect
 def failed_exit(sender, **_kw) -> None:
     """A stop a pool child asked for, as it could not load its models: the worker exits
-    with status 1, its reason in one line (workers/load_failure.py), not 0."""
+    with status 1, its reason in one line (workers/child/load_failure.py), not 0."""
     why = load_failure.reason()
     if why and hasattr(sender, "exitcode"):
         sender.exitcode = 1
@@ -121,7 +122,7 @@ def failed_exit(sender, **_kw) -> None:
 
 @signals.worker_shutting_down.connect
 def bounded_stop(sender: str, **_kw) -> None:
-    """A stop's last resort (workers/stopping.py): a worker whose consumer never reaches its
-    close, so never arms its StopDeadline (its Redis frozen: each call waits out its socket
+    """A stop's last resort (workers/batching/stopping.py): a worker whose consumer never reaches
+    its close, so never arms its StopDeadline (its Redis frozen: each call waits out its socket
     timeout), exits stop_timeout_s + LAST_RESORT_S into its stop, before make run kills it."""
     exit_within(celery.conf.iq_settings.stop_timeout_s + LAST_RESORT_S, "the worker")

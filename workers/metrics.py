@@ -80,15 +80,6 @@ def get() -> WorkerMetrics:
     return WorkerMetrics(*made)
 
 
-def record_gpu_memory(device: str) -> None:
-    if not device.startswith("cuda"):
-        return
-    import torch
-
-    get().gpu_allocated.labels(device).set(torch.cuda.memory_allocated(device))
-    get().gpu_reserved.labels(device).set(torch.cuda.memory_reserved(device))
-
-
 def child_exited(pid: int) -> None:
     from prometheus_client import multiprocess
 

@@ -188,8 +188,8 @@ class ModelReload(Fault):
     with the environment the operator's shell has beside make run): the served model's
     declared version changed in a new models file, which the reload checks, installs in place
     of the run's own and announces; each worker replaces its children one at a time, and the
-    workers on a queue take turns to retire their last serving child (workers/turns.py), so
-    that one always serves it; each API process reloads gracefully. Over when the reload says
+    workers on a queue take turns to retire their last serving child (workers/batching/turns.py),
+    so that one always serves it; each API process reloads gracefully. Over when the reload says
     every process serves the new file."""
     name, label = "model-reload", "models file reloaded"
     needs = Needs(models_copy=True)

@@ -3,12 +3,13 @@ from Python (`Client`) or the shell (`iq-client`, or `python -m inference_queue_
 
     from inference_queue_client import Client
 
-    with Client("http://127.0.0.1:8000") as iq:
+    with Client() as iq:            # IQ_API_URL, else 127.0.0.1:<IQ_PORT>, else :8000
         vectors = iq.run("minilm-embed", ["hello world", "how are you"])
 """
 from inference_queue_client.client import Client, JobEvent
-from inference_queue_client.errors import (APIError, Conflict, ConnectionFailed, DecodeError,
-                                           Forbidden, InvalidRequest, IQError, JobFailed,
+from inference_queue_client.errors import (APIError, ConfigurationError, Conflict,
+                                           ConnectionFailed, DecodeError, Forbidden,
+                                           InvalidRequest, IQError, JobFailed,
                                            MalformedRequest, MethodNotAllowed,
                                            MissingDependency, NotFound, Overloaded,
                                            PayloadTooLarge, RateLimited, Unauthorized,
@@ -16,8 +17,9 @@ from inference_queue_client.errors import (APIError, Conflict, ConnectionFailed,
                                            WaitTimeout)
 from inference_queue_client.jobs import Job, decode_float32, decode_outputs
 
-__all__ = ["APIError", "Client", "Conflict", "ConnectionFailed", "DecodeError", "Forbidden",
-           "IQError", "InvalidRequest", "Job", "JobEvent", "JobFailed", "MalformedRequest",
-           "MethodNotAllowed", "MissingDependency", "NotFound", "Overloaded", "PayloadTooLarge",
-           "RateLimited", "Unauthorized", "Unavailable", "UnsupportedMediaType",
-           "ValidationError", "WaitTimeout", "decode_float32", "decode_outputs"]
+__all__ = ["APIError", "Client", "ConfigurationError", "Conflict", "ConnectionFailed",
+           "DecodeError", "Forbidden", "IQError", "InvalidRequest", "Job", "JobEvent",
+           "JobFailed", "MalformedRequest", "MethodNotAllowed", "MissingDependency", "NotFound",
+           "Overloaded", "PayloadTooLarge", "RateLimited", "Unauthorized", "Unavailable",
+           "UnsupportedMediaType", "ValidationError", "WaitTimeout", "decode_float32",
+           "decode_outputs"]

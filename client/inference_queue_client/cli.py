@@ -12,7 +12,7 @@ import time
 from typing import IO, Any, Iterable
 
 from inference_queue_client.client import DEFAULT_URL, Client
-from inference_queue_client.errors import APIError, IQError, WaitTimeout
+from inference_queue_client.errors import APIError, ConfigurationError, IQError, WaitTimeout
 from inference_queue_client.jobs import BASE64, Job
 from inference_queue_client.progress import Bar
 
@@ -23,7 +23,8 @@ examples:
   iq-client get 8f692a53-...      iq-client cancel 8f692a53-...
   iq-client list --status failed | iq-client retry | iq-client wait
 
-The API's address and key come from --url/--api-key or IQ_API_URL/IQ_API_KEY."""
+The API's address and key come from --url/--api-key, or IQ_API_URL (else the port IQ_PORT on
+127.0.0.1, as make run serves it) and IQ_API_KEY; a misspelt one of those is refused."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -55,7 +56,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _connection_arguments(p: argparse.ArgumentParser) -> None:
     """Where the API is, how to call it, how long to keep trying: every command's."""
-    p.add_argument("--url", help=f"the API (default: IQ_API_URL, else {DEFAULT_URL})")
+    p.add_argument("--url", help="the API (default: IQ_API_URL, else http://127.0.0.1:"
+                                 f"<IQ_PORT>, else {DEFAULT_URL})")
     p.add_argument("--api-key", help="sent as Authorization: Bearer (default: IQ_API_KEY)")
     p.add_argument("--request-timeout", type=float, default=10.0, metavar="S",
                    help="connect/read timeout of one request (default 10)")
@@ -322,8 +324,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="iq-client: %(message)s", stream=sys.stderr)
     out = Output()
-    with Client(args.url, api_key=args.api_key, timeout=args.request_timeout,
-                retry_for=args.retry_for) as client:
+    try:
+        client = Client(args.url, api_key=args.api_key, timeout=args.request_timeout,
+                        retry_for=args.retry_for)
+    except ConfigurationError as exc:
+        print(f"iq-client: {exc}", file=sys.stderr)
+        return 2
+    with client:
         try:
             run(args, client, out)
         except Usage as exc:

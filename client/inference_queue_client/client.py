@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, NamedTuple, TypeVar
 
 import requests
 
+from inference_queue_client import environment
 from inference_queue_client.errors import (APIError, Conflict, ConnectionFailed,
                                            InvalidRequest, IQError, Overloaded, RateLimited,
                                            Unavailable, WaitTimeout, api_error)
@@ -34,7 +35,7 @@ T = TypeVar("T")
 
 logger = logging.getLogger("inference_queue_client")
 
-DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_URL = "http://127.0.0.1:8000"  # without IQ_API_URL and IQ_PORT (environment.py)
 RETRIED = (Overloaded, RateLimited, Unavailable)
 MIN_RETRY_INTERVAL_S = 0.5  # from a try's start to the next's after a 429 or 503
 # What a dropped or silent connection raises; the request may or may not have arrived.
@@ -60,19 +61,21 @@ def backoff(attempt: int, first: float = 0.5, cap: float = 10.0) -> float:
 class Client:
     """A client of one inference-queue API. Not shared between threads: make one per thread.
 
-    `url` and `api_key` default to the environment's IQ_API_URL and IQ_API_KEY. `timeout` is
+    `url` defaults to the environment's IQ_API_URL, else http://127.0.0.1:<IQ_PORT> (the port
+    `make run` gives the API), else DEFAULT_URL; `api_key` to IQ_API_KEY. A misspelling of one
+    of those variables raises ConfigurationError, naming the closest. `timeout` is
     the connect and read timeout of one request beyond the time the API is asked to hold it;
     `max_wait` the longest hold asked of the API (its IQ_MAX_WAIT_S, 30 by default)."""
 
     def __init__(self, url: str | None = None, *, api_key: str | None = None,
                  timeout: float = 10.0, retry_for: float = 60.0, max_wait: float = 30.0,
                  session: requests.Session | None = None) -> None:
-        self.url = (url or os.environ.get("IQ_API_URL") or DEFAULT_URL).rstrip("/")
+        self.url = (url or environment.api_url(os.environ)).rstrip("/")
         self.timeout = timeout
         self.retry_for = retry_for
         self.max_wait = max_wait
         self.session = session or requests.Session()
-        api_key = api_key if api_key is not None else os.environ.get("IQ_API_KEY")
+        api_key = api_key if api_key is not None else environment.api_key(os.environ)
         if api_key:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
 

@@ -106,6 +106,11 @@ class InvalidRequest(IQError, ValueError):
     the inputs, a value of a type JSON does not have)."""
 
 
+class ConfigurationError(IQError, ValueError):
+    """The client's environment is wrong: a misspelt IQ_ variable (named with the closest one
+    the client reads), or an IQ_PORT that is not a port."""
+
+
 class MissingDependency(IQError, ImportError):
     """An optional dependency a call needs is not installed (numpy for `Job.array()`)."""
 

@@ -1,5 +1,5 @@
 -- The claim a webhook delivery's attempt makes before it sends (tasks/jobstate.py
--- `claim_delivery`, for workers/webhooks.py). job_finish.lua records the id of the one
+-- `claim_delivery`, for deliverer/webhooks.py). job_finish.lua records the id of the one
 -- delivery this lets through.
 -- KEYS: record. ARGV (after the two of every job script): the event, the delivery's id.
 -- Returns a DeliveryClaim: 'deliver' (this is the job's one delivery, as job_finish recorded

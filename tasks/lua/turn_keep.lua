@@ -1,4 +1,4 @@
--- A reload's turn renewed or given back (workers/turns.py).
+-- A reload's turn renewed or given back (workers/batching/turns.py).
 -- KEYS, ARGV as turn_take.lua's; ARGV[2] '0' deletes. Only the keys still the worker's: how
 -- many.
 local mine = 0

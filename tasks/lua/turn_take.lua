@@ -1,4 +1,4 @@
--- A reload's turn taken on every queue a worker consumes, or on none (workers/turns.py).
+-- A reload's turn taken on every queue a worker consumes, or on none (workers/batching/turns.py).
 -- KEYS: the turn keys of the worker's queues. ARGV: the worker, the TTL (ms). '' when each key
 -- is free or the worker's own (then each is (re)set to it with the TTL), else the holder of
 -- the first that is not.

@@ -2,13 +2,13 @@
 default KillMode=control-group and container runtimes do: SIGTERM to every process of the
 worker, its pool child included, on the default settings, under load.
 
-The main process does the warm shutdown (workers/stopping.py): the batch its child is running
-finishes in that child, which does not die of the group's SIGTERM; what waits in the buffer
+The main process does the warm shutdown (workers/batching/stopping.py): the batch its child is
+running finishes in that child, which does not die of the group's SIGTERM; what waits in the buffer
 goes back to its queue; the worker is gone within stop_timeout_s. Counted per job, both by the
 record's `runs` (one per start by a pool child, so a batch killed half-way counts) and by the
-model's log of the inputs it returned: every job ran exactly once. A batch that never returns
-still does not hold the stop past stop_timeout_s: its child is killed and its job goes back.
-And a cold shutdown (SIGQUIT) still stops a busy child at once: the pool kills it (SIGKILL,
+model's log of the inputs it returned: every job ran exactly once. A batch that never returns still
+does not hold the stop past stop_timeout_s: its child is killed and its job goes back. And a cold
+shutdown (SIGQUIT) still stops a busy child at once: the pool kills it (SIGKILL,
 workers/broker/pool.py), since the child no longer dies of the pool's SIGTERM.
 """
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Issue 29: a models reload rolls through the workers that serve a queue (workers/turns.py).
-Two workers of one pool child each on one queue, default settings, under load: one worker's
-new child loads the new models beside its old one (a surge: workers/reload.py) while both keep
-serving the queue with the old version; only once that new child is up (and the first's old
-one gone) does the other worker start its own, and the first serves with the new version
-meanwhile. Every job succeeds and runs once, none is lost, and the reload
-ends with both workers on the new version.
+"""Issue 29: a models reload rolls through the workers that serve a queue
+(workers/batching/turns.py). Two workers of one pool child each on one queue, default settings,
+under load: one worker's new child loads the new models beside its old one (a surge:
+workers/batching/reload.py) while both keep serving the queue with the old version; only once that
+new child is up (and the first's old one gone) does the other worker start its own, and the first
+serves with the new version meanwhile. Every job succeeds and runs once, none is lost, and the
+reload ends with both workers on the new version.
 
 Each worker reads its own copy of the models file (the same bytes: the reload checks its
 revision), so that the synthetic model's relative `load_gate` is a file of its own per worker:

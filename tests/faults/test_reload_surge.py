@@ -1,10 +1,10 @@
 """A reload on the defaults (one worker with one pool child), under load: the only child is never
-retired before a new one serves the new file (workers/reload.py: a surge child loads beside
-it). A reload to a file whose new model cannot load: the old child serves throughout (the
-model's live copies never 0 on /readyz, no job waits out the failed load), the reload fails,
-the pool is back to one child, every job runs once. Then a good reload under load: no gap
-either, and one child after it. (Before: the only child went first; /readyz said 0 copies
-for the whole load, 8.6–14 s with synthetic models, 27.8 s with minilm.)"""
+retired before a new one serves the new file (workers/batching/reload.py: a surge child loads
+beside it). A reload to a file whose new model cannot load: the old child serves throughout (the
+model's live copies never 0 on /readyz, no job waits out the failed load), the reload fails, the
+pool is back to one child, every job runs once. Then a good reload under load: no gap either, and
+one child after it. (Before: the only child went first; /readyz said 0 copies for the whole load,
+8.6–14 s with synthetic models, 27.8 s with minilm.)"""
 from __future__ import annotations
 
 import collections

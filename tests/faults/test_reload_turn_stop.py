@@ -1,7 +1,7 @@
 """A worker that stops cleanly (a warm shutdown) while it holds a reload's turn gives it back at
-once (workers/strategy.py `DispatcherStep.close`, workers/turns.py): the next worker on its
-queues goes now, rather than after the turn's TTL (heartbeat_ttl_s, 10 s, renewed every
-heartbeat, so 8 s at the least after the stop). Default settings; the worker's new child is
+once (workers/batching/strategy.py `DispatcherStep.close`, workers/batching/turns.py): the next
+worker on its queues goes now, rather than after the turn's TTL (heartbeat_ttl_s, 10 s, renewed
+every heartbeat, so 8 s at the least after the stop). Default settings; the worker's new child is
 held loading (the synthetic model's `load_gate`), so that it holds the turn when it stops."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A worker whose event loop hangs is seen as not ready, and restarts itself (the watchdog,
-workers/watchdog.py), on the default settings: nothing accepted meanwhile is lost.
+workers/batching/watchdog.py), on the default settings: nothing accepted meanwhile is lost.
 
 The hang is a real one: a proxy between the worker and Redis sends the worker's pub/sub
 connection half a message and nothing more, and the worker's event loop reads that socket

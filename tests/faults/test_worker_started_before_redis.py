@@ -3,11 +3,10 @@ starting together) must be counted live once Redis is back: README, "Readiness t
 truth".
 
 Today the pool child loads its model, sets its runtime ready and then writes its first
-heartbeat (workers/runtime.py `ModelRuntime.start`: `self._beat()` before the heartbeat thread
-is started). With Redis away that write raises, Celery logs the exception of the
-`worker_process_init` handler and the child lives on without a heartbeat thread: it runs
-every job it is given, yet /readyz and /v1/models count no instance of it, for as long as the
-child lives.
+heartbeat (workers/child/runtime.py `ModelRuntime.start`: `self._beat()` before the heartbeat
+thread is started). With Redis away that write raises, Celery logs the exception of the
+`worker_process_init` handler and the child lives on without a heartbeat thread: it runs every job
+it is given, yet /readyz and /v1/models count no instance of it, for as long as the child lives.
 """
 from __future__ import annotations
 

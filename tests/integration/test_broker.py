@@ -252,10 +252,10 @@ def test_the_pool_adjustments_replace_what_celery_calls(monkeypatch):
 
 
 def _ignore_sigterm_until_killed(ready) -> None:
-    """A pool child once its models are loaded (workers/stopping.py), running a batch."""
+    """A pool child once its models are loaded (workers/batching/stopping.py), running a batch."""
     import threading
 
-    from workers.stopping import hold_stops_for_the_main_process
+    from workers.batching.stopping import hold_stops_for_the_main_process
 
     hold_stops_for_the_main_process()
     ready.set()
@@ -455,7 +455,7 @@ create_app()
 assert installed() is None, "the API or tasks.cli adjusted kombu"
 assert tasks.cli.celery.conf.broker_transport is None
 os.environ['IQ_WEBHOOK_SECRET'] = 's3cret'
-import workers.main, workers.webhook_main
+import workers.main, deliverer.main
 assert installed() is None, "importing a worker entry module adjusted kombu"
 assert workers.main.celery.conf.broker_transport is None
 class Worker:  # what Celery sends worker_init with: its WorkController
@@ -468,7 +468,7 @@ assert installed() is workers.main.celery.conf.iq_broker
 assert workers.main.celery.conf.broker_transport == 'iqredis'
 assert worker.pool_cls is TaskPool
 class Deliverer:
-    app = workers.webhook_main.celery
+    app = deliverer.main.celery
     pool_cls = threads.TaskPool
 signals.worker_init.send(sender=Deliverer())
 assert Deliverer.pool_cls is threads.TaskPool  # its threads, as asked

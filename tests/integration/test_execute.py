@@ -1,4 +1,4 @@
-"""A batch as a pool child runs it (workers/execute.py), on a real Redis with the real job
+"""A batch as a pool child runs it (workers/child/execute.py), on a real Redis with the real job
 state, its model a stand-in: each step's outcome per job, and what is stored."""
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from tasks.jobstate import JobState, StartDecision, Status, new_job
 from tasks.messages import JobArgs, QueuedMessage
 from tasks.names import PRIORITIES, list_for
 from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
-from workers.batch import BatchJob, Outcome, succeeded
-from workers.execute import execute
+from workers.child.batch import BatchJob, Outcome, succeeded
+from workers.child.execute import execute
 
 
 class Runtime:

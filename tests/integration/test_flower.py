@@ -133,8 +133,8 @@ def test_a_task_sent_by_hand_ahead_of_the_jobs_own_message_is_dropped_and_the_jo
         assert runs_log.read_text().splitlines().count("v") == 1
         assert "forged by hand" not in runs_log.read_text()
         log = stack.workers["late"].log.read_text(errors="replace")
-        assert f"workers.dispatcher [trace_id=-] a message for job {victim['id']} that is not " \
-               "the job's own" in log, log[-3000:]
+        assert (f"workers.batching.dispatcher [trace_id=-] a message for job {victim['id']} "
+                "that is not the job's own") in log, log[-3000:]
         assert "delivered again" not in log and "queued again from its record" not in log, \
             log[-3000:]
     finally:

@@ -16,8 +16,8 @@ import requests
 import yaml
 from PIL import Image
 
-from app.decoders import WAITING_PER_DECODER
-from app.decoding import MAX_JPEG_SCANS
+from app.decoder_pool import WAITING_PER_DECODER
+from app.decoder import MAX_JPEG_SCANS
 from bench.hostile_images import api_processes, hammer, progressive_jpeg, requests_to_send
 from scripts.stack import start_web
 from tests.support.receivers import Tarpit

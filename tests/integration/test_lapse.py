@@ -20,11 +20,11 @@ import pytest
 import redis
 
 from tasks.jobstate import JobState, StartDecision
-from workers.batch import JobOutcome, Outcome
+from workers.child.batch import JobOutcome, Outcome
 from workers.broker import Broker, InFlight, Leases
 from workers.broker.state import BrokerState
-from workers.dispatcher import PoolDispatcher
-from workers.settlement import Settlement
+from workers.batching.dispatcher import PoolDispatcher
+from workers.batching.settlement import Settlement
 from tests.integration.test_fetch import QUEUE, submit
 
 

@@ -14,7 +14,7 @@ from scripts.stack import ROOT
 from tasks import lua
 from tasks.names import PRIORITY_SEP
 
-PACKAGES = ("tasks", "app", "workers", "scripts")
+PACKAGES = ("tasks", "app", "workers", "deliverer", "scripts")
 # Python modules that still hold Lua, each for a reason: none.
 STILL_IN_PYTHON: set[str] = set()
 # Every folder of scripts tasks/lua.py reads: tasks/lua/, and the worker's fetch and recovery.
@@ -77,7 +77,7 @@ def test_each_script_the_modules_register_compiles_under_its_texts_sha(client):
     for name in ("tasks.jobscripts.SUBMIT", "tasks.jobscripts.FINISH", "tasks.jobscripts.LIST",
                  "tasks.jobscripts.CLAIM_DELIVERY", "tasks.queuemoves.MOVE",
                  "tasks.presence._LIVE", "app.auth._TAKE", "app.reloading._CLAIM",
-                 "workers.turns._TAKE", "workers.broker.scripts.FETCH",
+                 "workers.batching.turns._TAKE", "workers.broker.scripts.FETCH",
                  "workers.broker.scripts.RECONCILE"):
         assert name in composed, sorted(composed)
     for name, text in composed.items():

@@ -33,7 +33,7 @@ SECRETS = ("redis-password", "redis-app-password", "flower-password", "webhook-s
 # with replicas, every process of the application also holds the sentinels' password.
 HOLDS = {"redis-server": {"IQ_REDIS_PASSWORD_FILE", "IQ_REDIS_APP_PASSWORD_FILE"},
          "gunicorn": {"REDIS_URL"}, "workers.main worker": {"REDIS_URL"},
-         "workers.webhook_main worker": {"REDIS_URL", "IQ_WEBHOOK_SECRET"},
+         "deliverer.main worker": {"REDIS_URL", "IQ_WEBHOOK_SECRET"},
          "tasks.cli flower": {"REDIS_URL", "FLOWER_BASIC_AUTH"}}
 SENTINEL_PASSWORD = "IQ_REDIS_SENTINEL_PASSWORD"
 SECRET_VARIABLES = set().union(*HOLDS.values(), {SENTINEL_PASSWORD})
@@ -172,7 +172,7 @@ def check_each_process_holds_only_its_secrets(run: "MakeRun", env: dict[str, str
         assert SECRET_VARIABLES & set(environ) == holds, (role, sorted(environ))
         values = " ".join(environ.values())
         assert admin not in values and (flower not in values or role == "tasks.cli flower")
-        assert webhook not in values or role == "workers.webhook_main worker"
+        assert webhook not in values or role == "deliverer.main worker"
     assert seen == set(HOLDS)
 
 
@@ -326,7 +326,7 @@ def test_make_runs_own_redis_is_locked_and_bounded_and_a_second_run_starts_clean
         check_app_user_and_files(env, port)
         started = [" ".join(proc.cmdline()) for proc in first.processes()]
         for process in ("redis-server", "gunicorn", "workers.main worker --pool prefork",
-                        "workers.webhook_main worker --pool threads", "tasks.cli flower"):
+                        "deliverer.main worker --pool threads", "tasks.cli flower"):
             assert any(process in cmd for cmd in started), started  # what must stop later
         assert not any(password in cmd for cmd in started)
         check_each_process_holds_only_its_secrets(first, env)
@@ -518,7 +518,7 @@ def test_each_part_holds_only_its_own_secrets_with_redis_groups_and_keys(tmp_pat
             assert group_password not in " ".join(environ.values()) or role == "gunicorn", role
         assert seen == {"gunicorn": (f"gpu={group.extra['url']}", str(keys)),
                         "workers.main worker": (hidden, None),
-                        "workers.webhook_main worker": (hidden, None),
+                        "deliverer.main worker": (hidden, None),
                         "tasks.cli flower": (hidden, None)}
         # What the API holds, it uses: the group's Redis is checked, the keys are asked for.
         api = f"http://127.0.0.1:{env['IQ_PORT']}"

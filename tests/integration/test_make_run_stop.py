@@ -30,7 +30,7 @@ import requests
 import yaml
 
 from config import Settings
-from workers.stopping import LAST_RESORT_S
+from workers.batching.stopping import LAST_RESORT_S
 from scripts.stack import ROOT, free_port, launch, spawn, start_webhooks, wait_until
 from tests.integration.test_make_run import MakeRun, run_env, secret
 from tests.support.load import Load, job_statuses, runs

@@ -1,5 +1,5 @@
 """`make reload --timeout` bounds a stall, not the whole roll (scripts/reload.py): workers that
-reload in turn (workers/turns.py) take a model load each, so a reload that keeps moving on
+reload in turn (workers/batching/turns.py) take a model load each, so a reload that keeps moving on
 waits past its timeout, and one where nothing moves on gives up after it, even while a
 worker's status keeps changing, saying where each process stands; a failed load a worker
 recorded refuses it at once. A file the running processes cannot serve (a Redis group only the

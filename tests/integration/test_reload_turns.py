@@ -1,6 +1,6 @@
-"""A reload's turn (workers/turns.py) against a real Redis: one worker at a time per queue,
-taken all at once or not at all, given back only by its holder, lapsing when its holder stops
-renewing it."""
+"""A reload's turn (workers/batching/turns.py) against a real Redis: one worker at a time per
+queue, taken all at once or not at all, given back only by its holder, lapsing when its holder
+stops renewing it."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +8,7 @@ import redis
 
 from scripts.stack import wait_until
 from tasks.keys import reload_turn_key
-from workers.turns import Turn
+from workers.batching.turns import Turn
 
 
 @pytest.fixture

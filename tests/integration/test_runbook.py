@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass
 
 import pytest
+import redis
 import requests
 
 from tests.support.metrics import exported, named_in
@@ -70,6 +71,7 @@ def runbook_env(tmp_path_factory):
         secrets = workdir / "var" / "secrets"
         secrets.mkdir(parents=True)
         (secrets / "redis-password").write_text(stack.redis_svc.extra["password"] + "\n")
+        (secrets / "redis-app-password").write_text(stack.redis_svc.extra["app_password"] + "\n")
         metrics_url = stack.workers[worker].extra["metrics_url"]
         base = {k: v for k, v in os.environ.items()
                 if not k.startswith(("IQ_", "REDIS")) and k != "PROMETHEUS_MULTIPROC_DIR"}
@@ -107,6 +109,18 @@ def test_setup_finds_the_stack(runbook_env):
     url, main = shown.stdout.splitlines()[0].split()
     assert url == stack.api and int(main) == next(iter(stack.workers.values())).proc.pid
     assert "PONG" in shown.stdout and '"ok"' in shown.stdout
+
+
+def test_setup_gives_celery_the_application_user(runbook_env):
+    """`celery -A tasks.cli` gets the application's user, as every process of the stack does,
+    not the admin, whom no application gets (docs/security.md)."""
+    _, env = runbook_env
+    shown = bash(SETUP.code + 'echo "$REDIS_URL"', env)
+    assert shown.returncode == 0, shown.stderr
+    client = redis.Redis.from_url(shown.stdout.strip(), decode_responses=True)
+    assert client.ping()
+    with pytest.raises(redis.exceptions.NoPermissionError):  # the admin's would be allowed
+        client.config_get("maxmemory")
 
 
 def test_every_metric_the_runbook_names_is_exported(runbook_env):

@@ -1,5 +1,5 @@
-"""Webhooks: delivered by their own light worker (workers.webhook_main), signed per tenant
-(Standard Webhooks) and checked by the README's own receiver code, retried without a URL or
+"""Webhooks: delivered by their own light worker (deliverer.main), signed per tenant
+(Standard Webhooks) and checked by docs/webhooks.md's own receiver code, retried without a URL or
 payload in any task argument, never to private addresses unless allow-listed (the tests allow
 127.0.0.1 and 127.0.0.2 only), and off while no secret is set."""
 from __future__ import annotations

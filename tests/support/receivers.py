@@ -1,6 +1,6 @@
 """HTTP endpoints that outbound requests (webhooks, tasks.egress) are sent to in tests: a
-recording receiver, a tarpit that answers one byte every few seconds, and README's own
-webhook receiver code."""
+recording receiver, a tarpit that answers one byte every few seconds, and the docs' own
+webhook receiver code (docs/webhooks.md)."""
 from __future__ import annotations
 
 import re
@@ -10,16 +10,16 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+WEBHOOKS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "webhooks.md"
 
 
 def readme_receiver() -> dict:
-    """The receiver-side check of README.md's Webhooks section, run as it is written: its
-    `verify`, `Duplicate`, `seen_ids`."""
-    text = README.read_text()
+    """The receiver-side check of docs/webhooks.md, run as it is written: its `verify`,
+    `Duplicate`, `seen_ids`."""
+    text = WEBHOOKS_PAGE.read_text()
     (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "def verify(" in b]
     namespace: dict = {}
-    exec(compile(block, "README.md (webhook receiver)", "exec"), namespace)
+    exec(compile(block, "docs/webhooks.md (webhook receiver)", "exec"), namespace)
     return namespace
 
 

@@ -14,8 +14,8 @@ import yaml
 
 from config.models import ModelSpec
 from scripts.stack import ROOT
-from workers.calibrate import NOISY, RESULTS, calibrate, noise_warning
-from workers.handlers.tensor import SyntheticHandler
+from scripts.calibrate import NOISY, RESULTS, calibrate, noise_warning
+from workers.child.handlers.tensor import SyntheticHandler
 
 
 def test_the_command_stops_at_out_of_memory_and_recommends_80_percent(tmp_path):
@@ -24,7 +24,7 @@ def test_the_command_stops_at_out_of_memory_and_recommends_80_percent(tmp_path):
         "kind": "synthetic", "base_ms": 1, "per_item_ms": 0, "oom_above": 20,
         "max_batch_size": 4}}}))
     plot = tmp_path / "oomy.png"
-    out = subprocess.run([sys.executable, "-m", "workers.calibrate", "oomy", "--models-file",
+    out = subprocess.run([sys.executable, "-m", "scripts.calibrate", "oomy", "--models-file",
                           str(models), "--plot", str(plot)], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -57,7 +57,7 @@ def test_the_plot_goes_under_bench_results_not_where_it_is_run(tmp_path):
         "kind": "synthetic", "base_ms": 1, "per_item_ms": 0, "oom_above": 2}}}))
     plot = RESULTS / f"calibration-{name}.png"
     try:
-        out = subprocess.run([sys.executable, "-m", "workers.calibrate", name,
+        out = subprocess.run([sys.executable, "-m", "scripts.calibrate", name,
                               "--models-file", str(models)], cwd=tmp_path,
                              env={**os.environ, "PYTHONPATH": str(ROOT)},
                              capture_output=True, text=True, timeout=120)

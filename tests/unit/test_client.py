@@ -211,3 +211,50 @@ def test_retry_after_one_is_still_waited(monkeypatch):
     session = Answers(clock, [(2.0, 503, "1"), (0.01, 202, None)])
     iqc.Client("http://iq.invalid", session=session).submit("m", ["x"])
     assert clock.slept == [1.0]
+
+
+@pytest.mark.parametrize("environ, url", [
+    ({}, "http://127.0.0.1:8000"),
+    ({"IQ_PORT": "8123"}, "http://127.0.0.1:8123"),  # the port make run gave the API
+    ({"IQ_PORT": "8123", "IQ_API_URL": "http://api.internal:9000/"}, "http://api.internal:9000"),
+    ({"IQ_PORT": ""}, "http://127.0.0.1:8000"),
+])
+def test_the_client_finds_the_api_as_the_stack_sets_it(monkeypatch, environ, url):
+    for name in ("IQ_API_URL", "IQ_API_KEY", "IQ_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert iqc.Client().url == url
+
+
+@pytest.mark.parametrize("typo, hint", [("IQ_API_UR", "IQ_API_URL"), ("IQ_APIURL", "IQ_API_URL"),
+                                        ("IQ_API_KYE", "IQ_API_KEY"), ("IQ_PROT", "IQ_PORT")])
+def test_a_misspelt_client_variable_is_named_with_the_closest(monkeypatch, typo, hint):
+    for name in ("IQ_API_URL", "IQ_API_KEY", "IQ_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(typo, "http://127.0.0.1:8123")
+    with pytest.raises(iqc.ConfigurationError,
+                       match=f"unknown environment variable {typo}: did you mean {hint}?"):
+        iqc.Client()
+    err = subprocess.run([sys.executable, "-m", "inference_queue_client", "get", "x"],
+                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "client")},
+                         capture_output=True, text=True, timeout=60)
+    assert err.returncode == 2
+    assert err.stderr.strip() == f"iq-client: unknown environment variable {typo}: did you " \
+                                 f"mean {hint}?"
+
+
+def test_a_port_that_is_no_port_is_refused(monkeypatch):
+    monkeypatch.delenv("IQ_API_URL", raising=False)
+    monkeypatch.setenv("IQ_PORT", "80a")
+    with pytest.raises(iqc.ConfigurationError, match="IQ_PORT must be a port number .*'80a'"):
+        iqc.Client()
+
+
+def test_no_variable_of_the_stack_reads_as_a_misspelt_client_one():
+    """The client may run where the stack's own IQ_ variables are set: none is refused, and
+    an explicit url and key need no environment at all."""
+    from config.settings import KNOWN_VARIABLES
+    from inference_queue_client.environment import misspellings
+    assert misspellings({name: "1" for name in KNOWN_VARIABLES}) == []
+    assert iqc.Client("http://127.0.0.1:1", api_key="k").url == "http://127.0.0.1:1"

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from scripts.stack import ROOT
-from workers.devices import cores_less_one, usable_cpus
+from workers.child.devices import cores_less_one, usable_cpus
 
 
 @pytest.mark.parametrize("cpus, threads", [(1, 1), (2, 1), (4, 3), (16, 15)])
@@ -23,7 +23,7 @@ def test_usable_cpus_follow_the_affinity():
 
 def _threads_after_prepare(device: str, environ: dict[str, str], cores: str) -> int:
     """torch's thread count after prepare_device, in a process pinned to `cores` (taskset)."""
-    code = ("from config import load_settings; from workers.devices import prepare_device; "
+    code = ("from config import load_settings; from workers.child.devices import prepare_device; "
             f"prepare_device({device!r}, load_settings()); import torch; "
             "print(torch.get_num_threads())")
     env = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")} | environ

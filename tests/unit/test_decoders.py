@@ -1,5 +1,5 @@
-"""The decoder processes (app/decoders.py) and what they refuse before decoding
-(app/decoding.py): real decoder processes, real Pillow, hostile images made on the fly."""
+"""The decoder processes (app/decoder_pool.py) and what they refuse before decoding
+(app/decoder.py): real decoder processes, real Pillow, hostile images made on the fly."""
 from __future__ import annotations
 
 import io
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-import app.decoders as decoders_module
-from app.decoders import DECODER, WAITING_PER_DECODER, Budget, DecoderPool, DecodersBusy, \
+import app.decoder_pool as decoders_module
+from app.decoder_pool import DECODER, WAITING_PER_DECODER, Budget, DecoderPool, DecodersBusy, \
     _Turns
-from app.decoding import ANSWER, DECODER_UID_BASE, MAX_JPEG_SCANS, Limits, Refused, \
+from app.decoder import ANSWER, DECODER_UID_BASE, MAX_JPEG_SCANS, Limits, Refused, \
     jpeg_scans, picture
 from app.image_errors import ImageRefused
 from bench.hostile_images import animated_webp, as_mpo, chunk_before_ihdr, junk_after_app0, \

@@ -1,6 +1,6 @@
-"""The dispatcher's order of things (workers/dispatcher.py, workers/settlement.py), with a fake
-pool and timer: a freed child gets its next batch before the last batch is acknowledged, and
-a batch's acks go to Redis together."""
+"""The dispatcher's order of things (workers/batching/dispatcher.py,
+workers/batching/settlement.py), with a fake pool and timer: a freed child gets its next batch
+before the last batch is acknowledged, and a batch's acks go to Redis together."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,8 +10,11 @@ from typing import Any
 from config import load_settings
 from config.models import parse_model
 from workers.broker import Broker
-from workers.dispatcher import PoolDispatcher
-from workers.batch import JobOutcome, Outcome
+from workers.batching.dispatcher import PoolDispatcher
+from workers.batching.reload import Failing, QueuesConsumed, ReloadHost
+from workers.batching.stopping import PoolChildren, Stoppable
+from workers.batching.watchdog import Watched
+from workers.child.batch import JobOutcome, Outcome
 
 
 class FakePool:
@@ -121,6 +124,19 @@ def test_a_freed_child_gets_its_next_batch_before_the_last_one_is_acknowledged()
     assert second.acknowledged and third.acknowledged
 
 
+def test_the_reload_the_stop_deadline_and_the_watchdog_get_what_their_interfaces_name():
+    """The main process's back-references are typed interfaces handed in (reload.py
+    ReloadHost, stopping.py Stoppable, watchdog.py Watched), not `Any`: the dispatcher and its
+    liveness have every member those name, so a rename fails here rather than in a reload or a
+    stop."""
+    d, *_ = dispatcher()
+    assert isinstance(d, ReloadHost) and isinstance(d, Stoppable)
+    assert isinstance(d.liveness, QueuesConsumed) and isinstance(d.liveness, PoolChildren)
+    assert isinstance(d.liveness, Watched) and isinstance(d.settlement, Failing)
+    assert d.reloader.dispatcher is d and d.stop_deadline.dispatcher is d
+    assert d.liveness.watchdog.liveness is d.liveness
+
+
 class Child:
     """A pool process as Celery's prefork pool books it: `ready` once it said WORKER_UP."""
 
@@ -138,7 +154,8 @@ def test_with_no_child_to_serve_the_buffer_goes_back_and_nothing_is_fetched():
     d, pool, _timer, unacked = dispatcher()
     restored: list[str] = []
     unacked.restore = lambda tags: restored.extend(tags)
-    # Each job of a lost batch runs again alone (workers/isolation.py; its Redis part aside).
+    # Each job of a lost batch runs again alone (workers/batching/isolation.py; its Redis part
+    # aside).
     d.settlement.failed_batch = lambda _model, requests, _exc, stopping: list(requests)
     child = Child(1)
     pool._pool = SimpleNamespace(_pool=[child], _all_inqueues={child.inqW_fd})

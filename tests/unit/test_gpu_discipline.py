@@ -14,7 +14,7 @@ from scripts.stack import ROOT
 @pytest.mark.parametrize("code", [
     "from app import create_app; create_app()",
     "import workers.main",
-    "import os; os.environ['IQ_WEBHOOK_SECRET'] = 's3cret'; import workers.webhook_main",
+    "import os; os.environ['IQ_WEBHOOK_SECRET'] = 's3cret'; import deliverer.main",
 ])
 def test_module_does_not_import_torch(code):
     check = f"import sys; {code}; assert 'torch' not in sys.modules, 'torch imported'"

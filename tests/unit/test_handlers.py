@@ -5,7 +5,7 @@ import torch
 
 from config.models import ModelSpec
 from tasks.errors import JobError
-from workers.handlers.tensor import SyntheticHandler
+from workers.child.handlers.tensor import SyntheticHandler
 
 
 def spec(**kw) -> ModelSpec:

@@ -1,10 +1,10 @@
-"""Poison and hang isolation on its own (workers/isolation.py): no broker, no worker, a fake
-clock."""
+"""Poison and hang isolation on its own (workers/batching/isolation.py): no broker, no worker, a
+fake clock."""
 from __future__ import annotations
 
 import pytest
 
-from workers.isolation import (LIMIT_FLOOR_S, UNMEASURED_LIMIT_S, CrashLoops, TimeLimits,
+from workers.batching.isolation import (LIMIT_FLOOR_S, UNMEASURED_LIMIT_S, CrashLoops, TimeLimits,
                                Verdict, after_lost_batch)
 
 

@@ -35,8 +35,8 @@ def echo_models(tmp_path: Path, **entry) -> dict:
 
 
 def test_every_shipped_kind_is_registered_with_a_handler_the_worker_resolves():
-    from workers.handlers import handler_class
-    from workers.handlers.base import Handler
+    from workers.child.handlers import handler_class
+    from workers.child.handlers.base import Handler
 
     assert {k.name for k in BUILTIN} <= set(kind_names())
     for kind in BUILTIN:
@@ -56,7 +56,7 @@ def test_a_kind_of_ones_own_is_read_by_config_the_api_and_the_worker(tmp_path):
                      {"hello": spec}, schemas)
     assert set(caught.value.messages) == {"inputs", "encoding_format"}
     # The worker: the handler the kind names, run on a batch as a pool child runs it.
-    from workers.handlers import build_handler
+    from workers.child.handlers import build_handler
 
     handler = build_handler(spec, "cpu")
     handler.initialize()
@@ -109,7 +109,7 @@ def scratch():
 @pytest.mark.parametrize("changes, message", [
     ({"name": "Bad Name"}, "a kind's name is a lower-case letter"),
     ({"input": "audio"}, "input must be one of text, tensor, image; got 'audio'"),
-    ({"handler": "workers.handlers.tensor.SyntheticHandler"},
+    ({"handler": "workers.child.handlers.tensor.SyntheticHandler"},
      "handler must be 'package.module:Class'"),
     ({"options": ("temperature",)}, "options must be among labels, top_k; got 'temperature'"),
 ])
@@ -123,13 +123,13 @@ def test_a_kind_declared_wrong_is_refused_naming_what(scratch, changes, message)
 def test_a_name_taken_is_refused_and_the_kind_registered_stays(scratch):
     with pytest.raises(ConfigError, match="kind 'synthetic' is already registered"):
         register(Kind("synthetic", "text", "tests.support.kinds.echo_handler:EchoHandler"))
-    assert kind_of("synthetic").handler == "workers.handlers.tensor:SyntheticHandler"
+    assert kind_of("synthetic").handler == "workers.child.handlers.tensor:SyntheticHandler"
     first = register(Kind(scratch, "text", "m:C"))
     assert register(Kind(scratch, "text", "m:C")) == first  # again: nothing changes
 
 
 def test_a_handler_that_is_no_handler_is_refused_in_the_child(scratch):
-    from workers.handlers import handler_class
+    from workers.child.handlers import handler_class
 
     register(Kind(scratch, "text", "config.kinds:Kind"))
     with pytest.raises(ValueError, match="handler config.kinds:Kind is not a subclass"):

@@ -11,8 +11,8 @@ import pytest
 
 from config.models import ModelSpec
 from tests.support.models import minilm_folder
-from workers.handlers.folders import encoder_config, model_dir
-from workers.handlers.text import EmbeddingHandler
+from workers.child.handlers.folders import encoder_config, model_dir
+from workers.child.handlers.text import EmbeddingHandler
 
 TEXTS = ["A cat sat on the mat.", "", " ".join(["Packing puts short texts together."] * 9),
          "ünïcödé — 你好"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from config.models import ModelSpec
-from workers.handlers.tensor import ExportHandler, TorchScriptHandler
+from workers.child.handlers.tensor import ExportHandler, TorchScriptHandler
 
 
 class Exploit:

@@ -10,8 +10,8 @@ import yaml
 
 from config import ConfigError
 from config.models import load_models, read_models
-from workers import versions
-from workers.versions import model_version
+from workers.child import versions
+from workers.child.versions import model_version
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.handlers.packing import pack_rows
+from workers.child.handlers.packing import pack_rows
 
 
 @given(st.lists(st.integers(min_value=1, max_value=256), max_size=64))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.policy import BatchScheduler, ModelBuffer
+from workers.batching.policy import BatchScheduler, ModelBuffer
 
 
 def make(max_batch=4, max_wait_s=0.010, models=("m",)):

@@ -10,7 +10,7 @@ import torch
 
 from config.models import ModelSpec
 from tests.support.models import minilm_folder
-from workers.handlers.text import ClassificationHandler, EmbeddingHandler
+from workers.child.handlers.text import ClassificationHandler, EmbeddingHandler
 
 TEXTS = ["The striker scored twice in the final match of the season.",
          "Parliament passed the new budget after a long debate.",

@@ -1,8 +1,8 @@
-"""A reload's surge and its rollback's order in the worker (workers/reload.py,
+"""A reload's surge and its rollback's order in the worker (workers/batching/reload.py,
 workers/broker/pool.py), with a fake pool that sizes itself as billiard's does (`_processes`,
 `grow`, `maintain_pool`) and asks the reload before it starts children in place of those
 that exited, as `Pool._repopulate_pool` does; each child it starts keeps the models file
-pinned when it started (workers/pinned.py), as a spawned child inherits it.
+pinned when it started (workers/child/pinned.py), as a spawned child inherits it.
 
 * One child (the default): a new child loads the new file beside it; the old one stops only
   once the new one serves, and the pool is back to one child. A new child that cannot load
@@ -18,8 +18,7 @@ import orjson
 
 from tasks.keys import reload_failed_key
 from tests.unit.test_reload_turns import Child, FakeTurns, Markers, Pool, worker
-from workers import pinned
-
+from workers.child import pinned
 OLD, NEW = b"models: {}\n# old\n", b"models: {}\n# new\n"
 
 

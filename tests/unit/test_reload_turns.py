@@ -1,10 +1,10 @@
-"""A reload's turns in the worker (workers/reload.py, workers/turns.py), with fake pools and a
-fake turn store standing in for Redis, without a surge (IQ_RELOAD_SURGE=false; with one:
-tests/unit/test_reload_surge.py): two one-child workers on one queue retire their children
-one after the other, the second only once the first's replacement is up; a worker
-with another child serving needs no turn; a worker rolls back what it replaced when a load
-failed. (The turn's Redis scripts, against a real Redis:
-tests/integration/test_reload_turns.py; two real workers: tests/faults/test_reload_rolling.py.)"""
+"""A reload's turns in the worker (workers/batching/reload.py, workers/batching/turns.py), with
+fake pools and a fake turn store standing in for Redis, without a surge (IQ_RELOAD_SURGE=false;
+with one: tests/unit/test_reload_surge.py): two one-child workers on one queue retire their
+children one after the other, the second only once the first's replacement is up; a worker with
+another child serving needs no turn; a worker rolls back what it replaced when a load failed. (The
+turn's Redis scripts, against a real Redis: tests/integration/test_reload_turns.py; two real
+workers: tests/faults/test_reload_rolling.py.)"""
 from __future__ import annotations
 
 import os
@@ -14,9 +14,7 @@ import orjson
 
 from tasks.keys import reload_failed_key
 from tests.unit.test_dispatcher import dispatcher
-from workers import pinned
-
-
+from workers.child import pinned
 class Child:
     """A pool process as Celery's prefork pool books it; `ready` once it said WORKER_UP."""
 
@@ -65,7 +63,7 @@ class FakeTurns:
 
 
 class FakeTurn:
-    """workers/turns.py's Turn over FakeTurns (no TTL, no rate limit)."""
+    """workers/batching/turns.py's Turn over FakeTurns (no TTL, no rate limit)."""
 
     def __init__(self, turns: FakeTurns, worker: str) -> None:
         self.turns, self.worker = turns, worker

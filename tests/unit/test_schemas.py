@@ -69,7 +69,7 @@ def test_the_tensor_field_describes_itself_to_the_openapi_document():
 
 
 def _documented_webhook() -> dict:
-    """The webhook's JSON schema as the OpenAPI document gives it (apispec, as app/docs.py)."""
+    """The webhook's JSON schema as the OpenAPI document gives it (apispec, as app/openapi.py)."""
     from apispec import APISpec
     from apispec.ext.marshmallow import MarshmallowPlugin
 

@@ -14,7 +14,7 @@ import ast
 
 from scripts.stack import ROOT
 
-PACKAGES = ("app", "tasks", "workers", "config", "scripts", "bench",
+PACKAGES = ("app", "tasks", "workers", "deliverer", "config", "scripts", "bench",
             "client/inference_queue_client")
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 60

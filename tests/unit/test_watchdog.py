@@ -1,7 +1,7 @@
-"""The worker watchdog's decisions, on a fake clock (workers/watchdog.py)."""
+"""The worker watchdog's decisions, on a fake clock (workers/batching/watchdog.py)."""
 from __future__ import annotations
 
-from workers.watchdog import Watchdog
+from workers.batching.watchdog import Watchdog
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""One delivery attempt (workers.webhooks.attempt) against real local receivers, without a
+"""One delivery attempt (deliverer.webhooks.attempt) against real local receivers, without a
 broker: what each answer means, the per-host cap, and how it is signed."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from config import load_settings
 from tasks.webhooks import headers as signed_headers, receiver_secret, signing_key
 from tests.support.receivers import Receiver, readme_receiver
-from workers.webhooks import Delivery, HostSlots, Outcome, attempt
+from deliverer.webhooks import Delivery, HostSlots, Outcome, attempt
 
 SETTINGS = load_settings({"webhook_secret": "s3cret", "webhook_allow": "127.0.0.1",
                           "webhook_timeout_s": 10}, environ={})

@@ -1,7 +1,7 @@
 """The worker's side of the broker: kombu's, Celery's and billiard's classes as the worker
 extends them, in one room. A worker of this service runs them, selected by those libraries'
 own settings (`attach`, called by the worker entry modules workers/main.py and
-workers/webhook_main.py): `broker_transport`, `worker_consumer`, `worker_pool`. Nothing here
+deliverer/main.py): `broker_transport`, `worker_consumer`, `worker_pool`. Nothing here
 patches a library: the API, Flower and `celery -A tasks.cli` run kombu and Celery as shipped.
 What the subclasses override or read that the libraries do not promise to keep is listed in
 seam.py (and docs/upgrading.md), each checked by a test.
@@ -19,7 +19,7 @@ seam.py (and docs/upgrading.md), each checked by a test.
 * leases.py: `Leases`, what the dispatcher holds, acknowledged or put back a batch at a time.
 * events.py: Celery's consumer, whose task events leave together every few milliseconds.
 * pool.py: Celery's prefork pool, grown no further than the GPUs, not flushed on a reconnect,
-  stopping a child with SIGKILL (a child ignores SIGTERM: workers/stopping.py).
+  stopping a child with SIGKILL (a child ignores SIGTERM: workers/batching/stopping.py).
 * seam.py: the private names all of these rely on, checked when a worker starts.
 """
 from workers.broker.broker import Broker, attach, broker_of, installed

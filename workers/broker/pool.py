@@ -9,8 +9,8 @@ runs (`worker_pool`, and in place of `-P prefork`: workers/broker/broker.py's `a
 * tells a reload before it starts children in place of those that exited
   (`before_children_start`), so that a failed reload's pin is undone first;
 
-and the looks inside it the dispatcher and a reload need (workers/dispatcher.py,
-workers/reload.py): which children take work, stopping an idle one so that the pool starts
+and the looks inside it the dispatcher and a reload need (workers/batching/dispatcher.py,
+workers/batching/reload.py): which children take work, stopping an idle one so that the pool starts
 another in its place, and a surge: one child more, started beside the others, then one
 stopped with the pool shrunk back (`surge`, `retire_idle_child(shrink=True)`,
 `end_surge`)."""
@@ -47,14 +47,14 @@ def kill_child(process: Any) -> None:
 
 class _KilledOnTerminate:
     """A pool child stopped with SIGKILL where billiard and Celery send it SIGTERM. A child
-    ignores SIGTERM once its models are loaded (workers/stopping.py: a stop of the worker's
-    whole process group must not kill its batch), so their SIGTERM would no longer stop it:
-    not at a cold shutdown (Celery cancels the running tasks with `terminate_job`, then the
+    ignores SIGTERM once its models are loaded (workers/batching/stopping.py: a stop of the
+    worker's whole process group must not kill its batch), so their SIGTERM would no longer stop
+    it: not at a cold shutdown (Celery cancels the running tasks with `terminate_job`, then the
     pool waits for its children), a shrink or a reload's retirement of an idle child
-    (`terminate_controlled`), a `revoke --terminate`, nor at a hard time limit (billiard
-    follows with SIGKILL 0.1 s later there anyway). SIGTERM at its default killed the child at
-    once, running no handler of its own: SIGKILL does the same. On the class (a spawned
-    child's process object is pickled for it, by the name of its class)."""
+    (`terminate_controlled`), a `revoke --terminate`, nor at a hard time limit (billiard follows
+    with SIGKILL 0.1 s later there anyway). SIGTERM at its default killed the child at once,
+    running no handler of its own: SIGKILL does the same. On the class (a spawned child's process
+    object is pickled for it, by the name of its class)."""
 
     def terminate(self) -> None:
         kill_child(self)

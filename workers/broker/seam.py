@@ -122,8 +122,9 @@ READ: tuple[Name, ...] = (
 
 
 # Read or overridden outside workers/broker/: the batching strategy's Celery requests
-# (workers/strategy.py, workers/settlement.py, workers/dispatcher.py, state.py), the result
-# backends (tasks/results.py) and the Redis clients' retries (tasks/redis_client.py).
+# (workers/batching/strategy.py, workers/batching/settlement.py, workers/batching/dispatcher.py,
+# state.py), the result backends (tasks/results.py) and the Redis clients' retries
+# (tasks/redis_client.py).
 ELSEWHERE: tuple[Name, ...] = (
     Name(celery_strategy, "proto1_to_proto2", ("message", "body")),
     Name(Request, "__init__", ("self", "message", "on_ack", "hostname", "eventer", "app",

@@ -26,8 +26,8 @@ class BrokerState:
     * `delayed_queues`: queues that have a delayed set (tasks.keys.delayed_key) whose due
       messages a fetch moves onto them.
     * `fetching`: whether this process fetches; the dispatcher turns it off while none of
-      its pool children can serve (workers/dispatcher.py), so that what it cannot run waits
-      on the queues, for any worker, rather than in its buffer.
+      its pool children can serve (workers/batching/dispatcher.py), so that what it cannot run
+      waits on the queues, for any worker, rather than in its buffer.
     """
 
     def __init__(self, lease_s: float = 30.0, heartbeat_s: float = 2.0) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from workers.handlers.base import Handler
+from workers.child.handlers.base import Handler
 
 
 class EchoHandler(Handler):

@@ -1,0 +1,317 @@
+"""The worker's dispatcher, in its main process: intake and batching. Every batching task's
+requests wait in one buffer per model (workers/batching/policy.py decides when a batch leaves);
+each batch goes, as one call, to a free prefork pool child (workers/child/execute.py). How its jobs
+then end is the settlement's (workers/batching/settlement.py); the periodic tick is the liveness's
+(workers/batching/liveness.py). Celery hands it requests through the task Strategy
+(workers/batching/strategy.py).
+
+Each job keeps its Celery identity: it is a real `celery.worker.request.Request`, so Celery's
+own handlers do the bookkeeping per job: `inspect reserved/active`, task events for Flower
+(received, started, succeeded/failed with runtime), revocation, late acks, and requeueing
+when the child running it dies (`task_reject_on_worker_lost`).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from time import monotonic
+from typing import Any
+
+import redis
+from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
+from billiard.exceptions import TimeLimitExceeded, WorkerLostError
+from celery.worker import state as worker_state
+
+from tasks.errors import removed_error
+from tasks.jobstate import JobState
+from tasks.names import PRIORITIES
+from tasks.redis_client import connect
+from workers.child.batch import FOREIGN, BatchJob, JobOutcome, job_token
+from workers.broker import InFlight, Leases, broker_of
+from workers.broker.pool import serving_children
+from workers.child.execute import run_batch
+from workers.batching.isolation import CrashLoops, TimeLimits
+from workers.batching.liveness import Liveness
+from workers.batching.policy import Batch, BatchScheduler
+from workers.batching.reload import Reloader
+from workers.batching.settlement import Settlement
+from workers.batching.stopping import StopDeadline
+
+logger = logging.getLogger(__name__)
+
+
+def _stopping() -> bool:
+    # Celery sets these to the exit code, 0 included, when a shutdown starts.
+    return worker_state.should_stop is not None or worker_state.should_terminate is not None
+
+
+@dataclass
+class Running:
+    """A batch handed to the pool."""
+    model: str
+    requests: list
+    started: float  # monotonic
+    limit: float  # its time limit (s)
+
+
+class PoolDispatcher:
+    """One per worker: buffers every batching task's requests and feeds the pool."""
+
+    def __init__(self, consumer: Any) -> None:
+        self.consumer = consumer
+        self.settings = consumer.app.conf.iq_settings
+        models = consumer.app.conf.iq_models
+        self.scheduler = BatchScheduler()
+        self.inflight = 0
+        self.connection = consumer.connection
+        self.client = connect(self.settings.redis_url, self.settings)
+        self.leases = Leases(InFlight(self.client, broker_of(consumer.app)))
+        self.limits = TimeLimits({m: spec.time_limit_s for m, spec in models.items()})
+        self.crash_loops = CrashLoops()
+        self.settlement = Settlement(consumer.app, self.leases, JobState(
+            self.client, self.settings.kept_s, self.settings.job_ttl_s), self.limits)
+        self.liveness = Liveness(consumer, self.client, self.leases, self._idle, self._tick,
+                                 self.unhealthy)
+        # Batches in the pool, and the job id of every request held (buffered or running).
+        self.running: dict[int, Running] = {}
+        self.ids: dict[str, Any] = {}
+        self.stop_deadline = StopDeadline(self, self.settings.stop_timeout_s)
+        self.reloader = Reloader(self, self.client)
+        self._timer_entry: Any = None
+        self._timer_due: float | None = None
+
+    @property
+    def capacity(self) -> int:
+        """Children that may hold a batch: all of them, less one being replaced by a reload,
+        and no more than those whose models are loaded (not a replacement still loading)."""
+        total = int(self.consumer.pool.num_processes or 1) - self.reloader.unavailable
+        serving = serving_children(self.consumer.pool)
+        return max(total if serving is None else min(total, serving), 0)
+
+    def tick(self) -> None:
+        """The worker's periodic tick (`heartbeat_interval_s`)."""
+        self.liveness.tick()
+        self.reloader.tick()
+        self.fit_intake()
+
+    def fit_intake(self) -> None:
+        """While none of its children can serve (each loads its models: a replacement for
+        one that died, a reload's, the first ones), this worker fetches nothing, and what
+        waits in its buffer goes back to its queue, for another worker to run now rather than
+        this one in a model load's time; a job of a lost batch stays, to run alone here
+        (workers/batching/isolation.py). It fetches again once a child can serve (`child_ready`, or
+        the next tick)."""
+        serving = self.capacity > 0
+        state = self.leases.inflight.state
+        if state.fetching != serving:
+            state.fetching = serving
+            logger.info("a pool child serves: fetching" if serving else
+                        "no pool child can serve (models loading): fetching nothing until one can")
+        if not serving:
+            self.release_buffered("no pool child can serve", keep_alone=True)
+
+    def child_ready(self, _pid: int) -> None:
+        """A pool child took up work (its models loaded), on the event loop."""
+        if _stopping():
+            return
+        self.reloader.step()
+        self.pump()
+
+    def _idle(self) -> bool:
+        """A pool child is free and nothing waits in the buffer."""
+        return self.inflight < self.capacity and len(self.scheduler) == 0
+
+    def reset_for(self, connection: Any) -> None:
+        """After a broker reconnect: what waited in the buffer goes back to its queue at once
+        (another worker may take it); batches still running stay this worker's, and their
+        acknowledgements go through its own Redis client."""
+        if connection is self.connection:
+            return
+        self.connection = connection
+        self.release_buffered("broker connection replaced")
+
+    def release_buffered(self, why: str, keep_alone: bool = False) -> None:
+        drained = self.scheduler.drain(keep_alone)
+        for pending in drained:
+            worker_state.task_ready(pending.job)
+        if not drained:
+            return
+        if self.leases.restore([p.job.message for p in drained]):
+            logger.warning("%s: %d buffered job(s) back on their queues", why, len(drained))
+        else:
+            logger.warning("%s: %d buffered job(s) go back on their queues once Redis "
+                           "answers; until then this worker keeps their leases", why,
+                           len(drained))
+
+    # -- intake --------------------------------------------------------------------------
+    def duplicate(self, request: Any) -> bool:
+        """Whether a message for a job this worker holds already is dropped. A copy of the
+        message held (the same token: delivered again) is, acknowledged unless it is the very
+        message held (then the entry on the in-flight record is the one held: should the held
+        one turn out to have lapsed when it starts, the settlement puts that entry back on
+        its queue, workers/batching/settlement.py). Of two messages with one job id and different
+        tokens, one is not the job's own (sent by hand: Flower's send-task), and the job's record
+        tells which: the newcomer is dropped, or the one held if it has not started (one running is
+        refused by its start); where the record cannot tell, the newcomer is dropped."""
+        held = self.ids.get(request.id)
+        if held is None or held is request or not self.leases.holds(held.message):
+            return False
+        if job_token(held) == job_token(request):
+            logger.warning("job %s delivered again while this worker holds it; the copy is "
+                           "dropped", request.id)
+            if held.message.delivery_tag == request.message.delivery_tag:
+                self.leases.forget([request.message])
+            else:
+                self.leases.ack([request.message])
+            return True
+        own = self._own_token(request.id)
+        if own is not None and own == job_token(request):
+            if self.scheduler.remove(held):  # the one held is not the job's own: it goes
+                logger.warning(FOREIGN, held.id)
+                worker_state.task_ready(held)
+                self.leases.ack([held.message])
+            return False
+        if own is None:
+            logger.warning("job %s: a message with another token than the one this worker "
+                           "holds, and no token in its record to tell which is the job's own; "
+                           "the newcomer is dropped", request.id)
+        else:
+            logger.warning(FOREIGN, request.id)
+        self.leases.ack([request.message])
+        return True
+
+    def _own_token(self, job_id: str) -> str | None:
+        """The token of the job's own message, from its record; None when it cannot tell."""
+        try:
+            return self.settlement.state.token_of(job_id)
+        except redis.RedisError as exc:
+            logger.warning("could not read job %s's token: %s", job_id, exc)
+            return None
+
+    def submit(self, model: str, request: Any, alone: bool = False,
+               arrived: float | None = None) -> None:
+        if self.reloader.fails_removed(model):
+            self.settlement.fail([request], removed_error(model))
+            return
+        kwargs = request.kwargs or {}
+        inputs = kwargs.get("inputs")
+        items = len(inputs) if isinstance(inputs, list) else 1
+        priority = (request.delivery_info or {}).get("priority")
+        worker_state.task_reserved(request)
+        self.ids[request.id] = request
+        self.scheduler.add(model, request, items, monotonic() if arrived is None else arrived,
+                           priority=PRIORITIES["normal"] if priority is None else int(priority),
+                           alone=alone)
+        self.pump()
+
+    # -- batching ------------------------------------------------------------------------
+    def pump(self, freed: int = 0) -> None:
+        idle = max(self.capacity - self.inflight, 0)
+        with self.settlement.settling():
+            batches = self.scheduler.batches(monotonic(), idle=idle, busy=self.inflight,
+                                             freed=freed, discard=self.settlement.revoked)
+        for batch in batches:
+            self._apply(batch)
+        self._arm_timer()
+        self.fit_intake()
+
+    def _arm_timer(self) -> None:
+        due = self.scheduler.next_deadline() if self.inflight < self.capacity else None
+        if due == self._timer_due:
+            return
+        if self._timer_entry is not None:
+            self._timer_entry.cancel()
+            self._timer_entry = None
+        self._timer_due = due
+        if due is not None:
+            self._timer_entry = self.consumer.timer.call_after(
+                max(due - monotonic(), 0.0), self._on_timer
+            )
+
+    def _on_timer(self) -> None:
+        self._timer_entry = None
+        self._timer_due = None
+        self.pump()
+
+    def _apply(self, batch: Batch) -> None:
+        """The batch to a free child, as one call; its outcomes come back to `_returned`."""
+        requests = [p.job for p in batch.jobs]
+        self.inflight += 1
+        running = Running(batch.model, requests, monotonic(), self.limits.limit(batch.model))
+        self.running[id(running)] = running
+
+        def on_accepted(pid: int, time_accepted: float) -> None:
+            for r in requests:
+                r.on_accepted(pid, time_accepted)
+
+        def on_return(outcomes: list[JobOutcome]) -> None:
+            self.running.pop(id(running), None)
+            self._returned(batch.model, requests, outcomes)
+
+        def on_error(exc_info: ExceptionInfo) -> None:
+            self.running.pop(id(running), None)
+            self._lost(running, exc_info)
+
+        self.consumer.pool.apply_async(
+            run_batch,
+            args=(batch.model, [BatchJob.of(r) for r in requests],
+                  self.leases.inflight.state.inflight_key),
+            accept_callback=on_accepted,
+            callback=on_return,
+            error_callback=on_error,
+            # Past the limit the child is killed and replaced; the batch's jobs run again
+            # alone, and the one that reaches the limit alone fails with `timeout`.
+            timeout=running.limit,
+            correlation_id=requests[0].id,
+        )
+
+    def _returned(self, model: str, requests: list, outcomes: list[JobOutcome]) -> None:
+        self.inflight -= 1
+        self.limits.observe(model, max((o.runtime for o in outcomes), default=0.0))
+        if _stopping():
+            # Shutting down: the loop may not turn again, and no new batch starts.
+            self.settlement.finish(model, requests, outcomes)
+            return
+        self.reloader.step()  # a reload takes a child on the previous file before it is reused
+        self.pump(freed=1)
+        # The pool writes the freed child its next batch only when the event loop next
+        # turns. Acknowledging now (a Redis round trip and an event per job) would hold that
+        # batch back for all of it, the model idle meanwhile; so the bookkeeping waits a
+        # millisecond, past that write (results are stored already).
+        self.consumer.timer.call_after(0.001, self.settlement.finish, (model, requests, outcomes))
+
+    def _lost(self, running: Running, exc_info: ExceptionInfo) -> None:
+        """The batch call did not return (workers/batching/isolation.py): its jobs run again alone,
+        ahead of what arrived since, or fail."""
+        self.inflight -= 1
+        exc = exc_info.exception
+        exc = exc.exc if isinstance(exc, ExceptionWithTraceback) else exc
+        stopping = _stopping()
+        if isinstance(exc, (WorkerLostError, TimeLimitExceeded)) and not stopping:
+            self.crash_loops.lost(running.model)
+        again = self.settlement.failed_batch(running.model, running.requests, exc_info,
+                                             stopping=stopping)
+        for r in again:
+            self.submit(running.model, r, alone=True, arrived=running.started)
+        if not stopping:
+            self.reloader.step()  # its replacement child may be the one a reload waits for
+            self.pump(freed=1)
+
+    # -- the tick and the stop -----------------------------------------------------------
+    def _tick(self) -> None:
+        """Every heartbeat (workers/batching/liveness.py): results Redis refused are stored, and
+        the ids of jobs no longer held are forgotten."""
+        self.settlement.store_kept()
+        for job_id, request in list(self.ids.items()):
+            if not self.leases.holds(request.message):
+                self.ids.pop(job_id, None)
+
+    def unhealthy(self) -> list[str]:
+        """Models whose instances here must not count as live: their children crash-loop, or
+        a batch of theirs runs past its time limit (its child not stopped yet)."""
+        now = monotonic()
+        late = {r.model for r in list(self.running.values()) if now - r.started > r.limit + 5}
+        return sorted(late | set(self.crash_loops.models()))
+
+    def running_tags(self) -> list[str]:
+        return [r.message.delivery_tag for b in list(self.running.values()) for r in b.requests]

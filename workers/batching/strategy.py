@@ -1,0 +1,154 @@
+"""Where Celery hands the dispatcher its work: the batching tasks' `Task.Strategy` (each
+received message becomes a real Celery `Request`, held by the worker's leases and handed to
+the dispatcher's buffer) and a consumer bootstep that starts and stops the dispatcher's tick
+with each broker connection."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import bootsteps
+from celery.worker.request import Request
+from celery.worker.strategy import proto1_to_proto2
+
+from config import ConfigError
+from tasks.logs import trace
+from tasks.names import model_of_task
+from workers.child.batch import trace_headers
+from workers.broker.pool import TaskPool, on_child_ready
+from workers.child.devices import visible_gpu_count
+from workers.batching.dispatcher import PoolDispatcher
+
+logger = logging.getLogger(__name__)
+
+_DISPATCHER_ATTR = "_iq_dispatcher"
+
+
+def dispatcher_for(consumer: Any) -> PoolDispatcher:
+    """The consumer's dispatcher, made (and the pool capped at the GPUs) when it first
+    starts; after a reconnect, the same one, reset for the new connection."""
+    dispatcher = getattr(consumer, _DISPATCHER_ATTR, None)
+    if dispatcher is None:
+        dispatcher = PoolDispatcher(consumer)
+        setattr(consumer, _DISPATCHER_ATTR, dispatcher)
+        if isinstance(consumer.pool, TaskPool):  # the worker's (workers/broker/pool.py)
+            consumer.pool.cap_children(visible_gpu_count(dispatcher.settings))
+        on_child_ready(consumer.pool, dispatcher.child_ready)
+    else:
+        dispatcher.reset_for(consumer.connection)
+    return dispatcher
+
+
+class SummaryRequest(Request):
+    """A job's Celery request, which shows inspectors what its task events show: the
+    message's argsrepr and kwargsrepr (the job's summary, tasks/messages.py), never the
+    arguments themselves. Celery's own `info` gives the real kwargs, the job's inputs, to
+    `inspect reserved`, `query_task` and `active` (Flower's worker page among them)."""
+
+    def info(self, safe: bool = False) -> dict[str, Any]:
+        return super().info(safe=True)
+
+
+def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
+    """`Task.Strategy` for batching tasks: called once per task when the consumer starts."""
+    model = model_of_task(task.name)
+    spec = app.conf.iq_models[model]
+    dispatcher = dispatcher_for(consumer)
+    dispatcher.scheduler.add_model(model, spec.max_batch_size, spec.max_wait_ms / 1000.0)
+
+    hostname = consumer.hostname
+    eventer = consumer.event_dispatcher
+    send_events = bool(eventer and eventer.enabled and task.send_events)
+    connection_errors = consumer.connection_errors
+    revoked_tasks = consumer.controller.state.revoked
+    settlement = dispatcher.settlement
+
+    def task_message_handler(message, body, _ack, _reject, callbacks, **_kw):
+        if body is None and "args" not in message.payload:
+            body, headers, decoded, utc = (message.body, message.headers, False,
+                                           app.uses_utc_timezone())
+        else:
+            body, headers, decoded, utc = proto1_to_proto2(message, body)
+        on_ack, on_reject = settlement.callbacks(message)
+        request = SummaryRequest(
+            message, on_ack=on_ack, on_reject=on_reject, app=app, hostname=hostname,
+            eventer=eventer, task=task, connection_errors=connection_errors,
+            body=body, headers=headers, decoded=decoded, utc=utc,
+        )
+        if dispatcher.duplicate(request):
+            return
+        dispatcher.leases.hold(message)
+        if (request.expires or request.id in revoked_tasks) and settlement.revoked(request):
+            return
+        if send_events:
+            request.send_event("task-received", name=request.name, args=request.argsrepr,
+                               kwargs=request.kwargsrepr, root_id=request.root_id,
+                               parent_id=request.parent_id, retries=0)
+        if callbacks:
+            for callback in callbacks:
+                callback(request)
+        if logger.isEnabledFor(logging.DEBUG):  # one INFO line a batch, in the child
+            with trace(trace_headers(request).get("trace_id")):
+                logger.debug("job %s received: model=%s", request.id, model)
+        dispatcher.submit(model, request)
+
+    return task_message_handler
+
+
+class DispatcherStep(bootsteps.StartStopStep):
+    """A consumer bootstep: started after each (re)connection, once the task strategies (and
+    so the dispatcher) exist; stopped before the connection goes, on a reconnect and at
+    shutdown."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        self._tick: Any = None
+
+    def start(self, c: Any) -> None:
+        dispatcher = getattr(c, _DISPATCHER_ATTR, None)
+        if dispatcher is None:
+            return
+        liveness = dispatcher.liveness
+        unknown = liveness.unknown_queues()
+        if unknown:
+            # Before the event loop runs, so nothing has been fetched (and dropped) yet.
+            raise ConfigError(
+                f"this worker consumes {', '.join(unknown)}, which no model in its models "
+                f"file ({dispatcher.settings.models_file}) uses: their jobs would be dropped. "
+                "Consume only its models' queues (IQ_WORKER_QUEUES, -Q), or give it the "
+                "models file that declares them")
+        dispatcher.fit_intake()  # no fetch before a child can serve
+        liveness.start_consuming()
+        # What it serves, reported now rather than at its first tick: a reload in between
+        # found no worker, so its checks and the API's wait for the workers passed with none
+        # to ask (a CI run: an API process took a file whose model no child could load).
+        dispatcher.reloader.report()
+        self._tick = c.timer.call_repeatedly(dispatcher.settings.heartbeat_interval_s,
+                                             dispatcher.tick)
+
+    def stop(self, c: Any) -> None:
+        """Consuming ends: on a reconnect (`stop`), at a warm shutdown (`close`, before the
+        pool finishes its running batches) and at the end (`shutdown`). What waits in the
+        buffer goes back to its queue now rather than after a visibility timeout."""
+        dispatcher = getattr(c, _DISPATCHER_ATTR, None)
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+        if dispatcher is not None:
+            dispatcher.liveness.stop_consuming()
+            dispatcher.release_buffered("stopped consuming")
+
+    def close(self, c: Any) -> None:
+        """The worker stops: the running batches have `stop_timeout_s` to finish
+        (workers/batching/stopping.py); results Redis still refuses are given up; a reload's turn
+        it holds is given back (workers/batching/turns.py)."""
+        self.stop(c)
+        dispatcher = getattr(c, _DISPATCHER_ATTR, None)
+        if dispatcher is not None:
+            dispatcher.reloader.turn.release()  # the next worker goes now, not at its TTL
+            dispatcher.stop_deadline.arm()
+            dispatcher.settlement.give_back_unstored()
+
+    shutdown = close
