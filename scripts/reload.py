@@ -241,9 +241,13 @@ def _reports(redises: list, target: Path, source: Path, timeout_s: float,
                 raise
             return True  # a group's Redis that does not answer: said when it is announced
 
-    def lacking() -> str:  # a group that could not be read, or is not configured: said later
+    def lacking() -> str:
+        """Where none serves; a group that could not be read, is not configured here or
+        in a live process: said by the checks that follow, naming the field."""
         return ", ".join("REDIS_URL's Redis" if not g else f"group {g}'s Redis"
-                         for g in sorted(needed) if g in by_group and not serving(g))
+                         for g in sorted(needed) if g in by_group and not any(
+                             "groups" in r and g and g not in r["groups"]
+                             for r in reports.values()) and not serving(g))
 
     missing, deadline = lacking(), time.monotonic() + timeout_s
     if missing:
