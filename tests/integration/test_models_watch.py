@@ -36,7 +36,7 @@ while True:
 
 
 def serves(client, models: bytes, node: str = "w@h") -> None:
-    """A worker's report (workers/reload.py): it serves `models`."""
+    """A worker's report (workers/batching/reload.py): it serves `models`."""
     client.hset(RELOAD_STATUS_KEY, f"worker:{node}", orjson.dumps(
         {"revision": revision_of(models), "state": "serving", "at": time.time()}))
 
