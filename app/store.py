@@ -23,7 +23,7 @@ from app.errors import Unavailable
 from app.gauge import Gauge
 from app.waiter import NoSlot, ResultWaiter, Slots
 from config import Settings
-from config.groups import new_job_id as group_job_id
+from config.job_ids import new_job_id
 from config.models import ModelSpec
 from tasks import redis_deadline, tracing
 from tasks.jobstate import CancelOutcome, JobRecord, JobState, Page, Status, new_job
@@ -53,7 +53,7 @@ DEAD_STATUSES = frozenset({Status.FAILED.value, Status.CANCELLED.value, Status.E
 
 def page_reads(*, status: str = "", model: str = "", limit: int = 20) -> int:
     """The index entries a page of one Redis reads at most (the list script's budget, and
-    what the listing is charged: app/groups.py's Stores.scan_cost, so that they cannot
+    what the listing is charged: app/group_stores.py's Stores.scan_cost, so that they cannot
     drift): `limit` unfiltered; SCAN_BUDGET with any filter, a dead-letter status included
     (that index holds all three: a page of one reads past the others)."""
     return min(limit, SCAN_BUDGET) if not status and not model else SCAN_BUDGET
@@ -74,12 +74,6 @@ def api_client(settings: Settings) -> redis.Redis:
 def group_name(group: str) -> str:
     """How answers and logs name a group: `Redis group 'name'`, or REDIS_URL's Redis."""
     return f"Redis group {group!r}" if group else "the default Redis (REDIS_URL)"
-
-
-def new_job_id(group: str = "") -> str:
-    """A new job id: a random UUID; of a named Redis group, one carrying its tag
-    (config/groups.py)."""
-    return group_job_id(group)
 
 
 def parse_job_id(raw: str) -> str | None:

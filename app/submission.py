@@ -30,7 +30,7 @@ from app.errors import (Conflict, KeptRequestsFull, RateLimited, TooManyJobs, Un
                         ValidationFailed)
 from app.metrics import ApiMetrics
 from app.schemas import IDEMPOTENCY_KEY_PATTERN, flatten, job_schema, validate_job
-from app.groups import Stores, group_name
+from app.group_stores import Stores, group_name
 from config import Settings
 from config.models import ModelSpec
 from tasks import egress, redis_deadline, webhooks

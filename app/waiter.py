@@ -39,7 +39,7 @@ class NoSlot(Exception):
 
 class Slots:
     """The wait slots of one API process: at most `max_waits` in all, `max_per_key` per API
-    key. The listeners of every Redis group (app/groups.py) share one."""
+    key. The listeners of every Redis group (app/group_stores.py) share one."""
 
     def __init__(self, max_waits: int, max_per_key: int) -> None:
         self.max_waits, self.max_per_key = max_waits, max_per_key

@@ -1,6 +1,6 @@
 """The one owner of a job's state: what a job is (its statuses, its record, `JobRecord`, the
 decisions and errors its moves answer with), its record in Redis and its status machine, whose
-moves are Lua scripts (tasks/lua/job_*.lua and delivery_*.lua, as tasks/jobscripts.py composes
+moves are Lua scripts (tasks/lua/job_*.lua and delivery_*.lua, as tasks/job_lua.py composes
 them). The API and the workers both go through here; nothing else writes a job record.
 
     queued ──▶ running ──▶ succeeded | failed
@@ -60,7 +60,7 @@ import orjson
 import redis
 from redis.client import NEVER_DECODE
 
-from tasks import jobscripts, results
+from tasks import job_lua, results
 from tasks.errors import ErrorCode, JobError
 from tasks.keys import (PENDING_KEY, REMOVED_FAILED_KEY, dead_index, job_key, kept_request,
                         owner_index, owner_jobs, result_key, wake_key)
@@ -353,7 +353,7 @@ def _text(value: Any) -> str:
 
 def _record(job_id: str, values: Sequence[Any], stored: Any = None) -> JobRecord:
     """A record from READ_FIELDS' values (None or false for a field it lacks)."""
-    found = {name: _text(v) for name, v in zip(jobscripts.READ_FIELDS, values) if v}
+    found = {name: _text(v) for name, v in zip(job_lua.READ_FIELDS, values) if v}
     return JobRecord.from_fields(job_id, found, results.outputs_of(
         stored or None, found.get("encoding_format")))
 
@@ -399,7 +399,7 @@ class JobState:
     _scripts: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name, text in jobscripts.SCRIPTS.items():
+        for name, text in job_lua.SCRIPTS.items():
             self._scripts[name] = self.client.register_script(text)
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
@@ -473,7 +473,7 @@ class JobState:
         replicas hold what it wrote). The script goes whole (EVAL), not by hash: a promoted
         replica may not hold it, and a NOSCRIPT would cost a second WAIT."""
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.eval(jobscripts.SUBMIT, len(keys), *keys, *args)
+            pipe.eval(job_lua.SUBMIT, len(keys), *keys, *args)
             pipe.execute_command("WAIT", count, max(1, round(timeout_s * 1000)))
             reply, acked = pipe.execute()
         return reply, int(acked)
@@ -562,10 +562,10 @@ class JobState:
         queued job whose deadline is near or past on this process's clock (within
         CLOCK_MARGIN_S) is read again by the READ script, which expires it by Redis's."""
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.hmget(job_key(job_id), jobscripts.READ_FIELDS)
+            pipe.hmget(job_key(job_id), job_lua.READ_FIELDS)
             pipe.execute_command("GET", result_key(job_id), **{NEVER_DECODE: True})
             values, stored = pipe.execute()
-        status, expires_at = values[0], values[jobscripts.READ_FIELDS.index("expires_at")]
+        status, expires_at = values[0], values[job_lua.READ_FIELDS.index("expires_at")]
         if status is None:
             return None
         if _text(status) == Status.QUEUED.value and expires_at and \

@@ -158,7 +158,7 @@ def delayed_key(queue: str) -> str:
 
 # Sorted set of the jobs that are not final yet (queued or running), scored by Redis's clock
 # when they were submitted or last looked at: the reconciler's list of jobs to check
-# (workers/broker/scripts.py).
+# (workers/broker/lua.py).
 PENDING_KEY = f"{PREFIX}pending"
 
 

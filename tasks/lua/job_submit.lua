@@ -26,7 +26,7 @@
 -- _finish.lua). A submit that would take the books past the quota is refused ('kept_full',
 -- with the bytes held and the seconds until the first of them leaves).
 -- The record keeps the message and its list until the job is final, for the reconciler
--- (workers/broker/scripts.py) to queue it again should it be lost; the job joins the pending
+-- (workers/broker/lua.py) to queue it again should it be lost; the job joins the pending
 -- set and its owner's jobs list; a queue list that was empty gets a wake-up token for its
 -- queue's idle workers.
 -- #include _job_prelude

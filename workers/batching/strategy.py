@@ -16,7 +16,7 @@ from tasks.logs import trace
 from tasks.names import model_of_task
 from workers.child.batch import trace_headers
 from workers.broker.pool import TaskPool, on_child_ready
-from workers.child.devices import visible_gpu_count
+from workers.child.devices import pool_children
 from workers.batching.dispatcher import PoolDispatcher
 
 logger = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def dispatcher_for(consumer: Any) -> PoolDispatcher:
         dispatcher = PoolDispatcher(consumer)
         setattr(consumer, _DISPATCHER_ATTR, dispatcher)
         if isinstance(consumer.pool, TaskPool):  # the worker's (workers/broker/pool.py)
-            consumer.pool.cap_children(visible_gpu_count(dispatcher.settings))
+            consumer.pool.cap_children(pool_children(dispatcher.settings))
         on_child_ready(consumer.pool, dispatcher.child_ready)
     else:
         dispatcher.reset_for(consumer.connection)

@@ -5,7 +5,7 @@ waits up to `EVENT_FLUSH_S` (or Celery's buffer limit, 24 events), so a batch's 
 together. Flower and `celery events` read them as before, their timestamps unchanged.
 
 `Consumer` is Celery's worker consumer with that flush: a worker of this service runs it
-(`worker_consumer`, set by workers/broker/broker.py's `attach`)."""
+(`worker_consumer`, set by workers/broker/attach.py's `attach`)."""
 from __future__ import annotations
 
 from celery.worker.consumer.consumer import Consumer as CeleryConsumer

@@ -1,5 +1,5 @@
 """The worker's fetch: a kombu Redis channel whose messages are never off a queue without being
-on this worker's in-flight record (workers/broker/scripts.py).
+on this worker's in-flight record (workers/broker/lua.py).
 
 kombu pops a message (BRPOP) and records it as unacknowledged in a second command: a reply lost
 on the wire (a network cut), a worker killed between the two, or a Redis that refuses the
@@ -16,7 +16,7 @@ The channel is kombu's own (plain or Sentinel: `ReliableChannel`, `ReliableSenti
 its client and connection the ones kombu made, so the fetch works over any Redis the channel
 reaches. Each message still reaches Celery's consumer as a kombu message (`_deliver`), so every
 job stays a Celery task. The worker's transports open these channels (workers/broker/
-transport.py), which a worker's main process selects when it starts (workers/broker/broker.py).
+transport.py), which a worker's main process selects when it starts (workers/broker/attach.py).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from tasks.keys import delayed_key, wake_key
 from tasks.redis_client import SentinelConnection, SentinelSSLConnection
 from workers.broker.clients import WorkerClients
 from workers.broker.inflight import InFlight, fetch_call, fetched
-from workers.broker.state import BrokerState, installed
+from workers.broker.broker import Broker, installed
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 FETCH_MAX = 64
 
 
-def _state() -> BrokerState:
+def _state() -> Broker:
     state = installed()
     if state is None:
         raise RuntimeError("the worker's fetch runs only with its Broker installed")
@@ -59,7 +59,7 @@ class ReliableQoS(kombu_redis.QoS):
 
     def can_consume(self) -> bool:
         """kombu's prefetch limit, and nothing while the worker does not fetch
-        (`BrokerState.fetching`): no fetch is sent, and the wake-up wait in flight is left
+        (`Broker.fetching`): no fetch is sent, and the wake-up wait in flight is left
         unread. A fetch in flight is read still: its messages are off their queues already,
         and the dispatcher puts back what it cannot run."""
         channel = self.channel
