@@ -15,6 +15,7 @@ from config import ConfigError
 from tasks.logs import trace
 from tasks.names import model_of_task
 from workers.child.batch import trace_headers
+from workers.broker.decode import payload
 from workers.broker.events import send_task_events
 from workers.broker.pool import TaskPool, on_child_ready
 from workers.child.devices import visible_gpu_count
@@ -64,10 +65,15 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
     revoked_tasks = consumer.controller.state.revoked
     settlement = dispatcher.settlement
 
+    uses_utc = app.uses_utc_timezone()
+
     def task_message_handler(message, body, _ack, _reject, callbacks, **_kw):
-        if body is None and "args" not in message.payload:
-            body, headers, decoded, utc = (message.body, message.headers, False,
-                                           app.uses_utc_timezone())
+        if body is None:
+            body = payload(message)
+            if "args" not in body:  # protocol 2
+                headers, decoded, utc = message.headers, True, uses_utc
+            else:
+                body, headers, decoded, utc = proto1_to_proto2(message, body)
         else:
             body, headers, decoded, utc = proto1_to_proto2(message, body)
         on_ack, on_reject = settlement.callbacks(message)

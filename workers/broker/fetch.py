@@ -29,11 +29,11 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import loads
 
 from tasks.keys import delayed_key, wake_key
 from tasks.redis_client import SentinelConnection, SentinelSSLConnection
 from workers.broker.clients import WorkerClients
+from workers.broker.decode import envelope
 from workers.broker.inflight import InFlight, fetch_call, fetched
 from workers.broker.state import BrokerState, installed
 
@@ -183,7 +183,7 @@ class ReliableFetch:
             got = self.inflight.take(lists, 1, self._delayed([queue]))
         if not got:
             return None
-        message = self.Message(loads(got[0][1]), channel=self)
+        message = self.Message(envelope(got[0][1]), channel=self)
         self.qos.append(message, message.delivery_tag)
         return message
 
@@ -253,12 +253,13 @@ class ReliableFetch:
             raise Empty()
         if self._closing:
             # Read on close: not for Celery any more; back to the queues at once.
-            self.inflight.restore([loads(raw)["properties"]["delivery_tag"] for _l, raw in got])
+            self.inflight.restore([envelope(raw)["properties"]["delivery_tag"]
+                                   for _l, raw in got])
             raise Empty()
         for list_key, raw in got:
             queue = list_key.rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(queue)
-            self.connection._deliver(loads(raw), queue)
+            self.connection._deliver(envelope(raw), queue)
         return True
 
 
