@@ -1,8 +1,9 @@
-"""Task events leave in one publish per few milliseconds. Celery's worker buffers its task
-events (received, started, succeeded) and flushes them as one `task.multi` message at the
+"""Task events leave in one publish per few tens of milliseconds. Celery's worker buffers its
+task events (received, started, succeeded) and flushes them as one `task.multi` message at the
 next turn of the event loop, which under load is nearly one publish per event; here the flush
-waits up to `EVENT_FLUSH_S` (or Celery's buffer limit, 24 events), so a batch's events travel
-together. Flower and `celery events` read them as before, their timestamps unchanged.
+waits up to `EVENT_FLUSH_S`, so a batch's events travel together (a model call takes about as
+long: one publish a batch, not one for each of its received, started and succeeded). Flower
+and `celery events` read them as before, their timestamps unchanged, at most that much later.
 
 `Consumer` is Celery's worker consumer with that flush: a worker of this service runs it
 (`worker_consumer`, set by workers/broker/broker.py's `attach`).
@@ -20,7 +21,7 @@ from celery.utils.time import utcoffset
 from celery.worker.consumer.consumer import Consumer as CeleryConsumer
 
 # How long a worker's task events may wait to leave together (seconds).
-EVENT_FLUSH_S = 0.01
+EVENT_FLUSH_S = 0.05
 # Most task events `send_task_events` leaves in the buffer before it flushes it at once (a
 # few full batches' received, started and succeeded: one publish, not one per 24 events).
 BUFFER_LIMIT = 512
