@@ -103,8 +103,10 @@ class PoolDispatcher:
         this one in a model load's time; a job of a lost batch stays, to run alone here
         (workers/batching/isolation.py). It fetches again once a child can serve (`child_ready`, or
         the next tick)."""
-        serving = self.capacity > 0
+        capacity = self.capacity
+        serving = capacity > 0
         state = self.leases.inflight.state
+        state.children_busy = serving and self.inflight >= capacity
         if state.fetching != serving:
             state.fetching = serving
             logger.info("a pool child serves: fetching" if serving else
