@@ -56,13 +56,14 @@ gameday: $(DEV_STAMP)
 gpu-check: $(RUN_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m scripts.gpu_check
 
-# A short benchmark on a GPU host (~3 minutes): minilm-embed on the GPU (device auto), the
-# service beside the raw model on the same device. Its results go to GPU_BENCH_OUT, never into
+# A short benchmark on a GPU host (~4 minutes): minilm-embed on the GPU (device auto), the
+# service with one child and with two children on the device, beside the raw model on the same
+# device; every point with the device's busy share. Its results go to GPU_BENCH_OUT, never into
 # bench/README.md's CPU tables.
 GPU_BENCH_OUT ?= var/gpu-bench
 gpu-bench: $(DEV_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m bench --name gpu --models minilm-embed \
-		--configs service --clients 1 16 64 --duration 4 --rounds 2 --no-rss \
+		--configs service two-children --clients 1 16 64 --duration 3 --rounds 2 --no-rss \
 		--out $(GPU_BENCH_OUT) $(BENCH_ARGS)
 
 $(VENV)/bin/python:

@@ -16,7 +16,7 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     models, revision = read_models(settings.models_file)
 
     from app import auth, errors, events, job_actions, jobs, openapi, ops, trace_ids
-    from app.groups import Stores
+    from app.group_stores import Stores
     from app.json_provider import OrjsonProvider
     from app.limits import ReadBudget, Uploads
     from app.metrics import ApiMetrics

@@ -30,7 +30,7 @@ from app.openapi import LAST_EVENT_ID, REQUEST_ID, Blueprint, errors
 from app.errors import TooManyWaits
 from app.jobs import caller_job
 from app.responses import Job, dump, job_body, no_content
-from app.groups import Stores
+from app.group_stores import Stores
 from app.store import Watch
 from app.waiter import NoSlot
 from config import Settings

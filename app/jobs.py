@@ -96,8 +96,8 @@ def accepted(job: JobRecord, finished: JobRecord | None = None,
     if wait is not None:
         headers["Preference-Applied"] = f"wait={wait:g}"
     if finished is not None and finished.terminal:
-        return answer(Job, job_body(finished), 201, headers)
-    return answer(Job, job_body(job), 202, headers)
+        return answer(Job, job_body(finished), 201, headers, dumped=True)
+    return answer(Job, job_body(job), 202, headers, dumped=True)
 
 
 def _submit_and_wait(caller: Caller, wait: float) -> Response:
@@ -110,12 +110,13 @@ def _submit_and_wait(caller: Caller, wait: float) -> Response:
     finished: JobRecord | None = None
     watch: Watch | None = None
     with ExitStack() as watching:
-        def watch_first(job_id: str) -> None:  # its id says its Redis: known once validated
+        def watch_first(job_id: str) -> str:  # its id says its Redis: known once validated
             nonlocal watch
             try:
                 watch = watching.enter_context(store.watch(job_id, caller.owner))
             except NoSlot:
-                pass
+                return ""
+            return watch.reply  # its finish brings the job to this watch: no read after it
 
         done: Accepted = submitter.submit(caller, _request_body, before_queue=watch_first)
         if watch is not None and done.created:
@@ -184,7 +185,7 @@ def _read_routes(bp: Blueprint, settings: Settings, models: dict[str, ModelSpec]
     @errors(bp, keys, e404=None, e429="every wait slot is taken (too_many_waits), or the "
             "key's read budget is used up (rate_limited)")
     def get_job(job_id: str, wait: float | None = None):
-        return answer(Job, job_body(_read_job(job_id, wait)))
+        return answer(Job, job_body(_read_job(job_id, wait)), dumped=True)
 
     @bp.get("/jobs")
     @bp.doc(summary="List your jobs, newest first", operationId="listJobs")

@@ -31,7 +31,7 @@ class OverBudget(Exception):
 class ReadBudget:
     """A token bucket per API key: `rate` units a second, up to `burst` saved. A read costs
     what it makes Redis read: 1 for a job, the index entries a page of a listing may scan for a
-    listing (app/groups.py's Stores.scan_cost); a cost over `burst` is charged as `burst`, so
+    listing (app/group_stores.py's Stores.scan_cost); a cost over `burst` is charged as `burst`, so
     that every read can pass once the bucket is full. `rate` 0: no limit. Buckets of keys that
     have refilled are dropped (at most one a key in use)."""
 

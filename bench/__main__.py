@@ -103,7 +103,8 @@ def measure_point(model: str, stacks: list[Stack], raw: RawServer, clients: int,
               f"{point['items_per_s']:8.1f} items/s  p50 {point['p50_ms']:7.1f} ms  "
               f"p99 {point['p99_ms']:7.1f} ms  queue-path CPU "
               f"{point['queue_path_cpu_ms_per_job']:.2f} ms/job  "
-              f"rounds {point['rounds_items_per_s']}", flush=True)
+              f"device busy {_share(point['device_busy_share'])} "
+              f"(of wall {_share(point['device_busy_of_wall'])})  rounds {point['rounds_items_per_s']}", flush=True)
         if inputs == 1:
             results[name]["sweep"].append(point)
         else:
@@ -114,6 +115,10 @@ def measure_point(model: str, stacks: list[Stack], raw: RawServer, clients: int,
         print(f"  {model:13} {'raw model, batch ' + str(beside[1]):21} {label}: "
               f"{pooled['items_per_s']:8.1f} items/s  call {pooled['call_ms']:7.1f} ms"
               f"  rounds {pooled['rounds_items_per_s']}", flush=True)
+
+
+def _share(share: float | None) -> str:
+    return "-" if share is None else f"{share:.2f}"
 
 
 def bench_model(workdir: Path, model: str, spec: dict, configs: list[Config], raw: RawServer,

@@ -34,16 +34,10 @@ import requests
 from bench import profile
 from bench.harness import FLOWS, MODELS, Config, Stack, configs_for, start_stack
 from bench.load import percentile
-from bench.usage import Usage
+from bench.usage import Usage, metric_sum
 from scripts.stack import wait_until
 
 _BATCH_METRICS = ("iq_batch_jobs_count", "iq_batch_size_sum", "iq_inference_seconds_sum")
-
-
-def _sum(metrics_text: str, name: str) -> float:
-    """The sum of a metric's samples (over its labels) in Prometheus text."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
 
 
 def _metrics(url: str) -> str:
@@ -76,7 +70,7 @@ class Point:
         self.wall += time.monotonic() - started
         after = _metrics(self.metrics_url)
         for metric in _BATCH_METRICS:
-            self.model[metric] += _sum(after, metric) - _sum(before, metric)
+            self.model[metric] += metric_sum(after, metric) - metric_sum(before, metric)
         self.latencies += result["latencies_ms"]
 
     def profile(self, model: str, clients: int, out: Path) -> dict:

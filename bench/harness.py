@@ -33,6 +33,13 @@ MODELS = {
     # Stands in for a GPU: a batch costs a + b·n ms of sleep, no CPU.
     "synthetic": {"kind": "synthetic", "base_ms": 20, "per_item_ms": 0.2,
                   "max_batch_size": 32, "max_wait_ms": 5, "max_inputs": 64},
+    # The GPU-faithful stand-in: minilm-embed on the H200 (2026-12-04, results/gpu/gpu.json),
+    # as the device's time (a sleep, GIL released) and the child's own work (preparation with
+    # the GIL held, 384 float32 a row packed and stored). Calibration: bench/README.md,
+    # "A GPU-faithful stand-in".
+    "synthetic-gpu": {"kind": "synthetic", "base_ms": 3.9, "per_item_ms": 0.04,
+                      "prepare_ms": 0.026, "output_floats": 384,
+                      "max_batch_size": 32, "max_wait_ms": 5, "max_inputs": 64},
 }
 
 
@@ -47,6 +54,8 @@ class Config:
     tree: str | None = None
     # The clients' flow (FLOWS); None: the run's.
     flow: str | None = None
+    # Pool children of its worker, all on the one device (a GPU, or the stand-in's).
+    concurrency: int = 1
 
     @property
     def slug(self) -> str:
@@ -69,6 +78,9 @@ def configs_for(model: dict, baseline_rev: str | None = None) -> list[Config]:
                  Config(f"{baseline_rev} prefer-wait", tree=tree, flow="prefer-wait")]
     return extra + [
         Config("service"),
+        # A second child on the same device: one runs the device while the other starts,
+        # prepares, stores and reports (bench/README.md, "Keeping the device busy").
+        Config("two-children", concurrency=2),
         Config("no-batching", max_batch_size=1),
         Config("celery-batches", app="bench.peer_worker", flush_every=model["max_batch_size"],
                flush_interval=model["max_wait_ms"] / 1000),
@@ -180,7 +192,8 @@ class Stack:
         return Meter({"redis": [psutil.Process(redis_svc.proc.pid)], "worker main": [main],
                       "worker child": main.children(recursive=True),
                       "api": api_processes(self.web_pid)},
-                     redis.Redis.from_url(redis_svc.extra["url"]))
+                     redis.Redis.from_url(redis_svc.extra["url"]),
+                     getattr(worker, "extra", {}).get("metrics_url"))
 
     def load(self, model: str, clients: int, inputs: int, args, usage: Usage | None = None,
              duration: float | None = None, warmup: float | None = None) -> dict:
@@ -198,7 +211,8 @@ class Stack:
         if usage is not None:
             # The meter ran through the warm-up too: its counts are shared out over every job
             # finished since, not only those of the measured window.
-            usage.add(meter.cpu, meter.calls, result["jobs_in_run"])
+            usage.add(meter.cpu, meter.calls, result["jobs_in_run"], meter.device,
+                      meter.wall_s)
         return result
 
     def worker_warnings(self, lines: int = 10) -> str:
@@ -240,11 +254,15 @@ def start_stack(workdir: Path, model: str, spec: dict, config: Config, args,
                HF_HUB_OFFLINE="1", IQ_HEARTBEAT_INTERVAL_S="0.5", IQ_LOG_LEVEL="WARNING",
                BENCH_FLUSH_EVERY=str(config.flush_every),
                BENCH_FLUSH_INTERVAL=str(config.flush_interval))
+    if config.concurrency > 1:
+        # Its children on the host's one device: on a GPU host the pool's cap allows them.
+        env["IQ_CHILDREN_PER_GPU"] = str(config.concurrency)
     services = [redis_svc]
     try:
         services.append(launch.start_worker(worker_name or f"bench-{model}-{config.slug}",
-                                            env, workdir,
-                                            [model], app=config.app))
+                                            env, workdir, [model], app=config.app,
+                                            **({"concurrency": config.concurrency}
+                                               if config.concurrency > 1 else {})))
         # An earlier commit's API as that commit's benchmark ran it (a gthread API before the
         # gevent one: a thread per client and some to spare).
         web = launch.start_web(env, workdir, threads=max(args.clients) + 8) if config.tree \

@@ -45,7 +45,7 @@ def _frame(raw: str) -> str:
     return f"{m['name']} ({m['file']})" if m else raw.strip()
 
 
-PROJECT = ("(app/", "(tasks/", "(workers/")
+PROJECT = ("(app/", "(tasks/", "(workers/", "(deliverer/")
 
 # What a sample's CPU was for: the innermost frame (leaf first) matching a rule names it, the
 # last rules of each list (FALLBACKS of them: the server's and the event loop's own frames,

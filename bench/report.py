@@ -168,6 +168,13 @@ def _cpu(point: dict) -> str:
             f"{point['redis_commands_total_per_job']:.1f}")
 
 
+def _busy(point: dict) -> str:
+    """The device's busy share while work waited (workers/child/handlers/busy.py); - for a worker
+    that does not measure it (an earlier commit, the celery-batches peer)."""
+    share = point.get("device_busy_share")
+    return "-" if share is None else f"{share:.2f}"
+
+
 def render_table(report: dict) -> str:
     lines = []
     for model, entry in report["models"].items():
@@ -179,16 +186,17 @@ def render_table(report: dict) -> str:
                       f"{r['batch_size']}, {r['items_per_s']:.0f}/s ({r['call_ms']:.1f} ms a "
                       f"call; rounds {r['rounds_items_per_s']})", ""]
         lines += ["| configuration | clients | items/s | p50 ms | p99 ms | CPU ms/job: API, "
-                  "worker main, Redis (queue path) | Redis commands/job |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+                  "worker main, Redis (queue path) | Redis commands/job | device busy |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for name, cfg in entry["configs"].items():
             for p in cfg["sweep"]:
                 lines.append(f"| {name} | {p['clients']} | {p['items_per_s']:.0f} | "
-                             f"{p['p50_ms']:.1f} | {p['p99_ms']:.1f} | {_cpu(p)} |")
+                             f"{p['p50_ms']:.1f} | {p['p99_ms']:.1f} | {_cpu(p)} | "
+                             f"{_busy(p)} |")
             multi = cfg["multi"]
             lines.append(f"| {name} | {multi['clients']} × 32-input jobs | "
                          f"{multi['items_per_s']:.0f} | {multi['p50_ms']:.1f} | "
-                         f"{multi['p99_ms']:.1f} | {_cpu(multi)} |")
+                         f"{multi['p99_ms']:.1f} | {_cpu(multi)} | {_busy(multi)} |")
         lines.append("")
     lines += ["### Targets", "", "| target | measured | limit | |", "|---|---:|---:|---|"]
     for t in report["targets"]:

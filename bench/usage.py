@@ -4,11 +4,13 @@ worker's main process, its pool children, the API's workers) and Redis's calls p
 round of the benchmark takes them."""
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 import psutil
 import redis
+import requests
 
 GROUPS = ("api", "worker main", "worker child", "redis")
 QUEUE_PATH = ("api", "worker main", "redis")  # the shared per-job work, the model's child aside
@@ -31,17 +33,62 @@ def commands(client: redis.Redis) -> Counter[str]:
                     for name, stats in client.info("commandstats").items()})
 
 
+# The worker's device counters (workers/metrics.py): busy, and idle while work waited.
+DEVICE_METRICS = ("iq_device_busy_seconds_total", "iq_device_idle_waiting_seconds_total")
+
+
+def metric_sum(metrics_text: str, name: str) -> float:
+    """The sum of a metric's samples (over its labels) in Prometheus text."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def device_seconds(metrics_url: str | None) -> dict[str, float] | None:
+    """The worker's device counters so far; None where it exports none (an earlier commit,
+    the celery-batches peer) or cannot be read."""
+    if not metrics_url:
+        return None
+    try:
+        text = requests.get(metrics_url, timeout=5).text
+    except requests.RequestException:
+        return None
+    if DEVICE_METRICS[0] not in text:
+        return None
+    return {name: metric_sum(text, name) for name in DEVICE_METRICS}
+
+
 @dataclass
 class Usage:
-    """CPU and Redis commands summed over the rounds of one point."""
+    """CPU, Redis commands and the device's busy and waited-idle seconds, summed over the
+    rounds of one point."""
     cpu: Counter[str] = field(default_factory=Counter)
     commands: Counter[str] = field(default_factory=Counter)
     jobs: int = 0
+    device: Counter[str] = field(default_factory=Counter)
+    wall_s: float = 0.0  # of the rounds whose device counters were read
 
-    def add(self, cpu: dict[str, float], calls: Counter[str], jobs: int) -> None:
+    def add(self, cpu: dict[str, float], calls: Counter[str], jobs: int,
+            device: dict[str, float] | None = None, wall_s: float = 0.0) -> None:
         self.cpu.update(cpu)
         self.commands.update(calls)
         self.jobs += jobs
+        if device is not None:
+            self.device.update(device)
+            self.wall_s += wall_s
+
+    def device_busy_of_wall(self) -> float | None:
+        """The device's time running model calls over the rounds' wall time, all its children
+        together: its utilisation, whether or not work waited (with a second child per device
+        each child's busy share counts the other's turns as its idle; this does not)."""
+        if self.wall_s <= 0:
+            return None
+        return round(self.device[DEVICE_METRICS[0]] / self.wall_s, 3)
+
+    def busy_share(self) -> float | None:
+        """The device's busy share over the rounds (workers/child/handlers/busy.py); None where the
+        worker exports no device counters."""
+        busy, idle = (self.device[name] for name in DEVICE_METRICS)
+        return round(busy / (busy + idle), 3) if busy + idle > 0 else None
 
     def report(self) -> dict:
         jobs = max(self.jobs, 1)
@@ -53,18 +100,24 @@ class Usage:
                                        for name, n in self.commands.most_common() if n > 0},
             "redis_commands_total_per_job": round(sum(n for n in self.commands.values()
                                                       if n > 0) / jobs, 2),
+            "device_busy_share": self.busy_share(),
+            "device_busy_of_wall": self.device_busy_of_wall(),
         }
 
 
 class Meter:
     """Snapshots of one stack's processes and Redis, around each round of load."""
 
-    def __init__(self, groups: dict[str, list[psutil.Process]], client: redis.Redis) -> None:
-        self.groups, self.client = groups, client
+    def __init__(self, groups: dict[str, list[psutil.Process]], client: redis.Redis,
+                 metrics_url: str | None = None) -> None:
+        self.groups, self.client, self.metrics_url = groups, client, metrics_url
+        self.device: dict[str, float] | None = None
 
     def __enter__(self) -> Meter:
+        self._started = time.monotonic()
         self._calls = commands(self.client)
         self._cpu = {name: cpu_seconds(procs) for name, procs in self.groups.items()}
+        self._device = device_seconds(self.metrics_url)
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -72,3 +125,7 @@ class Meter:
                     for name, procs in self.groups.items()}
         self.calls = commands(self.client) - self._calls
         self.calls["info"] -= 1  # the snapshot's own
+        after = device_seconds(self.metrics_url)
+        self.wall_s = time.monotonic() - self._started
+        if self._device is not None and after is not None:
+            self.device = {name: after[name] - self._device[name] for name in DEVICE_METRICS}

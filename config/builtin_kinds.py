@@ -9,7 +9,8 @@ from typing import Any, Mapping
 from config.checks import ConfigError
 from config.kinds import Kind, register
 from config.preprocess import parse_preprocess
-from config.values import folder_labels, labels, model_file, resolve_path, tensor_input
+from config.values import (folder_labels, labels, model_file, non_negative, positive_int,
+                           resolve_path, tensor_input)
 
 
 def _package_or_path(where: str, kind: str, raw: Mapping[str, Any],
@@ -59,8 +60,15 @@ def _image(where: str, raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
 def _synthetic(where: str, raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
     # Files of the fault tests: every input run is appended to runs_log; a loading child waits
     # while load_gate exists.
-    return {key: resolve_path(str(raw[key]), base) for key in ("runs_log", "load_gate")
-            if raw.get(key)}
+    values: dict[str, Any] = {key: resolve_path(str(raw[key]), base)
+                              for key in ("runs_log", "load_gate") if raw.get(key)}
+    # The child's own work a real model has (the GPU-faithful stand-in): only where set, so
+    # that a model without them keeps its version.
+    if "prepare_ms" in raw:
+        values["prepare_ms"] = non_negative(where, "prepare_ms", raw["prepare_ms"])
+    if "output_floats" in raw:
+        values["output_floats"] = positive_int(where, "output_floats", raw["output_floats"])
+    return values
 
 
 TEXT = "workers.child.handlers.text"
@@ -86,7 +94,9 @@ BUILTIN = (
          options=("top_k",), archive=True,
          description="a .pt2 or .pt image classifier: its top_k labels per picture"),
     Kind("synthetic", "text", f"{TENSOR}:SyntheticHandler", _synthetic,
-         description="sleeps base_ms + per_item_ms per item (benchmarks, fault tests)"),
+         keys=("prepare_ms", "output_floats"),
+         description="sleeps base_ms + per_item_ms per item (benchmarks, fault tests); with "
+                     "prepare_ms and output_floats, a GPU model's CPU work as well"),
 )
 
 for _kind in BUILTIN:

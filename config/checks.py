@@ -89,6 +89,9 @@ def _check_workers(settings: Settings) -> None:
                           f"{settings.max_job_crashes}")
     if settings.stop_timeout_s <= 0:
         raise ConfigError(f"stop_timeout_s must be > 0, got {settings.stop_timeout_s}")
+    if not 1 <= settings.children_per_gpu <= 8:
+        raise ConfigError(f"children_per_gpu must be an integer from 1 to 8, got "
+                          f"{settings.children_per_gpu}")
 
 
 def _check_redis(settings: Settings) -> None:

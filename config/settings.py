@@ -169,8 +169,13 @@ class Settings:
     worker_metrics_host: str = "127.0.0.1"
     webhook_metrics_port: int = 9809
     # GPUs on a worker's host; -1: ask nvidia-smi (a separate process, so that the worker's
-    # parent never initialises CUDA). One pool child per GPU.
+    # parent never initialises CUDA). `children_per_gpu` pool children per GPU (a CPU-only
+    # host: one child): a second child runs its batch's host work (start, preparation,
+    # storing, reporting) while the other's batch is on the device (bench/README.md, "Keeping
+    # the device busy"). Each child holds its own copy of the models; the memory cap of each
+    # (memory_fraction, cuda_memory_fraction) is split between a device's children.
     gpu_count: int = -1
+    children_per_gpu: int = 1
     # The models a worker's pool children load at start, comma-separated; empty: those of the
     # queues the worker consumes (the worker sets it for its children).
     worker_models: str = ""

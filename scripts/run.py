@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOT_UP_NOTE_S = 300  # a first model load can take minutes; after this, say what is missing
 # The variables that carry a secret, and which of them each process of the Procfile uses: a
 # process gets those, and none of the others (a process not named here gets none). Only the
-# API reaches the Redis groups' servers (app/groups.py); the others check that each model's
+# API reaches the Redis groups' servers (app/group_stores.py); the others check that each model's
 # group is configured (tasks/celery_app.py), for which the groups' names and addresses do:
 # they get IQ_REDIS_GROUPS with every password hidden (`process_env`). Only the API reads the
 # API keys file, only the deliverer signs webhooks, only Flower checks its login, and only

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # One Celery worker for the configured models' queues (several may run on one host: each gets
-# a node name and a metrics port of its own). One pool child per GPU (each child owns
-# one device), or one child on a CPU-only host; IQ_WORKER_CONCURRENCY overrides. The GPUs are
-# counted as the worker counts them (workers/child/devices.py: IQ_GPU_COUNT, else nvidia-smi, a
-# separate process, so that this parent never initialises CUDA).
+# a node name and a metrics port of its own). IQ_CHILDREN_PER_GPU pool children per GPU (1 by
+# default: each child owns one device), or one child on a CPU-only host; IQ_WORKER_CONCURRENCY
+# overrides. The GPUs are counted as the worker counts them (workers/child/devices.py:
+# IQ_GPU_COUNT, else nvidia-smi, a separate process, so that this parent never initialises CUDA).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-gpus="$(.venv/bin/python -m workers.child.devices)"
-concurrency="${IQ_WORKER_CONCURRENCY:-$(( gpus > 0 ? gpus : 1 ))}"
+children="$(.venv/bin/python -m workers.child.devices)"
+concurrency="${IQ_WORKER_CONCURRENCY:-$(( children > 0 ? children : 1 ))}"
 queues=()
 [ -n "${IQ_WORKER_QUEUES:-}" ] && queues=(--queues "$IQ_WORKER_QUEUES")
 # A node name no other worker has (liveness is counted per node name): IQ_WORKER_NAME, else

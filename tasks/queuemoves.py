@@ -19,7 +19,7 @@ the new queue since, which are younger).
              it), a wake-up token for the new queue's workers. One script: a message is on one
              list at every instant.
     forward  what a worker hands back after the switch (its buffer, a reaped worker's
-             in-flight messages, the reconciler's requeue: workers/broker/scripts.py) goes to
+             in-flight messages, the reconciler's requeue: workers/broker/lua.py) goes to
              the new queue at once, its record pointed there too.
 
 The depth readings (the API's `iq_queue_depth`, its depth limit) count a queue's old queues'
@@ -50,7 +50,7 @@ CONSTANTS = {"SEP": PRIORITY_SEP, "MOVES": QUEUE_MOVES_KEY, "MAX_HOPS": MAX_HOPS
              "WAKE_PREFIX": wake_key("")}
 # Lua helpers for a script that declares `SEP` (the priority separator) before them:
 # `forward(list)`, the list a message of `list` belongs on now; `relist(message, from, to)`,
-# its job's record pointed at `to` when it named `from` (workers/broker/scripts.py's too).
+# its job's record pointed at `to` when it named `from` (workers/broker/lua.py's too).
 FORWARD_LUA = script("_queue_forward", {k: v for k, v in CONSTANTS.items() if k != "SEP"})
 # Every old queue no worker consumes, its messages to its new queue (tasks/lua/queue_move.lua).
 MOVE = script("queue_move", CONSTANTS)

@@ -33,8 +33,15 @@ ENCODINGS = ("float", "base64")
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 
+_NUMBERS = frozenset((float, int))
+
+
 def _is_vector(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(
+    if not isinstance(value, list) or not value:
+        return False
+    # The common case (a model's .tolist()) checked in C: every element exactly a float or an
+    # int; else each one's class, subclasses of float or int allowed and bool refused.
+    return _NUMBERS.issuperset(map(type, value)) or all(
         isinstance(x, (float, int)) and not isinstance(x, bool) for x in value)
 
 

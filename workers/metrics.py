@@ -46,6 +46,17 @@ _DECLARED: tuple[tuple[str, str, str, tuple[str, ...], dict[str, Any]], ...] = (
      {"multiprocess_mode": "liveall"}),
     ("gauge", "iq_gpu_memory_reserved_bytes", "torch.cuda.memory_reserved", ("device",),
      {"multiprocess_mode": "liveall"}),
+    # The device's busy share (workers/child/handlers/busy.py): its time running a model call, and
+    # its idle time while work for it waited; their ratio over the last 30 s as a gauge.
+    ("counter", "iq_device_busy_seconds", "Device time running this model's calls",
+     ("model", "device"), {}),
+    ("counter", "iq_device_idle_waiting_seconds",
+     "Device idle while this model's work waited for it", ("model", "device"), {}),
+    ("gauge", "iq_device_busy_share",
+     "Device busy / (busy + idle while work waited), last 30 s of the child's calls",
+     ("model", "device"), {"multiprocess_mode": "liveall"}),
+    ("gauge", "iq_gpu_utilization_ratio", "NVML's GPU utilisation (0-1), where pynvml is present",
+     ("device",), {"multiprocess_mode": "liveall"}),
 )
 
 
@@ -66,6 +77,10 @@ class WorkerMetrics:
     oom_splits: Any
     gpu_allocated: Any
     gpu_reserved: Any
+    device_busy: Any
+    device_idle_waiting: Any
+    device_busy_share: Any
+    gpu_utilization: Any
 
 
 @lru_cache(maxsize=1)
@@ -78,6 +93,16 @@ def get() -> WorkerMetrics:
     made = [kinds[kind](name, help_, list(labels), **options)
             for kind, name, help_, labels, options in _DECLARED]
     return WorkerMetrics(*made)
+
+
+def record_device(model: str, device: str, busy_s: float, idle_s: float,
+                  share: float | None) -> None:
+    """A model call's device time and the idle time before it while work waited (in the
+    child: workers/child/handlers/base.py DeviceTimer)."""
+    get().device_busy.labels(model, device).inc(busy_s)
+    get().device_idle_waiting.labels(model, device).inc(idle_s)
+    if share is not None:
+        get().device_busy_share.labels(model, device).set(share)
 
 
 def child_exited(pid: int) -> None:

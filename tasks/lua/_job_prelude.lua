@@ -2,7 +2,7 @@
 -- common arguments first, ARGV[1] and ARGV[2]: how long the request of a job that did not
 -- succeed is kept for a retry (seconds; 0: none is kept) and the records' time to live
 -- (`job_ttl_s`); its own arguments follow from ARGV[3].
--- Its constants, and those of every job script, are tasks/jobscripts.py's CONSTANTS (key
+-- Its constants, and those of every job script, are tasks/job_lua.py's CONSTANTS (key
 -- prefixes from tasks/keys.py, the record's field names).
 
 -- Redis's own clock, for deadlines and indexes: one clock for every process. (Redis 6 needs

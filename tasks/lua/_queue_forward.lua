@@ -1,5 +1,5 @@
 -- Lua helpers for a script that declares `SEP` (the priority separator) before them
--- (queue_move.lua, and workers/broker/scripts.py through tasks/queuemoves.py's FORWARD_LUA):
+-- (queue_move.lua, and workers/broker/lua.py through tasks/queuemoves.py's FORWARD_LUA):
 -- `forward(list)`, the list a message of `list` belongs on now; `relist(message, from, to)`,
 -- its job's record pointed at `to` when it named `from`.
 -- Constants (tasks/queuemoves.py): MOVES (the moves hash), MAX_HOPS, JOB_PREFIX.

@@ -130,7 +130,7 @@ def fresh_batch(stack: Stack, ids: list[str], worker_prefix: str = "") -> set[st
 
 
 def held_by_workers(stack: Stack) -> int:
-    """Messages on the workers' in-flight records (workers/broker/scripts.py)."""
+    """Messages on the workers' in-flight records (workers/broker/lua.py)."""
     client = stack.redis
     return sum(client.hlen(f"iq:inflight:{incarnation}")
                for incarnation in client.hkeys("iq:fetchers"))

@@ -6,7 +6,7 @@ import redis
 
 from bench.purposes import Monitor, Tally, script_names
 from scripts.stack import start_redis, wait_until
-from tasks import jobscripts
+from tasks import job_lua
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,9 +16,9 @@ def test_a_scripts_commands_take_its_purpose_and_match_commandstats(tmp_path):
     try:
         admin = redis.Redis.from_url(server.extra["admin_url"])
         app = redis.Redis.from_url(server.extra["url"])
-        finish = app.register_script(jobscripts.FINISH)
+        finish = app.register_script(job_lua.FINISH)
         app.hset("iq:job:j1", mapping={"status": "running"})
-        app.script_load(jobscripts.FINISH)
+        app.script_load(job_lua.FINISH)
         major = int(admin.info("server")["redis_version"].split(".")[0])
         before = {k: v["calls"] for k, v in admin.info("commandstats").items()}
         monitor = Monitor(server.extra["admin_url"])

@@ -18,8 +18,8 @@ from tasks.jobstate import JobState, new_job
 from tasks.keys import PENDING_KEY, delayed_key, wake_key
 from tasks.messages import QueuedMessage
 from workers.broker import Broker, InFlight
-from workers.broker.scripts import FETCHERS_KEY
-from workers.broker.state import BrokerState
+from workers.broker.lua import FETCHERS_KEY
+from workers.broker.broker import Broker
 from workers.broker.transport import REDIS_ALIAS  # the worker's transport
 
 QUEUE = "iq-fetch-test"
@@ -149,7 +149,7 @@ def test_closing_a_channel_leaves_what_the_dispatcher_holds(redis_url, server, b
         assert not server.hexists(broker.inflight_key, free.delivery_tag)
 
 
-def taken(server: redis.Redis, state: BrokerState, count: int) -> list[str]:
+def taken(server: redis.Redis, state: Broker, count: int) -> list[str]:
     """`count` messages published now and taken onto `state`'s record; their tags."""
     for n in range(count):
         server.lpush(QUEUE, json.dumps({"properties": {"delivery_tag": str(uuid.uuid4())},
@@ -162,7 +162,7 @@ def taken(server: redis.Redis, state: BrokerState, count: int) -> list[str]:
 
 
 def test_a_stopped_workers_messages_come_back_and_a_live_ones_stay(server, broker):
-    dead, live = BrokerState(), BrokerState()
+    dead, live = Broker(), Broker()
     dead.name("dead@test")
     live.name("live@test")
     taken(server, dead, 2)
@@ -182,7 +182,7 @@ def test_a_stopped_workers_messages_come_back_and_a_live_ones_stay(server, broke
 
 def test_an_earlier_incarnation_of_a_node_is_taken_back_once_it_missed_its_beats(server,
                                                                                 broker):
-    before = BrokerState(lease_s=30, heartbeat_s=2)
+    before = Broker(lease_s=30, heartbeat_s=2)
     before.name(broker.node)  # this worker, before it was killed and started again
     taken(server, before, 1)
     reaper = InFlight(server, broker)
@@ -203,7 +203,7 @@ def submit(state: JobState, marker: str) -> str:
 def test_the_reconciler_queues_again_only_a_job_whose_message_is_nowhere(server, broker):
     jobs = JobState(server)
     lost, held, waiting = (submit(jobs, m) for m in ("lost", "held", "waiting"))
-    worker = InFlight(server, BrokerState())
+    worker = InFlight(server, Broker())
     worker.beat()
     worker.take([QUEUE], 2)  # the two oldest, on a worker's record
     message = server.hget(f"iq:job:{lost}", "message")

@@ -1,7 +1,7 @@
-"""Redis groups behind one API (app/groups.py) with some of them frozen: what reads every group
-(/metrics, /readyz, /v1/models, GET /v1/jobs) asks them all at once under the request's one
-deadline (tasks/redis_deadline.py), so that it costs one deadline however many groups do not
-answer and however many reads it makes, answers with what the others hold, and the default
+"""Redis groups behind one API (app/group_stores.py) with some of them frozen: what reads every
+group (/metrics, /readyz, /v1/models, GET /v1/jobs) asks them all at once under the request's
+one deadline (tasks/redis_deadline.py), so that it costs one deadline however many groups do
+not answer and however many reads it makes, answers with what the others hold, and the default
 group's jobs are not held."""
 from __future__ import annotations
 

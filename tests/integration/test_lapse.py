@@ -22,7 +22,7 @@ import redis
 from tasks.jobstate import JobState, StartDecision
 from workers.child.batch import JobOutcome, Outcome
 from workers.broker import Broker, InFlight, Leases
-from workers.broker.state import BrokerState
+from workers.broker.broker import Broker
 from workers.batching.dispatcher import PoolDispatcher
 from workers.batching.settlement import Settlement
 from tests.integration.test_fetch import QUEUE, submit
@@ -79,7 +79,7 @@ def held_then_reaped(server, broker, jobs: JobState, job_id: str):
     d.leases.hold(original.message)  # as the Strategy does, then the buffer, then a batch
     d.ids[job_id] = original
     server.delete(broker.alive_key)
-    other = BrokerState(lease_s=30, heartbeat_s=2)
+    other = Broker(lease_s=30, heartbeat_s=2)
     other.name("other@test")
     reaper = InFlight(server, other)
     reaper.beat()

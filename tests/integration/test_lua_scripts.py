@@ -74,11 +74,11 @@ def test_each_file_compiles_on_redis(client):
 def test_each_script_the_modules_register_compiles_under_its_texts_sha(client):
     composed = _composed()
     # The job scripts, the moves', the heartbeats', the rate limit, a reload's claims.
-    for name in ("tasks.jobscripts.SUBMIT", "tasks.jobscripts.FINISH", "tasks.jobscripts.LIST",
-                 "tasks.jobscripts.CLAIM_DELIVERY", "tasks.queuemoves.MOVE",
+    for name in ("tasks.job_lua.SUBMIT", "tasks.job_lua.FINISH", "tasks.job_lua.LIST",
+                 "tasks.job_lua.CLAIM_DELIVERY", "tasks.queuemoves.MOVE",
                  "tasks.presence._LIVE", "app.auth._TAKE", "app.reloading._CLAIM",
-                 "workers.batching.turns._TAKE", "workers.broker.scripts.FETCH",
-                 "workers.broker.scripts.RECONCILE"):
+                 "workers.batching.turns._TAKE", "workers.broker.lua.FETCH",
+                 "workers.broker.lua.RECONCILE"):
         assert name in composed, sorted(composed)
     for name, text in composed.items():
         assert "-- #include" not in text, name

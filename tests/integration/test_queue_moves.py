@@ -14,7 +14,7 @@ from tasks.keys import PENDING_KEY, QUEUE_MOVES_KEY, consuming_key, job_key, wak
 from tasks.names import queue_lists
 from tasks.queuemoves import QueueMoves, changed_queues
 from workers.broker import InFlight
-from workers.broker.state import BrokerState
+from workers.broker.broker import Broker
 
 OLD, NEW = "iq-moves-old", "iq-moves-new"
 
@@ -94,7 +94,7 @@ def test_a_queue_given_to_a_model_again_is_moved_from_no_more(server):
 
 
 def test_what_a_worker_hands_back_after_the_move_goes_to_the_new_queue(server):
-    state = BrokerState(lease_s=30, heartbeat_s=2)
+    state = Broker(lease_s=30, heartbeat_s=2)
     state.name("w@test")
     inflight = InFlight(server, state)
     inflight.beat()
@@ -109,7 +109,7 @@ def test_what_a_worker_hands_back_after_the_move_goes_to_the_new_queue(server):
 
 def test_the_reconciler_finds_a_job_on_the_old_queue_and_requeues_a_lost_one_on_the_new(
         server):
-    state = BrokerState(lease_s=1, heartbeat_s=1)
+    state = Broker(lease_s=1, heartbeat_s=1)
     state.name("w@test")
     inflight = InFlight(server, state)
     inflight.beat()

@@ -1,4 +1,4 @@
-"""Redis groups behind one API (config/groups.py, app/groups.py): two private redis-servers,
+"""Redis groups behind one API (config/groups.py, app/group_stores.py): two private redis-servers,
 the default (REDIS_URL) and group `b` (IQ_REDIS_GROUPS), one prefork `celery worker` per
 group started with its group's REDIS_URL and queues, one gunicorn API. Each job's record,
 result and queue are on its model's Redis and nowhere else; reads, waits, event streams,
@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.events import HEARTBEAT_S
 from config import load_settings
-from config.groups import group_tag
+from config.job_ids import group_tag
 from scripts.stack import Stack, start_redis, start_web, start_worker, wait_until
 from scripts.reload import DONE, reload
 from tasks.keys import RELOAD_STATUS_KEY, job_key, result_key

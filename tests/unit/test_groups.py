@@ -1,4 +1,4 @@
-"""Redis groups (config/groups.py, app/groups.py's merge of pages): the setting, a model's
+"""Redis groups (config/groups.py, app/group_stores.py's merge of pages): the setting, a model's
 `redis`, the job ids that name their group, and how the groups' pages of a listing merge."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import uuid
 import pytest
 import yaml
 
-from app.groups import merge_pages
+from app.group_stores import merge_pages
 from config import ConfigError, load_models, load_settings
-from config.groups import group_of, group_tag, new_job_id
+from config.job_ids import group_of, group_tag, new_job_id
 from config.models import settings_digest
 from tasks.celery_app import make_celery
 from tasks.jobstate import Page, new_job

@@ -72,3 +72,12 @@ def test_what_is_not_all_float32_vectors_stays_json():
         assert kept.startswith(b"{")
         assert outputs_of(kept) == orjson.loads(orjson.dumps(compact(outputs),
                                                              option=JSON_OPTIONS))
+
+
+def test_what_packs_is_decided_by_each_values_class_as_before_the_fast_check():
+    from tasks.results import stored
+
+    packed = stored("j", outputs=[[np.float64(0.5), 1.5], [1, 2.5]])  # float subclass, int
+    assert packed.startswith(b"\x00")
+    for outputs in ([[True, 1.5]], [[1, 2]], [["a", 1.5]]):  # a bool, all ints, a string
+        assert not stored("j", outputs=outputs).startswith(b"\x00"), outputs

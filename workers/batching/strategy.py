@@ -18,7 +18,7 @@ from workers.child.batch import trace_headers
 from workers.broker.decode import payload
 from workers.broker.events import send_task_events
 from workers.broker.pool import TaskPool, on_child_ready
-from workers.child.devices import visible_gpu_count
+from workers.child.devices import pool_children
 from workers.batching.dispatcher import PoolDispatcher
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ def dispatcher_for(consumer: Any) -> PoolDispatcher:
         dispatcher = PoolDispatcher(consumer)
         setattr(consumer, _DISPATCHER_ATTR, dispatcher)
         if isinstance(consumer.pool, TaskPool):  # the worker's (workers/broker/pool.py)
-            consumer.pool.cap_children(visible_gpu_count(dispatcher.settings))
+            consumer.pool.cap_children(pool_children(dispatcher.settings))
         on_child_ready(consumer.pool, dispatcher.child_ready)
     else:
         dispatcher.reset_for(consumer.connection)

@@ -6,15 +6,15 @@ patches a library: the API, Flower and `celery -A tasks.cli` run kombu and Celer
 What the subclasses override or read that the libraries do not promise to keep is listed in
 seam.py (and docs/upgrading.md), each checked by a test.
 
-* state.py, broker.py: `Broker`, one per worker process, holds the state (`BrokerState`: its
-  name in Redis, what the dispatcher holds, what Redis refused to settle); `attach` has a
-  worker run the classes below and install its Broker when it starts.
+* broker.py: `Broker`, one per worker process, holds the state (its name in Redis, what the
+  dispatcher holds, what Redis refused to settle); attach.py: `attach` has a worker run the
+  classes below and install its Broker when it starts.
 * transport.py: kombu's Redis and Sentinel transports, subclassed; the lease beats on the
   event loop.
 * fetch.py, clients.py: their channels, whose fetch moves messages onto the in-flight record
   in one step and blocks on wake-up lists when nothing waits; one Redis client per channel
   pool, no retries on the event loop's connections.
-* scripts.py, inflight.py: the in-flight record of one worker process, its lease (one key per
+* lua.py, inflight.py: the in-flight record of one worker process, its lease (one key per
   worker, on Redis's clock) and the recovery of what stopped workers held (`InFlight`).
 * leases.py: `Leases`, what the dispatcher holds, acknowledged or put back a batch at a time.
 * events.py: Celery's consumer, whose task events leave together every few milliseconds.
@@ -22,7 +22,8 @@ seam.py (and docs/upgrading.md), each checked by a test.
   stopping a child with SIGKILL (a child ignores SIGTERM: workers/batching/stopping.py).
 * seam.py: the private names all of these rely on, checked when a worker starts.
 """
-from workers.broker.broker import Broker, attach, broker_of, installed
+from workers.broker.attach import attach, broker_of
+from workers.broker.broker import Broker, installed
 from workers.broker.inflight import InFlight
 from workers.broker.leases import Leases
 

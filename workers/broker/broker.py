@@ -1,22 +1,84 @@
-"""`Broker`: what one worker process holds of the broker's messages beyond kombu's own books
-(BrokerState), and `attach`, which has a Celery app's workers run the worker's classes:
-its kombu transport (transport.py), its consumer (events.py) and its prefork pool (pool.py),
-each selected by Celery's or kombu's own settings."""
+"""`Broker`: what one worker process holds of the broker's messages beyond kombu's own books,
+and which Broker this process runs with (`installed`)."""
 from __future__ import annotations
 
+import os
+import socket
+import uuid
 from typing import Any
 
-from celery import Celery, signals
-from celery.concurrency import prefork
+from celery.worker import state as worker_state
 
-from workers.broker import events, pool, seam, transport
-from workers.broker.state import BrokerState, _installed, installed
+from workers.broker import seam
+from workers.broker.lua import ALIVE_PREFIX, INFLIGHT_PREFIX
 
 
-class Broker(BrokerState):
-    """One per worker process: the state the worker's transport, channels and dispatcher
-    read and write. `install` makes it this process's; only a worker's main process does
-    (`attach`)."""
+class Broker:
+    """One per worker process: the state the worker's transport, channels and dispatcher read
+    and write. `install` makes it this process's; only a worker's main process does
+    (`attach`).
+
+    * `incarnation`: this process's name in Redis (node name, pid and a random part): its
+      in-flight hash and its lease are keyed by it (workers/broker/lua.py).
+    * `held`: delivery tag -> message, for each message the dispatcher holds (buffered or
+      running); a closing channel must not put these back (fetch.py).
+    * `to_ack`, `to_restore`: delivery tag -> message, settlements Redis refused, tried again
+      every tick (leases.py); their messages stay on the in-flight hash meanwhile.
+    * `lease_since`: when (monotonic) this process's lease was last made, at its first beat
+      or after it lapsed; None before.
+    * `delayed_queues`: queues that have a delayed set (tasks.keys.delayed_key) whose due
+      messages a fetch moves onto them.
+    * `fetching`: whether this process fetches; the dispatcher turns it off while none of
+      its pool children can serve (workers/batching/dispatcher.py), so that what it cannot run
+      waits on the queues, for any worker, rather than in its buffer.
+    * `children_busy`: every pool child that can serve holds a batch (the dispatcher keeps it);
+      a fetch after a wake-up then waits a few milliseconds, to take what arrives meanwhile
+      in one round trip (fetch.py `FETCH_HOLD_S`).
+    """
+
+    def __init__(self, lease_s: float = 30.0, heartbeat_s: float = 2.0) -> None:
+        self.lease_s = lease_s
+        self.heartbeat_s = heartbeat_s
+        self.held: dict[str, Any] = {}
+        self.to_ack: dict[str, Any] = {}
+        self.to_restore: dict[str, Any] = {}
+        self.lease_since: float | None = None
+        self.delayed_queues: set[str] = set()
+        self.fetching = True
+        self.children_busy = False
+        self.name(f"worker@{socket.gethostname()}")
+
+    def name(self, node: str) -> None:
+        """This process's node name (Celery's hostname), and so its incarnation."""
+        self.node = node
+        self.incarnation = f"{node}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+
+    @property
+    def inflight_key(self) -> str:
+        return INFLIGHT_PREFIX + self.incarnation
+
+    @property
+    def alive_key(self) -> str:
+        return ALIVE_PREFIX + self.incarnation
+
+    def known_tags(self) -> set[str]:
+        """Every delivery tag this process still has a use for: held by the dispatcher,
+        waiting to be settled, or a request Celery has reserved or runs (the webhook
+        deliverer's)."""
+        for _ in range(5):
+            try:  # another thread (the deliverer's pool, the watchdog) may change them
+                requests = [*worker_state.reserved_requests, *worker_state.active_requests]
+                tags = {*self.held, *self.to_ack, *self.to_restore}
+                break
+            except RuntimeError:
+                continue
+        else:
+            raise RuntimeError("could not read the tags this worker holds")
+        for request in requests:
+            tag = getattr(getattr(request, "message", None), "delivery_tag", None)
+            if tag is not None:
+                tags.add(tag)
+        return tags
 
     def __reduce__(self) -> tuple:
         # The app's configuration holds it (`attach`) and is pickled for each spawned pool
@@ -44,35 +106,10 @@ class Broker(BrokerState):
             _installed.clear()
 
 
-def attach(app: Celery) -> Broker:
-    """A Broker for `app`'s workers (`broker_of(app)`), and the worker's classes for them:
-    its consumer (`worker_consumer`) and prefork pool (`worker_pool`; a `-P prefork` on the
-    command line, which overrides that setting, gets it too), and, when a worker of this app
-    starts (`worker_init`, in its main process, before it connects), its kombu transport
-    (`broker_transport`) and the Broker installed. Nothing is patched: a process that only
-    imports the entry module, the API, Flower and the celery CLI run kombu and Celery as
-    shipped."""
-    settings = app.conf.iq_settings
-    broker = Broker(settings.visibility_timeout_s, settings.heartbeat_interval_s)
-    app.conf.iq_broker = broker
-    app.conf.worker_consumer = events.WORKER_CONSUMER
-    app.conf.worker_pool = pool.WORKER_POOL
-
-    def start(sender: Any = None, **_kw: Any) -> None:
-        if getattr(sender, "app", None) is not app:
-            return
-        broker.install(getattr(sender, "hostname", None))
-        transport.select(app)
-        if getattr(sender, "pool_cls", None) in ("prefork", prefork.TaskPool):
-            sender.pool_cls = pool.TaskPool
-
-    signals.worker_init.connect(start, weak=False)
-    return broker
+# The Broker whose adjustments are in place in this process.
+_installed: list[Broker] = []
 
 
-def broker_of(app: Any) -> Broker:
-    broker = getattr(app.conf, "iq_broker", None)
-    if broker is None:
-        raise RuntimeError("this Celery app has no Broker: its entry module must call "
-                           "workers.broker.attach(app)")
-    return broker
+def installed() -> Broker | None:
+    """The Broker whose adjustments this process runs with, if any."""
+    return _installed[0] if _installed else None

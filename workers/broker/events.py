@@ -6,7 +6,7 @@ long: one publish a batch, not one for each of its received, started and succeed
 and `celery events` read them as before, their timestamps unchanged, at most that much later.
 
 `Consumer` is Celery's worker consumer with that flush: a worker of this service runs it
-(`worker_consumer`, set by workers/broker/broker.py's `attach`).
+(`worker_consumer`, set by workers/broker/attach.py's `attach`).
 
 `send_task_events` buffers a whole batch's events of one type at once (the dispatcher's
 received, started and succeeded), each the event Celery's `Request.send_event` would send, at a

@@ -1,5 +1,5 @@
 """The worker's fetch: a kombu Redis channel whose messages are never off a queue without being
-on this worker's in-flight record (workers/broker/scripts.py).
+on this worker's in-flight record (workers/broker/lua.py).
 
 kombu pops a message (BRPOP) and records it as unacknowledged in a second command: a reply lost
 on the wire (a network cut), a worker killed between the two, or a Redis that refuses the
@@ -16,7 +16,7 @@ The channel is kombu's own (plain or Sentinel: `ReliableChannel`, `ReliableSenti
 its client and connection the ones kombu made, so the fetch works over any Redis the channel
 reaches. Each message still reaches Celery's consumer as a kombu message (`_deliver`), so every
 job stays a Celery task. The worker's transports open these channels (workers/broker/
-transport.py), which a worker's main process selects when it starts (workers/broker/broker.py).
+transport.py), which a worker's main process selects when it starts (workers/broker/attach.py).
 """
 from __future__ import annotations
 
@@ -35,13 +35,13 @@ from tasks.redis_client import SentinelConnection, SentinelSSLConnection
 from workers.broker.clients import WorkerClients
 from workers.broker.decode import envelope
 from workers.broker.inflight import InFlight, fetch_call, fetched
-from workers.broker.state import BrokerState, installed
+from workers.broker.broker import Broker, installed
 
 logger = logging.getLogger(__name__)
 
 # Most messages one fetch takes where no prefetch limit caps it.
 FETCH_MAX = 64
-# While every pool child holds a batch (`BrokerState.children_busy`), how long the fetch after a
+# While every pool child holds a batch (`Broker.children_busy`), how long the fetch after a
 # wake-up waits, so that it takes what arrives meanwhile in one round trip instead of a wake-up
 # and a fetch for each message or two (seconds). Jobs fetched in that time could not run sooner;
 # a child that frees and finds the buffer empty ends the wait at once.
@@ -52,7 +52,7 @@ def _wake_loop() -> None:
     """A timer's callback: the event loop turns, and the held fetch goes."""
 
 
-def _state() -> BrokerState:
+def _state() -> Broker:
     state = installed()
     if state is None:
         raise RuntimeError("the worker's fetch runs only with its Broker installed")
@@ -68,7 +68,7 @@ class ReliableQoS(kombu_redis.QoS):
 
     def can_consume(self) -> bool:
         """kombu's prefetch limit, and nothing while the worker does not fetch
-        (`BrokerState.fetching`): no fetch is sent, and the wake-up wait in flight is left
+        (`Broker.fetching`): no fetch is sent, and the wake-up wait in flight is left
         unread. A fetch in flight is read still: its messages are off their queues already,
         and the dispatcher puts back what it cannot run."""
         channel = self.channel

@@ -1,5 +1,5 @@
 """`InFlight`: one worker process's in-flight record and lease in Redis (the keys and scripts of
-workers/broker/scripts.py), through whichever client the caller has: the kombu channel's (the
+workers/broker/lua.py), through whichever client the caller has: the kombu channel's (the
 fetch, the beat, the recovery) or the dispatcher's own (a batch's acknowledgements).
 
 * The lease is one key per worker process whose expiry, on Redis's clock, the worker pushes
@@ -23,8 +23,8 @@ from typing import Any, Iterable
 from kombu.utils.encoding import bytes_to_str
 
 from tasks.keys import PENDING_KEY, delayed_key
-from workers.broker import scripts
-from workers.broker.state import BrokerState
+from workers.broker import lua
+from workers.broker.broker import Broker
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ RECONCILE_LIMIT = 100
 MISSED_BEATS = 3
 
 
-def fetch_call(state: BrokerState, lists: list[str], want: int,
+def fetch_call(state: Broker, lists: list[str], want: int,
                delayed: Iterable[str] = ()) -> tuple[list[str], list[Any]]:
     """FETCH's keys and arguments: take up to `want` messages from `lists` (in the order they
     are served), moving the due messages of the `delayed` sets onto their lists first."""
@@ -51,20 +51,20 @@ def fetched(reply: list) -> list[tuple[str, str]] | None:
 
 
 class InFlight:
-    def __init__(self, client: Any, state: BrokerState) -> None:
+    def __init__(self, client: Any, state: Broker) -> None:
         self.client = client
         self.state = state
-        self._fetch = client.register_script(scripts.FETCH)
-        self._beat = client.register_script(scripts.BEAT)
-        self._restore = client.register_script(scripts.RESTORE)
-        self._reap = client.register_script(scripts.REAP)
-        self._reconcile = client.register_script(scripts.RECONCILE)
-        self._later = client.register_script(scripts.LATER)
+        self._fetch = client.register_script(lua.FETCH)
+        self._beat = client.register_script(lua.BEAT)
+        self._restore = client.register_script(lua.RESTORE)
+        self._reap = client.register_script(lua.REAP)
+        self._reconcile = client.register_script(lua.RECONCILE)
+        self._later = client.register_script(lua.LATER)
 
     def beat(self) -> bool:
         """Push this worker's lease forward, or make it (again). True when it was still held."""
         state = self.state
-        renewed = bool(self._beat(keys=[state.alive_key, scripts.FETCHERS_KEY],
+        renewed = bool(self._beat(keys=[state.alive_key, lua.FETCHERS_KEY],
                                   args=[state.incarnation, state.node,
                                         int(state.lease_s * 1000)]))
         if not renewed:
@@ -129,7 +129,7 @@ class InFlight:
         state = self.state
         trusted = state.lease_since is not None and monotonic() - state.lease_since >= \
             state.lease_s
-        out = self._reap(keys=[scripts.FETCHERS_KEY],
+        out = self._reap(keys=[lua.FETCHERS_KEY],
                          args=[state.incarnation, state.node, int(state.lease_s * 1000),
                                int(MISSED_BEATS * state.heartbeat_s * 1000),
                                "1" if trusted else "0"])
@@ -143,7 +143,7 @@ class InFlight:
         """Jobs whose message was nowhere, queued again (at most one worker at a time does
         it, now and then)."""
         state = self.state
-        out = self._reconcile(keys=[PENDING_KEY, scripts.FETCHERS_KEY, scripts.RECONCILE_MUTEX],
+        out = self._reconcile(keys=[PENDING_KEY, lua.FETCHERS_KEY, lua.RECONCILE_MUTEX],
                               args=[state.incarnation, state.lease_s, RECONCILE_LIMIT,
                                     int(max(state.lease_s / 6, 1) * 1000)])
         again = [bytes_to_str(x) for x in out[1:]]

@@ -1,5 +1,5 @@
 """The worker's prefork pool: Celery's, subclassed (`TaskPool`), which a worker of this service
-runs (`worker_pool`, and in place of `-P prefork`: workers/broker/broker.py's `attach`). It
+runs (`worker_pool`, and in place of `-P prefork`: workers/broker/attach.py's `attach`). It
 
 * stops a child with SIGKILL where billiard and Celery send it SIGTERM (`kill_child`);
 * tells the dispatcher when a child is ready to take work (`on_child_ready`);
@@ -143,16 +143,17 @@ class TaskPool(prefork.TaskPool):
         self.grow = self.grow_within_cap
         self.flush = self.keep_every_batch
 
-    def cap_children(self, gpus: int) -> None:
-        """One pool child per GPU: growing the pool past `gpus` is refused with a log
-        message. No limit when `gpus` is 0 (a CPU-only host)."""
-        self.max_children = gpus if gpus > 0 else None
+    def cap_children(self, children: int) -> None:
+        """children_per_gpu pool children per GPU (workers/child/devices.py pool_children): growing
+        the pool past `children` is refused with a log message. No limit when it is 0 (a
+        CPU-only host)."""
+        self.max_children = children if children > 0 else None
 
     def grow_within_cap(self, n: int = 1) -> Any:
         cap = self.max_children
         if cap is not None and self.num_processes + n > cap:
-            logger.error("refusing to grow the pool from %d to %d children: this host has %d "
-                         "GPU(s) and each child owns one; add a worker host instead",
+            logger.error("refusing to grow the pool from %d to %d children: this host runs "
+                         "%d (children_per_gpu per GPU); add a worker host instead",
                          self.num_processes, self.num_processes + n, cap)
             return None
         return self._grow(n)

@@ -21,7 +21,7 @@ from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
 from workers.broker.fetch import ReliableChannel, ReliableFetch, ReliableSentinelChannel
-from workers.broker.state import installed
+from workers.broker.broker import installed
 
 logger = logging.getLogger(__name__)
 

@@ -37,8 +37,15 @@ def visible_gpu_count(settings: Settings) -> int:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
+def pool_children(settings: Settings) -> int:
+    """The pool children a worker runs on this host: children_per_gpu per GPU; 0 on a host
+    without one (the worker then runs one, or IQ_WORKER_CONCURRENCY)."""
+    return visible_gpu_count(settings) * settings.children_per_gpu
+
+
 def pick_device(policy: str, child_index: int) -> str:
-    """`cuda:<child index mod device count>`, or `cpu` when there is no GPU (or policy says so)."""
+    """`cuda:<child index mod device count>` (children i, i + count, ... share device i), or
+    `cpu` when there is no GPU (or policy says so)."""
     import torch
 
     if policy == "cpu":
@@ -87,9 +94,34 @@ def prepare_device(device: str, settings: Settings, memory_fraction: float = 0.0
                     torch.get_num_threads(), usable_cpus())
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
-        fraction = min(memory_fraction, 1.0) or settings.cuda_memory_fraction
+        fraction = child_memory_fraction(memory_fraction, settings)
         if fraction > 0:
             torch.cuda.set_per_process_memory_fraction(fraction, device)
+
+
+def child_memory_fraction(memory_fraction: float, settings: Settings) -> float:
+    """This child's cap on its GPU (0: none): the models' fractions (else
+    IQ_CUDA_MEMORY_FRACTION), shared by the device's children_per_gpu children."""
+    return (min(memory_fraction, 1.0) or settings.cuda_memory_fraction) \
+        / settings.children_per_gpu
+
+
+def nvml_utilization(device: str) -> float | None:
+    """NVML's utilisation of `device` (0-1), beside the busy share: the share of NVML's last
+    sample period in which a kernel ran, whoever ran it. None without pynvml (not a
+    requirement) or where NVML cannot say. In the pool child only, which holds the CUDA
+    context: the device is found by its UUID, so CUDA_VISIBLE_DEVICES cannot mislead."""
+    try:
+        import pynvml
+        import torch
+
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(
+            uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        return pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
+    except Exception:  # noqa: BLE001 (no pynvml, no NVML, an older driver: no figure)
+        return None
 
 
 def torch_dtype(name: str):
@@ -140,7 +172,8 @@ def _release_freed_memory() -> None:
 
 
 if __name__ == "__main__":
-    # scripts/worker.sh: one pool child per GPU, counted the one way the worker counts them.
+    # scripts/worker.sh: children_per_gpu pool children per GPU (0 without one), the GPUs
+    # counted the one way the worker counts them.
     from config import load_settings
 
-    print(visible_gpu_count(load_settings()))
+    print(pool_children(load_settings()))

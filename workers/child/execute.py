@@ -32,6 +32,7 @@ from tasks.logs import trace
 from tasks.redis_client import is_transient
 from workers import metrics
 from workers.child.batch import FOREIGN, BatchJob, JobOutcome, Outcome, failed, succeeded
+from workers.child.handlers import busy
 
 if TYPE_CHECKING:
     from workers.child.runtime import ModelRuntime
@@ -154,13 +155,16 @@ def _run_model(rt: ModelRuntime, model: str, jobs: list[BatchJob]) -> _Ran:
                 logger.debug("job %s started: model=%s batch of %d job(s)", job.id, model,
                              len(jobs))
     now = time.time()
-    for job in jobs:
-        if job.args.submitted_at is not None:
-            metrics.get().queue_wait.labels(model).observe(max(now - job.args.submitted_at, 0.0))
+    submitted = [job.args.submitted_at for job in jobs if job.args.submitted_at is not None]
+    for at in submitted:
+        metrics.get().queue_wait.labels(model).observe(max(now - at, 0.0))
     started = time.monotonic()
     model_start_ns = time.time_ns()
     progress = _Progress(rt, jobs)
-    returned = rt.run(model, [(job.args.inputs, job.args.options) for job in jobs], progress)
+    # The busy share counts the device idle from the moment its earliest job was waiting.
+    waiting_since = busy.monotonic_of(min(submitted), now, started) if submitted else None
+    returned = rt.run(model, [(job.args.inputs, job.args.options) for job in jobs], progress,
+                      waiting_since)
     model_ns = (model_start_ns, time.time_ns())
     elapsed = time.monotonic() - started
     metrics.get().inference.labels(model).observe(elapsed)

@@ -101,7 +101,8 @@ class ModelRuntime:
         return handler
 
     def run(self, model: str, jobs: list[tuple[list, dict]],
-            progress: Progress | None = None) -> list[list | JobError]:
+            progress: Progress | None = None,
+            waiting_since: float | None = None) -> list[list | JobError]:
         assert self.state is State.READY, f"runtime is {self.state.value}"
         handler = self.handlers.get(model)
         if handler is None:
@@ -113,7 +114,7 @@ class ModelRuntime:
             logger.info("loading %s on first use (queue added at run time)", model)
             handler = self._load(model)
             self._beat()
-        return handler.run(jobs, progress)
+        return handler.run(jobs, progress, waiting_since)
 
     def record_memory(self, model: str) -> None:
         """What torch holds on the model's GPU, in the worker's metrics (here, in the child:
@@ -125,10 +126,14 @@ class ModelRuntime:
         import torch
 
         from workers import metrics
+        from workers.child.devices import nvml_utilization
 
         device = handler.device
         metrics.get().gpu_allocated.labels(device).set(torch.cuda.memory_allocated(device))
         metrics.get().gpu_reserved.labels(device).set(torch.cuda.memory_reserved(device))
+        utilization = nvml_utilization(device)
+        if utilization is not None:
+            metrics.get().gpu_utilization.labels(device).set(utilization)
 
     def stop(self) -> None:
         self.state = State.DEFUNCT

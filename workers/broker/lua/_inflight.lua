@@ -1,4 +1,4 @@
--- The helpers of the worker's in-flight scripts (workers/broker/scripts.py).
+-- The helpers of the worker's in-flight scripts (workers/broker/lua.py).
 -- Constants: SEP (the priority separator), WAKE (the wake-up lists' prefix), INFLIGHT and
 -- ALIVE (the in-flight hashes' and leases' prefixes); those of _queue_forward.lua.
 -- #include _queue_forward

@@ -7,11 +7,13 @@ half on CUDA out-of-memory, and isolates failures so one bad job never fails its
 from __future__ import annotations
 
 import logging
+import time
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Sequence
 
 from config.models import ModelSpec
 from tasks.errors import ErrorCode, JobError
+from workers.child.handlers import busy
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +31,11 @@ def is_oom(exc: BaseException) -> bool:
 
 
 class Handler(ABC):
+    # The device's own span of the last inference (time.monotonic), where the handler knows it
+    # better than the host's times around the call (the stand-in, which waits its turn on its
+    # device before it runs); None: those host times (or CUDA events).
+    device_span: tuple[float, float] | None = None
+
     def __init__(self, spec: ModelSpec, device: str) -> None:
         self.spec = spec
         self.device = device
@@ -61,11 +68,18 @@ class Handler(ABC):
 
     def call(self, items: list) -> list:
         """One model call on all of `items` (no chunking): preprocess, inference,
-        postprocess, one output per item checked."""
+        postprocess, one output per item checked. The inference's span on the device goes
+        to the busy-share ledger (busy.py)."""
         import torch
 
         with torch.inference_mode():
-            outputs = self.postprocess(self.inference(self.preprocess(items)), len(items))
+            batch = self.preprocess(items)
+            self.device_span = None
+            timer = DeviceTimer(self.device)
+            output = self.inference(batch)
+            timer.stop(self.device_span)
+            outputs = self.postprocess(output, len(items))
+            timer.record(self.spec.name)
         if len(outputs) != len(items):
             raise RuntimeError(
                 f"model {self.spec.name} returned {len(outputs)} outputs for {len(items)} inputs"
@@ -106,10 +120,13 @@ class Handler(ABC):
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
 
-    def run(self, jobs: Sequence[Job],
-            progress: Progress | None = None) -> list[list | JobError]:
+    def run(self, jobs: Sequence[Job], progress: Progress | None = None,
+            waiting_since: float | None = None) -> list[list | JobError]:
         """Each job's outputs (or its error), the jobs' inputs run together; `progress` is told
-        how many of their items (in order) are done after each model call."""
+        how many of their items (in order) are done after each model call. `waiting_since`:
+        when the earliest of them was submitted (time.monotonic), for the busy share."""
+        if waiting_since is not None:
+            busy.ledger().work_waiting(self.device, waiting_since)
         flat = [item for inputs, _opts in jobs for item in inputs]
         try:
             outputs = self.predict(flat, progress)
@@ -142,3 +159,46 @@ class Handler(ABC):
     def _failure(self, exc: BaseException) -> JobError:
         logger.warning("job failed on %s: %r", self.spec.name, exc)
         return JobError(ErrorCode.INFERENCE_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+class DeviceTimer:
+    """A model call's span on its device: host times around the inference; on CUDA, the
+    device's own time between two events recorded on the stream (read once the outputs are
+    copied back, when the stream has passed them: no extra synchronisation)."""
+
+    def __init__(self, device: str) -> None:
+        import torch
+
+        self.device = device
+        self.events = None
+        if device.startswith("cuda"):
+            self.events = (torch.cuda.Event(enable_timing=True),
+                           torch.cuda.Event(enable_timing=True))
+            self.events[0].record()
+        self.start = time.monotonic()
+        self.end = self.start
+        self.own_span = False
+
+    def stop(self, span: tuple[float, float] | None = None) -> None:
+        """The call returned; `span`: the handler's own device span, which the events and
+        the host's times give way to (the stand-in's sleep, whatever its device)."""
+        if self.events is not None:
+            self.events[1].record()
+        self.end = time.monotonic()
+        if span is not None:
+            self.start, self.end = span
+            self.own_span = True
+
+    def record(self, model: str) -> None:
+        device_s = None
+        if self.events is not None and not self.own_span:
+            self.events[1].synchronize()
+            device_s = self.events[0].elapsed_time(self.events[1]) / 1000.0
+            # The device ends its work after the host has queued it: its span starts where the
+            # host's did (the child's stream is idle between calls) and lasts its own time.
+            self.end = self.start + device_s
+        busy_s, idle_s = busy.ledger().ran(model, self.device, self.start, self.end, device_s)
+        from workers import metrics
+
+        metrics.record_device(model, self.device, busy_s, idle_s,
+                              busy.ledger().share(model, self.device))

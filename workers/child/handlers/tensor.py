@@ -7,12 +7,15 @@ if it holds pickled opaque objects (exported.py).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from config.models import ModelSpec
 from workers.child.handlers.base import Handler
@@ -91,7 +94,28 @@ class SyntheticHandler(Handler):
     to "!fail" makes the model raise; one that starts with "!crash" kills the model's process
     (as a segfault or the host's out-of-memory killer would), one that starts with "!hang"
     makes the call never return. While its `load_gate` file exists, a child loading it waits
-    (fault tests: a replacement child that takes as long to load as they need)."""
+    (fault tests: a replacement child that takes as long to load as they need).
+
+    The GPU-faithful stand-in (kind keys `prepare_ms`, `output_floats`) adds the work a real
+    model's child does around the device: `prepare_ms` an item of pure-Python work with the GIL
+    held (as tokenising and packing a batch cost), the sleep standing for the device's time
+    (it releases the GIL, as a CUDA kernel does), and per input a float32 vector of
+    `output_floats` values, returned as lists of Python floats as a real embedding model's
+    postprocess returns them, so that they are packed and stored as its are. Its device is one
+    per worker, as a GPU is: children of one worker on the same device take turns on it (a
+    lock file named after the worker's main process and the device), so a second child per
+    device overlaps its work with the device's, never two devices' worth of sleep. Its
+    calibration against the H200 run is in bench/README.md, "A GPU-faithful stand-in"."""
+
+    def __init__(self, spec: Any, device: str) -> None:
+        super().__init__(spec, device)
+        own = spec.kind_settings
+        self.prepare_s = float(own.get("prepare_ms", 0.0)) / 1000.0
+        self.output_floats = int(own.get("output_floats", 0))
+        self.device_lock: Path | None = None
+        if own:  # the stand-in: one device per worker, whatever its children
+            self.device_lock = Path(tempfile.gettempdir()) / (
+                f"iq-standin-{os.getppid()}-{device.replace(':', '')}.lock")
 
     def initialize(self) -> None:
         gate = Path(self.spec.load_gate) if self.spec.load_gate else None
@@ -105,13 +129,21 @@ class SyntheticHandler(Handler):
         """Nothing to warm: its cost is a sleep per batch, and a warm-up call would only wait
         it out (a 40 s model would take 40 s to start)."""
 
+    def preprocess(self, items: list) -> Any:
+        if self.prepare_s:
+            _hold_the_gil_for(self.prepare_s * len(items))
+        return items
+
     def inference(self, batch: Any) -> Any:
         if self.spec.oom_above and len(batch) > self.spec.oom_above:
             import torch
 
             raise torch.cuda.OutOfMemoryError(
                 f"CUDA out of memory (injected above {self.spec.oom_above} items)")
-        time.sleep((self.spec.base_ms + self.spec.per_item_ms * len(batch)) / 1000.0)
+        with self._device():
+            started = time.monotonic()
+            time.sleep((self.spec.base_ms + self.spec.per_item_ms * len(batch)) / 1000.0)
+            self.device_span = (started, time.monotonic())
         if self.spec.runs_log:
             # One write with O_APPEND: lines from concurrent children never interleave.
             with open(self.spec.runs_log, "a") as log:
@@ -123,3 +155,34 @@ class SyntheticHandler(Handler):
         if any(str(x).startswith(HANG_MARKER) for x in batch):
             threading.Event().wait()
         return [len(str(x)) for x in batch]
+
+    @contextlib.contextmanager
+    def _device(self) -> Iterator[None]:
+        """The device to itself for a call (the stand-in's; the plain synthetic model has no
+        lock: its fault tests' children run side by side)."""
+        if self.device_lock is None:
+            yield
+            return
+        with open(self.device_lock, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when the child dies
+            yield
+
+    def postprocess(self, output: Any, count: int) -> list:
+        if not self.output_floats:
+            return list(output)
+        import numpy as np
+
+        # Each input's vector: its length spread over the row, so that outputs differ by input
+        # and a test can check one against its input.
+        lengths = np.asarray(output, dtype=np.float32)[:, None]
+        steps = np.arange(1, self.output_floats + 1, dtype=np.float32)[None, :]
+        return (lengths / steps).tolist()
+
+
+def _hold_the_gil_for(seconds: float) -> None:
+    """Pure-Python work for `seconds`: the interpreter holds the GIL as it runs bytecode (and
+    lets other threads in at its switch interval, as it does for a tokenising loop)."""
+    end = time.perf_counter() + seconds
+    spins = 0
+    while time.perf_counter() < end:
+        spins += 1

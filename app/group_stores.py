@@ -20,10 +20,10 @@ from typing import Callable, Iterable, Iterator, TypeVar
 import redis
 
 from app.errors import Conflict, Unavailable
-from app.store import JobStore, Watch, group_name, new_job_id, page_reads
+from app.store import JobStore, Watch, group_name, page_reads
 from app.waiter import Slots
 from config import Settings
-from config.groups import group_of, group_tag
+from config.job_ids import group_of, group_tag, new_job_id
 from config.models import ModelSpec
 from tasks.celery_app import make_celery
 from tasks.jobstate import CancelOutcome, JobRecord, Page
@@ -65,7 +65,8 @@ class Stores:
 
     def submit(self, spec: ModelSpec, job: dict, trace_id: str,
                idempotency_key_: str | None = None, owner: str = "",
-               job_id: str | None = None, retry_of: str = "") -> tuple[JobRecord, bool]:
+               job_id: str | None = None, retry_of: str = "",
+               reply: str = "") -> tuple[JobRecord, bool]:
         """JobStore.submit on the Redis of the model's group. A retry is linked to its job
         in one script, on one Redis: 409 when the model has changed group since."""
         store = self.for_model(spec)
@@ -73,21 +74,23 @@ class Stores:
             raise Conflict(f"the job's model {spec.name} has moved to "
                            f"{group_name(spec.redis)} since the job ran: submit it anew")
         return store.submit(spec, job, trace_id, idempotency_key_, owner=owner,
-                            job_id=job_id, retry_of=retry_of)
+                            job_id=job_id, retry_of=retry_of, reply=reply)
+
+    # The calls on one job go to the store its id names, a named group's Redis errors
+    # answered as that group's 503 (JobStore.answering); an id of no configured group is no
+    # job, answered as each call answers for a job it does not find.
+    def _on_job(self, job_id: str, missing: T, call: Callable[[JobStore], T]) -> T:
+        store = self.for_job(job_id)
+        if store is None:
+            return missing
+        with store.answering():
+            return call(store)
 
     def get(self, job_id: str, owner: str | None = None) -> JobRecord | None:
-        store = self.for_job(job_id)
-        if store is None:
-            return None
-        with store.answering():
-            return store.get(job_id, owner)
+        return self._on_job(job_id, None, lambda store: store.get(job_id, owner))
 
     def wait(self, job_id: str, timeout_s: float, owner: str) -> JobRecord | None:
-        store = self.for_job(job_id)
-        if store is None:
-            return None
-        with store.answering():
-            return store.wait(job_id, timeout_s, owner)
+        return self._on_job(job_id, None, lambda store: store.wait(job_id, timeout_s, owner))
 
     @contextmanager
     def watch(self, job_id: str, owner: str, moves: bool = False) -> Iterator[Watch]:
@@ -96,32 +99,16 @@ class Stores:
             yield watch
 
     def owned_by(self, job_id: str, owner: str) -> bool:
-        store = self.for_job(job_id)
-        if store is None:
-            return False
-        with store.answering():
-            return store.owned_by(job_id, owner)
+        return self._on_job(job_id, False, lambda store: store.owned_by(job_id, owner))
 
     def cancel(self, job_id: str) -> CancelOutcome:
-        store = self.for_job(job_id)
-        if store is None:
-            return CancelOutcome.MISSING
-        with store.answering():
-            return store.cancel(job_id)
+        return self._on_job(job_id, CancelOutcome.MISSING, lambda store: store.cancel(job_id))
 
     def delete(self, job_id: str, owner: str) -> str:
-        store = self.for_job(job_id)
-        if store is None:
-            return "missing"
-        with store.answering():
-            return store.delete(job_id, owner)
+        return self._on_job(job_id, "missing", lambda store: store.delete(job_id, owner))
 
     def kept_request(self, job_id: str) -> str | bytes | None:
-        store = self.for_job(job_id)
-        if store is None:
-            return None
-        with store.answering():
-            return store.kept_request(job_id)
+        return self._on_job(job_id, None, lambda store: store.kept_request(job_id))
 
     def page(self, owner: str, *, status: str = "", model: str = "",
              cursor: tuple[str, str] | None = None,

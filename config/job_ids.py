@@ -1,0 +1,34 @@
+"""Job ids, minted by the API: an id says which Redis group holds the job (config/groups.py),
+with no lookup. A job of the default group has a random UUID (version 4), as always; a job of a
+named group a UUID of version 8 (RFC 9562) whose first eight hex digits are its group's tag
+(`group_tag`), the rest random. Nothing here imports Flask or torch."""
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from typing import Mapping
+
+
+def group_tag(name: str) -> str:
+    """The eight hex digits that open the id of every job of group `name`."""
+    return hashlib.sha256(f"iq-redis-group:{name}".encode()).hexdigest()[:8]
+
+
+def new_job_id(group: str = "") -> str:
+    """A new job id of `group` ("" : the default group's, a random UUID as always)."""
+    if not group:
+        return str(uuid.uuid4())
+    value = (int(group_tag(group), 16) << 96) | secrets.randbits(96)
+    value = (value & ~(0xF << 76)) | (0x8 << 76)  # version 8
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 9562's variant
+    return str(uuid.UUID(int=value))
+
+
+def group_of(job_id: str, tags: Mapping[str, str]) -> str | None:
+    """The group of a canonical job id: "" for the default group's, the name for a version-8
+    id carrying the tag of a group in `tags` (tag → name), None for one carrying no known
+    tag (a group since removed, or an id never issued)."""
+    if not tags or job_id[14] != "8":
+        return ""
+    return tags.get(job_id[:8])

@@ -1,0 +1,107 @@
+"""The GPU-faithful stand-in (the synthetic kind with prepare_ms and output_floats): CPU work
+with the GIL held, the device's time with the GIL released, outputs packed as a real
+embedding model's are."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from config import load_models
+from config.models import settings_digest
+from tasks import results
+from workers.child.handlers.tensor import SyntheticHandler
+
+
+def standin(tmp_path: Path, **keys) -> SyntheticHandler:
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump({"models": {"s": {"kind": "synthetic", **keys}}}))
+    handler = SyntheticHandler(load_models(path)["s"], "cpu")
+    handler.initialize()
+    return handler
+
+
+def ticks_while(call) -> int:
+    """How often a sibling thread, which needs the GIL to count, counted while `call` ran."""
+    ticks, stop, started = [], threading.Event(), threading.Event()
+
+    def sibling() -> None:
+        started.set()
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.001)  # releases the GIL; counting again needs it back
+
+    thread = threading.Thread(target=sibling)
+    thread.start()
+    started.wait(5)
+    before = len(ticks)
+    call()
+    counted = len(ticks) - before
+    stop.set()
+    thread.join(5)
+    return counted
+
+
+def test_preparation_holds_the_gil_and_the_device_time_releases_it(tmp_path):
+    handler = standin(tmp_path, prepare_ms=4, base_ms=80, per_item_ms=0)
+    items = ["abc"] * 20  # 80 ms of preparation, then 80 ms of "device"
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(5.0)  # a thread holding the GIL keeps it: no forced switch
+    try:
+        while_preparing = ticks_while(lambda: handler.preprocess(items))
+        while_on_device = ticks_while(lambda: handler.inference(items))
+    finally:
+        sys.setswitchinterval(old)
+    assert while_preparing <= 1, while_preparing
+    assert while_on_device >= 5, while_on_device
+
+
+def test_outputs_are_float32_vectors_packed_as_an_embedding_models(tmp_path):
+    handler = standin(tmp_path, base_ms=0, per_item_ms=0, output_floats=384)
+    outputs = handler.call(["ab", "abcd"])
+    assert [len(row) for row in outputs] == [384, 384]
+    stored = results.stored("job", outputs=outputs)
+    assert len(stored) > 2 * 384 * 4 and stored.startswith(b"\x00")  # packed, not JSON
+    first, second = results.unpack(stored)
+    assert first.dtype == np.float32 and first[0] == 2.0 and second[1] == 2.0
+
+
+def test_without_its_keys_the_synthetic_model_is_as_before(tmp_path):
+    handler = standin(tmp_path, base_ms=0, per_item_ms=0)
+    assert handler.call(["ab", "abcd"]) == [2, 4]
+    assert not handler.spec.kind_settings  # so its version is the one it had
+    plain = load_models(_write(tmp_path, {"kind": "synthetic"}))["s"]
+    assert settings_digest(plain) == settings_digest(handler.spec.__class__(
+        **{**plain.__dict__}))
+
+
+def _write(tmp_path: Path, model: dict) -> Path:
+    path = tmp_path / "plain.yaml"
+    path.write_text(yaml.safe_dump({"models": {"s": model}}))
+    return path
+
+
+def test_children_of_one_worker_take_turns_on_the_stand_ins_device(tmp_path):
+    """Two handlers of one worker on one device (threads here, children there: the lock is a
+    file's) run their device time one after the other, as calls on one GPU do; each one's
+    device span is its own sleep, not its wait for the other."""
+    first, second = (standin(tmp_path, base_ms=150, per_item_ms=0, output_floats=1)
+                     for _ in range(2))
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda h: h.inference(["a"]), (first, second)))
+    spans = sorted([first.device_span, second.device_span])
+    assert spans[1][0] >= spans[0][1] - 0.001  # no overlap
+    assert all(0.14 <= end - start < 0.3 for start, end in spans), spans
+
+
+def test_the_plain_synthetic_models_children_run_side_by_side(tmp_path):
+    first, second = (standin(tmp_path, base_ms=150, per_item_ms=0) for _ in range(2))
+    started = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda h: h.inference(["a"]), (first, second)))
+    assert time.monotonic() - started < 0.29
