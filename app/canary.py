@@ -7,17 +7,27 @@ leaves the master alone and the old file served.
     python -m app.canary REVISION
 
 Exit 0 when the app built from the models file of that revision reached its Redis; else one
-line on stdout (why), exit 1."""
+line on stdout (why), exit 1; exit 75 (EX_TEMPFAIL) when REDIS_URL's Redis did not answer: the
+API process's own Redis, frozen or away for a while, is no fault of the file, so the process
+tries the canary again at its next heartbeat rather than refuse the file (a Redis freeze
+during a good reload once had it refused and undone)."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 
+import redis
+
 from config import ConfigError
 from tasks.reload_failures import one_line
 
 CANARY_TIMEOUT_S = 60.0
+UNANSWERED = 75  # EX_TEMPFAIL: REDIS_URL's Redis did not answer
+
+
+class Unanswered(RuntimeError):
+    """REDIS_URL's Redis did not answer the canary."""
 
 
 def check(revision: str) -> None:
@@ -37,12 +47,15 @@ def check(revision: str) -> None:
         try:
             store.redis.ping()
         except Exception as exc:  # noqa: BLE001 - said, with which Redis
-            where = f"Redis group {group!r}" if group else "REDIS_URL's Redis"
-            raise RuntimeError(f"{where} did not answer: {one_line(exc)}") from None
+            if not group:
+                raise Unanswered(f"REDIS_URL's Redis did not answer: {one_line(exc)}") from None
+            raise RuntimeError(f"Redis group {group!r} did not answer: {one_line(exc)}") \
+                from None
 
 
 def run(revision: str, timeout_s: float = CANARY_TIMEOUT_S) -> str:
-    """In the API process: why the canary of `revision` failed, "" when it started."""
+    """In the API process: why the canary of `revision` failed, "" when it started;
+    redis.ConnectionError when REDIS_URL's Redis did not answer it (tried again later)."""
     env = dict(os.environ)
     # The canary's metrics would count among the API's (prometheus_client's multiprocess
     # folder), its spans among its traces.
@@ -58,7 +71,10 @@ def run(revision: str, timeout_s: float = CANARY_TIMEOUT_S) -> str:
     if done.returncode == 0:
         return ""
     lines = (done.stdout.strip() or done.stderr.strip()).splitlines()
-    return lines[-1] if lines else f"it exited with status {done.returncode}"
+    why = lines[-1] if lines else f"it exited with status {done.returncode}"
+    if done.returncode == UNANSWERED:
+        raise redis.ConnectionError(f"the canary of revision {revision}: {why}")
+    return why
 
 
 def main(argv: list[str]) -> int:
@@ -67,6 +83,9 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:  # names the field and the value already
         print(str(exc).splitlines()[0], flush=True)
         return 1
+    except Unanswered as exc:
+        print(one_line(exc), flush=True)
+        return UNANSWERED
     except BaseException as exc:  # noqa: BLE001 - any failure is the canary's answer
         print(one_line(exc), flush=True)
         return 1

@@ -4,10 +4,12 @@ Under gunicorn, each API process looks at the announced revision every heartbeat
 differs from the revision of the file the process serves, and the file on disk now has the
 announced revision, it first runs a canary of it (app/canary.py: the app built from the new
 file with this process's environment, its Redis reached, in a process of its own); only once
-the canary started does it ask its gunicorn master for a graceful reload (SIGHUP, once per
-master and announcement): the master starts new processes, which read the new file (the app is not
-preloaded), and the old ones finish the requests they hold before they exit, so no request is
-dropped. A canary that fails leaves the master alone (its new processes could not have booted,
+the canary started, and the workers serve the file (every live worker on REDIS_URL's Redis
+and on the Redis of each group the file's models are on, and at least one on each Redis a
+model is on: `workers_on`), does it ask its gunicorn master for a graceful reload (SIGHUP,
+once per master and announcement): the master starts new processes, which read the new file
+(the app is not preloaded), and the old ones finish the requests they hold before they exit,
+so no request is dropped. A canary that fails leaves the master alone (its new processes could not have booted,
 and a master whose processes cannot boot exits): the process keeps serving the old file and
 refuses the revision, saying why, until it is announced again; it records the failure as a
 pool child's failed load is recorded (tasks/reload_failures.py), so that the roll halts and
@@ -29,14 +31,14 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import orjson
 import redis
 
 from app import canary
-from config import Settings
-from config.models import revision_of
+from config import ConfigError, Settings
+from config.models import parse_models, revision_of
 from tasks.keys import (MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, PREFIX, RELOAD_API_KEY,
                         RELOAD_STATUS_KEY)
 from tasks.lua import script
@@ -58,9 +60,13 @@ class ModelsWatch:
 
     def __init__(self, client: redis.Redis, settings: Settings, revision: str,
                  master: int, canary: Callable[[str], str] = canary.run,
-                 started: float | None = None) -> None:
+                 started: float | None = None,
+                 groups: Mapping[str, redis.Redis] | None = None) -> None:
         self.client, self.settings, self.revision, self.master = (client, settings, revision,
                                                                   master)
+        # Each Redis group's client (app/groups.py): a model on a group is served by the
+        # workers that report there.
+        self.groups = dict(groups or {})
         self.canary = canary
         # When the process read the models file it serves (before the app was built): a
         # SIGHUP its master was sent before then did not replace it.
@@ -76,7 +82,7 @@ class ModelsWatch:
         self.handed_over = False
         self.exiting = False
         # The announcement whose canary started: the process then waits (a check each
-        # heartbeat) until every live worker on its Redis serves it before it hands over.
+        # heartbeat) until the workers serve it (`_workers`) before it hands over.
         self.canaried: tuple[str, str | None] | None = None
         self.waiting = ""  # which workers it waits for, said in its report
 
@@ -128,9 +134,10 @@ class ModelsWatch:
             logger.debug("models watch: report not removed: %s", exc)
 
     def _reload_to(self, announced: str, number: str | None = None) -> None:
-        path = Path(self.settings.models_file)
+        path, content = Path(self.settings.models_file), b""
         try:
-            found = revision_of(path.read_bytes())
+            content = path.read_bytes()
+            found = revision_of(content)
         except OSError as exc:
             found = f"unreadable ({exc})"
         if found != announced:
@@ -140,7 +147,11 @@ class ModelsWatch:
                              self.revision, error)
             self.error = error
             return
-        why = self.canary(announced) if self.canaried != (announced, number) else ""
+        try:
+            why = self.canary(announced) if self.canaried != (announced, number) else ""
+        except redis.RedisError as exc:  # its own Redis away: not the file's fault
+            logger.warning("models reload: %s; tried again at the next heartbeat", exc)
+            raise
         if why:
             # Tried again only when announced again (an operator fixed what failed). Recorded
             # as a failed load is: the roll halts, the workers that began it roll back.
@@ -151,8 +162,7 @@ class ModelsWatch:
             record_refusal(self.client, announced, self.field, f"its canary: {why}")
             return
         self.canaried = (announced, number)
-        refused, waiting = workers_on(self.client, announced, number,
-                                      self.settings.heartbeat_interval_s)
+        refused, waiting = self._workers(path, content, announced, number)
         if refused:
             # A worker refused or failed to load it: the old file stays served (the reload
             # is undone, or announced again once its host is fixed).
@@ -182,6 +192,31 @@ class ModelsWatch:
             os.kill(self.master, signal.SIGHUP)
         self.handed_over, self.error = True, ""
 
+    def _workers(self, path: Path, content: bytes, announced: str,
+                 number: str | None) -> tuple[str, str]:
+        """`workers_on` REDIS_URL's Redis (its workers take every announcement) and on the
+        Redis of each group the file's models are on, joined: a model is taken only once the
+        workers that would run its jobs serve the file, and, on each Redis a model of it is
+        on, once a worker there reports at all."""
+        try:
+            named = {spec.redis for spec in parse_models(path, content).values()}
+        except ConfigError:  # its canary started: not met, but then every group counts
+            named = {""} | set(self.groups)
+        refused, waiting = [], []
+        for group in sorted(named | {""}):
+            client = self.groups.get(group) if group else self.client
+            if client is None:
+                continue  # a group this process lacks: its canary refused the file
+            try:
+                one = workers_on(client, announced, None if group else number,
+                                 self.settings.heartbeat_interval_s, needed=group in named,
+                                 group=group)
+            except redis.RedisError as exc:
+                one = "", f"the workers of group {group} (its Redis: {exc})"
+            refused.append(one[0])
+            waiting.append(one[1])
+        return "; ".join(filter(None, refused)), ", ".join(filter(None, waiting))
+
 
 # A worker's report older than this many heartbeats is of a worker that is gone (as
 # scripts/reload_wait.py STALE_BEATS).
@@ -189,25 +224,36 @@ _STALE_BEATS = 5
 
 
 def workers_on(client: redis.Redis, revision: str, number: str | None,
-               beat_s: float) -> tuple[str, str]:
-    """Where the live workers on `client`'s Redis stand with `revision` (announcement
-    `number`): (the ones that refused it or could not load it, the ones not serving it yet),
-    each "" or their names. An API process takes a new file only once both are "", so that it
-    never accepts a job for a model no worker serves yet, nor stops taking one for a model the
-    workers still serve."""
+               beat_s: float, needed: bool = False, group: str = "") -> tuple[str, str]:
+    """Where the live workers on `client`'s Redis (group `group`'s, "" REDIS_URL's) stand
+    with `revision` (announcement `number`; None: the one announced there): (the ones that
+    refused it or could not load it, the ones not serving it yet), each "" or their names.
+    An API process takes a new file only once both are "", so that it never accepts a job
+    for a model no worker serves yet, nor stops taking one for a model the workers still
+    serve. `needed`: a model of the file is on this Redis, so a worker must report there
+    (none does while none runs or consumes yet: the file is not taken for want of one)."""
     failure = failure_of(client, revision)
     if failure:
         return f"{failure.get('worker', 'a worker')}: {failure.get('error')}", ""
-    now, refused, waiting = time.time(), [], []
+    where = f" (group {group})" if group else ""
+    if number is None:
+        announced, number = client.mget(MODELS_REVISION_KEY, MODELS_ANNOUNCEMENTS_KEY)
+        if announced != revision:  # make reload announces on each group before REDIS_URL's
+            return "", f"the workers{where}: not announced there yet"
+    now, refused, waiting, live = time.time(), [], [], 0
     for name, raw in client.hgetall(RELOAD_STATUS_KEY).items():
         if not name.startswith("worker:"):
             continue
         status = orjson.loads(raw)
         if now - float(status.get("at", 0)) > _STALE_BEATS * beat_s:
             continue
+        live += 1
         if status.get("refused") == revision and \
                 status.get("announcement", number) == number:
-            refused.append(f"{name}: {status.get('error')}")
+            refused.append(f"{name}{where}: {status.get('error')}")
         elif status.get("revision") != revision or status.get("state") != "serving":
-            waiting.append(name)
+            waiting.append(f"{name}{where}")
+    if needed and not live:
+        waiting.append(f"a worker on {'group ' + group if group else 'REDIS_URL'}'s Redis "
+                       "(none reports: none runs, or none consumes yet)")
     return "; ".join(refused), ", ".join(sorted(waiting))

@@ -191,9 +191,11 @@ def dump(schema: type[Schema], body: Any) -> Any:
 
 
 def answer(schema: type[Schema], body: Any, status: int = 200,
-           headers: Mapping[str, str] | None = None) -> Response:
-    """The one way a JSON answer is written: dumped through the schema that documents it."""
-    response = current_app.json.response(dump(schema, body))
+           headers: Mapping[str, str] | None = None, dumped: bool = False) -> Response:
+    """The one way a JSON answer is written: dumped through the schema that documents it.
+    `dumped`: `body` is as the schema dumps it already (`job_body`'s, which
+    tests/unit/test_job_body.py holds to that), so the dump is not done twice a job."""
+    response = current_app.json.response(body if dumped else dump(schema, body))
     response.status_code = status
     response.headers.update(headers or {})
     return response
@@ -211,7 +213,9 @@ def job_url(job_id: str) -> str:
 
 
 def job_body(job: JobRecord, outputs: bool = True, peers: bool | None = None) -> dict[str, Any]:
-    """A job as GET /v1/jobs/<id> shows it (`outputs`=False: without them, as listed).
+    """A job as GET /v1/jobs/<id> shows it (`outputs`=False: without them, as listed),
+    exactly as the `Job` schema dumps it (`answer`'s `dumped`): only its fields, each of the
+    type it documents.
     `peers`: whether its batch's size is shown (its jobs may be other tenants'): by default
     only with API keys off, read from the request (outside one, say which)."""
     if peers is None:

@@ -63,12 +63,13 @@ def page_reads(*, status: str = "", model: str = "", limit: int = 20) -> int:
 REDIS_CONNECTIONS = 64
 
 
-def api_client(settings: Settings) -> redis.Redis:
+def api_client(settings: Settings, decode: bool = True) -> redis.Redis:
     """An API process's client of its Redis (settings.redis_url): every call on a request's
     path bounded (redis_deadline_s), so that a frozen or unreachable Redis is answered with 503
-    in seconds, never waited out; up to REDIS_CONNECTIONS connections, more callers waiting."""
-    return connect(settings.redis_url, settings, max_connections=REDIS_CONNECTIONS,
-                   deadline_s=settings.redis_deadline_s)
+    in seconds, never waited out; up to REDIS_CONNECTIONS connections, more callers waiting.
+    `decode`=False: replies left as bytes."""
+    return connect(settings.redis_url, settings, decode=decode,
+                   max_connections=REDIS_CONNECTIONS, deadline_s=settings.redis_deadline_s)
 
 
 def group_name(group: str) -> str:
@@ -93,11 +94,17 @@ class Watch:
         self.store, self.job_id, self.finished = store, job_id, finished
         self.gone = gone or threading.Event()
 
+    @property
+    def reply(self) -> str:
+        """The channel the job's finish is to announce it on for this watch (`submit`'s
+        `reply`): its store's listener's ("": none)."""
+        return self.store.waiter.reply_channel or ""
+
     def until_terminal(self, job: JobRecord | None, deadline: float) -> JobRecord | None:
         """From `job` as last read (or written), the job once it is terminal or at
-        `deadline` (time.monotonic()), reading it again only when woken. While the listener
-        is away (Redis reconnecting) the job is read every second, and once more when it is
-        back."""
+        `deadline` (time.monotonic()), reading it again only when woken, and not at all when
+        its finish announced it on the listener's reply channel. While the listener is away
+        (Redis reconnecting) the job is read every second, and once more when it is back."""
         subscribed = self.store.waiter.subscribed
         while job is not None and not job.terminal and not self.gone.is_set():
             remaining = deadline - time.monotonic()
@@ -106,6 +113,10 @@ class Watch:
             with redis_deadline.paused():  # the wait asked for is not the request's Redis time
                 self.finished.wait(remaining if subscribed.is_set() else min(remaining, 1.0))
             self.finished.clear()
+            announced = self.store.waiter.answer(self.job_id)
+            if announced is not None:
+                job = announced
+                continue
             with self.store.answering():
                 job = self.store.get(self.job_id)
         return job
@@ -120,13 +131,15 @@ class JobStore:
         self.celery = celery
         self.models = models
         self.redis = api_client(settings)
-        self.state = JobState(self.redis, settings.kept_s, settings.job_ttl_s)
+        self.state = JobState(self.redis, settings.kept_s, settings.job_ttl_s,
+                              group_submits=True)
         wanted = settings.wait_replicas
         self.replicas = (wanted, settings.redis_wait_timeout_s) if wanted else None
         self.presence = Presence(self.redis)
         self.moves = QueueMoves(self.redis)
-        self.waiter = ResultWaiter(self.redis, settings.max_waits, settings.max_waits_per_key,
-                                   slots)
+        # Its own client, which leaves replies as bytes: the reply channel carries results.
+        self.waiter = ResultWaiter(api_client(settings, decode=False),
+                                   settings.max_waits, settings.max_waits_per_key, slots)
         self.gauge = Gauge(self.redis, settings.redis_memory_headroom)
 
     @contextmanager
@@ -159,9 +172,11 @@ class JobStore:
 
     def submit(self, spec: ModelSpec, job: dict, trace_id: str,
                idempotency_key_: str | None = None, owner: str = "",
-               job_id: str | None = None, retry_of: str = "") -> tuple[JobRecord, bool]:
+               job_id: str | None = None, retry_of: str = "",
+               reply: str = "") -> tuple[JobRecord, bool]:
         """Record and queue a job, atomically (tasks/jobstate.py), under `job_id` (a new id by
-        default), as a retry of job `retry_of` if given. Returns (job, created); with an
+        default), as a retry of job `retry_of` if given; `reply`: the reply channel its finish
+        is to announce it on (a watch's, Watch.reply). Returns (job, created); with an
         Idempotency-Key seen before, the earlier job and False. Raises Overloaded,
         IdempotencyMismatch, StoreFull, RetryRefused or NotReplicated (fewer replicas than
         `redis_wait_replicas` confirmed the job in time)."""
@@ -196,7 +211,8 @@ class JobStore:
             ttl_s=self.settings.job_ttl_s, timeout_s=job.get("timeout_s") or spec.timeout_s or 0,
             idempotency=idempotency, memory_headroom=headroom, request=self._kept(request),
             replicas=self.replicas, size=len(request),
-            kept_quota=(self.settings.kept_bytes_per_key or None) if owner else None)
+            kept_quota=(self.settings.kept_bytes_per_key or None) if owner else None,
+            reply=reply)
         if submitted.created:
             return record, True
         earlier = self.state.read(submitted.job_id)

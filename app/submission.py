@@ -32,6 +32,7 @@ from app.metrics import ApiMetrics
 from app.schemas import IDEMPOTENCY_KEY_PATTERN, flatten, job_schema, validate_job
 from app.group_stores import Stores, group_name
 from config import Settings
+from config.job_ids import new_job_id
 from config.models import ModelSpec
 from tasks import egress, redis_deadline, webhooks
 from tasks.jobstate import (IdempotencyMismatch, JobRecord, KeptFull, NotReplicated,
@@ -75,11 +76,12 @@ class Submitter:
         self.metrics.rejected.labels(model if model in self.models else "unknown", reason).inc()
 
     def submit(self, caller: Caller, read_body: Callable[[], object],
-               before_queue: Callable[[str], None] | None = None) -> Accepted:
+               before_queue: Callable[[str], str] | None = None) -> Accepted:
         """Check and queue one job; `read_body` gives the request's body as a job dict (or
         whatever JSON was sent) and is called only once the key's rate allows.
         `before_queue` is called with the new job's id (which says its model's Redis group)
-        once every check has passed, just before the job is recorded and queued."""
+        once every check has passed, just before the job is recorded and queued; what it
+        returns is the reply channel the job's finish is to announce it on ("": none)."""
         self._take_token(caller)
         # Reading the client's body, looking its webhook up and fetching its images have
         # bounds of their own: they do not count against the request's Redis deadline.
@@ -141,17 +143,22 @@ class Submitter:
                               "later", retry_after=1) from None
 
     def _queue(self, caller: Caller, spec: ModelSpec, job: dict,
-               before_queue: Callable[[str], None] | None = None,
+               before_queue: Callable[[str], str] | None = None,
                retry_of: str = "") -> Accepted:
         """The atomic submit; each refusal as its APIError (a retry's own, RetryRefused, is
         the caller's to answer)."""
-        job_id, key = self.store.new_job_id(spec), caller.idempotency_key
-        if before_queue is not None:
-            before_queue(job_id)
+        store, job_id, key = self.store.for_model(spec), new_job_id(spec.redis), \
+            caller.idempotency_key
+        ran_on = self.store.for_job(retry_of) if retry_of else None
+        if retry_of and (ran_on is None or ran_on[1] is not store):
+            # A retry is linked to its job in one script, on one Redis.
+            raise Conflict(f"the job's model {spec.name} has moved to "
+                           f"{group_name(spec.redis)} since the job ran: submit it anew")
+        reply = before_queue(job_id) if before_queue is not None else ""
         try:
-            submitted, created = self.store.submit(spec, job, caller.trace_id, key,
-                                                   owner=caller.owner, job_id=job_id,
-                                                   retry_of=retry_of)
+            submitted, created = store.submit(spec, job, caller.trace_id, key,
+                                              owner=caller.owner, job_id=job_id,
+                                              retry_of=retry_of, reply=reply)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._refused(spec.name, "store_unavailable")
             raise self._unsure(job_id, key, exc, spec.redis) from None

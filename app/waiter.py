@@ -7,7 +7,11 @@ others. One listener subscribes to it (and pattern-subscribes to the per-job don
 workers of earlier releases publish on), and sets the Event of whichever requests wait on those
 jobs (on a move other than their end, only those that asked for every move: event streams): no
 connection per waiting request, no subscription left behind, and no polling while the
-subscription stands. Whenever it (re)subscribes it wakes every waiter once, since a job may
+subscription stands. It also subscribes to a reply channel of its own (tasks/keys.py
+REPLY_PREFIX; with a client that does not decode replies, since a result is bytes): a job
+submitted with `Prefer: wait` names it, and the job's finish sends there the job as a read
+would find it, before its "done", so that the waiting request answers from it
+(`answer`) without a read. Whenever it (re)subscribes it wakes every waiter once, since a job may
 have finished while nobody listened; whenever it loses Redis it wakes them too, so that each
 reads its job again (and its client hears of the outage). Under gunicorn's gevent worker
 `threading` is gevent's, so the listener and each waiting request are greenlets, not threads.
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import secrets
 import threading
 from collections import Counter
 from contextlib import contextmanager
@@ -26,7 +31,8 @@ from typing import Iterator
 
 import redis
 
-from tasks.keys import DONE_PREFIX, MOVES_CHANNEL
+from tasks.jobstate import JobRecord, announced, announced_record
+from tasks.keys import DONE_PREFIX, MOVES_CHANNEL, REPLY_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +86,18 @@ class ResultWaiter:
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
         self.subscribed = threading.Event()
+        # The finished jobs announced on the reply channel, kept while someone waits on them.
+        self._answers: dict[str, tuple[bytes, bytes]] = {}
+        # None with a client that decodes replies: a result is not text.
+        self.reply_channel = None if client.get_encoder().decode_responses else \
+            REPLY_PREFIX + secrets.token_hex(8)
+
+    def answer(self, job_id: str) -> JobRecord | None:
+        """The job as its finish announced it on this listener's reply channel, if it did
+        while a watch on it stood; None otherwise (read it)."""
+        with self._lock:
+            entry = self._answers.pop(job_id, None)
+        return None if entry is None else announced_record(job_id, entry)
 
     @property
     def waiting(self) -> int:
@@ -124,13 +142,22 @@ class ResultWaiter:
         for event in events:
             event.set()
 
+    def _answered(self, message: bytes) -> None:
+        """A finish's jobs on the reply channel: kept for those watched (their "done" follows
+        on the moves channel, which wakes them), dropped for the others."""
+        jobs = announced(message)
+        with self._lock:
+            for job_id, entry in jobs.items():
+                if job_id in self._waiters:
+                    self._answers[job_id] = entry
+
     def _listen(self) -> None:
         backoff = 0.1
         while not self._closed.is_set():
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
                 pubsub.psubscribe(PREFIX + "*")
-                pubsub.subscribe(MOVES_CHANNEL)
+                pubsub.subscribe(MOVES_CHANNEL, *filter(None, [self.reply_channel]))
                 while not self._closed.is_set():
                     message = pubsub.get_message(timeout=1.0)
                     # psubscribe's confirmation has been read once get_message returns.
@@ -142,10 +169,13 @@ class ResultWaiter:
                     backoff = 0.1
                     if message is None:
                         continue
-                    if message["type"] == "message":
-                        self._moved(str(message["data"]))
+                    channel = _text(message["channel"])
+                    if message["type"] != "message":
+                        self._wake(channel[len(PREFIX):])
+                    elif channel == self.reply_channel:
+                        self._answered(message["data"])
                     else:
-                        self._wake(str(message["channel"])[len(PREFIX):])
+                        self._moved(_text(message["data"]))
             except redis.RedisError as exc:
                 if self.subscribed.is_set():
                     self.subscribed.clear()
@@ -186,3 +216,9 @@ class ResultWaiter:
                         found.discard(event)
                         if not found:
                             del group[job_id]
+                if job_id not in self._waiters:
+                    self._answers.pop(job_id, None)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -24,5 +24,8 @@ if "gunicorn.workers.ggevent" in sys.modules:  # bodies read under gevent Timeou
     settings = app.extensions["iq.submitter"].settings
     app.wsgi_app = GuardedBodies(app.wsgi_app, settings.body_timeout_s)
     # A models reload announced in Redis: this gunicorn reloads gracefully onto the new file.
-    ModelsWatch(app.extensions["iq.store"].redis, settings, app.extensions["iq.revision"],
-                master=os.getppid(), started=started).start()
+    stores = app.extensions["iq.store"]
+    ModelsWatch(stores.redis, settings, app.extensions["iq.revision"], master=os.getppid(),
+                started=started, groups={name: store.redis
+                                         for name, store in stores.stores.items() if name}
+                ).start()

@@ -32,7 +32,8 @@ PURPOSES = ("submit", "fetch", "lease", "start", "result", "events", "ack", "wak
 
 # Lua scripts by the name their module gives them.
 SCRIPT_PURPOSES = {
-    "SUBMIT": "submit", "START": "start", "FINISH": "result", "READ": "result",
+    "SUBMIT": "submit", "SUBMIT_MANY": "submit", "START": "start", "FINISH": "result",
+    "READ": "result",
     "FETCH": "fetch", "_RESTORE": "lease", "PROGRESS": "start", "CRASHED": "start",
     # Issue 24's broker scripts (workers/broker/lua.py): the lease per worker and the
     # recoveries that read it.

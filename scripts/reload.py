@@ -42,8 +42,13 @@ process, without a restart.
    (scripts/reload_removed.py); it says how many, and how many ended so in all since the
    announcement (the workers fail most as they meet them: tasks/keys.py REMOVED_FAILED_KEY).
    (Exit 2 when Redis refused that: the next reload fails them.)
-5. With Redis groups (IQ_REDIS_GROUPS), 2 to 4 again on each group's Redis in turn, where its
-   workers watch and report: the reload is done when every group's is.
+5. With Redis groups (IQ_REDIS_GROUPS), 2 to 4 on each group's Redis in turn, where its
+   workers watch and report, and then on REDIS_URL's (where the API processes watch: they
+   take the file only once the workers of each group its models are on serve it): the
+   reload is done when every one is.
+Every Redis the new file's models are on must have a worker reporting: with none (none
+running, or none consuming yet), it waits up to `--timeout` for one, then refuses, nothing
+changed (1).
 
 `reload()` does the same from Python, for scripts that reload and wait.
 """
@@ -53,6 +58,7 @@ import argparse
 import fcntl
 import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping
@@ -63,8 +69,8 @@ from config import ConfigError, Settings, load_settings
 from config.models import parse_models, revision_of
 from scripts.models_check import problems_of
 from scripts.preflight import model_file_problems, operator_file_problems
-from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, live_reports, standing_of, \
-    wait
+from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, consuming_workers, \
+    live_reports, standing_of, wait
 from scripts.staging import put_in_place, replaced_problems, staged_beside
 from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, REMOVED_FAILED_KEY, \
     reload_failed_key
@@ -148,27 +154,29 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
         say(f"reload refused, nothing changed: {exc}")
         return Result(INVALID, lines=[str(exc)])
     try:
-        # The API processes a reload restarts read both again (app/reloading.py).
-        refused = operator_file_problems(os.environ.get("IQ_CONFIG", ""), settings.api_keys_file)
-        if refused:
-            why = "\n".join(refused)
-            say(f"reload refused, nothing changed: {why}")
-            return Result(INVALID, lines=refused)
         redises = _redises(settings, redis_url, min(_ANSWER_S, timeout_s))
         try:
-            reports, by_group = _live_reports(redises, say)
+            # The API processes a reload restarts read both again (app/reloading.py).
+            refused = operator_file_problems(os.environ.get("IQ_CONFIG", ""),
+                                             settings.api_keys_file)
+            if refused:
+                raise Invalid("\n".join(refused))
+            reports, by_group = _reports(redises, target, Path(source) if source else target,
+                                         timeout_s, say)
         except redis.RedisError as exc:  # REDIS_URL's: nothing could be announced either
             say(f"reload refused, nothing changed: Redis did not answer ({exc})")
             return Result(REFUSED, lines=[str(exc)])
+        except Invalid as exc:
+            say(f"reload refused, nothing changed: {exc}")
+            return Result(INVALID, lines=str(exc).splitlines())
         previous = target.with_name(target.name + ".previous")
         try:
             # What `.previous` holds now: kept there when this reload is undone (the last
             # good file before the one in place, for the documented rollback, docs/deploying.md).
             kept = previous.read_bytes() if source is not None and previous.is_file() \
                 and not previous.is_symlink() else None
-            unconsumed = consumers_problems(target, Path(source) if source else target,
-                                            by_group, reports)
-            if unconsumed:
+            if unconsumed := consumers_problems(target, Path(source) if source else target,
+                                                by_group, reports):
                 raise Invalid("\n".join(unconsumed))
             revision = install(target, Path(source) if source else None,
                                settings.redis_group_urls, reports, _waiting(redises, say),
@@ -180,8 +188,7 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
         reached = 0
         try:
             for reached, (name, client, group) in enumerate(redises, 1):
-                result = _announce(client, target, revision, timeout_s, say, group, name,
-                                   workers_seen=any(n.startswith("worker:") for n in reports))
+                result = _announce(client, target, revision, timeout_s, say, group, name)
                 if result.status != DONE:
                     break
         except redis.RedisError as exc:
@@ -195,15 +202,66 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
 
 
 def _redises(settings: Settings, redis_url: str | None, answer_s: float) -> list:
-    """(group name, client, its settings) of REDIS_URL's Redis and each group's: each group's
-    workers watch their own Redis, so a reload is announced there too, in turn. Each call is
-    bounded by `answer_s` (a frozen Redis is said within seconds, and --timeout holds)."""
-    redises = [("", connect(redis_url or settings.redis_url, settings, deadline_s=answer_s),
-                settings)]
+    """(group name, client, its settings) of each group's Redis, then REDIS_URL's: each
+    group's workers watch their own Redis, so a reload is announced there too, in turn, and
+    there first: the API processes watch REDIS_URL's, and take the file only once the workers
+    of every group its models are on serve it (app/reloading.py). Each call is bounded by
+    `answer_s` (a frozen Redis is said within seconds, and --timeout holds)."""
+    redises = []
     for name, url in settings.redis_group_urls.items():
         group = replace(settings, redis_url=url, redis_sentinels="")
         redises.append((name, connect(url, group, deadline_s=answer_s), group))
-    return redises
+    return [*redises, ("", connect(redis_url or settings.redis_url, settings,
+                                   deadline_s=answer_s), settings)]
+
+
+def _reports(redises: list, target: Path, source: Path, timeout_s: float,
+             say: Callable[[str], None]) -> tuple[dict[str, dict], dict[str, dict[str, dict]]]:
+    """`_live_reports`, once a worker reports on each Redis the new file's models are on
+    ("" REDIS_URL's, or a group's): with none there (none runs, or none consumes yet) no
+    worker could be asked whether it serves the file, nor would one take it. It waits for
+    one up to `timeout_s` (a worker starting, or restarted by its keeper), saying so at once;
+    then Invalid, nothing changed."""
+    reports, by_group = _live_reports(redises, say)
+    try:
+        needed = {spec.redis for spec in parse_models(target, source.read_bytes()).values()}
+    except (OSError, ConfigError):
+        return reports, by_group  # said by install's check
+
+    clients = {name: (client, group) for name, client, group in redises}
+
+    def serving(name: str) -> bool:
+        """Whether a worker reports on that Redis, and consumes there (a stopped one's
+        report outlives it a while)."""
+        client, group = clients[name]
+        try:
+            return bool(consuming_workers(client, group.heartbeat_ttl_s) & by_group[name].keys())
+        except redis.RedisError:
+            if not name:
+                raise
+            return True  # a group's Redis that does not answer: said when it is announced
+
+    def lacking() -> str:
+        """Where none serves; a group that could not be read, is not configured here or
+        in a live process: said by the checks that follow, naming the field."""
+        return ", ".join("REDIS_URL's Redis" if not g else f"group {g}'s Redis"
+                         for g in sorted(needed) if g in by_group and not any(
+                             "groups" in r and g and g not in r["groups"]
+                             for r in reports.values()) and not serving(g))
+
+    missing, deadline = lacking(), time.monotonic() + timeout_s
+    if missing:
+        say(f"no worker reports on {missing} (none runs, or none consumes yet): waiting up "
+            f"to {timeout_s:g}s for one")
+    while missing and time.monotonic() < deadline:
+        time.sleep(0.5)
+        reports, by_group = _live_reports(redises, lambda line: None)
+        missing = lacking()
+    if missing:
+        raise Invalid(f"no worker reports on {missing} after {timeout_s:g}s: a reload is "
+                      "checked against the workers that would serve its models, and taken up "
+                      "by them first; start one (make run) and reload again")
+    return reports, by_group
 
 
 def _live_reports(redises: list, say: Callable[[str], None]
@@ -321,11 +379,8 @@ def consumers_problems(target: Path, source: Path, by_group: Mapping[str, dict[s
                        reports: Mapping[str, dict] | None = None) -> list[str]:
     """One line per model, new or with a new queue or Redis group, whose queue no live worker
     on its Redis (its group's, "" the default's) would consume, by the workers' reports there
-    (tasks/serves.py): its jobs would wait there for ever. Not checked when no worker
-    reports anywhere (a stack whose workers are all down or restarting: the devices are
-    checked against this host). `reports`: every live process's, by field."""
-    if not any(n.startswith("worker:") for r in by_group.values() for n in r):
-        return []
+    (tasks/serves.py): its jobs would wait there for ever (a Redis with none at all:
+    `_reports` waited for one). `reports`: every live process's, by field."""
     try:
         models = parse_models(target, source.read_bytes())
         now = parse_models(target, target.read_bytes()) if target.exists() else {}
@@ -376,11 +431,10 @@ def _unannounced(target: Path, source: str | Path | None, revision: str, reached
 
 
 def _announce(client: redis.Redis, target: Path, revision: str, timeout_s: float,
-              say: Callable[[str], None], settings: Settings, group_name: str = "",
-              workers_seen: bool = False) -> Result:
+              say: Callable[[str], None], settings: Settings, group_name: str = "") -> Result:
     """Announce `revision` on `client`'s Redis (Redis group `group_name`'s, "" for the
-    default), and wait for every process that watches it to serve it. `workers_seen`: a
-    worker reported on some Redis: a group the models name must then have one too."""
+    default), and wait for every process that watches it to serve it; a group the models
+    name must have a worker too."""
     if group_name:
         say(f"Redis group {group_name}:")
     beat, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
@@ -394,7 +448,7 @@ def _announce(client: redis.Redis, target: Path, revision: str, timeout_s: float
         removed, _, announcement, _ = pipe.execute()
     say(f"models file {target} revision {revision} announced")
     try:
-        named = workers_seen and group_name and any(m.redis == group_name for m in
+        named = group_name and any(m.redis == group_name for m in
                                    parse_models(target, target.read_bytes()).values())
     except (OSError, ConfigError):
         named = False

@@ -51,6 +51,13 @@ def live_reports(client: redis.Redis, beat_s: float) -> dict[str, dict]:
     return _statuses(client, beat_s)
 
 
+def consuming_workers(client: redis.Redis, ttl_s: float) -> set[str]:
+    """The workers consuming now on `client`'s Redis (a heartbeat in the last `ttl_s`), as
+    their reports' fields (`worker:<node>`): a stopped worker's report outlives it a while."""
+    return {f"worker:{n}" for n in
+            client.zrangebyscore(CONSUMING_KEY, time.time() - ttl_s, "+inf")}
+
+
 def standing_of(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
               workers_before: set[str] = frozenset(),
               announcement: str | None = None) -> tuple[dict[str, str], int]:
@@ -60,8 +67,7 @@ def standing_of(client: redis.Redis, revision: str, beat_s: float, ttl_s: float,
     keys.py MODELS_ANNOUNCEMENTS_KEY); a worker's refusal of an earlier one is pending until
     it looked at this one (it begins a revision it refused again once announced again)."""
     statuses = _statuses(client, beat_s)
-    consuming = {f"worker:{n}" for n in
-                 client.zrangebyscore(CONSUMING_KEY, time.time() - ttl_s, "+inf")}
+    consuming = consuming_workers(client, ttl_s)
     names = consuming | set(workers_before) | {n for n in statuses if n.startswith("api:")}
     out = {}
     for name in sorted(names):
@@ -132,15 +138,16 @@ def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[st
     a worker serves there (none there, its models' jobs would wait for ever)."""
     beat, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
     deadline, shown, progress = time.monotonic() + timeout_s, {}, Progress(revision)
-    unanswered = False
+    unanswered, stall = False, Stall(ttl, max(beat, 1.0))
     while True:
+        began = time.monotonic()
         try:
-            standing, apis = standing_of(client, revision, beat, ttl, workers_before,
-                                         announcement)
+            standing, apis = stall.excused(began, standing_of(
+                client, revision, beat, ttl, workers_before, announcement))
         except redis.RedisError as exc:  # a frozen Redis: said once, the timeout holds
             if not unanswered:
                 say(f"  Redis does not answer ({exc}); still waiting")
-            unanswered = True
+            unanswered, stall.at = True, time.monotonic()
             if time.monotonic() > deadline:
                 say(f"reload to {revision} not done: Redis did not answer for {timeout_s:g}s")
                 return Result(TIMED_OUT, revision, [f"Redis: {exc}"])
@@ -163,26 +170,61 @@ def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[st
             return Result(REFUSED, revision, [*lines, failure], failed_load=True)
         pending = [n for n, w in standing.items() if w.startswith("pending")]
         if not pending and apis >= apis_before:
-            refused = [n for n, w in standing.items() if w.startswith(("refused", "gone"))]
-            if needs_worker and not any(n.startswith("worker:") for n in standing):
-                say(f"reload to {revision} refused: no worker runs on group {needs_worker!r}, "
-                    "whose models' jobs would wait there for ever")
-                return Result(REFUSED, revision, lines, refused=True)
-            if refused:
-                say(f"reload to {revision} refused by {', '.join(refused)}")
-                return Result(REFUSED, revision, lines, refused=True)
-            if not move_queued_jobs(client, settings, target, revision, say) or \
-                    not fail_removed_jobs(client, settings, target, revision, say,
-                                          removed_before):
-                return Result(REFUSED, revision, lines)
-            say(f"reload done: every worker child and API process on revision {revision}")
-            return Result(DONE, revision, lines)
+            return _settled(client, revision, standing, say, settings, target,
+                            removed_before, needs_worker)
         if time.monotonic() > deadline:
             say(f"reload to {revision} not done: nothing moved on for {timeout_s:g}s: "
                 + ("; ".join(f"{n} ({standing[n]})" for n in pending)
                    or "API processes not back"))
             return Result(TIMED_OUT, revision, lines)
         time.sleep(min(0.5, beat))
+
+
+def _settled(client: redis.Redis, revision: str, standing: dict[str, str],
+             say: Callable[[str], None], settings: Settings, target: Path,
+             removed_before: int | None, needs_worker: str) -> Result:
+    """Every process done, refused or gone: refused, or the queued jobs of moved queues
+    moved and of removed models failed, and done."""
+    lines = [f"{n}: {w}" for n, w in standing.items()]
+    refused = [n for n, w in standing.items() if w.startswith(("refused", "gone"))]
+    if needs_worker and not any(n.startswith("worker:") for n in standing):
+        say(f"reload to {revision} refused: no worker runs on group {needs_worker!r}, "
+            "whose models' jobs would wait there for ever")
+        return Result(REFUSED, revision, lines, refused=True)
+    if refused:
+        say(f"reload to {revision} refused by {', '.join(refused)}")
+        return Result(REFUSED, revision, lines, refused=True)
+    if not move_queued_jobs(client, settings, target, revision, say) or \
+            not fail_removed_jobs(client, settings, target, revision, say, removed_before):
+        return Result(REFUSED, revision, lines)
+    say(f"reload done: every worker child and API process on revision {revision}")
+    return Result(DONE, revision, lines)
+
+
+class Stall:
+    """When Redis last did not answer, or answered slower than `slow_s` (a freeze, a stall):
+    for `ttl_s` after, a worker whose heartbeat lapsed meanwhile is not concluded gone, but
+    awaited (its heartbeat comes back once Redis answers it), within the reload's deadline.
+    A freeze of ~10 s once made a good reload look refused, and undone: every consuming entry
+    had lapsed by the time Redis answered again, before any worker could renew its own."""
+
+    AWAITED = "pending: its heartbeat lapsed while Redis did not answer; awaited"
+
+    def __init__(self, ttl_s: float, slow_s: float) -> None:
+        self.ttl_s, self.slow_s = ttl_s, slow_s
+        self.at: float | None = None  # when Redis last stalled (time.monotonic())
+
+    def excused(self, began: float, found: tuple[dict[str, str], int]
+                ) -> tuple[dict[str, str], int]:
+        """`standing_of`'s answer to a look that began at `began`, a lapse excused."""
+        now = time.monotonic()
+        if now - began > self.slow_s:
+            self.at = now
+        standing, apis = found
+        if self.at is None or now - self.at > self.ttl_s:
+            return standing, apis
+        return {n: self.AWAITED if w.startswith("gone") else w
+                for n, w in standing.items()}, apis
 
 
 def failed_load(client: redis.Redis, revision: str) -> str:

@@ -26,15 +26,21 @@ KEEP_FIELDS = ("status", "token", *(name for name in READ_FIELDS[:READ_FIELDS.in
                                     if name not in ("status", "token", "expires_at")),
                "crashes")
 
+# The largest stored result a finish sends to the API process waiting on its job (its reply
+# channel, tasks/lua/_finish.lua); a larger one is read by the waiter as before.
+REPLY_MAX_BYTES = 64 * 1024
+
 # What the job scripts are given, by the names they use.
 CONSTANTS = {"FIELDS": READ_FIELDS, "KEEP": KEEP_FIELDS, "JOB_PREFIX": JOB_PREFIX,
              "KEPT_KEY": KEPT_KEY, "KEPT_BYTES_KEY": KEPT_BYTES_KEY,
              "KEPT_BY_PREFIX": KEPT_BY_PREFIX, "KEPT_BY_BYTES_PREFIX": KEPT_BY_BYTES_PREFIX,
              "DEAD_INDEX": dead_index(""), "OWNER_INDEX": owner_index(""),
-             "KEPT_REQUEST": kept_request(""), "MOVES_CHANNEL": MOVES_CHANNEL}
+             "KEPT_REQUEST": kept_request(""), "MOVES_CHANNEL": MOVES_CHANNEL,
+             "REPLY_MAX_BYTES": REPLY_MAX_BYTES}
 
 # Each script's text, by the name its move goes by (tasks/jobstate.py's `JobState._run`).
 SUBMIT = script("job_submit", CONSTANTS)
+SUBMIT_MANY = script("job_submit_many", CONSTANTS)
 START = script("job_start", CONSTANTS)
 PROGRESS = script("job_progress", CONSTANTS)
 FINISH = script("job_finish", CONSTANTS)
@@ -48,7 +54,7 @@ KEPT = script("job_kept", CONSTANTS)
 CLAIM_DELIVERY = script("delivery_claim", CONSTANTS)
 DELIVERY_DONE = script("delivery_done", CONSTANTS)
 
-SCRIPTS = {"submit": SUBMIT, "start": START, "progress": PROGRESS, "finish": FINISH,
-           "finish_queued": FINISH_QUEUED, "cancel": CANCEL, "read": READ, "crashed": CRASHED,
+SCRIPTS = {"submit": SUBMIT, "submit_many": SUBMIT_MANY, "start": START, "progress": PROGRESS,
+           "finish": FINISH, "finish_queued": FINISH_QUEUED, "cancel": CANCEL, "read": READ, "crashed": CRASHED,
            "list": LIST, "delete": DELETE, "kept": KEPT, "claim_delivery": CLAIM_DELIVERY,
            "delivery_done": DELIVERY_DONE}

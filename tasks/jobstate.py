@@ -61,6 +61,7 @@ import redis
 from redis.client import NEVER_DECODE
 
 from tasks import job_lua, results
+from tasks.group_commit import GroupCommit
 from tasks.errors import ErrorCode, JobError
 from tasks.keys import (PENDING_KEY, REMOVED_FAILED_KEY, dead_index, job_key, kept_request,
                         owner_index, owner_jobs, result_key, wake_key)
@@ -337,6 +338,10 @@ def _refusal(kind: str, found: str, kept_quota: int | None) -> Exception | None:
     return plain[kind]() if kind in plain else None
 
 
+# Submits one group commit sends at most (JobState's `group_submits`): a script call's work
+# stays bounded (~0.1 ms a job inside Redis).
+SUBMIT_GROUP_MOST = 32
+
 # How far this process's clock may be from Redis's for a read to leave a queued job's deadline
 # to READ (which expires it by Redis's clock) only when it is this close or past.
 CLOCK_MARGIN_S = 30.0
@@ -356,6 +361,29 @@ def _record(job_id: str, values: Sequence[Any], stored: Any = None) -> JobRecord
     found = {name: _text(v) for name, v in zip(job_lua.READ_FIELDS, values) if v}
     return JobRecord.from_fields(job_id, found, results.outputs_of(
         stored or None, found.get("encoding_format")))
+
+
+def announced(message: bytes) -> dict[str, tuple[bytes, bytes]]:
+    """The jobs of a finish's message on a reply channel (tasks/lua/_finish.lua), each id's
+    (fields as JSON, stored result) as sent: `announced_record` reads one. Cheap, for the
+    listener that receives it; the waiting request reads its own."""
+    out: dict[str, tuple[bytes, bytes]] = {}
+    pos, end = 0, len(message)
+    while pos < end:
+        line = message.index(b"\n", pos)
+        job_id, fields_size, stored_size = message[pos:line].split(b" ")
+        start = line + 1
+        middle = start + int(fields_size)
+        pos = middle + int(stored_size)
+        out[job_id.decode()] = (message[start:middle], message[middle:pos])
+    return out
+
+
+def announced_record(job_id: str, entry: tuple[bytes, bytes]) -> JobRecord:
+    """The job as its finish announced it (`announced`): what `JobState.read` would have
+    read from its record and stored result the moment after."""
+    fields, stored = entry
+    return _record(job_id, orjson.loads(fields), stored or None)
 
 
 def _finish_call(finals: Sequence[Final], result_ttl_s: int,
@@ -392,15 +420,21 @@ class Page:
 class JobState:
     """The status machine over one Redis client. Each method is one round trip. `keep_s`: how
     long a job that did not succeed keeps its request for a retry (0: none is kept);
-    `ttl_s`: how long records live (job_ttl_s), which the indexes follow."""
+    `ttl_s`: how long records live (job_ttl_s), which the indexes follow. `group_submits`:
+    submits made within requests while one is on its way to Redis go together in the next
+    script call (tasks/group_commit.py; an API process's), but those that wait for replicas."""
     client: redis.Redis
     keep_s: int = 0
     ttl_s: int = 86_400
+    group_submits: bool = False
     _scripts: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    _grouped: GroupCommit | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name, text in job_lua.SCRIPTS.items():
             self._scripts[name] = self.client.register_script(text)
+        if self.group_submits:
+            self._grouped = GroupCommit(self._submit_many, most=SUBMIT_GROUP_MOST)
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
              ttl_s: int | None = None) -> Any:
@@ -426,7 +460,7 @@ class JobState:
                idempotency: tuple[str, str] | None = None,
                memory_headroom: float | None = None, request: bytes = b"",
                replicas: tuple[int, float] | None = None,
-               kept_quota: int | None = None, size: int = 0) -> Submitted:
+               kept_quota: int | None = None, size: int = 0, reply: str = "") -> Submitted:
         """Record the job, index it under its owner and queue its message, or raise
         Overloaded (`depth_lists` hold `max_depth` messages or more; None: not checked),
         StoreFull (Redis's memory is within `memory_headroom` of its maxmemory; None: not
@@ -438,7 +472,9 @@ class JobState:
         with none its request's `size` while it waits (its message holds the whole input). A job with `retry_of` is made only if that
         job ended without success and was not retried yet; both are then linked. With
         `replicas` = (count, timeout in seconds), also wait (Redis WAIT, in the same round
-        trip) until that many replicas hold the job, or raise NotReplicated."""
+        trip) until that many replicas hold the job, or raise NotReplicated. `reply`: the
+        channel its finish announces it on, record and result (`announced`), for a process
+        that waits on it ("": none)."""
         claim, digest = idempotency or (job_key(job.id) + ":no-claim", "")
         retried = job_key(job.retry_of) if job.retry_of else job_key(job.id) + ":no-retry"
         # The owner's jobs list drops expired entries on one submit in 16 (ids are random),
@@ -451,21 +487,39 @@ class JobState:
                            "" if kept_quota is None else kept_quota, job.owner, size]
         for name, value in job.submitted_fields().items():
             args += [name, value]
+        if reply:
+            args += ["reply", reply]
         keys = [job_key(job.id), claim, message.list_key, owner_jobs(job.owner), retried,
                 PENDING_KEY, wake_key(queue_of(message.list_key)), owner_index(job.owner),
                 *(depth_lists if max_depth is not None else ())]
-        if replicas is None:
-            reply, acked = self._run("submit", keys, args, ttl_s), 0
+        if replicas is None and self._grouped is not None and (ttl_s or self.ttl_s) == self.ttl_s:
+            answer, acked = self._grouped.submit((keys, args)), 0
+        elif replicas is None:
+            answer, acked = self._run("submit", keys, args, ttl_s), 0
         else:
-            reply, acked = self._submit_and_wait(keys, [self.keep_s, ttl_s or self.ttl_s, *args],
-                                                *replicas)
-        kind, found = (_text(x) for x in reply)
+            answer, acked = self._submit_and_wait(keys, [self.keep_s, ttl_s or self.ttl_s, *args],
+                                                 *replicas)
+        kind, found = (_text(x) for x in answer)
         refused = _refusal(kind, found, kept_quota)
         if refused is not None:
             raise refused
         if replicas is not None and acked < replicas[0]:
             raise NotReplicated(found, acked, replicas[0])
         return Submitted(found, kind == "created")
+
+    def _submit_many(self, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Submits that arrived together (`group_submits`), in one script call: each one's
+        answer, as the submit script's."""
+        if len(calls) == 1:
+            return [self._run("submit", *calls[0])]
+        keys: list[str] = []
+        args: list[Any] = [len(calls)]
+        for job_keys, job_args in calls:
+            args += [len(job_keys), len(job_args)]
+        for job_keys, job_args in calls:
+            keys += job_keys
+            args += job_args
+        return self._run("submit_many", keys, args)
 
     def _submit_and_wait(self, keys: list[str], args: list[Any], count: int,
                          timeout_s: float) -> tuple[Any, int]:

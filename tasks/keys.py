@@ -17,6 +17,10 @@ DONE_PREFIX = f"{PREFIX}done:"
 # (a batch's finish, a cancel, an expiry). The API's waiting requests and event streams listen
 # (app/waiter.py, app/events.py).
 MOVES_CHANNEL = f"{PREFIX}moves"
+# Pub/sub channels `iq:reply:<token>`, one an API process (and Redis group): a job submitted
+# with `Prefer: wait` names its process's in its record, and the finish announces the job there,
+# record and result, before its "done" (tasks/lua/_finish.lua), so that the wait needs no read.
+REPLY_PREFIX = f"{PREFIX}reply:"
 # The kept requests of jobs that did not succeed (tasks/jobstate.py): a sorted set of
 # "<job id>:<bytes>" by the time each is dropped, and the bytes they hold in all.
 KEPT_KEY = f"{PREFIX}kept"

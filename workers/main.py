@@ -23,6 +23,7 @@ from config.models import parse_models, read_models_content, revision_of
 from tasks.celery_app import make_celery
 from workers.child.pinned import pin, pinned, reload_from
 from workers import broker, metrics
+from workers.child import load_failure
 from workers.child.runtime import start_runtime, stop_runtime
 from workers.spawn import project_on_path
 from workers.batching.model_tasks import register_model
@@ -66,6 +67,7 @@ def select_models(sender: str, instance, conf, **_kw) -> None:
     conf.iq_consumes_all = queues >= {s.queue for s in specs.values()}
     logger.info("worker %s serves models: %s", sender, ", ".join(models) or "(none)")
     conf.iq_metrics_address = metrics.serve(conf.iq_settings)
+    load_failure.arm()
 
 
 @signals.worker_process_init.connect
@@ -91,6 +93,8 @@ def load_models(sender: str | None = None, **_kw) -> None:
         # the jobs wait for a worker that can run them.
         logger.critical("pool child %d could not load its models; this worker stops",
                         index, exc_info=True)
+        load_failure.record(f"pool child {index} could not load its models: "
+                            f"{type(exc).__name__}: {exc}")
         logging.shutdown()
         os.kill(os.getppid(), signal.SIGTERM)
         os._exit(1)
@@ -104,6 +108,16 @@ def unload_models(pid: int | None = None, **_kw) -> None:
     stop_runtime()
     tracing.shutdown()
     metrics.child_exited(pid or os.getpid())
+
+
+@signals.worker_shutdown.connect
+def failed_exit(sender, **_kw) -> None:
+    """A stop a pool child asked for, as it could not load its models: the worker exits
+    with status 1, its reason in one line (workers/child/load_failure.py), not 0."""
+    why = load_failure.reason()
+    if why and hasattr(sender, "exitcode"):
+        sender.exitcode = 1
+        logger.critical("worker stopped, exit status 1: %s", why)
 
 
 @signals.worker_shutting_down.connect

@@ -7,7 +7,13 @@
 -- one delivery delivery_claim.lua lets through). Returns, per job, 1 when it took its terminal
 -- status here, 0 when it already had one (or the message was not the job's own). The jobs it
 -- finished are announced on the moves channel, "done <id> <id> ...", in one message (as are a
--- cancel's and an expiry's, one job).
+-- cancel's and an expiry's, one job). Before that, a job whose record names a reply channel
+-- (an API process waiting on it: `Prefer: wait`, job_submit.lua's 'reply') is announced there
+-- with what a read would answer, so that the waiting process needs no read: per job
+-- "<id> <bytes of the fields> <bytes of the result>\n", the record's FIELDS as a JSON array
+-- (false for a field it lacks), then the stored result ('' but for a success); one message a
+-- channel a batch. A result over REPLY_MAX_BYTES is not sent (its waiter reads it, woken by the
+-- "done"): a subscriber's output buffer stays small. The finished record drops the field.
 -- A finished record keeps what a read needs (and its token, so that a message sent by hand
 -- with its id is still told apart): not its message, deadline or request. That of a job that
 -- succeeded is written afresh (DEL, HSET, EXPIRE: it lives job_ttl_s from its finish),
@@ -18,12 +24,13 @@
 -- KEEP (a constant): the fields of a record not final yet that its finished record keeps when
 -- the job succeeds, status and token first.
 -- #include _compact
-local out, done, writes, gone = {}, {}, {}, {}
+local out, done, writes, gone, reply, replies = {}, {}, {}, {}, {}, {}
 local ttl = tonumber(ARGV[4])
 -- Read beside them: 'req', the size of the request an earlier release's submit kept in a key
 -- of its own (dead() in the prelude), for a success to drop that key as that release did.
 -- And 'charged', what the owner's books hold for a job whose request was not kept (job_submit).
 local READ = {unpack(KEEP)}
+READ[#READ + 1] = 'reply'
 READ[#READ + 1] = 'req'
 READ[#READ + 1] = 'charged'
 for i = 1, (#KEYS - 1) / 2 do
@@ -48,7 +55,7 @@ for i = 1, (#KEYS - 1) / 2 do
     if ARGV[a + 3] ~= '' then v.error = ARGV[a + 3] end
     if ARGV[a + 4] ~= '' then v.webhook_id = ARGV[a + 8] end
     if ARGV[a + 1] == 'succeeded' then compact(v, ARGV[3]) end
-    writes[key], out[i] = v, 1
+    writes[key], out[i], reply[i] = v, 1, f[#READ - 2]
   end
 end
 if #gone > 0 then redis.call('del', unpack(gone)) end
@@ -63,7 +70,7 @@ for i = 1, (#KEYS - 1) / 2 do
     if ARGV[a + 1] == 'succeeded' then
       redis.call('expire', key, TTL_S)
     else
-      redis.call('hdel', key, 'message', 'list')
+      redis.call('hdel', key, 'message', 'list', 'reply')
       dead(key, id_of(key))
     end
     redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)
@@ -72,7 +79,18 @@ for i = 1, (#KEYS - 1) / 2 do
       if redis.call('llen', ARGV[a + 6]) == 0 then redis.call('lpush', ARGV[a + 6], '1') end
     end
     done[#done + 1] = id_of(key)
+    local stored = ARGV[a + 1] == 'succeeded' and ARGV[a + 2] or ''
+    if reply[i] and #stored <= REPLY_MAX_BYTES then
+      local fields = cjson.encode(redis.call('hmget', key, unpack(FIELDS)))
+      local entries = replies[reply[i]] or {}
+      entries[#entries + 1] = id_of(key) .. ' ' .. #fields .. ' ' .. #stored .. '\n' .. fields
+        .. stored
+      replies[reply[i]] = entries
+    end
   end
+end
+for channel, entries in pairs(replies) do
+  redis.call('publish', channel, table.concat(entries))
 end
 if #done > 0 then
   redis.call('zrem', KEYS[#KEYS], unpack(done))

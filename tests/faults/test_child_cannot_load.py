@@ -1,6 +1,8 @@
 """A worker whose pool child cannot load its model (a corrupt weights file on that host, a GPU
 that is gone) must not take jobs and fail them: the jobs are not at fault. The child exits
-while it starts, which stops its worker, loudly; the jobs wait for a healthy worker."""
+while it starts, which stops its worker, loudly, with exit status 1 and the reason in one
+line (it exited 0, as after an operator's stop, so a keeper or systemd saw no failure); the
+jobs wait for a healthy worker."""
 from __future__ import annotations
 
 import collections
@@ -31,6 +33,11 @@ def test_a_worker_whose_child_failed_to_load_fails_no_job(tmp_path):
         wait_until(lambda: stack.workers["b"].proc.poll() is not None, 120,
                    "the broken worker to stop")
         assert "could not load its models" in stack.workers["b"].tail(300)
+        assert stack.workers["b"].proc.returncode == 1
+        lines = [line for line in stack.workers["b"].log.read_text(errors="replace")
+                 .splitlines() if "worker stopped, exit status 1: " in line]
+        assert len(lines) == 1 and lines[0].split("worker stopped, exit status 1: ", 1)[1] \
+            .startswith("pool child 0 could not load its models: RuntimeError: "), lines
 
         ids = [stack.submit("quick", [f"job-{i}"])["id"] for i in range(8)]
         stack.workers["a"] = start_worker("a", stack.env, tmp_path, ["quick"])

@@ -2,8 +2,8 @@
 second across it), counting how many times each job ran: what waits on the old queue (its
 three priority lists, and what the worker hands back from its buffer when it stops consuming
 it) is moved to the new one once no worker consumes the old (tasks/queuemoves.py); every
-accepted job ends `succeeded`, having run once; the depth gauge, the job's record, a cancel
-and the listing agree on where it waits. Before, 181 of 675 jobs stayed `queued` with 0 runs:
+accepted job ends `succeeded`, having run once; a rename while no worker runs is refused,
+nothing changed. Before, 181 of 675 jobs stayed `queued` with 0 runs:
 the worker stopped consuming the old queue, the jobs it had buffered went back onto it, the
 reconciler left them there (they were on a queue) and `iq_queue_depth` read 0. Two reloads
 started at once: one runs, the other is refused with nothing changed, and runs afterwards."""
@@ -21,7 +21,6 @@ from scripts.stack import ROOT, launch, start_worker, wait_until
 from tasks.names import queue_lists
 from tests.support.load import Load
 from tests.support.outcomes import assert_each_succeeded_once, settle
-from tests.support.records import fields_of
 
 pytestmark = pytest.mark.slow
 
@@ -40,16 +39,16 @@ def stack(tmp_path):
         stack.stop()
 
 
-def reload_process(stack, models: dict) -> subprocess.Popen:
+def reload_process(stack, models: dict, timeout: int = 240) -> subprocess.Popen:
     path = stack.workdir / f"new-{uuid.uuid4().hex[:6]}.yaml"
     path.write_text(yaml.safe_dump({"models": models}))
     return subprocess.Popen([sys.executable, "-m", "scripts.reload", str(path), "--timeout",
-                             "240"], cwd=ROOT, env=stack.env, stdout=subprocess.PIPE,
+                             str(timeout)], cwd=ROOT, env=stack.env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
-def reload(stack, models: dict) -> tuple[int, str]:
-    proc = reload_process(stack, models)
+def reload(stack, models: dict, timeout: int = 240) -> tuple[int, str]:
+    proc = reload_process(stack, models, timeout)
     out, _ = proc.communicate(timeout=300)
     return proc.returncode, out
 
@@ -88,30 +87,31 @@ def test_a_queue_renamed_under_load_strands_no_job(stack):
     assert load.gave_up == []
 
 
-def test_jobs_waiting_on_a_renamed_queue_are_moved_and_counted(stack):
-    # Nothing consumes while the jobs wait and the file is reloaded: every one is on the old
-    # queue's lists, at each priority.
+def test_a_rename_while_no_worker_runs_is_refused_and_strands_no_job(stack):
+    """Nothing consumes while the jobs wait: the rename is refused once its wait for a
+    worker is out, nothing changed (it was once installed with no worker to ask, and its
+    jobs moved to a queue no running process had taken up). (What waits on a renamed queue
+    moves, counted: tests/integration/test_queue_moves.py; under load: above.)"""
     stack.workers["all"].stop()
     jobs = [stack.submit("alpha", [f"a{i}"], priority=("high", "normal", "low")[i % 3])["id"]
             for i in range(9)]
-    status, out = reload(stack, {"alpha": {**ALPHA, "queue": "alpha-q2"}, "beta": BETA})
-    assert status == 0, out
-    assert "moved to queue alpha-q2" in out, out
-    # Where they wait, every reader agrees: the lists, each record, the depth gauge.
-    assert waiting(stack, "alpha") == 0 and waiting(stack, "alpha-q2") == 9
-    assert [stack.redis.llen(name) for name in queue_lists("alpha-q2")] == [3, 3, 3]
-    wanted = set(queue_lists("alpha-q2"))
-    assert {r.get("list") for r in fields_of(stack.redis, jobs).values()} == wanted
-    wait_until(lambda: depth(stack, "alpha") == 9, 30, "the depth gauge to count the moved jobs")
-    listed = requests.get(f"{stack.api}/v1/jobs", params={"model": "alpha", "limit": 100},
-                          timeout=10).json()["jobs"]
-    assert {j["id"]: j["status"] for j in listed} == {j: "queued" for j in jobs}
+    before = (stack.workdir / "models.yaml").read_bytes()
+    status, out = reload(stack, {"alpha": {**ALPHA, "queue": "alpha-q2"}, "beta": BETA},
+                         timeout=5)
+    assert status == 1, out
+    assert "reload refused, nothing changed: no worker reports on REDIS_URL's Redis after " \
+        "5s" in out, out
+    assert (stack.workdir / "models.yaml").read_bytes() == before
+    assert [stack.redis.llen(name) for name in queue_lists("alpha")] == [3, 3, 3]
     cancel = requests.post(f"{stack.api}/v1/jobs/{jobs[0]}/cancel", timeout=10)
     assert cancel.status_code == 200 and cancel.json()["status"] == "cancelled", cancel.text
 
-    # A worker started on the new file serves them; none stays queued, each ran once, and the
-    # cancelled one never ran.
+    # The worker started again (on the file in place) serves them; once it does, the rename
+    # goes through. None stays queued, each ran once, the cancelled one never ran.
     stack.workers["all"] = start_worker("all", stack.env, stack.workdir, None)
+    stack.wait_live(["alpha", "beta"], 180)
+    status, out = reload(stack, {"alpha": {**ALPHA, "queue": "alpha-q2"}, "beta": BETA})
+    assert status == 0, out
     records = settle(stack, jobs)
     assert records[jobs[0]]["status"] == "cancelled" and not records[jobs[0]].get("runs")
     assert_each_succeeded_once({j: records[j] for j in jobs[1:]})

@@ -3,7 +3,9 @@ queued for it end `failed` with `model_removed` (the reload fails them, scripts/
 reload_removed.py), as they do when a worker consumes its queue at the reload
 (tests/faults/test_reload.py). Before, they stayed `queued` for ever: the only worker was
 stopped when the jobs were queued and the file reloaded, and restarted on the new file it
-never consumed that model's queue."""
+never consumed that model's queue. A reload while no worker runs at all is refused now, and
+changes nothing (no worker to check the file against, nor to take it first): the removal
+is made with a worker that consumes only the kept model's queue."""
 from __future__ import annotations
 
 import subprocess
@@ -42,6 +44,21 @@ def test_jobs_queued_for_a_removed_model_no_worker_consumes_fail(stack):
 
     path = stack.workdir / "without-gone.yaml"
     path.write_text(yaml.safe_dump({"models": {"keep": KEEP}}))
+    models = (stack.workdir / "models.yaml").read_bytes()
+    # No worker runs: refused once its wait for one is out, nothing changed.
+    alone = subprocess.run([sys.executable, "-m", "scripts.reload", str(path), "--timeout", "5"],
+                           cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 1, alone.stdout + alone.stderr
+    assert alone.stdout.splitlines()[-1].startswith(
+        "reload refused, nothing changed: no worker reports on REDIS_URL's Redis after 5s"), \
+        alone.stdout
+    assert (stack.workdir / "models.yaml").read_bytes() == models
+    assert {stack.job(j)["status"] for j in gone + keep} == {"queued"}
+    gone.append(stack.submit("gone", ["g9"])["id"])  # the API serves the old file still
+
+    # A worker that consumes only `keep`'s queue: nothing consumes `gone`'s.
+    stack.workers["only"] = start_worker("only", stack.env, stack.workdir, ["keep"])
+    stack.wait_live(["keep"], 180)
     done = subprocess.run([sys.executable, "-m", "scripts.reload", str(path), "--timeout", "120"],
                           cwd=ROOT, env=stack.env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -54,7 +71,7 @@ def test_jobs_queued_for_a_removed_model_no_worker_consumes_fail(stack):
         assert (body["status"], (body.get("error") or {}).get("code")) == \
             ("failed", "model_removed"), body
         assert body["started_at"] is None and "model_version" not in body, body
-    assert "jobs queued for removed models: 9 for gone failed with model_removed" in \
+    assert "jobs queued for removed models: 10 for gone failed with model_removed" in \
         done.stdout, done.stdout
     dead = requests.get(f"{stack.api}/v1/jobs", params={"status": "failed", "limit": 100},
                         timeout=10).json()["jobs"]
@@ -66,10 +83,8 @@ def test_jobs_queued_for_a_removed_model_no_worker_consumes_fail(stack):
         print(done.stdout, stack.logs())
     assert refused.status_code == 422, refused.text
 
-    # A worker started again serves `keep` as before: its queued jobs and a new one; the
-    # failed jobs stay as they are, and it ran none of them.
-    stack.workers["only"] = start_worker("only", stack.env, stack.workdir, None)
-    stack.wait_live(["keep"], 180)
+    # The worker serves `keep` as before: its queued jobs and a new one; the failed jobs
+    # stay as they are, and it ran none of them.
     for job_id in keep + [stack.submit("keep", ["after"])["id"]]:
         assert stack.finished(job_id, timeout=60)["status"] == "succeeded"
     for job_id in gone:

@@ -81,6 +81,25 @@ def test_prefer_wait_answers_the_post_with_the_finished_job(stack):
     assert stack.job(body["id"])["result"] == body["result"]
 
 
+def test_prefer_wait_answers_from_the_finish_without_reading_the_job(stack):
+    # The finish brings the job to the waiting process on its reply channel (issue 40): the
+    # answer is the job as a GET reads it, and the wait reads nothing after the finish (no
+    # GET of the result, which only a read sends).
+    def gets() -> int:
+        return stack.admin.info("commandstats").get("cmdstat_get", {}).get("calls", 0)
+
+    before, bodies = gets(), []
+    for i in range(6):
+        r = requests.post(f"{stack.api}/v1/jobs",
+                          json={"model": "synthetic", "inputs": ["a"] * (1 + i % 2)},
+                          headers={"Prefer": "wait=20"}, timeout=30)
+        assert r.status_code == 201, r.text
+        bodies.append(r.json())
+    assert gets() - before < 3  # was 6: one a job
+    for body in bodies:
+        assert stack.job(body["id"]) == body
+
+
 def test_prefer_wait_past_its_time_is_the_usual_202(stack):
     # Occupy the sleepy model's only child so that the job cannot finish within the wait.
     first = stack.submit("sleepy", ["x"] * 4)

@@ -11,6 +11,7 @@ import sys
 import time
 
 import orjson
+import pytest
 import redis
 
 import app.reloading
@@ -32,6 +33,12 @@ pathlib.Path(sys.argv[2]).touch()
 while True:
     signal.pause()
 """
+
+
+def serves(client, models: bytes, node: str = "w@h") -> None:
+    """A worker's report (workers/batching/reload.py): it serves `models`."""
+    client.hset(RELOAD_STATUS_KEY, f"worker:{node}", orjson.dumps(
+        {"revision": revision_of(models), "state": "serving", "at": time.time()}))
 
 
 def test_a_master_gets_one_sighup_per_reload_also_back_to_a_revision_it_served(
@@ -68,6 +75,7 @@ def test_a_master_gets_one_sighup_per_reload_also_back_to_a_revision_it_served(
         for reloads, target in enumerate((b, a, b), start=1):
             models.write_bytes(target)
             client.set(MODELS_REVISION_KEY, revision_of(target))
+            serves(client, target)
             # Two processes of the master see the announcement: one SIGHUP between them.
             watches = [ModelsWatch(client, settings, revision_of(serving), master.pid)
                        for _ in range(2)]
@@ -219,6 +227,7 @@ def test_a_revision_announced_again_after_its_rollback_sends_its_master_another_
         models.write_bytes(contents)
         client.set(MODELS_REVISION_KEY, revision_of(contents))
         client.incr(MODELS_ANNOUNCEMENTS_KEY)
+        serves(client, contents)
 
     def process(serving: bytes) -> ModelsWatch:  # a canary that starts
         return ModelsWatch(client, settings, revision_of(serving), 4242, canary=lambda _: "")
@@ -248,3 +257,92 @@ def test_a_revision_announced_again_after_its_rollback_sends_its_master_another_
                           started=late.started)
     sibling.check()
     assert sibling.handed_over and sent == hup * 3, sent
+
+
+def test_an_api_process_with_no_worker_to_ask_waits_and_a_groups_model_waits_for_its_workers(
+        redis_server, tmp_path, monkeypatch):
+    """No worker reports at all (none runs, or none consumes yet): the process does not take
+    the file for want of one to ask (it once did, and accepted jobs no worker could serve).
+    A model on a Redis group: the process waits for the workers that report on that group's
+    Redis, not only REDIS_URL's, and refuses the file when one of them refused it."""
+    redis.Redis.from_url(redis_server.extra["admin_url"]).flushdb()
+    group_url = redis_server.extra["url"].rsplit("/", 1)[0] + "/1"
+    redis.Redis.from_url(redis_server.extra["admin_url"].rsplit("/", 1)[0] + "/1").flushdb()
+    client = redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
+    group = redis.Redis.from_url(group_url, decode_responses=True)
+    models = tmp_path / "models.yaml"
+    old = b"models: {a: {kind: synthetic}}\n"
+    new = b"models: {a: {kind: synthetic}, g: {kind: synthetic, redis: gpu}}\n"
+    models.write_bytes(new)
+    settings = load_settings({"redis_url": redis_server.extra["url"], "models_file": str(models),
+                              "redis_groups": f"gpu={group_url}"}, environ={})
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(app.reloading.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+
+    def watch() -> ModelsWatch:
+        return ModelsWatch(client, settings, revision_of(old), master=os.getpid(),
+                           canary=lambda revision: "", groups={"gpu": group})
+
+    def pending(process: ModelsWatch) -> str:
+        return orjson.loads(client.hget(RELOAD_STATUS_KEY, process.field))["workers_pending"]
+
+    for redis_of in (client, group):  # as make reload announces: the group's first
+        redis_of.set(MODELS_REVISION_KEY, revision_of(new))
+        redis_of.incr(MODELS_ANNOUNCEMENTS_KEY)
+    process = watch()
+    process.check()
+    assert sent == [] and not process.handed_over
+    assert pending(process) == (
+        "a worker on REDIS_URL's Redis (none reports: none runs, or none consumes yet), "
+        "a worker on group gpu's Redis (none reports: none runs, or none consumes yet)")
+    serves(client, new)
+    serves(group, old, "g@h")
+    process.check()
+    assert sent == [] and pending(process) == "worker:g@h (group gpu)"
+    serves(group, new, "g@h")
+    process.check()
+    assert sent == [(os.getpid(), app.reloading.signal.SIGHUP)] and process.handed_over
+
+    # A group's worker that refused the file: the process refuses it too, no SIGHUP.
+    sent.clear()
+    number = group.incr(MODELS_ANNOUNCEMENTS_KEY)
+    group.hset(RELOAD_STATUS_KEY, "worker:g@h", orjson.dumps(
+        {"revision": revision_of(old), "state": "refused", "at": time.time(),
+         "refused": revision_of(new), "announcement": str(number), "error": "no GPU here"}))
+    client.incr(MODELS_ANNOUNCEMENTS_KEY)
+    process = watch()
+    process.check()
+    report = orjson.loads(client.hget(RELOAD_STATUS_KEY, process.field))
+    assert sent == [] and report["state"] == "refused", report
+    assert "worker:g@h (group gpu): no GPU here" in report["error"], report
+
+
+def test_a_canary_that_cannot_reach_redis_url_is_tried_again_not_refused(
+        redis_server, tmp_path, monkeypatch):
+    """REDIS_URL's Redis not answering the canary (frozen, away for a while) is no fault of
+    the file: the process neither refuses it nor records a failed load (a Redis freeze during
+    a good reload once had it refused and undone); it tries the canary again at its next
+    heartbeat, and takes the file once it starts. A group's Redis not answering is still a
+    refusal (above)."""
+    redis.Redis.from_url(redis_server.extra["admin_url"]).flushdb()
+    client = redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
+    models = tmp_path / "models.yaml"
+    old, new = b"models: {a: {kind: synthetic}}\n", b"models: {b: {kind: synthetic}}\n"
+    models.write_bytes(new)
+    monkeypatch.setenv("IQ_MODELS_FILE", str(models))
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")  # the canary's: no answer
+    settings = load_settings({"redis_url": redis_server.extra["url"],
+                              "models_file": str(models)}, environ={})
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(app.reloading.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    watch = ModelsWatch(client, settings, revision_of(old), master=os.getpid())
+    client.set(MODELS_REVISION_KEY, revision_of(new))
+    client.incr(MODELS_ANNOUNCEMENTS_KEY)
+    serves(client, new)
+    with pytest.raises(redis.ConnectionError, match="REDIS_URL's Redis did not answer"):
+        watch.check()
+    assert not watch.handed_over and watch.refused is None and sent == []
+    assert failure_of(client, revision_of(new)) is None
+    monkeypatch.setenv("REDIS_URL", redis_server.extra["url"])  # it answers again
+    watch.check()
+    assert watch.handed_over and sent == [(os.getpid(), app.reloading.signal.SIGHUP)]

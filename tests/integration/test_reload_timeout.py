@@ -188,8 +188,9 @@ def test_api_processes_still_handing_over_are_waited_for_but_not_counted(
 def test_a_failed_load_on_a_groups_redis_puts_the_previous_file_back_everywhere(
         tmp_path, client, redis_server):
     """`make reload FILE` whose new models a worker of a Redis group could not load: the file
-    it replaced goes back in place and is announced on every Redis the new one was, the
-    default group's included (its processes had taken it)."""
+    it replaced goes back in place and is announced on every Redis the new one was. A
+    group's Redis is announced before REDIS_URL's, where the API processes watch: the group's
+    failed load ends the reload before they are told of the file."""
     settings = setup(tmp_path, client, redis_server)
     group_url = redis_server.extra["url"].rsplit("/", 1)[0] + "/1"
     group = redis.Redis.from_url(group_url, decode_responses=True)
@@ -227,7 +228,9 @@ def test_a_failed_load_on_a_groups_redis_puts_the_previous_file_back_everywhere(
             thread.join(10)
     assert result.status == REFUSED and result.failed_load, said
     assert revision_of((tmp_path / "models.yaml").read_bytes()) == old
-    assert [client.get(MODELS_REVISION_KEY), group.get(MODELS_REVISION_KEY)] == [old, old]
+    assert [client.get(MODELS_REVISION_KEY), group.get(MODELS_REVISION_KEY)] == [None, old]
+    assert not any(f"revision {bad} announced" in line for line in said[:said.index(
+        "Redis group g:")]), said  # the group first
     assert f"every process serves revision {old}" in said[-1], said
 
 
@@ -326,6 +329,7 @@ def test_a_redis_that_stalls_once_the_file_is_installed_puts_the_previous_file_b
         new = tmp_path / "new.yaml"
         new.write_text(yaml.safe_dump({"models": {**MODELS, "other": MODELS["quick"]}}))
         client.set(MODELS_REVISION_KEY, revision_of(old))
+        report(client, revision_of(old), "serving")
         settings = load_settings({"redis_url": server.extra["url"], "models_file": str(target),
                                   "redis_timeout_s": 1.0}, environ={})
         installed: list[str] = []
@@ -350,3 +354,52 @@ def test_a_redis_that_stalls_once_the_file_is_installed_puts_the_previous_file_b
     finally:
         os.kill(server.proc.pid, signal.SIGCONT)
         server.stop()
+
+
+def test_a_reload_with_no_worker_to_ask_waits_for_one_then_is_refused_and_nothing_changes(
+        tmp_path, client, redis_server):
+    """No worker reports (none runs, or none consumes yet): its checks once passed for want
+    of a worker to ask and the file was installed and announced. Now it waits for one up to
+    its timeout, saying so at once, then refuses, nothing changed; a worker that reports
+    within it (one starting) lets it go on."""
+    target = tmp_path / "models.yaml"
+    target.write_text(yaml.safe_dump({"models": MODELS}))
+    settings = load_settings({"redis_url": redis_server.extra["url"],
+                              "models_file": str(target)}, environ={})
+    before = target.read_bytes()
+    new = tmp_path / "new.yaml"
+    new.write_text(yaml.safe_dump({"models": {**MODELS, "other": MODELS["quick"]}}))
+    said: list[str] = []
+    started = time.monotonic()
+    result = reload(new, timeout_s=2, say=said.append, settings=settings)
+    assert result.status == INVALID and time.monotonic() - started >= 2, said
+    assert said == [
+        "no worker reports on REDIS_URL's Redis (none runs, or none consumes yet): waiting up "
+        "to 2s for one",
+        "reload refused, nothing changed: no worker reports on REDIS_URL's Redis after 2s: a "
+        "reload is checked against the workers that would serve its models, and taken up by "
+        "them first; start one (make run) and reload again"], said
+    assert target.read_bytes() == before and not (tmp_path / "models.yaml.previous").exists()
+    assert client.get(MODELS_REVISION_KEY) is None  # nothing announced
+
+    # A worker that starts while it waits: the reload goes on, and is done once it serves.
+    waiting, stop = threading.Event(), threading.Event()
+
+    def worker() -> None:
+        waiting.wait(30)
+        while not stop.is_set():
+            report(client, client.get(MODELS_REVISION_KEY) or "old", "serving",
+                   queues=["quick", "other"])
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    said.clear()
+    try:
+        result = reload(new, timeout_s=30, say=lambda line: (
+            said.append(line), "waiting up to" in line and waiting.set()), settings=settings)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert result.status == DONE and said[0].startswith("no worker reports"), said
+    assert target.read_bytes() == new.read_bytes()

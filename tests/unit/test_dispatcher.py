@@ -194,6 +194,7 @@ def test_a_full_batch_is_handed_to_the_busy_child_ahead_as_its_batch_nears_its_e
     clock = SimpleNamespace(now=100.0)
     monkeypatch.setattr(dispatcher_module, "monotonic", lambda: clock.now)
     d, pool, timer, _unacked = dispatcher()
+    d.settlement.accepted = lambda *_args: None  # Celery's books: not this test's
     assert d.settings.batches_ahead == 1
     receive(d, "warm")  # the model's usual batch time: 0.1 s
     pool.calls[0]["accept_callback"](1, 0.0)
@@ -220,6 +221,7 @@ def test_a_full_batch_is_handed_to_the_busy_child_ahead_as_its_batch_nears_its_e
 
 def test_before_a_model_is_timed_nothing_goes_ahead():
     d, pool, _timer, _unacked = dispatcher()
+    d.settlement.accepted = lambda *_args: None  # Celery's books: not this test's
     receive(d, "a")
     pool.calls[0]["accept_callback"](1, 0.0)
     for job_id in "bcde":
@@ -235,6 +237,7 @@ def busy_near_its_end(monkeypatch, **settings):
     clock = SimpleNamespace(now=100.0)
     monkeypatch.setattr(dispatcher_module, "monotonic", lambda: clock.now)
     d, pool, _timer, _unacked = dispatcher()
+    d.settlement.accepted = lambda *_args: None  # Celery's books: not this test's
     d.settings = dataclasses.replace(d.settings, **settings)
     receive(d, "warm")
     pool.calls[0]["accept_callback"](1, 0.0)

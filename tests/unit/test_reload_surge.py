@@ -210,3 +210,32 @@ def test_the_worker_pool_asks_before_it_starts_children_and_sizes_after():
     inner._processes = 2
     inner._repopulate_pool([1])
     assert started == [1], "without it, billiard starts one"
+
+
+def test_a_rollback_that_ends_a_hold_hands_the_held_jobs_out(monkeypatch):
+    """The CI bug (tests/faults/test_reload_gate.py): a reload removing `m` holds its jobs
+    in the buffer while the surge child loads; the surge child cannot load, and the rollback
+    serves `m` again. Its buffered jobs go to the old child then, with no job arriving to
+    start the batching: the held jobs fill the worker's prefetch, so that none would, and
+    the worker ran no batch again."""
+    from tasks.names import task_name
+    from tests.unit.test_dispatcher import receive
+
+    monkeypatch.setenv("IQ_WORKER_MODELS", "")
+    a, pool = reloading(monkeypatch, 1)
+    d = a.dispatcher
+    handed: list[list[str]] = []
+    a.consumer.pool.apply_async = lambda fn, args, **kw: handed.append(
+        [job.id for job in args[1]])
+    a.app.tasks = {task_name("m"): object()}
+    a.removed["m"], a.app.conf.iq_models = a.app.conf.iq_models["m"], {}  # the new file
+    a.removing, a.stale = {"m"}, {1}
+    a._hold(set())
+    receive(d, "j1")
+    receive(d, "j2")
+    assert handed == [], "held while the reload removes m"
+    a.step()  # a surge child loads the new file
+    fail_load(a, pool, 101)
+    assert a.state == "refused" and not d.scheduler.held
+    d.consumer.timer.run_due()
+    assert handed == [["j1", "j2"]], "the held jobs handed out once the hold ends"

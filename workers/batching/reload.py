@@ -338,8 +338,12 @@ class Reloader:
 
     def _hold(self, gaining: set[str]) -> None:
         """The models the children on the previous file lack wait in the buffer until none
-        of those children is left (a batch handed to one would fail `model_unavailable`)."""
+        of those children is left (a batch handed to one would fail `model_unavailable`).
+        A model no longer held (a rollback serves a removed model again) has its buffered
+        jobs handed out on the event loop's next turn: nothing else would start them, as
+        no job arrives while held ones fill the worker's prefetch."""
         held = self.dispatcher.scheduler.held
+        before = set(held)
         held.clear()
         if self.stale:
             held.update(gaining)
@@ -347,6 +351,8 @@ class Reloader:
         if held:
             logger.info("jobs of %s wait for a child on the new models file",
                         ", ".join(sorted(held)))
+        if before - held:  # not now: a rollback may run inside the pool's maintenance
+            self.consumer.timer.call_after(0.0, self.dispatcher.pump)
 
     def retire_model(self, name: str, by: str = "the reload") -> None:
         """A model the new file removed: what waits in the buffer fails now; its queue stays

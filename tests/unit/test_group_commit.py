@@ -1,0 +1,127 @@
+"""Group commit (tasks/group_commit.py) with a send that the test holds: a lone call goes at
+once and alone; calls that arrive while one is on its way go together in the next; a group's
+error is each member's; a call whose deadline passes while it queues is never sent."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+
+from scripts.processes import wait_until
+from tasks import redis_deadline
+from tasks.group_commit import GroupCommit
+
+
+class HeldSend:
+    """A send whose calls block until `release()`; records each group it was given."""
+
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.groups: list[list[int]] = []
+        self.gate = threading.Event()
+        self.fail = fail
+        self.entered = threading.Event()
+
+    def __call__(self, items):
+        self.groups.append(list(items))
+        self.entered.set()
+        assert self.gate.wait(10)
+        if self.fail is not None:
+            raise self.fail
+        return [item * 10 for item in items]
+
+
+def _in_request(group: GroupCommit, item: int, out: dict, seconds: float = 10) -> None:
+    with redis_deadline.deadline(seconds):
+        try:
+            out[item] = group.submit(item)
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            out[item] = exc
+
+
+def _start(group, items, out, seconds=10) -> list[threading.Thread]:
+    threads = [threading.Thread(target=_in_request, args=(group, i, out, seconds))
+               for i in items]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def test_a_lone_call_is_sent_at_once_and_alone():
+    send = HeldSend()
+    send.gate.set()
+    group, out = GroupCommit(send), {}
+    _in_request(group, 1, out)
+    assert out == {1: 10} and send.groups == [[1]]
+
+
+def test_calls_arriving_while_one_is_on_its_way_go_together_in_the_next():
+    send = HeldSend()
+    group, out = GroupCommit(send, most=4), {}
+    first = _start(group, [0], out)
+    assert send.entered.wait(5)
+    others = _start(group, range(1, 7), out)
+    wait_until(lambda: len(group._queued) == 6, 10, "six calls queued behind the first")
+    send.gate.set()
+    for thread in first + others:
+        thread.join(10)
+    assert out == {i: i * 10 for i in range(7)}
+    assert send.groups[0] == [0]
+    assert sorted(send.groups[1] + send.groups[2]) == list(range(1, 7))
+    assert [len(g) for g in send.groups] == [1, 4, 2]  # at most `most` a call
+    assert group.calls == 3 and group.items == 7 and not group._busy
+
+
+def test_a_groups_error_is_each_members_own():
+    send = HeldSend(fail=redis.ConnectionError("gone"))
+    group, out = GroupCommit(send), {}
+    first = _start(group, [0], out)
+    assert send.entered.wait(5)
+    others = _start(group, [1, 2], out)
+    wait_until(lambda: len(group._queued) == 2, 10, "two calls queued")
+    send.gate.set()
+    for thread in first + others:
+        thread.join(10)
+    assert all(isinstance(out[i], redis.ConnectionError) for i in range(3))
+    assert not group._busy  # the next call goes at once
+    send.fail = None
+    _in_request(group, 9, out)
+    assert out[9] == 90
+
+
+def test_a_call_whose_deadline_passes_while_it_queues_is_never_sent():
+    send = HeldSend()
+    group, out = GroupCommit(send), {}
+    first = _start(group, [0], out)
+    assert send.entered.wait(5)
+    late = _start(group, [1], out, seconds=0.2)
+    for thread in late:
+        thread.join(10)
+    assert isinstance(out[1], redis_deadline.DeadlinePassed)
+    send.gate.set()
+    for thread in first:
+        thread.join(10)
+    assert send.groups == [[0]] and out[0] == 0 and not group._queued
+
+
+def test_outside_a_request_a_call_goes_alone():
+    send = HeldSend()
+    send.gate.set()
+    group = GroupCommit(send)
+    group._busy = True  # as if another call were on its way
+    assert group.submit(3) == 30 and send.groups == [[3]]
+
+
+@pytest.mark.parametrize("most", [1, 2])
+def test_the_queue_is_handed_on_until_it_is_empty(most):
+    send = HeldSend()
+    group, out = GroupCommit(send, most=most), {}
+    first = _start(group, [0], out)
+    assert send.entered.wait(5)
+    others = _start(group, range(1, 4), out)
+    wait_until(lambda: len(group._queued) == 3, 10, "three calls queued")
+    send.gate.set()
+    for thread in first + others:
+        thread.join(10)
+    assert out == {i: i * 10 for i in range(4)} and not group._busy
+    assert sum(len(g) for g in send.groups) == 4 and max(len(g) for g in send.groups) <= most
