@@ -23,14 +23,13 @@ from typing import Iterator
 
 import orjson
 import redis
-from flask import Response, current_app, request
+from flask import Response, request
 
 from app import auth
 from app.openapi import LAST_EVENT_ID, REQUEST_ID, Blueprint, errors
 from app.errors import TooManyWaits
 from app.jobs import caller_job
 from app.responses import Job, dump, job_body, no_content
-from app.group_stores import Stores
 from app.store import Watch
 from app.waiter import NoSlot
 from config import Settings
@@ -66,11 +65,10 @@ def register(bp: Blueprint, settings: Settings, keys: bool) -> None:
     @errors(bp, keys, e404=None, e429="every wait slot is taken (too_many_waits), or the "
             "key's read budget is used up (rate_limited)")
     def job_events(job_id: str):
-        canonical, job = caller_job(job_id)
+        canonical, job, store = caller_job(job_id)
         seen = request.headers.get("Last-Event-ID", "")
         if job.terminal and seen == job.status.value:
             return no_content()
-        store: Stores = current_app.extensions["iq.store"]
         watching = ExitStack()
         peers = auth.current_key() is None  # read here: the stream runs outside the request
         if job.terminal:

@@ -1,39 +1,39 @@
-"""The job stores of every Redis group behind one API (config/groups.py), with the interface
-the views use of one JobStore (app/store.py).
+"""The job stores of every Redis group behind one API (config/groups.py): one JobStore
+(app/store.py) per group, and what spans them.
 
 Each group has a store of its own: its Redis connections, a Celery app for its messages and
 revokes, its result listener (the waits on its jobs), its gauge (queue depth and memory checks
-on its Redis). A call on one job goes to the store its id names; a submit to the store of its
-model's group; listing merges the groups' pages; the queue depths, kept requests, live
-instances and readiness are read from each. A group whose Redis is down answers 503 for its
-models and its jobs; the others are not held by it. With no groups configured there is one
-store, REDIS_URL's, and every call is that store's own."""
+on its Redis). The views look up the store a job's id names (`for_job`), or a model's group's
+to submit to (`for_model`), and call that JobStore directly; listing merges the groups' pages;
+the queue depths, kept requests, live instances and readiness are read from each. A group
+whose Redis is down answers 503 for its models and its jobs (JobStore.answering); the others
+are not held by it. With no groups configured there is one store, REDIS_URL's."""
 from __future__ import annotations
 
 import contextvars
 import logging
 import threading
-from contextlib import contextmanager
 from dataclasses import replace
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import Callable, Iterable, TypeVar
 
 import redis
 
-from app.errors import Conflict, Unavailable
-from app.store import JobStore, Watch, group_name, page_reads
+from app.errors import Unavailable
+from app.store import JobStore, group_name, page_reads, parse_job_id
 from app.waiter import Slots
 from config import Settings
-from config.job_ids import group_of, group_tag, new_job_id
+from config.job_ids import group_of, group_tag
 from config.models import ModelSpec
 from tasks.celery_app import make_celery
-from tasks.jobstate import CancelOutcome, JobRecord, Page
+from tasks.jobstate import JobRecord, Page
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 class Stores:
-    """The job stores, by group ("" : REDIS_URL's), and the calls the views make on them."""
+    """The job stores, by group ("" : REDIS_URL's): the lookups that give a model's or a job's
+    own store (the views call it directly), and the reads that span every group."""
 
     def __init__(self, settings: Settings, models: dict[str, ModelSpec], revision: str) -> None:
         self.settings, self.models = settings, models
@@ -53,62 +53,18 @@ class Stores:
                                                self.default.state)
 
     def for_model(self, spec: ModelSpec) -> JobStore:
+        """The store of the model's group: where its jobs are submitted."""
         return self.stores[spec.redis]
 
-    def for_job(self, job_id: str) -> JobStore | None:
-        """The store a canonical job id names; None for an id of no configured group."""
-        group = group_of(job_id, self.tags)
-        return None if group is None else self.stores[group]
-
-    def new_job_id(self, spec: ModelSpec) -> str:
-        return new_job_id(spec.redis)
-
-    def submit(self, spec: ModelSpec, job: dict, trace_id: str,
-               idempotency_key_: str | None = None, owner: str = "",
-               job_id: str | None = None, retry_of: str = "",
-               reply: str = "") -> tuple[JobRecord, bool]:
-        """JobStore.submit on the Redis of the model's group. A retry is linked to its job
-        in one script, on one Redis: 409 when the model has changed group since."""
-        store = self.for_model(spec)
-        if retry_of and self.for_job(retry_of) is not store:
-            raise Conflict(f"the job's model {spec.name} has moved to "
-                           f"{group_name(spec.redis)} since the job ran: submit it anew")
-        return store.submit(spec, job, trace_id, idempotency_key_, owner=owner,
-                            job_id=job_id, retry_of=retry_of, reply=reply)
-
-    # The calls on one job go to the store its id names, a named group's Redis errors
-    # answered as that group's 503 (JobStore.answering); an id of no configured group is no
-    # job, answered as each call answers for a job it does not find.
-    def _on_job(self, job_id: str, missing: T, call: Callable[[JobStore], T]) -> T:
-        store = self.for_job(job_id)
-        if store is None:
-            return missing
-        with store.answering():
-            return call(store)
-
-    def get(self, job_id: str, owner: str | None = None) -> JobRecord | None:
-        return self._on_job(job_id, None, lambda store: store.get(job_id, owner))
-
-    def wait(self, job_id: str, timeout_s: float, owner: str) -> JobRecord | None:
-        return self._on_job(job_id, None, lambda store: store.wait(job_id, timeout_s, owner))
-
-    @contextmanager
-    def watch(self, job_id: str, owner: str, moves: bool = False) -> Iterator[Watch]:
-        """The watch of the job's store (`Watch.store`): its listener wakes it."""
-        with (self.for_job(job_id) or self.default).watch(job_id, owner, moves) as watch:
-            yield watch
-
-    def owned_by(self, job_id: str, owner: str) -> bool:
-        return self._on_job(job_id, False, lambda store: store.owned_by(job_id, owner))
-
-    def cancel(self, job_id: str) -> CancelOutcome:
-        return self._on_job(job_id, CancelOutcome.MISSING, lambda store: store.cancel(job_id))
-
-    def delete(self, job_id: str, owner: str) -> str:
-        return self._on_job(job_id, "missing", lambda store: store.delete(job_id, owner))
-
-    def kept_request(self, job_id: str) -> str | bytes | None:
-        return self._on_job(job_id, None, lambda store: store.kept_request(job_id))
+    def for_job(self, job_id: str) -> tuple[str, JobStore] | None:
+        """The canonical form of a job id and the store of the group it names, where every
+        call on that job goes (the views make them on it directly, within its `answering`:
+        app/jobs.py's `on_job`). None for an id this service cannot have issued: not a UUID,
+        or of no configured group (a group since removed), which each view answers as the
+        job it does not find."""
+        canonical = parse_job_id(job_id)
+        group = None if canonical is None else group_of(canonical, self.tags)
+        return None if group is None else (canonical, self.stores[group])
 
     def page(self, owner: str, *, status: str = "", model: str = "",
              cursor: tuple[str, str] | None = None,

@@ -10,9 +10,9 @@ from flask import current_app, g
 from app import auth
 from app.openapi import LOCATION, REQUEST_ID, Blueprint, errors, job_links
 from app.errors import Conflict, job_is
-from app.jobs import accepted, caller_job, not_found
+from app.jobs import accepted, caller_job, not_found, on_job
 from app.responses import Job, answer, job_body, no_content
-from app.store import DEAD_STATUSES, parse_job_id
+from app.store import DEAD_STATUSES
 from app.submission import Caller
 from tasks.jobstate import CancelOutcome, JobRecord, RetryRefused, Status
 
@@ -58,9 +58,8 @@ def register(bp: Blueprint, keys: bool) -> None:
     def delete_job(job_id: str):
         """A finished job (any final status) is deleted: its record, result and kept request;
         its id then answers 404. A job still queued or running is 409: cancel it first."""
-        canonical = parse_job_id(job_id)
-        done = "missing" if canonical is None else \
-            _ext("iq.store").delete(canonical, auth.current_owner())
+        with on_job(job_id) as (canonical, store):
+            done = store.delete(canonical, auth.current_owner())
         if done == "missing":
             raise not_found(job_id)
         if done != "deleted":
@@ -71,13 +70,12 @@ def register(bp: Blueprint, keys: bool) -> None:
 
 def _cancel(job_id: str) -> JobRecord:
     """The caller's job, cancelled now; 404 or 409 (with its status) when it cannot be."""
-    canonical = parse_job_id(job_id)
-    store = _ext("iq.store")
-    owned = canonical is not None and store.owned_by(canonical, auth.current_owner())
-    outcome = store.cancel(canonical) if owned else CancelOutcome.MISSING
-    if outcome is CancelOutcome.MISSING:
-        raise not_found(job_id)
-    job = store.get(canonical)
+    with on_job(job_id) as (canonical, store):
+        owned = store.owned_by(canonical, auth.current_owner())
+        outcome = store.cancel(canonical) if owned else CancelOutcome.MISSING
+        if outcome is CancelOutcome.MISSING:
+            raise not_found(job_id)
+        job = store.get(canonical)
     if outcome is not CancelOutcome.CANCELLED or job is None \
             or job.status is not Status.CANCELLED:
         status = job.status.value if job else "unknown"
@@ -88,13 +86,14 @@ def _cancel(job_id: str) -> JobRecord:
 
 def _retry(job_id: str) -> JobRecord:
     """The new job retrying the caller's job `job_id`; 404 or 409 when it cannot be."""
-    canonical, job = caller_job(job_id)
+    canonical, job, store = caller_job(job_id)
     if job.retried_as:
         raise _retried(job, job.retried_as)
     if job.status.value not in DEAD_STATUSES:
         raise Conflict(f"{job_is(job.status.value)}: only a job that failed, was cancelled or "
                        "expired can be retried", status=job.status.value)
-    request = _ext("iq.store").kept_request(canonical)
+    with store.answering():
+        request = store.kept_request(canonical)
     if request is None:
         raise Conflict(_not_kept(job), status=job.status.value)
     caller = Caller(auth.current_key(), g.trace_id)

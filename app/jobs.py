@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
+from typing import Iterator
 from urllib.parse import urlencode
 
 from flask import Response, current_app, g, request
@@ -21,7 +22,7 @@ from app.errors import (MalformedRequest, NotFound, PayloadTooLarge, TooManyUplo
                         TooManyWaits, UnsupportedMediaType, ValidationFailed)
 from app.limits import NoUpload
 from app.responses import STATUSES, Job, JobList, answer, job_body, job_url
-from app.store import WaitRefused, Watch, parse_job_id
+from app.store import JobStore, WaitRefused, Watch
 from app.submission import Accepted, Caller
 from app.waiter import NoSlot
 from config import Settings
@@ -105,13 +106,14 @@ def _submit_and_wait(caller: Caller, wait: float) -> Response:
     request is checked and the job has its id), so the wait needs no read until the job's
     finish is announced. With every wait slot taken the job is still submitted, and answered
     202 at once."""
-    store, submitter = _ext("iq.store"), _ext("iq.submitter")
+    stores, submitter = _ext("iq.store"), _ext("iq.submitter")
     deadline = time.monotonic() + wait
     finished: JobRecord | None = None
     watch: Watch | None = None
     with ExitStack() as watching:
         def watch_first(job_id: str) -> str:  # its id says its Redis: known once validated
             nonlocal watch
+            store = (stores.for_job(job_id) or ("", stores.default))[1]
             try:
                 watch = watching.enter_context(store.watch(job_id, caller.owner))
             except NoSlot:
@@ -122,9 +124,12 @@ def _submit_and_wait(caller: Caller, wait: float) -> Response:
         if watch is not None and done.created:
             finished = watch.until_terminal(done.job, deadline)
     if watch is not None and not done.created:  # an earlier job of its Idempotency-Key
+        found = stores.for_job(done.job.id)
         try:
-            finished = store.wait(done.job.id, max(deadline - time.monotonic(), 0.001),
-                                  caller.owner)
+            if found is not None:
+                with found[1].answering():
+                    finished = found[1].wait(found[0], max(deadline - time.monotonic(),
+                                                           0.001), caller.owner)
         except WaitRefused:
             watch = None
     return accepted(done.job, finished, wait if watch is not None else None)
@@ -242,28 +247,39 @@ def not_found(job_id: str) -> NotFound:
     return NotFound(f"no job {job_id!r} (never submitted, or its record expired)")
 
 
-def caller_job(job_id: str) -> tuple[str, JobRecord]:
-    """The canonical id and the caller's job of that id, or 404."""
-    canonical = parse_job_id(job_id)
-    job = None if canonical is None else _ext("iq.store").get(canonical, auth.current_owner())
+@contextmanager
+def on_job(job_id: str) -> Iterator[tuple[str, JobStore]]:
+    """The canonical id of `job_id` and the job store of the Redis group it names
+    (app/group_stores.py), the block's calls on it answered, when that group's Redis fails,
+    as a 503 naming the group (JobStore.answering); 404 for an id we cannot have issued."""
+    found = _ext("iq.store").for_job(job_id)
+    if found is None:
+        raise not_found(job_id)
+    with found[1].answering():
+        yield found
+
+
+def caller_job(job_id: str) -> tuple[str, JobRecord, JobStore]:
+    """The canonical id, the caller's job of that id (or 404) and the store it lives in."""
+    with on_job(job_id) as (canonical, store):
+        job = store.get(canonical, auth.current_owner())
     if job is None:
         raise not_found(job_id)
-    return canonical, job
+    return canonical, job, store
 
 
 def _read_job(job_id: str, wait: float | None) -> JobRecord:
     """The caller's job, once terminal or after `wait` seconds if a wait is asked."""
-    canonical = parse_job_id(job_id)
-    store, owner = _ext("iq.store"), auth.current_owner()
-    job = None
-    if canonical is not None and wait is None:
-        job = store.get(canonical, owner)
-    elif canonical is not None:
-        try:
-            job = store.wait(canonical, wait, owner)
-        except WaitRefused as refused:
-            raise TooManyWaits(f"{refused}; read the job without ?wait or retry later",
-                               retry_after=1, status=refused.job.status.value) from None
+    owner = auth.current_owner()
+    with on_job(job_id) as (canonical, store):
+        if wait is None:
+            job = store.get(canonical, owner)
+        else:
+            try:
+                job = store.wait(canonical, wait, owner)
+            except WaitRefused as refused:
+                raise TooManyWaits(f"{refused}; read the job without ?wait or retry later",
+                                   retry_after=1, status=refused.job.status.value) from None
     if job is None:
         raise not_found(job_id)
     return job

@@ -32,6 +32,7 @@ from app.metrics import ApiMetrics
 from app.schemas import IDEMPOTENCY_KEY_PATTERN, flatten, job_schema, validate_job
 from app.group_stores import Stores, group_name
 from config import Settings
+from config.job_ids import new_job_id
 from config.models import ModelSpec
 from tasks import egress, redis_deadline, webhooks
 from tasks.jobstate import (IdempotencyMismatch, JobRecord, KeptFull, NotReplicated,
@@ -146,12 +147,18 @@ class Submitter:
                retry_of: str = "") -> Accepted:
         """The atomic submit; each refusal as its APIError (a retry's own, RetryRefused, is
         the caller's to answer)."""
-        job_id, key = self.store.new_job_id(spec), caller.idempotency_key
+        store, job_id, key = self.store.for_model(spec), new_job_id(spec.redis), \
+            caller.idempotency_key
+        ran_on = self.store.for_job(retry_of) if retry_of else None
+        if retry_of and (ran_on is None or ran_on[1] is not store):
+            # A retry is linked to its job in one script, on one Redis.
+            raise Conflict(f"the job's model {spec.name} has moved to "
+                           f"{group_name(spec.redis)} since the job ran: submit it anew")
         reply = before_queue(job_id) if before_queue is not None else ""
         try:
-            submitted, created = self.store.submit(spec, job, caller.trace_id, key,
-                                                   owner=caller.owner, job_id=job_id,
-                                                   retry_of=retry_of, reply=reply)
+            submitted, created = store.submit(spec, job, caller.trace_id, key,
+                                              owner=caller.owner, job_id=job_id,
+                                              retry_of=retry_of, reply=reply)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._refused(spec.name, "store_unavailable")
             raise self._unsure(job_id, key, exc, spec.redis) from None

@@ -91,3 +91,26 @@ def test_moving_a_model_with_no_job_waiting_is_done(groups, tmp_path):
     result = reload(new, timeout_s=5, say=lambda line: None, settings=settings)
     assert result.status == DONE, result
     assert (tmp_path / "models.yaml").read_bytes() == new.read_bytes()
+
+
+def test_a_retry_of_a_job_whose_model_has_moved_group_since_is_refused(groups, tmp_path):
+    """A retry is linked to its job in one script on one Redis: a job that ran on REDIS_URL's
+    Redis cannot be retried once its model is on group b's (409, naming the group), and the job
+    is left unlinked."""
+    api, _, servers = groups
+    job = api.post("/v1/jobs", json={"model": "m", "inputs": ["x"]}).get_json()
+    assert api.post(f"/v1/jobs/{job['id']}/cancel").get_json()["status"] == "cancelled"
+    (tmp_path / "models.yaml").write_text(
+        yaml.safe_dump({"models": {"m": {**MODEL, "redis": "b"}}}))
+    moved = create_app({"redis_url": servers["default"].extra["url"],
+                        "models_file": str(tmp_path / "models.yaml"),
+                        "redis_groups": f"b={servers['b'].extra['url']}"})
+    try:
+        client = moved.test_client()
+        assert client.get(f"/v1/jobs/{job['id']}").get_json()["status"] == "cancelled"
+        refused = client.post(f"/v1/jobs/{job['id']}/retry")
+        assert refused.status_code == 409, refused.get_data(as_text=True)
+        assert "moved to Redis group 'b'" in refused.get_json()["error"]["message"]
+        assert client.get(f"/v1/jobs/{job['id']}").get_json().get("retried_as") is None
+    finally:
+        moved.extensions["iq.store"].close()

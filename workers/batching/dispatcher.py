@@ -69,7 +69,8 @@ class PoolDispatcher:
         self.limits = TimeLimits({m: spec.time_limit_s for m, spec in models.items()})
         self.crash_loops = CrashLoops()
         self.settlement = Settlement(consumer.app, self.leases, JobState(
-            self.client, self.settings.kept_s, self.settings.job_ttl_s), self.limits)
+            self.client, self.settings.kept_s, self.settings.job_ttl_s), self.limits,
+            eventer=lambda: getattr(consumer, "event_dispatcher", None))
         self.liveness = Liveness(consumer, self.client, self.leases, self._idle, self._tick,
                                  self.unhealthy)
         # Batches in the pool, and the job id of every request held (buffered or running).
@@ -79,6 +80,7 @@ class PoolDispatcher:
         self.reloader = Reloader(self, self.client)
         self._timer_entry: Any = None
         self._timer_due: float | None = None
+        self._pump_due = False
 
     @property
     def capacity(self) -> int:
@@ -101,8 +103,10 @@ class PoolDispatcher:
         this one in a model load's time; a job of a lost batch stays, to run alone here
         (workers/batching/isolation.py). It fetches again once a child can serve (`child_ready`, or
         the next tick)."""
-        serving = self.capacity > 0
+        capacity = self.capacity
+        serving = capacity > 0
         state = self.leases.inflight.state
+        state.children_busy = serving and self.inflight >= capacity
         if state.fetching != serving:
             state.fetching = serving
             logger.info("a pool child serves: fetching" if serving else
@@ -189,7 +193,7 @@ class PoolDispatcher:
             return None
 
     def submit(self, model: str, request: Any, alone: bool = False,
-               arrived: float | None = None) -> None:
+               arrived: float | None = None, pump: bool = True) -> None:
         if self.reloader.fails_removed(model):
             self.settlement.fail([request], removed_error(model))
             return
@@ -202,6 +206,22 @@ class PoolDispatcher:
         self.scheduler.add(model, request, items, monotonic() if arrived is None else arrived,
                            priority=PRIORITIES["normal"] if priority is None else int(priority),
                            alone=alone)
+        if pump:
+            self.pump()
+
+    def pump_soon(self) -> None:
+        """`pump` once the event loop turns again: after every message of the fetch being
+        delivered is in the buffer, so that they form their batches together, at the cost of
+        one pump, not one a message. At once where there is no event loop."""
+        hub = getattr(self.consumer, "hub", None)
+        if hub is None:
+            self.pump()
+        elif not self._pump_due:
+            self._pump_due = True
+            hub.call_soon(self._pump_now)
+
+    def _pump_now(self) -> None:
+        self._pump_due = False
         self.pump()
 
     # -- batching ------------------------------------------------------------------------
@@ -241,8 +261,7 @@ class PoolDispatcher:
         self.running[id(running)] = running
 
         def on_accepted(pid: int, time_accepted: float) -> None:
-            for r in requests:
-                r.on_accepted(pid, time_accepted)
+            self.settlement.accepted(requests, pid, time_accepted)
 
         def on_return(outcomes: list[JobOutcome]) -> None:
             self.running.pop(id(running), None)

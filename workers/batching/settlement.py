@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from typing import Any, Iterator
+from time import monotonic, time
+from typing import Any, Callable, Iterator
 
 import redis
 from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
@@ -23,9 +24,15 @@ from tasks.jobstate import JobState, StartDecision, Status
 from tasks.logs import trace
 from workers.child.batch import BatchJob, JobOutcome, Outcome, failed
 from workers.broker import Leases
+from workers.broker.events import send_task_events
 from workers.batching.isolation import TimeLimits, Verdict, after_lost_batch
 
 logger = logging.getLogger(__name__)
+
+
+def _success(o: JobOutcome) -> str:
+    """What Flower shows as a succeeded job's result: the outputs stay in Redis."""
+    return f"{o.outputs} output(s), model_version {o.model_version}"
 
 
 def _failure_info(error: JobError) -> ExceptionInfo:
@@ -38,8 +45,11 @@ def _failure_info(error: JobError) -> ExceptionInfo:
 class Settlement:
     """One per worker (`PoolDispatcher.settlement`). `app`: the worker's Celery app."""
 
-    def __init__(self, app: Any, leases: Leases, state: JobState, limits: TimeLimits) -> None:
+    def __init__(self, app: Any, leases: Leases, state: JobState, limits: TimeLimits,
+                 eventer: Callable[[], Any] = lambda: None) -> None:
         self.app = app
+        # The worker's task event dispatcher now (Celery makes a new one on a reconnect).
+        self.eventer = eventer
         self.limits = limits
         self.settings = app.conf.iq_settings
         self.leases = leases
@@ -94,9 +104,31 @@ class Settlement:
                          "cancelled: the record stays queued", request.id)
         return True
 
+    def _events(self, requests: list) -> Any:
+        """The dispatcher to send these requests' task events through; None: none sent."""
+        eventer = self.eventer()
+        if eventer is None or not requests or not requests[0].task.send_events:
+            return None
+        return eventer
+
+    def accepted(self, requests: list, pid: int, time_accepted: float) -> None:
+        """A pool child took the batch: what Celery's `Request.on_accepted` does for each
+        job (its pid and start in `inspect active`, Celery's books), with the batch's
+        `task-started` events buffered together."""
+        started = time() - (monotonic() - time_accepted)
+        for r in requests:
+            r.worker_pid, r.time_start = pid, started
+            worker_state.task_accepted(r)
+            if not r.task.acks_late:
+                r.acknowledge()
+        send_task_events(self._events(requests), "task-started",
+                         [(r.id, {}) for r in requests])
+
     def finish(self, model: str, requests: list, outcomes: list[JobOutcome]) -> None:
-        """A returned batch: each job's outcome into Celery's books, acks together."""
+        """A returned batch: each job's outcome into Celery's books, acks together; the
+        succeeded jobs' `task-succeeded` events buffered together."""
         by_id = {o.job_id: o for o in outcomes}
+        succeeded: list[tuple[str, dict]] = []
         with self.settling():
             for r in requests:
                 o = by_id.get(r.id)
@@ -107,6 +139,12 @@ class Settlement:
                 if o.outcome is Outcome.UNSTORED:
                     self.unstored.append((r, o))
                     continue
+                if o.outcome is Outcome.SUCCEEDED:
+                    # What `Request.on_success` does, its event left for the batch's.
+                    worker_state.task_ready(r, successful=True)
+                    r.acknowledge()
+                    succeeded.append((r.id, {"result": _success(o), "runtime": o.runtime}))
+                    continue
                 try:
                     self._settle_one(r, o)
                 except Exception:  # noqa: BLE001 - one job's bookkeeping must not stop the rest
@@ -115,13 +153,12 @@ class Settlement:
                         r.reject(requeue=True)  # not run here: its message must stay live
                     else:
                         r.acknowledge()
+        send_task_events(self._events(requests), "task-succeeded", succeeded)
 
     def _settle_one(self, r: Any, o: JobOutcome) -> None:
         """Celery's own handling of one job's outcome: state, event, ack or requeue."""
         if o.outcome is Outcome.SUCCEEDED:
-            # What Flower shows as the task's result: the outputs stay in Redis.
-            r.on_success((False, f"{o.outputs} output(s), model_version {o.model_version}",
-                          o.runtime))
+            r.on_success((False, _success(o), o.runtime))
         elif o.outcome is Outcome.FAILED:
             r.on_success((True, _failure_info(o.error), o.runtime))
         elif o.outcome is Outcome.RETRY:

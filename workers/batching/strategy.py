@@ -15,6 +15,8 @@ from config import ConfigError
 from tasks.logs import trace
 from tasks.names import model_of_task
 from workers.child.batch import trace_headers
+from workers.broker.decode import payload
+from workers.broker.events import send_task_events
 from workers.broker.pool import TaskPool, on_child_ready
 from workers.child.devices import pool_children
 from workers.batching.dispatcher import PoolDispatcher
@@ -63,10 +65,15 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
     revoked_tasks = consumer.controller.state.revoked
     settlement = dispatcher.settlement
 
+    uses_utc = app.uses_utc_timezone()
+
     def task_message_handler(message, body, _ack, _reject, callbacks, **_kw):
-        if body is None and "args" not in message.payload:
-            body, headers, decoded, utc = (message.body, message.headers, False,
-                                           app.uses_utc_timezone())
+        if body is None:
+            body = payload(message)
+            if "args" not in body:  # protocol 2
+                headers, decoded, utc = message.headers, True, uses_utc
+            else:
+                body, headers, decoded, utc = proto1_to_proto2(message, body)
         else:
             body, headers, decoded, utc = proto1_to_proto2(message, body)
         on_ack, on_reject = settlement.callbacks(message)
@@ -81,16 +88,20 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
         if (request.expires or request.id in revoked_tasks) and settlement.revoked(request):
             return
         if send_events:
-            request.send_event("task-received", name=request.name, args=request.argsrepr,
-                               kwargs=request.kwargsrepr, root_id=request.root_id,
-                               parent_id=request.parent_id, retries=0)
+            send_task_events(consumer.event_dispatcher, "task-received", (
+                (request.id, {"name": request.name, "args": request.argsrepr,
+                              "kwargs": request.kwargsrepr, "root_id": request.root_id,
+                              "parent_id": request.parent_id, "retries": 0}),))
         if callbacks:
             for callback in callbacks:
                 callback(request)
         if logger.isEnabledFor(logging.DEBUG):  # one INFO line a batch, in the child
             with trace(trace_headers(request).get("trace_id")):
                 logger.debug("job %s received: model=%s", request.id, model)
-        dispatcher.submit(model, request)
+        # Batches are formed once the messages of a fetch are all in (`pump_soon`), not
+        # after each one.
+        dispatcher.submit(model, request, pump=False)
+        dispatcher.pump_soon()
 
     return task_message_handler
 

@@ -31,6 +31,9 @@ class Broker:
     * `fetching`: whether this process fetches; the dispatcher turns it off while none of
       its pool children can serve (workers/batching/dispatcher.py), so that what it cannot run
       waits on the queues, for any worker, rather than in its buffer.
+    * `children_busy`: every pool child that can serve holds a batch (the dispatcher keeps it);
+      a fetch after a wake-up then waits a few milliseconds, to take what arrives meanwhile
+      in one round trip (fetch.py `FETCH_HOLD_S`).
     """
 
     def __init__(self, lease_s: float = 30.0, heartbeat_s: float = 2.0) -> None:
@@ -42,6 +45,7 @@ class Broker:
         self.lease_since: float | None = None
         self.delayed_queues: set[str] = set()
         self.fetching = True
+        self.children_busy = False
         self.name(f"worker@{socket.gethostname()}")
 
     def name(self, node: str) -> None:

@@ -29,11 +29,11 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import loads
 
 from tasks.keys import delayed_key, wake_key
 from tasks.redis_client import SentinelConnection, SentinelSSLConnection
 from workers.broker.clients import WorkerClients
+from workers.broker.decode import envelope
 from workers.broker.inflight import InFlight, fetch_call, fetched
 from workers.broker.broker import Broker, installed
 
@@ -41,6 +41,15 @@ logger = logging.getLogger(__name__)
 
 # Most messages one fetch takes where no prefetch limit caps it.
 FETCH_MAX = 64
+# While every pool child holds a batch (`Broker.children_busy`), how long the fetch after a
+# wake-up waits, so that it takes what arrives meanwhile in one round trip instead of a wake-up
+# and a fetch for each message or two (seconds). Jobs fetched in that time could not run sooner;
+# a child that frees and finds the buffer empty ends the wait at once.
+FETCH_HOLD_S = 0.005
+
+
+def _wake_loop() -> None:
+    """A timer's callback: the event loop turns, and the held fetch goes."""
 
 
 def _state() -> Broker:
@@ -63,9 +72,14 @@ class ReliableQoS(kombu_redis.QoS):
         unread. A fetch in flight is read still: its messages are off their queues already,
         and the dispatcher puts back what it cannot run."""
         channel = self.channel
-        if channel._iq_consuming and not _state().fetching \
-                and not (channel._in_poll and channel._iq_reply == "fetch"):
-            return False
+        if channel._iq_consuming and not (channel._in_poll and channel._iq_reply == "fetch"):
+            state = _state()
+            if not state.fetching:
+                return False
+            if channel._iq_hold_until:  # a wake-up came while every child was busy
+                if state.children_busy and monotonic() < channel._iq_hold_until:
+                    return False
+                channel._iq_hold_until = 0.0
         return super().can_consume()
 
     def ack(self, delivery_tag: str) -> None:
@@ -116,6 +130,7 @@ class ReliableFetch:
     _iq_reply: str | None = None
     _iq_want = 0
     _iq_waiting = False
+    _iq_hold_until = 0.0  # monotonic: no fetch before, while every child is busy
     _iq_consuming = False
     _iq_inflight: InFlight | None = None
 
@@ -183,7 +198,7 @@ class ReliableFetch:
             got = self.inflight.take(lists, 1, self._delayed([queue]))
         if not got:
             return None
-        message = self.Message(loads(got[0][1]), channel=self)
+        message = self.Message(envelope(got[0][1]), channel=self)
         self.qos.append(message, message.delivery_tag)
         return message
 
@@ -220,6 +235,7 @@ class ReliableFetch:
             reply = self._iq_read(kind, **options)
             if kind == "wake":
                 self._iq_waiting = False  # a token, or a second gone by: look again
+                self._hold_fetch()
                 raise Empty()
             got = fetched(reply)
             if got is None:  # no lease (it lapsed, or was never taken): beat, then fetch
@@ -230,6 +246,15 @@ class ReliableFetch:
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()
+
+    def _hold_fetch(self) -> None:
+        """After a wake-up while every pool child is busy, the fetch waits `FETCH_HOLD_S`
+        (`ReliableQoS.can_consume`), the event loop woken at its end."""
+        loop = getattr(self.connection, "_iq_loop", None)
+        if loop is None or not _state().children_busy:
+            return
+        self._iq_hold_until = monotonic() + FETCH_HOLD_S
+        loop.call_later(FETCH_HOLD_S, _wake_loop)
 
     def _iq_read(self, kind: str, **options: Any) -> Any:
         try:
@@ -253,12 +278,13 @@ class ReliableFetch:
             raise Empty()
         if self._closing:
             # Read on close: not for Celery any more; back to the queues at once.
-            self.inflight.restore([loads(raw)["properties"]["delivery_tag"] for _l, raw in got])
+            self.inflight.restore([envelope(raw)["properties"]["delivery_tag"]
+                                   for _l, raw in got])
             raise Empty()
         for list_key, raw in got:
             queue = list_key.rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(queue)
-            self.connection._deliver(loads(raw), queue)
+            self.connection._deliver(envelope(raw), queue)
         return True
 
 

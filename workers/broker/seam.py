@@ -19,6 +19,7 @@ from celery.concurrency import prefork
 from celery.backends.base import BaseKeyValueStoreBackend
 from celery.backends.redis import SentinelBackend
 from celery.concurrency.asynpool import AsynPool
+from celery.events.dispatcher import EventDispatcher
 from celery.worker import state as worker_state
 from celery.worker import strategy as celery_strategy
 from celery.worker.consumer.consumer import Consumer
@@ -106,6 +107,7 @@ READ: tuple[Name, ...] = (
     Name(virtual.QoS, "_flush", ("self",)),
     Name(virtual.Transport, "_deliver", ("self", "message", "queue")),
     Name(Consumer, "_flush_events", ("self",)),
+    Name(EventDispatcher, "_group_buffer"),
     Name(prefork.TaskPool, "_pool"),
     Name(BilliardPool, "_ctx"),
     Name(BilliardPool, "_pool"),

@@ -39,9 +39,11 @@ class _BeatOnTheEventLoop:
     channel that consumes: whatever else the worker does, no message is renewed one by one."""
 
     _beat_tref: Any = None
+    _iq_loop: Any = None  # the event loop, for a held fetch's timer (fetch.py)
 
     def register_with_event_loop(self, connection: Any, loop: Any) -> Any:
         out = super().register_with_event_loop(connection, loop)
+        self._iq_loop = loop
         state = installed()
         if state is None:
             raise RuntimeError("the worker's transport runs only with its Broker installed")

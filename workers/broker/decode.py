@@ -1,0 +1,39 @@
+"""The worker's JSON reads of the broker's messages, through orjson: a fetched message's
+envelope (fetch.py) and a task message's body (the batching strategy), each the value kombu's
+`loads` would give. kombu's own reads every object of them through a Python hook that only a
+typed value needs (`{"__type__": ...}`, which kombu's encoder writes for a datetime, a UUID, a
+decimal); a text that has one, or that orjson cannot read, is read by kombu as before."""
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from kombu.utils.json import loads as kombu_loads
+
+JSON = "application/json"
+
+
+def envelope(raw: str | bytes) -> Any:
+    """A message as the broker holds it (properties, headers, its encoded body)."""
+    typed = b'"__type__"' in raw if isinstance(raw, bytes) else '"__type__"' in raw
+    if not typed:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return kombu_loads(raw)
+
+
+def payload(message: Any) -> Any:
+    """`message.payload`, its body decoded: through orjson for a JSON body without a typed
+    value, else as kombu decodes it (its content type checked against what the worker
+    accepts)."""
+    body = message.body
+    if message.content_type == JSON and isinstance(body, (bytes, str)):
+        typed = b'"__type__"' in body if isinstance(body, bytes) else '"__type__"' in body
+        if not typed:
+            try:
+                return orjson.loads(body)
+            except orjson.JSONDecodeError:
+                pass
+    return message.payload
