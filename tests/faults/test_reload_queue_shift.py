@@ -1,18 +1,20 @@
 """A reload that shifts queues along (alpha takes beta's queue, beta a new one) with workers
 pinned to queues (-Q, IQ_WORKER_QUEUES, as one model per worker is run), on the default
-settings, under load, runs counted per job. beta's old queue is not moved from (a model
-still has it), so the jobs of beta waiting there at the switch stay on a queue whose worker
-now serves alpha only."""
+settings, under load, runs counted per job: `shift`, alpha takes beta's queue and beta a new
+one (its worker started first, on the next file: a worker refuses a queue its file lacks, a
+reload a queue no worker consumes); `swap`, the two exchange queues. beta's old queue is not
+moved from (a model still has it), so beta's backlog there meets a worker now on alpha's
+file; every accepted job must still end succeeded having run once, none left queued."""
 from __future__ import annotations
-
-import pytest
 
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from scripts.stack import ROOT, launch, start_worker, wait_until
+from tasks.keys import consuming_key
 from tests.faults.test_reload_queues import waiting
 from tests.support.load import Load
 from tests.support.outcomes import assert_each_succeeded_once, settle
@@ -38,7 +40,7 @@ def test_queues_shifted_along_under_load_strand_no_job(tmp_path, change):
         if change == "shift":
             stack.workers["qc"] = start_worker("qc", dict(stack.env, IQ_MODELS_FILE=str(new)),
                                                tmp_path, ["beta-q2"])
-            wait_until(lambda: stack.redis.zcard("iq:consuming:beta-q2") >= 1, 180,
+            wait_until(lambda: stack.redis.zcard(consuming_key("beta-q2")) >= 1, 180,
                        "the beta-q2 worker to consume")
         loads = [Load(stack.api, "beta", "shift-b", clients=3, pause_s=0.05).start(),
                  Load(stack.api, "alpha", "shift-a", clients=1, pause_s=0.1).start()]
@@ -69,5 +71,5 @@ def test_queues_shifted_along_under_load_strand_no_job(tmp_path, change):
         raise
     finally:
         for load in loads:
-            load._stop.set()
+            load.stop()
         stack.stop()

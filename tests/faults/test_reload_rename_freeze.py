@@ -73,5 +73,5 @@ def test_a_queue_renamed_across_a_redis_freeze_strands_no_job_nor_runs_one_twice
         raise
     finally:
         if load is not None:
-            load._stop.set()
+            load.stop()
         stack.stop()
