@@ -149,6 +149,18 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
     settings = settings or load_settings()
     target = Path(settings.models_file)
     try:
+        # The file alone, before the lock: one that cannot parse, names a group the settings
+        # lack or a file that is missing never holds up a good reload started beside it.
+        content = Path(source or target).read_bytes()
+        if early := problems_of(target, content, settings.redis_group_urls):
+            raise Invalid("\n".join(early))
+    except (OSError, ConfigError) as exc:
+        say(f"reload refused, nothing changed: {exc}")
+        return Result(INVALID, lines=[str(exc)])
+    except Invalid as exc:
+        say(f"reload refused, nothing changed: {exc}")
+        return Result(INVALID, lines=str(exc).splitlines())
+    try:
         lock = _only_reload(target)
     except Invalid as exc:
         say(f"reload refused, nothing changed: {exc}")

@@ -76,6 +76,34 @@ def test_a_second_reload_while_one_runs_is_refused_and_changes_nothing(tmp_path)
     assert not (tmp_path / "models.yaml.previous").exists()
 
 
+@pytest.mark.parametrize("bad", [{"quick": {**GOOD["quick"], "max_bacth_size": 4}},
+                                 {"quick": {**GOOD["quick"], "redis": "gpu"}}],
+                         ids=["typo", "unknown-group"])
+def test_a_bad_file_is_refused_for_itself_while_another_reload_runs(tmp_path, bad):
+    """A file that is wrong by itself is refused naming its field before the reload lock is
+    taken: so it neither waits behind a running reload nor holds up a good one started beside
+    it (the attack on issue 37: a bad and a good reload racing were both refused)."""
+    from config import Settings
+    from scripts.reload import INVALID, reload
+
+    target, new = models_file(tmp_path, bad)
+    before = target.read_bytes()
+    said: list[str] = []
+    held = os.open(tmp_path / ".models.yaml.reload-lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        result = reload(new, say=said.append, timeout_s=1,
+                        settings=Settings(models_file=str(target),
+                                          redis_url="redis://127.0.0.1:1/0"))
+    finally:
+        os.close(held)
+    assert result.status == INVALID, said
+    assert said[0].startswith("reload refused, nothing changed: models.quick"), said
+    assert "another reload" not in said[0]
+    assert target.read_bytes() == before
+    assert not (tmp_path / "models.yaml.previous").exists()
+
+
 CUDA = {"quick": {"kind": "synthetic", "device": "cuda"}}
 
 
