@@ -110,7 +110,8 @@ def nvml_utilization(device: str) -> float | None:
     """NVML's utilisation of `device` (0-1), beside the busy share: the share of NVML's last
     sample period in which a kernel ran, whoever ran it. None where NVML cannot say (no
     NVIDIA driver, or an older one; pynvml is nvidia-ml-py, a worker requirement). In the pool
-    child only, which holds the CUDA context: the device is found by its UUID, so CUDA_VISIBLE_DEVICES cannot mislead."""
+    child only, which holds the CUDA context: the device is found by its UUID, so
+    CUDA_VISIBLE_DEVICES cannot mislead."""
     try:
         import pynvml
         import torch
