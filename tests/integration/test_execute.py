@@ -32,7 +32,8 @@ class Runtime:
         self.versions = {"m": "v1"}  # model → the version this child serves
         self.calls: list[list] = []
 
-    def run(self, model: str, jobs: list[tuple[list, dict]], progress=None) -> list:
+    def run(self, model: str, jobs: list[tuple[list, dict]], progress=None,
+            waiting_since=None) -> list:
         self.calls.append([inputs for inputs, _options in jobs])
         return [JobError(ErrorCode.INFERENCE_ERROR, "boom") if "boom" in inputs
                 else [[float(len(x)), 0.5] for x in inputs] for inputs, _options in jobs]
@@ -94,7 +95,8 @@ def test_a_job_finished_by_an_earlier_run_keeps_its_result(setup):
     app, rt, _client = setup
     job = queued(rt, ["ab"])
 
-    def another_run_finishes_first(model: str, jobs: list, progress=None) -> list:
+    def another_run_finishes_first(model: str, jobs: list, progress=None,
+                                   waiting_since=None) -> list:
         # The same job, delivered twice, finished by the other run while this one ran.
         rt.jobs.finish([succeeded(app, job, [[2.0, 0.5]])], result_ttl_s=60)
         return [[[9.0]]]
