@@ -175,7 +175,7 @@ def noise_warning(result: Calibration) -> str:
             "before using the recommendation above.")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m scripts.calibrate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="a model of the models file")
@@ -190,6 +190,46 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save", action="store_true",
                    help="write the answer to the calibration file (calibration_file), the "
                         "model's max batch on a GPU unless the models file declares one")
+    return p
+
+
+def _report(result, model: str, plot_path: Path, max_batch_tokens: int) -> None:
+    print(f"{'batch':>6} {'ms/batch':>10} {'items/s':>10} {'peak MB':>9}")
+    for s in result.steps:
+        if s.oom:
+            print(f"{s.batch_size:>6} {'out of memory':>21}")
+            continue
+        peak = f"{s.peak_memory_mb:.0f}" if s.peak_memory_mb is not None else "-"
+        print(f"{s.batch_size:>6} {s.ms_per_batch:>10.2f} {s.items_per_s:>10.1f} {peak:>9}")
+    plot(result, plot_path)
+    print(f"stopped: {result.stopped}; largest safe batch: {result.largest_safe}")
+    print(f"recommended for {model} on {result.device}:")
+    capped = (f" (capped by max_batch_tokens {max_batch_tokens} / max sequence "
+              f"length {result.max_seq_length})" if result.token_cap is not None
+              and result.token_cap < int(0.8 * result.largest_safe) else "")
+    print(f"  max_batch_size: {result.max_batch_size}{capped}")
+    print(f"  max_wait_ms: {result.max_wait_ms:g}")
+    print(f"plot: {plot_path}")
+    if result.noisy:
+        print(noise_warning(result), file=sys.stderr)
+
+
+def _save(result, model: str, settings) -> None:
+    path = calibration_path(settings)
+    save_answer(path, model, {
+        "device": result.device, "largest_safe": result.largest_safe,
+        "max_batch_size": result.max_batch_size, "max_seq_length": result.max_seq_length,
+        "max_wait_ms": result.max_wait_ms, "stopped": result.stopped,
+        "noisy": [s.batch_size for s in result.noisy],
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    print(f"saved to {path}: {model}'s max batch on a GPU unless the models file "
+          f"declares one" if result.device.startswith("cuda") else
+          f"saved to {path}, measured on {result.device}: a worker takes only an answer "
+          f"measured on a GPU (rerun it there)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _arguments()
     a = p.parse_args(argv)
 
     from workers.child.devices import configure_allocator, device_for
@@ -204,42 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     handler = load_handler(spec, device_for(spec, 0), settings, spec.memory_fraction)
     result = calibrate(handler, a.limit, a.min_gain, a.repeats,
                        max_batch_tokens=settings.max_batch_tokens)
-
-    print(f"{'batch':>6} {'ms/batch':>10} {'items/s':>10} {'peak MB':>9}")
-    for s in result.steps:
-        if s.oom:
-            print(f"{s.batch_size:>6} {'out of memory':>21}")
-            continue
-        peak = f"{s.peak_memory_mb:.0f}" if s.peak_memory_mb is not None else "-"
-        print(f"{s.batch_size:>6} {s.ms_per_batch:>10.2f} {s.items_per_s:>10.1f} {peak:>9}")
     if a.plot:
         plot_path = Path(a.plot)
     else:
         RESULTS.mkdir(parents=True, exist_ok=True)
         plot_path = RESULTS / f"calibration-{a.model}.png"
-    plot(result, plot_path)
-    print(f"stopped: {result.stopped}; largest safe batch: {result.largest_safe}")
-    print(f"recommended for {a.model} on {result.device}:")
-    capped = (f" (capped by max_batch_tokens {settings.max_batch_tokens} / max sequence "
-              f"length {result.max_seq_length})" if result.token_cap is not None
-              and result.token_cap < int(0.8 * result.largest_safe) else "")
-    print(f"  max_batch_size: {result.max_batch_size}{capped}")
-    print(f"  max_wait_ms: {result.max_wait_ms:g}")
-    print(f"plot: {plot_path}")
-    if result.noisy:
-        print(noise_warning(result), file=sys.stderr)
+    _report(result, a.model, plot_path, settings.max_batch_tokens)
     if a.save:
-        path = calibration_path(settings)
-        save_answer(path, a.model, {
-            "device": result.device, "largest_safe": result.largest_safe,
-            "max_batch_size": result.max_batch_size, "max_seq_length": result.max_seq_length,
-            "max_wait_ms": result.max_wait_ms, "stopped": result.stopped,
-            "noisy": [s.batch_size for s in result.noisy],
-            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-        print(f"saved to {path}: {a.model}'s max batch on a GPU unless the models file "
-              f"declares one" if result.device.startswith("cuda") else
-              f"saved to {path}, measured on {result.device}: a worker takes only an answer "
-              f"measured on a GPU (rerun it there)")
+        _save(result, a.model, settings)
     if a.json:
         print(json.dumps({**asdict(result), "max_batch_size": result.max_batch_size,
                           "max_wait_ms": result.max_wait_ms,

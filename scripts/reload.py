@@ -148,23 +148,9 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
     (the primary they name, with `redis_url`'s credentials)."""
     settings = settings or load_settings()
     target = Path(settings.models_file)
-    try:
-        # The file alone, before the lock: one that cannot parse, names a group the settings
-        # lack or a file that is missing never holds up a good reload started beside it.
-        content = Path(source or target).read_bytes()
-        if early := problems_of(target, content, settings.redis_group_urls):
-            raise Invalid("\n".join(early))
-    except (OSError, ConfigError) as exc:
-        say(f"reload refused, nothing changed: {exc}")
-        return Result(INVALID, lines=[str(exc)])
-    except Invalid as exc:
-        say(f"reload refused, nothing changed: {exc}")
-        return Result(INVALID, lines=str(exc).splitlines())
-    try:
-        lock = _only_reload(target)
-    except Invalid as exc:
-        say(f"reload refused, nothing changed: {exc}")
-        return Result(INVALID, lines=[str(exc)])
+    lock = _checked_alone_and_locked(target, source, settings, say)
+    if isinstance(lock, Result):
+        return lock
     try:
         redises = _redises(settings, redis_url, min(_ANSWER_S, timeout_s))
         try:
@@ -211,6 +197,22 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
         return result
     finally:
         os.close(lock)
+
+
+def _checked_alone_and_locked(target: Path, source: str | Path | None, settings: Settings,
+                              say: Callable[[str], None]) -> int | Result:
+    """The reload lock (a descriptor to close), or the refusal. The file is checked alone
+    before the lock is taken: one that cannot parse, names a group the settings lack or a
+    file that is missing never holds up a good reload started beside it."""
+    try:
+        content = Path(source or target).read_bytes()
+        lines = problems_of(target, content, settings.redis_group_urls)
+        if not lines:
+            return _only_reload(target)
+    except (OSError, ConfigError, Invalid) as exc:
+        lines = [str(exc)]
+    say("reload refused, nothing changed: " + "\n".join(lines))
+    return Result(INVALID, lines=lines)
 
 
 def _redises(settings: Settings, redis_url: str | None, answer_s: float) -> list:
