@@ -212,6 +212,13 @@ def job_url(job_id: str) -> str:
     return f"/v1/jobs/{job_id}"
 
 
+def _field_order(schema: type[Schema]) -> tuple[str, ...]:
+    return tuple(field.data_key or name for name, field in schema().fields.items())
+
+
+_JOB_ORDER = _field_order(Job)
+
+
 def job_body(job: JobRecord, outputs: bool = True, peers: bool | None = None) -> dict[str, Any]:
     """A job as GET /v1/jobs/<id> shows it (`outputs`=False: without them, as listed),
     exactly as the `Job` schema dumps it (`answer`'s `dumped`): only its fields, each of the
@@ -227,8 +234,8 @@ def job_body(job: JobRecord, outputs: bool = True, peers: bool | None = None) ->
         "finished_at": iso(job.finished_at) if job.finished_at and job.terminal else None,
         # How the outputs travel, so that any reader (not only the submitter) decodes them.
         "encoding_format": job.encoding_format,
-        "progress": {"items": max(job.inputs, 1), "items_done":
-                     job.inputs if job.status is Status.SUCCEEDED else job.items_done},
+        "progress": {"items_done": job.inputs if job.status is Status.SUCCEEDED
+                     else job.items_done, "items": max(job.inputs, 1)},
     }
     if job.trace_id:
         body["trace_id"] = job.trace_id
@@ -246,4 +253,5 @@ def job_body(job: JobRecord, outputs: bool = True, peers: bool | None = None) ->
             body["result_expired"] = True
     elif job.error is not None:
         body["error"] = job.error.to_dict()
-    return body
+    # In the order the schema dumps its fields, so the bytes are those the dump gave.
+    return {key: body[key] for key in _JOB_ORDER if key in body}
