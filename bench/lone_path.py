@@ -4,8 +4,9 @@ child, the gevent API) gets one client submitting one-input jobs back to back wi
 clock as the client's). Each job's own commands mark the hops of its path:
 
     client sends → API's submit script → worker main's fetch script (its record) →
-    child's start script → child's finish script (its "done") → API's read (a pipelined
-    HMGET and GET; before issue 30's second pass, a script) → client has the answer
+    child's start script → child's finish script (its "done", and the job itself sent on its
+    API process's reply channel: issue 40; before it, the API read the job after the "done")
+    → client has the answer
 
     python -m bench.lone_path --model synthetic --jobs 300 [--out FILE]
 
@@ -35,7 +36,7 @@ from bench.load import make_inputs
 from scripts.stack import wait_until
 
 STRETCHES = ("client → submit", "submit → fetch", "fetch → start", "start → finish",
-             "finish → read", "read → client", "total")
+             "finish → client", "total")
 
 
 class Monitor:
@@ -78,9 +79,8 @@ def names_job(job_id: str, command: str) -> bool:
 def stretches(job_id: str, sent: float, answered: float,
               commands: list[tuple[float, str, str]]) -> dict[str, float] | None:
     """A job's stretches in seconds, from its scripts: the ones that name its record (submit,
-    start, finish), the first fetch script after its submit, and the read: the first command a
-    client sends after the finish that names the record (its HMGET, or the script of a tree
-    that reads through one)."""
+    start, finish) and the first fetch script after its submit. The finish sends the job to
+    the waiting API process, which answers from it with no read."""
     scripts = [(t, who) for t, who, cmd in commands
                if cmd.startswith("EVALSHA") and names_job(job_id, cmd)]
     if len(scripts) < 3:
@@ -88,11 +88,9 @@ def stretches(job_id: str, sent: float, answered: float,
     (submit, api), (start, child), (finish, _) = scripts[:3]
     fetch = next((t for t, who, cmd in commands if submit < t < start and
                   cmd.startswith("EVALSHA") and who not in (api, child)), None)
-    read = next((t for t, who, cmd in commands if t > finish and not who.startswith("lua")
-                 and cmd.startswith(("HMGET", "EVALSHA")) and names_job(job_id, cmd)), None)
-    if fetch is None or read is None:
+    if fetch is None:
         return None
-    marks = [sent, submit, fetch, start, finish, read, answered]
+    marks = [sent, submit, fetch, start, finish, answered]
     out = {name: b - a for name, a, b in zip(STRETCHES, marks, marks[1:])}
     out["total"] = answered - sent
     return out
