@@ -54,15 +54,14 @@ def test_a_tensor_model_file_that_is_an_archive_passes(tmp_path):
     assert "ts" in yaml.safe_load(target.read_text())["models"]
 
 
-def test_a_second_reload_while_one_runs_is_refused_and_changes_nothing(tmp_path):
+def reload_while_another_runs(target, new):
+    """`make reload FILE=new` while a first reload, still waiting for the processes, holds the
+    lock beside the models file: its result and what it said."""
     from config import Settings
-    from scripts.reload import INVALID, reload
+    from scripts.reload import reload
 
-    target, new = models_file(tmp_path, {"quick": {**GOOD["quick"], "version": "2"}})
-    before = target.read_bytes()
     said: list[str] = []
-    # The first reload, still waiting for the processes, holds the lock beside the file.
-    held = os.open(tmp_path / ".models.yaml.reload-lock", os.O_RDWR | os.O_CREAT, 0o600)
+    held = os.open(target.with_name(".models.yaml.reload-lock"), os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(held, fcntl.LOCK_EX)
     try:
         result = reload(new, say=said.append, timeout_s=1,
@@ -70,6 +69,15 @@ def test_a_second_reload_while_one_runs_is_refused_and_changes_nothing(tmp_path)
                                           redis_url="redis://127.0.0.1:1/0"))
     finally:
         os.close(held)
+    return result, said
+
+
+def test_a_second_reload_while_one_runs_is_refused_and_changes_nothing(tmp_path):
+    from scripts.reload import INVALID
+
+    target, new = models_file(tmp_path, {"quick": {**GOOD["quick"], "version": "2"}})
+    before = target.read_bytes()
+    result, said = reload_while_another_runs(target, new)
     assert result.status == INVALID, said
     assert "another reload" in said[0] and "nothing changed" in said[0]
     assert target.read_bytes() == before
@@ -83,20 +91,11 @@ def test_a_bad_file_is_refused_for_itself_while_another_reload_runs(tmp_path, ba
     """A file that is wrong by itself is refused naming its field before the reload lock is
     taken: so it neither waits behind a running reload nor holds up a good one started beside
     it (the attack on issue 37: a bad and a good reload racing were both refused)."""
-    from config import Settings
-    from scripts.reload import INVALID, reload
+    from scripts.reload import INVALID
 
     target, new = models_file(tmp_path, bad)
     before = target.read_bytes()
-    said: list[str] = []
-    held = os.open(tmp_path / ".models.yaml.reload-lock", os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(held, fcntl.LOCK_EX)
-    try:
-        result = reload(new, say=said.append, timeout_s=1,
-                        settings=Settings(models_file=str(target),
-                                          redis_url="redis://127.0.0.1:1/0"))
-    finally:
-        os.close(held)
+    result, said = reload_while_another_runs(target, new)
     assert result.status == INVALID, said
     assert said[0].startswith("reload refused, nothing changed: models.quick"), said
     assert "another reload" not in said[0]
