@@ -13,15 +13,24 @@ from kombu.utils.json import loads as kombu_loads
 JSON = "application/json"
 
 
+_KOMBUS = object()  # what `_plain` answers for a text only kombu's reader may decode
+
+
+def _plain(raw: str | bytes) -> Any:
+    """`raw` read by orjson, or `_KOMBUS` where it holds a typed value (kombu's `__type__`
+    objects) or is JSON orjson refuses."""
+    if (b'"__type__"' in raw) if isinstance(raw, bytes) else ('"__type__"' in raw):
+        return _KOMBUS
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return _KOMBUS
+
+
 def envelope(raw: str | bytes) -> Any:
     """A message as the broker holds it (properties, headers, its encoded body)."""
-    typed = b'"__type__"' in raw if isinstance(raw, bytes) else '"__type__"' in raw
-    if not typed:
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            pass
-    return kombu_loads(raw)
+    value = _plain(raw)
+    return kombu_loads(raw) if value is _KOMBUS else value
 
 
 def payload(message: Any) -> Any:
@@ -30,10 +39,7 @@ def payload(message: Any) -> Any:
     accepts)."""
     body = message.body
     if message.content_type == JSON and isinstance(body, (bytes, str)):
-        typed = b'"__type__"' in body if isinstance(body, bytes) else '"__type__"' in body
-        if not typed:
-            try:
-                return orjson.loads(body)
-            except orjson.JSONDecodeError:
-                pass
+        value = _plain(body)
+        if value is not _KOMBUS:
+            return value
     return message.payload

@@ -243,8 +243,8 @@ def on_child_ready(pool: Any, callback: Callable[[int], Any]) -> bool:
     """`callback(pid)` from now on each time a child of the pool is ready to take work (its
     models loaded), on the event loop. False when the pool has not started, or is not the
     worker's (`Pool`)."""
-    inner = _asynpool(pool)
-    if not isinstance(inner, Pool):
+    inner = _worker_pool(pool)
+    if inner is None:
         return False
     inner.on_child_ready = callback
     return True
@@ -254,8 +254,8 @@ def hold_ahead(pool: Any, ahead: int) -> bool:
     """Each child of the pool is written up to `ahead` batches beyond the one it runs
     (`HeldBatches`); 0: one at a time, as Celery's fair scheduling does. False when the pool
     has not started, or is not the worker's (`Pool`)."""
-    inner = _asynpool(pool)
-    if not isinstance(inner, Pool):
+    inner = _worker_pool(pool)
+    if inner is None:
         return False
     inner._busy_workers.depth = 1 + ahead
     return True
@@ -265,8 +265,8 @@ def before_children_start(pool: Any, callback: Callable[[], Any]) -> bool:
     """`callback()` from now on each time before the pool starts children in place of those
     that exited, on the event loop. False when the pool has not started, or is not the
     worker's (`Pool`)."""
-    inner = _asynpool(pool)
-    if not isinstance(inner, Pool):
+    inner = _worker_pool(pool)
+    if inner is None:
         return False
     inner.before_children_start = callback
     return True
@@ -275,6 +275,12 @@ def before_children_start(pool: Any, callback: Callable[[], Any]) -> bool:
 def _asynpool(pool: Any) -> Any:
     """Celery's AsynPool inside its prefork TaskPool (None before the pool started)."""
     return getattr(pool, "_pool", None)
+
+
+def _worker_pool(pool: Any) -> Pool | None:
+    """The worker's own `Pool` inside `pool`; None before it started, or for another pool."""
+    inner = _asynpool(pool)
+    return inner if isinstance(inner, Pool) else None
 
 
 def ready_children(pool: Any) -> set[int]:
