@@ -47,6 +47,13 @@ def _start(group, items, out, seconds=10) -> list[threading.Thread]:
     return threads
 
 
+def _behind_one_on_its_way(group, send, items, out, seconds=10):
+    """A call on its way (held in `send`), then `items` started behind it: both threads."""
+    first = _start(group, [0], out)
+    assert send.entered.wait(5)
+    return first, _start(group, items, out, seconds)
+
+
 def test_a_lone_call_is_sent_at_once_and_alone():
     send = HeldSend()
     send.gate.set()
@@ -58,9 +65,7 @@ def test_a_lone_call_is_sent_at_once_and_alone():
 def test_calls_arriving_while_one_is_on_its_way_go_together_in_the_next():
     send = HeldSend()
     group, out = GroupCommit(send, most=4), {}
-    first = _start(group, [0], out)
-    assert send.entered.wait(5)
-    others = _start(group, range(1, 7), out)
+    first, others = _behind_one_on_its_way(group, send, range(1, 7), out)
     wait_until(lambda: len(group._queued) == 6, 10, "six calls queued behind the first")
     send.gate.set()
     for thread in first + others:
@@ -75,9 +80,7 @@ def test_calls_arriving_while_one_is_on_its_way_go_together_in_the_next():
 def test_a_groups_error_is_each_members_own():
     send = HeldSend(fail=redis.ConnectionError("gone"))
     group, out = GroupCommit(send), {}
-    first = _start(group, [0], out)
-    assert send.entered.wait(5)
-    others = _start(group, [1, 2], out)
+    first, others = _behind_one_on_its_way(group, send, [1, 2], out)
     wait_until(lambda: len(group._queued) == 2, 10, "two calls queued")
     send.gate.set()
     for thread in first + others:
@@ -92,9 +95,7 @@ def test_a_groups_error_is_each_members_own():
 def test_a_call_whose_deadline_passes_while_it_queues_is_never_sent():
     send = HeldSend()
     group, out = GroupCommit(send), {}
-    first = _start(group, [0], out)
-    assert send.entered.wait(5)
-    late = _start(group, [1], out, seconds=0.2)
+    first, late = _behind_one_on_its_way(group, send, [1], out, seconds=0.2)
     for thread in late:
         thread.join(10)
     assert isinstance(out[1], redis_deadline.DeadlinePassed)
@@ -116,9 +117,7 @@ def test_outside_a_request_a_call_goes_alone():
 def test_the_queue_is_handed_on_until_it_is_empty(most):
     send = HeldSend()
     group, out = GroupCommit(send, most=most), {}
-    first = _start(group, [0], out)
-    assert send.entered.wait(5)
-    others = _start(group, range(1, 4), out)
+    first, others = _behind_one_on_its_way(group, send, range(1, 4), out)
     wait_until(lambda: len(group._queued) == 3, 10, "three calls queued")
     send.gate.set()
     for thread in first + others:
