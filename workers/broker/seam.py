@@ -115,6 +115,7 @@ READ: tuple[Name, ...] = (
     Name(BilliardPool, "_putlock"),
     Name(AsynPool, "_all_inqueues"),
     Name(AsynPool, "_busy_workers"),
+    Name(AsynPool, "_mark_worker_as_available"),
     Name(AsynPool, "_active_writes"),
     Name(BaseProcess, "_check_closed", ("self",)),
     Name(BaseProcess, "_popen"),
