@@ -13,7 +13,9 @@ it, and another key's submits are still served meanwhile.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import signal
 import socket
 import time
 
@@ -110,10 +112,16 @@ def test_waiting_jobs_too_large_to_keep_count_against_the_keys_quota(stack):
     for job_id in waiting:
         assert call(stack, "POST", f"/v1/jobs/{job_id}/cancel", "hoarder").status_code == 200
     assert int(stack.redis.get(KEPT_BY_BYTES_PREFIX + "hoarder") or 0) == 0
-    # One that runs and succeeds leaves the books too.
-    r = call(stack, "POST", "/v1/jobs", "hoarder", json={"model": "quick", "inputs": huge})
-    assert r.status_code == 202, r.text
-    assert int(stack.redis.get(KEPT_BY_BYTES_PREFIX + "hoarder")) > 100_000
+    # One that runs and succeeds leaves the books too. Its worker's main process is held
+    # while it is submitted, so that its charge is read before it can run and release it.
+    worker = stack.workers["w"].proc.pid
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        r = call(stack, "POST", "/v1/jobs", "hoarder", json={"model": "quick", "inputs": huge})
+        assert r.status_code == 202, r.text
+        assert int(stack.redis.get(KEPT_BY_BYTES_PREFIX + "hoarder")) > 100_000
+    finally:
+        os.kill(worker, signal.SIGCONT)
     wait_until(lambda: call(stack, "GET", f"/v1/jobs/{r.json()['id']}", "hoarder").json()[
         "status"] == "succeeded", timeout=30, what="the large job to succeed")
     assert int(stack.redis.get(KEPT_BY_BYTES_PREFIX + "hoarder") or 0) == 0
