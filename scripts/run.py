@@ -242,10 +242,7 @@ def plan(environ: dict[str, str]) -> Run:
         raise Refused(f"make run: {error}") from None
     procfile = parse_procfile((ROOT / "Procfile").read_text()).processes
     processes = {n: cmd for n, cmd in procfile.items() if own_redis or n != "redis"}
-    if settings.run_users == "separate":  # not root, no users: nothing else matters
-        if problems := run_users.problems(list(processes), env, settings.models_file,
-                                          settings.api_keys_file, var_dir):
-            raise Refused("\n".join(problems))
+    run_users.refuse_unless_served(settings, list(processes), env, var_dir)
     problems = var_problems(var_dir, run_users.redis_uid())
     password_file = var_dir / "secrets" / "redis-password"
     known = password_file.read_text().strip() if password_file.is_file() and not problems \

@@ -31,6 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from config import Settings
 from scripts.preflight import Refused, model_roots
 from scripts.processes import ROOT
 from scripts.run_stop import is_redis
@@ -210,6 +211,16 @@ def problems(names: list[str], env: dict[str, str], models_file: str, api_keys_f
                          f"{path} is {_why(path)}; let them through (chmod o+x '{path}') or "
                          "move it, or set IQ_RUN_USERS=one")
     return lines
+
+
+def refuse_unless_served(settings: Settings, names: list[str], env: dict[str, str],
+                         var_dir: Path) -> None:
+    """With IQ_RUN_USERS=separate, `Refused` with `problems`' lines when there are any
+    (checked first: not root, or no users, nothing else matters)."""
+    if settings.run_users == "separate":
+        if found := problems(names, env, settings.models_file, settings.api_keys_file,
+                             var_dir):
+            raise Refused("\n".join(found))
 
 
 def _own(path: Path, user: str, mode: int) -> None:
