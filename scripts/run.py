@@ -5,7 +5,9 @@ Before anything starts, every port the stack will bind is checked (scripts/prefl
 secrets it needs are made on first use and kept under IQ_VAR_DIR (default var/), mode 0600, in
 files and folders this user made (scripts/var_dir.py): its Redis's admin password and the
 application's (an ACL user without administrative commands: scripts/redis-server.sh), Flower's
-password, the webhook signing secret. Each process gets only the secrets it uses (`NEEDS`). Once
+password, the webhook signing secret. Each process gets only the secrets it uses (`NEEDS`);
+with IQ_RUN_USERS=separate (as root), each part runs as a system user of its own, walled off
+from the others' secrets and Redis's password files (scripts/run_users.py). Once
 the API, the worker and Flower answer, one block says what is where. A process that exits on its
 own (a crash, a kill) is started again, its output saying so (scripts/respawn.py), rather than
 the whole stack stopped. Ctrl-C, SIGTERM or a hang-up stops every process it started, in order
