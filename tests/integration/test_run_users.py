@@ -119,8 +119,13 @@ def check_each_part_is_its_user_and_walled_off(run: MakeRun, env: dict[str, str]
         for proc in procs:
             assert set(proc.uids()) == {int(as_user(ROLES[role], "id", "-u").stdout)}, role
     for proc in run.processes():
-        if "scripts.respawn" in " ".join(proc.cmdline()):
-            assert proc.uids().real == 0  # the keepers stay root, to stop and restart parts
+        cmd = proc.cmdline()
+        if "scripts.respawn" in cmd:
+            assert set(proc.uids()) == {0}  # the keepers stay root, to stop and restart parts
+            # What each part starts (the worker's pool children, Flower's shell) is its user's.
+            uid = int(as_user(cmd[cmd.index("--user") + 1], "id", "-u").stdout)
+            assert {tuple(child.uids()) for child in proc.children(recursive=True)} == \
+                {(uid, uid, uid)}, cmd
     var = Path(env["IQ_VAR_DIR"])
     kept = var / "secrets-redis"
     assert as_user("iq-redis", "cat", str(kept / "redis-password")).stdout.strip() == \
