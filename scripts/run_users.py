@@ -245,17 +245,33 @@ def refuse_unless_served(settings: Settings, names: list[str], env: dict[str, st
 
 
 def _own(path: Path, user: str, mode: int) -> None:
-    """`path` (a folder, made when missing) `user`'s, with `mode`. A folder not yet theirs
-    (made by root, or by an earlier `IQ_RUN_USERS=one` run) is given to them with everything
-    in it, never through a link; one already theirs is left as they keep it (what they made in
-    it is theirs: root changes nothing inside, where they could have put a link)."""
+    """`path` (a folder, made when missing) `user`'s, with `mode`, and everything in it: what
+    root made there (Redis run by an earlier `IQ_RUN_USERS=one` make run as root rewrote its
+    append-only file) would stop their part from opening it. Never through a link: the walk
+    does not follow one, even one put in place meanwhile (os.fwalk), and each entry is
+    opened without following one, then changed through its descriptor; an entry with more
+    than one name is left as it is (a hard link they made to another's file)."""
     account = pwd.getpwnam(user)
     path.mkdir(mode=mode, parents=True, exist_ok=True)
-    if path.lstat().st_uid != account.pw_uid:
-        for here, folders, files in os.walk(path):
-            for entry in (here, *(os.path.join(here, n) for n in folders + files)):
-                os.chown(entry, account.pw_uid, account.pw_gid, follow_symlinks=False)
+    for _here, _folders, files, folder in os.fwalk(path):
+        _give(folder, account)
+        for name in files:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY,
+                             dir_fd=folder)
+            except OSError:  # a link (ELOOP), or gone meanwhile
+                continue
+            try:
+                if os.fstat(fd).st_nlink == 1:
+                    _give(fd, account)
+            finally:
+                os.close(fd)
     path.chmod(mode)
+
+
+def _give(fd: int, account: pwd.struct_passwd) -> None:
+    if os.fstat(fd).st_uid != account.pw_uid:
+        os.fchown(fd, account.pw_uid, account.pw_gid)
 
 
 def _copy_secret(source: Path, folder: Path, user: str) -> Path:

@@ -336,3 +336,40 @@ def test_a_models_file_the_parts_cannot_read_is_refused_by_reload_and_held_by_th
         run.reap()
     assert left == [] and busy == []
 
+
+def test_switching_between_one_and_separate_on_one_var_folder_keeps_redis_serving(
+        users, open_dir):
+    """separate, then one (as root), then separate again on the same var folder: what root's
+    Redis wrote in the folder Redis's user owns (an append-only file rewritten as it grows,
+    auto-aof-rewrite, here asked for at once) is handed back to that user; it used to stay
+    root's, and Redis's user could not open it: Redis started again every 30 s, for ever."""
+    models = synthetic_models(open_dir / "models.yaml", 5)
+    env = run_env(open_dir, IQ_RUN_USERS="separate", IQ_MODELS_FILE=str(models))
+    api = f"http://127.0.0.1:{env['IQ_PORT']}"
+    data = Path(env["IQ_VAR_DIR"]) / "redis"
+    jobs: list[str] = []
+    for turn, mode in enumerate(("separate", "one", "separate")):
+        run = MakeRun({**env, "IQ_RUN_USERS": mode}, open_dir / f"run-{turn}.log",
+                      command=namespaced(open_dir))
+        try:
+            run.wait_up(120)  # Redis that cannot open its file: never up
+            jobs.append(_submit(api, f"turn {turn}"))
+            wait_until(lambda: all(_status(api, j) == "succeeded" for j in jobs), 60,
+                       "every job so far answered")
+            runs = {j: r.get("runs") for j, r in fields_of(_app_client(env), jobs).items()}
+            assert runs == {j: "1" for j in jobs}
+            if mode == "one":
+                admin = redis.Redis(port=int(env["REDIS_PORT"]),
+                                    password=secret(env, "redis-password"))
+                admin.bgrewriteaof()
+                wait_until(lambda: not admin.info("persistence")["aof_rewrite_in_progress"]
+                           and any(p.stat().st_uid == 0 for p in data.iterdir()), 60,
+                           "root's Redis to rewrite its file")
+        finally:
+            run.stop(signal.SIGINT)
+            left, busy = run.left_behind(), run.ports_in_use()
+            run.reap()
+        assert left == [] and busy == []
+    redis_uid = int(as_user("iq-redis", "id", "-u").stdout)
+    assert {p.stat().st_uid for p in data.rglob("*")} == {redis_uid}
+
