@@ -26,6 +26,7 @@ import yaml
 from config.models import revision_of
 from scripts.preflight import bind_error
 from scripts.stack import ROOT, wait_until
+from scripts.var_dir import kept_secret
 from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
 from tests.integration.test_make_run import PORTS, MakeRun, RUN, run_env, secret
 from tests.support.load import Load
@@ -373,3 +374,27 @@ def test_switching_between_one_and_separate_on_one_var_folder_keeps_redis_servin
     redis_uid = int(as_user("iq-redis", "id", "-u").stdout)
     assert {p.stat().st_uid for p in data.rglob("*")} == {redis_uid}
 
+# The var folder as make run as root leaves it: with one user, and with separate ones.
+@pytest.mark.parametrize("var_mode", [0o700, 0o711])
+def test_make_run_as_another_user_on_a_var_folder_root_made_is_refused_in_one_line(
+        users, open_dir, var_mode):
+    """make run as a user of its own (IQ_RUN_USERS=one) on the var folder an earlier make run
+    as root made (root's, its secrets 0700): refused in one line naming the folder, where it
+    used to stop on a traceback (PermissionError) reading a secret it may not."""
+    var = open_dir / "var"
+    kept_secret(var, "redis-password")
+    var.chmod(var_mode)
+    env = run_env(open_dir, IQ_RUN_USERS="one", IQ_MODELS_FILE=str(
+        synthetic_models(open_dir / "models.yaml", 5)))
+    command = namespaced(open_dir)
+    command[command.index(RUN[0]):] = ["setpriv", "--reuid", "iq-api", "--regid", "iq-api",
+                                       "--init-groups", *RUN]
+    refused = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=120)
+    api_uid = int(as_user("iq-api", "id", "-u").stdout)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert refused.stderr.splitlines() == [
+        f"make run: {var} is owned by uid 0, not by you (uid {api_uid}): another user may "
+        "have made it (choosing the secrets or the data in it) or may read it. Delete it, or "
+        "move IQ_VAR_DIR to a folder only you can write, and make run makes a new one."]
+    assert all(bind_error("127.0.0.1", int(env[name])) is None for name in PORTS)
