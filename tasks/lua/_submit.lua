@@ -97,7 +97,7 @@ local function submit(KEYS, ARGV)
   -- failover to a host a little behind): an entry is stamped after the head's, so that a page's
   -- bisection to its cursor (first_at_or_below) never passes over an entry it has not listed.
   local head, us = redis.call('lindex', KEYS[4], 0), now_us
-  if head then us = math.max(us, owned_job(head) + 1) end
+  if head then us = math.max(us, owned_at(head) + 1) end
   redis.call('lpush', KEYS[4], owned_entry(us, ARGV[3]))
   if ARGV[10] ~= '0' then trim_owned(KEYS[4], 1000) end
   if ARGV[10] == '2' then trim(KEYS[8], now_us - TTL_S * 1000000, 1000) end
