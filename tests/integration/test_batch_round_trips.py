@@ -1,6 +1,7 @@
-"""A batch's way through Redis in as few round trips and commands as its promises allow (issue
-40), on a real Redis: the submits of one group read Redis's memory once, each still refused
-past the headroom."""
+"""A batch's way through Redis in as few round trips as its promises allow (issue 40), on a real
+Redis: the finish that stores a batch's results acknowledges their messages in the same script
+call (the worker sends no acknowledgement of its own), and the submits of one group read
+Redis's memory once, each still refused past the headroom."""
 from __future__ import annotations
 
 import secrets
@@ -9,8 +10,12 @@ import uuid
 import pytest
 import redis
 
-from tasks.jobstate import JobState, new_job
-from tasks.keys import job_key
+from bench.purposes import Monitor
+from scripts.processes import wait_until
+from scripts.stack import launch
+from tasks import results
+from tasks.jobstate import Final, JobState, Status, new_job
+from tasks.keys import job_key, result_key
 from tasks.messages import QueuedMessage
 
 INFLIGHT = "iq:inflight:test"
@@ -36,6 +41,32 @@ def _queued(state: JobState, n: int, payload: bytes = b"m") -> list:
                      max_depth=None, ttl_s=600)
         jobs.append(job)
     return jobs
+
+
+def test_a_finish_stores_the_results_and_acknowledges_their_messages_in_one_call(
+        state, clean_admin):
+    jobs = _queued(state, 3)
+    tags = [f"tag-{i}" for i in range(3)]
+    clean_admin.hset(INFLIGHT, mapping={**{t: "embed\nm" for t in tags}, "other": "embed\nm"})
+    state.start([j.id for j in jobs], worker="w/1", batch="b 3 3",
+                tokens=[j.token for j in jobs], held=(INFLIGHT, tags))
+    # The first job was finished by an earlier run (a redelivered message): this finish
+    # changes nothing of it, and its message is acknowledged all the same.
+    assert state.finish([Final(jobs[0].id, Status.SUCCEEDED, b"earlier", token=jobs[0].token)],
+                        result_ttl_s=60) == [True]
+    before = _calls(clean_admin)
+    finals = [Final(j.id, Status.SUCCEEDED, results.stored(j.id, outputs=[[0.5]]),
+                    token=j.token) for j in jobs]
+    written = state.finish(finals, result_ttl_s=60, held=(INFLIGHT, tags))
+    after = _calls(clean_admin)
+    assert written == [False, True, True]
+    assert after["evalsha"] - before["evalsha"] == 1  # one round trip: results and acks
+    assert after["hdel"] - before.get("hdel", 0) == 1  # inside it, one HDEL for the batch
+    assert clean_admin.hkeys(INFLIGHT) == ["other"]  # another batch's message stays
+    assert clean_admin.get(result_key(jobs[0].id)) == "earlier"
+    for job in jobs[1:]:
+        assert clean_admin.hget(job_key(job.id), "status") == Status.SUCCEEDED.value
+        assert clean_admin.exists(result_key(job.id))
 
 
 def test_the_submits_of_a_group_read_redis_memory_once_and_each_is_checked(state, clean_admin):
@@ -73,3 +104,29 @@ def test_the_submits_of_a_group_read_redis_memory_once_and_each_is_checked(state
     assert clean_admin.llen("embed") == kinds.count("created")
     for job, kind in zip(jobs, kinds):
         assert clean_admin.exists(job_key(job.id)) == (kind == "created")
+
+
+QUICK = {"quick": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0, "max_batch_size": 16}}
+
+
+def test_the_worker_sends_no_acknowledgement_of_its_own_for_a_finished_batch(tmp_path):
+    """A batch's start, then its finish with its acknowledgements: the worker's main process
+    leaves the in-flight hash to the child's finish, and the hash ends empty."""
+    stack = launch(tmp_path, QUICK, {"w": ["quick"]})
+    try:
+        monitor = Monitor(stack.redis_svc.extra["admin_url"])
+        try:
+            jobs = [stack.submit("quick", ["a"])["id"] for _ in range(12)]
+            assert all(stack.finished(j)["status"] == "succeeded" for j in jobs)
+            stack.admin.echo("finished")
+            wait_until(lambda: b'"finished"' in b"".join(monitor.chunks), 10, "the ECHO")
+        finally:
+            lines = monitor.stop()
+        hdels = [line for line in lines if b'"hdel" "iq:inflight:' in line.lower()]
+        assert hdels, "no acknowledgement seen at all"
+        assert all(b" lua]" in line for line in hdels), \
+            [line for line in hdels if b" lua]" not in line][:3]
+        held = [k for k in stack.admin.scan_iter("iq:inflight:*")]
+        assert all(stack.admin.hlen(k) == 0 for k in held)
+    finally:
+        stack.stop()
