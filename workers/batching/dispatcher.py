@@ -24,8 +24,7 @@ from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.worker import state as worker_state
 
-from config.calibration import batch_size_for, calibration_path, load_calibration
-from config.checks import ConfigError
+from config.calibration import calibration_path, effective_batch_size, on_gpu
 from config.models import ModelSpec
 from tasks.errors import removed_error
 from tasks.jobstate import JobState
@@ -107,22 +106,14 @@ class PoolDispatcher:
         return max(total if serving is None else min(total, serving), 0)
 
     def batch_size(self, spec: ModelSpec) -> int:
-        """The model's max batch (config/calibration.py): on a GPU, unless its entry declares
-        one, the calibrator's answer under the token budget; else its max_batch_size."""
-        on_gpu = spec.device == "cuda" or (spec.device == "auto" and self._gpus() > 0)
-        if not on_gpu or spec.batch_size_declared:
-            return spec.max_batch_size
-        path = calibration_path(self.settings)
-        try:
-            size = batch_size_for(spec, True, load_calibration(path),
-                                  self.settings.max_batch_tokens)
-        except ConfigError as exc:
-            logger.error("%s; model %s keeps max_batch_size %d", exc, spec.name,
-                         spec.max_batch_size)
-            return spec.max_batch_size
+        """The model's max batch (config/calibration.py `effective_batch_size`, which the
+        child's warm-up and the worker's prefetch take too): on a GPU, unless its entry
+        declares one, the calibrator's answer under the token budget; else its
+        max_batch_size."""
+        size = effective_batch_size(spec, self.settings, on_gpu(spec, self._gpus()))
         if size != spec.max_batch_size:
             logger.info("model %s on a GPU: max batch %d, the calibrator's (%s)", spec.name,
-                        size, path)
+                        size, calibration_path(self.settings))
         return size
 
     def _gpus(self) -> int:
