@@ -32,7 +32,7 @@ from tasks.names import PRIORITIES
 from tasks.redis_client import connect
 from workers.child.batch import FOREIGN, BatchJob, JobOutcome, job_token
 from workers.broker import InFlight, Leases, broker_of
-from workers.broker.pool import serving_children
+from workers.broker.pool import free_children, serving_children
 from workers.child.devices import visible_gpu_count
 from workers.child.execute import run_batch
 from workers.batching.isolation import CrashLoops, TimeLimits
@@ -274,13 +274,27 @@ class PoolDispatcher:
                 due.append(r.started + usual * (1 - AHEAD_SHARE) - AHEAD_MARGIN_S)
         return due
 
+    def idle_children(self, capacity: int) -> int:
+        """Children free to take a batch now. Its own count (children less batches handed)
+        would count none free while one child holds a batch and the next ahead and another
+        holds none: a partial batch would wait for a batch to end with a child idle. So,
+        where the pool can tell (workers/broker/pool.py `free_children`), the children that
+        hold no batch, within the capacity those holding one leave (a reload's child being
+        replaced counts in neither)."""
+        own = max(capacity - self.inflight, 0)
+        pool = free_children(self.consumer.pool)
+        if pool is None:
+            return own
+        free, holding = pool
+        return max(own, min(free, capacity - holding))
+
     def pump(self, freed: int = 0) -> None:
         """Batches to the children: to an idle one what waits (the policy's say); then, to a
         busy one whose batch is about to end (`_ahead_due`), ahead, only a full batch, so that
         no batch is smaller for going ahead (what is not full waits, as before, for a child to
         be free)."""
         capacity = self.capacity
-        idle = max(capacity - self.inflight, 0)
+        idle = self.idle_children(capacity)
         ahead = max(capacity * (1 + self.ahead) - self.inflight - idle, 0)
         if ahead > 0:
             now = monotonic()
@@ -301,8 +315,9 @@ class PoolDispatcher:
         self.fit_intake()
 
     def _arm_timer(self) -> None:
-        due = self.scheduler.next_deadline() if self.inflight < self.capacity else None
-        if len(self.scheduler) and self.inflight < self.capacity * (1 + self.ahead):
+        capacity = self.capacity
+        due = self.scheduler.next_deadline() if self.idle_children(capacity) > 0 else None
+        if len(self.scheduler) and self.inflight < capacity * (1 + self.ahead):
             now = monotonic()  # a full batch may go ahead when a child's batch nears its end
             coming = [d for d in self._ahead_due() if d > now]
             if coming:
