@@ -320,3 +320,32 @@ def test_with_two_children_a_child_that_holds_no_batch_takes_what_waits_at_once(
     inner._busy_workers.release(second.inqW_fd)  # b returns: child 2 holds none
     pool.calls[1]["callback"]([JobOutcome("b", Outcome.SUCCEEDED, 0.1, 1)])
     assert [job.id for job in pool.calls[3]["args"][1]] == ["x"]  # at once, to child 2
+
+
+def test_a_batch_taken_up_from_ahead_arms_the_timer_for_the_next_one(monkeypatch):
+    """The batch a child held ahead is taken up as the last one returns; the next full batch
+    is due to go ahead as it nears its end, with no job arriving meanwhile to look again (a
+    closed loop whose clients all wait): its acceptance arms the timer."""
+    import workers.batching.dispatcher as dispatcher_module
+
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(dispatcher_module, "monotonic", lambda: clock.now)
+    d, pool, timer, _unacked = dispatcher()
+    d.settlement.accepted = lambda *_args: None  # Celery's books: not this test's
+    d.settlement.finish = lambda *_args: None  # nor its acks
+    d._usual["m"] = 0.1  # the model's usual batch time
+    receive(d, "a")
+    pool.calls[0]["accept_callback"](1, 0.0)
+    clock.now += 0.09
+    for job_id in "bcdefghi":
+        receive(d, job_id)
+    assert [job.id for job in pool.calls[1]["args"][1]] == ["b", "c", "d", "e"]  # ahead
+    pool.calls[0]["callback"]([JobOutcome("a", Outcome.SUCCEEDED, 0.1, 1)])
+    timer.run_due()
+    assert len(pool.calls) == 2  # f..i: one batch ahead at most, and b..e not yet taken up
+    pool.calls[1]["accept_callback"](1, 0.0)  # the child takes b..e up
+    armed = [delay for delay, _fn, _args in timer.due]
+    assert armed and abs(armed[-1] - (0.075 - 0.005)) < 1e-6
+    clock.now += 0.071
+    timer.run_due()
+    assert [job.id for job in pool.calls[2]["args"][1]] == ["f", "g", "h", "i"]

@@ -349,6 +349,11 @@ class PoolDispatcher:
             running.started = monotonic()  # a batch handed ahead starts when its child is free
             running.accepted = True
             self.settlement.accepted(requests, pid, time_accepted)
+            if self.ahead and len(self.scheduler):
+                # Its child's next batch is due as this one nears its end (`_ahead_due`): the
+                # timer for it, or a child whose batch was handed ahead would wait for the
+                # next arrival to be handed its next.
+                self._arm_timer()
 
         def on_return(outcomes: list[JobOutcome]) -> None:
             self.running.pop(id(running), None)
