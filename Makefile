@@ -13,10 +13,15 @@ RUN_STAMP := $(VENV)/.run-$(shell cat $(RUN_REQS) | cksum | cut -d' ' -f1)
 # version: the constraints').
 DEV_STAMP := $(VENV)/.dev-$(shell cat $(RUN_REQS) requirements/dev.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run reload test test-tools docs bench bench-quick gameday gpu-check gpu-bench container-check clean
+.PHONY: run users reload test test-tools docs bench bench-quick gameday gpu-check gpu-bench container-check clean
 
 run: $(RUN_STAMP)
 	scripts/run.sh
+
+# As root: the system users IQ_RUN_USERS=separate runs each part as (iq-redis, iq-api,
+# iq-worker, iq-deliverer, iq-flower: scripts/run_users.py); those that exist are kept.
+users: $(RUN_STAMP)
+	$(VENV)/bin/python -m scripts.run_users
 
 # The models file taken up by the running stack without a restart (scripts/reload.py);
 # FILE=path installs that file in its place first (a rollback: FILE=config/models.yaml.previous).

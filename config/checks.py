@@ -27,6 +27,8 @@ def _check_access(settings: Settings) -> None:
         raise ConfigError(f"max_wait_s must be in (0, 300], got {settings.max_wait_s}")
     if settings.log_format not in ("text", "json"):
         raise ConfigError(f"log_format must be text or json, got {settings.log_format!r}")
+    if settings.run_users not in ("one", "separate"):
+        raise ConfigError(f"run_users must be one or separate, got {settings.run_users!r}")
     for name in ("kept_inputs_ttl_s", "kept_inputs_max_bytes"):
         if getattr(settings, name) < 0:
             raise ConfigError(f"{name} must be an integer >= 0, got {getattr(settings, name)}")

@@ -152,6 +152,9 @@ class Settings:
     # A worker told to stop (SIGTERM) lets its running batches finish for this long, then
     # stops their children and puts their jobs back on the queues.
     stop_timeout_s: float = 25.0
+    # Whom `make run` starts its parts as: `one`, the user who runs it; `separate` (make run
+    # as root, after `make users`), each part as a system user of its own (scripts/run_users.py).
+    run_users: str = "one"
     # Messages a worker holds unacknowledged per child; 0: two full batches of the largest
     # model, enough to fill a batch while every child is busy.
     prefetch_multiplier: int = 0

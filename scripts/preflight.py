@@ -269,14 +269,14 @@ def _model_paths(models_file: Path) -> Iterator[Path]:
     decides what each of those is (guarding)."""
     seen: set[Path] = set()
     yield from guarding(Path(os.path.abspath(models_file)), seen)
-    for root in _model_roots(models_file):
+    for root in model_roots(models_file):
         yield from guarding(root, seen)
         if root.is_dir():
             for inner in _inside(root):
                 yield from guarding(inner, seen)
 
 
-def _model_roots(models_file: Path) -> Iterator[Path]:
+def model_roots(models_file: Path) -> Iterator[Path]:
     """Each declared model's file or folder, as the worker will open it."""
     from config import load_models
 

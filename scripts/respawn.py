@@ -8,7 +8,10 @@ Each start after the first has IQ_RESPAWN_LAST_EXIT, the exit status of the run 
 process whose start depends on how it ended (scripts/redis-server.sh: a Redis primary that
 shut down cleanly needs no handover).
 
-    python -m scripts.respawn NAME COMMAND
+    python -m scripts.respawn [--user USER] NAME COMMAND
+
+With --user (make run with IQ_RUN_USERS=separate: scripts/run_users.py), the keeper stays
+root, to stop and start the part, and starts it as USER, with USER's groups.
 
 A part that reads the settings and the models file (`CHECKED`) and exits while they fail the
 check `make run` makes before it starts anything (scripts/run.py: a model on a Redis group
@@ -72,8 +75,13 @@ def held(name: str, env: dict[str, str], stopping: threading.Event, code: int) -
 
 
 def main(argv: list[str]) -> int:
+    switch: dict[str, object] = {}
+    if len(argv) == 5 and argv[1] == "--user":
+        from scripts.run_users import switch as user_switch
+
+        switch, argv = user_switch(argv[2]), argv[2:]
     if len(argv) != 3:
-        print("usage: python -m scripts.respawn NAME COMMAND", file=sys.stderr)
+        print("usage: python -m scripts.respawn [--user USER] NAME COMMAND", file=sys.stderr)
         return 2
     name, command = argv[1], argv[2]
     stopping = threading.Event()
@@ -87,7 +95,8 @@ def main(argv: list[str]) -> int:
     pause, env = FIRST_PAUSE_S, dict(os.environ)
     while True:
         started = time.monotonic()
-        code = subprocess.call(["/bin/sh", "-c", command], env=env)
+        code = subprocess.call(["/bin/sh", "-c", command], env=env,
+                               **switch)  # type: ignore[arg-type]
         env["IQ_RESPAWN_LAST_EXIT"] = str(code)
         if stopping.is_set():
             return code

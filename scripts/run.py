@@ -5,7 +5,9 @@ Before anything starts, every port the stack will bind is checked (scripts/prefl
 secrets it needs are made on first use and kept under IQ_VAR_DIR (default var/), mode 0600, in
 files and folders this user made (scripts/var_dir.py): its Redis's admin password and the
 application's (an ACL user without administrative commands: scripts/redis-server.sh), Flower's
-password, the webhook signing secret. Each process gets only the secrets it uses (`NEEDS`). Once
+password, the webhook signing secret. Each process gets only the secrets it uses (`NEEDS`);
+with IQ_RUN_USERS=separate (as root), each part runs as a system user of its own, walled off
+from the others' secrets and Redis's password files (scripts/run_users.py). Once
 the API, the worker and Flower answer, one block says what is where. A process that exits on its
 own (a crash, a kill) is started again, its output saying so (scripts/respawn.py), rather than
 the whole stack stopped. Ctrl-C, SIGTERM or a hang-up stops every process it started, in order
@@ -34,7 +36,7 @@ from kombu.utils.url import maybe_sanitize_url
 from config import ConfigError, Settings, load_settings
 from config.groups import shown_groups
 from config.models import read_models_content
-from scripts import run_redis
+from scripts import run_redis, run_users
 from scripts.models_check import problems_of
 from workers.child.devices import visible_gpu_count
 from scripts.preflight import REDIS_APP_USER, Binding, Refused, model_file_problems, \
@@ -127,6 +129,9 @@ class Run:
     block: str                 # what is where, printed once it is up
     # What a process adds to `env` (the replicas' and sentinels' ports and roles).
     own_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    # IQ_RUN_USERS=separate: what each process adds to `env` as its own user's (its HOME;
+    # Redis's, the copies of its password files: scripts/run_users.py); empty: one user.
+    as_users: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def _keep_secrets(env: dict[str, str], var_dir: Path, redis_port: int | None) -> list[str]:
@@ -237,7 +242,10 @@ def plan(environ: dict[str, str]) -> Run:
         replicated = run_redis.bindings(env, ports["redis"].port) if own_redis else []
     except ConfigError as error:
         raise Refused(f"make run: {error}") from None
-    problems = var_problems(var_dir)
+    procfile = parse_procfile((ROOT / "Procfile").read_text()).processes
+    processes = {n: cmd for n, cmd in procfile.items() if own_redis or n != "redis"}
+    run_users.refuse_unless_served(settings, list(processes), env, var_dir)
+    problems = var_problems(var_dir, run_users.redis_uid())
     password_file = var_dir / "secrets" / "redis-password"
     known = password_file.read_text().strip() if password_file.is_file() and not problems \
         else None
@@ -271,12 +279,12 @@ def plan(environ: dict[str, str]) -> Run:
         f"  Webhooks  signed with {signing}",
         f"  Stop      Ctrl-C here, or kill -TERM {os.getpid()}: every process above stops",
     ])
-    procfile = parse_procfile((ROOT / "Procfile").read_text()).processes
-    processes = {n: cmd for n, cmd in procfile.items() if own_redis or n != "redis"}
     own_env = run_redis.processes(env, var_dir, ports["redis"].port) \
         if own_redis and replicated else {}
     processes.update({name: procfile["redis"] for name in own_env})
-    return Run(env, processes, checks, block, own_env)
+    as_users = run_users.prepare(var_dir, list(processes), env, own_env) \
+        if settings.run_users == "separate" else {}
+    return Run(env, processes, checks, block, own_env, as_users)
 
 
 class Console:
@@ -325,9 +333,11 @@ def main() -> int:
     run.env["IQ_STOP_TIMEOUT_S"] = str(stop_timeout_s)  # also scripts/flower.sh's bound
     manager = OrderedManager(Printer(Console(sys.stdout)), stop_timeout_s)
     for name, command in run.processes.items():
-        kept = f"exec {shlex.quote(sys.executable)} -m scripts.respawn {name} " \
+        user = f"--user {run_users.user_of(name)} " if run.as_users else ""
+        kept = f"exec {shlex.quote(sys.executable)} -m scripts.respawn {user}{name} " \
                f"{shlex.quote(command)}"
-        env = {**process_env(name, run.env), **run.own_env.get(name, {})}
+        env = {**process_env(name, run.env), **run.own_env.get(name, {}),
+               **run.as_users.get(name, {})}
         manager.add_process(name, kept, env=env, cwd=str(ROOT))
     # Started before honcho forks its readers; they only start a process and read its output.
     threading.Thread(target=_announce, args=(manager, run.checks, run.block),

@@ -21,11 +21,12 @@ def shown(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def _not_ours(path: Path, info: os.stat_result) -> str | None:
-    """Why `path` (lstat'ed as `info`) cannot hold this user's secrets, or None."""
+def _not_ours(path: Path, info: os.stat_result, also: int | None = None) -> str | None:
+    """Why `path` (lstat'ed as `info`) cannot hold this user's secrets, or None; `also`: a
+    uid that may own it too (Redis's user, with IQ_RUN_USERS=separate)."""
     if stat.S_ISLNK(info.st_mode):
         return "is a symbolic link"
-    if info.st_uid != os.getuid():
+    if info.st_uid not in (os.getuid(), also):
         return f"is owned by uid {info.st_uid}, not by you (uid {os.getuid()})"
     return None
 
@@ -36,12 +37,13 @@ def _refuse_foreign(path: Path, why: str) -> Refused:
                    "IQ_VAR_DIR to a folder only you can write, and make run makes a new one.")
 
 
-def var_problems(var_dir: Path) -> list[str]:
+def var_problems(var_dir: Path, redis_uid: int | None = None) -> list[str]:
     """One message per folder or file under var_dir that make run would use but another user
     made (or that is a link to elsewhere): its secrets, or a sentinel's word on which node is
     the primary, would be theirs to choose or read; and one per folder above var_dir that
     another user may write (who may rename var_dir away and put theirs in its place), as the
-    model files' check finds them."""
+    model files' check finds them. `redis_uid` (IQ_RUN_USERS=separate: scripts/run_users.py)
+    may own Redis's folders (its data, the sentinels', the copies of its password files)."""
     problems = []
     for above in guarding(Path(os.path.abspath(var_dir)).parent, set()):
         try:
@@ -53,11 +55,15 @@ def var_problems(var_dir: Path) -> list[str]:
                             f"of theirs in place of {shown(var_dir)} (and so choose what make "
                             "run's tools read as its secrets). Move IQ_VAR_DIR to a folder only "
                             f"you can write, or: chmod go-w '{above}'.")
-    folders = [var_dir / "secrets", var_dir / "redis", *sorted(var_dir.glob("redis-*")),
-               *sorted(var_dir.glob("sentinel-*"))]  # the replicas' and sentinels' (run_redis)
-    for path in (var_dir, *(p for folder in folders for p in (folder, *_listing(folder)))):
+    redis = [var_dir / "redis", *sorted(var_dir.glob("redis-*")),
+             *sorted(var_dir.glob("sentinel-*")),  # the replicas' and sentinels' (run_redis)
+             var_dir / "secrets-redis"]
+    owned = [(path, redis_uid if folder in redis else None)
+             for folder in (var_dir / "secrets", *redis)
+             for path in (folder, *_listing(folder))]
+    for path, also in ((var_dir, None), *owned):
         try:  # var_dir itself may be a link to where the operator keeps it
-            why = _not_ours(path, path.stat() if path == var_dir else path.lstat())
+            why = _not_ours(path, path.stat() if path == var_dir else path.lstat(), also)
         except FileNotFoundError:
             continue
         if why:

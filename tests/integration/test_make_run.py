@@ -61,8 +61,10 @@ def _session(pid: int) -> int | None:
 class MakeRun:
     """scripts/run.sh in its own process group, as a terminal runs `make run`."""
 
-    def __init__(self, env: dict[str, str], log: Path, tee: bool = False) -> None:
-        """`tee`: as `make run 2>&1 | tee LOG`, the pipeline in one process group."""
+    def __init__(self, env: dict[str, str], log: Path, tee: bool = False,
+                 command: list[str] = RUN) -> None:
+        """`tee`: as `make run 2>&1 | tee LOG`, the pipeline in one process group; `command`:
+        what runs scripts/run.sh (it execs it, keeping its pid)."""
         self.env, self.log = env, log
         if tee:
             self.proc = subprocess.Popen(["bash", "-c", f"{RUN[0]} 2>&1 | tee {log}"],
@@ -70,7 +72,7 @@ class MakeRun:
                                          stderr=subprocess.STDOUT, start_new_session=True)
         else:
             with open(log, "ab") as out:
-                self.proc = subprocess.Popen(RUN, cwd=ROOT, env=env, stdout=out,
+                self.proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out,
                                              stderr=subprocess.STDOUT, start_new_session=True)
         self.sessions: set[int] = {self.proc.pid}
 

@@ -1,0 +1,241 @@
+"""`make run` with IQ_RUN_USERS=separate (scripts/run_users.py), as root: each part runs as a
+system user of its own (`make users` makes them), none of the application's users can open
+Redis's password files or read another part's environment, `make reload` and Ctrl-C work as
+with one user, and each start it cannot serve is refused in one line, nothing started.
+
+The var folder and the models file live in a folder of the test's own that the parts' users
+may enter (pytest's tmp_path is root's, 0700: the refusal of that is a test here). Where this
+machine's Python lies in a folder they may not enter (pyenv under /root, 0700), make run runs
+in a mount namespace of its own where that folder is a 0711 one holding only the Python
+(`_reachable_python`): the same layout as a Python installed system-wide."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import redis
+import requests
+import yaml
+
+from scripts.preflight import bind_error
+from scripts.stack import ROOT, wait_until
+from tests.integration.test_make_run import PORTS, MakeRun, RUN, run_env, secret
+from tests.support.records import fields_of
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0, reason="starting users needs root (CI)")]
+
+# Each part's process, by its command line, and the user it runs as.
+ROLES = {"redis-server": "iq-redis", "gunicorn": "iq-api", "workers.main worker": "iq-worker",
+         "deliverer.main worker": "iq-deliverer", "tasks.cli flower": "iq-flower"}
+APPLICATION = ("iq-api", "iq-worker", "iq-deliverer", "iq-flower")
+
+
+@pytest.fixture(scope="module")
+def users() -> None:
+    """The users, made as an operator makes them (twice: the second run changes nothing)."""
+    for _ in range(2):
+        made = subprocess.run(["make", "users"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=600)
+        assert made.returncode == 0, made.stdout + made.stderr
+    assert "exist already" in made.stdout
+
+
+@pytest.fixture
+def open_dir():
+    """A folder of the test's own that every user may enter (root's, 0755)."""
+    path = Path(tempfile.mkdtemp(prefix="iq-run-users-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def as_user(user: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", "--reuid", user, "--regid", user, "--init-groups",
+                           *argv], capture_output=True, text=True, timeout=30)
+
+
+def _reachable_python(scratch: Path) -> list[str]:
+    """The mount commands that let the parts' users run this Python (none where they can):
+    the first folder on its way they may not enter becomes, in make run's own mount
+    namespace, a 0711 one holding only the Python's folder."""
+    python = Path(os.path.realpath(ROOT / ".venv" / "bin" / "python"))
+    blocked = next((p for p in reversed(python.parents)
+                    if as_user("iq-api", "test", "-x", str(p)).returncode), None)
+    if blocked is None:
+        return []
+    inside = blocked / python.relative_to(blocked).parts[0]
+    bound = tempfile.mkdtemp(dir=scratch, prefix="bound-python-")
+    return [f"mount --bind '{inside}' '{bound}'",
+            f"mount -t tmpfs -o mode=0711 tmpfs '{blocked}'",
+            f"mkdir '{inside}'", f"mount --bind '{bound}' '{inside}'"]
+
+
+def namespaced(scratch: Path, *mounts: str) -> list[str]:
+    """make run (scripts/run.sh) in a mount namespace of its own, after `mounts`."""
+    script = "; ".join(["set -e", *_reachable_python(scratch), *mounts, 'exec "$@"'])
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "make-run",
+            *RUN]
+
+
+def synthetic_models(path: Path, base_ms: int) -> Path:
+    path.write_text(yaml.safe_dump({"models": {"synthetic": {
+        "kind": "synthetic", "base_ms": base_ms, "per_item_ms": 0, "max_batch_size": 1}}}))
+    path.chmod(0o644)
+    return path
+
+
+def _submit(api: str, text: str) -> str:
+    r = requests.post(f"{api}/v1/jobs", json={"model": "synthetic", "inputs": [text]},
+                      timeout=10)
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+def _status(api: str, job_id: str) -> str:
+    return requests.get(f"{api}/v1/jobs/{job_id}", timeout=10).json()["status"]
+
+
+def _parts(run: MakeRun) -> dict[str, list]:
+    """Each role's processes (the part itself and what it started), by ROLES."""
+    found: dict[str, list] = {}
+    for proc in run.processes():
+        cmd = " ".join(proc.cmdline())
+        role = next((r for r in ROLES if r in cmd), None)
+        if role and "scripts.respawn" not in cmd:  # a keeper: root's
+            found.setdefault(role, []).append(proc)
+    return found
+
+
+def check_each_part_is_its_user_and_walled_off(run: MakeRun, env: dict[str, str]) -> None:
+    parts = _parts(run)
+    assert set(parts) == set(ROLES), parts
+    for role, procs in parts.items():
+        for proc in procs:
+            assert set(proc.uids()) == {int(as_user(ROLES[role], "id", "-u").stdout)}, role
+    for proc in run.processes():
+        cmd = proc.cmdline()
+        if "scripts.respawn" in cmd:
+            assert set(proc.uids()) == {0}  # the keepers stay root, to stop and restart parts
+            # What each part starts (the worker's pool children, Flower's shell) is its user's.
+            uid = int(as_user(cmd[cmd.index("--user") + 1], "id", "-u").stdout)
+            assert {tuple(child.uids()) for child in proc.children(recursive=True)} == \
+                {(uid, uid, uid)}, cmd
+    var = Path(env["IQ_VAR_DIR"])
+    kept = var / "secrets-redis"
+    assert as_user("iq-redis", "cat", str(kept / "redis-password")).stdout.strip() == \
+        secret(env, "redis-password")
+    for user in APPLICATION:
+        for name in ("redis-password", "redis-app-password"):
+            for path in (kept / name, var / "secrets" / name):
+                assert as_user(user, "cat", str(path)).returncode != 0, (user, path)
+    # Each user reads its own part's environment (the probe works) and no other part's.
+    for role, procs in parts.items():
+        if role == "redis-server":
+            continue  # it writes its process title over its environment
+        environ = f"/proc/{procs[0].pid}/environ"
+        for user in set(ROLES.values()):
+            readable = as_user(user, "cat", environ).returncode == 0
+            assert readable == (user == ROLES[role]), (user, role)
+
+
+def test_each_part_runs_as_its_own_user_serves_reloads_and_stops_in_order(users, open_dir):
+    models = synthetic_models(open_dir / "models.yaml", 5)
+    env = run_env(open_dir, IQ_RUN_USERS="separate", IQ_MODELS_FILE=str(models))
+    api = f"http://127.0.0.1:{env['IQ_PORT']}"
+    first = MakeRun(env, open_dir / "first.log", command=namespaced(open_dir))
+    try:
+        first.wait_up(300)
+        job = _submit(api, "abc")
+        wait_until(lambda: _status(api, job) == "succeeded", 60, "the job answered")
+        check_each_part_is_its_user_and_walled_off(first, env)
+
+        # `make reload` beside it, as root, of a changed models file.
+        changed = synthetic_models(open_dir / "models-changed.yaml", 300)
+        reloaded = subprocess.run([".venv/bin/python", "-m", "scripts.reload", str(changed),
+                                   "--timeout", "120"], cwd=ROOT, env=env, text=True,
+                                  capture_output=True, timeout=180)
+        assert reloaded.returncode == 0, reloaded.stdout + reloaded.stderr
+        assert "reload done" in reloaded.stdout
+
+        # Ctrl-C with jobs running and queued (300 ms each, one at a time).
+        jobs = [_submit(api, f"job {i}") for i in range(6)]
+        wait_until(lambda: _status(api, jobs[0]) == "succeeded", 60, "a first job done")
+    finally:
+        first.stop(signal.SIGINT)
+        left, busy = first.left_behind(), first.ports_in_use()
+        first.reap()
+    assert left == [] and busy == []
+    assert "in order, nothing killed" in first.output(), first.output()[-3000:]
+
+    # Started again on the data Redis's user now owns: every job runs once.
+    second = MakeRun(env, open_dir / "second.log", command=namespaced(open_dir))
+    try:
+        second.wait_up(300)
+        wait_until(lambda: all(_status(api, j) == "succeeded" for j in jobs), 120,
+                   "every job answered after the restart")
+        client = redis.Redis(port=int(env["REDIS_PORT"]), username="iq",
+                             password=secret(env, "redis-app-password"), decode_responses=True)
+        runs = {j: record.get("runs") for j, record in fields_of(client, jobs).items()}
+        assert runs == {j: "1" for j in jobs}
+    finally:
+        second.stop(signal.SIGINT)
+        left, busy = second.left_behind(), second.ports_in_use()
+        second.reap()
+    assert left == [] and busy == []
+
+
+@pytest.mark.parametrize("case", ["not root", "missing user", "unreadable models file",
+                                  "var folder others cannot enter"])
+def test_a_start_the_users_cannot_serve_is_refused_in_one_line_nothing_started(
+        users, open_dir, tmp_path, case):
+    models = synthetic_models(open_dir / "models.yaml", 5)
+    env = run_env(open_dir, IQ_RUN_USERS="separate", IQ_MODELS_FILE=str(models))
+    mounts: list[str] = []
+    api_uid = int(as_user("iq-api", "id", "-u").stdout)
+    if case == "not root":  # as an operator who forgot sudo: make run as a user of its own
+        command = namespaced(open_dir)
+        command[command.index(RUN[0]):] = ["setpriv", "--reuid", "iq-api", "--regid",
+                                           "iq-api", "--init-groups", *RUN]
+        expected = [f"make run: IQ_RUN_USERS=separate starts each part as a user of its own, "
+                    f"which only root may do, and you are uid {api_uid}: run it as root, or "
+                    "set IQ_RUN_USERS=one"]
+    else:
+        if case == "missing user":  # its /etc/passwd without iq-worker
+            passwd = open_dir / "passwd"
+            passwd.write_text("".join(line for line in open("/etc/passwd")
+                                      if not line.startswith("iq-worker:")))
+            mounts = [f"mount --bind '{passwd}' /etc/passwd"]
+            expected = ["make run: IQ_RUN_USERS=separate: no user iq-worker on this host: "
+                        "create the users with `make users` (as root), or set "
+                        "IQ_RUN_USERS=one"]
+        elif case == "unreadable models file":
+            models.chmod(0o600)
+            expected = [f"make run: IQ_RUN_USERS=separate: iq-api, iq-worker, iq-flower, "
+                        f"iq-deliverer cannot read IQ_MODELS_FILE {models} (mode 0600, owner "
+                        "root): make it readable by them, or set IQ_RUN_USERS=one"]
+        else:  # pytest's own folders are root's alone (0700)
+            env["IQ_VAR_DIR"] = str(tmp_path / "var")
+            shut = next(p for p in (*reversed(tmp_path.parents), tmp_path)
+                        if not p.stat().st_mode & 0o001)  # /tmp/pytest-of-root
+            expected = [f"make run: IQ_RUN_USERS=separate: iq-redis, iq-api, iq-worker, "
+                        f"iq-flower, iq-deliverer cannot reach IQ_VAR_DIR {tmp_path / 'var'}: "
+                        f"{shut} is mode 0700, owner root; let them through (chmod o+x "
+                        f"'{shut}') or move it, or set IQ_RUN_USERS=one"]
+        command = namespaced(open_dir, *mounts)
+    run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = run.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # it started the stack: stop all of it
+        os.killpg(run.pid, signal.SIGTERM)
+        out, err = run.communicate(timeout=60)
+    assert run.returncode == 1, out + err
+    assert err.splitlines() == expected
+    assert not Path(env["IQ_VAR_DIR"]).exists()  # nothing made, nothing started
+    assert all(bind_error("127.0.0.1", int(env[name])) is None for name in PORTS)
