@@ -140,6 +140,12 @@ def on_reload(server):
 
 
 def post_worker_init(worker):
+    """The app built: its start-up objects are frozen out of the garbage collector's full
+    collections (tasks/heap.py), which otherwise walk them all every few thousand requests;
+    then the process says it is up."""
+    from tasks.heap import freeze_start_up
+
+    freeze_start_up()
     open(_up_entry(worker), "w").close()
 
 
@@ -203,11 +209,3 @@ def post_fork(server, worker):
     a models reload to count them (app/reloading.py)."""
     os.environ["_IQ_API_BIND"] = ",".join(server.cfg.bind)
     os.environ["_IQ_API_PROCESSES"] = str(server.num_workers)
-
-
-def post_worker_init(worker):
-    """The app loaded: its start-up objects are frozen out of the garbage collector's full
-    collections (tasks/heap.py), which otherwise walk them all every few thousand requests."""
-    from tasks.heap import freeze_start_up
-
-    freeze_start_up()

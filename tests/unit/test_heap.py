@@ -5,6 +5,7 @@ collections (tasks/heap.py) once it is ready to serve: an API process once its a
 a fresh interpreter: the garbage collector's state is the process's."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -12,10 +13,10 @@ from scripts.stack import ROOT
 from tasks.heap import YOUNG
 
 
-def _frozen(code: str) -> list[int]:
+def _frozen(code: str, **env: str) -> list[int]:
     """What `code` prints: the freeze count after each step, one per line."""
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+                         text=True, timeout=120, env={**os.environ, **env})
     assert out.returncode == 0, out.stderr[-2000:]
     return [int(line) for line in out.stdout.split()]
 
@@ -31,11 +32,12 @@ def test_start_up_objects_are_frozen_once_and_later_ones_stay_collectable():
     assert young == YOUNG > 700  # CPython's default
 
 
-def test_an_api_process_freezes_once_its_app_is_loaded():
+def test_an_api_process_freezes_once_its_app_is_loaded(tmp_path):
     loaded, initialised = _frozen(
-        "import gc, runpy; conf = runpy.run_path('gunicorn.conf.py');"
-        "print(gc.get_freeze_count()); conf['post_worker_init'](None);"
-        "print(gc.get_freeze_count())")
+        "import gc, os, runpy, types; conf = runpy.run_path('gunicorn.conf.py');"
+        "print(gc.get_freeze_count());"
+        "conf['post_worker_init'](types.SimpleNamespace(age=1, pid=os.getpid()));"
+        "print(gc.get_freeze_count())", TMPDIR=str(tmp_path))
     assert loaded == 0 and initialised > 1000
 
 
