@@ -8,7 +8,9 @@ model), nearly all for its whole life. CPython's full collection walks every one
 time the objects that outlived younger collections add up to a quarter of them: under
 one-input traffic every few thousand jobs, ~60-140 ms each on this project's 2-core test
 machine, during which the process answers no one (a child: its model idle). Frozen, they are
-no longer walked (they are never garbage; a cycle among them stays, as it would have anyway).
+no longer walked (they are never garbage: a frozen object is still freed when its last
+reference goes, only a cycle among them would stay, and none is dropped while the process
+lives; a child's models are not unloaded in place, a reload replaces the child).
 
 What a request or a job allocates is nearly all freed by reference counting as it ends; a
 young collection every 700 allocations walks, again and again, the objects of the requests
