@@ -140,6 +140,12 @@ def on_reload(server):
 
 
 def post_worker_init(worker):
+    """The app built: its start-up objects are frozen out of the garbage collector's full
+    collections (tasks/heap.py), which otherwise walk them all every few thousand requests;
+    then the process says it is up."""
+    from tasks.heap import freeze_start_up
+
+    freeze_start_up()
     open(_up_entry(worker), "w").close()
 
 

@@ -349,3 +349,22 @@ def test_a_batch_taken_up_from_ahead_arms_the_timer_for_the_next_one(monkeypatch
     clock.now += 0.071
     timer.run_due()
     assert [job.id for job in pool.calls[2]["args"][1]] == ["f", "g", "h", "i"]
+
+
+def test_a_fetchs_received_events_leave_together_before_its_jobs_are_batched(monkeypatch):
+    d, pool, _timer, _unacked = dispatcher()
+    order: list = []
+    monkeypatch.setattr("workers.batching.dispatcher.send_task_events",
+                        lambda eventer, type_, jobs: order.append((type_, [j for j, _ in jobs])))
+    pool.apply_async = lambda fn, args, **kw: order.append(("batch", [j.id for j in args[1]]))
+    for job_id in ("a", "b", "c"):
+        request = FakeRequest(job_id)
+        request._on_ack, _reject = d.settlement.callbacks(request.message)
+        d.leases.hold(request.message)
+        d.received(job_id, {"name": "m"})
+        d.submit("m", request, pump=False)
+    assert order == []  # none sent a message at a time
+    d.pump()
+    assert order == [("task-received", ["a", "b", "c"]), ("batch", ["a", "b", "c"])]
+    d.pump()
+    assert len(order) == 2  # each sent once

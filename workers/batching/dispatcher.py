@@ -32,6 +32,7 @@ from tasks.names import PRIORITIES
 from tasks.redis_client import connect
 from workers.child.batch import FOREIGN, BatchJob, JobOutcome, job_token
 from workers.broker import InFlight, Leases, broker_of
+from workers.broker.events import send_task_events
 from workers.broker.pool import free_children, serving_children
 from workers.child.devices import visible_gpu_count
 from workers.child.execute import run_batch
@@ -96,6 +97,7 @@ class PoolDispatcher:
         self._gpu_count: int | None = None
         self._usual: dict[str, float] = {}  # a model's usual batch time (s), smoothed
         self._pump_due = False
+        self._received: list[tuple[str, dict]] = []  # task-received events not sent yet
 
     @property
     def capacity(self) -> int:
@@ -172,6 +174,7 @@ class PoolDispatcher:
         self.release_buffered("broker connection replaced")
 
     def release_buffered(self, why: str, keep_alone: bool = False) -> None:
+        self._send_received()
         drained = self.scheduler.drain(keep_alone)
         for pending in drained:
             worker_state.task_ready(pending.job)
@@ -229,9 +232,22 @@ class PoolDispatcher:
             logger.warning("could not read job %s's token: %s", job_id, exc)
             return None
 
+    def received(self, job_id: str, fields: dict) -> None:
+        """A job's `task-received` event (workers/batching/strategy.py), sent with those of the
+        rest of its fetch, in one go, before any of them is batched, revoked or failed
+        (`_send_received`)."""
+        self._received.append((job_id, fields))
+
+    def _send_received(self) -> None:
+        if self._received:
+            jobs, self._received = self._received, []
+            send_task_events(getattr(self.consumer, "event_dispatcher", None),
+                             "task-received", jobs)
+
     def submit(self, model: str, request: Any, alone: bool = False,
                arrived: float | None = None, pump: bool = True) -> None:
         if self.reloader.fails_removed(model):
+            self._send_received()
             self.settlement.fail([request], removed_error(model))
             return
         kwargs = request.kwargs or {}
@@ -293,6 +309,7 @@ class PoolDispatcher:
         busy one whose batch is about to end (`_ahead_due`), ahead, only a full batch, so that
         no batch is smaller for going ahead (what is not full waits, as before, for a child to
         be free)."""
+        self._send_received()
         capacity = self.capacity
         idle = self.idle_children(capacity)
         ahead = max(capacity * (1 + self.ahead) - self.inflight - idle, 0)
