@@ -24,6 +24,7 @@ from tasks.celery_app import make_celery
 from workers.child.pinned import pin, pinned, reload_from
 from workers import broker, metrics
 from workers.child import load_failure
+from workers.child.devices import visible_gpu_count
 from workers.child.runtime import start_runtime, stop_runtime
 from workers.spawn import project_on_path
 from workers.batching.model_tasks import register_model
@@ -37,11 +38,13 @@ project_on_path()  # for the spawned pool children
 _settings = load_settings()
 _pinned = pinned(_settings.models_file)  # a pool child: its main process's models file
 _reload_from = reload_from()  # a reload's child: the revision its worker served before
+_gpus = 0  # a child: its prefetch is not its own; its batch is sized by its device
 if _pinned is None:  # the main process: the file on disk, pinned for its children
     _content = read_models_content(_settings.models_file)
     _pinned = parse_models(Path(_settings.models_file), _content), revision_of(_content)
     pin(_content)
-celery = make_celery(_settings, *_pinned)
+    _gpus = visible_gpu_count(_settings)  # its prefetch holds the calibrated batches
+celery = make_celery(_settings, *_pinned, gpus=_gpus)
 broker.attach(celery)
 # Spawned pool children import this module too, which connects the signal handlers below.
 celery.conf.imports = ("workers.main",)
