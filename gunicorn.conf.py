@@ -8,11 +8,14 @@ standard library (gevent.monkey.patch_all) in each worker process before it impo
 so redis-py and kombu, which the app imports, cooperate: a request blocked on Redis yields to
 the others. Do not add --preload: it would import the app, and open its sockets, before that.
 """
+import functools
 import json
 import os
 import resource
 import shutil
+import signal
 import tempfile
+import time
 
 from gunicorn import util
 from gunicorn.http.errors import ConfigurationProblem, InvalidHeader
@@ -36,11 +39,48 @@ def _json_error(sock, status_int, reason, mesg):
 
 class Worker(GeventWorker):
     """gunicorn's gevent worker, answering its own errors as JSON. A SCRIPT_NAME header from a
-    trusted proxy that does not prefix the path is the request's fault: 400, not 500."""
+    trusted proxy that does not prefix the path is the request's fault: 400, not 500. Told to
+    stop by a graceful reload, it goes on accepting until its replacements are up (`replaced`),
+    or the master is told to stop (`stopping`).
+    """
+
+    _leaving = False
 
     def init_process(self):
         util.write_error = _json_error  # what Worker.handle_error writes its answer with
         super().init_process()
+
+    def init_signals(self):
+        """A stop the master sent before this process set its handlers (it was importing
+        gevent, and held the master's): lost, it would serve until the master's SIGKILL."""
+        super().init_signals()
+        sig = stopping()
+        if sig is not None:
+            self.log.info("Stop (%s) before this process was ready: stopping",
+                          signal.Signals(sig).name)
+            (self.handle_exit if sig == signal.SIGTERM else self.handle_quit)(sig, None)
+
+    def handle_exit(self, sig, frame):
+        """SIGTERM (gunicorn's master sends it again each second until the process exits)."""
+        if self._leaving:
+            return
+        self._leaving = True
+        if replaced(self.age, self.cfg.workers):
+            self.alive = False
+            return
+        import gevent
+
+        gevent.spawn(self._stop_once_replaced)
+
+    def _stop_once_replaced(self):
+        import gevent
+
+        until = time.monotonic() + self.cfg.timeout
+        while time.monotonic() < until and not replaced(self.age, self.cfg.workers):
+            gevent.sleep(0.1)
+        if stopping() in (signal.SIGINT, signal.SIGQUIT):  # the master's quick stop
+            super().handle_quit(signal.SIGQUIT, None)
+        self.alive = False  # the run loop stops accepting, and finishes what it holds
 
     def handle_error(self, req, client, addr, exc):
         if isinstance(exc, ConfigurationProblem) and "SCRIPT_NAME" in str(exc):
@@ -83,16 +123,111 @@ if not _folder or (os.path.basename(_folder).startswith(_OWN_METRICS)
         prefix=f"{_OWN_METRICS}{os.getpid()}-")
 
 
+# The hand-over across a graceful reload (SIGHUP: a models reload's, app/reloading.py, or an
+# operator's). gunicorn's master starts the new processes and at once tells the old ones to stop
+# (SIGTERM), on which they stop accepting within a second; the new ones accept only once they
+# have imported and built the app, seconds on a loaded host: nothing accepted meanwhile, and every
+# request sent then waited in the listen queue (3.3 s with two API processes on a loaded two-core
+# machine, 5.9 s once). Instead the master notes, on a reload, the age gunicorn gives the first
+# new process (`on_reload`); each process says it is up once its app is built
+# (`post_worker_init`), its entry gone when it exits (`child_exit`); an old process told to stop
+# goes on accepting until as many new ones are up as gunicorn runs, or the master's `timeout`
+# passed (the master kills a new process not up by then), then stops as before (Worker). A stop
+# of the whole gunicorn, no reload since the process started, is not delayed. The entries are
+# files in a folder of the master's own, which its processes inherit: `reload` holds the age,
+# `up-<age>-<pid>` one per process up. A stop of the master (SIGTERM, SIGINT, SIGQUIT) ends the
+# wait: gunicorn's master handles it only once the old processes are gone (it waits for them in
+# its reload), so its handler (`when_ready`) first writes `stop`, the signal's number; an old
+# process sees it and stops as that signal says (SIGTERM: it finishes what it holds), and a new
+# one that lost the master's signal before it set its own handlers stops too (Worker).
+_HANDOVER, _OWN_HANDOVER = "_IQ_API_HANDOVER_DIR", "iq-api-handover-"
+_handover = os.environ.get(_HANDOVER, "")
+if not os.path.basename(_handover).startswith(f"{_OWN_HANDOVER}{os.getpid()}-"):
+    os.environ[_HANDOVER] = tempfile.mkdtemp(prefix=f"{_OWN_HANDOVER}{os.getpid()}-")
+
+
+def _up_entry(worker) -> str:
+    return os.path.join(os.environ[_HANDOVER], f"up-{worker.age}-{worker.pid}")
+
+
+def on_reload(server):
+    folder = os.environ[_HANDOVER]
+    staged = os.path.join(folder, ".reload")
+    with open(staged, "w") as out:
+        out.write(str(server.worker_age + 1))  # spawn_worker's next age
+    os.replace(staged, os.path.join(folder, "reload"))
+
+
+def post_worker_init(worker):
+    """The app built: its start-up objects are frozen out of the garbage collector's full
+    collections (tasks/heap.py), which otherwise walk them all every few thousand requests;
+    then the process says it is up."""
+    from tasks.heap import freeze_start_up
+
+    freeze_start_up()
+    open(_up_entry(worker), "w").close()
+
+
+def when_ready(server):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, functools.partial(_stop_noted, server.signal))
+
+
+def _stop_noted(handler, sig, frame):
+    """The master's handler of a stop: `stop` written, then gunicorn's own (which queues it)."""
+    folder = os.environ[_HANDOVER]
+    staged = os.path.join(folder, ".stop")
+    try:
+        with open(staged, "w") as out:
+            out.write(str(int(sig)))
+        os.replace(staged, os.path.join(folder, "stop"))
+    except OSError:
+        pass  # the folder gone (the master exiting): nothing waits on it
+    handler(sig, frame)
+
+
+def stopping() -> int | None:
+    """The stop the master was told (a signal's number), or None."""
+    try:
+        with open(os.path.join(os.environ.get(_HANDOVER, ""), "stop")) as found:
+            return int(found.read())
+    except (OSError, ValueError):
+        return None
+
+
+def replaced(age: int, processes: int) -> bool:
+    """Whether the process of `age`, told to stop, may stop accepting now: no reload since it
+    started (a stop), the master told to stop, or `processes` processes of the last reload
+    are up."""
+    folder = os.environ.get(_HANDOVER, "")
+    if stopping() is not None:
+        return True
+    try:
+        with open(os.path.join(folder, "reload")) as found:
+            first = int(found.read())
+    except (OSError, ValueError):
+        return True  # no reload since the master started
+    if first <= age:
+        return True
+    ups = [name.split("-") for name in os.listdir(folder) if name.startswith("up-")]
+    return sum(1 for _up, entry_age, _pid in ups if int(entry_age) >= first) >= processes
+
+
 def child_exit(server, worker):
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
         multiprocess.mark_process_dead(worker.pid)
+    try:
+        os.unlink(_up_entry(worker))
+    except FileNotFoundError:
+        pass  # it exited before its app was built
 
 
 def on_exit(server):
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
     if _own_metrics_folder(folder):  # made above by this master, not the operator's
         shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(os.environ[_HANDOVER], ignore_errors=True)
 
 
 # Connections one worker holds at once: every allowed wait (max_waits) plus room for probes,

@@ -16,13 +16,14 @@ def create_app(overrides: Mapping[str, Any] | None = None) -> Flask:
     models, revision = read_models(settings.models_file)
 
     from app import auth, errors, events, job_actions, jobs, openapi, ops, trace_ids
+    from app.application import Api
     from app.group_stores import Stores
     from app.json_provider import OrjsonProvider
     from app.limits import ReadBudget, Uploads
     from app.metrics import ApiMetrics
     from app.submission import Submitter
 
-    app = Flask(__name__)
+    app = Api(__name__)
     # `//v1//models` is a 404 in the JSON envelope, not Werkzeug's 308 (an HTML body, and a
     # Location built from whatever Host the client sent).
     app.url_map.merge_slashes = False

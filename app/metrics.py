@@ -83,6 +83,8 @@ class ApiMetrics:
                                  registry=self.registry)
         self.rejected = Counter("iq_jobs_rejected_total", "Jobs refused", ["model", "reason"],
                                 registry=self.registry)
+        # Labelled children of the counters and the histogram, by their labels' values.
+        self._children: dict = {}
         self.read_at_scrape = (QueueDepthCollector(depths), WaitingCollector(waiting, max_waits),
                                KeptCollector(kept))
         for collector in self.read_at_scrape:
@@ -96,13 +98,38 @@ class ApiMetrics:
         g.iq_started = time.perf_counter()
 
     def _observe(self, response):
-        route = request.url_rule.rule if request.url_rule else "unmatched"
+        rule = request.url_rule
+        route = rule.rule if rule else "unmatched"
         method = request.method if request.method in METHODS else "other"
-        self.requests.labels(route, method, str(response.status_code)).inc()
+        self._counted(route, method, response.status_code).inc()
         started = g.get("iq_started")
         if started is not None:
-            self.latency.labels(route, method).observe(time.perf_counter() - started)
+            self._timed(route, method).observe(time.perf_counter() - started)
         return response
+
+    def _counted(self, route: str, method: str, status: int):
+        """The request counter of a route, method and status, looked up by prometheus_client
+        once (each `labels` call takes a lock and builds its key); the labels take values from
+        fixed sets, so there are as many as routes x methods x statuses."""
+        key = (route, method, status)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.requests.labels(route, method, str(status))
+        return child
+
+    def _timed(self, route: str, method: str):
+        key = (route, method)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.latency.labels(route, method)
+        return child
+
+    def submitted_job(self, model: str) -> None:
+        """A job accepted for `model` (a model of the models file: a fixed set)."""
+        child = self._children.get(model)
+        if child is None:
+            child = self._children[model] = self.submitted.labels(model)
+        child.inc()
 
     def render(self) -> Response:
         registry = self.registry

@@ -186,7 +186,7 @@ class Submitter:
             raise Unavailable(f"the job store is nearly full ({exc}); retry later",
                               retry_after=30) from None
         if created:
-            self.metrics.submitted.labels(spec.name).inc()
+            self.metrics.submitted_job(spec.name)
             logger.debug("job %s accepted: model=%s inputs=%d priority=%s", submitted.id,
                          spec.name, len(job["inputs"]), job["priority"])
         return Accepted(submitted, spec, created)

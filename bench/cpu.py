@@ -29,9 +29,10 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import redis
 import requests
 
-from bench import profile
+from bench import profile, purposes
 from bench.harness import FLOWS, MODELS, Config, Stack, configs_for, start_stack
 from bench.load import percentile
 from bench.usage import Usage, metric_sum
@@ -91,6 +92,36 @@ class Point:
                        "by_cost": profile.costs(path, measured[name], rules[name])}
                 for name, path in files.items() if path.exists()}
 
+    def scripts(self, model: str, clients: int) -> dict:
+        """One more round with every command Redis runs in its SLOWLOG (not counted in the
+        figures: the log costs Redis time): Redis's µs a job by what the client sent, each
+        script by its name (`bench.purposes.script_names`), the commands it ran included."""
+        extra = self.stack.services[0].extra
+        client = redis.Redis.from_url(extra.get("admin_url", extra["url"]))
+        names = purposes.script_names(self.stack.config.tree or Path.cwd())
+        client.config_set("slowlog-max-len", 1_000_000)
+        client.slowlog_reset()
+        client.config_set("slowlog-log-slower-than", 0)
+        try:
+            result = self.stack.load(model, clients, 1, self.args)
+        finally:
+            client.config_set("slowlog-log-slower-than", 10_000)
+        usec: Counter[str] = Counter()
+        calls: Counter[str] = Counter()
+        for entry in client.slowlog_get(1_000_000):
+            words = entry["command"].split()
+            name = words[0].decode().lower() if words else "?"
+            if name in ("evalsha", "eval") and len(words) > 1:
+                name = names.get(words[1].decode(), words[1].decode()[:12])
+            usec[name] += entry["duration"]
+            calls[name] += 1
+        client.slowlog_reset()
+        jobs = max(result["jobs_in_run"], 1)
+        return {"jobs": jobs, "usec_per_job": {n: round(us / jobs, 2)
+                                               for n, us in usec.most_common()},
+                "calls_per_job": {n: round(calls[n] / jobs, 3) for n, _ in usec.most_common()},
+                "usec_per_call": {n: round(usec[n] / calls[n], 1) for n, _ in usec.most_common()}}
+
     def report(self, clients: int) -> dict:
         jobs = self.usage.jobs
         wall = max(self.wall, 1e-9)
@@ -129,7 +160,7 @@ def points_for(model: str, config_names: list[str], flows: list[str],
 
 def measure(model: str, config_names: list[str], flows: list[str], clients: int,
             seconds: float, rounds: int, baseline_rev: str | None = None,
-            profile_dir: Path | None = None) -> dict:
+            profile_dir: Path | None = None, scripts: bool = False) -> dict:
     spec = MODELS[model]
     args = SimpleNamespace(clients=[clients], duration=seconds, warmup=0.0, flow=flows[0])
     workdir = Path(tempfile.mkdtemp(prefix="iq-bench-cpu-"))
@@ -148,6 +179,9 @@ def measure(model: str, config_names: list[str], flows: list[str], clients: int,
         out = {"model": model, "clients": clients, "rounds": rounds,
                "seconds_per_round": seconds,
                "points": {p.name: p.report(clients) for p in points}}
+        if scripts:
+            for point in points:
+                out["points"][point.name]["redis_by_script"] = point.scripts(model, clients)
         if profile_dir is not None:
             profile_dir.mkdir(parents=True, exist_ok=True)
             for point in points:
@@ -174,9 +208,13 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--profile", metavar="DIR", default=None,
                    help="one more round per point under py-spy; raw stacks written to DIR")
+    p.add_argument("--scripts", action="store_true",
+                   help="one more round per point with Redis's SLOWLOG logging every "
+                        "command: Redis's time a job by script")
     a = p.parse_args()
     print(json.dumps(measure(a.model, a.configs, a.flows, a.clients, a.seconds, a.rounds,
-                             a.baseline, Path(a.profile) if a.profile else None), indent=2))
+                             a.baseline, Path(a.profile) if a.profile else None,
+                             a.scripts), indent=2))
     return 0
 
 

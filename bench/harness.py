@@ -212,7 +212,7 @@ class Stack:
             # The meter ran through the warm-up too: its counts are shared out over every job
             # finished since, not only those of the measured window.
             usage.add(meter.cpu, meter.calls, result["jobs_in_run"], meter.device,
-                      meter.wall_s)
+                      meter.wall_s, meter.usec)
         return result
 
     def worker_warnings(self, lines: int = 10) -> str:

@@ -29,8 +29,15 @@ def cpu_seconds(processes: list[psutil.Process]) -> float:
 
 def commands(client: redis.Redis) -> Counter[str]:
     """Calls per Redis command so far."""
-    return Counter({name.removeprefix("cmdstat_"): stats["calls"]
-                    for name, stats in client.info("commandstats").items()})
+    return command_stats(client)[0]
+
+
+def command_stats(client: redis.Redis) -> tuple[Counter[str], Counter[str]]:
+    """Calls per Redis command so far, and Redis's microseconds in each (a script's own,
+    `evalsha`, include those of the commands it ran, which are counted under theirs too)."""
+    stats = client.info("commandstats").items()
+    return (Counter({name.removeprefix("cmdstat_"): s["calls"] for name, s in stats}),
+            Counter({name.removeprefix("cmdstat_"): s["usec"] for name, s in stats}))
 
 
 # The worker's device counters (workers/metrics.py): busy, and idle while work waited.
@@ -63,14 +70,17 @@ class Usage:
     rounds of one point."""
     cpu: Counter[str] = field(default_factory=Counter)
     commands: Counter[str] = field(default_factory=Counter)
+    usec: Counter[str] = field(default_factory=Counter)
     jobs: int = 0
     device: Counter[str] = field(default_factory=Counter)
     wall_s: float = 0.0  # of the rounds whose device counters were read
 
     def add(self, cpu: dict[str, float], calls: Counter[str], jobs: int,
-            device: dict[str, float] | None = None, wall_s: float = 0.0) -> None:
+            device: dict[str, float] | None = None, wall_s: float = 0.0,
+            usec: Counter[str] | None = None) -> None:
         self.cpu.update(cpu)
         self.commands.update(calls)
+        self.usec.update(usec or {})
         self.jobs += jobs
         if device is not None:
             self.device.update(device)
@@ -100,6 +110,10 @@ class Usage:
                                        for name, n in self.commands.most_common() if n > 0},
             "redis_commands_total_per_job": round(sum(n for n in self.commands.values()
                                                       if n > 0) / jobs, 2),
+            # Redis's own time in each command a job (µs; `evalsha`'s includes its scripts'
+            # commands): what the Redis process's CPU a job is spent on.
+            "redis_usec_per_job": {name: round(us / jobs, 2)
+                                   for name, us in self.usec.most_common() if us > 0},
             "device_busy_share": self.busy_share(),
             "device_busy_of_wall": self.device_busy_of_wall(),
         }
@@ -115,7 +129,7 @@ class Meter:
 
     def __enter__(self) -> Meter:
         self._started = time.monotonic()
-        self._calls = commands(self.client)
+        self._calls, self._usec = command_stats(self.client)
         self._cpu = {name: cpu_seconds(procs) for name, procs in self.groups.items()}
         self._device = device_seconds(self.metrics_url)
         return self
@@ -123,7 +137,8 @@ class Meter:
     def __exit__(self, *_exc: object) -> None:
         self.cpu = {name: cpu_seconds(procs) - self._cpu[name]
                     for name, procs in self.groups.items()}
-        self.calls = commands(self.client) - self._calls
+        calls, usec = command_stats(self.client)
+        self.calls, self.usec = calls - self._calls, usec - self._usec
         self.calls["info"] -= 1  # the snapshot's own
         after = device_seconds(self.metrics_url)
         self.wall_s = time.monotonic() - self._started

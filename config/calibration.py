@@ -9,13 +9,17 @@ the token budget (`max_batch_tokens` / its max sequence length, text-embeddings-
 max-batch-tokens); one on a CPU, or with no answer saved, keeps `max_batch_size`'s default."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from config.models import ModelSpec
 from config.checks import ConfigError
 from config.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 
 def calibration_path(settings: Settings) -> Path:
@@ -70,6 +74,37 @@ def batch_size_for(spec: ModelSpec, on_gpu: bool, answers: dict[str, dict[str, A
         raise ConfigError(f"calibration_file: model {spec.name}: expected largest_safe (an "
                           f"integer) and max_seq_length (an integer or null), got "
                           f"{answer!r}") from None
+
+
+def on_gpu(spec: ModelSpec, gpus: int) -> bool:
+    """Whether the model runs on a GPU on a host with `gpus` of them (device `cuda`, or `auto`
+    where there is one; int8 weights stay on the CPU)."""
+    return spec.dtype != "int8" and (spec.device == "cuda" or (spec.device == "auto"
+                                                                and gpus > 0))
+
+
+def effective_batch_size(spec: ModelSpec, settings: Settings, gpu: bool) -> int:
+    """The model's max batch as everything that sizes a batch takes it: the worker's batching
+    (workers/batching/dispatcher.py), the child's warm-up and chunks (workers/child/runtime.py)
+    and the worker's prefetch (tasks/celery_app.py). `gpu`: whether it runs on one
+    (`on_gpu`, or the child's device). A calibration file that cannot be read is logged, and
+    the model keeps max_batch_size."""
+    if not gpu or spec.batch_size_declared:
+        return spec.max_batch_size
+    path = calibration_path(settings)
+    try:
+        return batch_size_for(spec, True, load_calibration(path), settings.max_batch_tokens)
+    except ConfigError as exc:
+        logger.error("%s; model %s keeps max_batch_size %d", exc, spec.name,
+                     spec.max_batch_size)
+        return spec.max_batch_size
+
+
+def sized(spec: ModelSpec, settings: Settings, gpu: bool) -> ModelSpec:
+    """`spec` with its effective max batch (`effective_batch_size`) as its max_batch_size."""
+    size = effective_batch_size(spec, settings, gpu)
+    return spec if size == spec.max_batch_size else dataclasses.replace(spec,
+                                                                        max_batch_size=size)
 
 
 def save_answer(path: Path, model: str, answer: dict[str, Any]) -> None:

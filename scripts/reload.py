@@ -21,7 +21,9 @@ process, without a restart.
 3. It waits until every live worker and API process serves the new revision and every
    gunicorn runs as many processes on it as it runs ("reload done": exit 0; with FILE, a
    refusal puts the previous file back as in a failed load below), one refused or a worker
-   stopped before it took the new file (2), or `--timeout`
+   stopped before it took the new file (2: one started again by its keeper under a new name,
+   on its host and queues, within three heartbeat TTLs takes its place and is waited for
+   instead, scripts/reload_wait.py `Restarts`), or `--timeout`
    passed with no process moving on (3: moving on is a process reaching the new revision,
    replacing a child or finishing; a status that merely changes, as a worker's in a restart
    loop, is not), saying where each one stands. The workers that serve a queue reload in

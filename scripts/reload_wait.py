@@ -139,11 +139,13 @@ def wait(client: redis.Redis, revision: str, timeout_s: float, say: Callable[[st
     beat, ttl = settings.heartbeat_interval_s, settings.heartbeat_ttl_s
     deadline, shown, progress = time.monotonic() + timeout_s, {}, Progress(revision)
     unanswered, stall = False, Stall(ttl, max(beat, 1.0))
+    restarts = Restarts(client, min(timeout_s, RESTART_TTLS * ttl), workers_before)
     while True:
         began = time.monotonic()
         try:
             standing, apis = stall.excused(began, standing_of(
                 client, revision, beat, ttl, workers_before, announcement))
+            standing = restarts.awaited(standing)
         except redis.RedisError as exc:  # a frozen Redis: said once, the timeout holds
             if not unanswered:
                 say(f"  Redis does not answer ({exc}); still waiting")
@@ -199,6 +201,73 @@ def _settled(client: redis.Redis, revision: str, standing: dict[str, str],
         return Result(REFUSED, revision, lines)
     say(f"reload done: every worker child and API process on revision {revision}")
     return Result(DONE, revision, lines)
+
+
+# How long a worker that stopped consuming during a reload is awaited back under a new name (its
+# keeper starts it again: make run names a worker by its pid), in heartbeat TTLs.
+RESTART_TTLS = 3
+
+
+class Restarts:
+    """A worker that stopped consuming during the reload (a SIGKILL, a crash) is started again
+    by its keeper under a new node name (`worker-<pid>@<host>`, scripts/worker.sh); it reads
+    the models file on disk, the new one, as it starts. Such a worker, on the same host and
+    consuming the same queues, and not there when the reload began, takes the stopped one's
+    place: the stopped one is "restarted as" it, and the reload waits for the new one to
+    serve the revision, as for any other. Until one comes, for `grace_s` (and within the
+    reload's timeout), the stopped worker is awaited; then it is gone, as before (the reload
+    refused, and undone with FILE). Before, it was gone at once, and a reload under a keeper
+    that restarted the worker in a second was refused."""
+
+    AWAITED = "pending: stopped consuming during the reload; awaited back (its keeper " \
+        "starting it again: a new worker on its host and queues)"
+
+    def __init__(self, client: redis.Redis, grace_s: float, workers_before: set[str]) -> None:
+        self.client, self.grace_s, self.before = client, grace_s, workers_before
+        self.since: dict[str, float] = {}  # a stopped worker → when it was first seen so
+        self.reports: dict[str, dict | None] = {}  # a stopped worker's last report
+
+    def awaited(self, standing: dict[str, str]) -> dict[str, str]:
+        gone = [n for n, w in standing.items() if w.startswith("gone") and n.startswith("worker:")]
+        if not gone:
+            return standing
+        standing, now = dict(standing), time.monotonic()
+        taken: set[str] = set()
+        for name in gone:
+            self.since.setdefault(name, now)
+            successor = self._successor(name, standing, taken)
+            if successor:
+                taken.add(successor)
+                standing[name] = f"restarted as {successor}"
+            elif now - self.since[name] < self.grace_s:
+                standing[name] = self.AWAITED
+        return standing
+
+    def _successor(self, name: str, standing: dict[str, str], taken: set[str]) -> str:
+        """A live worker on `name`'s host with its queues that was not there when the reload
+        began (the stopped one's last report read once)."""
+        if name not in self.reports:
+            raw = self.client.hget(RELOAD_STATUS_KEY, name)
+            self.reports[name] = orjson.loads(raw) if raw else None
+        report = self.reports[name]
+        if report is None:
+            return ""
+        host = name.split("@", 1)[-1]
+        for other in sorted(standing):
+            if other in taken or other in self.before or not other.startswith("worker:") or \
+                    other.split("@", 1)[-1] != host or standing[other].startswith("gone"):
+                continue
+            raw = self.client.hget(RELOAD_STATUS_KEY, other)
+            if raw and _consumes(orjson.loads(raw)) == _consumes(report):
+                return other
+        return ""
+
+
+def _consumes(report: dict) -> tuple:
+    """What a worker consumes: every model's queues (those of the file it read: they change
+    with the reload), or the ones it was given."""
+    return ("every model's",) if report.get("consumes_all") else \
+        tuple(sorted(report.get("queues") or ()))
 
 
 class Stall:

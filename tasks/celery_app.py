@@ -10,6 +10,7 @@ from celery import Celery
 from kombu import Connection, Queue
 
 from config import Settings, load_settings
+from config.calibration import effective_batch_size, on_gpu
 from config.groups import check_model_groups
 from config.models import ModelSpec, read_models
 from tasks import results
@@ -20,10 +21,13 @@ from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
 
 
 def make_celery(settings: Settings | None = None,
-                models: dict[str, ModelSpec] | None = None, revision: str = "") -> Celery:
+                models: dict[str, ModelSpec] | None = None, revision: str = "",
+                gpus: int = 0) -> Celery:
     """The Celery app. The API only builds task messages with it (tasks/jobstate.py queues
     them) and broadcasts revokes; the workers run it. `models`: the parsed models file, when
-    the caller has it already, and `revision` that file's (config.models.revision_of)."""
+    the caller has it already, and `revision` that file's (config.models.revision_of);
+    `gpus`: the worker's GPUs, on which a model's batch is the calibrator's answer
+    (config/calibration.py), which sizes the worker's prefetch."""
     settings = settings or load_settings()
     if models is None:
         models, revision = read_models(settings.models_file)
@@ -44,7 +48,7 @@ def make_celery(settings: Settings | None = None,
         result_expires=settings.job_ttl_s,
         worker_hijack_root_logger=False,
         **_redis_conf(settings),
-        **_worker_conf(settings, models),
+        **_worker_conf(settings, models, gpus),
     )
     if settings.redis_url.startswith("rediss://"):
         # kombu reads a rediss:// URL's TLS options (ssl_cert_reqs, ssl_ca_certs) from its
@@ -131,9 +135,11 @@ def sentinel_url(settings: Settings) -> str:
                     for host, port in settings.sentinel_hosts)
 
 
-def _worker_conf(settings: Settings, models: dict[str, ModelSpec]) -> dict[str, Any]:
+def _worker_conf(settings: Settings, models: dict[str, ModelSpec],
+                 gpus: int) -> dict[str, Any]:
     """How a worker takes, holds and acknowledges its jobs."""
-    largest_batch = max(m.max_batch_size for m in models.values())
+    largest_batch = max(effective_batch_size(m, settings, on_gpu(m, gpus))
+                        for m in models.values())
     return dict(
         # Nothing is acknowledged before its result is stored; a lost pool child's jobs are
         # put back on the queue at once rather than failed.

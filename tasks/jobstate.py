@@ -21,7 +21,8 @@ Every move is one Lua script, so each is decided once, inside Redis:
   but for a queued job near its deadline, which it reads through a script).
 * `finish`: only a job that is not terminal takes its terminal status; its stored result
   (tasks/results.py) and its webhook delivery are written in the same step, so a duplicate run
-  can change nothing and a webhook is queued once.
+  can change nothing and a webhook is queued once. A worker's finish acknowledges the batch's
+  messages (off its in-flight hash) in that step too, after every result is stored.
   `finish_queued` does the same for a job whose message still waits on its queue, taking
   the message off in the same step (the queued jobs of a model a reload removed).
 * `cancel`: only a queued job is cancelled; `start` refuses a cancelled one.
@@ -386,19 +387,24 @@ def announced_record(job_id: str, entry: tuple[bytes, bytes]) -> JobRecord:
     return _record(job_id, orjson.loads(fields), stored or None)
 
 
-def _finish_call(finals: Sequence[Final], result_ttl_s: int,
-                 model_version: str) -> tuple[list[str], list[Any]]:
-    """FINISH's keys and arguments (but the two every script takes first)."""
+def _finish_call(finals: Sequence[Final], result_ttl_s: int, model_version: str,
+                 held: tuple[str, Sequence[str]] | None = None) -> tuple[list[str], list[Any]]:
+    """FINISH's keys and arguments (but the two every script takes first); `held`: the
+    in-flight hash that holds the jobs' messages and each one's delivery tag, to acknowledge
+    them in the same step."""
     keys: list[str] = []
     args: list[Any] = [now_stamp(), result_ttl_s, model_version]
-    for final in finals:
+    tags = list(held[1]) if held is not None else [""] * len(finals)
+    for final, tag in zip(finals, tags, strict=True):
         keys += [job_key(final.job_id), result_key(final.job_id)]
         hook = final.webhook
         args += [final.status.value, final.result, final.error.to_json() if final.error else "",
                  hook.list_key if hook else "", hook.payload if hook else "",
                  wake_key(queue_of(hook.list_key)) if hook else "", final.token,
-                 hook.task_id if hook else ""]
+                 hook.task_id if hook else "", tag]
     keys.append(PENDING_KEY)
+    if held is not None:
+        keys.append(held[0])
     return keys, args
 
 
@@ -556,14 +562,18 @@ class JobState:
         return int(self._run("progress", [job_key(j) for j in items_done],
                              list(items_done.values())))
 
-    def finish(self, finals: Sequence[Final], *, result_ttl_s: int,
-               model_version: str = "") -> list[bool]:
+    def finish(self, finals: Sequence[Final], *, result_ttl_s: int, model_version: str = "",
+               held: tuple[str, Sequence[str]] | None = None) -> list[bool]:
         """Give each job its terminal status, result and webhook, unless it has one already;
         per job whether this call was the one that finished it. `model_version`: the version
-        of the model that ran them ("": none ran, as for a batch whose child was lost)."""
+        of the model that ran them ("": none ran, as for a batch whose child was lost).
+        `held`: the in-flight hash of the worker that holds the jobs' messages and each job's
+        delivery tag: every one of those messages is acknowledged in the same step, once every
+        job is final (a worker acknowledges a finished batch's messages whatever `finish`
+        answered)."""
         if not finals:
             return []
-        keys, args = _finish_call(finals, result_ttl_s, model_version)
+        keys, args = _finish_call(finals, result_ttl_s, model_version, held)
         written = [bool(x) for x in self._run("finish", keys, args)]
         self._count_removed([f for f, fresh in zip(finals, written) if fresh])
         return written

@@ -12,7 +12,9 @@ transient.
   together, not each of them, fit in it.
 * Sentinel. With `redis_sentinels` set, every client asks the sentinels where the primary is
   when it connects (redis-py's Sentinel support), and again after its connection to a former
-  primary fails: no restart is needed after a failover.
+  primary fails: no restart is needed after a failover. Within a request that asking is cut to
+  what is left of the request's deadline too (`DeadlineSentinel`): a frozen sentinel once held
+  a request near its deadline for a sentinel's own timeout past it.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.sentinel import (MasterNotFoundError, Sentinel, SentinelConnectionPool,
+                            SentinelManagedConnection)
 
 from config import Settings
 from tasks import redis_deadline
@@ -163,6 +166,32 @@ class _DeadlinePlain(DeadlineConnection, redis.Connection):
     pass
 
 
+class DeadlineSentinel(Sentinel):
+    """redis-py's Sentinel whose asking, within a request, fits in what is left of the
+    request's deadline (tasks/redis_deadline.py): each sentinel's connection waits no longer
+    than that (its own timeouts outside a request), and a lookup that ran out of it says so
+    (DeadlinePassed, a timeout: not retried) rather than that no sentinel knows the primary
+    (a connection error, which the client's retries would try again). Before, a lookup after
+    a failover waited out each frozen sentinel's socket timeout, however little of the
+    request's deadline was left."""
+
+    def __init__(self, sentinels: list, **kwargs: Any) -> None:
+        super().__init__(sentinels, **kwargs)
+        for client in self.sentinels:  # redis-py builds them; their pools make connections
+            client.connection_pool.connection_class = _DeadlinePlain
+
+    def discover_master(self, service_name: str) -> Any:
+        try:
+            return super().discover_master(service_name)
+        except MasterNotFoundError as exc:
+            request = redis_deadline.current()
+            if request is not None and request.remaining() <= 0:
+                raise redis_deadline.DeadlinePassed(
+                    f"the request's deadline ({request.seconds:g}s) passed while the sentinels "
+                    f"were asked for {service_name!r}'s primary ({exc})") from None
+            raise
+
+
 class _DeadlineSSL(DeadlineConnection, SSLConnection):
     pass
 
@@ -247,8 +276,8 @@ def _primary(url: str, settings: Settings, options: dict[str, Any],
         params["connection_class"] = DEADLINE_CONNECTIONS[params["connection_class"]]
     sentinels = dict(sentinel_options(settings, options["socket_timeout"]),
                      retry=Retry(NoBackoff(), 0))
-    sentinel = Sentinel(settings.sentinel_hosts, sentinel_kwargs=sentinels,
-                        **options, **params)
+    sentinel = (DeadlineSentinel if bounded else Sentinel)(
+        settings.sentinel_hosts, sentinel_kwargs=sentinels, **options, **params)
     pool_class = BlockingSentinelPool if blocking else SentinelConnectionPool
     if bounded and blocking:
         pool_class = DeadlineSentinelPool

@@ -18,12 +18,14 @@ from celery import signals
 from celery.utils.log import current_process_index
 
 from tasks import logs, reload_failures, tracing
+from tasks.heap import freeze_start_up
 from config import load_settings
 from config.models import parse_models, read_models_content, revision_of
 from tasks.celery_app import make_celery
 from workers.child.pinned import pin, pinned, reload_from
 from workers import broker, metrics
 from workers.child import load_failure
+from workers.child.devices import visible_gpu_count
 from workers.child.runtime import start_runtime, stop_runtime
 from workers.spawn import project_on_path
 from workers.batching.model_tasks import register_model
@@ -37,11 +39,13 @@ project_on_path()  # for the spawned pool children
 _settings = load_settings()
 _pinned = pinned(_settings.models_file)  # a pool child: its main process's models file
 _reload_from = reload_from()  # a reload's child: the revision its worker served before
+_gpus = 0  # a child: its prefetch is not its own; its batch is sized by its device
 if _pinned is None:  # the main process: the file on disk, pinned for its children
     _content = read_models_content(_settings.models_file)
     _pinned = parse_models(Path(_settings.models_file), _content), revision_of(_content)
     pin(_content)
-celery = make_celery(_settings, *_pinned)
+    _gpus = visible_gpu_count(_settings)  # its prefetch holds the calibrated batches
+celery = make_celery(_settings, *_pinned, gpus=_gpus)
 broker.attach(celery)
 # Spawned pool children import this module too, which connects the signal handlers below.
 celery.conf.imports = ("workers.main",)
@@ -68,6 +72,14 @@ def select_models(sender: str, instance, conf, **_kw) -> None:
     logger.info("worker %s serves models: %s", sender, ", ".join(models) or "(none)")
     conf.iq_metrics_address = metrics.serve(conf.iq_settings)
     load_failure.arm()
+
+
+@signals.worker_ready.connect
+def set_start_up_aside(sender=None, **_kw) -> None:
+    """The main process serves: its start-up objects are frozen out of the garbage
+    collector's full collections (tasks/heap.py), which otherwise walk them all every few
+    thousand jobs, the event loop stopped meanwhile."""
+    freeze_start_up()
 
 
 @signals.worker_process_init.connect
@@ -101,6 +113,9 @@ def load_models(sender: str | None = None, **_kw) -> None:
     # From its first batch on, a SIGTERM to the worker's whole group (make run's stop) leaves
     # the child's batch to the main process's warm shutdown (workers/batching/stopping.py).
     hold_stops_for_the_main_process()
+    # Its models loaded (torch and the model: ~160,000 objects), a full collection would stop
+    # the model for ~150 ms every few thousand jobs; frozen, they are not walked.
+    freeze_start_up()
 
 
 @signals.worker_process_shutdown.connect

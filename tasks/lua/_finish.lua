@@ -1,10 +1,15 @@
 -- What job_finish.lua and job_finish_queued.lua run after the prelude: the jobs' terminal
 -- statuses (tasks/jobstate.py `finish`).
--- KEYS: (record, stored result) per job, then the pending set. ARGV (after the two of every job
--- script): finished_at, result ttl, model version ('' : none), then per job: status, stored
--- result, error ('' : none), webhook list ('' : none), webhook message, the webhook queue's
--- wake-up list, the token of the message that ran it, the webhook delivery's id (recorded: the
--- one delivery delivery_claim.lua lets through). Returns, per job, 1 when it took its terminal
+-- KEYS: (record, stored result) per job, then the pending set, then (optional) the in-flight
+-- hash of the worker that holds the jobs' messages. ARGV (after the two of every job script):
+-- finished_at, result ttl, model version ('' : none), then per job: status, stored result,
+-- error ('' : none), webhook list ('' : none), webhook message, the webhook queue's wake-up
+-- list, the token of the message that ran it, the webhook delivery's id (recorded: the one
+-- delivery delivery_claim.lua lets through), its message's delivery tag on the in-flight hash
+-- ('' : none). With the hash, every job's message is acknowledged (HDEL) last, once every job
+-- is final, whether this call finished it or found it finished (or not its own): the worker
+-- acknowledges them all after a finish, and so a batch's results and acknowledgements take
+-- one round trip, a result always stored before its message leaves. Returns, per job, 1 when it took its terminal
 -- status here, 0 when it already had one (or the message was not the job's own). The jobs it
 -- finished are announced on the moves channel, "done <id> <id> ...", in one message (as are a
 -- cancel's and an expiry's, one job). Before that, a job whose record names a reply channel
@@ -19,8 +24,9 @@
 -- succeeded is written afresh (DEL, HSET, EXPIRE: it lives job_ttl_s from its finish),
 -- compact: Redis keeps a hash that once held a large value (the message) in its large encoding
 -- for good, one written with small values only takes its compact one (a listpack). The batch's
--- succeeded records go in one DEL, after every job was decided. One that did not succeed drops
--- the fields (its error is seldom small).
+-- succeeded records go in one DEL, after every job was decided; what their reply channel is sent
+-- is what was written, not read back. One that did not succeed drops the fields (its error is
+-- seldom small).
 -- KEEP (a constant): the fields of a record not final yet that its finished record keeps when
 -- the job succeeds, status and token first.
 -- #include _compact
@@ -33,8 +39,10 @@ local READ = {unpack(KEEP)}
 READ[#READ + 1] = 'reply'
 READ[#READ + 1] = 'req'
 READ[#READ + 1] = 'charged'
-for i = 1, (#KEYS - 1) / 2 do
-  local key, a = KEYS[2 * i - 1], 5 + 8 * (i - 1)
+local jobs = math.floor((#KEYS - 1) / 2)
+local pending, inflight = KEYS[2 * jobs + 1], KEYS[2 * jobs + 2]
+for i = 1, jobs do
+  local key, a = KEYS[2 * i - 1], 5 + 9 * (i - 1)
   local f = redis.call('hmget', key, unpack(READ))
   local status = f[1]
   out[i] = 0
@@ -59,11 +67,12 @@ for i = 1, (#KEYS - 1) / 2 do
   end
 end
 if #gone > 0 then redis.call('del', unpack(gone)) end
-for i = 1, (#KEYS - 1) / 2 do
-  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 8 * (i - 1)
+for i = 1, jobs do
+  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 9 * (i - 1)
   if out[i] == 1 then
-    local fields = {'status', writes[key].status}
-    for name, value in pairs(writes[key]) do
+    local v = writes[key]
+    local fields = {'status', v.status}
+    for name, value in pairs(v) do
       if name ~= 'status' then fields[#fields + 1] = name; fields[#fields + 1] = value end
     end
     redis.call('hset', key, unpack(fields))
@@ -81,7 +90,14 @@ for i = 1, (#KEYS - 1) / 2 do
     done[#done + 1] = id_of(key)
     local stored = ARGV[a + 1] == 'succeeded' and ARGV[a + 2] or ''
     if reply[i] and #stored <= REPLY_MAX_BYTES then
-      local fields = cjson.encode(redis.call('hmget', key, unpack(FIELDS)))
+      local values
+      if ARGV[a + 1] == 'succeeded' then  -- its record is what was written: nothing else
+        values = {}
+        for j, name in ipairs(FIELDS) do values[j] = v[name] or false end
+      else
+        values = redis.call('hmget', key, unpack(FIELDS))
+      end
+      local fields = cjson.encode(values)
       local entries = replies[reply[i]] or {}
       entries[#entries + 1] = id_of(key) .. ' ' .. #fields .. ' ' .. #stored .. '\n' .. fields
         .. stored
@@ -93,7 +109,15 @@ for channel, entries in pairs(replies) do
   redis.call('publish', channel, table.concat(entries))
 end
 if #done > 0 then
-  redis.call('zrem', KEYS[#KEYS], unpack(done))
+  redis.call('zrem', pending, unpack(done))
   redis.call('publish', MOVES_CHANNEL, 'done ' .. table.concat(done, ' '))
+end
+if inflight then
+  local tags = {}
+  for i = 1, jobs do
+    local tag = ARGV[5 + 9 * (i - 1) + 9]
+    if tag ~= '' then tags[#tags + 1] = tag end
+  end
+  if #tags > 0 then redis.call('hdel', inflight, unpack(tags)) end
 end
 return out

@@ -5,27 +5,41 @@
 -- reads it back (time, id). `trim_owned` drops the entries past the records' time to live (at
 -- most `most`), `first_at_or_below` finds where a page at a time goes on. A fragment of
 -- job_submit.lua and job_list.lua, after _job_prelude.lua.
+-- These run on every submit (an entry written, the head's time read), so they do their work in
+-- few calls into Lua's string library: each call costs more than the arithmetic around it.
 local UUID = '^' .. string.rep('%x', 8) .. '%-' .. string.rep('%x', 4) .. '%-'
   .. string.rep('%x', 4) .. '%-' .. string.rep('%x', 4) .. '%-' .. string.rep('%x', 12) .. '$'
+-- Four bytes of a number below 2^32, most significant first.
+local function be32(n)
+  local b4 = n % 256; n = (n - b4) / 256
+  local b3 = n % 256; n = (n - b3) / 256
+  local b2 = n % 256
+  return (n - b2) / 256, b2, b3, b4
+end
 local function owned_entry(us, id)
   local text = not string.match(id, UUID) or string.find(id, '%u') ~= nil
-  local out, n = {}, us
-  for i = 7, 1, -1 do out[i] = n % 256; n = math.floor(n / 256) end
-  if text then out[1] = out[1] + 128 end
-  for i = 1, 7 do out[i] = string.char(out[i]) end
-  if text then
-    out[8] = id
-  else
-    local hex = string.gsub(id, '-', '')
-    for i = 1, 31, 2 do out[#out + 1] = string.char(tonumber(string.sub(hex, i, i + 1), 16)) end
+  local low = us % 16777216  -- the time's last 3 bytes, then its first 4
+  local b1, b2, b3, b4 = be32((us - low) / 16777216)
+  local b7 = low % 256; low = (low - b7) / 256
+  local b6 = low % 256
+  local stamp = string.char(text and b1 + 128 or b1, b2, b3, b4, (low - b6) / 256, b6, b7)
+  if text then return stamp .. id end
+  local hex = string.gsub(id, '-', '')
+  local c = {}
+  for i = 0, 3 do
+    c[4 * i + 1], c[4 * i + 2], c[4 * i + 3], c[4 * i + 4] =
+      be32(tonumber(string.sub(hex, 8 * i + 1, 8 * i + 8), 16))
   end
-  return table.concat(out)
+  return stamp .. string.char(unpack(c))
+end
+-- An entry's time alone (owned_job's first value), for the head a submit stamps after.
+local function owned_at(entry)
+  local b1, b2, b3, b4, b5, b6, b7 = string.byte(entry, 1, 7)
+  return ((((((b1 % 128) * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6) * 256 + b7
 end
 local function owned_job(entry)
-  local first = string.byte(entry, 1)
-  local us = first % 128
-  for i = 2, 7 do us = us * 256 + string.byte(entry, i) end
-  if first >= 128 then return us, string.sub(entry, 8) end
+  local us = owned_at(entry)
+  if string.byte(entry, 1) >= 128 then return us, string.sub(entry, 8) end
   local h = string.format(string.rep('%02x', 16), string.byte(entry, 8, 23))
   return us, string.sub(h, 1, 8) .. '-' .. string.sub(h, 9, 12) .. '-' .. string.sub(h, 13, 16)
     .. '-' .. string.sub(h, 17, 20) .. '-' .. string.sub(h, 21)
@@ -34,14 +48,14 @@ local function first_at_or_below(key, us)
   local lo, hi = 0, redis.call('llen', key)
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
-    if owned_job(redis.call('lindex', key, mid)) > us then lo = mid + 1 else hi = mid end
+    if owned_at(redis.call('lindex', key, mid)) > us then lo = mid + 1 else hi = mid end
   end
   return lo
 end
 local function trim_owned(key, most)
   local bound = now_us - TTL_S * 1000000
   local tail = redis.call('lindex', key, -1)
-  if not tail or owned_job(tail) >= bound then return end
+  if not tail or owned_at(tail) >= bound then return end
   local n = redis.call('llen', key)
   local keep = math.max(first_at_or_below(key, bound - 1), n - most)
   if keep == 0 then redis.call('del', key) else redis.call('ltrim', key, 0, keep - 1) end

@@ -2,6 +2,27 @@
 -- job_submit_many.lua): `submit(KEYS, ARGV)`, its keys and arguments as job_submit.lua takes
 -- them, the two of every job script first; returns {kind, found}. Runs after the prelude and
 -- _owned.
+
+-- Redis's memory as the headroom check sees it: read once a script call (INFO is the dearest
+-- command a submit runs: a page of text made and searched), then what each job this call
+-- created wrote added to it (its arguments' bytes and a record's overhead), so that the jobs
+-- of one call are checked as one reading a job would check them, never below it.
+local memory_used, memory_cap
+local function memory()
+  if not memory_used then
+    local info = redis.call('info', 'memory')
+    memory_cap = tonumber(string.match(info, 'maxmemory:(%d+)'))
+    memory_used = tonumber(string.match(info, 'used_memory:(%d+)'))
+  end
+  return memory_used, memory_cap
+end
+local function wrote(ARGV)
+  if not memory_used then return end
+  local bytes = 512
+  for i = 3, #ARGV do bytes = bytes + #ARGV[i] end
+  memory_used = memory_used + 2 * bytes  -- the message is in the record and on its list
+end
+
 local function submit(KEYS, ARGV)
 
   -- A write that changes nothing (a key's expiry set to what it is), so that a WAIT after the
@@ -13,9 +34,7 @@ local function submit(KEYS, ARGV)
   end
 
   if ARGV[8] ~= '' then
-    local memory = redis.call('info', 'memory')
-    local cap = tonumber(string.match(memory, 'maxmemory:(%d+)'))
-    local used = tonumber(string.match(memory, 'used_memory:(%d+)'))
+    local used, cap = memory()
     if cap > 0 and used > (1 - tonumber(ARGV[8])) * cap then
       if redis.call('exists', KEYS[1]) == 1 then touch(KEYS[1]); return {'created', ARGV[3]} end
       return {'full', used .. ' ' .. cap}
@@ -97,7 +116,7 @@ local function submit(KEYS, ARGV)
   -- failover to a host a little behind): an entry is stamped after the head's, so that a page's
   -- bisection to its cursor (first_at_or_below) never passes over an entry it has not listed.
   local head, us = redis.call('lindex', KEYS[4], 0), now_us
-  if head then us = math.max(us, owned_job(head) + 1) end
+  if head then us = math.max(us, owned_at(head) + 1) end
   redis.call('lpush', KEYS[4], owned_entry(us, ARGV[3]))
   if ARGV[10] ~= '0' then trim_owned(KEYS[4], 1000) end
   if ARGV[10] == '2' then trim(KEYS[8], now_us - TTL_S * 1000000, 1000) end
@@ -105,5 +124,6 @@ local function submit(KEYS, ARGV)
   local was_empty = redis.call('lpush', KEYS[3], ARGV[7]) == 1
   redis.call('zadd', KEYS[6], now, ARGV[3])
   if was_empty and redis.call('llen', KEYS[7]) == 0 then redis.call('lpush', KEYS[7], '1') end
+  wrote(ARGV)
   return {'created', ARGV[3]}
 end

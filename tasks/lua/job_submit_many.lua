@@ -1,5 +1,6 @@
 -- The submits that arrived together in one API process (tasks/group_commit.py), in one step:
--- each job as job_submit.lua takes it, one after another, on one reading of Redis's clock.
+-- each job as job_submit.lua takes it, one after another, on one reading of Redis's clock and
+-- one of its memory (each job's writes added to it: _submit.lua's `memory`).
 -- KEYS: each job's keys, one job after another. ARGV (after the two of every job script): how
 -- many jobs, then per job how many keys and how many arguments it has (its own, after the two
 -- of every job script), then each job's arguments, one job after another.

@@ -34,7 +34,7 @@ def test_quick_benchmark_writes_results_and_plot(tmp_path):
 def test_cpu_breakdown_accounts_for_every_process_and_matches_the_worker(tmp_path):
     out = subprocess.run([sys.executable, "-m", "bench.cpu", "--model", "synthetic",
                           "--clients", "4", "--seconds", "2", "--rounds", "1",
-                          "--profile", str(tmp_path)],
+                          "--profile", str(tmp_path), "--scripts"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     [report] = json.loads(out.stdout)["points"].values()
@@ -48,11 +48,30 @@ def test_cpu_breakdown_accounts_for_every_process_and_matches_the_worker(tmp_pat
     # Redis's own count of what each job cost it: the submit at least, and the fetch.
     commands = report["redis_commands_per_job"]
     assert commands["evalsha"] >= 1 and commands["brpop"] > 0, commands
+    assert report["redis_usec_per_job"]["evalsha"] > 0, report["redis_usec_per_job"]
+    # Redis's time by script (the SLOWLOG round), each by its module's name.
+    scripts = report["redis_by_script"]["usec_per_job"]
+    assert all(scripts.get(f"tasks.job_lua.{name}", 0) > 0 for name in ("START", "FINISH")) \
+        and scripts.get("workers.broker.lua.FETCH", 0) > 0, scripts
     # py-spy sampled both processes of the queue path, in this project's code among others.
     for process in ("api", "worker main"):
         profile = report["profile"][process]
         assert profile["samples"] > 0, profile
         assert profile["project"] and all(ms > 0 for _f, ms in profile["project"]), profile
+
+
+def test_the_moves_alone_are_timed_move_by_move_in_redis():
+    out = subprocess.run([sys.executable, "-m", "bench.lua_cost", "--batch", "4", "--batches",
+                          "5", "--rounds", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    best = json.loads(out.stdout)["best"]
+    assert best["jobs"] == 20, best
+    moves = best["moves"]
+    for move in ("submit", "fetch", "start", "finish"):
+        assert moves[move]["usec_per_job"] > 0 and moves[move]["round_trips_per_batch"] == 1
+    # The batch's acknowledgements go with its finish: no round trip of their own.
+    assert moves["ack"]["round_trips_per_batch"] == 0 and best["round_trips_per_batch"] == 4
 
 
 def test_waiting_clients_scenario_runs_end_to_end(tmp_path):

@@ -90,6 +90,26 @@ def test_one_fetch_moves_a_burst_onto_the_in_flight_record_oldest_first(redis_ur
             assert json.loads(server.lindex(QUEUE, -1)) == got[1]._raw
 
 
+def test_a_message_that_only_looks_like_one_is_put_aside_and_the_others_delivered(
+        redis_url, server, broker):
+    """The fetch finds a message's tag by its text, without decoding it inside Redis: one that
+    names a tag yet is not JSON, or names it outside its properties, is put aside by the worker
+    (off the in-flight record, onto iq:malformed: never delivered, never fetched again), and
+    what kombu wrote beside it is delivered."""
+    not_json = '{"properties": {"delivery_tag": "bad-1"}, oops}'
+    elsewhere = '{"body": "", "headers": {"delivery_tag": "bad-2"}, "properties": {}}'
+    with kombu.Connection(redis_url, transport=REDIS_ALIAS) as conn:
+        server.lpush(QUEUE, not_json, elsewhere)
+        publish(conn, {"n": 1})
+        got: list = []
+        with consumer(conn, got):
+            conn.drain_events(timeout=5)
+            assert [m.payload["n"] for m in got] == [1]
+            assert server.lrange("iq:malformed", 0, -1) == [not_json, elsewhere]
+            assert server.hkeys(broker.inflight_key) == [got[0].delivery_tag]
+            assert server.llen(QUEUE) == 0
+
+
 def test_the_fetch_the_lease_and_the_settlements_work_while_redis_is_full(redis_url, server,
                                                                           admin, broker):
     with kombu.Connection(redis_url, transport=REDIS_ALIAS) as conn:

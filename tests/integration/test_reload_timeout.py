@@ -403,3 +403,47 @@ def test_a_reload_with_no_worker_to_ask_waits_for_one_then_is_refused_and_nothin
         thread.join(10)
     assert result.status == DONE and said[0].startswith("no worker reports"), said
     assert target.read_bytes() == new.read_bytes()
+
+
+def test_a_worker_that_stopped_is_awaited_back_under_a_new_name(tmp_path, client, redis_server):
+    """A worker that stopped consuming during the reload (killed) is awaited a while
+    (scripts/reload_wait.py `Restarts`): one started again by its keeper on its host and
+    queues under a new name (make run's are named by their pid) takes its place, and the
+    reload is done once it serves the revision; with none back within three heartbeat TTLs,
+    the stopped worker is gone and the reload refused, as before."""
+    setup(tmp_path, client, redis_server)
+    settings = load_settings({"redis_url": redis_server.extra["url"],
+                              "models_file": str(tmp_path / "models.yaml"),
+                              "heartbeat_interval_s": 0.5, "heartbeat_ttl_s": 1.0}, environ={})
+    for restarted, expected in ((True, DONE), (False, REFUSED)):
+        client.delete(MODELS_REVISION_KEY, RELOAD_STATUS_KEY)
+        client.zrem(CONSUMING_KEY, "w2@h")
+        report(client, "old", "serving", queues=["quick"])
+        stop = threading.Event()
+
+        def worker() -> None:
+            revision = announced(client)
+            client.zrem(CONSUMING_KEY, "w@h")  # killed: its heartbeat stops
+            while restarted and not stop.is_set():  # its keeper started it again
+                client.zadd(CONSUMING_KEY, {"w2@h": time.time()})
+                client.hset(RELOAD_STATUS_KEY, "worker:w2@h", orjson.dumps(
+                    {"revision": revision, "state": "serving", "at": time.time(),
+                     "children_left": 0, "error": "", "refused": "", "queues": ["quick"]}))
+                stop.wait(0.2)
+
+        thread = threading.Thread(target=worker, daemon=True)
+        thread.start()
+        said: list[str] = []
+        try:
+            result = reload(timeout_s=30, say=said.append, settings=settings)
+        finally:
+            stop.set()
+            thread.join(10)
+        assert result.status == expected, said
+        if restarted:
+            assert "  worker:w@h: restarted as worker:w2@h" in said, said
+        else:
+            assert any(line.startswith("  worker:w@h: pending: stopped consuming during the "
+                                       "reload; awaited back") for line in said), said
+            assert "  worker:w@h: gone: stopped consuming during the reload (see its log)" \
+                in said, said

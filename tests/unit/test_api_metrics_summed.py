@@ -28,3 +28,22 @@ def test_families_nothing_counted_in_yet_are_exported_with_the_summed_ones(tmp_p
     assert 'iq_queue_depth{model="a"} 3.0' in text
     assert len([line for line in text.splitlines()
                 if line.startswith("# TYPE iq_jobs_submitted_total ")]) == 1
+
+
+def test_each_label_set_is_looked_up_once_and_every_count_lands():
+    from app.metrics import ApiMetrics
+
+    m = ApiMetrics(lambda: {}, lambda: 0, 5, lambda: (0, 0))
+    asked: list = []
+    for metric in (m.requests, m.submitted):
+        real = metric.labels
+        metric.labels = lambda *values, _real=real: asked.append(values) or _real(*values)
+    for _ in range(3):
+        m.submitted_job("a")
+        m._counted("/v1/jobs", "POST", 202).inc()
+    m.submitted_job("b")
+    assert asked == [("a",), ("/v1/jobs", "POST", "202"), ("b",)]
+    text = m.render().get_data(as_text=True)
+    assert 'iq_jobs_submitted_total{model="a"} 3.0' in text
+    assert 'iq_jobs_submitted_total{model="b"} 1.0' in text
+    assert 'iq_http_requests_total{method="POST",route="/v1/jobs",status="202"} 3.0' in text

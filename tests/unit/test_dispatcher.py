@@ -269,3 +269,102 @@ def test_no_batch_goes_ahead_while_a_reload_replaces_children(monkeypatch):
     monkeypatch.setattr(dispatcher_module.Reloader, "replacing", property(lambda self: True))
     _d, pool = busy_near_its_end(monkeypatch)
     assert len(pool.calls) == 2
+
+
+def test_with_two_children_a_child_that_holds_no_batch_takes_what_waits_at_once(monkeypatch):
+    """The dispatcher reads the pool's idle children (workers/broker/pool.py HeldBatches), not
+    its own count of batches handed: with child 1 running a batch and holding the next ahead,
+    child 2, its own batch returned, holds none, and the job waiting goes to it at once (by
+    its own count, two children and three batches, none was free: the job waited for child
+    1's batches to end, with no timer armed)."""
+    from collections import deque
+
+    import workers.batching.dispatcher as dispatcher_module
+    from workers.broker.pool import HeldBatches, Pool
+
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(dispatcher_module, "monotonic", lambda: clock.now)
+    d, pool, timer, _unacked = dispatcher()
+    d.settlement.accepted = lambda *_args: None  # Celery's books: not this test's
+    first, second = Child(1), Child(2)
+    inner = Pool.__new__(Pool)  # the pool's books, without its processes
+    inner._pool, inner._all_inqueues = [first, second], {first.inqW_fd, second.inqW_fd}
+    inner._busy_workers, inner._active_writes = HeldBatches(inner._all_inqueues), set()
+    inner._busy_workers.depth = 2
+    inner.outbound_buffer = deque()
+    pool._pool, pool.num_processes = inner, 2
+    pool.apply_async = lambda fn, args, **kw: (pool.calls.append({"args": args, **kw}),
+                                               inner.outbound_buffer.append(args))
+
+    def written_to(child: Child) -> None:  # the pool writes its next batch to the child
+        inner.outbound_buffer.popleft()
+        inner._busy_workers.add(child.inqW_fd)
+
+    d._usual["m"] = 0.1  # the model's usual batch time
+    receive(d, "a")  # no child busy: at once
+    written_to(first)
+    pool.calls[0]["accept_callback"](1, 0.0)
+    receive(d, "b")  # a child busy: within max_wait_ms, to the other
+    clock.now += 0.006
+    d._on_timer()
+    written_to(second)
+    pool.calls[1]["accept_callback"](2, 0.0)
+    clock.now += 0.09  # a's batch nears its end: the next full batch goes ahead, to child 1
+    for job_id in "cdef":
+        receive(d, job_id)
+    assert [job.id for job in pool.calls[2]["args"][1]] == ["c", "d", "e", "f"]
+    written_to(first)
+    receive(d, "x")
+    assert len(pool.calls) == 3  # every child holds a batch
+
+    inner._busy_workers.release(second.inqW_fd)  # b returns: child 2 holds none
+    pool.calls[1]["callback"]([JobOutcome("b", Outcome.SUCCEEDED, 0.1, 1)])
+    assert [job.id for job in pool.calls[3]["args"][1]] == ["x"]  # at once, to child 2
+
+
+def test_a_batch_taken_up_from_ahead_arms_the_timer_for_the_next_one(monkeypatch):
+    """The batch a child held ahead is taken up as the last one returns; the next full batch
+    is due to go ahead as it nears its end, with no job arriving meanwhile to look again (a
+    closed loop whose clients all wait): its acceptance arms the timer."""
+    import workers.batching.dispatcher as dispatcher_module
+
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(dispatcher_module, "monotonic", lambda: clock.now)
+    d, pool, timer, _unacked = dispatcher()
+    d.settlement.accepted = lambda *_args: None  # Celery's books: not this test's
+    d.settlement.finish = lambda *_args: None  # nor its acks
+    d._usual["m"] = 0.1  # the model's usual batch time
+    receive(d, "a")
+    pool.calls[0]["accept_callback"](1, 0.0)
+    clock.now += 0.09
+    for job_id in "bcdefghi":
+        receive(d, job_id)
+    assert [job.id for job in pool.calls[1]["args"][1]] == ["b", "c", "d", "e"]  # ahead
+    pool.calls[0]["callback"]([JobOutcome("a", Outcome.SUCCEEDED, 0.1, 1)])
+    timer.run_due()
+    assert len(pool.calls) == 2  # f..i: one batch ahead at most, and b..e not yet taken up
+    pool.calls[1]["accept_callback"](1, 0.0)  # the child takes b..e up
+    armed = [delay for delay, _fn, _args in timer.due]
+    assert armed and abs(armed[-1] - (0.075 - 0.005)) < 1e-6
+    clock.now += 0.071
+    timer.run_due()
+    assert [job.id for job in pool.calls[2]["args"][1]] == ["f", "g", "h", "i"]
+
+
+def test_a_fetchs_received_events_leave_together_before_its_jobs_are_batched(monkeypatch):
+    d, pool, _timer, _unacked = dispatcher()
+    order: list = []
+    monkeypatch.setattr("workers.batching.dispatcher.send_task_events",
+                        lambda eventer, type_, jobs: order.append((type_, [j for j, _ in jobs])))
+    pool.apply_async = lambda fn, args, **kw: order.append(("batch", [j.id for j in args[1]]))
+    for job_id in ("a", "b", "c"):
+        request = FakeRequest(job_id)
+        request._on_ack, _reject = d.settlement.callbacks(request.message)
+        d.leases.hold(request.message)
+        d.received(job_id, {"name": "m"})
+        d.submit("m", request, pump=False)
+    assert order == []  # none sent a message at a time
+    d.pump()
+    assert order == [("task-received", ["a", "b", "c"]), ("batch", ["a", "b", "c"])]
+    d.pump()
+    assert len(order) == 2  # each sent once

@@ -138,3 +138,44 @@ def test_the_worker_batches_a_model_on_a_gpu_at_the_calibrators_answer(tmp_path,
     assert d.batch_size(spec({"max_batch_size": 8})) == 8
     path.write_text("[]")  # an operator's mistake: logged, the default kept, no crash
     assert d.batch_size(spec({})) == 32
+
+
+def calibrated(tmp_path, **extra):
+    """Settings whose calibration file answers 256 for model `enc` (80 %: 204)."""
+    path = tmp_path / "calibration.json"
+    save_answer(path, "enc", {"device": "cuda:0", "largest_safe": 256, "max_seq_length": None})
+    return load_settings({"models_file": str(tmp_path / "models.yaml"),
+                          "calibration_file": str(path), **extra}, environ={})
+
+
+@pytest.mark.parametrize("device, expected", [("cuda:0", 204), ("cpu", 32)])
+def test_a_child_on_a_gpu_warms_up_at_the_calibrators_answer(tmp_path, monkeypatch, device,
+                                                             expected):
+    """The child's warm-up batch and its chunks are the batch its worker hands it: on a GPU,
+    the calibrator's answer, not the models file's default (a child warmed at 32 and cut a
+    204-item batch into chunks of 32)."""
+    from workers.child import devices, runtime
+    from workers.child.handlers.base import Handler
+    from workers.child.handlers.tensor import SyntheticHandler
+
+    warmed: list[int] = []
+    monkeypatch.setattr(devices, "device_for", lambda spec, index: device)
+    monkeypatch.setattr(devices, "prepare_device", lambda *a, **k: None)
+    monkeypatch.setattr(SyntheticHandler, "warmup", Handler.warmup)
+    monkeypatch.setattr(SyntheticHandler, "predict", lambda self, items, progress=None:
+                        warmed.append(len(items)))
+    settings = calibrated(tmp_path)
+    rt = runtime.ModelRuntime(None, settings, {"enc": spec({})}, ["enc"], "host", 0)
+    handler = rt._load("enc")
+    assert warmed == [expected]
+    assert handler.spec.max_batch_size == expected  # its chunks (Handler.predict)
+
+
+@pytest.mark.parametrize("gpus, expected", [(1, 2 * 204), (0, 2 * 32)])
+def test_the_worker_prefetches_two_calibrated_batches(tmp_path, gpus, expected):
+    """The worker's prefetch holds two of its largest batches: on a GPU, the calibrator's."""
+    from tasks.celery_app import make_celery
+
+    settings = calibrated(tmp_path)
+    app = make_celery(settings, {"enc": spec({})}, gpus=gpus)
+    assert app.conf.worker_prefetch_multiplier == expected

@@ -12,6 +12,7 @@ pinned when it started (workers/child/pinned.py), as a spawned child inherits it
   reload's timer are ordered."""
 from __future__ import annotations
 
+import logging
 import os
 
 import orjson
@@ -239,3 +240,78 @@ def test_a_rollback_that_ends_a_hold_hands_the_held_jobs_out(monkeypatch):
     assert a.state == "refused" and not d.scheduler.held
     d.consumer.timer.run_due()
     assert handed == [["j1", "j2"]], "the held jobs handed out once the hold ends"
+
+
+def two_waiting(monkeypatch):
+    """a and b, one child each on one queue, reloading: a's surge child loads, b waits for
+    its turn. They share the failed-load markers, as one Redis."""
+    turns = FakeTurns()
+    a, pool_a = reloading(monkeypatch, 1, turns=turns)
+    b, pool_b = reloading(monkeypatch, 2, name="b@h", turns=turns)
+    b.client = a.client
+    a.step()
+    b.step()
+    assert pool_a._processes == 2 and b.turn.waiting_for == "a@h"
+    return turns, (a, pool_a), (b, pool_b)
+
+
+def test_a_step_once_the_turn_is_back_asks_no_child_for_a_file_that_failed(monkeypatch,
+                                                                           caplog):
+    """The roll halts at the first failed load: a's surge child cannot load; a rolls back and
+    gives its turn back. b's next step may come from a batch returned or a child up
+    (PoolDispatcher), not from its timer's look at failures: it took the free turn and asked
+    the pool for a surge child. The pool's look before it starts children
+    (`before_children_start`) rolled back and started none, but b had logged that a surge
+    child loads the failed file, and held the turn, holding up the other workers on its
+    queues until its next step. Now it looks once it has the turn: no surge asked for, the
+    turn given back at once."""
+    turns, (a, pool_a), (b, pool_b) = two_waiting(monkeypatch)
+    fail_load(a, pool_a, 101)
+    a.step()
+    assert a.state == "refused" and turns.keys == {}, "a gave its turn back"
+    caplog.set_level(logging.INFO, logger="workers.batching.reload")
+    caplog.clear()
+    b.step()
+    assert pool_b._processes == 1 and [c.pid for c in pool_b._pool] == [2], \
+        "no child started on the failed file"
+    assert (b.revision, b.state, b.refused_revision) == ("old", "refused", "new")
+    assert "could not be loaded on worker a@h" in b.error
+    assert "surge child loads" not in caplog.text, caplog.text
+    assert turns.keys == {} and not b.turn.held and not b.stale
+    assert orjson.loads(os.environ[pinned.ENV])["reload_from"] == ""
+
+
+def test_the_undo_met_before_the_failure_replaces_no_child(monkeypatch, tmp_path):
+    """The CI failure (tests/faults/test_reload_unloadable.py, 1 run in 4): `make reload`
+    saw a's failed load and announced its undo, the old revision, and b's tick met that
+    announcement before b's timer looked at the failure. b took the undo as a reload to
+    the old file: a surge child loaded it and b's own child, on that file already, was
+    stopped. b goes back instead: no child started, none stopped. (Real revisions here: the
+    file on disk is the old one again, as after the undo.)"""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from config.models import revision_of
+
+    turns, (a, pool_a), (b, pool_b) = two_waiting(monkeypatch)
+    old, new = revision_of(OLD), revision_of(NEW)
+    path = tmp_path / "models.yaml"
+    path.write_bytes(OLD)  # put back by the undo
+    b.app.conf.iq_settings = replace(b.app.conf.iq_settings, models_file=str(path))
+    b.consumer.timer.call_repeatedly = lambda *args: SimpleNamespace(cancel=lambda: None)
+    b.previous, b.revision = (old, OLD, b.previous[2]), new
+    b.client.values[reload_failed_key(new)] = orjson.dumps(
+        {"worker": "a@h", "error": "RuntimeError: not a model", "at": 0})
+    fail_load(a, pool_a, 101)  # (a's revisions are the fake ones): it rolls back
+    a.step()
+    assert turns.keys == {}
+
+    b.begin(old, "2")  # the undo's announcement, from b's tick
+    for _ in range(3):
+        b.step()
+        b.watch()
+    assert pool_b._processes == 1 and [c.pid for c in pool_b._pool] == [2], \
+        "its child, on the old file already, kept; none started"
+    assert (b.revision, b.state, b.refused_revision) == (old, "refused", new)
+    assert "could not be loaded on worker a@h" in b.error
+    assert turns.keys == {} and not b.stale and b.content == OLD

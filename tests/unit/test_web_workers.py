@@ -15,6 +15,7 @@ def _conf(monkeypatch, tmp_path, cores: int, **env: str) -> dict:
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.delenv("IQ_WEB_WORKERS", raising=False)
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    monkeypatch.delenv("_IQ_API_HANDOVER_DIR", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     import tempfile
@@ -75,3 +76,45 @@ def test_a_master_keeps_its_folder_on_a_reload_and_makes_its_own_after_a_binary_
     assert mine not in (str(old_master), folder) and os.path.isdir(mine)
     conf["on_exit"](None)
     assert not os.path.exists(mine) and old_master.is_dir()
+
+
+def test_a_process_told_to_stop_by_a_reload_waits_for_its_replacements(monkeypatch, tmp_path):
+    """The hand-over across a SIGHUP (tests/integration/test_api_sighup.py with gunicorn):
+    processes 1 and 2 serve; a reload starts 3 and 4. Told to stop, 1 and 2 go on accepting
+    until both new ones are up; a stop with no reload since they started is not delayed."""
+    from types import SimpleNamespace
+
+    conf = _conf(monkeypatch, tmp_path, 16)
+    replaced = conf["replaced"]
+    for age in (1, 2):
+        conf["post_worker_init"](SimpleNamespace(age=age, pid=100 + age))
+    assert replaced(1, 2) and replaced(2, 2), "no reload: a stop"
+    conf["on_reload"](SimpleNamespace(worker_age=2))
+    assert not replaced(1, 2)
+    conf["post_worker_init"](SimpleNamespace(age=3, pid=103))
+    assert not replaced(2, 2), "one of the two up"
+    conf["child_exit"](None, SimpleNamespace(age=1, pid=101))  # an old one gone: not counted
+    conf["post_worker_init"](SimpleNamespace(age=4, pid=104))
+    assert replaced(1, 2) and replaced(2, 2)
+    assert replaced(3, 2) and replaced(4, 2), "the new ones stop at once when told"
+    conf["on_exit"](None)
+    assert not os.path.exists(os.environ["_IQ_API_HANDOVER_DIR"])
+
+
+def test_a_stop_of_the_master_ends_the_wait_for_replacements(monkeypatch, tmp_path):
+    """The master's stop (its handler, installed by `when_ready`) is noted before gunicorn's own
+    handler queues it: a process waiting for replacements stops waiting, as that signal says
+    (tests/integration/test_api_sighup.py with gunicorn)."""
+    import signal
+    from types import SimpleNamespace
+
+    conf = _conf(monkeypatch, tmp_path, 16)
+    conf["on_reload"](SimpleNamespace(worker_age=2))
+    assert not conf["replaced"](1, 2) and conf["stopping"]() is None
+    queued = []
+    conf["_stop_noted"](lambda sig, frame: queued.append(sig), signal.SIGINT, None)
+    assert queued == [signal.SIGINT], "gunicorn's own handler still called"
+    assert conf["stopping"]() == signal.SIGINT and conf["replaced"](1, 2)
+    conf["on_exit"](None)  # its folder gone: a later signal is still handed on
+    conf["_stop_noted"](lambda sig, frame: queued.append(sig), signal.SIGTERM, None)
+    assert queued == [signal.SIGINT, signal.SIGTERM]

@@ -24,8 +24,7 @@ from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.worker import state as worker_state
 
-from config.calibration import batch_size_for, calibration_path, load_calibration
-from config.checks import ConfigError
+from config.calibration import calibration_path, effective_batch_size, on_gpu
 from config.models import ModelSpec
 from tasks.errors import removed_error
 from tasks.jobstate import JobState
@@ -33,7 +32,8 @@ from tasks.names import PRIORITIES
 from tasks.redis_client import connect
 from workers.child.batch import FOREIGN, BatchJob, JobOutcome, job_token
 from workers.broker import InFlight, Leases, broker_of
-from workers.broker.pool import serving_children
+from workers.broker.events import send_task_events
+from workers.broker.pool import free_children, serving_children
 from workers.child.devices import visible_gpu_count
 from workers.child.execute import run_batch
 from workers.batching.isolation import CrashLoops, TimeLimits
@@ -97,6 +97,7 @@ class PoolDispatcher:
         self._gpu_count: int | None = None
         self._usual: dict[str, float] = {}  # a model's usual batch time (s), smoothed
         self._pump_due = False
+        self._received: list[tuple[str, dict]] = []  # task-received events not sent yet
 
     @property
     def capacity(self) -> int:
@@ -107,22 +108,14 @@ class PoolDispatcher:
         return max(total if serving is None else min(total, serving), 0)
 
     def batch_size(self, spec: ModelSpec) -> int:
-        """The model's max batch (config/calibration.py): on a GPU, unless its entry declares
-        one, the calibrator's answer under the token budget; else its max_batch_size."""
-        on_gpu = spec.device == "cuda" or (spec.device == "auto" and self._gpus() > 0)
-        if not on_gpu or spec.batch_size_declared:
-            return spec.max_batch_size
-        path = calibration_path(self.settings)
-        try:
-            size = batch_size_for(spec, True, load_calibration(path),
-                                  self.settings.max_batch_tokens)
-        except ConfigError as exc:
-            logger.error("%s; model %s keeps max_batch_size %d", exc, spec.name,
-                         spec.max_batch_size)
-            return spec.max_batch_size
+        """The model's max batch (config/calibration.py `effective_batch_size`, which the
+        child's warm-up and the worker's prefetch take too): on a GPU, unless its entry
+        declares one, the calibrator's answer under the token budget; else its
+        max_batch_size."""
+        size = effective_batch_size(spec, self.settings, on_gpu(spec, self._gpus()))
         if size != spec.max_batch_size:
             logger.info("model %s on a GPU: max batch %d, the calibrator's (%s)", spec.name,
-                        size, path)
+                        size, calibration_path(self.settings))
         return size
 
     def _gpus(self) -> int:
@@ -181,6 +174,7 @@ class PoolDispatcher:
         self.release_buffered("broker connection replaced")
 
     def release_buffered(self, why: str, keep_alone: bool = False) -> None:
+        self._send_received()
         drained = self.scheduler.drain(keep_alone)
         for pending in drained:
             worker_state.task_ready(pending.job)
@@ -238,9 +232,22 @@ class PoolDispatcher:
             logger.warning("could not read job %s's token: %s", job_id, exc)
             return None
 
+    def received(self, job_id: str, fields: dict) -> None:
+        """A job's `task-received` event (workers/batching/strategy.py), sent with those of the
+        rest of its fetch, in one go, before any of them is batched, revoked or failed
+        (`_send_received`)."""
+        self._received.append((job_id, fields))
+
+    def _send_received(self) -> None:
+        if self._received:
+            jobs, self._received = self._received, []
+            send_task_events(getattr(self.consumer, "event_dispatcher", None),
+                             "task-received", jobs)
+
     def submit(self, model: str, request: Any, alone: bool = False,
                arrived: float | None = None, pump: bool = True) -> None:
         if self.reloader.fails_removed(model):
+            self._send_received()
             self.settlement.fail([request], removed_error(model))
             return
         kwargs = request.kwargs or {}
@@ -283,13 +290,28 @@ class PoolDispatcher:
                 due.append(r.started + usual * (1 - AHEAD_SHARE) - AHEAD_MARGIN_S)
         return due
 
+    def idle_children(self, capacity: int) -> int:
+        """Children free to take a batch now. Its own count (children less batches handed)
+        would count none free while one child holds a batch and the next ahead and another
+        holds none: a partial batch would wait for a batch to end with a child idle. So,
+        where the pool can tell (workers/broker/pool.py `free_children`), the children that
+        hold no batch, within the capacity those holding one leave (a reload's child being
+        replaced counts in neither)."""
+        own = max(capacity - self.inflight, 0)
+        pool = free_children(self.consumer.pool)
+        if pool is None:
+            return own
+        free, holding = pool
+        return max(own, min(free, capacity - holding))
+
     def pump(self, freed: int = 0) -> None:
         """Batches to the children: to an idle one what waits (the policy's say); then, to a
         busy one whose batch is about to end (`_ahead_due`), ahead, only a full batch, so that
         no batch is smaller for going ahead (what is not full waits, as before, for a child to
         be free)."""
+        self._send_received()
         capacity = self.capacity
-        idle = max(capacity - self.inflight, 0)
+        idle = self.idle_children(capacity)
         ahead = max(capacity * (1 + self.ahead) - self.inflight - idle, 0)
         if ahead > 0:
             now = monotonic()
@@ -310,8 +332,9 @@ class PoolDispatcher:
         self.fit_intake()
 
     def _arm_timer(self) -> None:
-        due = self.scheduler.next_deadline() if self.inflight < self.capacity else None
-        if len(self.scheduler) and self.inflight < self.capacity * (1 + self.ahead):
+        capacity = self.capacity
+        due = self.scheduler.next_deadline() if self.idle_children(capacity) > 0 else None
+        if len(self.scheduler) and self.inflight < capacity * (1 + self.ahead):
             now = monotonic()  # a full batch may go ahead when a child's batch nears its end
             coming = [d for d in self._ahead_due() if d > now]
             if coming:
@@ -343,6 +366,11 @@ class PoolDispatcher:
             running.started = monotonic()  # a batch handed ahead starts when its child is free
             running.accepted = True
             self.settlement.accepted(requests, pid, time_accepted)
+            if self.ahead and len(self.scheduler):
+                # Its child's next batch is due as this one nears its end (`_ahead_due`): the
+                # timer for it, or a child whose batch was handed ahead would wait for the
+                # next arrival to be handed its next.
+                self._arm_timer()
 
         def on_return(outcomes: list[JobOutcome]) -> None:
             self.running.pop(id(running), None)

@@ -215,7 +215,15 @@ class Reloader:
         return model in self.removed
 
     def begin(self, revision: str, number: str | None = None) -> None:
-        """Reload to the announced `revision` (`number`: the count of its announcements)."""
+        """Reload to the announced `revision` (`number`: the count of its announcements).
+        The revision a reload in progress began from, announced again (`make reload`'s undo of
+        a failed load, which may come before this worker looked at the failure, or an
+        operator's), is gone back to, not reloaded: the children it began with serve it
+        already, and none is replaced (a needless surge child loaded it once, issue 37)."""
+        if self.state == "reloading" and self.previous is not None \
+                and revision == self.previous[0]:
+            self.roll_back(failure_of(self.client, self.revision), undone=True)
+            return
         self.announcement = number
         path = self.app.conf.iq_settings.models_file
         try:
@@ -271,10 +279,12 @@ class Reloader:
             if failure:
                 self.roll_back(failure)
 
-    def roll_back(self, failure: dict) -> None:
+    def roll_back(self, failure: dict | None, undone: bool = False) -> None:
         """The previous file pinned and applied again; the children started since `begin`
         (on the new file) are replaced; the revision refused from now on. A child billiard
-        starts meanwhile on the new file fails and records it again, harmlessly."""
+        starts meanwhile on the new file fails and records it again, harmlessly. `failure`:
+        the failed load that halted the roll (None: `undone`, the previous revision announced
+        again with none recorded)."""
         failed, (revision, content, specs) = self.revision, self.previous
         self.revision, self.content, self.previous = revision, content, None
         pin(content)  # not a reload's: it is what this worker served
@@ -290,9 +300,13 @@ class Reloader:
         self._hold(gaining)
         self.refused_revision, self.state = failed, "refused"
         self.refused_number = self.announcement
-        self.error = f"{describe(failed, failure)}; rolled back to revision {revision}"
-        logger.error("reload to models file revision %s rolled back: %s; %d child(ren) started "
-                     "on it to replace", failed, self.error, len(self.stale))
+        why = describe(failed, failure) if failure else \
+            f"revision {revision} announced again before every child took revision {failed}"
+        self.error = f"{why}; rolled back to revision {revision}"
+        logger.error("reload to models file revision %s rolled back%s: %s; %d child(ren) "
+                     "started on it to replace", failed,
+                     f" (revision {revision} announced again)" if undone else "", self.error,
+                     len(self.stale))
         self.report()
 
     # -- the main process's own models ---------------------------------------------------
@@ -440,12 +454,12 @@ class Reloader:
             # Its last serving child: a new one loads beside it first, in this worker's
             # turn on its queues (one worker's new child loads at a time: the roll
             # halts at the first that cannot load it).
-            if not self.turn.take(self.dispatcher.liveness.consumed_queues()):
+            if not self._take_turn():
                 return
             self.surge_before = self._pids()
             if surge(pool):
-                logger.info("reload: a surge child loads the new file beside the last "
-                            "one serving")
+                logger.info("reload: a surge child loads models file revision %s%s beside "
+                            "the last one serving", self.revision, self._which())
                 return
             self.surge_before = None
         if not self._may_retire():
@@ -454,8 +468,9 @@ class Reloader:
         self.retiring = retire_idle_child(pool, self.stale)
         if self.retiring is not None:
             self.stale.discard(self.retiring)
-            logger.info("reload: child %d stops after its batch; %d more to replace",
-                        self.retiring, len(self.stale))
+            logger.info("reload: child %d stops after its batch, its replacement to load "
+                        "models file revision %s%s; %d more to replace", self.retiring,
+                        self.revision, self._which(), len(self.stale))
             self.dispatcher.fit_intake()  # its last child: the buffer to other workers
 
     def _indices(self) -> dict[int, int]:
@@ -484,7 +499,31 @@ class Reloader:
         ready = len(ready_children(self.consumer.pool))
         if ready > 1:
             return True
-        return ready == 1 and self.turn.take(self.dispatcher.liveness.consumed_queues())
+        return ready == 1 and self._take_turn()
+
+    def _take_turn(self) -> bool:
+        """This worker's turn on the queues it consumes (taken now, or held), for its last
+        serving child. Taken while reloading, a failed load of the revision recorded since
+        the last look rolls back instead, the turn given back: the worker whose child failed
+        gives its turn back only once it saw the failure, and a step (a batch returned, a
+        child up: `PoolDispatcher`) comes without a look at it, so that the next worker
+        could start a child on a file known not to load (issue 37's loose ends)."""
+        if not self.turn.take(self.dispatcher.liveness.consumed_queues()):
+            return False
+        if self.state != "reloading" or self.previous is None:
+            return True
+        failure = failure_of(self.client, self.revision)
+        if not failure:
+            return True
+        self.roll_back(failure)
+        self.turn.release()
+        return False
+
+    def _which(self) -> str:
+        """How a log line names the file a new child loads: the reload's, or the rollback's
+        (an operator reads which revision each worker tried)."""
+        return " (the new file)" if self.state == "reloading" else \
+            " (the file rolled back to)"
 
     def serves(self) -> dict:
         """What this worker can serve (tasks/serves.py), for a reload's check."""

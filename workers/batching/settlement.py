@@ -1,6 +1,8 @@
 """How a worker's jobs end in Celery's books and kombu's: per job Celery's own request handlers
 (state, task events for Flower, `inspect`), and acknowledgements and requeues through the
-worker's leases (workers/broker/leases.py), a batch's together in one round trip.
+worker's leases (workers/broker/leases.py), a batch's together in one round trip; none for the
+messages that the child's finish acknowledged already, with their results (an outcome's
+`acked`).
 
 Results a child could not store (Redis refused them for longer than `redis_retry_s`) are kept
 here and stored on a later tick, their messages held meanwhile: a job that ran is never run
@@ -55,6 +57,9 @@ class Settlement:
         self.leases = leases
         self.state = state
         self._settling: tuple[list, list] | None = None
+        # Messages (by id) that the finish storing their results acknowledged in Redis: their
+        # ack is Celery's and kombu's books only.
+        self._acked: set[int] = set()
         # (request, outcome) of jobs that ran but whose result Redis refused: stored later.
         self.unstored: list[tuple[Any, JobOutcome]] = []
 
@@ -69,7 +74,10 @@ class Settlement:
         return on_ack, on_reject
 
     def _settle(self, message: Any, requeue: bool) -> None:
-        if self._settling is not None:
+        if not requeue and id(message) in self._acked:
+            self._acked.discard(id(message))
+            self.leases.settled([message])
+        elif self._settling is not None:
             self._settling[1 if requeue else 0].append(message)
         elif requeue:
             self.leases.restore([message])
@@ -136,6 +144,8 @@ class Settlement:
                     logger.error("batch of %s returned no outcome for job %s; requeued",
                                  model, r.id)
                     o = JobOutcome(r.id, Outcome.RETRY)
+                if o.acked:
+                    self._acked.add(id(r.message))
                 if o.outcome is Outcome.UNSTORED:
                     self.unstored.append((r, o))
                     continue
@@ -153,6 +163,7 @@ class Settlement:
                         r.reject(requeue=True)  # not run here: its message must stay live
                     else:
                         r.acknowledge()
+        self._acked.clear()  # a request Celery's books had settled before, never acked again
         send_task_events(self._events(requests), "task-succeeded", succeeded)
 
     def _settle_one(self, r: Any, o: JobOutcome) -> None:

@@ -16,7 +16,6 @@ from tasks.logs import trace
 from tasks.names import model_of_task
 from workers.child.batch import trace_headers
 from workers.broker.decode import payload
-from workers.broker.events import send_task_events
 from workers.broker.pool import TaskPool, hold_ahead, on_child_ready
 from workers.child.devices import pool_children
 from workers.batching.dispatcher import PoolDispatcher
@@ -89,11 +88,10 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
         dispatcher.leases.hold(message)
         if (request.expires or request.id in revoked_tasks) and settlement.revoked(request):
             return
-        if send_events:
-            send_task_events(consumer.event_dispatcher, "task-received", (
-                (request.id, {"name": request.name, "args": request.argsrepr,
-                              "kwargs": request.kwargsrepr, "root_id": request.root_id,
-                              "parent_id": request.parent_id, "retries": 0}),))
+        if send_events:  # sent with the rest of the fetch's, before their batches form
+            dispatcher.received(request.id, {
+                "name": request.name, "args": request.argsrepr, "kwargs": request.kwargsrepr,
+                "root_id": request.root_id, "parent_id": request.parent_id, "retries": 0})
         if callbacks:
             for callback in callbacks:
                 callback(request)

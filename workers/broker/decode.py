@@ -43,3 +43,35 @@ def payload(message: Any) -> Any:
         if value is not _KOMBUS:
             return value
     return message.payload
+
+
+_TAG_AT = ('"delivery_tag":"', '"delivery_tag": "')
+
+
+def tag_in(raw: str) -> str | None:
+    """The delivery tag the fetch script found by its text in `raw` (workers/broker/lua/
+    _inflight.lua's `tag_of`, the same rule), None where it decoded the message instead: the
+    tag a message the worker cannot read is held under on the in-flight hash."""
+    if not (raw.startswith("{") and raw.endswith("}")):
+        return None
+    first = raw.find('"delivery_tag"')
+    for text in _TAG_AT:
+        if first > 0 and raw.startswith(text, first):
+            stop = raw.find('"', first + len(text))
+            if stop >= 0 and raw[first - 1] != "\\" and raw.find('"delivery_tag"', stop) < 0:
+                tag = raw[first + len(text):stop]
+                if "\\" not in tag:
+                    return tag
+    return None
+
+
+def readable(raw: str) -> tuple[Any, str] | None:
+    """A fetched message's envelope and its delivery tag; None when it is not a message the
+    worker can read (not JSON, or no tag in its properties)."""
+    try:
+        message = envelope(raw)
+        tag = message["properties"]["delivery_tag"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return (message, tag) if isinstance(tag, str) else None
+

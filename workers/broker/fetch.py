@@ -33,8 +33,9 @@ from kombu.utils.encoding import bytes_to_str
 from tasks.keys import delayed_key, wake_key
 from tasks.redis_client import SentinelConnection, SentinelSSLConnection
 from workers.broker.clients import WorkerClients
-from workers.broker.decode import envelope
+from workers.broker.decode import readable, tag_in
 from workers.broker.inflight import InFlight, fetch_call, fetched
+from workers.broker.lua import MALFORMED_KEY
 from workers.broker.broker import Broker, installed
 
 logger = logging.getLogger(__name__)
@@ -196,9 +197,10 @@ class ReliableFetch:
         if got is None:
             self.inflight.beat()
             got = self.inflight.take(lists, 1, self._delayed([queue]))
-        if not got:
+        read = self._readable(got or [])
+        if not read:
             return None
-        message = self.Message(envelope(got[0][1]), channel=self)
+        message = self.Message(read[0][1], channel=self)
         self.qos.append(message, message.delivery_tag)
         return message
 
@@ -273,18 +275,36 @@ class ReliableFetch:
             self._iq_waiting = True
             raise Empty() from None
 
+    def _readable(self, got: list[tuple[str, str]]) -> list[tuple[str, Any]]:
+        """The fetched messages the worker can read, (list, envelope); any other is put aside
+        (`InFlight.put_aside`): one whose tag the fetch found by its text but that is not JSON
+        after all, or names another tag in its properties."""
+        out = []
+        for list_key, raw in got:
+            read, found = readable(raw), tag_in(raw)
+            if read is not None and found in (None, read[1]):
+                out.append((list_key, read[0]))
+            elif found is not None:
+                logger.error("a message on %s that is not a task message was put aside on "
+                             "%s: %.200s", list_key, MALFORMED_KEY, raw)
+                self.inflight.put_aside(found, raw)
+            else:
+                logger.error("a message on %s the worker cannot read stays on its in-flight "
+                             "record: %.200s", list_key, raw)
+        return out
+
     def _iq_deliver(self, got: list[tuple[str, str]]) -> bool:
-        if not got:
+        read = self._readable(got)
+        if not read:
             raise Empty()
         if self._closing:
             # Read on close: not for Celery any more; back to the queues at once.
-            self.inflight.restore([envelope(raw)["properties"]["delivery_tag"]
-                                   for _l, raw in got])
+            self.inflight.restore([m["properties"]["delivery_tag"] for _l, m in read])
             raise Empty()
-        for list_key, raw in got:
+        for list_key, message in read:
             queue = list_key.rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(queue)
-            self.connection._deliver(envelope(raw), queue)
+            self.connection._deliver(message, queue)
         return True
 
 

@@ -98,6 +98,15 @@ class InFlight:
         if tags:
             self.client.hdel(self.state.inflight_key, *tags)
 
+    def put_aside(self, tag: str, raw: str) -> None:
+        """A message the worker cannot read, off the in-flight hash onto MALFORMED_KEY (where
+        the fetch puts what it cannot read itself), in one step: never delivered, never
+        requeued to be fetched again."""
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hdel(self.state.inflight_key, tag)
+            pipe.rpush(lua.MALFORMED_KEY, raw)
+            pipe.execute()
+
     def restore(self, tags: Iterable[str]) -> int:
         """Back to the head of their queues, the first of `tags` to be served first; returns
         how many were still on the in-flight hash."""

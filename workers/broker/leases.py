@@ -81,6 +81,12 @@ class Leases:
             self.to_restore[tag_of(m)] = m
         return self._flush()
 
+    def settled(self, messages: Iterable[Any]) -> None:
+        """Acknowledged in Redis already (the finish that stored their results took them off
+        the in-flight hash, tasks/jobstate.py): released here without a round trip."""
+        for m in messages:
+            self._release(m)
+
     def forget(self, messages: Iterable[Any]) -> None:
         """No longer this worker's (another took them back while its lease had lapsed):
         released without touching Redis."""

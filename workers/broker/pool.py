@@ -4,7 +4,7 @@ runs (`worker_pool`, and in place of `-P prefork`: workers/broker/attach.py's `a
 * stops a child with SIGKILL where billiard and Celery send it SIGTERM (`kill_child`);
 * tells the dispatcher when a child is ready to take work (`on_child_ready`);
 * writes a child its next batch while it runs one (`HeldBatches`, `hold_ahead`), an idle
-  child always first;
+  child always first, and says which children hold none (`free_children`);
 * is grown no further than the GPUs (`TaskPool.cap_children`);
 * is not flushed on a reconnect (`TaskPool.keep_every_batch`);
 
@@ -290,6 +290,20 @@ def ready_children(pool: Any) -> set[int]:
     if inner is None:
         return set()
     return {p.pid for p in inner._pool if p._is_alive() and p.inqW_fd in inner._all_inqueues}
+
+
+def free_children(pool: Any) -> tuple[int, int] | None:
+    """What the pool's children hold now (`HeldBatches`): how many of those written to hold
+    no batch, less the batches handed to the pool and not yet written to a child (its
+    outbound buffer); and how many hold one or more. None for a pool that is not the
+    worker's, or not started."""
+    inner = _worker_pool(pool)
+    if inner is None:
+        return None
+    held = inner._busy_workers.holding() | inner._active_writes
+    written_to = inner._all_inqueues
+    free = sum(1 for fd in written_to if fd not in held)
+    return max(free - len(inner.outbound_buffer), 0), sum(1 for fd in held if fd in written_to)
 
 
 def serving_children(pool: Any) -> int | None:

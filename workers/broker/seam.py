@@ -117,6 +117,7 @@ READ: tuple[Name, ...] = (
     Name(AsynPool, "_busy_workers"),
     Name(AsynPool, "_mark_worker_as_available"),
     Name(AsynPool, "_active_writes"),
+    Name(AsynPool, "outbound_buffer"),
     Name(BaseProcess, "_check_closed", ("self",)),
     Name(BaseProcess, "_popen"),
     Name(BaseProcess, "_is_alive", ("self",)),

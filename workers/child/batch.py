@@ -90,6 +90,7 @@ class JobOutcome:
     reason: StartDecision | None = None  # NOT_RUN: why
     model_version: str = ""  # the version of the model that ran it
     final: Final | None = None  # UNSTORED: what to store
+    acked: bool = False  # its message is off the in-flight record already (the finish took it)
 
 
 def succeeded(app: Any, job: BatchJob, outputs: list) -> Final:

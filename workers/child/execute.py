@@ -12,7 +12,9 @@ running it again would run it twice). It never fails the job.
 
 A job is started only while its message is still on this worker's in-flight record
 (`held_by`): one that another worker took back while this worker's lease had lapsed (a network
-cut) is left to that worker.
+cut) is left to that worker. The finish that stores the batch's results acknowledges their
+messages on that record in the same step (tasks/jobstate.py `finish`): the outcomes say so
+(`acked`), and the parent settles those without a round trip of its own.
 """
 from __future__ import annotations
 
@@ -94,10 +96,11 @@ def execute(app: Any, rt: ModelRuntime, model: str, jobs: list[BatchJob],
     finals = [failed(app, job, out) if isinstance(out, JobError) else succeeded(app, job, out)
               for job, out in zip(to_run, ran.returned)]
     write_ns = time.time_ns()
+    held = (held_by, [job.tag for job in to_run]) if held_by else None
     try:
         written = _with_retries(
             lambda: rt.jobs.finish(finals, result_ttl_s=rt.settings.result_ttl_s,
-                                   model_version=rt.versions.get(model, "")),
+                                   model_version=rt.versions.get(model, ""), held=held),
             "store results", rt.settings.redis_retry_s)
     except redis.RedisError:
         logger.warning("could not store the results of %d job(s) yet; the worker keeps them "
@@ -110,7 +113,8 @@ def execute(app: Any, rt: ModelRuntime, model: str, jobs: list[BatchJob],
         version=rt.versions.get(model, ""),
         started_ns=ran.started_ns, model_ns=ran.model_ns, write_ns=(write_ns, time.time_ns()),
         ended_ns=time.time_ns())
-    outcomes = _outcomes(model, to_run, ran, finals, written, rt.versions.get(model, ""))
+    outcomes = _outcomes(model, to_run, ran, finals, written, rt.versions.get(model, ""),
+                         acked=held is not None)
     _log_batch(model, batch["id"], to_run, ran.elapsed, outcomes)
     return outcomes + not_run
 
@@ -204,19 +208,20 @@ class _Progress:
 
 
 def _outcomes(model: str, jobs: list[BatchJob], ran: _Ran, finals: list[Final],
-              written: list[bool], version: str) -> list[JobOutcome]:
+              written: list[bool], version: str, acked: bool = False) -> list[JobOutcome]:
     """Each job's outcome, counted and logged; a job that another run finished first (it was
-    delivered twice) keeps that run's result, and this one is dropped."""
+    delivered twice) keeps that run's result, and this one is dropped. `acked`: the finish
+    acknowledged their messages."""
     outcomes: list[JobOutcome] = []
     for job, out, final, fresh in zip(jobs, ran.returned, finals, written):
         if not fresh:
             outcomes.append(JobOutcome(job.id, Outcome.NOT_RUN, ran.elapsed,
-                                       reason=StartDecision.FINISHED))
+                                       reason=StartDecision.FINISHED, acked=acked))
             continue
         ok = final.status is Status.SUCCEEDED
         outcomes.append(JobOutcome(job.id, Outcome.SUCCEEDED if ok else Outcome.FAILED,
                                    ran.elapsed, len(out) if ok else 0, final.error,
-                                   model_version=version))
+                                   model_version=version, acked=acked))
         metrics.get().jobs.labels(model, final.status.value).inc()
         metrics.get().items.labels(model, final.status.value).inc(len(job.args.inputs))
         if final.error is not None or logger.isEnabledFor(logging.DEBUG):

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import redis
 
 from config import Settings
+from config.calibration import sized
 from config.models import ModelSpec
 from tasks.errors import ErrorCode, JobError
 from tasks.jobstate import JobState
@@ -85,8 +86,10 @@ class ModelRuntime:
     def _load(self, name: str) -> Handler:
         from workers.child.devices import device_for
 
-        spec = self.all_specs[name]
-        device = device_for(spec, self.index)
+        device = device_for(self.all_specs[name], self.index)
+        # Its warm-up and its chunks at the batch its worker hands it: on a GPU, the
+        # calibrator's answer (config/calibration.py), not the models file's default.
+        spec = sized(self.all_specs[name], self.settings, device.startswith("cuda"))
         # CUDA caps memory per process: this child's cap on a device is the sum of the
         # fractions of the models it holds there.
         self._fractions[device] = self._fractions.get(device, 0.0) + spec.memory_fraction
