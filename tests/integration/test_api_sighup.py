@@ -20,6 +20,7 @@ import requests
 import yaml
 
 from config import Settings
+from scripts.processes import resume
 from scripts.stack import start_redis, start_web, wait_until
 from tasks.keys import JOB_PREFIX
 
@@ -170,11 +171,7 @@ def test_a_stop_during_the_hand_over_ends_within_the_stop_timeout_nothing_killed
         exited = time.monotonic() - stop
         submit.join(30)
     finally:
-        for pid in new:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        resume(new)
         web.stop()
         server.stop()
     log = web.log.read_text(errors="replace")

@@ -32,6 +32,7 @@ import yaml
 
 from config import Settings
 from workers.batching.stopping import LAST_RESORT_S
+from scripts.processes import resume
 from scripts.stack import ROOT, free_port, launch, spawn, start_webhooks, wait_until
 from tests.integration.test_make_run import MakeRun, run_env, secret
 from tests.support.load import Load, job_statuses, runs
@@ -261,11 +262,7 @@ def test_a_stop_during_the_apis_hand_over_ends_in_time_and_kills_nothing(tmp_pat
                 wait_until(lambda: not children(master) & old, 2 * STOP_S, "old ones gone")
             except (TimeoutError, psutil.NoSuchProcess):
                 pass
-            for pid in new:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
+            resume(new)
 
         releaser = threading.Thread(target=release, daemon=True)
         releaser.start()
@@ -273,11 +270,7 @@ def test_a_stop_during_the_apis_hand_over_ends_in_time_and_kills_nothing(tmp_pat
         code = first.stop(signal.SIGINT, group=True)
         took = time.monotonic() - began
     finally:
-        for pid in new:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        resume(new)
         left = first.left_behind()
         first.reap()
     output = first.output()
