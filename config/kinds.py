@@ -11,8 +11,10 @@ every process needs of it.
 The handler is named, not imported, so that the API and a worker's main process, which read
 every kind, never import a kind's model code (nor torch). The shipped kinds register in
 config/builtin_kinds.py; a kind of your own is a module that calls `register` (with its handler
-in a module beside it), named in the models file's `kinds:` list, which every process imports
-before it reads the models (docs/extending.md, "A kind of your own").
+in a module beside it), named in the models file's `kinds:` list, which each process that
+serves or describes models (the API, the worker, make run's and make reload's checks) imports
+before it reads the models (docs/extending.md, "A kind of your own"); the deliverer and Flower,
+which only route by name and queue, do not (config/models.py `parse_models`).
 """
 from __future__ import annotations
 
@@ -110,13 +112,18 @@ def kind_of(name: str) -> Kind:
         raise KeyError(f"unknown model kind {name!r}; known: {', '.join(_KINDS)}") from None
 
 
-def import_kind_modules(where: str, modules: Any) -> None:
-    """Import each module of a models file's `kinds:` list (each registers its kinds)."""
+def check_kind_modules(where: str, modules: Any) -> list[str]:
+    """A models file's `kinds:` list, checked without importing it."""
     if modules is None:
-        return
+        return []
     if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
         raise ConfigError(f"{where}: must be a list of module names, got {modules!r}")
-    for module in modules:
+    return modules
+
+
+def import_kind_modules(where: str, modules: Any) -> None:
+    """Import each module of a models file's `kinds:` list (each registers its kinds)."""
+    for module in check_kind_modules(where, modules):
         try:
             importlib.import_module(module)
         except ConfigError as exc:

@@ -9,13 +9,13 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 import config.builtin_kinds  # noqa: F401  (the shipped kinds, registered)
 from config.groups import GROUP_NAME
-from config.kinds import Kind, import_kind_modules, kind_names, kind_of
+from config.kinds import Kind, check_kind_modules, import_kind_modules, kind_names, kind_of
 from config.preprocess import IMAGE_FORMATS, IMAGE_SOURCES, ImagePreprocess
 from config.settings import CONFIG_DIR, PROJECT_DIR, ConfigError
 from config.values import non_negative, one_of, positive_int
@@ -146,11 +146,23 @@ def settings_digest(spec: ModelSpec) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def parse_model(name: str, raw: dict[str, Any], base: Path) -> ModelSpec:
+def _unimported(raw: dict[str, Any]) -> Kind | None:
+    """A stand-in for a kind this process has not registered, the file's `kinds:` modules
+    not imported (parse_models' `kinds=False`): it takes every key, and parses none of its
+    own."""
+    name = raw.get("kind")
+    if not isinstance(name, str) or name in kind_names():
+        return None
+    return Kind(name=name, input="text", handler="config.kinds:Unimported", keys=tuple(raw))
+
+
+def parse_model(name: str, raw: dict[str, Any], base: Path,
+                stand_in: Callable[[dict[str, Any]], Kind | None] | None = None) -> ModelSpec:
     where = f"models.{name}"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping")
-    kind = kind_of(one_of(where, "kind", raw.get("kind"), kind_names()))
+    kind = (stand_in and stand_in(raw)) or \
+        kind_of(one_of(where, "kind", raw.get("kind"), kind_names()))
     known = set(ModelSpec.__dataclass_fields__) - {"name", "options", "kind_settings",
                                                    "batch_size_declared"}
     unknown = set(raw) - known - set(kind.keys)
@@ -234,10 +246,11 @@ def read_models_content(path: str | Path) -> bytes:
         raise ConfigError(f"models file {path}: cannot read it: {exc.strerror}") from None
 
 
-def read_models(path: str | Path) -> tuple[dict[str, ModelSpec], str]:
-    """A models file's models and its revision, from one read of the file."""
+def read_models(path: str | Path, *, kinds: bool = True) -> tuple[dict[str, ModelSpec], str]:
+    """A models file's models and its revision, from one read of the file (`kinds`:
+    parse_models')."""
     content = read_models_content(path)
-    return parse_models(Path(path), content), revision_of(content)
+    return parse_models(Path(path), content, kinds=kinds), revision_of(content)
 
 
 def load_models(path: str | Path) -> dict[str, ModelSpec]:
@@ -245,9 +258,28 @@ def load_models(path: str | Path) -> dict[str, ModelSpec]:
     return read_models(path)[0]
 
 
-def parse_models(path: Path, content: bytes) -> dict[str, ModelSpec]:
+# Where this process's parse_models is done instead, when it may not import the file's
+# `kinds:` modules itself (`parse_elsewhere`).
+_ELSEWHERE: Callable[[Path, bytes], dict[str, ModelSpec]] | None = None
+
+
+def parse_elsewhere(parser: Callable[[Path, bytes], dict[str, ModelSpec]] | None) -> None:
+    """Have every parse_models of this process (that imports kinds) done by `parser` (None:
+    here again): make run and make reload as root with IQ_RUN_USERS=separate, which hand it
+    to a process of the worker's user (scripts/models_as_user.py), so that no root process
+    imports a `kinds:` module, which is code."""
+    global _ELSEWHERE
+    _ELSEWHERE = parser
+
+
+def parse_models(path: Path, content: bytes, *, kinds: bool = True) -> dict[str, ModelSpec]:
     """The models of a file at `path` (its folder is where relative paths start) that holds
-    `content`."""
+    `content`. `kinds=False`: its `kinds:` modules are not imported (a part that only routes
+    by name and queue: the deliverer, Flower); a model of a kind they would register is
+    read from the keys every model has (name, queue, redis, batching, device), its kind's
+    own parse left to the parts that import it (`_unimported`)."""
+    if kinds and _ELSEWHERE is not None:
+        return _ELSEWHERE(path, content)
     try:
         data = yaml.safe_load(content) or {}
     except yaml.YAMLError as exc:
@@ -256,9 +288,14 @@ def parse_models(path: Path, content: bytes) -> dict[str, ModelSpec]:
     if not isinstance(models, dict) or not models:
         raise ConfigError(f"{path}: expected `models:` with at least one model")
     # Kinds of the operator's own: their modules register them before any model names one.
-    import_kind_modules(f"{path}: kinds", data.get("kinds"))
+    if kinds:
+        import_kind_modules(f"{path}: kinds", data.get("kinds"))
+    else:
+        check_kind_modules(f"{path}: kinds", data.get("kinds"))
     base = PROJECT_DIR if path.resolve().parent == CONFIG_DIR else path.resolve().parent
-    specs = {str(name): parse_model(str(name), raw, base) for name, raw in models.items()}
+    specs = {str(name): parse_model(str(name), raw, base,
+                                    None if kinds or not data.get("kinds") else _unimported)
+             for name, raw in models.items()}
     queues: dict[str, str] = {}
     for spec in specs.values():
         if spec.queue in queues:

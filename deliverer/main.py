@@ -18,7 +18,7 @@ from workers.batching import stopping
 from deliverer import metrics
 from deliverer.webhooks import register
 
-celery = make_celery()
+celery = make_celery(kinds=False)  # no model served: the `kinds:` modules (code) not imported
 # Retries wait in the webhook queue's delayed set (deliverer/webhooks.py); fetches move them.
 broker.attach(celery).delayed_queues.add(QUEUE)
 if not enabled(celery.conf.iq_settings.webhook_secret):

@@ -69,6 +69,7 @@ import redis
 
 from config import ConfigError, Settings, load_settings
 from config.models import parse_models, revision_of
+from scripts.models_as_user import kinds_as_worker
 from scripts.models_check import problems_of
 from scripts.preflight import model_file_problems, operator_file_problems
 from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, consuming_workers, \
@@ -150,6 +151,14 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
     Redis is reached as every process reaches it: through the sentinels when there are some
     (the primary they name, with `redis_url`'s credentials)."""
     settings = settings or load_settings()
+    # With IQ_RUN_USERS=separate as root: the file's `kinds:` modules imported by a process
+    # of the worker's user, never here (scripts/models_as_user.py).
+    with kinds_as_worker(settings):
+        return _reload(source, timeout_s, say, redis_url, settings)
+
+
+def _reload(source: str | Path | None, timeout_s: float, say: Callable[[str], None],
+            redis_url: str | None, settings: Settings) -> Result:
     target = Path(settings.models_file)
     lock = _checked_alone_and_locked(target, source, settings, say)
     if isinstance(lock, Result):

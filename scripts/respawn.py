@@ -36,20 +36,29 @@ LONGEST_PAUSE_S = 30.0
 # A process that ran this long before it exited is started again after the first pause.
 STEADY_S = 60.0
 CHECKED = ("web", "worker", "webhooks", "flower")
+# The parts that never import the models file's `kinds:` modules (tasks/celery_app.py).
+NO_KINDS = ("webhooks", "flower")
 RECHECK_S = 5.0
 
 
-def config_problem(env: dict[str, str], devices: bool = False) -> str:
+def config_problem(env: dict[str, str], devices: bool = False, kinds: bool = True) -> str:
     """Why a part with environment `env` would stop at its start on its settings or models
     file, in one line ("" : it would not). `devices`: also a model on a device this host
-    lacks (the worker's children could not load it)."""
+    lacks (the worker's children could not load it). `kinds=False`: a part that does not
+    import the models file's `kinds:` modules (NO_KINDS) is checked as it reads the file:
+    it parses and names only configured Redis groups."""
     from config import ConfigError, load_settings
-    from config.models import read_models_content
+    from config.groups import check_model_groups
+    from config.models import parse_models, read_models_content
     from scripts.models_check import problems_of
     from workers.child.devices import visible_gpu_count
 
     try:
         settings = load_settings(environ=env)
+        if not kinds:
+            check_model_groups(parse_models(Path(settings.models_file), read_models_content(
+                settings.models_file), kinds=False), settings.redis_group_urls)
+            return ""
         problems = problems_of(Path(settings.models_file),
                                read_models_content(settings.models_file),
                                settings.redis_group_urls,
@@ -60,17 +69,17 @@ def config_problem(env: dict[str, str], devices: bool = False) -> str:
 
 
 # config_problem in a process of the part's user (`checked_as`).
-_CHECK = "import os, sys; from scripts.respawn import config_problem; " \
-         "print(config_problem(dict(os.environ), sys.argv[1] == 'devices'))"
+_CHECK = "import os, sys; from scripts.respawn import checked_here; " \
+         "print(checked_here(dict(os.environ), sys.argv[1]))"
 
 
-def checked_as(switch: dict[str, object]) -> Callable[[dict[str, str], bool], str]:
+def checked_as(switch: dict[str, object]) -> Callable[[dict[str, str], str], str]:
     """config_problem as the part's user (`switch`: scripts/run_users.py), for a keeper that
     starts its part as another user: a settings or models file that user cannot read fails it
     as it fails the part (root reads it), and the models file's `kinds:` modules, which are
     code, are not imported as root."""
-    def check(env: dict[str, str], devices: bool = False) -> str:
-        probe = subprocess.run([sys.executable, "-c", _CHECK, "devices" if devices else ""],
+    def check(env: dict[str, str], name: str) -> str:
+        probe = subprocess.run([sys.executable, "-c", _CHECK, name],
                                env=env, capture_output=True, text=True,
                                **switch)  # type: ignore[arg-type]
         if probe.returncode:  # it could not even check: that is its reason
@@ -81,19 +90,23 @@ def checked_as(switch: dict[str, object]) -> Callable[[dict[str, str], bool], st
     return check
 
 
+def checked_here(env: dict[str, str], name: str) -> str:
+    """config_problem for part `name`, in this process."""
+    return config_problem(env, name == "worker", name not in NO_KINDS)
+
+
 def held(name: str, env: dict[str, str], stopping: threading.Event, code: int,
-         check: Callable[[dict[str, str], bool], str] = config_problem) -> bool:
+         check: Callable[[dict[str, str], str], str] = checked_here) -> bool:
     """Wait while the part's configuration fails its check (saying so once); whether it is
     to be started again (else it was stopped meanwhile)."""
-    devices = name == "worker"
-    why = check(env, devices) if name in CHECKED else ""
+    why = check(env, name) if name in CHECKED else ""
     if not why:
         return True
     print(f"{name} exited with code {code}; it is not started again while its configuration "
           f"fails make run's check: "
           f"{why} (fix it: {name} starts once it passes; Ctrl-C stops them all)", flush=True)
     while not stopping.wait(RECHECK_S):
-        if not check(env, devices):
+        if not check(env, name):
             print(f"{name}: its configuration passes the check again; starting it", flush=True)
             return True
     return False
@@ -126,7 +139,7 @@ def main(argv: list[str]) -> int:
         if stopping.is_set():
             return code
         ran = time.monotonic() - started
-        if not held(name, env, stopping, code, checked_as(switch) if switch else config_problem):
+        if not held(name, env, stopping, code, checked_as(switch) if switch else checked_here):
             return code
         pause = FIRST_PAUSE_S if ran >= STEADY_S else min(pause * 2, LONGEST_PAUSE_S)
         print(f"{name} exited with code {code} after {ran:.0f}s; starting it again in "

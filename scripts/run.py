@@ -37,6 +37,7 @@ from config import ConfigError, Settings, load_settings
 from config.groups import shown_groups
 from config.models import read_models_content
 from scripts import run_redis, run_users
+from scripts.models_as_user import kinds_as_worker
 from scripts.models_check import problems_of
 from workers.child.devices import visible_gpu_count
 from scripts.preflight import REDIS_APP_USER, Binding, Refused, model_file_problems, \
@@ -227,12 +228,19 @@ def _models_problems(settings: Settings) -> list[str]:
 
 def plan(environ: dict[str, str]) -> Run:
     """Check the ports, then make or read the secrets (nothing is written when a port is
-    taken)."""
+    taken). With IQ_RUN_USERS=separate, the models file is parsed (its `kinds:` modules
+    imported) by a process of the worker's user, never here as root
+    (scripts/models_as_user.py)."""
     env = dict(environ)
     try:
         settings = load_settings(environ=env)  # what every process would refuse, refused now
     except ConfigError as error:
         raise Refused(f"make run: {error}") from None
+    with kinds_as_worker(settings, env):
+        return _planned(env, settings)
+
+
+def _planned(env: dict[str, str], settings: Settings) -> Run:
     var_dir = ROOT / (env.get("IQ_VAR_DIR") or "var")
     own_redis = not env.get("REDIS_URL")
     ports = _bindings(env)

@@ -31,7 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from config import Settings
+from config import ConfigError, Settings
 from scripts.preflight import Refused, model_roots
 from scripts.processes import ROOT
 from scripts.run_stop import is_redis
@@ -120,8 +120,17 @@ def needs(name: str, env: dict[str, str], models_file: str, api_keys_file: str,
         out += _file_need("IQ_API_KEYS_FILE", api_keys_file)
     if name == "worker":
         out += [Need("a model's files", root, "d" if root.is_dir() else "r")
-                for root in model_roots(Path(models_file))]
+                for root in _roots(Path(models_file))]
     return out
+
+
+def _roots(models_file: Path) -> list[Path]:
+    """model_roots, or none when the file does not parse (as the worker's user: one it cannot
+    read, a `kinds:` module that does not import): the models check says why."""
+    try:
+        return list(model_roots(models_file))
+    except ConfigError:
+        return []
 
 
 _PROBE = """i=0
@@ -228,7 +237,7 @@ def reload_problems(settings: Settings, target: Path, source: Path | None) -> li
         return []
     models = Need("IQ_MODELS_FILE", Path(os.path.abspath(target)), "r")
     roots = [Need("a model's files", root, "d" if root.is_dir() else "r")
-             for root in model_roots(source or target)]
+             for root in _roots(source or target)]
     return _unreachable({user_of(name): [models] + (roots if name == "worker" else [])
                          for name in READS_CONFIG}, "make reload",
                         "and make reload again; nothing changed")

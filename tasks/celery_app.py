@@ -22,15 +22,17 @@ from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
 
 def make_celery(settings: Settings | None = None,
                 models: dict[str, ModelSpec] | None = None, revision: str = "",
-                gpus: int = 0) -> Celery:
+                gpus: int = 0, *, kinds: bool = True) -> Celery:
     """The Celery app. The API only builds task messages with it (tasks/jobstate.py queues
     them) and broadcasts revokes; the workers run it. `models`: the parsed models file, when
     the caller has it already, and `revision` that file's (config.models.revision_of);
     `gpus`: the worker's GPUs, on which a model's batch is the calibrator's answer
-    (config/calibration.py), which sizes the worker's prefetch."""
+    (config/calibration.py), which sizes the worker's prefetch. `kinds=False`: the models
+    file's `kinds:` modules are not imported (the deliverer, Flower and the celery CLI, which
+    route by name and queue and never serve nor describe a model: config.models.parse_models)."""
     settings = settings or load_settings()
     if models is None:
-        models, revision = read_models(settings.models_file)
+        models, revision = read_models(settings.models_file, kinds=kinds)
     # A model naming a Redis group the settings do not configure stops the process here.
     check_model_groups(models, settings.redis_group_urls)
     results.register_serializer()

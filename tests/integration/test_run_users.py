@@ -81,11 +81,20 @@ def _reachable_python(scratch: Path) -> list[str]:
             f"mkdir '{inside}'", f"mount --bind '{bound}' '{inside}'"]
 
 
-def namespaced(scratch: Path, *mounts: str) -> list[str]:
-    """make run (scripts/run.sh) in a mount namespace of its own, after `mounts`."""
+def namespaced(scratch: Path, *mounts: str, command: list[str] = RUN) -> list[str]:
+    """make run (scripts/run.sh), or `command`, in a mount namespace of its own, after
+    `mounts`."""
     script = "; ".join(["set -e", *_reachable_python(scratch), *mounts, 'exec "$@"'])
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "make-run",
-            *RUN]
+            *command]
+
+
+def make_reload(scratch: Path, env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
+    """`make reload` beside make run, as root: its models check runs as the worker's user,
+    so in a namespace where that user may run this Python too (`namespaced`)."""
+    return subprocess.run(namespaced(scratch, command=[".venv/bin/python", "-m",
+                                                       "scripts.reload", *argv]),
+                          cwd=ROOT, env=env, text=True, capture_output=True, timeout=180)
 
 
 def synthetic_models(path: Path, base_ms: int) -> Path:
@@ -93,6 +102,37 @@ def synthetic_models(path: Path, base_ms: int) -> Path:
         "kind": "synthetic", "base_ms": base_ms, "per_item_ms": 0, "max_batch_size": 1}}}))
     path.chmod(0o644)
     return path
+
+
+# A kinds module (config/kinds.py) that records who imports it, each time it is imported:
+# its process's uid and argv, a JSON line each, in KINDS_RECORD_FILE. It registers a kind
+# of its own, `recorded` (the synthetic kind under another name).
+RECORDING_KINDS = """import dataclasses, json, os, sys
+from config.kinds import kind_of, register
+with open(os.environ["KINDS_RECORD_FILE"], "a") as out:
+    out.write(json.dumps({"uid": os.getuid(), "argv": sys.argv}) + "\\n")
+register(dataclasses.replace(kind_of("synthetic"), name="recorded"))
+"""
+
+
+def recording_kinds(folder: Path, env: dict[str, str], *modules: str) -> Path:
+    """`iqrecorded` (RECORDING_KINDS) where `env`'s processes import it (PYTHONPATH), and a
+    models file naming it and `modules`, its one model of kind `recorded`; the record file
+    every user may append to."""
+    lib = folder / "pylib"
+    lib.mkdir(mode=0o755, exist_ok=True)
+    (lib / "iqrecorded.py").write_text(RECORDING_KINDS)
+    (lib / "iqrecorded.py").chmod(0o644)
+    record = folder / "kinds-record.jsonl"
+    record.touch()
+    record.chmod(0o666)
+    env.update(PYTHONPATH=str(lib), KINDS_RECORD_FILE=str(record))
+    models = folder / "models-recorded.yaml"
+    models.write_text(yaml.safe_dump({"kinds": ["iqrecorded", *modules], "models": {
+        "synthetic": {"kind": "recorded", "base_ms": 5, "per_item_ms": 0,
+                      "max_batch_size": 1}}}))
+    models.chmod(0o644)
+    return models
 
 
 def _submit(api: str, text: str) -> str:
@@ -162,9 +202,7 @@ def test_each_part_runs_as_its_own_user_serves_reloads_and_stops_in_order(users,
 
         # `make reload` beside it, as root, of a changed models file.
         changed = synthetic_models(open_dir / "models-changed.yaml", 300)
-        reloaded = subprocess.run([".venv/bin/python", "-m", "scripts.reload", str(changed),
-                                   "--timeout", "120"], cwd=ROOT, env=env, text=True,
-                                  capture_output=True, timeout=180)
+        reloaded = make_reload(open_dir, env, str(changed), "--timeout", "120")
         assert reloaded.returncode == 0, reloaded.stdout + reloaded.stderr
         assert "reload done" in reloaded.stdout
 
@@ -283,9 +321,7 @@ def test_a_models_file_the_parts_cannot_read_is_refused_by_reload_and_held_by_th
         wait_until(lambda: len(load.accepted) > 10, 60, "the load to run")
         good, announced = models.read_bytes(), client.get(MODELS_REVISION_KEY)
         synthetic_models(models, 30).chmod(0o600)
-        refused = subprocess.run([".venv/bin/python", "-m", "scripts.reload", "--timeout",
-                                  "60"], cwd=ROOT, env=env, text=True, capture_output=True,
-                                 timeout=180)
+        refused = make_reload(open_dir, env, "--timeout", "60")
         assert refused.returncode == 1, refused.stdout + refused.stderr
         assert refused.stdout.splitlines()[-1] == (
             "reload refused, nothing changed: make reload: IQ_RUN_USERS=separate: iq-api, "
@@ -398,3 +434,68 @@ def test_make_run_as_another_user_on_a_var_folder_root_made_is_refused_in_one_li
         "have made it (choosing the secrets or the data in it) or may read it. Delete it, or "
         "move IQ_VAR_DIR to a folder only you can write, and make run makes a new one."]
     assert all(bind_error("127.0.0.1", int(env[name])) is None for name in PORTS)
+
+
+def test_a_kinds_module_is_imported_only_by_the_parts_that_serve_models_never_as_root(
+        users, open_dir):
+    """A models file's `kinds:` modules are code: with separate, make run's and make reload's
+    checks import them as the worker's user (they were imported as root), the API and the
+    worker as their own, and the deliverer and Flower (which hold the webhook secret and
+    Flower's login, and only route by name and queue) not at all. A module that does not
+    import is refused in one line by make reload, nothing changed, and by make run, nothing
+    started."""
+    env = run_env(open_dir, IQ_RUN_USERS="separate")
+    models = recording_kinds(open_dir, env)
+    env["IQ_MODELS_FILE"] = str(models)
+    record = Path(env["KINDS_RECORD_FILE"])
+    uid = {user: int(as_user(user, "id", "-u").stdout) for user in APPLICATION}
+    api = f"http://127.0.0.1:{env['IQ_PORT']}"
+    run = MakeRun(env, open_dir / "run.log", command=namespaced(open_dir))
+    try:
+        run.wait_up(300)
+        job = _submit(api, "abc")
+        wait_until(lambda: _status(api, job) == "succeeded", 60, "the job answered")
+        # Up means Flower and the deliverer answer too (wait_up), on a file of a kind they
+        # do not import.
+        changed = models.read_text().replace("base_ms: 5", "base_ms: 6")
+        models.write_text(changed)
+        reloaded = make_reload(open_dir, env, "--timeout", "120")
+        assert reloaded.returncode == 0, reloaded.stdout + reloaded.stderr
+        after = _submit(api, "def")
+        wait_until(lambda: _status(api, after) == "succeeded", 60, "a job after the reload")
+
+        # A kinds module that does not import: make reload refuses it, nothing changed.
+        client = _app_client(env)
+        announced = client.get(MODELS_REVISION_KEY)
+        models.write_text(changed.replace("- iqrecorded", "- iqrecorded\n- iq_no_such_kinds"))
+        refused = make_reload(open_dir, env, "--timeout", "60")
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        missing = (f"{models}: kinds: cannot import module 'iq_no_such_kinds': "
+                   "ModuleNotFoundError: No module named 'iq_no_such_kinds'")
+        assert refused.stdout.splitlines() == [f"reload refused, nothing changed: {missing}"]
+        assert client.get(MODELS_REVISION_KEY) == announced
+    finally:
+        run.stop(signal.SIGINT)
+        left, busy = run.left_behind(), run.ports_in_use()
+        run.reap()
+    assert left == [] and busy == []
+
+    records = [orjson.loads(line) for line in record.read_text().splitlines()]
+    by_uid: dict[int, list] = {}
+    for line in records:
+        by_uid.setdefault(line["uid"], []).append(" ".join(line["argv"]))
+    assert 0 not in by_uid, by_uid[0]
+    assert uid["iq-deliverer"] not in by_uid and uid["iq-flower"] not in by_uid, by_uid
+    # Imported where models are served and described, and by the checks, as the worker.
+    assert {uid["iq-api"], uid["iq-worker"]} == set(by_uid), by_uid
+    assert any("models_as_user" in argv for argv in by_uid[uid["iq-worker"]]), by_uid
+
+    # make run refuses it in one line, nothing started.
+    shutil.rmtree(env["IQ_VAR_DIR"])
+    started = subprocess.run(namespaced(open_dir), cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=120, start_new_session=True)
+    assert started.returncode == 1, started.stdout + started.stderr
+    assert started.stderr.splitlines() == [f"make run: {missing}"]
+    assert not Path(env["IQ_VAR_DIR"]).exists()
+    assert all(bind_error("127.0.0.1", int(env[name])) is None for name in PORTS)
+    assert 0 not in {orjson.loads(line)["uid"] for line in record.read_text().splitlines()}

@@ -164,3 +164,21 @@ def test_its_own_keys_count_in_the_version_and_the_shipped_kinds_versions_stay(t
         "name", "path", "package", "runs_log", "version", "redis", "load_gate", "kind_settings")}
     assert settings_digest(spec) == hashlib.sha256(
         json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def test_a_part_that_only_routes_reads_the_file_without_importing_its_kinds(tmp_path):
+    """The deliverer and Flower (make_celery(kinds=False)) take each model's name, queue and
+    Redis group from the file without importing its `kinds:` modules, which are code; a
+    `kinds:` that is no list of names is still refused there, naming it."""
+    path, _ = models_file(tmp_path, {"hello": {"kind": "echo", "queue": "q", "times": 2,
+                                               "max_batch_size": 3}}, [ECHO_MODULE])
+    code = ("import sys; from config.models import read_models; "
+            f"spec = read_models({str(path)!r}, kinds=False)[0]['hello']; "
+            f"print({ECHO_MODULE!r} in sys.modules, spec.kind, spec.queue, "
+            "spec.max_batch_size)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split() == ["False", "echo", "q", "3"], out
+    bad, content = models_file(tmp_path, {"hello": {"kind": "echo"}}, "nope")
+    with pytest.raises(ConfigError, match=r"kinds: must be a list of module names, got 'nope'"):
+        parse_models(bad, content, kinds=False)
