@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import errno
 import grp
-import importlib.util
+import importlib.machinery
 import os
 import pwd
 import socket
@@ -276,6 +276,20 @@ def _model_paths(models_file: Path) -> Iterator[Path]:
                 yield from guarding(inner, seen)
 
 
+def package_folder(name: str) -> Path | None:
+    """The folder of the package `name` ("a.b.c") as the import system would find it on
+    sys.path, found without importing it or its parents: these checks may run as root
+    (IQ_RUN_USERS=separate), and a package's `__init__` is code its author wrote.
+    `importlib.util.find_spec("a.b")` would import `a`."""
+    locations: list[str] | None = None
+    for part in name.split("."):
+        found = importlib.machinery.PathFinder.find_spec(part, locations)
+        if found is None or not found.submodule_search_locations:
+            return None
+        locations = list(found.submodule_search_locations)
+    return Path(locations[0]) if locations else None
+
+
 def model_roots(models_file: Path) -> Iterator[Path]:
     """Each declared model's file or folder, as the worker will open it."""
     from config import load_models
@@ -284,10 +298,9 @@ def model_roots(models_file: Path) -> Iterator[Path]:
         if spec.path:
             root = Path(spec.path)
         elif spec.package:
-            found = importlib.util.find_spec(spec.package)
-            if found is None or not found.submodule_search_locations:
+            root = package_folder(spec.package)
+            if root is None:
                 continue  # the worker says so when it loads it
-            root = Path(next(iter(found.submodule_search_locations)))
         else:
             continue
         if root.exists():

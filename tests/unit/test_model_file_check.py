@@ -205,3 +205,25 @@ def test_an_acl_that_lets_another_user_write_is_refused(declared, mask, refused)
                 f"(getfacl '{weights}'). A model file is code the worker runs, so only you (or "
                 f"root) may write it: chmod go-w '{weights}' (or chown it to yourself)."]
     assert problems == (expected if refused else [])
+
+
+def test_a_packaged_models_folder_is_found_without_running_its_packages_code(tmp_path,
+                                                                               monkeypatch):
+    """These checks run as root under IQ_RUN_USERS=separate: finding `package: outer.inner`
+    must not import `outer` (its __init__ is its author's code)."""
+    ran = tmp_path / "ran"
+    inner = tmp_path / "site" / "outer" / "inner"
+    inner.mkdir(parents=True)
+    for package in (inner.parent, inner):
+        (package / "__init__.py").write_text(
+            f"open({str(ran)!r}, 'a').write({package.name!r} + '\\n')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({"models": {"alpha": {
+        "kind": "embedding", "package": "outer.inner"}}}))
+    from scripts.preflight import model_roots, package_folder
+
+    assert package_folder("outer.inner") == inner
+    assert package_folder("outer.missing") is None
+    assert list(model_roots(models)) == [inner]
+    assert not ran.exists(), ran.read_text()
