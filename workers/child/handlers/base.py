@@ -35,12 +35,17 @@ def output_rows(output: Any) -> list:
     1-D float32 numpy rows (views of one array on the host: no copy each, no Python float a
     value), which tasks/results.py stores packed as they are, byte for byte as their lists;
     any other tensor (float64, float16, integers, one value or a matrix a row) as `.tolist()`
-    gives it, so that no value is narrowed or widened on the way."""
+    gives it, so that no value is narrowed or widened on the way. A tensor already on the host
+    is copied once first: it may be a view of memory the model keeps and writes again at its
+    next call (an output buffer), before this batch's results are stored (a job whose inputs
+    span several calls had its earlier calls' rows written over by its last)."""
     import torch
 
+    on_host = output.device.type == "cpu"
     output = output.detach().cpu()
     if output.dtype == torch.float32 and output.dim() == 2:
-        return list(output.numpy())
+        rows = output.numpy()
+        return list(rows.copy() if on_host else rows)  # off the host: .cpu() copied it
     return output.tolist()
 
 
