@@ -91,15 +91,26 @@ def compact(value: Any) -> Any:
     return value
 
 
-def to_base64(vector: list[float]) -> str:
-    """Little-endian float32 bytes, base64: what `encoding_format: "base64"` returns."""
+def to_base64(vector: list[float | None]) -> str:
+    """Little-endian float32 bytes, base64: what `encoding_format: "base64"` returns. A None
+    is a value JSON wrote as null (a NaN or an infinity): NaN."""
+    if None in vector:
+        vector = [np.nan if x is None else x for x in vector]
     return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
+
+
+def _is_vector_with_nulls(value: Any) -> bool:
+    """A vector a NaN or an infinity of which JSON wrote as null (a result stored as JSON,
+    since a NaN never packs): still a vector to encode, not a list to hand back as it is."""
+    return isinstance(value, list) and None in value and all(
+        x is None or (isinstance(x, (float, int)) and not isinstance(x, bool)) for x in value)
 
 
 def encode(outputs: list, encoding: str | None) -> list:
     """A job's outputs as it asked for them."""
     if encoding == "base64":
-        return [to_base64(o) if _is_vector(o) else o for o in _plain(outputs)]
+        return [to_base64(o) if _is_vector(o) or _is_vector_with_nulls(o) else o
+                for o in _plain(outputs)]
     return compact(outputs)
 
 
