@@ -17,7 +17,9 @@ waits for up to `BUFFER_LIMIT` events rather than Celery's 24.
 a worker starts): the same JSON, as `application/json`, that Flower and `celery events` decode
 as ever, at a fraction of the json module's cost; a message holding a value orjson would write
 otherwise than kombu's JSON (a datetime, bytes, a subclass of str or int, a value it cannot
-write) is written by kombu's JSON, whole."""
+write) is written by kombu's JSON, whole. Two it writes otherwise without a word, which no
+task or worker event holds: a UUID (its text, where kombu's JSON writes a typed value read
+back as a UUID) and a NaN or an infinity (null, where kombu's writes NaN or Infinity)."""
 from __future__ import annotations
 
 from time import time
