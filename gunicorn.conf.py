@@ -149,16 +149,20 @@ def post_worker_init(worker):
     open(_up_entry(worker), "w").close()
 
 
+def _reload_age() -> int | None:
+    """The age of the last reload's first process; None: no reload since the master started."""
+    try:
+        with open(os.path.join(os.environ.get(_HANDOVER, ""), "reload")) as found:
+            return int(found.read())
+    except (OSError, ValueError):
+        return None
+
+
 def replaced(age: int, processes: int) -> bool:
     """Whether the process of `age`, told to stop, may stop accepting now: no reload since it
     started (a stop), or `processes` processes of the last reload are up."""
-    folder = os.environ.get(_HANDOVER, "")
-    try:
-        with open(os.path.join(folder, "reload")) as found:
-            first = int(found.read())
-    except (OSError, ValueError):
-        return True  # no reload since the master started
-    if first <= age:
+    folder, first = os.environ.get(_HANDOVER, ""), _reload_age()
+    if first is None or first <= age:
         return True
     ups = [name.split("-") for name in os.listdir(folder) if name.startswith("up-")]
     return sum(1 for _up, entry_age, _pid in ups if int(entry_age) >= first) >= processes
@@ -172,6 +176,25 @@ def child_exit(server, worker):
         os.unlink(_up_entry(worker))
     except FileNotFoundError:
         pass  # it exited before its app was built
+    _replace_in_hand_over(server, worker)
+
+
+def _replace_in_hand_over(server, worker):
+    """A process of the last reload gone (a SIGKILL, a crash, the master's `timeout`) while
+    older ones hand over: gunicorn starts another only once fewer processes run than it should,
+    which the older ones, accepting until as many new ones are up, never let happen. They held
+    on for `timeout`, then left together, and with one process nothing accepted while its
+    replacement booted. Its replacement is started now. Not while gunicorn stops (its
+    listeners closed)."""
+    first = _reload_age()
+    if first is None or worker.age < first or not server.LISTENERS:
+        return
+    ages = [other.age for other in server.WORKERS.values()]
+    if any(age < first for age in ages) and \
+            sum(1 for age in ages if age >= first) < server.num_workers:
+        server.log.info("API process %s of the reload gone before its elders left: "
+                        "its replacement started", worker.pid)
+        server.spawn_worker()
 
 
 def on_exit(server):
