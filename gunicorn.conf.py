@@ -8,10 +8,12 @@ standard library (gevent.monkey.patch_all) in each worker process before it impo
 so redis-py and kombu, which the app imports, cooperate: a request blocked on Redis yields to
 the others. Do not add --preload: it would import the app, and open its sockets, before that.
 """
+import functools
 import json
 import os
 import resource
 import shutil
+import signal
 import tempfile
 import time
 
@@ -38,7 +40,8 @@ def _json_error(sock, status_int, reason, mesg):
 class Worker(GeventWorker):
     """gunicorn's gevent worker, answering its own errors as JSON. A SCRIPT_NAME header from a
     trusted proxy that does not prefix the path is the request's fault: 400, not 500. Told to
-    stop by a graceful reload, it goes on accepting until its replacements are up (`replaced`).
+    stop by a graceful reload, it goes on accepting until its replacements are up (`replaced`),
+    or the master is told to stop (`stopping`).
     """
 
     _leaving = False
@@ -46,6 +49,16 @@ class Worker(GeventWorker):
     def init_process(self):
         util.write_error = _json_error  # what Worker.handle_error writes its answer with
         super().init_process()
+
+    def init_signals(self):
+        """A stop the master sent before this process set its handlers (it was importing
+        gevent, and held the master's): lost, it would serve until the master's SIGKILL."""
+        super().init_signals()
+        sig = stopping()
+        if sig is not None:
+            self.log.info("Stop (%s) before this process was ready: stopping",
+                          signal.Signals(sig).name)
+            (self.handle_exit if sig == signal.SIGTERM else self.handle_quit)(sig, None)
 
     def handle_exit(self, sig, frame):
         """SIGTERM (gunicorn's master sends it again each second until the process exits)."""
@@ -65,6 +78,8 @@ class Worker(GeventWorker):
         until = time.monotonic() + self.cfg.timeout
         while time.monotonic() < until and not replaced(self.age, self.cfg.workers):
             gevent.sleep(0.1)
+        if stopping() in (signal.SIGINT, signal.SIGQUIT):  # the master's quick stop
+            super().handle_quit(signal.SIGQUIT, None)
         self.alive = False  # the run loop stops accepting, and finishes what it holds
 
     def handle_error(self, req, client, addr, exc):
@@ -120,7 +135,11 @@ if not _folder or (os.path.basename(_folder).startswith(_OWN_METRICS)
 # passed (the master kills a new process not up by then), then stops as before (Worker). A stop
 # of the whole gunicorn, no reload since the process started, is not delayed. The entries are
 # files in a folder of the master's own, which its processes inherit: `reload` holds the age,
-# `up-<age>-<pid>` one per process up.
+# `up-<age>-<pid>` one per process up. A stop of the master (SIGTERM, SIGINT, SIGQUIT) ends the
+# wait: gunicorn's master handles it only once the old processes are gone (it waits for them in
+# its reload), so its handler (`when_ready`) first writes `stop`, the signal's number; an old
+# process sees it and stops as that signal says (SIGTERM: it finishes what it holds), and a new
+# one that lost the master's signal before it set its own handlers stops too (Worker).
 _HANDOVER, _OWN_HANDOVER = "_IQ_API_HANDOVER_DIR", "iq-api-handover-"
 _handover = os.environ.get(_HANDOVER, "")
 if not os.path.basename(_handover).startswith(f"{_OWN_HANDOVER}{os.getpid()}-"):
@@ -149,6 +168,33 @@ def post_worker_init(worker):
     open(_up_entry(worker), "w").close()
 
 
+def when_ready(server):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, functools.partial(_stop_noted, server.signal))
+
+
+def _stop_noted(handler, sig, frame):
+    """The master's handler of a stop: `stop` written, then gunicorn's own (which queues it)."""
+    folder = os.environ[_HANDOVER]
+    staged = os.path.join(folder, ".stop")
+    try:
+        with open(staged, "w") as out:
+            out.write(str(int(sig)))
+        os.replace(staged, os.path.join(folder, "stop"))
+    except OSError:
+        pass  # the folder gone (the master exiting): nothing waits on it
+    handler(sig, frame)
+
+
+def stopping() -> int | None:
+    """The stop the master was told (a signal's number), or None."""
+    try:
+        with open(os.path.join(os.environ.get(_HANDOVER, ""), "stop")) as found:
+            return int(found.read())
+    except (OSError, ValueError):
+        return None
+
+
 def _reload_age() -> int | None:
     """The age of the last reload's first process; None: no reload since the master started."""
     try:
@@ -160,9 +206,10 @@ def _reload_age() -> int | None:
 
 def replaced(age: int, processes: int) -> bool:
     """Whether the process of `age`, told to stop, may stop accepting now: no reload since it
-    started (a stop), or `processes` processes of the last reload are up."""
+    started (a stop), the master told to stop, or `processes` processes of the last reload
+    are up."""
     folder, first = os.environ.get(_HANDOVER, ""), _reload_age()
-    if first is None or first <= age:
+    if stopping() is not None or first is None or first <= age:
         return True
     ups = [name.split("-") for name in os.listdir(folder) if name.startswith("up-")]
     return sum(1 for _up, entry_age, _pid in ups if int(entry_age) >= first) >= processes
@@ -181,13 +228,14 @@ def child_exit(server, worker):
 
 def _replace_in_hand_over(server, worker):
     """A process of the last reload gone (a SIGKILL, a crash, the master's `timeout`) while
-    older ones hand over: gunicorn starts another only once fewer processes run than it should,
-    which the older ones, accepting until as many new ones are up, never let happen. They held
-    on for `timeout`, then left together, and with one process nothing accepted while its
-    replacement booted. Its replacement is started now. Not while gunicorn stops (its
-    listeners closed)."""
+    older ones hand over: gunicorn's master (reaping, in its reload, while it waits for the old
+    ones to exit) starts another only once fewer processes run than it should, which the older
+    ones, accepting until as many new ones are up, never let happen. They held on for
+    `timeout`, then left together, and with one process nothing accepted while its replacement
+    booted. Its replacement is started now; not once gunicorn is told to stop."""
     first = _reload_age()
-    if first is None or worker.age < first or not server.LISTENERS:
+    if first is None or worker.age < first or not server.LISTENERS or \
+            stopping() is not None:
         return
     ages = [other.age for other in server.WORKERS.values()]
     if any(age < first for age in ages) and \

@@ -230,6 +230,8 @@ def read_models_content(path: str | Path) -> bytes:
         return Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"models file not found: {path}") from None
+    except OSError as exc:  # another user's file (IQ_RUN_USERS=separate), a folder
+        raise ConfigError(f"models file {path}: cannot read it: {exc.strerror}") from None
 
 
 def read_models(path: str | Path) -> tuple[dict[str, ModelSpec], str]:

@@ -52,6 +52,15 @@ def signal_group(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> bool:
     return True
 
 
+def resume(pids) -> None:
+    """SIGCONT each of `pids` that is still there (a test's held processes, let go)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 def reap_group(proc: subprocess.Popen, timeout: float = 20) -> None:
     """Wait for `proc` to exit; SIGKILL its group after `timeout`."""
     try:

@@ -73,6 +73,7 @@ from scripts.models_check import problems_of
 from scripts.preflight import model_file_problems, operator_file_problems
 from scripts.reload_wait import DONE, REFUSED, TIMED_OUT, Result, consuming_workers, \
     live_reports, standing_of, wait
+from scripts.run_users import reload_problems
 from scripts.staging import put_in_place, replaced_problems, staged_beside
 from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, REMOVED_FAILED_KEY, \
     reload_failed_key
@@ -159,6 +160,8 @@ def reload(source: str | Path | None = None, *, timeout_s: float = 600,
             # The API processes a reload restarts read both again (app/reloading.py).
             refused = operator_file_problems(os.environ.get("IQ_CONFIG", ""),
                                              settings.api_keys_file)
+            # With IQ_RUN_USERS=separate, what root reads here each part's user must too.
+            refused += reload_problems(settings, target, Path(source) if source else None)
             if refused:
                 raise Invalid("\n".join(refused))
             reports, by_group = _reports(redises, target, Path(source) if source else target,

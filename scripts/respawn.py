@@ -11,7 +11,8 @@ shut down cleanly needs no handover).
     python -m scripts.respawn [--user USER] NAME COMMAND
 
 With --user (make run with IQ_RUN_USERS=separate: scripts/run_users.py), the keeper stays
-root, to stop and start the part, and starts it as USER, with USER's groups.
+root, to stop and start the part, and starts it as USER, with USER's groups; its check below
+runs as USER too (`checked_as`).
 
 A part that reads the settings and the models file (`CHECKED`) and exits while they fail the
 check `make run` makes before it starts anything (scripts/run.py: a model on a Redis group
@@ -28,6 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 FIRST_PAUSE_S = 1.0
 LONGEST_PAUSE_S = 30.0
@@ -57,18 +59,41 @@ def config_problem(env: dict[str, str], devices: bool = False) -> str:
     return problems[0] if problems else ""
 
 
-def held(name: str, env: dict[str, str], stopping: threading.Event, code: int) -> bool:
+# config_problem in a process of the part's user (`checked_as`).
+_CHECK = "import os, sys; from scripts.respawn import config_problem; " \
+         "print(config_problem(dict(os.environ), sys.argv[1] == 'devices'))"
+
+
+def checked_as(switch: dict[str, object]) -> Callable[[dict[str, str], bool], str]:
+    """config_problem as the part's user (`switch`: scripts/run_users.py), for a keeper that
+    starts its part as another user: a settings or models file that user cannot read fails it
+    as it fails the part (root reads it), and the models file's `kinds:` modules, which are
+    code, are not imported as root."""
+    def check(env: dict[str, str], devices: bool = False) -> str:
+        probe = subprocess.run([sys.executable, "-c", _CHECK, "devices" if devices else ""],
+                               env=env, capture_output=True, text=True,
+                               **switch)  # type: ignore[arg-type]
+        if probe.returncode:  # it could not even check: that is its reason
+            return (probe.stderr.strip().splitlines()
+                    or [f"the check exited with code {probe.returncode}"])[-1]
+        return probe.stdout.strip()
+
+    return check
+
+
+def held(name: str, env: dict[str, str], stopping: threading.Event, code: int,
+         check: Callable[[dict[str, str], bool], str] = config_problem) -> bool:
     """Wait while the part's configuration fails its check (saying so once); whether it is
     to be started again (else it was stopped meanwhile)."""
     devices = name == "worker"
-    why = config_problem(env, devices) if name in CHECKED else ""
+    why = check(env, devices) if name in CHECKED else ""
     if not why:
         return True
     print(f"{name} exited with code {code}; it is not started again while its configuration "
           f"fails make run's check: "
           f"{why} (fix it: {name} starts once it passes; Ctrl-C stops them all)", flush=True)
     while not stopping.wait(RECHECK_S):
-        if not config_problem(env, devices):
+        if not check(env, devices):
             print(f"{name}: its configuration passes the check again; starting it", flush=True)
             return True
     return False
@@ -101,7 +126,7 @@ def main(argv: list[str]) -> int:
         if stopping.is_set():
             return code
         ran = time.monotonic() - started
-        if not held(name, env, stopping, code):
+        if not held(name, env, stopping, code, checked_as(switch) if switch else config_problem):
             return code
         pause = FIRST_PAUSE_S if ran >= STEADY_S else min(pause * 2, LONGEST_PAUSE_S)
         print(f"{name} exited with code {code} after {ran:.0f}s; starting it again in "

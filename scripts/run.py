@@ -247,7 +247,7 @@ def plan(environ: dict[str, str]) -> Run:
     run_users.refuse_unless_served(settings, list(processes), env, var_dir)
     problems = var_problems(var_dir, run_users.redis_uid())
     password_file = var_dir / "secrets" / "redis-password"
-    known = password_file.read_text().strip() if password_file.is_file() and not problems \
+    known = password_file.read_text().strip() if not problems and password_file.is_file() \
         else None
     problems += port_problems([b for b in ports.values() if b.port] + replicated, known,
                               shown(password_file))

@@ -191,11 +191,16 @@ def problems(names: list[str], env: dict[str, str], models_file: str, api_keys_f
     if missing:
         return [f"make run: {SETTING}: no user {', '.join(missing)} on this host: create "
                 "the users with `make users` (as root), or set IQ_RUN_USERS=one"]
+    return _unreachable({user_of(name): needs(name, env, models_file, api_keys_file, var_dir)
+                         for name in names}, "make run", "or set IQ_RUN_USERS=one")
+
+
+def _unreachable(wanted: dict[str, list[Need]], tool: str, other: str) -> list[str]:
+    """One line per path that stops users from what they need (`wanted`: user -> needs),
+    naming them; `other`: what else the operator may do."""
     stops: dict[Path, tuple[Need, list[str]]] = {}
-    for name in names:
-        user = user_of(name)
-        for path, need in _blocked(user, needs(name, env, models_file, api_keys_file,
-                                               var_dir)).items():
+    for user, its_needs in wanted.items():
+        for path, need in _blocked(user, its_needs).items():
             who = stops.setdefault(path, (need, []))[1]
             if user not in who:
                 who.append(user)
@@ -204,13 +209,29 @@ def problems(names: list[str], env: dict[str, str], models_file: str, api_keys_f
         what = f"{need.what} {shown(need.path)}"
         if path == need.path:
             verb = {"r": "read", "d": "list", "x": "run"}[need.mode]
-            lines.append(f"make run: {SETTING}: {', '.join(who)} cannot {verb} {what} "
-                         f"({_why(path)}): make it readable by them, or set IQ_RUN_USERS=one")
+            lines.append(f"{tool}: {SETTING}: {', '.join(who)} cannot {verb} {what} "
+                         f"({_why(path)}): make it readable by them, {other}")
         else:
-            lines.append(f"make run: {SETTING}: {', '.join(who)} cannot reach {what}: "
+            lines.append(f"{tool}: {SETTING}: {', '.join(who)} cannot reach {what}: "
                          f"{path} is {_why(path)}; let them through (chmod o+x '{path}') or "
-                         "move it, or set IQ_RUN_USERS=one")
+                         f"move it, {other}")
     return lines
+
+
+def reload_problems(settings: Settings, target: Path, source: Path | None) -> list[str]:
+    """With IQ_RUN_USERS=separate, as root (`make reload` beside such a make run): why a
+    part's user could not read the models file once installed at `target` (it keeps the
+    mode and owner of the file in place), or the worker's user a model's files that
+    `source` (default: `target`) names; one line each. Root reads what they may not: a
+    file it let through would be refused by every part (and stop any part started again)."""
+    if settings.run_users != "separate" or os.geteuid() != 0:
+        return []
+    models = Need("IQ_MODELS_FILE", Path(os.path.abspath(target)), "r")
+    roots = [Need("a model's files", root, "d" if root.is_dir() else "r")
+             for root in model_roots(source or target)]
+    return _unreachable({user_of(name): [models] + (roots if name == "worker" else [])
+                         for name in READS_CONFIG}, "make reload",
+                        "and make reload again; nothing changed")
 
 
 def refuse_unless_served(settings: Settings, names: list[str], env: dict[str, str],
@@ -224,17 +245,33 @@ def refuse_unless_served(settings: Settings, names: list[str], env: dict[str, st
 
 
 def _own(path: Path, user: str, mode: int) -> None:
-    """`path` (a folder, made when missing) `user`'s, with `mode`. A folder not yet theirs
-    (made by root, or by an earlier `IQ_RUN_USERS=one` run) is given to them with everything
-    in it, never through a link; one already theirs is left as they keep it (what they made in
-    it is theirs: root changes nothing inside, where they could have put a link)."""
+    """`path` (a folder, made when missing) `user`'s, with `mode`, and everything in it: what
+    root made there (Redis run by an earlier `IQ_RUN_USERS=one` make run as root rewrote its
+    append-only file) would stop their part from opening it. Never through a link: the walk
+    does not follow one, even one put in place meanwhile (os.fwalk), and each entry is
+    opened without following one, then changed through its descriptor; an entry with more
+    than one name is left as it is (a hard link they made to another's file)."""
     account = pwd.getpwnam(user)
     path.mkdir(mode=mode, parents=True, exist_ok=True)
-    if path.lstat().st_uid != account.pw_uid:
-        for here, folders, files in os.walk(path):
-            for entry in (here, *(os.path.join(here, n) for n in folders + files)):
-                os.chown(entry, account.pw_uid, account.pw_gid, follow_symlinks=False)
+    for _here, _folders, files, folder in os.fwalk(path):
+        _give(folder, account)
+        for name in files:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY,
+                             dir_fd=folder)
+            except OSError:  # a link (ELOOP), or gone meanwhile
+                continue
+            try:
+                if os.fstat(fd).st_nlink == 1:
+                    _give(fd, account)
+            finally:
+                os.close(fd)
     path.chmod(mode)
+
+
+def _give(fd: int, account: pwd.struct_passwd) -> None:
+    if os.fstat(fd).st_uid != account.pw_uid:
+        os.fchown(fd, account.pw_uid, account.pw_gid)
 
 
 def _copy_secret(source: Path, folder: Path, user: str) -> Path:

@@ -55,15 +55,21 @@ def var_problems(var_dir: Path, redis_uid: int | None = None) -> list[str]:
                             f"of theirs in place of {shown(var_dir)} (and so choose what make "
                             "run's tools read as its secrets). Move IQ_VAR_DIR to a folder only "
                             f"you can write, or: chmod go-w '{above}'.")
+    try:  # var_dir itself may be a link to where the operator keeps it
+        why = _not_ours(var_dir, var_dir.stat())
+    except FileNotFoundError:
+        return problems  # made by make run
+    if why:  # nothing inside it is read: it may be closed to this user (a root's make run)
+        return problems + [str(_refuse_foreign(var_dir, why))]
     redis = [var_dir / "redis", *sorted(var_dir.glob("redis-*")),
              *sorted(var_dir.glob("sentinel-*")),  # the replicas' and sentinels' (run_redis)
              var_dir / "secrets-redis"]
     owned = [(path, redis_uid if folder in redis else None)
              for folder in (var_dir / "secrets", *redis)
              for path in (folder, *_listing(folder))]
-    for path, also in ((var_dir, None), *owned):
-        try:  # var_dir itself may be a link to where the operator keeps it
-            why = _not_ours(path, path.stat() if path == var_dir else path.lstat(), also)
+    for path, also in owned:
+        try:
+            why = _not_ours(path, path.lstat(), also)
         except FileNotFoundError:
             continue
         if why:

@@ -12,6 +12,11 @@ its little-endian float32 bytes, 5.3 characters a value, as the common embedding
 In Redis, outputs that are all float32 vectors (an embedding model's) are kept packed: their
 float32 bytes, 4 bytes a value (`stored`), turned into numbers or base64 only when read
 (`outputs_of`), so one encoding or the other is a choice of the reader, not of the store.
+
+A handler whose outputs are float32 vectors may hand each one on as a 1-D float32 numpy row
+(`float32_row`): a row that packs is stored as it is, with no round trip through Python floats;
+any other numpy array is read as the lists of Python numbers its `.tolist()` gives, so that
+what is stored, and every answer, is byte for byte what those lists would give.
 """
 from __future__ import annotations
 
@@ -36,6 +41,22 @@ JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _NUMBERS = frozenset((float, int))
 
 
+def float32_row(value: Any) -> bool:
+    """A 1-D float32 numpy array: a float32 model's output row, as a handler hands it on."""
+    return isinstance(value, np.ndarray) and value.dtype == np.float32 and value.ndim == 1
+
+
+def _plain(value: Any) -> Any:
+    """`value` with any numpy array in it (at the top, or one of a list's elements) as the
+    lists of Python numbers its `.tolist()` gives: what a handler's outputs were before
+    float32 rows came as arrays (`float32_row`)."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, list) and any(isinstance(x, np.ndarray) for x in value):
+        return [x.tolist() if isinstance(x, np.ndarray) else x for x in value]
+    return value
+
+
 def _is_vector(value: Any) -> bool:
     if not isinstance(value, list) or not value:
         return False
@@ -55,6 +76,8 @@ def _narrow(values: np.ndarray) -> np.ndarray:
 def compact(value: Any) -> Any:
     """`value` with its floats ready for orjson (JSON_OPTIONS) to write in as few bytes as
     keep every value exact."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
     if isinstance(value, float):
         return _narrow(np.asarray([value]))[0]
     if _is_vector(value):
@@ -76,7 +99,7 @@ def to_base64(vector: list[float]) -> str:
 def encode(outputs: list, encoding: str | None) -> list:
     """A job's outputs as it asked for them."""
     if encoding == "base64":
-        return [to_base64(o) if _is_vector(o) else o for o in outputs]
+        return [to_base64(o) if _is_vector(o) else o for o in _plain(outputs)]
     return compact(outputs)
 
 
@@ -93,11 +116,18 @@ CONTENT_TYPE = "application/x-iq-result"
 
 
 def _packable(outputs: Any) -> list[np.ndarray] | None:
-    """Each output as float32, when every one is a vector that float32 holds exactly."""
+    """Each output as float32, when every one is a vector that float32 holds exactly. A
+    float32 row (`float32_row`) is taken as it is, where its list would be: not empty, and
+    no NaN (a NaN compares unequal to itself, so a list with one never narrows)."""
     if not isinstance(outputs, list) or not outputs or len(outputs) > 0xFFFF:
         return None
     vectors = []
     for output in outputs:
+        if float32_row(output):
+            if not output.size or np.isnan(output).any():
+                return None
+            vectors.append(output)
+            continue
         if not _is_vector(output) or all(isinstance(x, int) for x in output):
             return None
         wide = np.asarray(output, dtype=np.float64)
@@ -109,7 +139,7 @@ def _packable(outputs: Any) -> list[np.ndarray] | None:
 
 
 def pack(vectors: list[np.ndarray]) -> bytes:
-    values = [v.astype("<f4").tobytes() for v in vectors]
+    values = [np.asarray(v, dtype="<f4").tobytes() for v in vectors]
     if len(vectors) == 1:
         return b"".join([_PACKED, _ONE, *values])
     lengths = np.asarray([len(v) for v in vectors], dtype="<u4")
@@ -189,6 +219,7 @@ def _stored_meta(meta: Any) -> bytes:
         vectors = _packable(result["outputs"])
         if vectors is not None:
             return pack(vectors)
+        meta = {**meta, "result": {"outputs": _plain(result["outputs"])}}
     return orjson.dumps(meta, option=JSON_OPTIONS)
 
 

@@ -15,11 +15,14 @@ import threading
 import time
 
 import psutil
+import redis
 import requests
 import yaml
 
 from config import Settings
+from scripts.processes import resume
 from scripts.stack import start_redis, start_web, wait_until
+from tasks.keys import JOB_PREFIX
 
 CLIENTS = 4
 
@@ -115,3 +118,69 @@ def test_submits_wait_no_longer_than_their_deadline_while_gunicorn_reloads(tmp_p
     late = [s for s in across if s[1] >= deadline_s]
     assert not late, f"submits (sent s after the SIGHUP, waited s) past the {deadline_s:g}s " \
                      f"deadline: {late}"
+
+
+def test_a_stop_during_the_hand_over_ends_within_the_stop_timeout_nothing_killed(tmp_path):
+    """gunicorn's master told to stop (SIGTERM) while a reload's hand-over waits for new
+    processes that are not up (held, as a loaded host holds them importing the app): the old
+    processes stop waiting, finish what they hold (a `Prefer: wait` submit is answered), and the
+    master exits within IQ_STOP_TIMEOUT_S, no process SIGKILLed. (Before, the old processes
+    waited for their replacements up to gunicorn's `timeout`, 60 s, while the master waited for
+    them in its reload; a new process that got the master's SIGTERM before it set its handlers
+    lost it and was SIGKILLed at graceful_timeout: 70 s in all on a loaded two-core machine.)"""
+    server = start_redis(tmp_path)
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({"models": {"quick": {"kind": "synthetic"}}}))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
+    env = dict(base, REDIS_URL=server.extra["url"], IQ_MODELS_FILE=str(models),
+               IQ_WEB_WORKERS="2", PYTHONUNBUFFERED="1")
+    web = start_web(env, tmp_path)
+    store = redis.Redis.from_url(server.extra["url"])
+    old: set[int] = set()
+    new: set[int] = set()
+    answer: dict[str, object] = {}
+
+    def held_submit() -> None:  # no Celery worker: answered 202 once its wait is over
+        try:
+            answer["status"] = requests.post(
+                f"{web.extra['url']}/v1/jobs", json={"model": "quick", "inputs": ["x"]},
+                headers={"Prefer": "wait=4"}, timeout=60).status_code
+        except requests.RequestException as exc:
+            answer["status"] = repr(exc)
+
+    try:
+        master = web.proc.pid
+        wait_until(lambda: len(processes(master)) == 2, 60, "two API processes")
+        old = processes(master)
+        os.kill(master, signal.SIGHUP)
+        wait_until(lambda: len(processes(master) - old) == 2, 30, "the new processes forked")
+        new = processes(master) - old
+        for pid in new:
+            os.kill(pid, signal.SIGSTOP)
+        submit = threading.Thread(target=held_submit, daemon=True)
+        submit.start()
+        wait_until(lambda: next(store.scan_iter(match=f"{JOB_PREFIX}*"), None), 30,
+                   "the held submit taken by an old process")
+        stop = time.monotonic()
+        os.kill(master, signal.SIGTERM)
+        wait_until(lambda: not processes(master) & old, 90, "the old processes gone")
+        old_gone = time.monotonic() - stop
+        for pid in new:  # now they may come up (or stop: the master told them to)
+            os.kill(pid, signal.SIGCONT)
+        web.proc.wait(90)
+        exited = time.monotonic() - stop
+        submit.join(30)
+    finally:
+        resume(new)
+        web.stop()
+        server.stop()
+    log = web.log.read_text(errors="replace")
+    bound = Settings.stop_timeout_s
+    print(f"stop: old processes gone {old_gone:.1f}s, master exited {exited:.1f}s in")
+    assert answer.get("status") == 202, answer
+    assert old_gone < bound and exited < bound, \
+        f"stop took {exited:.1f}s (old processes gone {old_gone:.1f}s in), past {bound:g}s"
+    # A process SIGKILLed (gunicorn's master does at graceful_timeout) says nothing at its end.
+    ended = {pid for pid in old | new if f"Worker exiting (pid: {pid})" in log}
+    assert ended == old | new and "SIGKILL" not in log, web.tail()
+    assert web.proc.returncode == 0, web.tail()

@@ -365,6 +365,7 @@ def test_a_stored_result_is_what_celery_stores_and_reads(redis_url):
     """Celery's own store_result and `stored` write the same thing (an embedding's outputs
     packed: 4 bytes a value, a failure as Celery's JSON), and AsyncResult reads either back
     as numbers (the app's result serializer)."""
+    import numpy as np
     import orjson
 
     from tasks import results
@@ -378,6 +379,9 @@ def test_a_stored_result_is_what_celery_stores_and_reads(redis_url):
     app.backend.store_result("r-ok", {"outputs": vectors}, "SUCCESS")  # Celery's own route
     mine = results.stored("r-ok", outputs=vectors)
     assert server.get(result_key("r-ok")) == mine
+    rows = [np.asarray(v, dtype=np.float32) for v in vectors]  # as a float32 model's handler
+    app.backend.store_result("r-ok", {"outputs": rows}, "SUCCESS")
+    assert server.get(result_key("r-ok")) == mine == results.stored("r-ok", outputs=rows)
     assert len(mine) == 2 + 2 + 2 * 4 + 4 * 4  # prefix, count, lengths, float32 values
     assert len(results.stored("one", outputs=[[0.5] * 384])) == 2 + 384 * 4
     app.backend.store_result("r-failed", failure, "FAILURE")

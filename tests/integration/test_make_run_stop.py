@@ -20,6 +20,7 @@ import os
 import re
 import secrets
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ import yaml
 
 from config import Settings
 from workers.batching.stopping import LAST_RESORT_S
+from scripts.processes import resume
 from scripts.stack import ROOT, free_port, launch, spawn, start_webhooks, wait_until
 from tests.integration.test_make_run import MakeRun, run_env, secret
 from tests.support.load import Load, job_statuses, runs
@@ -228,3 +230,51 @@ def each_job_once_after_a_restart(env: dict, tmp_path: Path, load: Load, app, lo
         load._stop.set()
     assert "SIGKILL" not in second.output()
     assert left == [] and busy_ports == []
+
+
+def test_a_stop_during_the_apis_hand_over_ends_in_time_and_kills_nothing(tmp_path):
+    """Ctrl-C while the API's gunicorn hands over to new processes not yet up (a models
+    reload's SIGHUP, tests/integration/test_api_sighup.py; the new processes held, as a loaded
+    host holds them importing the app, until the old ones are gone): the stop ends within
+    IQ_STOP_TIMEOUT_S, nothing killed, no process left."""
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({"models": {"quick": {"kind": "synthetic"}}}))
+    env = run_env(tmp_path, IQ_MODELS_FILE=str(models), IQ_WEB_WORKERS="2")
+    first, new = MakeRun(env, tmp_path / "first.log"), set()
+
+    def children(master: psutil.Process) -> set[int]:
+        return {p.pid for p in master.children()}
+
+    try:
+        first.wait_up(180)
+        master = next(p for p in first.processes() if "gunicorn" in " ".join(p.cmdline())
+                      and "gunicorn" not in " ".join(p.parent().cmdline()))
+        wait_until(lambda: len(children(master)) == 2, 60, "two API processes")
+        old = children(master)
+        os.kill(master.pid, signal.SIGHUP)
+        wait_until(lambda: len(children(master) - old) == 2, 30, "the new processes forked")
+        new = children(master) - old
+        for pid in new:
+            os.kill(pid, signal.SIGSTOP)
+
+        def release() -> None:  # the new processes go on once the old ones are gone
+            try:
+                wait_until(lambda: not children(master) & old, 2 * STOP_S, "old ones gone")
+            except (TimeoutError, psutil.NoSuchProcess):
+                pass
+            resume(new)
+
+        releaser = threading.Thread(target=release, daemon=True)
+        releaser.start()
+        began = time.monotonic()
+        code = first.stop(signal.SIGINT, group=True)
+        took = time.monotonic() - began
+    finally:
+        resume(new)
+        left = first.left_behind()
+        first.reap()
+    output = first.output()
+    print(f"make run stopped by ctrl-c during the API's hand-over in {took:.1f}s")
+    assert code is not None and "SIGKILL" not in output, (took, output[-3000:])
+    assert took < STOP_S, (took, output[-3000:])
+    assert left == []

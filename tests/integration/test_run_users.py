@@ -17,14 +17,19 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import orjson
 import pytest
 import redis
 import requests
 import yaml
 
+from config.models import revision_of
 from scripts.preflight import bind_error
 from scripts.stack import ROOT, wait_until
+from scripts.var_dir import kept_secret
+from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
 from tests.integration.test_make_run import PORTS, MakeRun, RUN, run_env, secret
+from tests.support.load import Load
 from tests.support.records import fields_of
 
 pytestmark = [pytest.mark.slow,
@@ -238,4 +243,158 @@ def test_a_start_the_users_cannot_serve_is_refused_in_one_line_nothing_started(
     assert run.returncode == 1, out + err
     assert err.splitlines() == expected
     assert not Path(env["IQ_VAR_DIR"]).exists()  # nothing made, nothing started
+    assert all(bind_error("127.0.0.1", int(env[name])) is None for name in PORTS)
+
+
+def _reports(client: redis.Redis) -> dict[str, dict]:
+    return {name: orjson.loads(raw) for name, raw in client.hgetall(RELOAD_STATUS_KEY).items()}
+
+
+def _announce(client: redis.Redis, revision: str) -> None:
+    """As make reload announces a revision (scripts/reload.py), without its check."""
+    with client.pipeline() as pipe:
+        pipe.incr(MODELS_ANNOUNCEMENTS_KEY)
+        pipe.set(MODELS_REVISION_KEY, revision)
+        pipe.execute()
+
+
+def _app_client(env: dict[str, str]) -> redis.Redis:
+    return redis.Redis(port=int(env["REDIS_PORT"]), username="iq",
+                       password=secret(env, "redis-app-password"), decode_responses=True)
+
+
+def test_a_models_file_the_parts_cannot_read_is_refused_by_reload_and_held_by_the_keepers(
+        users, open_dir):
+    """Root reads what the parts' users may not: a models file made root's alone (0600) is
+    refused by `make reload`, nothing changed; announced anyway (a chmod after the check), the
+    worker refuses it and keeps consuming (its unreadable file used to be taken for a lost
+    broker connection: the consumer restarted every 3 s, for ever); and a part started again
+    meanwhile is held by its keeper, saying why once, checked as the part's user (the check as
+    root passed, and the API's gunicorn was started again every 30 s, each time failing)."""
+    models = synthetic_models(open_dir / "models.yaml", 20)
+    env = run_env(open_dir, IQ_RUN_USERS="separate", IQ_MODELS_FILE=str(models))
+    api = f"http://127.0.0.1:{env['IQ_PORT']}"
+    run = MakeRun(env, open_dir / "run.log", command=namespaced(open_dir))
+    load = None
+    try:
+        run.wait_up(300)
+        client = _app_client(env)
+        load = Load(api, "synthetic", "load", clients=2, pause_s=0.2).start()
+        wait_until(lambda: len(load.accepted) > 10, 60, "the load to run")
+        good, announced = models.read_bytes(), client.get(MODELS_REVISION_KEY)
+        synthetic_models(models, 30).chmod(0o600)
+        refused = subprocess.run([".venv/bin/python", "-m", "scripts.reload", "--timeout",
+                                  "60"], cwd=ROOT, env=env, text=True, capture_output=True,
+                                 timeout=180)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert refused.stdout.splitlines()[-1] == (
+            "reload refused, nothing changed: make reload: IQ_RUN_USERS=separate: iq-api, "
+            f"iq-worker, iq-deliverer, iq-flower cannot read IQ_MODELS_FILE {models} (mode "
+            "0600, owner root): make it readable by them, and make reload again; nothing "
+            "changed"), refused.stdout
+        assert client.get(MODELS_REVISION_KEY) == announced
+
+        logged = len(run.output())
+        _announce(client, revision_of(models.read_bytes()))
+        wait_until(lambda: {n.split(":")[0]: r["state"] for n, r in _reports(client).items()}
+                   .get("worker") == "refused", 60, "the worker to refuse it")
+        error = next(r["error"] for n, r in _reports(client).items() if n.startswith("worker"))
+        assert f"models file {models}: cannot read it: Permission denied" in error, error
+        served = len(load.accepted)
+        wait_until(lambda: len(load.accepted) > served + 20, 60, "more jobs, a few seconds on")
+        assert "Connection to broker lost" not in run.output()[logged:]
+        load.stop()
+
+        # The API stopped (a crash, a kill) while its user cannot read the file.
+        logged = len(run.output())
+        master = next(p for p in _parts(run)["gunicorn"]
+                      if "gunicorn" not in " ".join(p.parent().cmdline()))
+        master.kill()
+        held = wait_until(lambda: next((line for line in run.output()[logged:].splitlines()
+                                        if "web exited" in line), None), 60, "its keeper's word")
+        assert "it is not started again while its configuration fails make run's check: " \
+               f"models file {models}: cannot read it: Permission denied" in held, held
+        models.write_bytes(good)
+        models.chmod(0o644)
+        _announce(client, revision_of(good))
+        wait_until(lambda: "web: its configuration passes the check again; starting it" in
+                   run.output()[logged:], 60, "the API started again")
+        wait_until(lambda: requests.get(f"{api}/readyz", timeout=5).ok, 120, "the API back")
+        exits = [line for line in run.output()[logged:].splitlines() if "web exited" in line]
+        # Held once, then started once it passed: never started only to fail.
+        assert [("not started again" in x, "starting it again in" in x) for x in exits] == \
+            [(True, False), (False, True)], exits
+        jobs = list(load.accepted.values())
+        wait_until(lambda: {r["status"] for r in fields_of(client, jobs).values()} ==
+                   {"succeeded"}, 120, "every job answered")
+        assert {r.get("runs") for r in fields_of(client, jobs).values()} == {"1"}
+        assert load.gave_up == []
+    finally:
+        if load is not None:
+            load.stop()
+        run.stop(signal.SIGINT)
+        left, busy = run.left_behind(), run.ports_in_use()
+        run.reap()
+    assert left == [] and busy == []
+
+
+def test_switching_between_one_and_separate_on_one_var_folder_keeps_redis_serving(
+        users, open_dir):
+    """separate, then one (as root), then separate again on the same var folder: what root's
+    Redis wrote in the folder Redis's user owns (an append-only file rewritten as it grows,
+    auto-aof-rewrite, here asked for at once) is handed back to that user; it used to stay
+    root's, and Redis's user could not open it: Redis started again every 30 s, for ever."""
+    models = synthetic_models(open_dir / "models.yaml", 5)
+    env = run_env(open_dir, IQ_RUN_USERS="separate", IQ_MODELS_FILE=str(models))
+    api = f"http://127.0.0.1:{env['IQ_PORT']}"
+    data = Path(env["IQ_VAR_DIR"]) / "redis"
+    jobs: list[str] = []
+    for turn, mode in enumerate(("separate", "one", "separate")):
+        run = MakeRun({**env, "IQ_RUN_USERS": mode}, open_dir / f"run-{turn}.log",
+                      command=namespaced(open_dir))
+        try:
+            run.wait_up(120)  # Redis that cannot open its file: never up
+            jobs.append(_submit(api, f"turn {turn}"))
+            wait_until(lambda: all(_status(api, j) == "succeeded" for j in jobs), 60,
+                       "every job so far answered")
+            runs = {j: r.get("runs") for j, r in fields_of(_app_client(env), jobs).items()}
+            assert runs == {j: "1" for j in jobs}
+            if mode == "one":
+                admin = redis.Redis(port=int(env["REDIS_PORT"]),
+                                    password=secret(env, "redis-password"))
+                admin.bgrewriteaof()
+                wait_until(lambda: not admin.info("persistence")["aof_rewrite_in_progress"]
+                           and any(p.stat().st_uid == 0 for p in data.iterdir()), 60,
+                           "root's Redis to rewrite its file")
+        finally:
+            run.stop(signal.SIGINT)
+            left, busy = run.left_behind(), run.ports_in_use()
+            run.reap()
+        assert left == [] and busy == []
+    redis_uid = int(as_user("iq-redis", "id", "-u").stdout)
+    assert {p.stat().st_uid for p in data.rglob("*")} == {redis_uid}
+
+# The var folder as make run as root leaves it: with one user, and with separate ones.
+@pytest.mark.parametrize("var_mode", [0o700, 0o711])
+def test_make_run_as_another_user_on_a_var_folder_root_made_is_refused_in_one_line(
+        users, open_dir, var_mode):
+    """make run as a user of its own (IQ_RUN_USERS=one) on the var folder an earlier make run
+    as root made (root's, its secrets 0700): refused in one line naming the folder, where it
+    used to stop on a traceback (PermissionError) reading a secret it may not."""
+    var = open_dir / "var"
+    kept_secret(var, "redis-password")
+    var.chmod(var_mode)
+    env = run_env(open_dir, IQ_RUN_USERS="one", IQ_MODELS_FILE=str(
+        synthetic_models(open_dir / "models.yaml", 5)))
+    command = namespaced(open_dir)
+    command[command.index(RUN[0]):] = ["setpriv", "--reuid", "iq-api", "--regid", "iq-api",
+                                       "--init-groups", *RUN]
+    refused = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=120)
+    api_uid = int(as_user("iq-api", "id", "-u").stdout)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert refused.stderr.splitlines() == [
+        f"make run: {var} is owned by uid 0, not by you (uid {api_uid}): another user may "
+        "have made it (choosing the secrets or the data in it) or may read it. Delete it, or "
+        "move IQ_VAR_DIR to a folder only you can write, and make run makes a new one."]
     assert all(bind_error("127.0.0.1", int(env[name])) is None for name in PORTS)

@@ -6,6 +6,7 @@ scored twice…" is sports by 0.131 to 0.098 for cooking in float32, cooking by 
 in int8. Speed and memory: bench/quantised.py."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from config.models import ModelSpec
@@ -36,7 +37,9 @@ def test_int8_vectors_stay_close_to_float32_and_clear_labels_do_not_change():
                  if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
     assert quantised and not linear, "every linear layer is quantised"
 
-    want, got = torch.tensor(fp32.predict(TEXTS)), torch.tensor(int8.predict(TEXTS))
+    # fp32's rows are float32 numpy rows (output_rows), int8's (a classifier's) lists.
+    want, got = (torch.tensor(np.asarray(h.predict(TEXTS), dtype=np.float32))
+                 for h in (fp32, int8))
     cosines = torch.nn.functional.cosine_similarity(want, got)
     assert cosines.min() >= 0.90 and cosines.mean() >= 0.95, cosines.tolist()
     assert not torch.allclose(want, got, atol=1e-4)  # it really ran on other weights

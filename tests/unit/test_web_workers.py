@@ -99,3 +99,22 @@ def test_a_process_told_to_stop_by_a_reload_waits_for_its_replacements(monkeypat
     assert replaced(3, 2) and replaced(4, 2), "the new ones stop at once when told"
     conf["on_exit"](None)
     assert not os.path.exists(os.environ["_IQ_API_HANDOVER_DIR"])
+
+
+def test_a_stop_of_the_master_ends_the_wait_for_replacements(monkeypatch, tmp_path):
+    """The master's stop (its handler, installed by `when_ready`) is noted before gunicorn's own
+    handler queues it: a process waiting for replacements stops waiting, as that signal says
+    (tests/integration/test_api_sighup.py with gunicorn)."""
+    import signal
+    from types import SimpleNamespace
+
+    conf = _conf(monkeypatch, tmp_path, 16)
+    conf["on_reload"](SimpleNamespace(worker_age=2))
+    assert not conf["replaced"](1, 2) and conf["stopping"]() is None
+    queued = []
+    conf["_stop_noted"](lambda sig, frame: queued.append(sig), signal.SIGINT, None)
+    assert queued == [signal.SIGINT], "gunicorn's own handler still called"
+    assert conf["stopping"]() == signal.SIGINT and conf["replaced"](1, 2)
+    conf["on_exit"](None)  # its folder gone: a later signal is still handed on
+    conf["_stop_noted"](lambda sig, frame: queued.append(sig), signal.SIGTERM, None)
+    assert queued == [signal.SIGINT, signal.SIGTERM]

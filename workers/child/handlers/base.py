@@ -30,6 +30,20 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
 
 
+def output_rows(output: Any) -> list:
+    """A model's output tensor as one output per row. A 2-D float32 tensor's rows come as
+    1-D float32 numpy rows (views of one array on the host: no copy each, no Python float a
+    value), which tasks/results.py stores packed as they are, byte for byte as their lists;
+    any other tensor (float64, float16, integers, one value or a matrix a row) as `.tolist()`
+    gives it, so that no value is narrowed or widened on the way."""
+    import torch
+
+    output = output.detach().cpu()
+    if output.dtype == torch.float32 and output.dim() == 2:
+        return list(output.numpy())
+    return output.tolist()
+
+
 class Handler(ABC):
     # The device's own span of the last inference (time.monotonic), where the handler knows it
     # better than the host's times around the call (the stand-in, which waits its turn on its

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from config.models import ModelSpec
-from workers.child.handlers.base import Handler
+from workers.child.handlers.base import Handler, output_rows
 
 _INPUT_DTYPES = {"float32": "float32", "float64": "float64", "int64": "int64"}
 
@@ -77,7 +77,7 @@ class TensorHandler(Handler):
         return self.model(batch)
 
     def postprocess(self, output: Any, count: int) -> list:
-        return rows_of(self.spec.name, output, count).detach().cpu().tolist()
+        return output_rows(rows_of(self.spec.name, output, count))
 
 
 TorchScriptHandler = ExportHandler = TensorHandler
@@ -100,8 +100,9 @@ class SyntheticHandler(Handler):
     model's child does around the device: `prepare_ms` an item of pure-Python work with the GIL
     held (as tokenising and packing a batch cost), the sleep standing for the device's time
     (it releases the GIL, as a CUDA kernel does), and per input a float32 vector of
-    `output_floats` values, returned as lists of Python floats as a real embedding model's
-    postprocess returns them, so that they are packed and stored as its are. Its device is one
+    `output_floats` values, returned as float32 numpy rows as a real embedding model's
+    postprocess returns them (base.output_rows), so that they are packed and stored as its
+    are. Its device is one
     per worker, as a GPU is: children of one worker on the same device take turns on it (a
     lock file named after the worker's main process and the device), so a second child per
     device overlaps its work with the device's, never two devices' worth of sleep. Its
@@ -176,7 +177,7 @@ class SyntheticHandler(Handler):
         # and a test can check one against its input.
         lengths = np.asarray(output, dtype=np.float32)[:, None]
         steps = np.arange(1, self.output_floats + 1, dtype=np.float32)[None, :]
-        return (lengths / steps).tolist()
+        return list(lengths / steps)  # one 2-D float32 array's rows, as output_rows gives
 
 
 def _hold_the_gil_for(seconds: float) -> None:

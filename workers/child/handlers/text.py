@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from workers.child.handlers.base import Handler
+from workers.child.handlers.base import Handler, output_rows
 from workers.child.handlers.folders import (encoder_config, load_model, load_tokenizer,
                                       max_seq_length, model_dir)
 from workers.child.handlers.packing import pack_rows
@@ -116,12 +116,16 @@ class EmbeddingHandler(Handler):
             else pooled
 
     def postprocess(self, output: Any, count: int) -> list:
-        return output.cpu().tolist()
+        return output_rows(output)  # fp32 (_pool): float32 numpy rows, stored packed
 
 
 class ClassificationHandler(EmbeddingHandler):
     """Each input gets the label whose embedding is closest (cosine); labels come from the
     job's `options.labels` or the model's configured labels, and are embedded once each."""
+
+    def postprocess(self, output: Any, count: int) -> list:
+        # Its outputs are label dicts, made from these vectors as lists (finalize).
+        return output.cpu().tolist()
 
     def initialize(self) -> None:
         super().initialize()
