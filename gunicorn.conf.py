@@ -54,10 +54,14 @@ class Worker(GeventWorker):
         """A stop the master sent before this process set its handlers (it was importing
         gevent, and held the master's): lost, it would serve until the master's SIGKILL."""
         super().init_signals()
-        sig = stopping()
+        sig, lost = stopping(), os.environ.pop(_LOST_STOP, None)
         if sig is not None:
             self.log.info("Stop (%s) before this process was ready: stopping",
                           signal.Signals(sig).name)
+        elif lost:  # told to stop by a reload (`_stop_noted`)
+            sig = int(lost)
+            self.log.info("Told to stop (%s) by a reload as it booted", signal.Signals(sig).name)
+        if sig is not None:
             (self.handle_exit if sig == signal.SIGTERM else self.handle_quit)(sig, None)
 
     def handle_exit(self, sig, frame):
@@ -141,6 +145,7 @@ if not _folder or (os.path.basename(_folder).startswith(_OWN_METRICS)
 # process sees it and stops as that signal says (SIGTERM: it finishes what it holds), and a new
 # one that lost the master's signal before it set its own handlers stops too (Worker).
 _HANDOVER, _OWN_HANDOVER = "_IQ_API_HANDOVER_DIR", "iq-api-handover-"
+_LOST_STOP = "_IQ_API_LOST_STOP"  # a reload's SIGTERM to a process before it set its handlers
 _handover = os.environ.get(_HANDOVER, "")
 if not os.path.basename(_handover).startswith(f"{_OWN_HANDOVER}{os.getpid()}-"):
     os.environ[_HANDOVER] = tempfile.mkdtemp(prefix=f"{_OWN_HANDOVER}{os.getpid()}-")
@@ -170,11 +175,18 @@ def post_worker_init(worker):
 
 def when_ready(server):
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-        signal.signal(sig, functools.partial(_stop_noted, server.signal))
+        signal.signal(sig, functools.partial(_stop_noted, server.pid, server.signal))
 
 
-def _stop_noted(handler, sig, frame):
-    """The master's handler of a stop: `stop` written, then gunicorn's own (which queues it)."""
+def _stop_noted(master, handler, sig, frame):
+    """The master's handler of a stop: `stop` written, then gunicorn's own (which queues it).
+    A process gunicorn forks holds it until it sets its own: what it gets meanwhile is a
+    reload's SIGTERM (a second reload, or one while a killed process's replacement boots), for
+    it alone, kept for it (Worker.init_signals). Noted as the master's stop, it had every
+    process started since exit as it booted, nothing serving until gunicorn was restarted."""
+    if os.getpid() != master:
+        os.environ[_LOST_STOP] = str(int(sig))
+        return
     folder = os.environ[_HANDOVER]
     staged = os.path.join(folder, ".stop")
     try:
