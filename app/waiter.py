@@ -33,6 +33,7 @@ import redis
 
 from tasks.jobstate import JobRecord, announced, announced_record
 from tasks.keys import DONE_PREFIX, MOVES_CHANNEL, REPLY_PREFIX
+from tasks.locks import short_lock
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class Slots:
         self.max_waits, self.max_per_key = max_waits, max_per_key
         self._per_key: Counter[str] = Counter()
         self.count = 0
-        self._lock = threading.Lock()
+        self._lock = short_lock()  # held for a count's check and change only
 
     def take(self, owner: str | None) -> None:
         with self._lock:

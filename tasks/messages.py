@@ -5,11 +5,13 @@ webhook delivery need no kombu connection of their own."""
 from __future__ import annotations
 
 import base64
+import os
 import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
 import orjson
+from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 
 from tasks import results
@@ -56,6 +58,19 @@ class QueuedMessage:
     task_id: str = ""  # its task's id (a webhook delivery's: its webhook-id)
 
 
+_origin: tuple[int, str] = (0, "")
+
+
+def _origin_name() -> str:
+    """The message's `origin`, `gen<pid>@<host>` as Celery names it for each message
+    (`anon_nodename`, whose memoised host lookup takes a lock: gevent's, in the API), named
+    once a process (a fork's child names its own)."""
+    global _origin
+    if _origin[0] != os.getpid():
+        _origin = (os.getpid(), anon_nodename())
+    return _origin[1]
+
+
 def task_message(app: Any, name: str, task_id: str, kwargs: Mapping[str, Any], *, queue: str,
                  priority: int, headers: Mapping[str, Any] | None = None,
                  summary: Mapping[str, Any] | None = None, retries: int = 0) -> QueuedMessage:
@@ -64,7 +79,7 @@ def task_message(app: Any, name: str, task_id: str, kwargs: Mapping[str, Any], *
     it and the body's size in place of the arguments themselves."""
     as_task = app.amqp.as_task_v2(task_id, name, kwargs=dict(kwargs), argsrepr="()",
                                   kwargsrepr="", ignore_result=None,  # as send_task does
-                                  retries=retries)
+                                  retries=retries, origin=_origin_name())
     raw = orjson.dumps(as_task.body, option=results.JSON_OPTIONS)
     kwargsrepr = repr({**summary, "bytes": len(raw)}) if summary is not None \
         else saferepr(dict(kwargs), app.amqp.kwargsrepr_maxsize)

@@ -16,13 +16,14 @@ webhook URL's lookup) is `paused()`: that time does not count. A call outside an
 client's own timeouts (tasks/redis_client.py)."""
 from __future__ import annotations
 
-import threading
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Callable, Iterator
 
 import redis
+
+from tasks.locks import short_lock
 
 
 class DeadlinePassed(redis.TimeoutError):
@@ -31,14 +32,15 @@ class DeadlinePassed(redis.TimeoutError):
 
 class Deadline:
     """A request's deadline: `seconds` from its start, paused time not counted. Shared by the
-    threads of a fan-out (thread-safe)."""
+    threads of a fan-out (thread-safe: its lock is held only for a clock read and a sum,
+    tasks/locks.py)."""
 
     def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.seconds, self._clock = seconds, clock
         self._at = clock() + seconds
         self._paused_since: float | None = None
         self._pauses = 0
-        self._lock = threading.Lock()
+        self._lock = short_lock()
 
     def remaining(self) -> float:
         """Seconds left (<= 0: passed). While paused, what was left when the pause began."""

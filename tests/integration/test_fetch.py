@@ -273,3 +273,41 @@ def test_a_delayed_message_is_fetched_once_due_by_redis_clock(redis_url, server,
         message = kombu.Queue(QUEUE)(conn.channel()).get(no_ack=False)
         assert message.delivery_tag == "due"
         assert server.zcard(delayed_key(QUEUE)) == 1  # the later one waits
+
+
+def test_the_event_loop_adds_the_fetch_socket_once_not_at_every_turn(redis_url, server,
+                                                                     broker):
+    """kombu's tick adds each socket to the event loop at every turn, which epoll refuses
+    (held already); the worker's transport adds it only when the loop may not hold it
+    (workers/broker/transport.py `_KeepRegistrations`): once, and again once removed."""
+    from kombu.asynchronous import Hub
+
+    hub = Hub()
+    registered: list[int] = []
+    real = hub.poller.register
+    hub.poller.register = lambda fd, events: (registered.append(fd), real(fd, events))[1]
+    jobs = JobState(server)
+    with kombu.Connection(redis_url, transport=REDIS_ALIAS) as conn:
+        got: list = []
+        with consumer(conn, got):
+            conn.transport.register_with_event_loop(conn.connection, hub)
+
+            def turns_until(count: int) -> int:
+                turns, end = 0, monotonic() + 10
+                while len(got) < count and monotonic() < end:
+                    hub.run_once()
+                    turns += 1
+                assert len(got) == count
+                return turns
+
+            turns = 0
+            for n, marker in enumerate("abcd", 1):
+                submit(jobs, marker)
+                turns += turns_until(n)
+            fd = conn.default_channel.client.connection._sock.fileno()
+            assert turns >= 4 and registered.count(fd) <= 2  # kombu's own, then the tick's
+            hub.remove_reader(fd)  # as kombu's pause of a BRPOP, or a disconnect, does
+            submit(jobs, "e")
+            turns_until(5)  # the tick added it again: the fetch is heard
+            assert [m._raw["m"] for m in got] == ["a", "b", "c", "d", "e"]
+    hub.close()

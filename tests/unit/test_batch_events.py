@@ -89,3 +89,29 @@ def test_the_json_reads_give_what_kombus_give_a_typed_value_included():
         assert decode.envelope(text.encode()) == kombu_loads(text)
         assert decode.payload(Message(text.encode())) == kombu_loads(text)
     assert isinstance(decode.payload(Message(typed.encode()))[1]["at"], datetime.datetime)
+
+
+def test_the_event_serializer_writes_what_kombus_json_writes_by_orjson():
+    """A worker's event message (`select_serializer`) is the JSON kombu's `json` writes, as
+    `application/json`, by orjson; a value orjson would write otherwise goes to kombu's JSON,
+    whole; and `application/json` is still decoded and named as kombu's `json`."""
+    from kombu.serialization import dumps, loads, registry
+
+    eventer, published = dispatcher(buffer_limit=10_000)
+    events.send_task_events(eventer, "task-received",
+                            [(f"job-{i}", {"name": "iq.infer.m", "args": "()", "eta": None,
+                                           "retries": 0, "runtime": 0.1 * i})
+                             for i in range(3)])
+    eventer.flush()
+    [(_key, batch)] = published
+    app = Celery(set_as_current=False)
+    events.select_serializer(app)
+    assert app.conf.event_serializer == events.EVENT_SERIALIZER
+    content_type, encoding, body = dumps(batch, serializer=app.conf.event_serializer)
+    assert (content_type, encoding) == ("application/json", "utf-8")
+    assert isinstance(body, bytes)  # orjson's, not the json module's
+    assert loads(body, content_type, encoding) == kombu_loads(kombu_dumps(batch)) == batch
+    typed = [{"eta": datetime.datetime(2026, 1, 2, 3, 4, 5)}, {"n": 2 ** 70}]
+    for value in typed:  # written by kombu's JSON: read back as kombu's own
+        assert events.encode_event(value) == kombu_dumps(value)
+    assert registry.type_to_name["application/json"] == "json"

@@ -135,14 +135,15 @@ class PoolDispatcher:
         self.reloader.tick()
         self.fit_intake()
 
-    def fit_intake(self) -> None:
+    def fit_intake(self, capacity: int | None = None) -> None:
         """While none of its children can serve (each loads its models: a replacement for
         one that died, a reload's, the first ones), this worker fetches nothing, and what
         waits in its buffer goes back to its queue, for another worker to run now rather than
         this one in a model load's time; a job of a lost batch stays, to run alone here
         (workers/batching/isolation.py). It fetches again once a child can serve (`child_ready`, or
-        the next tick)."""
-        capacity = self.capacity
+        the next tick). `capacity`: as `pump` just read it (reading it asks the pool whether
+        each child is alive, a `waitpid` each)."""
+        capacity = self.capacity if capacity is None else capacity
         serving = capacity > 0
         state = self.leases.inflight.state
         state.children_busy = serving and self.inflight >= capacity
@@ -328,11 +329,11 @@ class PoolDispatcher:
                                                   full_only=True)
         for batch in batches:
             self._apply(batch)
-        self._arm_timer()
-        self.fit_intake()
+        self._arm_timer(capacity)
+        self.fit_intake(capacity)
 
-    def _arm_timer(self) -> None:
-        capacity = self.capacity
+    def _arm_timer(self, capacity: int | None = None) -> None:
+        capacity = self.capacity if capacity is None else capacity
         due = self.scheduler.next_deadline() if self.idle_children(capacity) > 0 else None
         if len(self.scheduler) and self.inflight < capacity * (1 + self.ahead):
             now = monotonic()  # a full batch may go ahead when a child's batch nears its end

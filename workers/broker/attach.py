@@ -17,7 +17,8 @@ def attach(app: Celery) -> Broker:
     its consumer (`worker_consumer`) and prefork pool (`worker_pool`; a `-P prefork` on the
     command line, which overrides that setting, gets it too), and, when a worker of this app
     starts (`worker_init`, in its main process, before it connects), its kombu transport
-    (`broker_transport`) and the Broker installed. Nothing is patched: a process that only
+    (`broker_transport`), its task events' serializer (`event_serializer`) and the Broker
+    installed. Nothing is patched: a process that only
     imports the entry module, the API, Flower and the celery CLI run kombu and Celery as
     shipped."""
     settings = app.conf.iq_settings
@@ -31,6 +32,7 @@ def attach(app: Celery) -> Broker:
             return
         broker.install(getattr(sender, "hostname", None))
         transport.select(app)
+        events.select_serializer(app)
         if getattr(sender, "pool_cls", None) in ("prefork", prefork.TaskPool):
             sender.pool_cls = pool.TaskPool
 

@@ -103,6 +103,7 @@ READ: tuple[Name, ...] = (
     Name(_Channel, "_closing"),
     Name(virtual.Channel, "_tag_to_queue"),
     Name(kombu_redis.MultiChannelPoller, "_channels"),
+    Name(kombu_redis.MultiChannelPoller, "_chan_to_sock"),
     Name(virtual.QoS, "_delivered"),
     Name(virtual.QoS, "_flush", ("self",)),
     Name(virtual.Transport, "_deliver", ("self", "message", "queue")),

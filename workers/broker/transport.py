@@ -1,6 +1,7 @@
 """The worker's kombu transports: kombu's Redis and Redis Sentinel transports, subclassed, whose
 channels fetch through the worker's in-flight record (fetch.py) and open the worker's clients
-(clients.py), and whose event loop renews the worker's lease every heartbeat.
+(clients.py), and whose event loop renews the worker's lease every heartbeat and adds kombu's
+sockets to the loop once rather than at every turn.
 
 A worker selects them by configuration when it starts (`select`, from workers/broker/
 broker.py's `attach`): `broker_transport` names the transport registered here under an alias
@@ -12,6 +13,7 @@ CLI and a worker's pool children open kombu's transports as shipped."""
 from __future__ import annotations
 
 import logging
+import weakref
 from itertools import cycle
 from typing import Any, Iterable, Iterator
 
@@ -53,6 +55,48 @@ class _BeatOnTheEventLoop:
         return out
 
 
+class _KeepRegistrations:
+    """kombu's Redis transport adds each of its sockets to the event loop again at every turn
+    (`add_reader` in the tick that `register_with_event_loop` adds), and each time epoll
+    answers that it holds it already: 1.6 registrations a job in the worker's main process.
+    This tick, in place of kombu's, does what kombu's does but adds a socket only where the
+    loop does not hold it, for this reader, since this tick added it (`_poll_start`)."""
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> Any:
+        before = set(loop.on_tick)
+        out = super().register_with_event_loop(connection, loop)  # type: ignore[misc]
+        added = [tick for tick in loop.on_tick if tick not in before]
+        if len(added) == 1:  # kombu's tick (any other shape: kombu's ticks as they are)
+            loop.on_tick.discard(added[0])
+            tick = _poll_start(self.cycle, loop, self.on_readable)  # type: ignore[attr-defined]
+            loop.on_tick.add(tick)
+        return out
+
+
+def _poll_start(poller: Any, loop: Any, on_readable: Any) -> Any:
+    """kombu's tick (`MultiChannelPoller.on_poll_start`, then each of its sockets added to the
+    loop), adding a socket again only when the loop may not hold it: another reader under its
+    fd (kombu's pause of a BRPOP, a disconnect, remove it from the loop), or the socket added
+    under that fd closed (a reconnect's, the kernel drops it from epoll) or not known. kombu's
+    own re-registrations (`_register` after a reconnect) go to epoll themselves."""
+    held: dict[int, Any] = {}  # fd -> the socket this tick added under it (a weak reference)
+
+    def on_poll_start() -> None:
+        poller.on_poll_start()
+        readers = loop.readers
+        for fd in poller.fds:
+            ref = held.get(fd)
+            sock = ref() if ref is not None else None
+            if sock is not None and sock.fileno() == fd and \
+                    readers.get(fd) == (on_readable, (fd,)):
+                continue
+            loop.add_reader(fd, on_readable, fd)
+            sock = next((s for s in poller._chan_to_sock.values()
+                         if s is not None and s.fileno() == fd), None)
+            held[fd] = weakref.ref(sock) if sock is not None else None
+    return on_poll_start
+
+
 def _beat(poller: Any) -> None:
     for channel in list(poller._channels):
         if isinstance(channel, ReliableFetch) and channel._iq_consuming and not channel.closed:
@@ -63,13 +107,14 @@ def _beat(poller: Any) -> None:
             return
 
 
-class Transport(_BeatOnTheEventLoop, kombu_redis.Transport):
+class Transport(_KeepRegistrations, _BeatOnTheEventLoop, kombu_redis.Transport):
     """kombu's Redis transport, with the worker's fetch."""
 
     Channel = ReliableChannel
 
 
-class SentinelTransport(_BeatOnTheEventLoop, kombu_redis.SentinelTransport):
+class SentinelTransport(_KeepRegistrations, _BeatOnTheEventLoop,
+                        kombu_redis.SentinelTransport):
     """kombu's Redis Sentinel transport, with the worker's fetch."""
 
     Channel = ReliableSentinelChannel
