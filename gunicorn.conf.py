@@ -54,10 +54,14 @@ class Worker(GeventWorker):
         """A stop the master sent before this process set its handlers (it was importing
         gevent, and held the master's): lost, it would serve until the master's SIGKILL."""
         super().init_signals()
-        sig = stopping()
+        sig, lost = stopping(), os.environ.pop(_LOST_STOP, None)
         if sig is not None:
             self.log.info("Stop (%s) before this process was ready: stopping",
                           signal.Signals(sig).name)
+        elif lost:  # told to stop by a reload (`_stop_noted`)
+            sig = int(lost)
+            self.log.info("Told to stop (%s) by a reload as it booted", signal.Signals(sig).name)
+        if sig is not None:
             (self.handle_exit if sig == signal.SIGTERM else self.handle_quit)(sig, None)
 
     def handle_exit(self, sig, frame):
@@ -141,6 +145,7 @@ if not _folder or (os.path.basename(_folder).startswith(_OWN_METRICS)
 # process sees it and stops as that signal says (SIGTERM: it finishes what it holds), and a new
 # one that lost the master's signal before it set its own handlers stops too (Worker).
 _HANDOVER, _OWN_HANDOVER = "_IQ_API_HANDOVER_DIR", "iq-api-handover-"
+_LOST_STOP = "_IQ_API_LOST_STOP"  # a reload's SIGTERM to a process before it set its handlers
 _handover = os.environ.get(_HANDOVER, "")
 if not os.path.basename(_handover).startswith(f"{_OWN_HANDOVER}{os.getpid()}-"):
     os.environ[_HANDOVER] = tempfile.mkdtemp(prefix=f"{_OWN_HANDOVER}{os.getpid()}-")
@@ -170,11 +175,18 @@ def post_worker_init(worker):
 
 def when_ready(server):
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-        signal.signal(sig, functools.partial(_stop_noted, server.signal))
+        signal.signal(sig, functools.partial(_stop_noted, server.pid, server.signal))
 
 
-def _stop_noted(handler, sig, frame):
-    """The master's handler of a stop: `stop` written, then gunicorn's own (which queues it)."""
+def _stop_noted(master, handler, sig, frame):
+    """The master's handler of a stop: `stop` written, then gunicorn's own (which queues it).
+    A process gunicorn forks holds it until it sets its own: what it gets meanwhile is a
+    reload's SIGTERM (a second reload, or one while a killed process's replacement boots), for
+    it alone, kept for it (Worker.init_signals). Noted as the master's stop, it had every
+    process started since exit as it booted, nothing serving until gunicorn was restarted."""
+    if os.getpid() != master:
+        os.environ[_LOST_STOP] = str(int(sig))
+        return
     folder = os.environ[_HANDOVER]
     staged = os.path.join(folder, ".stop")
     try:
@@ -195,19 +207,21 @@ def stopping() -> int | None:
         return None
 
 
+def _reload_age() -> int | None:
+    """The age of the last reload's first process; None: no reload since the master started."""
+    try:
+        with open(os.path.join(os.environ.get(_HANDOVER, ""), "reload")) as found:
+            return int(found.read())
+    except (OSError, ValueError):
+        return None
+
+
 def replaced(age: int, processes: int) -> bool:
     """Whether the process of `age`, told to stop, may stop accepting now: no reload since it
     started (a stop), the master told to stop, or `processes` processes of the last reload
     are up."""
-    folder = os.environ.get(_HANDOVER, "")
-    if stopping() is not None:
-        return True
-    try:
-        with open(os.path.join(folder, "reload")) as found:
-            first = int(found.read())
-    except (OSError, ValueError):
-        return True  # no reload since the master started
-    if first <= age:
+    folder, first = os.environ.get(_HANDOVER, ""), _reload_age()
+    if stopping() is not None or first is None or first <= age:
         return True
     ups = [name.split("-") for name in os.listdir(folder) if name.startswith("up-")]
     return sum(1 for _up, entry_age, _pid in ups if int(entry_age) >= first) >= processes
@@ -221,6 +235,26 @@ def child_exit(server, worker):
         os.unlink(_up_entry(worker))
     except FileNotFoundError:
         pass  # it exited before its app was built
+    _replace_in_hand_over(server, worker)
+
+
+def _replace_in_hand_over(server, worker):
+    """A process of the last reload gone (a SIGKILL, a crash, the master's `timeout`) while
+    older ones hand over: gunicorn's master (reaping, in its reload, while it waits for the old
+    ones to exit) starts another only once fewer processes run than it should, which the older
+    ones, accepting until as many new ones are up, never let happen. They held on for
+    `timeout`, then left together, and with one process nothing accepted while its replacement
+    booted. Its replacement is started now; not once gunicorn is told to stop."""
+    first = _reload_age()
+    if first is None or worker.age < first or not server.LISTENERS or \
+            stopping() is not None:
+        return
+    ages = [other.age for other in server.WORKERS.values()]
+    if any(age < first for age in ages) and \
+            sum(1 for age in ages if age >= first) < server.num_workers:
+        server.log.info("API process %s of the reload gone before its elders left: "
+                        "its replacement started", worker.pid)
+        server.spawn_worker()
 
 
 def on_exit(server):

@@ -212,7 +212,8 @@ class Restarts:
     """A worker that stopped consuming during the reload (a SIGKILL, a crash) is started again
     by its keeper under a new node name (`worker-<pid>@<host>`, scripts/worker.sh); it reads
     the models file on disk, the new one, as it starts. Such a worker, on the same host and
-    consuming the same queues, and not there when the reload began, takes the stopped one's
+    consuming the same queues, and not there when the reload began (or started after the
+    stopped one last reported: killed moments before the reload), takes the stopped one's
     place: the stopped one is "restarted as" it, and the reload waits for the new one to
     serve the revision, as for any other. Until one comes, for `grace_s` (and within the
     reload's timeout), the stopped worker is awaited; then it is gone, as before (the reload
@@ -245,7 +246,10 @@ class Restarts:
 
     def _successor(self, name: str, standing: dict[str, str], taken: set[str]) -> str:
         """A live worker on `name`'s host with its queues that was not there when the reload
-        began (the stopped one's last report read once)."""
+        began, or started after the stopped one last reported (the stopped one's last report
+        read once): a worker killed moments before the reload is still among the consuming
+        ones when it begins (its heartbeat within its TTL), and so can be the one its keeper
+        started again."""
         if name not in self.reports:
             raw = self.client.hget(RELOAD_STATUS_KEY, name)
             self.reports[name] = orjson.loads(raw) if raw else None
@@ -254,13 +258,21 @@ class Restarts:
             return ""
         host = name.split("@", 1)[-1]
         for other in sorted(standing):
-            if other in taken or other in self.before or not other.startswith("worker:") or \
+            if other in taken or not other.startswith("worker:") or \
                     other.split("@", 1)[-1] != host or standing[other].startswith("gone"):
                 continue
             raw = self.client.hget(RELOAD_STATUS_KEY, other)
-            if raw and _consumes(orjson.loads(raw)) == _consumes(report):
+            found = orjson.loads(raw) if raw else None
+            if found and _consumes(found) == _consumes(report) and (
+                    other not in self.before or _started_after(found, report)):
                 return other
         return ""
+
+
+def _started_after(found: dict, report: dict) -> bool:
+    """Whether the worker of `found` started after the one of `report` last reported (both
+    on one host: one clock). A worker that does not say when it started did not."""
+    return float(found.get("started") or 0) > float(report.get("at") or 0)
 
 
 def _consumes(report: dict) -> tuple:

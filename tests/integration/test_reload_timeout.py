@@ -447,3 +447,50 @@ def test_a_worker_that_stopped_is_awaited_back_under_a_new_name(tmp_path, client
                                        "reload; awaited back") for line in said), said
             assert "  worker:w@h: gone: stopped consuming during the reload (see its log)" \
                 in said, said
+
+
+def test_a_worker_restarted_just_before_the_reload_takes_the_killed_ones_place(
+        tmp_path, client, redis_server):
+    """A worker killed moments before a reload, started again by its keeper under a new name:
+    when the reload begins both are among the consuming workers (the killed one's heartbeat
+    still within its TTL). The new one, started after the killed one last reported, takes its
+    place and the reload is done. (Before, a worker there when the reload began was never a
+    successor: the killed one was awaited three TTLs, then gone, and the reload refused and
+    undone.) A worker beside it all along, or one on other queues, takes no one's place."""
+    setup(tmp_path, client, redis_server)
+    settings = load_settings({"redis_url": redis_server.extra["url"],
+                              "models_file": str(tmp_path / "models.yaml"),
+                              "heartbeat_interval_s": 0.5, "heartbeat_ttl_s": 2.0}, environ={})
+    cases = (("restarted", ["quick"], DONE), ("beside", ["quick"], REFUSED),
+             ("restarted", ["other"], REFUSED))
+    for when, queues, expected in cases:
+        client.delete(MODELS_REVISION_KEY, RELOAD_STATUS_KEY, CONSUMING_KEY)
+        # The killed worker's last report, its heartbeat within its TTL; it never beats again.
+        report(client, "old", "serving", queues=["quick"], started=time.time() - 60)
+        last = orjson.loads(client.hget(RELOAD_STATUS_KEY, "worker:w@h"))["at"]
+        started = last + 0.01 if when == "restarted" else last - 30
+        stop = threading.Event()
+
+        def beat(revision: str, started: float = started, queues: list = queues) -> None:
+            client.zadd(CONSUMING_KEY, {"w2@h": time.time()})
+            client.hset(RELOAD_STATUS_KEY, "worker:w2@h", orjson.dumps(
+                {"revision": revision, "state": "serving", "at": time.time(), "started": started,
+                 "children_left": 0, "error": "", "refused": "", "queues": queues}))
+
+        def worker() -> None:
+            revision = announced(client)
+            while not stop.is_set():  # the new one serves what it read as it started
+                beat(revision)
+                stop.wait(0.2)
+
+        beat("old")  # consuming before the reload begins
+        thread = threading.Thread(target=worker, daemon=True)
+        thread.start()
+        said: list[str] = []
+        try:
+            result = reload(timeout_s=30, say=said.append, settings=settings)
+        finally:
+            stop.set()
+            thread.join(10)
+        assert result.status == expected, (when, queues, said)
+        assert ("  worker:w@h: restarted as worker:w2@h" in said) == (expected == DONE), said

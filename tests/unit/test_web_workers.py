@@ -112,9 +112,9 @@ def test_a_stop_of_the_master_ends_the_wait_for_replacements(monkeypatch, tmp_pa
     conf["on_reload"](SimpleNamespace(worker_age=2))
     assert not conf["replaced"](1, 2) and conf["stopping"]() is None
     queued = []
-    conf["_stop_noted"](lambda sig, frame: queued.append(sig), signal.SIGINT, None)
+    conf["_stop_noted"](os.getpid(), lambda sig, frame: queued.append(sig), signal.SIGINT, None)
     assert queued == [signal.SIGINT], "gunicorn's own handler still called"
     assert conf["stopping"]() == signal.SIGINT and conf["replaced"](1, 2)
     conf["on_exit"](None)  # its folder gone: a later signal is still handed on
-    conf["_stop_noted"](lambda sig, frame: queued.append(sig), signal.SIGTERM, None)
+    conf["_stop_noted"](os.getpid(), lambda sig, frame: queued.append(sig), signal.SIGTERM, None)
     assert queued == [signal.SIGINT, signal.SIGTERM]

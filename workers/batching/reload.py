@@ -111,6 +111,7 @@ class Reloader:
         self.client = client
         self.revision: str = self.app.conf.iq_models_revision
         self.state = "serving"
+        self.started = time.time()  # a reload tells a worker started again from one beside
         self.error = ""
         self.refused_revision = ""
         # The count of announcements when it refused (tasks/keys.py MODELS_ANNOUNCEMENTS_KEY),
@@ -541,6 +542,7 @@ class Reloader:
                   "refused": self.refused_revision,
                   "announcement": self.announcement,  # its number, when it began or refused
                   "metrics": getattr(self.app.conf, "iq_metrics_address", None),
+                  "started": self.started,  # scripts/reload_wait.py Restarts
                   **self.serves()}
         try:
             self.client.hset(RELOAD_STATUS_KEY, f"worker:{self.consumer.hostname}",
