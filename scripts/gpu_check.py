@@ -148,7 +148,8 @@ def embedder(device: str, max_batch_size: int = 32):
 
 def worst_cosine(outputs: list, reference: list) -> float:
     assert len(outputs) == len(reference), (len(outputs), len(reference))
-    return min(cosine(a, b) for a, b in zip(outputs, reference))
+    # a float: a handler's rows may be numpy float32 (output_rows), which JSON does not write
+    return float(min(cosine(a, b) for a, b in zip(outputs, reference)))
 
 
 def start(mode: Mode, work: Path) -> Stack:
