@@ -60,19 +60,25 @@ class Submits:
             self._stop.wait(0.02)
 
 
-def processes(master: int) -> set[int]:
-    return {child.pid for child in psutil.Process(master).children()}
-
-
-def test_submits_wait_no_longer_than_their_deadline_while_gunicorn_reloads(tmp_path):
+def start_api(tmp_path, processes: int, **extra: str):
+    """A Redis and gunicorn with `processes` API processes on the default settings, serving a
+    synthetic model `quick` whose queue never fills: (redis, web)."""
     server = start_redis(tmp_path)
     models = tmp_path / "models.yaml"
     models.write_text(yaml.safe_dump({"models": {"quick": {
         "kind": "synthetic", "max_queue_depth": 1_000_000}}}))
     base = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
     env = dict(base, REDIS_URL=server.extra["url"], IQ_MODELS_FILE=str(models),
-               IQ_WEB_WORKERS="2", PYTHONUNBUFFERED="1")
-    web = start_web(env, tmp_path)
+               IQ_WEB_WORKERS=str(processes), PYTHONUNBUFFERED="1", **extra)
+    return server, start_web(env, tmp_path)
+
+
+def processes(master: int) -> set[int]:
+    return {child.pid for child in psutil.Process(master).children()}
+
+
+def test_submits_wait_no_longer_than_their_deadline_while_gunicorn_reloads(tmp_path):
+    server, web = start_api(tmp_path, 2)
     submits = None
     try:
         master = web.proc.pid
@@ -128,13 +134,7 @@ def test_a_stop_during_the_hand_over_ends_within_the_stop_timeout_nothing_killed
     waited for their replacements up to gunicorn's `timeout`, 60 s, while the master waited for
     them in its reload; a new process that got the master's SIGTERM before it set its handlers
     lost it and was SIGKILLed at graceful_timeout: 70 s in all on a loaded two-core machine.)"""
-    server = start_redis(tmp_path)
-    models = tmp_path / "models.yaml"
-    models.write_text(yaml.safe_dump({"models": {"quick": {"kind": "synthetic"}}}))
-    base = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
-    env = dict(base, REDIS_URL=server.extra["url"], IQ_MODELS_FILE=str(models),
-               IQ_WEB_WORKERS="2", PYTHONUNBUFFERED="1")
-    web = start_web(env, tmp_path)
+    server, web = start_api(tmp_path, 2)
     store = redis.Redis.from_url(server.extra["url"])
     old: set[int] = set()
     new: set[int] = set()

@@ -10,22 +10,13 @@ import os
 import signal
 import time
 
-import yaml
-
 from config import Settings
-from scripts.stack import start_redis, start_web, wait_until
-from tests.integration.test_api_sighup import Submits, processes
+from scripts.stack import wait_until
+from tests.integration.test_api_sighup import Submits, processes, start_api
 
 
 def test_a_new_process_killed_in_the_hand_over_is_replaced_at_once(tmp_path):
-    server = start_redis(tmp_path)
-    models = tmp_path / "models.yaml"
-    models.write_text(yaml.safe_dump({"models": {"quick": {
-        "kind": "synthetic", "max_queue_depth": 1_000_000}}}))
-    base = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
-    env = dict(base, REDIS_URL=server.extra["url"], IQ_MODELS_FILE=str(models),
-               IQ_WEB_WORKERS="1", PYTHONUNBUFFERED="1")
-    web = start_web(env, tmp_path)
+    server, web = start_api(tmp_path, 1)
     submits = None
     try:
         master = web.proc.pid

@@ -12,10 +12,9 @@ import signal
 import time
 
 import requests
-import yaml
 
-from scripts.stack import start_redis, start_web, wait_until
-from tests.integration.test_api_sighup import processes
+from scripts.stack import wait_until
+from tests.integration.test_api_sighup import processes, start_api
 
 
 def first_child(master: int, old: set[int]) -> int:
@@ -29,13 +28,7 @@ def first_child(master: int, old: set[int]) -> int:
 
 
 def test_a_process_told_to_stop_while_it_boots_does_not_stop_gunicorn(tmp_path):
-    server = start_redis(tmp_path)
-    models = tmp_path / "models.yaml"
-    models.write_text(yaml.safe_dump({"models": {"quick": {"kind": "synthetic"}}}))
-    base = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
-    env = dict(base, REDIS_URL=server.extra["url"], IQ_MODELS_FILE=str(models),
-               IQ_WEB_WORKERS="1", PYTHONUNBUFFERED="1", TMPDIR=str(tmp_path))
-    web = start_web(env, tmp_path)
+    server, web = start_api(tmp_path, 1, TMPDIR=str(tmp_path))
     try:
         master = web.proc.pid
         wait_until(lambda: len(processes(master)) == 1, 60, "one API process")

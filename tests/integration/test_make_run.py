@@ -41,6 +41,19 @@ SECRET_VARIABLES = set().union(*HOLDS.values(), {SENTINEL_PASSWORD})
 pytestmark = pytest.mark.slow
 
 
+def start_refused(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`command` (make run) expected to refuse at once; if it started the stack after all, the
+    stack is stopped, and its exit status and output say so."""
+    run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = run.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # it started the stack: stop all of it
+        os.killpg(run.pid, signal.SIGTERM)
+        out, err = run.communicate(timeout=60)
+    return subprocess.CompletedProcess(command, run.returncode, out, err)
+
+
 def run_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("REDIS_URL", "FLOWER_BASIC_AUTH", "IQ_WEBHOOK_SECRET", "IQ_MODELS_FILE")}
@@ -233,14 +246,7 @@ def test_a_models_file_its_processes_cannot_serve_stops_make_run_before_anything
                          "input_shape": [1]}}[case]
     models.write_text(yaml.safe_dump({"models": {"alpha": model}}))
     env = run_env(tmp_path, IQ_MODELS_FILE=str(models))
-    run = subprocess.Popen(RUN, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = run.communicate(timeout=60)
-    except subprocess.TimeoutExpired:  # it started the stack: stop all of it
-        os.killpg(run.pid, signal.SIGTERM)
-        out, err = run.communicate(timeout=60)
-    done = subprocess.CompletedProcess(RUN, run.returncode, out, err)
+    done = start_refused(RUN, env)
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stderr.splitlines() == [{
         "group": "make run: models.alpha: redis must name a group of redis_groups (none is "

@@ -405,6 +405,19 @@ def test_a_reload_with_no_worker_to_ask_waits_for_one_then_is_refused_and_nothin
     assert target.read_bytes() == new.read_bytes()
 
 
+def reload_beside(worker, stop: threading.Event, settings) -> tuple:
+    """`make reload` (30 s) with `worker` acting in a thread until it is done: (its result,
+    what it said)."""
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    said: list[str] = []
+    try:
+        return reload(timeout_s=30, say=said.append, settings=settings), said
+    finally:
+        stop.set()
+        thread.join(10)
+
+
 def test_a_worker_that_stopped_is_awaited_back_under_a_new_name(tmp_path, client, redis_server):
     """A worker that stopped consuming during the reload (killed) is awaited a while
     (scripts/reload_wait.py `Restarts`): one started again by its keeper on its host and
@@ -431,14 +444,7 @@ def test_a_worker_that_stopped_is_awaited_back_under_a_new_name(tmp_path, client
                      "children_left": 0, "error": "", "refused": "", "queues": ["quick"]}))
                 stop.wait(0.2)
 
-        thread = threading.Thread(target=worker, daemon=True)
-        thread.start()
-        said: list[str] = []
-        try:
-            result = reload(timeout_s=30, say=said.append, settings=settings)
-        finally:
-            stop.set()
-            thread.join(10)
+        result, said = reload_beside(worker, stop, settings)
         assert result.status == expected, said
         if restarted:
             assert "  worker:w@h: restarted as worker:w2@h" in said, said
@@ -484,13 +490,6 @@ def test_a_worker_restarted_just_before_the_reload_takes_the_killed_ones_place(
                 stop.wait(0.2)
 
         beat("old")  # consuming before the reload begins
-        thread = threading.Thread(target=worker, daemon=True)
-        thread.start()
-        said: list[str] = []
-        try:
-            result = reload(timeout_s=30, say=said.append, settings=settings)
-        finally:
-            stop.set()
-            thread.join(10)
+        result, said = reload_beside(worker, stop, settings)
         assert result.status == expected, (when, queues, said)
         assert ("  worker:w@h: restarted as worker:w2@h" in said) == (expected == DONE), said

@@ -28,7 +28,7 @@ from scripts.preflight import bind_error
 from scripts.stack import ROOT, wait_until
 from scripts.var_dir import kept_secret
 from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
-from tests.integration.test_make_run import PORTS, MakeRun, RUN, run_env, secret
+from tests.integration.test_make_run import PORTS, MakeRun, RUN, run_env, secret, start_refused
 from tests.support.load import Load
 from tests.support.records import fields_of
 
@@ -271,15 +271,9 @@ def test_a_start_the_users_cannot_serve_is_refused_in_one_line_nothing_started(
                         f"{shut} is mode 0700, owner root; let them through (chmod o+x "
                         f"'{shut}') or move it, or set IQ_RUN_USERS=one"]
         command = namespaced(open_dir, *mounts)
-    run = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = run.communicate(timeout=60)
-    except subprocess.TimeoutExpired:  # it started the stack: stop all of it
-        os.killpg(run.pid, signal.SIGTERM)
-        out, err = run.communicate(timeout=60)
-    assert run.returncode == 1, out + err
-    assert err.splitlines() == expected
+    done = start_refused(command, env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.splitlines() == expected
     assert not Path(env["IQ_VAR_DIR"]).exists()  # nothing made, nothing started
     assert all(bind_error("127.0.0.1", int(env[name])) is None for name in PORTS)
 
