@@ -24,6 +24,7 @@ from celery.worker import state as worker_state
 from celery.worker import strategy as celery_strategy
 from celery.worker.consumer.consumer import Consumer
 from celery.worker.request import Request
+from kombu.clocks import LamportClock
 from kombu.messaging import Consumer as KombuConsumer
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
@@ -116,6 +117,7 @@ READ: tuple[Name, ...] = (
     Name(Consumer, "on_decode_error", ("self", "message", "exc")),
     Name(KombuConsumer, "_receive_callback", ("self", "message")),
     Name(EventDispatcher, "_group_buffer"),
+    Name(LamportClock, "mutex"),
     Name(prefork.TaskPool, "_pool"),
     Name(BilliardPool, "_ctx"),
     Name(BilliardPool, "_pool"),
