@@ -313,12 +313,14 @@ class ReliableFetch:
             self.inflight.restore([m["properties"]["delivery_tag"] for _l, m in read])
             raise Empty()
         together: dict[Any, list] = {}  # a consumer's `many` -> its messages, in order
+        takers: dict[str, tuple[Any, Any, Any]] = {}  # queue -> callback, consumer, many
         for list_key, raw in read:
             queue = list_key.rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(queue)
-            callback = self._iq_callbacks.get(queue)
-            consumer = getattr(callback, "__self__", None)
-            many = getattr(getattr(consumer, "on_message", None), "many", None)
+            taker = takers.get(queue)
+            if taker is None:
+                taker = takers[queue] = self._iq_taker(queue)
+            callback, consumer, many = taker
             if many is None:  # kombu's own way: its channel's callback, one message
                 self.connection._deliver(raw, queue)
                 continue
@@ -330,6 +332,13 @@ class ReliableFetch:
         for many, messages in together.items():
             many(messages)  # the worker's consumer (workers/broker/intake.py)
         return True
+
+    def _iq_taker(self, queue: str) -> tuple[Any, Any, Any]:
+        """The queue's callback (a kombu `Consumer`'s), its consumer, and the consumer's
+        handler's `many` (None: the consumer takes messages one at a time)."""
+        callback = self._iq_callbacks.get(queue)
+        consumer = getattr(callback, "__self__", None)
+        return callback, consumer, getattr(getattr(consumer, "on_message", None), "many", None)
 
     def _iq_message(self, raw: Any, consumer: Any) -> Any:
         """A fetched message as kombu's channel and consumer hand it on (`basic_consume`'s
