@@ -56,7 +56,7 @@ class BatchIntake:
             for message in messages:
                 headers = message.headers
                 try:
-                    took = intake_of(strategies[headers["task"]])
+                    took = getattr(strategies[headers["task"]], "intake", None)  # intake_of
                 except (TypeError, KeyError):
                     took = None
                 if took is not taking and run:
