@@ -26,11 +26,6 @@ Refused = Callable[[Any, Exception], None]
 REFUSED = (InvalidTaskError, ContentDisallowed, DecodeError)
 
 
-def intake_of(strategy: Any) -> Callable[[list, Any, Refused], None] | None:
-    """The strategy's way of taking several messages in one call; None: one at a time."""
-    return getattr(strategy, "intake", None)
-
-
 class BatchIntake:
     """Mixed into Celery's worker consumer (workers/broker/events.py `Consumer`)."""
 
@@ -56,7 +51,8 @@ class BatchIntake:
             for message in messages:
                 headers = message.headers
                 try:
-                    took = getattr(strategies[headers["task"]], "intake", None)  # intake_of
+                    # The strategy's way of taking several at once; None: one at a time.
+                    took = getattr(strategies[headers["task"]], "intake", None)
                 except (TypeError, KeyError):
                     took = None
                 if took is not taking and run:
