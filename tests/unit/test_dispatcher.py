@@ -368,3 +368,23 @@ def test_a_fetchs_received_events_leave_together_before_its_jobs_are_batched(mon
     assert order == [("task-received", ["a", "b", "c"]), ("batch", ["a", "b", "c"])]
     d.pump()
     assert len(order) == 2  # each sent once
+
+
+def test_a_succeeded_batchs_acks_go_together_not_through_each_requests_ack_callback():
+    """A returned batch's succeeded jobs are acknowledged as the batch's (one round trip; none
+    for those the finish acknowledged with their results), each request marked acknowledged
+    as Celery's `Request.acknowledge` marks it, without a call a job through its `on_ack`."""
+    d, pool, timer, unacked = dispatcher()
+    requests = [receive(d, job_id) for job_id in "abc"]
+    through_callbacks: list = []
+    for request in requests:
+        request._on_ack = lambda *_a, _id=request.id: through_callbacks.append(_id)
+    pool.calls[0]["callback"]([JobOutcome("a", Outcome.SUCCEEDED, 0.1, 1)])
+    timer.run_due()
+    pool.calls[1]["callback"]([JobOutcome("b", Outcome.SUCCEEDED, 0.1, 1),
+                               JobOutcome("c", Outcome.SUCCEEDED, 0.1, 1, acked=True)])
+    timer.run_due()
+    assert through_callbacks == []
+    assert unacked.acked == [["tag-a"], ["tag-b"]]  # c: acknowledged by its finish already
+    assert all(r.acknowledged for r in requests)
+    assert len(d.leases) == 0  # every message released

@@ -137,23 +137,33 @@ class Settlement:
         succeeded jobs' `task-succeeded` events buffered together."""
         by_id = {o.job_id: o for o in outcomes}
         succeeded: list[tuple[str, dict]] = []
+        settled: list = []  # succeeded jobs' messages the finish acknowledged in Redis already
         with self.settling():
+            assert self._settling is not None
+            acks = self._settling[0]  # this one's, or an outer one's: sent as it ends
             for r in requests:
                 o = by_id.get(r.id)
                 if o is None:
                     logger.error("batch of %s returned no outcome for job %s; requeued",
                                  model, r.id)
                     o = JobOutcome(r.id, Outcome.RETRY)
+                if o.outcome is Outcome.SUCCEEDED:
+                    # What `Request.on_success` does, its event left for the batch's, and what
+                    # its `acknowledge` does (`_settle`), the batch's acks together rather than
+                    # through each request's `on_ack`. Not into Celery's `successful_requests`
+                    # (a set that ages its entries, costly a job): in this process Celery reads
+                    # it only for a request still active and unacknowledged, which this one,
+                    # off the active books and acknowledged here, is not.
+                    worker_state.task_ready(r)
+                    if not r.acknowledged:
+                        r.acknowledged = True
+                        (settled if o.acked else acks).append(r.message)
+                    succeeded.append((r.id, {"result": _success(o), "runtime": o.runtime}))
+                    continue
                 if o.acked:
                     self._acked.add(id(r.message))
                 if o.outcome is Outcome.UNSTORED:
                     self.unstored.append((r, o))
-                    continue
-                if o.outcome is Outcome.SUCCEEDED:
-                    # What `Request.on_success` does, its event left for the batch's.
-                    worker_state.task_ready(r, successful=True)
-                    r.acknowledge()
-                    succeeded.append((r.id, {"result": _success(o), "runtime": o.runtime}))
                     continue
                 try:
                     self._settle_one(r, o)
@@ -163,6 +173,7 @@ class Settlement:
                         r.reject(requeue=True)  # not run here: its message must stay live
                     else:
                         r.acknowledge()
+            self.leases.settled(settled)
         self._acked.clear()  # a request Celery's books had settled before, never acked again
         send_task_events(self._events(requests), "task-succeeded", succeeded)
 

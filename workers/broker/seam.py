@@ -145,6 +145,7 @@ ELSEWHERE: tuple[Name, ...] = (
                                "connection_errors", "request_dict", "task", "on_reject",
                                "body", "headers", "decoded", "utc", "maybe_make_aware",
                                "maybe_iso8601", "opts")),
+    Name(Request, "acknowledged"),
     Name(worker_state, "task_ready", ("request", "successful", "remove_request",
                                       "discard_active_request", "discard_reserved_request",
                                       "discard_scheduled_request")),
