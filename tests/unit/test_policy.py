@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.batching.policy import BatchScheduler, ModelBuffer
+from workers.batching.policy import RATE_WINDOW_S, BatchCost, BatchScheduler, ModelBuffer
 
 
 def make(max_batch=4, max_wait_s=0.010, models=("m",)):
@@ -180,3 +180,112 @@ def test_a_held_models_jobs_wait_past_their_deadline_and_leave_once_released():
     assert s.next_deadline() is None and len(s) == 1
     s.held.clear()
     assert ids(s.batches(now=1.0, idle=1, busy=0)) == [["n1"]]
+
+
+# -- a free child's hold: more items coming than wait (BatchCost, ModelBuffer.holds) --------
+
+def timed(s, model="m", fixed=0.020, per_item=0.001, sizes=(1, 4)):
+    """The model's batches seen taking `fixed` + `per_item` × items seconds."""
+    for items in sizes * 5:
+        s.observe(model, items, fixed + per_item * items)
+
+
+def traffic(s, until, per_s=1000, model="m"):
+    """An item every 1/per_s s over the RATE_WINDOW_S before `until`, all gone in batches
+    (run by a busy child): the recent arrival rate."""
+    n = int(RATE_WINDOW_S * per_s)
+    for i in range(n):
+        s.add(model, ("past", i), 1, now=until - RATE_WINDOW_S + (i + 0.5) / per_s)
+    s.drain()
+
+
+def test_the_batch_cost_is_the_line_through_the_batches_seen():
+    cost = BatchCost()
+    assert cost.fixed is None
+    for _ in range(10):
+        cost.observe(8, 0.020 + 0.2e-3 * 8)
+    assert cost.fixed is None  # one size: no line
+    for items in (4, 32, 16, 28) * 10:
+        cost.observe(items, 0.020 + 0.2e-3 * items)
+    assert cost.fixed == pytest.approx(0.020)
+    for items in (4, 32) * 10:  # no dearer for more items: all of it is fixed
+        cost.observe(items, 0.030 - 0.1e-3 * items)
+    assert 0 < cost.fixed <= cost.sy / cost.s0 + 1e-12
+
+
+def test_a_freed_child_waits_while_more_items_are_coming_than_wait():
+    """Items arriving at 1 a millisecond, a batch's fixed cost 20 ms: ~20 are coming, so a
+    freed child does not leave with the 3 waiting; it takes the batch once full, before its
+    hold's end."""
+    s = make(max_batch=8, max_wait_s=0.005)
+    timed(s)
+    traffic(s, until=0.100)
+    for i in range(3):
+        s.add("m", i, 1, now=0.100 + i * 0.001)
+    assert s.batches(now=0.102, idle=1, busy=0, freed=1) == []
+    assert s.next_deadline() == pytest.approx(0.102 + 0.005)  # the hold's end, not 0.105
+    for i in range(3, 8):
+        s.add("m", i, 1, now=0.103)
+        if i < 7:
+            assert s.batches(now=0.103, idle=1, busy=0, freed=1) == []
+    assert ids(s.batches(now=0.103, idle=1, busy=0, freed=1)) == [list(range(8))]
+    assert s.next_deadline() is None
+
+
+def test_a_held_child_leaves_with_what_waits_at_the_holds_end():
+    s = make(max_batch=32, max_wait_s=0.005)
+    timed(s)
+    traffic(s, until=0.100)
+    for i in range(10):
+        s.add("m", i, 1, now=0.100 + i * 0.001)
+    assert s.batches(now=0.110, idle=1, busy=0, freed=1) == []
+    assert s.batches(now=0.1149, idle=1, busy=0) == []
+    assert ids(s.batches(now=0.115, idle=1, busy=0)) == [list(range(10))]
+    # The next batch's hold starts afresh (no hold carried over from this one).
+    s.add("m", "x", 1, now=0.116)
+    assert s.batches(now=0.116, idle=1, busy=0, freed=1) == []
+    assert s.next_deadline() == pytest.approx(0.116 + 0.005)
+
+
+def test_no_hold_once_as_many_wait_as_are_coming():
+    """Arrivals slow down: the items expected over the fixed cost (the rate over the last
+    RATE_WINDOW_S) no longer outnumber the waiting ones, so the child goes without waiting
+    out the hold."""
+    s = make(max_batch=32, max_wait_s=0.005)
+    timed(s)
+    traffic(s, until=0.100, per_s=200)  # 200 a second × 20 ms: 4 coming
+    for i in range(3):
+        s.add("m", i, 1, now=0.100)
+    assert s.batches(now=0.100, idle=1, busy=0, freed=1) == []  # 4.2 coming, 3 wait
+    s.add("m", 3, 1, now=0.100)
+    assert ids(s.batches(now=0.100, idle=1, busy=0, freed=1)) == [list(range(4))]
+
+
+def test_a_lone_job_never_waits_for_a_batch_mate():
+    """A lone client sends its next job once its last one ended: fewer than one item arrives
+    over its batch's fixed cost, so each goes to the idle child at once, its model timed or
+    not."""
+    s = make(max_batch=32, max_wait_s=0.050)
+    timed(s, fixed=0.020, per_item=0.0002, sizes=(1, 32))
+    now = 1.0
+    for i in range(40):
+        s.add("m", i, 1, now=now)
+        assert ids(s.batches(now=now, idle=1, busy=0)) == [[i]]
+        now += 0.0205  # its batch's time: the next is sent as this one's answer comes
+
+
+def test_a_model_not_timed_yet_never_holds_a_free_child():
+    s = make(max_batch=32, max_wait_s=0.050)
+    for i in range(30):
+        s.add("m", i, 1, now=0.100)
+    assert ids(s.batches(now=0.100, idle=1, busy=0, freed=1)) == [list(range(30))]
+
+
+def test_a_reload_keeps_a_models_timing_and_arrivals():
+    s = make(max_batch=8, max_wait_s=0.005)
+    timed(s)
+    traffic(s, until=0.100)
+    for i in range(3):
+        s.add("m", i, 1, now=0.100)
+    s.add_model("m", 8, 0.005)  # a reload: new limits, the same model
+    assert s.batches(now=0.100, idle=1, busy=0, freed=1) == []

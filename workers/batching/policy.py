@@ -10,7 +10,16 @@ A worker's main process buffers jobs per model and hands batches to idle pool ch
   worker must not wait out a window: nothing else is running that could be batched with it).
   Otherwise it leaves no later than the oldest job's deadline.
 * While every child is busy, jobs only accumulate; the moment a child frees up it takes
-  everything waiting, up to `max_batch_size` items, without waiting any longer.
+  everything waiting, up to `max_batch_size` items, without waiting any longer, unless more
+  items are coming than wait: a child free to take a batch that is not full holds it back,
+  for at most `max_wait_ms` from then, while the items expected over a batch's fixed cost
+  (the recent arrival rate × the model's time a batch less its time per item, fitted from
+  the batches it ran: `BatchCost`) outnumber those waiting by one or more. A batch's fixed
+  cost is paid once whatever its size: with n items waiting and λ arriving a second, a
+  batch sent after a wait carries more items a second of the device's time exactly when
+  λ × fixed > n. A lone client never waits: its next job comes only after its batch ends,
+  so less than one item arrives over a batch's fixed cost (under two as the rate's window
+  counts it).
 * Jobs the caller says to discard (revoked, expired) are dropped when a batch is formed.
 * Within a model, higher-priority jobs (lower number) leave first, FIFO within a priority:
   prefetched jobs are reordered here, so priority holds even with a full buffer.
@@ -43,6 +52,44 @@ class Batch:
         return sum(p.items for p in self.jobs)
 
 
+#: The arrival rate a buffer's hold reads is its items over this many last seconds (or four
+#: of its model's fixed cost a batch, if longer).
+RATE_WINDOW_S = 0.25
+#: Each batch's weight in `BatchCost`'s fit, from one batch to the next (0.95: the last ~20).
+COST_DECAY = 0.95
+
+
+@dataclass
+class BatchCost:
+    """A model's time a batch as a line, `fixed` + `per_item` × items, fitted by least
+    squares over its recent batches (each weighs COST_DECAY times the next). `fixed` is None
+    until batches of different sizes were seen (no line through one point)."""
+    s0: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+
+    def observe(self, items: int, seconds: float) -> None:
+        d = COST_DECAY
+        self.s0 = self.s0 * d + 1
+        self.sx = self.sx * d + items
+        self.sy = self.sy * d + seconds
+        self.sxx = self.sxx * d + items * items
+        self.sxy = self.sxy * d + items * seconds
+
+    @property
+    def fixed(self) -> float | None:
+        if self.s0 == 0:
+            return None
+        spread = self.s0 * self.sxx - self.sx * self.sx
+        if spread < 0.25 * self.s0 * self.s0:  # sizes within ~half an item of each other
+            return None
+        per_item = max((self.s0 * self.sxy - self.sx * self.sy) / spread, 0.0)
+        mean = self.sy / self.s0
+        return min(max(mean - per_item * self.sx / self.s0, 0.0), mean)
+
+
 @dataclass
 class ModelBuffer:
     model: str
@@ -50,6 +97,11 @@ class ModelBuffer:
     max_wait_s: float
     queue: deque[Pending] = field(default_factory=deque)
     items: int = 0
+    cost: BatchCost = field(default_factory=BatchCost)
+    # (time, items) of the arrivals over the last RATE_WINDOW_S, and their items.
+    arrivals: deque[tuple[float, int]] = field(default_factory=deque)
+    arrived_items: int = 0
+    held_since: float | None = None  # a free child was first held back from this buffer
 
     def __post_init__(self) -> None:
         if isinstance(self.max_batch_size, bool) or not isinstance(self.max_batch_size, int) \
@@ -64,6 +116,31 @@ class ModelBuffer:
     def add(self, pending: Pending) -> None:
         self.queue.append(pending)
         self.items += pending.items
+        self.arrivals.append((pending.arrived, pending.items))
+        self.arrived_items += pending.items
+
+    def coming(self, now: float) -> float:
+        """The items expected to arrive over the model's fixed cost a batch (0 while it is
+        not known): the rate of the arrivals over the last RATE_WINDOW_S (or four fixed
+        costs, if longer) times that cost."""
+        fixed = self.cost.fixed
+        window = max(RATE_WINDOW_S, 4 * (fixed or 0.0))
+        while self.arrivals and self.arrivals[0][0] <= now - window:
+            self.arrived_items -= self.arrivals.popleft()[1]
+        if not fixed:
+            return 0.0
+        return self.arrived_items / window * fixed
+
+    def holds(self, now: float) -> bool:
+        """Whether a free child waits for more (the module's docstring): the batch is not
+        full, at least one item more is coming than wait, and it has held for less than
+        max_wait_s."""
+        if self.items >= self.max_batch_size or self.coming(now) < self.items + 1:
+            self.held_since = None
+            return False
+        if self.held_since is None:
+            self.held_since = now
+        return now < self.held_since + self.max_wait_s
 
     @property
     def oldest(self) -> float:
@@ -73,12 +150,21 @@ class ModelBuffer:
     def deadline(self) -> float:
         return self.oldest + self.max_wait_s
 
+    @property
+    def due(self) -> float:
+        """When it leaves for a free child without another arrival: its hold's end while a
+        free child is held back, else its oldest job's deadline."""
+        return self.deadline if self.held_since is None \
+            else self.held_since + self.max_wait_s
+
     def ready(self, now: float, worker_idle: bool, freed: bool, full_only: bool = False) -> bool:
         if full_only:
             return bool(self.queue) and self.items >= self.max_batch_size
-        return bool(self.queue) and (
-            freed or worker_idle or self.items >= self.max_batch_size or now >= self.deadline
-        )
+        if not self.queue:
+            return False
+        if freed or worker_idle:
+            return not self.holds(now)
+        return self.items >= self.max_batch_size or now >= self.deadline
 
     def take(self, discard: Callable[[Any], bool]) -> list[Pending]:
         """Up to max_batch_size items, by priority then arrival; at least one job if any
@@ -101,6 +187,7 @@ class ModelBuffer:
                 break
         self.queue = deque(p for p in self.queue if id(p) not in gone)
         self.items = sum(p.items for p in self.queue)
+        self.held_since = None
         return taken
 
     def remove_if(self, pred: Callable[[Any], bool]) -> list[Pending]:
@@ -135,12 +222,20 @@ class BatchScheduler:
         held = self.buffers.get(model)
         self.buffers[model] = ModelBuffer(model, max_batch_size, max_wait_s)
         if held is not None:
-            self.buffers[model].queue, self.buffers[model].items = held.queue, held.items
+            buf = self.buffers[model]
+            buf.queue, buf.items, buf.cost = held.queue, held.items, held.cost
+            buf.arrivals, buf.arrived_items = held.arrivals, held.arrived_items
 
     def remove_model(self, model: str) -> list[Pending]:
         """A model's buffer gone (a reload removed the model): what it held."""
         held = self.buffers.pop(model, None)
         return list(held.queue) if held is not None else []
+
+    def observe(self, model: str, items: int, seconds: float) -> None:
+        """A batch of `items` items of `model` took the model `seconds` (`BatchCost`)."""
+        buf = self.buffers.get(model)
+        if buf is not None and items > 0:
+            buf.cost.observe(items, seconds)
 
     def add(self, model: str, job: Any, items: int, now: float, priority: int = 0,
             alone: bool = False) -> None:
@@ -180,7 +275,7 @@ class BatchScheduler:
         return out
 
     def next_deadline(self) -> float | None:
-        deadlines = [b.deadline for b in self.buffers.values()
+        deadlines = [b.due for b in self.buffers.values()
                      if b.queue and b.model not in self.held]
         return min(deadlines) if deadlines else None
 
