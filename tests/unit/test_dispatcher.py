@@ -12,7 +12,7 @@ from typing import Any
 from config import load_settings
 from config.models import parse_model
 from workers.broker import Broker
-from workers.batching.dispatcher import HANDOVER_S, PoolDispatcher
+from workers.batching.dispatcher import PoolDispatcher
 from workers.batching.policy import RATE_WINDOW_S
 from workers.batching.reload import Failing, QueuesConsumed, ReloadHost
 from workers.batching.stopping import PoolChildren, Stoppable
@@ -219,34 +219,6 @@ def test_a_full_batch_is_handed_to_the_busy_child_ahead_as_its_batch_nears_its_e
     clock.now += RATE_WINDOW_S  # no arrival since: nothing more is coming to wait for
     pool.calls[2]["callback"]([JobOutcome(j, Outcome.SUCCEEDED, 0.1, 1) for j in "bcde"])
     assert [job.id for job in pool.calls[3]["args"][1]] == ["f"]  # the child is free
-
-
-def test_a_batch_not_full_goes_ahead_a_handover_before_the_childs_call_ends(monkeypatch):
-    """What waits and is not full goes to the busy child only when its call (accepted to
-    returned: 0.1 s here) has HANDOVER_S left, as a freed child would take it then: it has
-    its next batch as it returns, not a hand-over later; earlier, the batch might still
-    grow."""
-    import workers.batching.dispatcher as dispatcher_module
-
-    clock = SimpleNamespace(now=100.0)
-    monkeypatch.setattr(dispatcher_module, "monotonic", lambda: clock.now)
-    d, pool, timer, _unacked = dispatcher()
-    d.settlement.accepted = lambda *_args: None  # Celery's books: not this test's
-    receive(d, "warm")  # the model's usual batch time, and its call's: 0.1 s
-    pool.calls[0]["accept_callback"](1, 0.0)
-    pool.calls[0]["callback"]([JobOutcome("warm", Outcome.SUCCEEDED, 0.1, 1)])
-    receive(d, "a")
-    pool.calls[1]["accept_callback"](1, 0.0)
-    receive(d, "b"), receive(d, "c")
-    assert len(pool.calls) == 2
-    clock.now += 0.071  # past the full batch's lead: only a full one would go
-    d._on_timer()
-    assert len(pool.calls) == 2
-    armed = [delay for delay, _fn, _args in timer.due if delay > 0.01]
-    assert armed and abs(armed[-1] - (0.1 - HANDOVER_S - 0.071)) < 1e-6
-    clock.now = 100.0 + 0.1 - HANDOVER_S
-    d._on_timer()
-    assert [job.id for job in pool.calls[2]["args"][1]] == ["b", "c"]  # ahead, not full
 
 
 def test_before_a_model_is_timed_nothing_goes_ahead():
