@@ -66,12 +66,6 @@ class Running:
 #: batch's usual time (its spread).
 AHEAD_MARGIN_S = 0.005
 AHEAD_SHARE = 0.25
-#: A batch that is not full goes ahead to a busy child this long before the child's call is
-#: due to end (its usual time from its acceptance to its return): about the parent's
-#: hand-over (the child's return heard, the next batch formed, written, read: ~3.7 ms on a
-#: loaded 2-core host, bench/README.md "A free child's hold"), which the child would
-#: otherwise wait out with the device idle.
-HANDOVER_S = 0.003
 
 
 class PoolDispatcher:
@@ -102,7 +96,6 @@ class PoolDispatcher:
         self._timer_due: float | None = None
         self._gpu_count: int | None = None
         self._usual: dict[str, float] = {}  # a model's usual batch time (s), smoothed
-        self._call: dict[str, float] = {}  # and its child's call, accepted to returned
         self._pump_due = False
         self._received: list[tuple[str, dict]] = []  # task-received events not sent yet
 
@@ -298,18 +291,6 @@ class PoolDispatcher:
                 due.append(r.started + usual * (1 - AHEAD_SHARE) - AHEAD_MARGIN_S)
         return due
 
-    def _partial_due(self) -> list[float]:
-        """When each running batch's child may be handed a batch that is not full: its
-        usual call's end less HANDOVER_S. Up to then the batch may still grow; past it, a
-        freed child would take it anyway, after a hand-over's round trip with the device
-        idle. A model whose calls are not timed yet, none."""
-        due = []
-        for r in list(self.running.values()):
-            call = self._call.get(r.model)
-            if r.accepted and call is not None:
-                due.append(r.started + call - HANDOVER_S)
-        return due
-
     def idle_children(self, capacity: int) -> int:
         """Children free to take a batch now. Its own count (children less batches handed)
         would count none free while one child holds a batch and the next ahead and another
@@ -326,34 +307,24 @@ class PoolDispatcher:
 
     def pump(self, freed: int = 0) -> None:
         """Batches to the children: to an idle one what waits (the policy's say); then, to a
-        busy one whose batch is about to end (`_ahead_due`), ahead, a full batch; and to one
-        whose call ends within a hand-over (`_partial_due`), what waits, as to a freed child
-        (the policy's say, its hold included): the child has it as it returns, rather than a
-        hand-over later. What is not full does not go ahead earlier: it might still grow."""
+        busy one whose batch is about to end (`_ahead_due`), ahead, only a full batch, so that
+        no batch is smaller for going ahead (what is not full waits, as before, for a child to
+        be free)."""
         self._send_received()
         capacity = self.capacity
         idle = self.idle_children(capacity)
-        ahead = partial = max(capacity * (1 + self.ahead) - self.inflight - idle, 0)
+        ahead = max(capacity * (1 + self.ahead) - self.inflight - idle, 0)
         if ahead > 0:
             now = monotonic()
-            overfull = max(self.inflight - capacity, 0)  # children holding one ahead already
             ending = sum(1 for due in self._ahead_due() if due <= now)
-            ahead = min(ahead, max(ending - overfull, 0))
-            ending = sum(1 for due in self._partial_due() if due <= now)
-            partial = min(partial, max(ending - overfull, 0))
+            ahead = min(ahead, max(ending - max(self.inflight - capacity, 0), 0))
         with self.settlement.settling():
             batches = self.scheduler.batches(monotonic(), idle=idle, busy=self.inflight,
                                              freed=min(freed, idle),
                                              discard=self.settlement.revoked)
-            busy = max(self.inflight + len(batches), 1)
-            if partial > 0:
-                handed = self.scheduler.batches(monotonic(), idle=partial, busy=busy,
-                                                freed=partial, discard=self.settlement.revoked)
-                batches += handed
-                ahead -= len(handed)
             if ahead > 0:
-                busy = max(self.inflight + len(batches), 1)
-                batches += self.scheduler.batches(monotonic(), idle=ahead, busy=busy,
+                busy = self.inflight + len(batches)
+                batches += self.scheduler.batches(monotonic(), idle=ahead, busy=max(busy, 1),
                                                   discard=self.settlement.revoked,
                                                   full_only=True)
         for batch in batches:
@@ -366,7 +337,7 @@ class PoolDispatcher:
         due = self.scheduler.next_deadline() if self.idle_children(capacity) > 0 else None
         if len(self.scheduler) and self.inflight < capacity * (1 + self.ahead):
             now = monotonic()  # a full batch may go ahead when a child's batch nears its end
-            coming = [d for d in self._ahead_due() + self._partial_due() if d > now]
+            coming = [d for d in self._ahead_due() if d > now]
             if coming:
                 due = min(coming) if due is None else min(due, min(coming))
         if due == self._timer_due:
@@ -404,11 +375,6 @@ class PoolDispatcher:
 
         def on_return(outcomes: list[JobOutcome]) -> None:
             self.running.pop(id(running), None)
-            if running.accepted:  # its child's call, accepted to returned (`_partial_due`)
-                call = max(monotonic() - running.started,  # no shorter than the model's run
-                           max((o.runtime for o in outcomes), default=0.0))
-                usual = self._call.get(batch.model)
-                self._call[batch.model] = call if usual is None else 0.8 * usual + 0.2 * call
             self._returned(batch.model, requests, outcomes, batch.items)
 
         def on_error(exc_info: ExceptionInfo) -> None:
