@@ -18,8 +18,8 @@ A worker's main process buffers jobs per model and hands batches to idle pool ch
   cost is paid once whatever its size: with n items waiting and λ arriving a second, a
   batch sent after a wait carries more items a second of the device's time exactly when
   λ × fixed > n. A lone client never waits: its next job comes only after its batch ends,
-  so less than one item arrives over a batch's fixed cost (under two as the rate's window
-  counts it).
+  so less than one item arrives over a batch's fixed cost (under 1.25 as the rate's window
+  counts it, the job itself included), where a hold needs two.
 * Jobs the caller says to discard (revoked, expired) are dropped when a batch is formed.
 * Within a model, higher-priority jobs (lower number) leave first, FIFO within a priority:
   prefetched jobs are reordered here, so priority holds even with a full buffer.
