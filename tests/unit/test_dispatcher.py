@@ -13,7 +13,6 @@ from config import load_settings
 from config.models import parse_model
 from workers.broker import Broker
 from workers.batching.dispatcher import PoolDispatcher
-from workers.batching.policy import RATE_WINDOW_S
 from workers.batching.reload import Failing, QueuesConsumed, ReloadHost
 from workers.batching.stopping import PoolChildren, Stoppable
 from workers.batching.watchdog import Watched
@@ -216,7 +215,6 @@ def test_a_full_batch_is_handed_to_the_busy_child_ahead_as_its_batch_nears_its_e
 
     pool.calls[1]["callback"]([JobOutcome("a", Outcome.SUCCEEDED, 0.1, 1)])
     assert len(pool.calls) == 3  # the child runs b..e now: f still waits for it
-    clock.now += RATE_WINDOW_S  # no arrival since: nothing more is coming to wait for
     pool.calls[2]["callback"]([JobOutcome(j, Outcome.SUCCEEDED, 0.1, 1) for j in "bcde"])
     assert [job.id for job in pool.calls[3]["args"][1]] == ["f"]  # the child is free
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.batching.policy import RATE_WINDOW_S, BatchCost, BatchScheduler, ModelBuffer
+from workers.batching.policy import BatchCost, BatchScheduler, ModelBuffer
 
 
 def make(max_batch=4, max_wait_s=0.010, models=("m",)):
@@ -190,13 +190,20 @@ def timed(s, model="m", fixed=0.020, per_item=0.001, sizes=(1, 4)):
         s.observe(model, items, fixed + per_item * items)
 
 
-def traffic(s, until, per_s=1000, model="m"):
-    """An item every 1/per_s s over the RATE_WINDOW_S before `until`, all gone in batches
-    (run by a busy child): the recent arrival rate."""
-    n = int(RATE_WINDOW_S * per_s)
-    for i in range(n):
-        s.add(model, ("past", i), 1, now=until - RATE_WINDOW_S + (i + 0.5) / per_s)
-    s.drain()
+def traffic(s, until, per_s=1000, model="m", moments=5):
+    """Before `until`, `moments` times: a child free takes a full batch, then items arrive
+    every 1/per_s s (gone in batches run meanwhile): the rate items arrive after a free
+    moment."""
+    buf = s.buffers[model]
+    wait = buf.max_wait_s
+    t = until - moments * 3 * wait
+    for k in range(moments):
+        s.add(model, ("full", k), buf.max_batch_size, now=t)
+        assert len(s.batches(now=t, idle=1, busy=0, freed=1)) == 1
+        for i in range(int(wait * per_s)):
+            s.add(model, ("after", k, i), 1, now=t + (i + 0.5) / per_s)
+        s.drain()
+        t += 3 * wait
 
 
 def test_the_batch_cost_is_the_line_through_the_batches_seen():
@@ -248,17 +255,41 @@ def test_a_held_child_leaves_with_what_waits_at_the_holds_end():
 
 
 def test_no_hold_once_as_many_wait_as_are_coming():
-    """Arrivals slow down: the items expected over the fixed cost (the rate over the last
-    RATE_WINDOW_S) no longer outnumber the waiting ones, so the child goes without waiting
-    out the hold."""
+    """Once the items expected over the fixed cost (at the rate items arrive after a free
+    moment) no longer outnumber the waiting ones by one, the child goes without waiting out
+    the hold."""
     s = make(max_batch=32, max_wait_s=0.005)
     timed(s)
-    traffic(s, until=0.100, per_s=200)  # 200 a second × 20 ms: 4 coming
-    for i in range(3):
+    traffic(s, until=0.100, per_s=400)  # 400 a second × 20 ms: 8 coming
+    for i in range(6):
         s.add("m", i, 1, now=0.100)
-    assert s.batches(now=0.100, idle=1, busy=0, freed=1) == []  # 4.2 coming, 3 wait
-    s.add("m", 3, 1, now=0.100)
-    assert ids(s.batches(now=0.100, idle=1, busy=0, freed=1)) == [list(range(4))]
+    assert s.batches(now=0.100, idle=1, busy=0, freed=1) == []  # 8 coming, 6 wait
+    s.add("m", 6, 1, now=0.100)
+    s.add("m", 7, 1, now=0.100)
+    assert ids(s.batches(now=0.100, idle=1, busy=0, freed=1)) == [list(range(8))]
+
+
+def test_holds_stop_when_nothing_arrives_after_a_free_moment():
+    """Items came at 1,000 a second after free moments, then none do (the clients wait on
+    the batch that runs): the rate after a free moment falls, and a free child stops
+    holding; an average over the last fraction of a second would have kept it waiting."""
+    s = make(max_batch=32, max_wait_s=0.005)
+    timed(s)
+    traffic(s, until=0.100)
+    s.add("m", "a", 1, now=0.100)
+    assert s.batches(now=0.100, idle=1, busy=0, freed=1) == []
+    now, held = 0.100, 0
+    for k in range(30):  # each hold runs out with nothing come; its job leaves alone
+        now += 0.005
+        got = s.batches(now=now, idle=1, busy=0, freed=1)
+        assert [len(b.jobs) for b in got] == [1]
+        now += 0.020  # its batch runs, the next job arrives after it
+        s.add("m", k, 1, now=now)
+        held += not s.batches(now=now, idle=1, busy=0, freed=1)
+        if s.buffers["m"].queue:
+            continue
+        break
+    assert not s.buffers["m"].queue and held < 15
 
 
 def test_a_lone_job_never_waits_for_a_batch_mate():

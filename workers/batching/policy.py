@@ -13,13 +13,15 @@ A worker's main process buffers jobs per model and hands batches to idle pool ch
   everything waiting, up to `max_batch_size` items, without waiting any longer, unless more
   items are coming than wait: a child free to take a batch that is not full holds it back,
   for at most `max_wait_ms` from then, while the items expected over a batch's fixed cost
-  (the recent arrival rate × the model's time a batch less its time per item, fitted from
-  the batches it ran: `BatchCost`) outnumber those waiting by one or more. A batch's fixed
-  cost is paid once whatever its size: with n items waiting and λ arriving a second, a
-  batch sent after a wait carries more items a second of the device's time exactly when
-  λ × fixed > n. A lone client never waits: its next job comes only after its batch ends,
-  so less than one item arrives over a batch's fixed cost (under 1.25 as the rate's window
-  counts it, the job itself included), where a hold needs two.
+  outnumber those waiting by one or more: the rate items arrived in the `max_wait_ms` after
+  a child was free (smoothed over such moments, whether it held or not) × the model's time
+  a batch less its time per item (fitted from the batches it ran: `BatchCost`). A batch's
+  fixed cost is paid once whatever its size: with n items waiting and λ arriving a second
+  meanwhile, a batch sent after a wait carries more items a second of the device's time
+  exactly when λ × fixed > n. The rate is the one after a free moment, not the average:
+  when clients each wait on their answer, what arrives next depends on what just ran. A lone
+  client never waits: its next job comes only after its batch ends, so fewer than one item
+  arrives after a free moment over a batch's fixed cost, where a hold needs two.
 * Jobs the caller says to discard (revoked, expired) are dropped when a batch is formed.
 * Within a model, higher-priority jobs (lower number) leave first, FIFO within a priority:
   prefetched jobs are reordered here, so priority holds even with a full buffer.
@@ -52,9 +54,8 @@ class Batch:
         return sum(p.items for p in self.jobs)
 
 
-#: The arrival rate a buffer's hold reads is its items over this many last seconds (or four
-#: of its model's fixed cost a batch, if longer).
-RATE_WINDOW_S = 0.25
+#: Each free moment's arrivals' weight in a buffer's rate after a free moment (`after_free`).
+RATE_SMOOTHING = 0.2
 #: Each batch's weight in `BatchCost`'s fit, from one batch to the next (0.95: the last ~20).
 COST_DECAY = 0.95
 
@@ -98,9 +99,11 @@ class ModelBuffer:
     queue: deque[Pending] = field(default_factory=deque)
     items: int = 0
     cost: BatchCost = field(default_factory=BatchCost)
-    # (time, items) of the arrivals over the last RATE_WINDOW_S, and their items.
-    arrivals: deque[tuple[float, int]] = field(default_factory=deque)
-    arrived_items: int = 0
+    # Items arriving a second in the max_wait_s after a child was free to take a batch from
+    # it (smoothed over such moments), and the moment being watched and its items so far.
+    after_free: float | None = None
+    watched_from: float | None = None
+    watched: int = 0
     held_since: float | None = None  # a free child was first held back from this buffer
 
     def __post_init__(self) -> None:
@@ -116,26 +119,37 @@ class ModelBuffer:
     def add(self, pending: Pending) -> None:
         self.queue.append(pending)
         self.items += pending.items
-        self.arrivals.append((pending.arrived, pending.items))
-        self.arrived_items += pending.items
+        self._watch_ends(pending.arrived)
+        if self.watched_from is not None and pending.arrived > self.watched_from:
+            self.watched += pending.items
+
+    def _watch_ends(self, now: float) -> None:
+        """The moment watched is over (max_wait_s past it): its rate counted in."""
+        if self.watched_from is None or now <= self.watched_from + self.max_wait_s:
+            return
+        rate = self.watched / self.max_wait_s
+        self.after_free = rate if self.after_free is None \
+            else (1 - RATE_SMOOTHING) * self.after_free + RATE_SMOOTHING * rate
+        self.watched_from = None
 
     def coming(self, now: float) -> float:
-        """The items expected to arrive over the model's fixed cost a batch (0 while it is
-        not known): the rate of the arrivals over the last RATE_WINDOW_S (or four fixed
-        costs, if longer) times that cost."""
+        """The items expected to arrive over the model's fixed cost a batch, at the rate
+        items arrive after a child is free (0 while either is not known). Watching it starts
+        here, at a free child's first look (none with no window to watch in)."""
+        self._watch_ends(now)
+        if self.watched_from is None and self.max_wait_s > 0:
+            self.watched_from, self.watched = now, 0
         fixed = self.cost.fixed
-        window = max(RATE_WINDOW_S, 4 * (fixed or 0.0))
-        while self.arrivals and self.arrivals[0][0] <= now - window:
-            self.arrived_items -= self.arrivals.popleft()[1]
-        if not fixed:
+        if not fixed or self.after_free is None:
             return 0.0
-        return self.arrived_items / window * fixed
+        return self.after_free * fixed
 
     def holds(self, now: float) -> bool:
         """Whether a free child waits for more (the module's docstring): the batch is not
         full, at least one item more is coming than wait, and it has held for less than
         max_wait_s."""
-        if self.items >= self.max_batch_size or self.coming(now) < self.items + 1:
+        coming = self.coming(now)
+        if self.items >= self.max_batch_size or coming < self.items + 1:
             self.held_since = None
             return False
         if self.held_since is None:
@@ -224,7 +238,7 @@ class BatchScheduler:
         if held is not None:
             buf = self.buffers[model]
             buf.queue, buf.items, buf.cost = held.queue, held.items, held.cost
-            buf.arrivals, buf.arrived_items = held.arrivals, held.arrived_items
+            buf.after_free = held.after_free
 
     def remove_model(self, model: str) -> list[Pending]:
         """A model's buffer gone (a reload removed the model): what it held."""
