@@ -41,6 +41,14 @@ READ[#READ + 1] = 'req'
 READ[#READ + 1] = 'charged'
 local jobs = math.floor((#KEYS - 1) / 2)
 local pending, inflight = KEYS[2 * jobs + 1], KEYS[2 * jobs + 2]
+-- Whether an owner has quota books (_owner_books.lua) that a request may count on: asked once
+-- an owner a call, so that a job whose owner has none (no quota: the default) costs neither the
+-- length of its request nor a ZREM that finds nothing.
+local books = {}
+local function has_books(owner)
+  if books[owner] == nil then books[owner] = redis.call('exists', KEPT_BY_PREFIX .. owner) == 1 end
+  return books[owner]
+end
 local ids = {}
 for i = 1, jobs do
   local key, a = KEYS[2 * i - 1], 5 + 9 * (i - 1)
@@ -55,8 +63,10 @@ for i = 1, jobs do
     if ARGV[a + 1] == 'succeeded' then
       for j = 2, #KEEP do if f[j] then v[KEEP[j]] = f[j] end end
       gone[#gone + 1] = key
-      local size = redis.call('hstrlen', key, 'request')  -- its request leaves with it
-      if size > 0 then release_owner_kept(v.owner or '', id, size) end
+      if has_books(v.owner or '') then  -- its request leaves with it, and the owner's books
+        local size = redis.call('hstrlen', key, 'request')
+        if size > 0 then release_owner_kept(v.owner or '', id, size) end
+      end
       if f[#READ] then release_owner_kept(v.owner or '', id, f[#READ]) end
       if f[#READ - 1] then gone[#gone + 1] = KEPT_REQUEST .. id end
     end
