@@ -375,7 +375,7 @@ class PoolDispatcher:
 
         def on_return(outcomes: list[JobOutcome]) -> None:
             self.running.pop(id(running), None)
-            self._returned(batch.model, requests, outcomes, batch.items)
+            self._returned(batch.model, requests, outcomes)
 
         def on_error(exc_info: ExceptionInfo) -> None:
             self.running.pop(id(running), None)
@@ -394,13 +394,10 @@ class PoolDispatcher:
             correlation_id=requests[0].id,
         )
 
-    def _returned(self, model: str, requests: list, outcomes: list[JobOutcome],
-                  items: int = 0) -> None:
+    def _returned(self, model: str, requests: list, outcomes: list[JobOutcome]) -> None:
         self.inflight -= 1
         took = max((o.runtime for o in outcomes), default=0.0)
         self.limits.observe(model, took)
-        if took > 0:  # the model ran: its time for this many items (a free child's hold)
-            self.scheduler.observe(model, items, took)
         usual = self._usual.get(model)
         self._usual[model] = took if usual is None else 0.8 * usual + 0.2 * took
         if _stopping():

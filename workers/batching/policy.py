@@ -10,18 +10,7 @@ A worker's main process buffers jobs per model and hands batches to idle pool ch
   worker must not wait out a window: nothing else is running that could be batched with it).
   Otherwise it leaves no later than the oldest job's deadline.
 * While every child is busy, jobs only accumulate; the moment a child frees up it takes
-  everything waiting, up to `max_batch_size` items, without waiting any longer, unless more
-  items are coming than wait: a child free to take a batch that is not full holds it back,
-  for at most `max_wait_ms` from then, while the items expected over a batch's fixed cost
-  outnumber those waiting by one or more: the rate items arrived in the `max_wait_ms` after
-  a child was free (smoothed over such moments, whether it held or not) × the model's time
-  a batch less its time per item (fitted from the batches it ran: `BatchCost`). A batch's
-  fixed cost is paid once whatever its size: with n items waiting and λ arriving a second
-  meanwhile, a batch sent after a wait carries more items a second of the device's time
-  exactly when λ × fixed > n. The rate is the one after a free moment, not the average:
-  when clients each wait on their answer, what arrives next depends on what just ran. A lone
-  client never waits: its next job comes only after its batch ends, so fewer than one item
-  arrives after a free moment over a batch's fixed cost, where a hold needs two.
+  everything waiting, up to `max_batch_size` items, without waiting any longer.
 * Jobs the caller says to discard (revoked, expired) are dropped when a batch is formed.
 * Within a model, higher-priority jobs (lower number) leave first, FIFO within a priority:
   prefetched jobs are reordered here, so priority holds even with a full buffer.
@@ -54,43 +43,6 @@ class Batch:
         return sum(p.items for p in self.jobs)
 
 
-#: Each free moment's arrivals' weight in a buffer's rate after a free moment (`after_free`).
-RATE_SMOOTHING = 0.2
-#: Each batch's weight in `BatchCost`'s fit, from one batch to the next (0.95: the last ~20).
-COST_DECAY = 0.95
-
-
-@dataclass
-class BatchCost:
-    """A model's time a batch as a line, `fixed` + `per_item` × items, fitted by least
-    squares over its recent batches (each weighs COST_DECAY times the next). `fixed` is None
-    until batches of different sizes were seen (no line through one point)."""
-    s0: float = 0.0
-    sx: float = 0.0
-    sy: float = 0.0
-    sxx: float = 0.0
-    sxy: float = 0.0
-
-    def observe(self, items: int, seconds: float) -> None:
-        d = COST_DECAY
-        self.s0 = self.s0 * d + 1
-        self.sx = self.sx * d + items
-        self.sy = self.sy * d + seconds
-        self.sxx = self.sxx * d + items * items
-        self.sxy = self.sxy * d + items * seconds
-
-    @property
-    def fixed(self) -> float | None:
-        if self.s0 == 0:
-            return None
-        spread = self.s0 * self.sxx - self.sx * self.sx
-        if spread < 0.25 * self.s0 * self.s0:  # sizes within ~half an item of each other
-            return None
-        per_item = max((self.s0 * self.sxy - self.sx * self.sy) / spread, 0.0)
-        mean = self.sy / self.s0
-        return min(max(mean - per_item * self.sx / self.s0, 0.0), mean)
-
-
 @dataclass
 class ModelBuffer:
     model: str
@@ -98,13 +50,6 @@ class ModelBuffer:
     max_wait_s: float
     queue: deque[Pending] = field(default_factory=deque)
     items: int = 0
-    cost: BatchCost = field(default_factory=BatchCost)
-    # Items arriving a second in the max_wait_s after a child was free to take a batch from
-    # it (smoothed over such moments), and the moment being watched and its items so far.
-    after_free: float | None = None
-    watched_from: float | None = None
-    watched: int = 0
-    held_since: float | None = None  # a free child was first held back from this buffer
 
     def __post_init__(self) -> None:
         if isinstance(self.max_batch_size, bool) or not isinstance(self.max_batch_size, int) \
@@ -119,42 +64,6 @@ class ModelBuffer:
     def add(self, pending: Pending) -> None:
         self.queue.append(pending)
         self.items += pending.items
-        self._watch_ends(pending.arrived)
-        if self.watched_from is not None and pending.arrived > self.watched_from:
-            self.watched += pending.items
-
-    def _watch_ends(self, now: float) -> None:
-        """The moment watched is over (max_wait_s past it): its rate counted in."""
-        if self.watched_from is None or now <= self.watched_from + self.max_wait_s:
-            return
-        rate = self.watched / self.max_wait_s
-        self.after_free = rate if self.after_free is None \
-            else (1 - RATE_SMOOTHING) * self.after_free + RATE_SMOOTHING * rate
-        self.watched_from = None
-
-    def coming(self, now: float) -> float:
-        """The items expected to arrive over the model's fixed cost a batch, at the rate
-        items arrive after a child is free (0 while either is not known). Watching it starts
-        here, at a free child's first look (none with no window to watch in)."""
-        self._watch_ends(now)
-        if self.watched_from is None and self.max_wait_s > 0:
-            self.watched_from, self.watched = now, 0
-        fixed = self.cost.fixed
-        if not fixed or self.after_free is None:
-            return 0.0
-        return self.after_free * fixed
-
-    def holds(self, now: float) -> bool:
-        """Whether a free child waits for more (the module's docstring): the batch is not
-        full, at least one item more is coming than wait, and it has held for less than
-        max_wait_s."""
-        coming = self.coming(now)
-        if self.items >= self.max_batch_size or coming < self.items + 1:
-            self.held_since = None
-            return False
-        if self.held_since is None:
-            self.held_since = now
-        return now < self.held_since + self.max_wait_s
 
     @property
     def oldest(self) -> float:
@@ -164,21 +73,12 @@ class ModelBuffer:
     def deadline(self) -> float:
         return self.oldest + self.max_wait_s
 
-    @property
-    def due(self) -> float:
-        """When it leaves for a free child without another arrival: its hold's end while a
-        free child is held back, else its oldest job's deadline."""
-        return self.deadline if self.held_since is None \
-            else self.held_since + self.max_wait_s
-
     def ready(self, now: float, worker_idle: bool, freed: bool, full_only: bool = False) -> bool:
         if full_only:
             return bool(self.queue) and self.items >= self.max_batch_size
-        if not self.queue:
-            return False
-        if freed or worker_idle:
-            return not self.holds(now)
-        return self.items >= self.max_batch_size or now >= self.deadline
+        return bool(self.queue) and (
+            freed or worker_idle or self.items >= self.max_batch_size or now >= self.deadline
+        )
 
     def take(self, discard: Callable[[Any], bool]) -> list[Pending]:
         """Up to max_batch_size items, by priority then arrival; at least one job if any
@@ -201,7 +101,6 @@ class ModelBuffer:
                 break
         self.queue = deque(p for p in self.queue if id(p) not in gone)
         self.items = sum(p.items for p in self.queue)
-        self.held_since = None
         return taken
 
     def remove_if(self, pred: Callable[[Any], bool]) -> list[Pending]:
@@ -236,20 +135,12 @@ class BatchScheduler:
         held = self.buffers.get(model)
         self.buffers[model] = ModelBuffer(model, max_batch_size, max_wait_s)
         if held is not None:
-            buf = self.buffers[model]
-            buf.queue, buf.items, buf.cost = held.queue, held.items, held.cost
-            buf.after_free = held.after_free
+            self.buffers[model].queue, self.buffers[model].items = held.queue, held.items
 
     def remove_model(self, model: str) -> list[Pending]:
         """A model's buffer gone (a reload removed the model): what it held."""
         held = self.buffers.pop(model, None)
         return list(held.queue) if held is not None else []
-
-    def observe(self, model: str, items: int, seconds: float) -> None:
-        """A batch of `items` items of `model` took the model `seconds` (`BatchCost`)."""
-        buf = self.buffers.get(model)
-        if buf is not None and items > 0:
-            buf.cost.observe(items, seconds)
 
     def add(self, model: str, job: Any, items: int, now: float, priority: int = 0,
             alone: bool = False) -> None:
@@ -289,7 +180,7 @@ class BatchScheduler:
         return out
 
     def next_deadline(self) -> float | None:
-        deadlines = [b.due for b in self.buffers.values()
+        deadlines = [b.deadline for b in self.buffers.values()
                      if b.queue and b.model not in self.held]
         return min(deadlines) if deadlines else None
 
