@@ -83,9 +83,10 @@ class ResultWaiter:
         self.slots = slots or Slots(max_waits, max_per_key)
         self._waiters: dict[str, set[threading.Event]] = {}
         self._movers: dict[str, set[threading.Event]] = {}  # those woken by every move
-        self._lock = threading.Lock()
+        self._lock = short_lock()  # the waiters' dicts: never held across a wait
+        self._starting = threading.Lock()  # held while the listener's thread starts
         self._thread: threading.Thread | None = None
-        self._listening = False  # the listener's thread runs (set under _lock)
+        self._listening = False  # the listener's thread runs (set under _starting)
         self._closed = threading.Event()
         self.subscribed = threading.Event()
         # The finished jobs announced on the reply channel, kept while someone waits on them.
@@ -119,7 +120,7 @@ class ResultWaiter:
         through the event loop on every wait."""
         if self._listening:
             return
-        with self._lock:
+        with self._starting:
             if self._closed.is_set() or self._listening:
                 return
             self._listening = True
@@ -134,7 +135,7 @@ class ResultWaiter:
         try:
             self._listen()
         finally:  # closed, or ended by an error it does not retry: the next wait restarts it
-            with self._lock:
+            with self._starting:
                 self._listening = False
 
     def _wake(self, job_id: str | None) -> None:
