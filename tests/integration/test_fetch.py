@@ -110,6 +110,48 @@ def test_a_message_that_only_looks_like_one_is_put_aside_and_the_others_delivere
             assert server.llen(QUEUE) == 0
 
 
+def test_a_fetchs_messages_reach_a_consumer_that_takes_them_together_in_one_call(
+        redis_url, server, broker):
+    """A consumer whose message handler takes several at once (`many`: the worker's Celery
+    consumer, workers/broker/intake.py) is handed a fetch's messages in one call, in the order
+    fetched, each recorded in kombu's books and settled as any other; a message kombu could
+    not read (a compression it does not know) still goes to the consumer's own callback, one
+    at a time, where kombu reports it."""
+    broken = {"body": "eA==", "content-encoding": "binary", "content-type": "application/json",
+              "headers": {"compression": "application/x-unknown"},
+              "properties": {"body_encoding": "base64", "delivery_tag": "broken",
+                             "delivery_info": {"exchange": "", "routing_key": QUEUE},
+                             "priority": 0}}
+    with kombu.Connection(redis_url, transport=REDIS_ALIAS) as conn:
+        publish(conn, *({"n": n} for n in range(3)))
+        server.lpush(QUEUE, json.dumps(broken))  # fetched last
+        publish(conn, {"n": 3})
+        calls_of_many: list[list] = []
+        one_at_a_time: list = []
+        decode_errors: list = []
+
+        def on_message(message):
+            one_at_a_time.append(message)
+
+        on_message.many = calls_of_many.append
+        c = conn.Consumer(kombu.Queue(QUEUE), on_message=on_message, accept=["json"],
+                          on_decode_error=lambda m, exc: decode_errors.append(m))
+        c.qos(prefetch_count=10)
+        with c:
+            conn.drain_events(timeout=5)
+            assert len(calls_of_many) == 1, "one call for the fetch's messages"
+            [messages] = calls_of_many
+            assert [m.payload["n"] for m in messages] == [0, 1, 2, 3]
+            assert one_at_a_time == []
+            assert [m.delivery_tag for m in decode_errors] == ["broken"]
+            delivered = conn.default_channel.qos._delivered
+            assert {m.delivery_tag for m in messages} <= set(delivered)
+            assert server.hlen(broker.inflight_key) == 5
+            for m in messages:
+                m.ack()
+            assert server.hkeys(broker.inflight_key) == ["broken"]
+
+
 def test_the_fetch_the_lease_and_the_settlements_work_while_redis_is_full(redis_url, server,
                                                                           admin, broker):
     with kombu.Connection(redis_url, transport=REDIS_ALIAS) as conn:

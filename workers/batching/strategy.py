@@ -1,6 +1,7 @@
 """Where Celery hands the dispatcher its work: the batching tasks' `Task.Strategy` (each
 received message becomes a real Celery `Request`, held by the worker's leases and handed to
-the dispatcher's buffer) and a consumer bootstep that starts and stops the dispatcher's tick
+the dispatcher's buffer; a fetch's messages taken in one call, its `intake`, by the worker's
+consumer, workers/broker/intake.py) and a consumer bootstep that starts and stops the dispatcher's tick
 with each broker connection."""
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tasks.logs import trace
 from tasks.names import model_of_task
 from workers.child.batch import trace_headers
 from workers.broker.decode import payload
+from workers.broker.intake import REFUSED, Refused
 from workers.broker.pool import TaskPool, hold_ahead, on_child_ready
 from workers.child.devices import pool_children
 from workers.batching.dispatcher import PoolDispatcher
@@ -51,6 +53,16 @@ class SummaryRequest(Request):
         return super().info(safe=True)
 
 
+def _decoded(message: Any, body: Any, uses_utc: bool) -> tuple[Any, Any, bool, bool]:
+    """A task message's body, headers, whether decoded, whether UTC: as `Request` takes them
+    (protocol 2's as they are; protocol 1's converted as Celery's default strategy does)."""
+    if body is None:
+        body = payload(message)
+        if "args" not in body:  # protocol 2
+            return body, message.headers, True, uses_utc
+    return proto1_to_proto2(message, body)
+
+
 def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
     """`Task.Strategy` for batching tasks: called once per task when the consumer starts."""
     model = model_of_task(task.name)
@@ -65,18 +77,11 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
     connection_errors = consumer.connection_errors
     revoked_tasks = consumer.controller.state.revoked
     settlement = dispatcher.settlement
-
     uses_utc = app.uses_utc_timezone()
 
-    def task_message_handler(message, body, _ack, _reject, callbacks, **_kw):
-        if body is None:
-            body = payload(message)
-            if "args" not in body:  # protocol 2
-                headers, decoded, utc = message.headers, True, uses_utc
-            else:
-                body, headers, decoded, utc = proto1_to_proto2(message, body)
-        else:
-            body, headers, decoded, utc = proto1_to_proto2(message, body)
+    def take(message: Any, body: Any, callbacks: Any) -> None:
+        """One message into the buffer, a Celery request; batches form once all are in."""
+        body, headers, decoded, utc = _decoded(message, body, uses_utc)
         on_ack, on_reject = settlement.callbacks(message)
         request = SummaryRequest(
             message, on_ack=on_ack, on_reject=on_reject, app=app, hostname=hostname,
@@ -92,17 +97,29 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
             dispatcher.received(request.id, {
                 "name": request.name, "args": request.argsrepr, "kwargs": request.kwargsrepr,
                 "root_id": request.root_id, "parent_id": request.parent_id, "retries": 0})
-        if callbacks:
-            for callback in callbacks:
-                callback(request)
+        for callback in callbacks or ():
+            callback(request)
         if logger.isEnabledFor(logging.DEBUG):  # one INFO line a batch, in the child
             with trace(trace_headers(request).get("trace_id")):
                 logger.debug("job %s received: model=%s", request.id, model)
-        # Batches are formed once the messages of a fetch are all in (`pump_soon`), not
-        # after each one.
         dispatcher.submit(model, request, pump=False)
+
+    def task_message_handler(message, body, _ack, _reject, callbacks, **_kw):
+        """Celery's way: one message (its ack and reject promises unused: leases settle)."""
+        take(message, body, callbacks)
         dispatcher.pump_soon()
 
+    def intake(messages: list, callbacks: Any, refused: Refused) -> None:
+        """The worker's consumer's way (workers/broker/intake.py): a fetch's messages of this
+        task in one call; one it cannot take is answered by `refused`, as Celery would."""
+        for message in messages:
+            try:
+                take(message, None, callbacks)
+            except REFUSED as exc:
+                refused(message, exc)
+        dispatcher.pump_soon()
+
+    task_message_handler.intake = intake  # type: ignore[attr-defined]
     return task_message_handler
 
 

@@ -18,6 +18,8 @@ seam.py (and docs/upgrading.md), each checked by a test.
   worker, on Redis's clock) and the recovery of what stopped workers held (`InFlight`).
 * leases.py: `Leases`, what the dispatcher holds, acknowledged or put back a batch at a time.
 * events.py: Celery's consumer, whose task events leave together every few milliseconds.
+* intake.py: that consumer's task handler, which takes a fetch's messages in one call, each
+  task's strategy a run of them (the batching strategy's `intake`).
 * pool.py: Celery's prefork pool, grown no further than the GPUs, not flushed on a reconnect,
   stopping a child with SIGKILL (a child ignores SIGTERM: workers/batching/stopping.py).
 * seam.py: the private names all of these rely on, checked when a worker starts.

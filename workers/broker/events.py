@@ -5,8 +5,9 @@ waits up to `EVENT_FLUSH_S`, so a batch's events travel together (a model call t
 long: one publish a batch, not one for each of its received, started and succeeded). Flower
 and `celery events` read them as before, their timestamps unchanged, at most that much later.
 
-`Consumer` is Celery's worker consumer with that flush: a worker of this service runs it
-(`worker_consumer`, set by workers/broker/attach.py's `attach`).
+`Consumer` is Celery's worker consumer with that flush (and a fetch's messages taken in one
+call: workers/broker/intake.py): a worker of this service runs it (`worker_consumer`, set by
+workers/broker/attach.py's `attach`).
 
 `send_task_events` buffers a whole batch's events of one type at once (the dispatcher's
 received, started and succeeded), each the event Celery's `Request.send_event` would send, at a
@@ -30,6 +31,8 @@ from celery.utils.time import utcoffset
 from celery.worker.consumer.consumer import Consumer as CeleryConsumer
 from kombu.serialization import registry
 from kombu.utils import json as kombu_json
+
+from workers.broker.intake import BatchIntake
 
 # How long a worker's task events may wait to leave together (seconds).
 EVENT_FLUSH_S = 0.05
@@ -70,8 +73,9 @@ def select_serializer(app: Any) -> None:
     app.conf.event_serializer = EVENT_SERIALIZER
 
 
-class Consumer(CeleryConsumer):
-    """Celery's consumer, whose buffered task events leave every `EVENT_FLUSH_S`."""
+class Consumer(BatchIntake, CeleryConsumer):
+    """Celery's consumer, whose buffered task events leave every `EVENT_FLUSH_S`, and whose
+    task handler takes a fetch's messages in one call (workers/broker/intake.py)."""
 
     _flush_due = False
 
@@ -97,13 +101,17 @@ def send_task_events(eventer: Any, type_: str, jobs: Iterable[tuple[str, dict]])
     groups = eventer.groups
     if groups and "task" not in groups:
         return
+    jobs = list(jobs)
     hostname, pid, offset, now = eventer.hostname, eventer.pid, utcoffset(), time()
-    forward = eventer.clock.forward
+    clock = eventer.clock  # a tick each, taken together (what `forward` does, n times)
+    with clock.mutex:
+        first = clock.value + 1
+        clock.value += len(jobs)
     buffer = eventer._group_buffer["task"]
     before = len(buffer)
-    buffer.extend({"hostname": hostname, "utcoffset": offset, "pid": pid, "clock": forward(),
+    buffer.extend({"hostname": hostname, "utcoffset": offset, "pid": pid, "clock": tick,
                    "uuid": uuid, **fields, "timestamp": now, "type": type_}
-                  for uuid, fields in jobs)
+                  for tick, (uuid, fields) in enumerate(jobs, first))
     if len(buffer) >= BUFFER_LIMIT:
         eventer.flush()
     elif len(buffer) > before and eventer.on_send_buffered:

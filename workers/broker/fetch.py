@@ -14,8 +14,10 @@ token lost costs a poll, never a message.
 
 The channel is kombu's own (plain or Sentinel: `ReliableChannel`, `ReliableSentinelChannel`),
 its client and connection the ones kombu made, so the fetch works over any Redis the channel
-reaches. Each message still reaches Celery's consumer as a kombu message (`_deliver`), so every
-job stays a Celery task. The worker's transports open these channels (workers/broker/
+reaches. Each message still reaches Celery's consumer as a kombu message, so every job stays a
+Celery task: a fetch's messages in one call where the queue's consumer takes several at once
+(the worker's: workers/broker/intake.py), else one at a time through kombu's own callbacks
+(`_deliver`). The worker's transports open these channels (workers/broker/
 transport.py), which a worker's main process selects when it starts (workers/broker/attach.py).
 """
 from __future__ import annotations
@@ -137,6 +139,8 @@ class ReliableFetch:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._iq_noack: set[str] = set()
+        # queue -> the callback its consumer gave `basic_consume` (a kombu `Consumer`'s).
+        self._iq_callbacks: dict[str, Any] = {}
         super().__init__(*args, **kwargs)
         if self.global_keyprefix:
             raise ValueError("the worker's fetch (workers/broker/fetch.py) does not support "
@@ -180,13 +184,20 @@ class ReliableFetch:
             self.inflight.recover()
             self.inflight.load_fetch()
             self._iq_consuming = True
-        return super().basic_consume(queue, no_ack, *args, **kwargs)
+        out = super().basic_consume(queue, no_ack, *args, **kwargs)
+        callback = args[0] if args else kwargs.get("callback")
+        if no_ack:
+            self._iq_callbacks.pop(queue, None)
+        else:
+            self._iq_callbacks[queue] = callback
+        return out
 
     def _basic_cancel(self, consumer_tag: str) -> Any:
         queue = self._tag_to_queue.get(consumer_tag)
         out = super()._basic_cancel(consumer_tag)
         if queue is not None and queue not in self.active_queues:
             self._iq_noack.discard(queue)
+            self._iq_callbacks.pop(queue, None)
         return out
 
     def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
@@ -301,11 +312,42 @@ class ReliableFetch:
             # Read on close: not for Celery any more; back to the queues at once.
             self.inflight.restore([m["properties"]["delivery_tag"] for _l, m in read])
             raise Empty()
-        for list_key, message in read:
+        together: dict[Any, list] = {}  # a consumer's `many` -> its messages, in order
+        takers: dict[str, tuple[Any, Any, Any]] = {}  # queue -> callback, consumer, many
+        for list_key, raw in read:
             queue = list_key.rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(queue)
-            self.connection._deliver(message, queue)
+            taker = takers.get(queue)
+            if taker is None:
+                taker = takers[queue] = self._iq_taker(queue)
+            callback, consumer, many = taker
+            if many is None:  # kombu's own way: its channel's callback, one message
+                self.connection._deliver(raw, queue)
+                continue
+            message = self._iq_message(raw, consumer)
+            if message.errors:  # kombu's consumer reports it (Celery: on_decode_error)
+                callback(message)
+            else:
+                together.setdefault(many, []).append(message)
+        for many, messages in together.items():
+            many(messages)  # the worker's consumer (workers/broker/intake.py)
         return True
+
+    def _iq_taker(self, queue: str) -> tuple[Any, Any, Any]:
+        """The queue's callback (a kombu `Consumer`'s), its consumer, and the consumer's
+        handler's `many` (None: the consumer takes messages one at a time)."""
+        callback = self._iq_callbacks.get(queue)
+        consumer = getattr(callback, "__self__", None)
+        return callback, consumer, getattr(getattr(consumer, "on_message", None), "many", None)
+
+    def _iq_message(self, raw: Any, consumer: Any) -> Any:
+        """A fetched message as kombu's channel and consumer hand it on (`basic_consume`'s
+        callback, then kombu `Consumer`'s), its delivery recorded in kombu's books."""
+        message = self.Message(raw, channel=self)
+        self.qos.append(message, message.delivery_tag)
+        if consumer.accept is not None:
+            message.accept = consumer.accept
+        return message
 
 
 class ReliableChannel(ReliableFetch, WorkerClients, kombu_redis.Channel):

@@ -24,6 +24,8 @@ from celery.worker import state as worker_state
 from celery.worker import strategy as celery_strategy
 from celery.worker.consumer.consumer import Consumer
 from celery.worker.request import Request
+from kombu.clocks import LamportClock
+from kombu.messaging import Consumer as KombuConsumer
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from redis.retry import Retry
@@ -69,7 +71,7 @@ class Name:
 _Channel, _QoS = kombu_redis.Channel, kombu_redis.QoS
 
 # Overridden by the worker's subclasses (fetch.py, clients.py, transport.py, events.py,
-# pool.py).
+# intake.py, pool.py).
 OVERRIDDEN: tuple[Name, ...] = (
     Name(_Channel, "_create_client", ("self", "asynchronous")),
     Name(_Channel, "_connparams", ("self", "asynchronous")),
@@ -85,6 +87,7 @@ OVERRIDDEN: tuple[Name, ...] = (
     Name(virtual.QoS, "can_consume", ("self",)),
     Name(kombu_redis.Transport, "register_with_event_loop", ("self", "connection", "loop")),
     Name(Consumer, "on_send_event_buffered", ("self",)),
+    Name(Consumer, "create_task_handler", ("self", "promise")),
     Name(prefork.TaskPool, "on_start", ("self",)),
     Name(BilliardPool, "Process", ("self", "args", "kwds")),
     Name(BilliardPool, "terminate_job", ("self", "pid", "sig")),
@@ -93,7 +96,7 @@ OVERRIDDEN: tuple[Name, ...] = (
     Name(BaseProcess, "terminate", ("self",)),
 )
 
-# Read or called (fetch.py, leases.py, transport.py, events.py, pool.py).
+# Read or called (fetch.py, leases.py, transport.py, events.py, intake.py, pool.py).
 READ: tuple[Name, ...] = (
     Name(_Channel, "_q_for_pri", ("self", "queue", "pri")),
     Name(_Channel, "_flush_brpop_reauth", ("self",)),
@@ -108,7 +111,13 @@ READ: tuple[Name, ...] = (
     Name(virtual.QoS, "_flush", ("self",)),
     Name(virtual.Transport, "_deliver", ("self", "message", "queue")),
     Name(Consumer, "_flush_events", ("self",)),
+    Name(Consumer, "strategies"),
+    Name(Consumer, "on_task_message"),
+    Name(Consumer, "on_invalid_task", ("self", "body", "message", "exc")),
+    Name(Consumer, "on_decode_error", ("self", "message", "exc")),
+    Name(KombuConsumer, "_receive_callback", ("self", "message")),
     Name(EventDispatcher, "_group_buffer"),
+    Name(LamportClock, "mutex"),
     Name(prefork.TaskPool, "_pool"),
     Name(BilliardPool, "_ctx"),
     Name(BilliardPool, "_pool"),

@@ -18,6 +18,7 @@ from tasks.webhooks import DELIVER_TASK
 from tasks.webhooks import QUEUE as WEBHOOK_QUEUE
 
 _TRACE_HEADERS = ("trace_id", "traceparent", "tracestate")
+_CARRIED = (*_TRACE_HEADERS, JOB_TOKEN_HEADER)
 
 
 def _headers(request: Any, names: tuple[str, ...]) -> dict[str, str]:
@@ -54,8 +55,19 @@ class BatchJob(NamedTuple):
     def of(cls, request: Any) -> BatchJob:
         """From Celery's `Request` for the job."""
         message = getattr(request, "message", None)
-        return cls(request.id, JobArgs.from_kwargs(request.kwargs), trace_headers(request),
-                   job_token(request), getattr(message, "delivery_tag", "") or "")
+        found = request.request_dict  # its trace headers and token read in one pass
+        nested = found.get("headers") or {}
+        trace, token = {}, ""
+        for name in _CARRIED:
+            value = found.get(name) or nested.get(name)
+            if not value:
+                continue
+            if name == JOB_TOKEN_HEADER:
+                token = str(value)
+            else:
+                trace[name] = value
+        return cls(request.id, JobArgs.from_kwargs(request.kwargs), trace, token,
+                   getattr(message, "delivery_tag", "") or "")
 
     @classmethod
     def of_message(cls, headers: Mapping[str, Any], kwargs: Any) -> BatchJob:
