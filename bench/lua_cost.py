@@ -148,11 +148,14 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--batches", type=int, default=200)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--redis-arg", action="append", default=[], metavar="OPTION",
+                   help="one more redis-server option for the private Redis, e.g. "
+                        "'--hash-max-ziplist-value 1024' (repeat for more)")
     a = p.parse_args()
     from scripts.redis_nodes import start_redis
 
     workdir = Path(tempfile.mkdtemp(prefix="iq-lua-cost-"))
-    svc = start_redis(workdir)
+    svc = start_redis(workdir, args=[w for arg in a.redis_arg for w in arg.split()])
     try:
         client = redis.Redis.from_url(svc.extra["url"])
         admin = redis.Redis.from_url(svc.extra["admin_url"], decode_responses=True)

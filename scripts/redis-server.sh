@@ -21,6 +21,15 @@
 # It holds at most REDIS_MAXMEMORY: past it, writes are refused (noeviction) rather than queued
 # jobs or results silently dropped.
 #
+# A sorted set past 16 members takes Redis's large encoding (a skiplist; the default keeps one
+# compact up to 128): every submit adds its job to the pending set (tasks/keys.py PENDING_KEY)
+# with the newest time, and a compact set is searched from its first member for where that goes,
+# reading each member's time: ~3 µs of Redis a job with the 64 jobs a busy worker keeps pending,
+# against well under one in the large encoding (bench/README.md, "Redis's time a job, by
+# script"). No sorted set holds a job that succeeded: the bytes such a job leaves are the same;
+# one that did not is in its owner's dead-letter index, ~75 bytes more while that index holds
+# 17 to 128 jobs (~125 bytes a member against ~50).
+#
 # REDIS_MIN_REPLICAS_TO_WRITE=N (make run with replicas: 1) makes it refuse writes (NOREPLICAS)
 # while it is a primary with fewer than N replicas in sync (acknowledged within
 # REDIS_MIN_REPLICAS_MAX_LAG, 10 s): a primary the sentinels have replaced refuses the writes
@@ -207,7 +216,8 @@ if [ "${REDIS_MIN_REPLICAS_TO_WRITE:-0}" != 0 ]; then
 fi
 exec "$bin" - --port "$port" --bind 127.0.0.1 --dir "$dir" \
   --appendonly yes --appendfsync "${REDIS_APPENDFSYNC:-always}" --save "" \
-  --maxmemory "${REDIS_MAXMEMORY:-1gb}" --maxmemory-policy noeviction "${replica[@]}" "$@" <<CONFIG
+  --maxmemory "${REDIS_MAXMEMORY:-1gb}" --maxmemory-policy noeviction \
+  --zset-max-ziplist-entries 16 "${replica[@]}" "$@" <<CONFIG
 requirepass $admin
 masteruser default
 masterauth $admin

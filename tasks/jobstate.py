@@ -65,7 +65,7 @@ from tasks import job_lua, results
 from tasks.group_commit import GroupCommit
 from tasks.errors import ErrorCode, JobError
 from tasks.keys import (PENDING_KEY, REMOVED_FAILED_KEY, dead_index, job_key, kept_request,
-                        owner_index, owner_jobs, result_key, wake_key)
+                        owned_id, owner_index, owner_jobs, result_key, wake_key)
 from tasks.messages import QueuedMessage
 from tasks.names import PRIORITY_SEP
 
@@ -490,7 +490,8 @@ class JobState:
                            digest, message.payload,
                            "" if memory_headroom is None else memory_headroom, request, trim,
                            "1" if job.retry_of else "0",
-                           "" if kept_quota is None else kept_quota, job.owner, size]
+                           "" if kept_quota is None else kept_quota, job.owner, size,
+                           owned_id(job.id)]
         for name, value in job.submitted_fields().items():
             args += [name, value]
         if reply:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import uuid
 
 PREFIX = "iq:"
 JOB_PREFIX = f"{PREFIX}job:"
@@ -52,6 +54,17 @@ def owner_jobs(owner: str) -> str:
     (tasks/lua/_owned.lua), trimmed as their records expire. ~24 bytes a job, where a sorted
     set's member takes ~135."""
     return f"{PREFIX}jobs:{owner}"
+
+
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def owned_id(job_id: str) -> bytes:
+    """A job id as its `owner_jobs` entry keeps it: the 16 bytes a lowercase UUID's canonical
+    text stands for, or b"" for any other id (the entry keeps its text). Packed here, once, and
+    given to the submit script (tasks/lua/_owned.lua's owned_entry), where the same work took
+    Redis ~3.5 µs a job of Lua's string calls."""
+    return uuid.UUID(job_id).bytes if _CANONICAL_UUID.fullmatch(job_id) else b""
 
 
 def owner_index(owner: str) -> str:

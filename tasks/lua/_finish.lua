@@ -41,8 +41,19 @@ READ[#READ + 1] = 'req'
 READ[#READ + 1] = 'charged'
 local jobs = math.floor((#KEYS - 1) / 2)
 local pending, inflight = KEYS[2 * jobs + 1], KEYS[2 * jobs + 2]
+-- Whether an owner has quota books (_owner_books.lua) that a request may count on: asked once
+-- an owner a call, so that a job whose owner has none (no quota: the default) costs neither the
+-- length of its request nor a ZREM that finds nothing.
+local books = {}
+local function has_books(owner)
+  if books[owner] == nil then books[owner] = redis.call('exists', KEPT_BY_PREFIX .. owner) == 1 end
+  return books[owner]
+end
+local ids = {}
 for i = 1, jobs do
   local key, a = KEYS[2 * i - 1], 5 + 9 * (i - 1)
+  local id = id_of(key)
+  ids[i] = id
   local f = redis.call('hmget', key, unpack(READ))
   local status = f[1]
   out[i] = 0
@@ -52,10 +63,12 @@ for i = 1, jobs do
     if ARGV[a + 1] == 'succeeded' then
       for j = 2, #KEEP do if f[j] then v[KEEP[j]] = f[j] end end
       gone[#gone + 1] = key
-      local size = redis.call('hstrlen', key, 'request')  -- its request leaves with it
-      if size > 0 then release_owner_kept(v.owner or '', id_of(key), size) end
-      if f[#READ] then release_owner_kept(v.owner or '', id_of(key), f[#READ]) end
-      if f[#READ - 1] then gone[#gone + 1] = KEPT_REQUEST .. id_of(key) end
+      if has_books(v.owner or '') then  -- its request leaves with it, and the owner's books
+        local size = redis.call('hstrlen', key, 'request')
+        if size > 0 then release_owner_kept(v.owner or '', id, size) end
+      end
+      if f[#READ] then release_owner_kept(v.owner or '', id, f[#READ]) end
+      if f[#READ - 1] then gone[#gone + 1] = KEPT_REQUEST .. id end
     end
     -- Its status, and its model version, error and webhook delivery's id if any.
     v.status, v.finished_at = ARGV[a + 1], ARGV[3]
@@ -68,7 +81,7 @@ for i = 1, jobs do
 end
 if #gone > 0 then redis.call('del', unpack(gone)) end
 for i = 1, jobs do
-  local key, meta_key, a = KEYS[2 * i - 1], KEYS[2 * i], 5 + 9 * (i - 1)
+  local key, meta_key, a, id = KEYS[2 * i - 1], KEYS[2 * i], 5 + 9 * (i - 1), ids[i]
   if out[i] == 1 then
     local v = writes[key]
     local fields = {'status', v.status}
@@ -80,26 +93,26 @@ for i = 1, jobs do
       redis.call('expire', key, TTL_S)
     else
       redis.call('hdel', key, 'message', 'list', 'reply')
-      dead(key, id_of(key))
+      dead(key, id)
     end
     redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)
     if ARGV[a + 4] ~= '' then
       redis.call('lpush', ARGV[a + 4], ARGV[a + 5])
       if redis.call('llen', ARGV[a + 6]) == 0 then redis.call('lpush', ARGV[a + 6], '1') end
     end
-    done[#done + 1] = id_of(key)
+    done[#done + 1] = id
     local stored = ARGV[a + 1] == 'succeeded' and ARGV[a + 2] or ''
     if reply[i] and #stored <= REPLY_MAX_BYTES then
       local values
       if ARGV[a + 1] == 'succeeded' then  -- its record is what was written: nothing else
         values = {}
-        for j, name in ipairs(FIELDS) do values[j] = v[name] or false end
+        for j = 1, #FIELDS do values[j] = v[FIELDS[j]] or false end
       else
         values = redis.call('hmget', key, unpack(FIELDS))
       end
       local fields = cjson.encode(values)
       local entries = replies[reply[i]] or {}
-      entries[#entries + 1] = id_of(key) .. ' ' .. #fields .. ' ' .. #stored .. '\n' .. fields
+      entries[#entries + 1] = id .. ' ' .. #fields .. ' ' .. #stored .. '\n' .. fields
         .. stored
       replies[reply[i]] = entries
     end

@@ -7,8 +7,6 @@
 -- job_submit.lua and job_list.lua, after _job_prelude.lua.
 -- These run on every submit (an entry written, the head's time read), so they do their work in
 -- few calls into Lua's string library: each call costs more than the arithmetic around it.
-local UUID = '^' .. string.rep('%x', 8) .. '%-' .. string.rep('%x', 4) .. '%-'
-  .. string.rep('%x', 4) .. '%-' .. string.rep('%x', 4) .. '%-' .. string.rep('%x', 12) .. '$'
 -- Four bytes of a number below 2^32, most significant first.
 local function be32(n)
   local b4 = n % 256; n = (n - b4) / 256
@@ -16,21 +14,17 @@ local function be32(n)
   local b2 = n % 256
   return (n - b2) / 256, b2, b3, b4
 end
-local function owned_entry(us, id)
-  local text = not string.match(id, UUID) or string.find(id, '%u') ~= nil
+-- `packed`: the 16 bytes the id stands for, packed by the caller (tasks/keys.py's owned_id,
+-- once in Python rather than in Lua on every submit), or '' when the id is not a lowercase
+-- UUID's canonical text: the id is then kept as its text.
+local function owned_entry(us, id, packed)
+  local text = packed == ''
   local low = us % 16777216  -- the time's last 3 bytes, then its first 4
   local b1, b2, b3, b4 = be32((us - low) / 16777216)
   local b7 = low % 256; low = (low - b7) / 256
   local b6 = low % 256
   local stamp = string.char(text and b1 + 128 or b1, b2, b3, b4, (low - b6) / 256, b6, b7)
-  if text then return stamp .. id end
-  local hex = string.gsub(id, '-', '')
-  local c = {}
-  for i = 0, 3 do
-    c[4 * i + 1], c[4 * i + 2], c[4 * i + 3], c[4 * i + 4] =
-      be32(tonumber(string.sub(hex, 8 * i + 1, 8 * i + 8), 16))
-  end
-  return stamp .. string.char(unpack(c))
+  return stamp .. (text and id or packed)
 end
 -- An entry's time alone (owned_job's first value), for the head a submit stamps after.
 local function owned_at(entry)

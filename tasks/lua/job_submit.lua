@@ -9,8 +9,9 @@
 --       trim ('0': nothing, '1': the owner's jobs list, '2': that and the owner's index of
 --       releases before), '1' when it retries a job, the owner's quota on the bytes of the
 --       requests kept for it ('' : none), the owner (an API key's name), the request's size
---       (what its waiting job is charged when none is kept: '' or 0, nothing), then the
---       record's field/value pairs ('reply' among them for a job an API process waits on:
+--       (what its waiting job is charged when none is kept: '' or 0, nothing), the 16 bytes
+--       of its id as the owner's jobs list keeps it ('' : its text; tasks/keys.py's
+--       owned_id), then the record's field/value pairs ('reply' among them for a job an API process waits on:
 --       the channel its finish announces it on, _finish.lua).
 -- The API has the depth checked here only when its own reading of it (at most a second old,
 -- app/gauge.py) is near the limit, or when it has none; far from it, it costs no command. The
@@ -33,4 +34,4 @@
 -- #include _job_prelude
 -- #include _owned
 -- #include _submit
-return submit(KEYS, ARGV)
+return submit(KEYS, 0, #KEYS, ARGV, 2, #ARGV - 2)

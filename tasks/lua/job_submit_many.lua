@@ -9,13 +9,10 @@
 -- #include _owned
 -- #include _submit
 local jobs = tonumber(ARGV[3])
-local out, k, a = {}, 0, 4 + 2 * jobs
+local out, k, a = {}, 0, 3 + 2 * jobs
 for j = 1, jobs do
   local nkeys, nargs = tonumber(ARGV[2 + 2 * j]), tonumber(ARGV[3 + 2 * j])
-  local keys, args = {}, {ARGV[1], ARGV[2]}
-  for i = 1, nkeys do keys[i] = KEYS[k + i] end
-  for i = 1, nargs do args[2 + i] = ARGV[a + i - 1] end
-  out[j] = submit(keys, args)
+  out[j] = submit(KEYS, k, nkeys, ARGV, a, nargs)
   k, a = k + nkeys, a + nargs
 end
 return out

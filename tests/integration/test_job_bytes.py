@@ -16,7 +16,7 @@ from redis.client import NEVER_DECODE
 
 from tasks import results
 from tasks.jobstate import Final, JobRecord, JobState, StartDecision, Status, batch_text, new_job
-from tasks.keys import job_key, owner_jobs, result_key
+from tasks.keys import PENDING_KEY, job_key, owner_jobs, result_key
 from tasks.messages import QueuedMessage
 
 JOBS = 200  # past the 128 members a sorted set keeps in its compact encoding
@@ -84,6 +84,22 @@ def test_a_finished_one_input_embedding_job_keeps_at_most_2000_bytes(state, admi
     others = {key for key in admin.scan_iter(count=1_000) if not any(i in key for i in ids)}
     assert others == {owner_jobs(""), "minilm-embed", "iq:wake:minilm-embed"}
     assert admin.dbsize() == 2 * JOBS + len(others)  # a record and a result a job
+
+
+def test_the_pending_set_takes_its_large_encoding_past_sixteen_jobs(state, admin):
+    """Each submit adds its job to the pending set with the newest time, and Redis searches a
+    compact sorted set from its first member for where that goes, reading each member's time
+    (~3 µs a job at 64 pending): the Redis `make run` starts keeps one compact up to 16
+    members, not 128 (scripts/redis-server.sh)."""
+    for i in range(17):
+        record = new_job(str(uuid.uuid4()), model="minilm-embed", trace_id=secrets.token_hex(16),
+                         inputs=1, priority="normal", token=secrets.token_urlsafe(6))
+        state.submit(record, QueuedMessage("minilm-embed", b"m" * 100),
+                     depth_lists=["minilm-embed"], max_depth=None, ttl_s=TTL_S)
+        if i == 15:
+            assert admin.object("encoding", PENDING_KEY) in ("ziplist", "listpack")
+    assert admin.zcard(PENDING_KEY) == 17
+    assert admin.object("encoding", PENDING_KEY) == "skiplist"
 
 
 def test_a_compact_record_reads_as_the_record_written_with_its_names(state, admin):
