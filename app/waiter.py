@@ -135,6 +135,10 @@ class ResultWaiter:
         try:
             self._listen()
         finally:  # closed, or ended by an error it does not retry: the next wait restarts it
+            # Nobody is woken by a message now: the parked waiters read their jobs for
+            # themselves (every second) rather than sleep to their wait's end.
+            self.subscribed.clear()
+            self._wake(None)
             with self._starting:
                 self._listening = False
 
@@ -185,13 +189,7 @@ class ResultWaiter:
                     backoff = 0.1
                     if message is None:
                         continue
-                    channel = _text(message["channel"])
-                    if message["type"] != "message":
-                        self._wake(channel[len(PREFIX):])
-                    elif channel == self.reply_channel:
-                        self._answered(message["data"])
-                    else:
-                        self._moved(_text(message["data"]))
+                    self._heard(message)
             except redis.RedisError as exc:
                 if self.subscribed.is_set():
                     self.subscribed.clear()
@@ -206,6 +204,22 @@ class ResultWaiter:
                     pubsub.close()
                 except redis.RedisError:
                     pass
+
+    def _heard(self, message: dict) -> None:
+        """One message of the subscription. One that is not ours (anyone with the
+        application's Redis user may publish on these channels) is logged and skipped: it
+        must not end the listener, and with it the wake-ups of every parked wait."""
+        try:
+            channel = _text(message["channel"])
+            if message["type"] != "message":
+                self._wake(channel[len(PREFIX):])
+            elif channel == self.reply_channel:
+                self._answered(message["data"])
+            else:
+                self._moved(_text(message["data"]))
+        except ValueError as exc:  # UnicodeDecodeError included
+            logger.warning("result listener skipped a malformed message on %r (%s)",
+                           message.get("channel"), exc)
 
     @contextmanager
     def watch(self, job_id: str, owner: str | None = None,
