@@ -13,7 +13,10 @@ submitted with `Prefer: wait` names it, and the job's finish sends there the job
 would find it, before its "done", so that the waiting request answers from it
 (`answer`) without a read. Whenever it (re)subscribes it wakes every waiter once, since a job may
 have finished while nobody listened; whenever it loses Redis it wakes them too, so that each
-reads its job again (and its client hears of the outage). Under gunicorn's gevent worker
+reads its job again (and its client hears of the outage). A message it cannot read (anyone
+with the application's Redis user may publish on these channels) is logged and skipped; should
+the listener end all the same, it wakes them as well, and they read their jobs every second
+until the next wait starts it again. Under gunicorn's gevent worker
 `threading` is gevent's, so the listener and each waiting request are greenlets, not threads.
 
 A wait takes a slot: at most `max_waits` in the process and `max_per_key` per API key. A
