@@ -72,12 +72,12 @@ def _kwargs_not_dict(message):
     message["body"] = base64.b64encode(b'[[], 7, {}]').decode()
 
 
-def _priority_text(message):
-    message["properties"]["delivery_info"]["priority"] = "high"
+def _nested_headers_text(message):
+    message["headers"]["headers"] = "text"
 
 
-HOSTILE = {"priority_text": _priority_text, "no_id": _no_id, "int_body": _int_body,
-           "headers_list": _headers_list, "bad_base64": _bad_base64,
+HOSTILE = {"nested_headers_text": _nested_headers_text, "no_id": _no_id,
+           "int_body": _int_body, "headers_list": _headers_list, "bad_base64": _bad_base64,
            "kwargs_not_dict": _kwargs_not_dict}
 PUT_ASIDE = {"headers_list", "bad_base64"}  # kombu cannot make a message of these
 
@@ -86,7 +86,7 @@ PUT_ASIDE = {"headers_list", "bad_base64"}  # kombu cannot make a message of the
 def test_a_message_pushed_by_hand_kombu_or_celery_cannot_read_is_put_aside_the_rest_run(
         tmp_path, kind):
     """A batching task's message edited on its queue list among three jobs (no id, a body not
-    a task's, kwargs not a mapping, a priority not a number, headers not a mapping, a body
+    a task's, kwargs not a mapping, its headers' headers text, headers not a mapping, a body
     not base64): the worker neither stops nor reconnects for ever (its queue stalled); the
     jobs run, the message does not, the queue and in-flight record empty; one kombu cannot
     make a message of is put aside on iq:malformed, the others discarded as invalid tasks."""

@@ -67,20 +67,20 @@ def _decoded(message: Any, body: Any, uses_utc: bool) -> tuple[Any, Any, bool, b
 def _request(message: Any, body: Any, uses_utc: bool, settlement: Any,
              **fixed: Any) -> SummaryRequest:
     """The message's Celery request. One it cannot be made from, or not a batching task's (a
-    message pushed onto the queue by hand: no id, a body not a task's, kwargs not a mapping, a
-    priority not a number), is refused as an invalid task, as Celery's handler refuses one
-    (logged, discarded), not raised into the consumer's loop: that would stop the worker (or
-    reconnect it for ever), and the message, recovered, the next one, its queue stalled."""
+    message pushed onto the queue by hand: no id, a body not a task's, its kwargs or its
+    headers' headers not a mapping), is refused as an invalid task, as Celery's handler
+    refuses one (logged, discarded), not raised into the consumer's loop: that would stop the
+    worker (or reconnect it for ever), and the message, recovered, the next one, its queue
+    stalled."""
     try:
         body, headers, decoded, utc = _decoded(message, body, uses_utc)
         on_ack, on_reject = settlement.callbacks(message)
         request = SummaryRequest(message, on_ack=on_ack, on_reject=on_reject, body=body,
                                  headers=headers, decoded=decoded, utc=utc, **fixed)
-        priority = (request.delivery_info or {}).get("priority")
-        if not isinstance(request.kwargs or {}, dict) or not (
-                priority is None or isinstance(priority, int)):
-            raise InvalidTaskError(f"kwargs {request.kwargs!r:.100} or priority "
-                                   f"{priority!r:.100} not a batching task's")
+        nested = request.request_dict.get("headers")  # read again for its trace (BatchJob.of)
+        if not isinstance(request.kwargs or {}, dict) or not isinstance(nested or {}, dict):
+            raise InvalidTaskError(f"kwargs {request.kwargs!r:.100} or headers "
+                                   f"{nested!r:.100} not a mapping")
         return request
     except REFUSED:
         raise
