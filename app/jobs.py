@@ -41,12 +41,13 @@ def _read_whole_body() -> None:
     the key's upload slots (app/limits.py: 429 at once when it holds them all). werkzeug ends
     a body sent without Content-Length (chunked) at the limit without a word, so one byte
     past it is asked of the server: any there means the body was larger."""
+    served = request._get_current_object()  # one look-up of the request, not three
     try:
         with _ext("iq.uploads").hold(auth.current_owner() or None):
-            request.get_data(cache=True)
-            stream = request.stream
+            served.get_data(cache=True)
+            stream = served.stream
             if isinstance(stream, LimitedStream) and stream.is_exhausted \
-                    and request.environ["wsgi.input"].read(1):
+                    and served.environ["wsgi.input"].read(1):
                 raise PayloadTooLarge("request body is larger than the configured limit")
     except NoUpload as exc:
         raise TooManyUploads(f"{exc}; send it once one of them has arrived") from None
@@ -54,20 +55,21 @@ def _read_whole_body() -> None:
 
 def _request_body() -> object:
     _read_whole_body()
-    if request.args and not request.mimetype.startswith("image/"):
+    served = request._get_current_object()  # one look-up of the request, not four
+    if served.args and not served.mimetype.startswith("image/"):
         # Only an image/* body takes its job from the query; anywhere else a query parameter
         # would be silently ignored, so it is refused.
         raise ValidationFailed("the job is invalid", fields={
             name: ["query parameters are for image/* bodies only; put it in the job"]
-            for name in request.args})
-    if not request.is_json:
-        upload = uploads.job_from_upload(request)  # images as multipart or an image/* body
+            for name in served.args})
+    if not served.is_json:
+        upload = uploads.job_from_upload(served)  # images as multipart or an image/* body
         if upload is not None:
             return upload
         raise UnsupportedMediaType("send the job as JSON (Content-Type: application/json), "
                                    "or images as multipart/form-data or an image/* body")
     try:
-        return json.loads(request.get_data())
+        return json.loads(served.get_data())
     except (ValueError, RecursionError) as exc:  # bad UTF-8 is a ValueError too
         raise MalformedRequest(f"request body is not valid JSON: {exc}") from None
 

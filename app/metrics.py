@@ -98,9 +98,10 @@ class ApiMetrics:
         g.iq_started = time.perf_counter()
 
     def _observe(self, response):
-        rule = request.url_rule
+        served = request._get_current_object()  # one look-up of the request, not three
+        rule = served.url_rule
         route = rule.rule if rule else "unmatched"
-        method = request.method if request.method in METHODS else "other"
+        method = served.method if served.method in METHODS else "other"
         self._counted(route, method, response.status_code).inc()
         started = g.get("iq_started")
         if started is not None:

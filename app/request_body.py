@@ -30,10 +30,9 @@ class _GuardedInput:
         self._stream, self._deadline, self._seconds = stream, deadline, seconds
 
     def _call(self, method: str, *args: Any) -> Any:
-        late = RequestTimeout(f"the request's body did not arrive within {self._seconds:g}s")
         left = self._deadline - time.monotonic()
         if left <= 0:
-            raise late
+            raise self._late()
         marker = _Late()
         try:
             with gevent.Timeout(left, marker):
@@ -41,9 +40,12 @@ class _GuardedInput:
         except _Late as exc:
             if exc is not marker:
                 raise
-            raise late from None
+            raise self._late() from None
         except ParseException as exc:
             raise BadRequest(f"the request's body is malformed: {exc}") from None
+
+    def _late(self) -> RequestTimeout:
+        return RequestTimeout(f"the request's body did not arrive within {self._seconds:g}s")
 
     def read(self, *args: Any) -> bytes:
         return self._call("read", *args)

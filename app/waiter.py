@@ -83,8 +83,10 @@ class ResultWaiter:
         self.slots = slots or Slots(max_waits, max_per_key)
         self._waiters: dict[str, set[threading.Event]] = {}
         self._movers: dict[str, set[threading.Event]] = {}  # those woken by every move
-        self._lock = threading.Lock()
+        self._lock = short_lock()  # the waiters' dicts: never held across a wait
+        self._starting = threading.Lock()  # held while the listener's thread starts
         self._thread: threading.Thread | None = None
+        self._listening = False  # the listener's thread runs (set under _starting)
         self._closed = threading.Event()
         self.subscribed = threading.Event()
         # The finished jobs announced on the reply channel, kept while someone waits on them.
@@ -112,16 +114,29 @@ class ResultWaiter:
             self._thread.join(timeout=5)
 
     def _start(self) -> None:
-        with self._lock:
-            if self._closed.is_set():
+        """The listener started, unless it runs (or the waiter is closed). Whether it runs is
+        its own flag, not `Thread.is_alive`: under gevent that is a lock tried without waiting,
+        which, failing as it does while the listener runs, yields to gevent's hub: a trip
+        through the event loop on every wait."""
+        if self._listening:
+            return
+        with self._starting:
+            if self._closed.is_set() or self._listening:
                 return
-            if self._thread is None or not self._thread.is_alive():
-                # In a context of its own: the request that starts it does not lend it its
-                # deadline (tasks/redis_deadline.py).
-                self._thread = threading.Thread(target=contextvars.Context().run,
-                                                args=(self._listen,), name="iq-result-waiter",
-                                                daemon=True)
-                self._thread.start()
+            self._listening = True
+            # In a context of its own: the request that starts it does not lend it its
+            # deadline (tasks/redis_deadline.py).
+            self._thread = threading.Thread(target=contextvars.Context().run,
+                                            args=(self._listen_until_stopped,),
+                                            name="iq-result-waiter", daemon=True)
+            self._thread.start()
+
+    def _listen_until_stopped(self) -> None:
+        try:
+            self._listen()
+        finally:  # closed, or ended by an error it does not retry: the next wait restarts it
+            with self._starting:
+                self._listening = False
 
     def _wake(self, job_id: str | None) -> None:
         """Set the Events of the job's waiters; of every waiter for None."""

@@ -21,6 +21,7 @@ from typing import Any, Callable, Generic, Sequence, TypeVar
 import redis
 
 from tasks import redis_deadline
+from tasks.locks import short_lock
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -44,7 +45,7 @@ class GroupCommit(Generic[T, R]):
 
     def __init__(self, send: Callable[[Sequence[T]], list[R]], most: int = 32) -> None:
         self.send, self.most = send, most
-        self._lock = threading.Lock()
+        self._lock = short_lock()  # list and flag changes only: never held across a wait
         self._queued: list[_Call[T]] = []
         self._busy = False
         self.calls = 0  # round trips made, and items sent: for tests and benchmarks

@@ -12,9 +12,16 @@ import sys
 from typing import Any
 
 
+# The interpreter's allocate_lock, found on the first call (asking gevent for it took a few
+# microseconds, once a request for the request's deadline).
+_allocate: Any = None
+
+
 def short_lock() -> Any:
     """A new unpatched lock (`_thread.allocate_lock` as it was before gevent's patching)."""
-    monkey = sys.modules.get("gevent.monkey")
-    if monkey is not None:
-        return monkey.get_original("_thread", "allocate_lock")()
-    return _thread.allocate_lock()
+    global _allocate
+    if _allocate is None:
+        monkey = sys.modules.get("gevent.monkey")
+        _allocate = monkey.get_original("_thread", "allocate_lock") if monkey is not None \
+            else _thread.allocate_lock
+    return _allocate()
