@@ -13,7 +13,10 @@ submitted with `Prefer: wait` names it, and the job's finish sends there the job
 would find it, before its "done", so that the waiting request answers from it
 (`answer`) without a read. Whenever it (re)subscribes it wakes every waiter once, since a job may
 have finished while nobody listened; whenever it loses Redis it wakes them too, so that each
-reads its job again (and its client hears of the outage). Under gunicorn's gevent worker
+reads its job again (and its client hears of the outage). A message it cannot read (anyone
+with the application's Redis user may publish on these channels) is logged and skipped; should
+the listener end all the same, it wakes them as well, and they read their jobs every second
+until the next wait starts it again. Under gunicorn's gevent worker
 `threading` is gevent's, so the listener and each waiting request are greenlets, not threads.
 
 A wait takes a slot: at most `max_waits` in the process and `max_per_key` per API key. A
@@ -135,6 +138,10 @@ class ResultWaiter:
         try:
             self._listen()
         finally:  # closed, or ended by an error it does not retry: the next wait restarts it
+            # Nobody is woken by a message now: the parked waiters read their jobs for
+            # themselves (every second) rather than sleep to their wait's end.
+            self.subscribed.clear()
+            self._wake(None)
             with self._starting:
                 self._listening = False
 
@@ -185,13 +192,7 @@ class ResultWaiter:
                     backoff = 0.1
                     if message is None:
                         continue
-                    channel = _text(message["channel"])
-                    if message["type"] != "message":
-                        self._wake(channel[len(PREFIX):])
-                    elif channel == self.reply_channel:
-                        self._answered(message["data"])
-                    else:
-                        self._moved(_text(message["data"]))
+                    self._heard(message)
             except redis.RedisError as exc:
                 if self.subscribed.is_set():
                     self.subscribed.clear()
@@ -206,6 +207,22 @@ class ResultWaiter:
                     pubsub.close()
                 except redis.RedisError:
                     pass
+
+    def _heard(self, message: dict) -> None:
+        """One message of the subscription. One that is not ours (anyone with the
+        application's Redis user may publish on these channels) is logged and skipped: it
+        must not end the listener, and with it the wake-ups of every parked wait."""
+        try:
+            channel = _text(message["channel"])
+            if message["type"] != "message":
+                self._wake(channel[len(PREFIX):])
+            elif channel == self.reply_channel:
+                self._answered(message["data"])
+            else:
+                self._moved(_text(message["data"]))
+        except ValueError as exc:  # UnicodeDecodeError included
+            logger.warning("result listener skipped a malformed message on %r (%s)",
+                           message.get("channel"), exc)
 
     @contextmanager
     def watch(self, job_id: str, owner: str | None = None,

@@ -158,3 +158,29 @@ def test_an_event_stream_holds_a_wait_slot_until_it_ends(parked):
         text = stream.text  # the stream ends after the job's final event
     assert re.findall(r"^event: (\w+)$", text, re.M) == ["queued", "cancelled"]
     wait_until(lambda: waiting(parked.api) == 0, 10, "the slot given back")
+
+
+@pytest.mark.parametrize("stray", [b"", b"\xff\xfe done"], ids=["empty", "not-utf8"])
+def test_parked_waiters_are_woken_after_a_stray_move_message(parked, stray):
+    """A message on the moves channel that is not one of ours (anyone with the application's
+    Redis user may publish there) ends neither the listener nor the waits parked on it: the
+    jobs' finishes still wake their waiters at once, not at their `?wait`'s end."""
+    from tasks.keys import MOVES_CHANNEL
+
+    web = start_web(parked.env, parked.workdir)
+    api = web.extra["url"]
+    try:
+        ids = [submit(api) for _ in range(20)]
+        with ThreadPoolExecutor(20) as pool:
+            waits = [pool.submit(timed, "GET", f"{api}/v1/jobs/{i}?wait=30", headers=auth("a"))
+                     for i in ids]
+            wait_until(lambda: waiting(api) == 20, 20, "20 parked waiters")
+            assert parked.admin.publish(MOVES_CHANNEL, stray) >= 1
+            for i in ids:
+                assert requests.post(f"{api}/v1/jobs/{i}/cancel", headers=auth("a"),
+                                     timeout=10).status_code == 200
+            answers = [w.result(timeout=40) for w in waits]
+        assert {r.json()["status"] for r, _ in answers} == {"cancelled"}
+        assert max(seconds for _, seconds in answers) < 15, "woken only at the wait's end"
+    finally:
+        web.stop()

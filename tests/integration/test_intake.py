@@ -3,7 +3,10 @@
 refused as Celery's own handler refuses it, and the messages around it run."""
 from __future__ import annotations
 
+import base64
 import json
+
+import pytest
 
 from config import load_settings
 from scripts.stack import launch, start_worker, wait_until
@@ -45,5 +48,73 @@ def test_an_invalid_task_message_in_a_fetch_is_discarded_and_the_rest_run(tmp_pa
                    "the worker's in-flight record to empty")
         assert fetchers
         assert "invalid" not in runs_log.read_text().split()
+    finally:
+        stack.stop()
+
+
+def _no_id(message):
+    del message["headers"]["id"]
+
+
+def _int_body(message):
+    message["body"] = base64.b64encode(b"5").decode()
+
+
+def _headers_list(message):
+    message["headers"] = ["iq.infer.synthetic"]
+
+
+def _bad_base64(message):
+    message["body"] = "%%% not base64 %%%"
+
+
+def _kwargs_not_dict(message):
+    message["body"] = base64.b64encode(b'[[], 7, {}]').decode()
+
+
+def _nested_headers_text(message):
+    message["headers"]["headers"] = "text"
+
+
+HOSTILE = {"nested_headers_text": _nested_headers_text, "no_id": _no_id,
+           "int_body": _int_body, "headers_list": _headers_list, "bad_base64": _bad_base64,
+           "kwargs_not_dict": _kwargs_not_dict}
+PUT_ASIDE = {"headers_list", "bad_base64"}  # kombu cannot make a message of these
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_a_message_pushed_by_hand_kombu_or_celery_cannot_read_is_put_aside_the_rest_run(
+        tmp_path, kind):
+    """A batching task's message edited on its queue list among three jobs (no id, a body not
+    a task's, kwargs not a mapping, its headers' headers text, headers not a mapping, a body
+    not base64): the worker neither stops nor reconnects for ever (its queue stalled); the
+    jobs run, the message does not, the queue and in-flight record empty; one kombu cannot
+    make a message of is put aside on iq:malformed, the others discarded as invalid tasks."""
+    runs_log = tmp_path / "runs.log"
+    models = {"synthetic": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0,
+                            "max_batch_size": 8, "max_inputs": 4, "runs_log": str(runs_log)}}
+    stack = launch(tmp_path, models, {}, ready_models=[])
+    try:
+        first = [stack.submit("synthetic", [f"job-{i}"]) for i in range(2)]
+        sender = make_celery(load_settings(environ=stack.env))
+        sender.send_task("iq.infer.synthetic", kwargs={"inputs": ["hostile"]}, priority=5)
+        sent = list_for("synthetic", 5)
+        message = json.loads(stack.redis.lindex(sent, 0))
+        HOSTILE[kind](message)
+        stack.redis.lset(sent, 0, json.dumps(message))
+        last = stack.submit("synthetic", ["job-2"])
+        stack.workers["late"] = start_worker("late", stack.env, tmp_path, ["synthetic"])
+        done = [stack.finished(j["id"], timeout=60) for j in [*first, last]]
+        assert [d["status"] for d in done] == ["succeeded"] * 3, done
+        redis = stack.redis
+        wait_until(lambda: sum(redis.llen(key) for key in queue_lists("synthetic")) == 0, 30,
+                   "queues empty")
+        fetchers = redis.hkeys(FETCHERS_KEY)
+        wait_until(lambda: all(redis.hlen(INFLIGHT_PREFIX + f) == 0 for f in fetchers), 30,
+                   "the worker's in-flight record to empty")
+        assert "hostile" not in runs_log.read_text().split()
+        log = stack.workers["late"].log.read_text(errors="replace")
+        assert "Unrecoverable" not in log and "Connection to broker lost" not in log, log[-4000:]
+        assert redis.llen("iq:malformed") == (1 if kind in PUT_ASIDE else 0)
     finally:
         stack.stop()

@@ -66,3 +66,28 @@ def test_a_listener_ended_by_an_error_is_started_again_by_the_next_wait():
             assert waiter._thread is not first and waiter._thread.is_alive()
     finally:
         waiter.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_listener_ended_by_an_error_wakes_the_parked_waits_to_read_for_themselves():
+    """Once the listener is gone no message wakes a parked wait: it is woken, and told (by
+    `subscribed` cleared) to read its job every second rather than sleep to its wait's end."""
+    client = api_client(load_settings({"redis_url": "redis://127.0.0.1:1/0"}, environ={}))
+    waiter = ResultWaiter(client, max_waits=4, max_per_key=4)
+    go = threading.Event()
+
+    def broken() -> None:
+        waiter.subscribed.set()  # as if it had subscribed
+        go.wait(10)
+        raise RuntimeError("not a Redis error: the listener's thread ends")
+
+    waiter._listen = broken  # type: ignore[method-assign]
+    try:
+        with waiter.watch("parked") as finished:
+            assert waiter.subscribed.wait(10)
+            go.set()
+            assert finished.wait(10), "the parked wait was not woken"
+            waiter._thread.join(10)
+            assert not waiter.subscribed.is_set()
+    finally:
+        waiter.close()

@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from celery import bootsteps
+from celery.exceptions import InvalidTaskError
 from celery.worker.request import Request
 from celery.worker.strategy import proto1_to_proto2
 
@@ -63,6 +64,30 @@ def _decoded(message: Any, body: Any, uses_utc: bool) -> tuple[Any, Any, bool, b
     return proto1_to_proto2(message, body)
 
 
+def _request(message: Any, body: Any, uses_utc: bool, settlement: Any,
+             **fixed: Any) -> SummaryRequest:
+    """The message's Celery request. One it cannot be made from, or not a batching task's (a
+    message pushed onto the queue by hand: no id, a body not a task's, its kwargs or its
+    headers' headers not a mapping), is refused as an invalid task, as Celery's handler
+    refuses one (logged, discarded), not raised into the consumer's loop: that would stop the
+    worker (or reconnect it for ever), and the message, recovered, the next one, its queue
+    stalled."""
+    try:
+        body, headers, decoded, utc = _decoded(message, body, uses_utc)
+        on_ack, on_reject = settlement.callbacks(message)
+        request = SummaryRequest(message, on_ack=on_ack, on_reject=on_reject, body=body,
+                                 headers=headers, decoded=decoded, utc=utc, **fixed)
+        nested = request.request_dict.get("headers")  # read again for its trace (BatchJob.of)
+        if not isinstance(request.kwargs or {}, dict) or not isinstance(nested or {}, dict):
+            raise InvalidTaskError(f"kwargs {request.kwargs!r:.100} or headers "
+                                   f"{nested!r:.100} not a mapping")
+        return request
+    except REFUSED:
+        raise
+    except Exception as exc:
+        raise InvalidTaskError(f"unreadable task message: {exc!r}") from exc
+
+
 def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
     """`Task.Strategy` for batching tasks: called once per task when the consumer starts."""
     model = model_of_task(task.name)
@@ -78,16 +103,12 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
     revoked_tasks = consumer.controller.state.revoked
     settlement = dispatcher.settlement
     uses_utc = app.uses_utc_timezone()
+    fixed = {"app": app, "hostname": hostname, "eventer": eventer, "task": task,
+             "connection_errors": connection_errors}
 
     def take(message: Any, body: Any, callbacks: Any) -> None:
         """One message into the buffer, a Celery request; batches form once all are in."""
-        body, headers, decoded, utc = _decoded(message, body, uses_utc)
-        on_ack, on_reject = settlement.callbacks(message)
-        request = SummaryRequest(
-            message, on_ack=on_ack, on_reject=on_reject, app=app, hostname=hostname,
-            eventer=eventer, task=task, connection_errors=connection_errors,
-            body=body, headers=headers, decoded=decoded, utc=utc,
-        )
+        request = _request(message, body, uses_utc, settlement, **fixed)
         if dispatcher.duplicate(request):
             return
         dispatcher.leases.hold(message)

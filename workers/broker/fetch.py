@@ -30,6 +30,7 @@ from typing import Any
 import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
+from kombu.utils import json as kombu_json
 from kombu.utils.encoding import bytes_to_str
 
 from tasks.keys import delayed_key, wake_key
@@ -324,7 +325,9 @@ class ReliableFetch:
             if many is None:  # kombu's own way: its channel's callback, one message
                 self.connection._deliver(raw, queue)
                 continue
-            message = self._iq_message(raw, consumer)
+            message = self._iq_built(list_key, raw, consumer)
+            if message is None:
+                continue
             if message.errors:  # kombu's consumer reports it (Celery: on_decode_error)
                 callback(message)
             else:
@@ -339,6 +342,20 @@ class ReliableFetch:
         callback = self._iq_callbacks.get(queue)
         consumer = getattr(callback, "__self__", None)
         return callback, consumer, getattr(getattr(consumer, "on_message", None), "many", None)
+
+    def _iq_built(self, list_key: str, raw: Any, consumer: Any) -> Any:
+        """`_iq_message`, or None for an envelope kombu cannot make a message of (headers
+        not a mapping, a body its encoding does not decode: pushed onto the queue by hand),
+        put aside as `_readable` puts aside what it cannot read: raised, it would stop the
+        worker, and the message, recovered, stop the next one."""
+        try:
+            return self._iq_message(raw, consumer)
+        except Exception as exc:  # anything kombu's Message raises on such an envelope
+            text = kombu_json.dumps(raw)
+            logger.error("a message on %s that is not a task message (%r) was put aside on "
+                         "%s: %.200s", list_key, exc, MALFORMED_KEY, text)
+            self.inflight.put_aside(raw["properties"]["delivery_tag"], text)
+            return None
 
     def _iq_message(self, raw: Any, consumer: Any) -> Any:
         """A fetched message as kombu's channel and consumer hand it on (`basic_consume`'s
