@@ -15,26 +15,38 @@ from tasks.names import list_for, queue_lists
 from workers.broker.lua import FETCHERS_KEY, INFLIGHT_PREFIX
 
 
+def _models(runs_log):
+    return {"synthetic": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0,
+                          "max_batch_size": 8, "max_inputs": 4, "runs_log": str(runs_log)}}
+
+
+def _edited_among_jobs(stack, tmp_path, marker, edit):
+    """Two jobs, a batching task's message (input `marker`) edited on its queue list by
+    `edit`, one more job; then a worker starts, so that one fetch takes them all. The jobs."""
+    first = [stack.submit("synthetic", [f"job-{i}"]) for i in range(2)]
+    sender = make_celery(load_settings(environ=stack.env))
+    sender.send_task("iq.infer.synthetic", kwargs={"inputs": [marker]}, priority=5)
+    sent = list_for("synthetic", 5)
+    message = json.loads(stack.redis.lindex(sent, 0))
+    edit(message)
+    stack.redis.lset(sent, 0, json.dumps(message))
+    last = stack.submit("synthetic", ["job-2"])
+    stack.workers["late"] = start_worker("late", stack.env, tmp_path, ["synthetic"])
+    return [*first, last]
+
+
 def test_an_invalid_task_message_in_a_fetch_is_discarded_and_the_rest_run(tmp_path):
     """Three jobs and, between them, a task message whose `expires` is not a date (Celery's
     `Request` refuses it: InvalidTaskError) wait on the queue when the worker starts, so one
     fetch takes them all: the invalid one is logged and discarded as Celery's consumer does
     (off the queue and off the worker's in-flight record, never run), the jobs run."""
     runs_log = tmp_path / "runs.log"
-    models = {"synthetic": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0,
-                            "max_batch_size": 8, "max_inputs": 4, "runs_log": str(runs_log)}}
-    stack = launch(tmp_path, models, {}, ready_models=[])
+    stack = launch(tmp_path, _models(runs_log), {}, ready_models=[])
     try:
-        first = [stack.submit("synthetic", [f"job-{i}"]) for i in range(2)]
-        sender = make_celery(load_settings(environ=stack.env))
-        sender.send_task("iq.infer.synthetic", kwargs={"inputs": ["invalid"]}, priority=5)
-        sent = list_for("synthetic", 5)  # its `expires` made one no date parser reads
-        message = json.loads(stack.redis.lindex(sent, 0))
-        message["headers"]["expires"] = "not a date"
-        stack.redis.lset(sent, 0, json.dumps(message))
-        last = stack.submit("synthetic", ["job-2"])
-        stack.workers["late"] = start_worker("late", stack.env, tmp_path, ["synthetic"])
-        done = [stack.finished(j["id"]) for j in [*first, last]]
+        def no_date(message):  # its `expires` made one no date parser reads
+            message["headers"]["expires"] = "not a date"
+        jobs = _edited_among_jobs(stack, tmp_path, "invalid", no_date)
+        done = [stack.finished(j["id"]) for j in jobs]
         assert [d["status"] for d in done] == ["succeeded"] * 3, done
         log = stack.workers["late"].log
         wait_until(lambda: "Received invalid task message" in log.read_text(errors="replace"),
@@ -91,20 +103,10 @@ def test_a_message_pushed_by_hand_kombu_or_celery_cannot_read_is_put_aside_the_r
     jobs run, the message does not, the queue and in-flight record empty; one kombu cannot
     make a message of is put aside on iq:malformed, the others discarded as invalid tasks."""
     runs_log = tmp_path / "runs.log"
-    models = {"synthetic": {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0,
-                            "max_batch_size": 8, "max_inputs": 4, "runs_log": str(runs_log)}}
-    stack = launch(tmp_path, models, {}, ready_models=[])
+    stack = launch(tmp_path, _models(runs_log), {}, ready_models=[])
     try:
-        first = [stack.submit("synthetic", [f"job-{i}"]) for i in range(2)]
-        sender = make_celery(load_settings(environ=stack.env))
-        sender.send_task("iq.infer.synthetic", kwargs={"inputs": ["hostile"]}, priority=5)
-        sent = list_for("synthetic", 5)
-        message = json.loads(stack.redis.lindex(sent, 0))
-        HOSTILE[kind](message)
-        stack.redis.lset(sent, 0, json.dumps(message))
-        last = stack.submit("synthetic", ["job-2"])
-        stack.workers["late"] = start_worker("late", stack.env, tmp_path, ["synthetic"])
-        done = [stack.finished(j["id"], timeout=60) for j in [*first, last]]
+        jobs = _edited_among_jobs(stack, tmp_path, "hostile", HOSTILE[kind])
+        done = [stack.finished(j["id"], timeout=60) for j in jobs]
         assert [d["status"] for d in done] == ["succeeded"] * 3, done
         redis = stack.redis
         wait_until(lambda: sum(redis.llen(key) for key in queue_lists("synthetic")) == 0, 30,
