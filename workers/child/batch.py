@@ -24,7 +24,7 @@ _CARRIED = (*_TRACE_HEADERS, JOB_TOKEN_HEADER)
 def _headers(request: Any, names: tuple[str, ...]) -> dict[str, str]:
     found = request.request_dict
     nested = found.get("headers") or {}
-    return {k: found.get(k) or nested.get(k) for k in names if found.get(k) or nested.get(k)}
+    return {k: v for k in names if (v := found.get(k) or nested.get(k))}
 
 
 def trace_headers(request: Any) -> dict[str, str]:
@@ -55,17 +55,8 @@ class BatchJob(NamedTuple):
     def of(cls, request: Any) -> BatchJob:
         """From Celery's `Request` for the job."""
         message = getattr(request, "message", None)
-        found = request.request_dict  # its trace headers and token read in one pass
-        nested = found.get("headers") or {}
-        trace, token = {}, ""
-        for name in _CARRIED:
-            value = found.get(name) or nested.get(name)
-            if not value:
-                continue
-            if name == JOB_TOKEN_HEADER:
-                token = str(value)
-            else:
-                trace[name] = value
+        trace = _headers(request, _CARRIED)  # its trace headers and token in one pass
+        token = str(trace.pop(JOB_TOKEN_HEADER, ""))
         return cls(request.id, JobArgs.from_kwargs(request.kwargs), trace, token,
                    getattr(message, "delivery_tag", "") or "")
 
