@@ -13,6 +13,8 @@ import os
 import signal
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import psutil
 import redis
@@ -77,17 +79,52 @@ def processes(master: int) -> set[int]:
     return {child.pid for child in psutil.Process(master).children()}
 
 
-def test_submits_wait_no_longer_than_their_deadline_while_gunicorn_reloads(tmp_path):
-    server, web = start_api(tmp_path, 2)
+@contextmanager
+def hung_up_under_submits(tmp_path, count: int) -> Iterator[tuple[int, set[int], Submits, float]]:
+    """gunicorn with `count` API processes under a steady stream of submits, then told to
+    reload (SIGHUP): (its master, the old processes, the submits, when it was told). The
+    submits, gunicorn and Redis stopped as the block ends."""
+    server, web = start_api(tmp_path, count)
     submits = None
     try:
         master = web.proc.pid
-        wait_until(lambda: len(processes(master)) == 2, 60, "two API processes")
+        wait_until(lambda: len(processes(master)) == count, 60, f"{count} API processes")
         old = processes(master)
         submits = Submits(web.extra["url"]).start()
         wait_until(lambda: len(submits.sent) >= 20, 60, "submits answered before the reload")
         hup = time.monotonic()
         os.kill(master, signal.SIGHUP)
+        yield master, old, submits, hup
+    finally:
+        if submits is not None:
+            submits.stop()
+        web.stop()
+        server.stop()
+
+
+def await_replaced(master: int, old: set[int], count: int, submits: Submits) -> float:
+    """When the old API processes were gone and `count` new ones left, once 20 submits sent
+    after it were answered."""
+    wait_until(lambda: not processes(master) & old and len(processes(master)) == count, 120,
+               f"the old API processes replaced by {count} new")
+    replaced = time.monotonic()
+    wait_until(lambda: sum(1 for t, _, _ in submits.sent if t > replaced) >= 20, 60,
+               "submits answered by the new processes")
+    return replaced
+
+
+def sent_across(submits: Submits, hup: float, replaced: float) -> list[tuple]:
+    """The submits sent from the SIGHUP until the processes were replaced, (sent s after the
+    SIGHUP, waited s, status); every submit of the run answered 202."""
+    across = [(round(t - hup, 2), round(took, 3), status) for t, took, status in submits.sent
+              if hup <= t <= replaced]
+    assert {status for _, _, status in submits.sent} == {202}, \
+        [s for s in across if s[2] != 202]
+    return across
+
+
+def test_submits_wait_no_longer_than_their_deadline_while_gunicorn_reloads(tmp_path):
+    with hung_up_under_submits(tmp_path, 2) as (master, old, submits, hup):
         # The new processes held (SIGSTOP) before they are up, as a loaded host holds them
         # importing the app, until a submit sent more than a deadline after was answered
         # (the old processes serve meanwhile), or three deadlines passed (none was).
@@ -104,22 +141,9 @@ def test_submits_wait_no_longer_than_their_deadline_while_gunicorn_reloads(tmp_p
         finally:
             for pid in new:
                 os.kill(pid, signal.SIGCONT)
-        wait_until(lambda: not processes(master) & old and len(processes(master)) == 2, 120,
-                   "the old API processes replaced by two new ones")
-        replaced = time.monotonic()
-        wait_until(lambda: sum(1 for t, _, _ in submits.sent if t > replaced) >= 20, 60,
-                   "submits answered by the new processes")
-        submits.stop()
-    finally:
-        if submits is not None:
-            submits.stop()
-        web.stop()
-        server.stop()
-    across = [(round(t - hup, 2), round(took, 3), status) for t, took, status in submits.sent
-              if hup <= t <= replaced]
+        replaced = await_replaced(master, old, 2, submits)
+    across = sent_across(submits, hup, replaced)
     assert len(across) >= CLIENTS, "submits were sent while the processes were replaced"
-    assert {status for _, _, status in submits.sent} == {202}, \
-        [s for s in across if s[2] != 202]
     deadline_s = Settings.redis_deadline_s
     late = [s for s in across if s[1] >= deadline_s]
     assert not late, f"submits (sent s after the SIGHUP, waited s) past the {deadline_s:g}s " \
