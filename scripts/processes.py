@@ -3,6 +3,7 @@ started in its own session with its output in a log file, stopped by process gro
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -16,15 +17,43 @@ ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
 
+def _ephemeral_ports() -> range:
+    """The ports the kernel gives outgoing connections (net.ipv4.ip_local_port_range)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, below the kernel's ephemeral range. A port the
+    kernel hands out itself (bind to 0) may be taken as the source port of any outgoing
+    connection in the moment before the server started on it binds it; one below that range
+    only by another listener, which the check here sees."""
+    ephemeral = _ephemeral_ports()
+    low, high = 10000, (ephemeral.start - 1 if ephemeral.start > 11000 else 65535)
+    for _ in range(200):
+        port = random.randint(low, high)
+        if port in ephemeral:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in {low}-{high} outside {ephemeral}")
+
+
+class Exited(RuntimeError):
+    """A process waited for exited instead (Service.wait_ready)."""
 
 
 def wait_until(check: Callable[[], object], timeout: float, what: str,
-               interval: float = 0.1) -> object:
-    """Poll `check` until it returns something truthy; fail with `what` after `timeout`."""
+               interval: float = 0.1, fatal: tuple[type[Exception], ...] = ()) -> object:
+    """Poll `check` until it returns something truthy; fail with `what` after `timeout`, or at
+    once if `check` raises one of `fatal`."""
     deadline = time.monotonic() + timeout
     last_exc: Exception | None = None
     while time.monotonic() < deadline:
@@ -32,6 +61,8 @@ def wait_until(check: Callable[[], object], timeout: float, what: str,
             value = check()
             if value:
                 return value
+        except fatal:
+            raise
         except Exception as exc:  # noqa: BLE001 - reported below if it never succeeds
             last_exc = exc
         time.sleep(interval)
@@ -76,6 +107,17 @@ class Service:
     proc: subprocess.Popen
     log: Path
     extra: dict = field(default_factory=dict)
+
+    def wait_ready(self, check: Callable[[], object], timeout: float, what: str) -> object:
+        """wait_until(check), failing at once, with the end of its log, if the process exits
+        first (a port taken, a bad option) rather than after `timeout`."""
+        def ready() -> object:
+            if self.proc.poll() is not None:
+                raise Exited(f"{what}: exited ({self.proc.returncode}) before it was ready; "
+                             f"the end of {self.log}:\n{self.tail(20)}")
+            return check()
+
+        return wait_until(ready, timeout, what, fatal=(Exited,))
 
     def tail(self, lines: int = 60) -> str:
         try:

@@ -89,7 +89,7 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
         svc.extra.update(passwords)
     # A node the sentinels name the primary may first wait for them to fail over to its
     # replica (REDIS_HANDOVER_TIMEOUT_S, 30 s, at most: scripts/redis-server.sh).
-    wait_until(redis.Redis.from_url(admin).ping, 45, f"redis-server on port {port}")
+    svc.wait_ready(redis.Redis.from_url(admin).ping, 45, f"redis-server on port {port}")
     svc.extra.update(port=port, url=app, admin_url=admin,
                      min_replicas_to_write=min_replicas_to_write)
     return svc
@@ -122,7 +122,7 @@ def start_sentinel(workdir: Path, primary: Service, port: int | None = None,
     svc = spawn(f"sentinel-{port}", [str(ROOT / "scripts" / "redis-server.sh")], env, workdir)
     svc.extra.update(passwords, port=port,
                      admin_url=f"redis://:{passwords['password']}@127.0.0.1:{port}/0")
-    wait_until(redis.Redis.from_url(svc.extra["admin_url"]).ping, 20, f"sentinel on {port}")
+    svc.wait_ready(redis.Redis.from_url(svc.extra["admin_url"]).ping, 20, f"sentinel on {port}")
     return svc
 
 
