@@ -18,6 +18,7 @@ import tempfile
 import time
 
 from gunicorn import util
+from gunicorn.config import Config
 from gunicorn.http.errors import ConfigurationProblem, InvalidHeader
 from gunicorn.workers.ggevent import GeventWorker
 
@@ -48,6 +49,7 @@ class Worker(GeventWorker):
 
     def init_process(self):
         util.write_error = _json_error  # what Worker.handle_error writes its answer with
+        settle(self.cfg)
         super().init_process()
 
     def init_signals(self):
@@ -90,6 +92,18 @@ class Worker(GeventWorker):
         if isinstance(exc, ConfigurationProblem) and "SCRIPT_NAME" in str(exc):
             exc = InvalidHeader("SCRIPT_NAME", req=req)
         super().handle_error(req, client, addr, exc)
+
+
+def settle(cfg: Config) -> None:
+    """Each setting's value kept on `cfg` itself, read once in this process rather than
+    through `Config.__getattr__` and the setting's `get` at every use: gunicorn reads ~23 a
+    request (its parser, `wsgi.create`, the keep-alive timeout, its hooks). A forked process's
+    settings never change: a reload re-reads them in the master, which forks new processes.
+    The values go into the instance's dict, under `Config.__setattr__`'s guard; the settings
+    `Config` answers with a property (`is_ssl`, `worker_class`, ...) are left to it."""
+    for name, setting in cfg.settings.items():
+        if not hasattr(Config, name):
+            vars(cfg)[name] = setting.get()
 
 
 def default_workers() -> int:
