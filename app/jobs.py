@@ -40,14 +40,16 @@ def _read_whole_body() -> None:
     """Read the body (kept for the parsers), refusing one over max_body_bytes, within one of
     the key's upload slots (app/limits.py: 429 at once when it holds them all). werkzeug ends
     a body sent without Content-Length (chunked) at the limit without a word, so one byte
-    past it is asked of the server: any there means the body was larger."""
+    past it is asked of the server: any there means the body was larger. A body with a
+    Content-Length ends there (the server reads no further; werkzeug refused one declared
+    over the limit): nothing to ask."""
     served = request._get_current_object()  # one look-up of the request, not three
     try:
         with _ext("iq.uploads").hold(auth.current_owner() or None):
             served.get_data(cache=True)
             stream = served.stream
-            if isinstance(stream, LimitedStream) and stream.is_exhausted \
-                    and served.environ["wsgi.input"].read(1):
+            if served.content_length is None and isinstance(stream, LimitedStream) \
+                    and stream.is_exhausted and served.environ["wsgi.input"].read(1):
                 raise PayloadTooLarge("request body is larger than the configured limit")
     except NoUpload as exc:
         raise TooManyUploads(f"{exc}; send it once one of them has arrived") from None
