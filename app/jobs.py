@@ -42,15 +42,13 @@ def _read_whole_body(served: Request, uploads: Uploads, owner: str) -> None:
     """Read the body (kept for the parsers), refusing one over max_body_bytes, within one of
     the `owner`'s upload slots (app/limits.py: 429 at once when it holds them all). werkzeug
     ends a body sent without Content-Length (chunked) at the limit without a word, so one byte
-    past it is asked of the server: any there means the body was larger. A body with a
-    Content-Length ends there (the server reads no further; werkzeug refused one declared
-    over the limit): nothing to ask."""
+    past it is asked of the server: any there means the body was larger."""
     try:
         with uploads.hold(owner or None):
             served.get_data(cache=True)
             stream = served.stream
-            if served.content_length is None and isinstance(stream, LimitedStream) \
-                    and stream.is_exhausted and served.environ["wsgi.input"].read(1):
+            if isinstance(stream, LimitedStream) and stream.is_exhausted \
+                    and served.environ["wsgi.input"].read(1):
                 raise PayloadTooLarge("request body is larger than the configured limit")
     except NoUpload as exc:
         raise TooManyUploads(f"{exc}; send it once one of them has arrived") from None

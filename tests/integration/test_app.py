@@ -103,44 +103,6 @@ def test_not_ready_without_a_worker_and_the_check_says_why(api):
     assert checks["redis"]["ok"] and checks["model:echo"] == {"ok": False, "instances": 0}
 
 
-class _CountedInput:
-    """`wsgi.input` counting the reads asked of it."""
-
-    def __init__(self, stream) -> None:
-        self.stream, self.reads = stream, 0
-
-    def read(self, *args):
-        self.reads += 1
-        return self.stream.read(*args)
-
-    def readinto(self, buffer):
-        self.reads += 1
-        return self.stream.readinto(buffer)
-
-
-def _counting_reads(app) -> list[_CountedInput]:
-    inputs, inner = [], app.wsgi_app
-
-    def wsgi_app(environ, start_response):
-        inputs.append(_CountedInput(environ["wsgi.input"]))
-        environ["wsgi.input"] = inputs[-1]
-        return inner(environ, start_response)
-
-    app.wsgi_app = wsgi_app
-    return inputs
-
-
-def test_a_body_with_a_length_is_read_without_asking_past_its_end(api):
-    """A body with a Content-Length ends there: read in one go, no read past its end (under
-    gunicorn each read of the body is one more gevent Timeout: app/request_body.py); a body
-    without one is still asked one byte past the limit (test_errors.py's chunked 413)."""
-    inputs = _counting_reads(api.application)
-    body = json.dumps({"model": "echo", "inputs": ["a"]}).encode()
-    r = api.post("/v1/jobs", data=body, headers={"Content-Type": "application/json"})
-    assert r.status_code == 202, r.get_json()
-    assert [i.reads for i in inputs] == [1]
-
-
 LOOK_UPS = 20  # 29 before (in-process, through the test client)
 
 
