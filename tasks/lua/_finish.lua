@@ -106,7 +106,8 @@ for i = 1, jobs do
       -- A success's record is what was written (its values, in FIELDS' order): nothing else.
       local fields = cjson.encode(values[i] or redis.call('hmget', key, unpack(FIELDS)))
       local entries = replies[reply[i]] or {}
-      entries[#entries + 1] = id .. ' ' .. #fields .. ' ' .. #stored .. '\n' .. fields
+      -- (Its lengths by %d: a number concatenated is written with %.14g, a float's path.)
+      entries[#entries + 1] = string.format('%s %d %d\n', id, #fields, #stored) .. fields
         .. stored
       replies[reply[i]] = entries
     end

@@ -82,12 +82,16 @@ def test_a_submit_sends_no_status_its_script_writes_first(state, redis_server, c
     (job_lua.SUBMIT, ("redis.call('expire', record, TTL_TEXT)",
                       "redis.call('zadd', pending, now_text, id)")),
     (job_lua.FINISH, ("redis.call('expire', key, TTL_TEXT)",
-                      "redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)")),
+                      "redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)",
+                      "string.format('%s %d %d\\n', id, #fields, #stored)",
+                      "finished_ms % 1 == 0 and '%d %d %s %s %s'")),
     (job_lua.START, ("'runs', f[4] and tostring(tonumber(f[4]) + 1) or '1')",))],
     ids=["submit", "finish", "start"])
 def test_the_hot_moves_pass_their_numbers_as_text(script, calls):
     """Each job's TTLs, its pending set's score and its runs count reach redis.call as strings
-    made once a call (or not at all): a number there is sprintf'ed every call."""
+    made once a call (or not at all): a number there is sprintf'ed every call; FINISH writes
+    whole numbers (a packed record's times, a reply's lengths) by %d, not by a float's path
+    (%.0f, or %.14g for a number concatenated)."""
     for call in calls:
         assert call in script
     assert "redis.call('expire', record, TTL_S)" not in script
