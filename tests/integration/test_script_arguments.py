@@ -17,9 +17,7 @@ from tasks.jobstate import Final, JobState, StartDecision, Status, new_job
 from tasks.keys import job_key
 from tasks.messages import QueuedMessage
 
-# What only a final record holds: FINISH, which finishes only a queued or running job, has no
-# use for it.
-FINAL_ONLY = {"finished_at", "error", "model_version", "retried_as", "kept"}
+FINAL_ONLY = set(job_lua.FINAL_ONLY)
 
 
 @pytest.fixture
@@ -66,6 +64,14 @@ def test_finish_reads_only_the_fields_a_record_not_final_holds(state, redis_serv
     assert not FINAL_ONLY & set(reads[0])
     done = state.read(job_id)
     assert (done.status, done.model_version, done.runs) == (Status.SUCCEEDED, "v1", 1)
+
+
+def test_finish_reads_every_field_a_succeeded_record_keeps():
+    """Its read is by position: a field a record gains (READ_FIELDS) is kept by a success only
+    once it is added to SUCCEEDED_READ and to FINISH's locals."""
+    kept = [name for name in job_lua.KEEP_FIELDS if name not in FINAL_ONLY]
+    assert list(job_lua.SUCCEEDED_READ) == [*kept, "reply", "req", "charged"]
+    assert FINAL_ONLY <= set(job_lua.KEEP_FIELDS)
 
 
 def test_a_submit_sends_no_status_its_script_writes_first(state, redis_server, clean_admin):
