@@ -14,7 +14,7 @@ import redis
 from bench.purposes import Monitor
 from tasks import job_lua, results
 from tasks.jobstate import Final, JobState, StartDecision, Status, new_job
-from tasks.keys import job_key
+from tasks.keys import PENDING_KEY, job_key
 from tasks.messages import QueuedMessage
 
 FINAL_ONLY = set(job_lua.FINAL_ONLY)
@@ -102,3 +102,19 @@ def test_the_hot_moves_pass_their_numbers_as_text(script, calls):
         assert call in script
     assert "redis.call('expire', record, TTL_S)" not in script
     assert "redis.call('zadd', pending, now, id)" not in script
+
+
+def test_the_pending_set_scores_a_job_by_whole_seconds_rounded_up(state, redis_server,
+                                                                   clean_admin):
+    """A whole-number score is stored as an integer in the pending set's compact form, so a
+    submit's ZADD neither sprintf's it nor strtod's each member's score to find its place; it
+    is rounded up, so that the reconciler (a job not final for longer than a lease) never
+    looks at a job early."""
+    before = clean_admin.time()
+    ran = _monitored(redis_server.extra["admin_url"], clean_admin, lambda: _submitted(state))
+    after = clean_admin.time()
+    zadds = [words for words in ran if words[0] == "zadd" and words[1] == PENDING_KEY]
+    assert len(zadds) == 1 and re.fullmatch(r"\d+", zadds[0][2]), zadds
+    score = int(zadds[0][2])
+    assert before[0] + before[1] / 1e6 <= score <= after[0] + 1
+    assert clean_admin.zscore(PENDING_KEY, zadds[0][3]) == score
