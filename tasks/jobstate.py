@@ -517,7 +517,7 @@ class JobState:
 
     def _submit_many(self, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
         """Submits that arrived together (`group_submits`), in one script call: each one's
-        answer, as the submit script's."""
+        answer, as the submit script's (the call answers "kind found" a job, one string)."""
         if len(calls) == 1:
             return [self._run("submit", *calls[0])]
         keys: list[str] = []
@@ -527,7 +527,7 @@ class JobState:
         for job_keys, job_args in calls:
             keys += job_keys
             args += job_args
-        return self._run("submit_many", keys, args)
+        return [_text(answer).split(" ", 1) for answer in self._run("submit_many", keys, args)]
 
     def _submit_and_wait(self, keys: list[str], args: list[Any], count: int,
                          timeout_s: float) -> tuple[Any, int]:

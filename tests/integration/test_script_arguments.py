@@ -118,3 +118,27 @@ def test_the_pending_set_scores_a_job_by_whole_seconds_rounded_up(state, redis_s
     score = int(zadds[0][2])
     assert before[0] + before[1] / 1e6 <= score <= after[0] + 1
     assert clean_admin.zscore(PENDING_KEY, zadds[0][3]) == score
+
+
+def test_a_group_of_submits_is_answered_with_one_string_a_job(state):
+    """SUBMIT_MANY answers "kind found" a job, not a table of two strings a job: Redis makes a
+    script's reply value by value. What each submit is told is as before."""
+    class Collect:
+        calls: list = []
+
+        def submit(self, call):
+            self.calls.append(call)
+            return ["created", call[1][0]]
+
+    collect, replies, run = Collect(), [], state._run
+    state._grouped = collect
+    jobs = [_submitted(state)[0] for _ in range(3)]
+
+    def recorded(name, keys, args, ttl_s=None):
+        replies.append(run(name, keys, args, ttl_s))
+        return replies[-1]
+
+    state._run = recorded
+    answers = state._submit_many(collect.calls)
+    assert replies == [[f"created {job_id}" for job_id in jobs]]
+    assert answers == [["created", job_id] for job_id in jobs]
