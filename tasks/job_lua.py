@@ -38,6 +38,10 @@ SUCCEEDED_READ = ("status", "token", "model", "created_at", "trace_id", "inputs"
                   "worker", "batch", "runs", "items_done", "retry_of", "crashes", "reply", "req",
                   "charged")
 
+# What a submit names in the place of the record of the job it retries when it retries none
+# (tasks/lua/_submit.lua tells a retry by it): one key for every job, never written.
+NO_RETRY = f"{JOB_PREFIX}:no-retry"
+
 # The largest stored result a finish sends to the API process waiting on its job (its reply
 # channel, tasks/lua/_finish.lua); a larger one is read by the waiter as before.
 REPLY_MAX_BYTES = 64 * 1024
@@ -48,7 +52,7 @@ CONSTANTS = {"FIELDS": READ_FIELDS, "SUCCEEDED_READ": SUCCEEDED_READ, "JOB_PREFI
              "KEPT_BY_PREFIX": KEPT_BY_PREFIX, "KEPT_BY_BYTES_PREFIX": KEPT_BY_BYTES_PREFIX,
              "DEAD_INDEX": dead_index(""), "OWNER_INDEX": owner_index(""),
              "KEPT_REQUEST": kept_request(""), "MOVES_CHANNEL": MOVES_CHANNEL,
-             "REPLY_MAX_BYTES": REPLY_MAX_BYTES}
+             "REPLY_MAX_BYTES": REPLY_MAX_BYTES, "NO_RETRY": NO_RETRY}
 
 # Each script's text, by the name its move goes by (tasks/jobstate.py's `JobState._run`).
 SUBMIT = script("job_submit", CONSTANTS)

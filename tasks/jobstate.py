@@ -342,6 +342,9 @@ def _refusal(kind: str, found: str, kept_quota: int | None) -> Exception | None:
 # Submits one group commit sends at most (JobState's `group_submits`): a script call's work
 # stays bounded (~0.1 ms a job inside Redis).
 SUBMIT_GROUP_MOST = 32
+# The fields of every record that the submit script names itself (tasks/lua/_submit.lua), their
+# values sent alone, in this order: JobRecord.submitted_fields' after `status`.
+_SUBMIT_NAMED = ("model", "created_at", "trace_id", "inputs")
 
 # How far this process's clock may be from Redis's for a read to leave a queued job's deadline
 # to READ (which expires it by Redis's clock) only when it is this close or past.
@@ -482,19 +485,20 @@ class JobState:
         channel its finish announces it on, record and result (`announced`), for a process
         that waits on it ("": none)."""
         claim, digest = idempotency or (job_key(job.id) + ":no-claim", "")
-        retried = job_key(job.retry_of) if job.retry_of else job_key(job.id) + ":no-retry"
-        # The owner's jobs list drops expired entries on one submit in 16 (ids are random),
-        # the index of releases before on one in 256.
-        trim = "2" if job.id[:2] == "00" else "1" if job.id[0] == "0" else "0"
+        retried = job_key(job.retry_of) if job.retry_of else job_lua.NO_RETRY
+        # The script tells a retry by `retried`, and trims its owner's lists by the id.
         args: list[Any] = [job.id, "" if max_depth is None else max_depth, timeout_s or 0,
                            digest, message.payload,
-                           "" if memory_headroom is None else memory_headroom, request, trim,
-                           "1" if job.retry_of else "0",
+                           "" if memory_headroom is None else memory_headroom, request,
                            "" if kept_quota is None else kept_quota, job.owner, size,
                            owned_id(job.id)]
-        for name, value in job.submitted_fields().items():
-            if name != "status":  # the script's HSETNX writes it (`queued`), first
-                args += [name, value]
+        fields = job.submitted_fields()
+        # Status, the script's HSETNX writes (`queued`), first; the fields every record has
+        # by value alone (the script names them), in their order; the others by name and value.
+        args += [fields.pop(name) for name in _SUBMIT_NAMED]
+        del fields["status"]
+        for name, value in fields.items():
+            args += [name, value]
         if reply:
             args += ["reply", reply]
         keys = [job_key(job.id), claim, message.list_key, owner_jobs(job.owner), retried,

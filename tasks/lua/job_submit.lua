@@ -1,18 +1,19 @@
 -- A job's admission, record and enqueue in one step (tasks/jobstate.py `submit`).
 -- KEYS: record, idempotency claim, target list, owner's jobs list (owner_jobs), the record of
---       the job it retries (any key when it retries none), pending jobs, the queue's wake-up
+--       the job it retries (NO_RETRY when it retries none), pending jobs, the queue's wake-up
 --       list, the owner's index of releases before (owner_index), then the model's queue lists
 --       (for its depth; none when it is not checked).
 -- ARGV (after the two of every job script): job id, max depth ('' : not checked), timeout_s
 --       (0: none), request digest ('' : no idempotency key), message, memory headroom (share
---       of maxmemory kept free; '' : not checked), the request to keep ('' : none), what to
---       trim ('0': nothing, '1': the owner's jobs list, '2': that and the owner's index of
---       releases before), '1' when it retries a job, the owner's quota on the bytes of the
---       requests kept for it ('' : none), the owner (an API key's name), the request's size
---       (what its waiting job is charged when none is kept: '' or 0, nothing), the 16 bytes
---       of its id as the owner's jobs list keeps it ('' : its text; tasks/keys.py's
---       owned_id), then the record's field/value pairs ('reply' among them for a job an API process waits on:
---       the channel its finish announces it on, _finish.lua).
+--       of maxmemory kept free; '' : not checked), the request to keep ('' : none), the
+--       owner's quota on the bytes of the requests kept for it ('' : none), the owner (an API
+--       key's name), the request's size (what its waiting job is charged when none is kept:
+--       '' or 0, nothing), the 16 bytes of its id as the owner's jobs list keeps it ('' : its
+--       text; tasks/keys.py's owned_id), the record's model, created_at, trace_id and inputs
+--       (every record has them: their names are the script's), then the record's other
+--       field/value pairs ('reply' among them for a job an API process waits on: the channel
+--       its finish announces it on, _finish.lua). Whether it retries a job is told by that
+--       job's record's place in KEYS (NO_RETRY: none), what to trim by its id (_submit.lua).
 -- The API has the depth checked here only when its own reading of it (at most a second old,
 -- app/gauge.py) is near the limit, or when it has none; far from it, it costs no command. The
 -- memory headroom it has checked on every submit (the API passes '' only in tests). A submit

@@ -157,3 +157,37 @@ def test_a_submit_writes_the_record_the_release_before_wrote(state, admin):
     assert set(admin.hgetall(job_key(record.id))) == {
         "status", "model", "created_at", "trace_id", "inputs", "token", "message", "list",
         "expires_at", "request"}
+
+
+@pytest.mark.parametrize("options", [
+    {"timeout_s": 30, "request": b'{"inputs": ["x"]}'},
+    {"owner": "alice", "priority": "high", "reply": "iq:reply:api-1",
+     "retry_of": "0f0e0d0c-0b0a-4908-8706-050403020100"}], ids=["plain", "every-field"])
+def test_a_submit_stores_the_record_byte_for_byte_as_the_release_before(state, admin, options):
+    """A record small enough to stay compact is stored in the order its fields were written:
+    the submit names model, created_at, trace_id and inputs itself (their values sent alone),
+    and writes them where the release before's name/value pairs put them, so that the record
+    (DUMP: encoding, order, bytes) is that release's. Its expiry is set by Redis's clock."""
+    retry_of = options.get("retry_of", "")
+    if retry_of:
+        admin.hset(job_key(retry_of), mapping={"status": "failed", "model": "m"})
+    record = new_job(str(uuid.uuid4()), model="m", trace_id="t", inputs=1,
+                     priority=options.get("priority", "normal"), owner=options.get("owner", ""),
+                     token="tok", retry_of=retry_of)
+    state.submit(record, QueuedMessage("q", b"{}"), depth_lists=["q"], max_depth=None,
+                 ttl_s=TTL_S, timeout_s=options.get("timeout_s", 0),
+                 request=options.get("request", b""), reply=options.get("reply", ""))
+    key = job_key(record.id)
+    written = admin.hgetall(key)
+    # The release before's writes: HSETNX of the status, then one HSET of the message, its
+    # list, the record's submitted fields in their order, then the script's own.
+    before = [("message", "{}"), ("list", "q"),
+              *((n, v) for n, v in record.submitted_fields().items() if n != "status")]
+    if options.get("reply"):
+        before.append(("reply", options["reply"]))
+    before += [(n, written[n]) for n in ("expires_at", "request") if n in written]
+    admin.hsetnx("expected", "status", "queued")
+    admin.hset("expected", items=[x for pair in before for x in pair])
+    raw = redis.Redis(connection_pool=admin.connection_pool)
+    assert raw.execute_command("OBJECT", "ENCODING", key) in ("ziplist", "listpack")
+    assert raw.dump(key) == raw.dump("expected")

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from bench.purposes import Monitor
+from scripts.processes import wait_until
 from tasks import job_lua, results
 from tasks.jobstate import Final, JobState, StartDecision, Status, new_job
 from tasks.keys import PENDING_KEY, job_key
@@ -142,3 +143,27 @@ def test_a_group_of_submits_is_answered_with_one_string_a_job(state):
     answers = state._submit_many(collect.calls)
     assert replies == [[f"created {job_id}" for job_id in jobs]]
     assert answers == [["created", job_id] for job_id in jobs]
+
+
+def test_a_submit_sends_no_name_its_script_knows_nor_what_it_can_tell(state, redis_server,
+                                                                       clean_admin):
+    """Each argument costs Redis ~1,000 instructions: a submit sends the values of the fields
+    every record has (model, created_at, trace_id, inputs) without their names, and neither
+    whether it retries a job (the retried record's place says) nor what to trim (its id says)."""
+    monitor = Monitor(redis_server.extra["admin_url"])
+    try:
+        job_id, _token = _submitted(state)
+        clean_admin.echo("moved")
+        wait_until(lambda: b'"moved"' in b"".join(monitor.chunks), 10, "MONITOR's lines")
+    finally:
+        lines = monitor.stop()
+    sent = [re.findall(r'"((?:[^"\\]|\\.)*)"', line.decode(errors="replace"))
+            for line in lines if b'"evalsha"' in line.lower() and b" lua]" not in line]
+    assert len(sent) == 1, sent
+    nkeys = int(sent[0][2])
+    args = sent[0][3 + nkeys:]
+    assert args[2] == job_id
+    assert not {"model", "created_at", "trace_id", "inputs"} & set(args), args
+    # The two of every job script, 11 of its own, the four values, then token's pair.
+    assert len(args) == 2 + 11 + 4 + 2, args
+    assert args[13:17] == ["m", args[14], "t", "1"] and args[17:] == ["token", "tok"]
