@@ -29,8 +29,10 @@ local function succeeded(answer, finished_at, finished_ms, version, error, hook_
                                          '^%d+ %d+ %w+ %d+ %d+$') then
     -- Whole milliseconds (both times digits only, and finished_ms whole) are written by %d,
     -- an integer's path: %.0f takes glibc's floating-point one, the dearest call of the move.
-    local form = finished_ms % 1 == 0 and '%d %d %s %s %s' or '%.0f %.0f %s %s %s'
-    r = string.format(form, sn - cn, finished_ms - sn, runs or '0', inputs or '0', batch)
+    -- (The words joined after it: string.format makes each of its %s a sprintf call.)
+    local form = finished_ms % 1 == 0 and '%d %d ' or '%.0f %.0f '
+    r = string.format(form, sn - cn, finished_ms - sn) .. (runs or '0') .. ' '
+      .. (inputs or '0') .. ' ' .. batch
     if #r > 64 then
       r = false
     else

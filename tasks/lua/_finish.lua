@@ -107,7 +107,7 @@ for i = 1, jobs do
       local fields = cjson.encode(values[i] or redis.call('hmget', key, unpack(FIELDS)))
       local entries = replies[reply[i]] or {}
       -- (Its lengths by %d: a number concatenated is written with %.14g, a float's path.)
-      entries[#entries + 1] = string.format('%s %d %d\n', id, #fields, #stored) .. fields
+      entries[#entries + 1] = id .. string.format(' %d %d\n', #fields, #stored) .. fields
         .. stored
       replies[reply[i]] = entries
     end

@@ -90,18 +90,20 @@ def test_a_submit_sends_no_status_its_script_writes_first(state, redis_server, c
                       "redis.call('zadd', pending, now_text, id)")),
     (job_lua.FINISH, ("redis.call('expire', key, TTL_TEXT)",
                       "redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)",
-                      "string.format('%s %d %d\\n', id, #fields, #stored)",
-                      "finished_ms % 1 == 0 and '%d %d %s %s %s'")),
+                      "id .. string.format(' %d %d\\n', #fields, #stored)",
+                      "finished_ms % 1 == 0 and '%d %d '")),
     (job_lua.START, ("'runs', f[4] and tostring(tonumber(f[4]) + 1) or '1')",))],
     ids=["submit", "finish", "start"])
 def test_the_hot_moves_pass_their_numbers_as_text(script, calls):
     """Each job's TTLs, its pending set's score and its runs count reach redis.call as strings
     made once a call (or not at all): a number there is sprintf'ed every call; FINISH writes
     whole numbers (a packed record's times, a reply's lengths) by %d, not by a float's path
-    (%.0f, or %.14g for a number concatenated)."""
+    (%.0f, or %.14g for a number concatenated), and joins strings rather than format them."""
     for call in calls:
         assert call in script
     assert "redis.call('expire', record, TTL_S)" not in script
+    # Strings are joined, not formatted: each %s of string.format is a sprintf call.
+    assert "%s" not in "".join(re.findall(r"string\.format\('([^']*)'", script))
     assert "redis.call('zadd', pending, now, id)" not in script
 
 
