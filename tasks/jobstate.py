@@ -525,9 +525,8 @@ class JobState:
         if len(calls) == 1:
             return [self._run("submit", *calls[0])]
         keys: list[str] = []
-        args: list[Any] = [len(calls)]
-        for job_keys, job_args in calls:
-            args += [len(job_keys), len(job_args)]
+        args: list[Any] = [bytes(n for job_keys, job_args in calls
+                                 for n in (len(job_keys), len(job_args)))]
         for job_keys, job_args in calls:
             keys += job_keys
             args += job_args

@@ -123,9 +123,11 @@ def test_the_pending_set_scores_a_job_by_whole_seconds_rounded_up(state, redis_s
     assert clean_admin.zscore(PENDING_KEY, zadds[0][3]) == score
 
 
-def test_a_group_of_submits_is_answered_with_one_string_a_job(state):
+def test_a_group_of_submits_is_answered_with_one_string_a_job(state, clean_admin):
     """SUBMIT_MANY answers "kind found" a job, not a table of two strings a job: Redis makes a
-    script's reply value by value. What each submit is told is as before."""
+    script's reply value by value; and it is told each job's counts of keys and arguments in
+    one argument, two bytes a job (read without strtod), not two arguments a job. What each
+    submit is told, and what each job's record holds, is as before."""
     class Collect:
         calls: list = []
 
@@ -138,13 +140,19 @@ def test_a_group_of_submits_is_answered_with_one_string_a_job(state):
     jobs = [_submitted(state)[0] for _ in range(3)]
 
     def recorded(name, keys, args, ttl_s=None):
+        sent.append(args)
         replies.append(run(name, keys, args, ttl_s))
         return replies[-1]
 
+    sent: list = []
     state._run = recorded
     answers = state._submit_many(collect.calls)
     assert replies == [[f"created {job_id}" for job_id in jobs]]
     assert answers == [["created", job_id] for job_id in jobs]
+    nargs = len(collect.calls[0][1])
+    assert sent[0][0] == bytes([8, nargs] * 3) and len(sent[0]) == 1 + 3 * nargs
+    for job_id in jobs:
+        assert clean_admin.hget(job_key(job_id), "trace_id") == "t"
 
 
 def test_a_submit_sends_no_name_its_script_knows_nor_what_it_can_tell(state, redis_server,
