@@ -190,3 +190,15 @@ def test_a_request_opens_no_session(api):
         assert session.get("anything") is None
         with pytest.raises(RuntimeError):
             session["anything"] = 1
+
+
+def test_a_submit_makes_no_generators_context_manager(api):
+    """The request's Redis deadline (tasks/redis_deadline.py) and, without an API key, its
+    upload slot (app/limits.py) are `with` blocks of classes, not of `contextmanager`
+    generators, which cost several calls each to make, enter and leave."""
+    job = {"model": "echo", "inputs": ["a"]}
+    answers = []
+    count = _calls(lambda: answers.append(api.post("/v1/jobs", json=job)),
+                   "contextlib.py", "helper")
+    assert answers[0].status_code == 202
+    assert count == 0, count
