@@ -168,7 +168,7 @@ def one_round(model: str, config: Config, jobs: int) -> tuple[list, list]:
 def report_of(model: str, rounds: list[tuple[list, list]]) -> dict:
     """The stretches of every job of `rounds` (one configuration's), summarised."""
     spec = MODELS[model]
-    done, per_job, untraced = [], [], {}
+    done, per_job, untraced, round_p50 = [], [], {}, []
     for jobs, commands in rounds:
         for i, a, b in jobs:
             s = stretches(i, a, b, commands)
@@ -177,11 +177,13 @@ def report_of(model: str, rounds: list[tuple[list, list]]) -> dict:
             else:  # why a job could not be traced: its own commands, for the reader to see
                 untraced[i] = [(who, cmd[:160]) for _t, who, cmd in commands if names_job(i, cmd)]
         done += jobs
+        round_p50.append(round(1000 * statistics.median(b - a for _i, a, b in jobs), 3))
     model_s = (spec.get("base_ms", 0) + spec.get("per_item_ms", 0)) / 1000
     jobs, commands = rounds[-1]
     _, sent, answered = jobs[len(jobs) // 2]
     out = {
         "model": model, "jobs": len(done), "traced": len(per_job), "untraced": untraced,
+        "round_p50_ms": round_p50,  # each round's total, in the order run
         "ms": {name: _summary([s[name] for s in per_job]) for name in STRETCHES}
         if per_job else {},
         "detail_ms": {name: _summary(v) for name in DETAIL
@@ -222,6 +224,7 @@ def _print(report: dict) -> None:
         ms = report["over_model_ms"]
         print(f"{'over the model':26s} p50 {ms['p50']:8.3f}  p99 {ms['p99']:8.3f}  mean "
               f"{ms['mean']:8.3f} ms (the model {report['model_ms']} ms)")
+    print(f"each round's p50 (ms): {report['round_p50_ms']}")
 
 
 def main() -> int:

@@ -268,7 +268,7 @@ class ReliableFetch:
     def _fetch_now(self) -> None:
         """After a wake-up, the fetch sent at once, not at the event loop's next turn, whose
         timers (a task events' flush, the lease's beat: Redis round trips) and ticks would go
-        first while the job that woken it waits; unless the fetch is held (`_hold_fetch`) or
+        first while the job that woke it waits; unless the fetch is held (`_hold_fetch`) or
         the QoS refuses it, as the loop's tick would not send it either (kombu's tick sends
         nothing while a command is in flight: `_in_poll`)."""
         if self._closing or not self.active_queues or not self.qos.can_consume():
