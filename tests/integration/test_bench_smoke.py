@@ -142,3 +142,18 @@ def test_threads_benchmark_times_both_counts_in_both_conditions(tmp_path):
                      for s in (1, 16, 32)}
     assert all(r["calls"] > 0 and r["p99_ms"] >= r["p50_ms"] > 0 for r in report["rows"])
     assert (tmp_path / "threads.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_backlog_is_drained_in_full_batches_and_timed_from_its_records():
+    out = subprocess.run([sys.executable, "-m", "bench.drain", "--jobs", "96", "--rounds", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    [drained] = report["rounds"]["this"]
+    # Every queued job ran once, in batches the backlog filled (32 at most, the synthetic
+    # model's max_batch_size), each a model call of 20 ms and more.
+    assert drained["jobs"] == drained["runs"] == 96, drained
+    assert 3 <= drained["batches"] <= 12 and drained["mean_batch"] >= 8, drained
+    assert drained["model_ms_per_batch"] >= 20 and drained["cycle_ms_mean"] >= 20, drained
+    assert 0 < drained["ratio"] < 1.2 and 0 < drained["model_busy"] <= 1, drained
+    assert report["ceiling_items_per_s"] == pytest.approx(32 / 26.4 * 1000, rel=0.01)
