@@ -10,7 +10,7 @@ connection per waiting request, no subscription left behind, and no polling whil
 subscription stands. It also subscribes to a reply channel of its own (tasks/keys.py
 REPLY_PREFIX; with a client that does not decode replies, since a result is bytes): a job
 submitted with `Prefer: wait` names it, and the job's finish sends there the job as a read
-would find it, before its "done", so that the waiting request, woken by it, answers from it
+would find it, before its "done", so that the waiting request answers from it
 (`answer`) without a read. Whenever it (re)subscribes it wakes every waiter once, since a job may
 have finished while nobody listened; whenever it loses Redis it wakes them too, so that each
 reads its job again (and its client hears of the outage). A message it cannot read (anyone
@@ -166,20 +166,13 @@ class ResultWaiter:
             event.set()
 
     def _answered(self, message: bytes) -> None:
-        """A finish's jobs on the reply channel: kept for those watched, whose waiters are
-        woken now, not by the "done" that follows on the moves channel (which wakes them
-        again, or no one: that message need not be read before they answer); dropped for the
-        others."""
+        """A finish's jobs on the reply channel: kept for those watched (their "done" follows
+        on the moves channel, which wakes them), dropped for the others."""
         jobs = announced(message)
-        events: list[threading.Event] = []
         with self._lock:
             for job_id, entry in jobs.items():
-                waiting = self._waiters.get(job_id)
-                if waiting:
+                if job_id in self._waiters:
                     self._answers[job_id] = entry
-                    events += waiting
-        for event in events:
-            event.set()
 
     def _listen(self) -> None:
         backoff = 0.1

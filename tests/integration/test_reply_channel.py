@@ -60,7 +60,7 @@ def test_the_finish_brings_the_job_to_its_waiting_process_as_a_read_finds_it(cli
         assert waiter.subscribed.wait(5)
         woken.clear()  # the wake-up every waiter gets once subscribed
         _run(state, waiter.reply_channel, final, job_id)
-        assert woken.wait(5)  # by the reply (its "done" follows)
+        assert woken.wait(5)  # by the "done" that follows the reply
         answered = waiter.answer(job_id)
     assert answered is not None and answered == state.read(job_id)
     assert answered.status.value == final and answered.model_version == "v1"
@@ -70,29 +70,6 @@ def test_the_finish_brings_the_job_to_its_waiting_process_as_a_read_finds_it(cli
         assert answered.error.code == ErrorCode.INFERENCE_ERROR
     assert not text.hexists(job_key(job_id), "reply")  # the finished record drops it
     assert waiter.answer(job_id) is None and not waiter._answers  # taken once, not kept
-
-
-def test_the_reply_wakes_its_waiter_without_waiting_for_the_done(clients, redis_server):
-    """The waiting request is woken by the reply itself, not by the "done" behind it on the
-    moves channel: here a finish's reply, as a worker's finish sent it for a job, arrives
-    alone on the listener's channel (no "done" after it), and the waiter answers from it."""
-    state, waiter, text = clients
-    elsewhere = "iq:reply:" + secrets.token_hex(8)  # a finish's reply caught on its way
-    pubsub = redis.Redis.from_url(redis_server.extra["url"]).pubsub(
-        ignore_subscribe_messages=True)
-    pubsub.subscribe(elsewhere)
-    pubsub.get_message(timeout=1)  # its subscription confirmed
-    job_id = _run(state, elsewhere)
-    reply = pubsub.get_message(timeout=5)
-    pubsub.close()
-    assert reply is not None and reply["channel"] == elsewhere.encode()
-    with waiter.watch(job_id) as woken:
-        assert waiter.subscribed.wait(5)
-        woken.clear()
-        text.publish(waiter.reply_channel, reply["data"])  # the reply, and no "done"
-        assert woken.wait(5), "the waiter sleeps until the job's \"done\""
-        answered = waiter.answer(job_id)
-    assert answered is not None and answered == state.read(job_id)
 
 
 def test_a_job_no_one_watches_is_not_kept(clients):
