@@ -18,6 +18,7 @@ import tempfile
 import time
 
 from gunicorn import util
+from gunicorn.config import Config
 from gunicorn.http.errors import ConfigurationProblem, InvalidHeader
 from gunicorn.workers.ggevent import GeventWorker
 
@@ -48,6 +49,7 @@ class Worker(GeventWorker):
 
     def init_process(self):
         util.write_error = _json_error  # what Worker.handle_error writes its answer with
+        settle(self.cfg)
         super().init_process()
 
     def init_signals(self):
@@ -86,10 +88,70 @@ class Worker(GeventWorker):
             super().handle_quit(signal.SIGQUIT, None)
         self.alive = False  # the run loop stops accepting, and finishes what it holds
 
+    def handle_request(self, listener_name, req, sock, addr):
+        """Each answer's head leaves with its body (OneSend)."""
+        out = OneSend(sock)
+        try:
+            super().handle_request(listener_name, req, out, addr)
+        finally:
+            out.flush()
+
     def handle_error(self, req, client, addr, exc):
         if isinstance(exc, ConfigurationProblem) and "SCRIPT_NAME" in str(exc):
             exc = InvalidHeader("SCRIPT_NAME", req=req)
         super().handle_error(req, client, addr, exc)
+
+
+class OneSend:
+    """A client's socket while gunicorn answers one request on it (Worker.handle_request).
+    gunicorn sends an answer's head (status line and headers) with one `sendall` and its
+    body with the next: two system calls, two segments on the wire, and a client woken for
+    a head without its body, a request. The head is held and leaves with the body's first
+    bytes (up to `JOINED` of them; a larger body follows the head on its own), in one call;
+    an answer without a body sends its head when the request is done (`flush`), and any
+    other use of the socket (gunicorn's sendfile, a close) sends it first. The app sees
+    this object as `environ["gunicorn.socket"]`: `client` is the socket under it."""
+
+    JOINED = 65536
+    __slots__ = ("client", "_head", "_fresh")
+
+    def __init__(self, client) -> None:
+        self.client, self._head, self._fresh = client, None, True
+
+    def sendall(self, data, *flags):
+        head = self._head
+        if head is not None:
+            self._head = None
+            if not flags and len(data) <= self.JOINED:
+                return self.client.sendall(head + data)
+            self.client.sendall(head)
+        elif self._fresh and not flags and data[:5] == b"HTTP/":
+            self._fresh = False
+            self._head = bytes(data)
+            return None
+        self._fresh = False
+        return self.client.sendall(data, *flags)
+
+    def flush(self) -> None:
+        head, self._head, self._fresh = self._head, None, False
+        if head is not None:
+            self.client.sendall(head)
+
+    def __getattr__(self, name):
+        self.flush()
+        return getattr(self.client, name)
+
+
+def settle(cfg: Config) -> None:
+    """Each setting's value kept on `cfg` itself, read once in this process rather than
+    through `Config.__getattr__` and the setting's `get` at every use: gunicorn reads ~23 a
+    request (its parser, `wsgi.create`, the keep-alive timeout, its hooks). A forked process's
+    settings never change: a reload re-reads them in the master, which forks new processes.
+    The values go into the instance's dict, under `Config.__setattr__`'s guard; the settings
+    `Config` answers with a property (`is_ssl`, `worker_class`, ...) are left to it."""
+    for name, setting in cfg.settings.items():
+        if not hasattr(Config, name):
+            vars(cfg)[name] = setting.get()
 
 
 def default_workers() -> int:

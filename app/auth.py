@@ -138,7 +138,7 @@ def init_app(app: Flask, keys: dict[str, ApiKey], reads: ReadBudget | None = Non
     @app.before_request
     def _authenticate() -> None:
         g.api_key = None
-        keys_ = current_app.extensions["iq.keys"]
+        keys_ = app.extensions["iq.keys"]  # this app's: no look-up of current_app
         if not keys_ or not request.path.startswith("/v1/"):
             return
         header = request.headers.get("Authorization", "")

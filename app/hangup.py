@@ -38,6 +38,7 @@ def watch(wake: threading.Event) -> Hangup:
     """Start watching the current request's client: when it goes, `gone` and `wake` are set."""
     hangup = Hangup()
     sock = request.environ.get("gunicorn.socket") if has_request_context() else None
+    sock = getattr(sock, "client", sock)  # the socket under gunicorn.conf.py's OneSend
     kind = type(sock).__module__
     if sock is None or not kind.startswith("gevent") or "ssl" in kind:
         return hangup  # (TLS: a peek would read a record, not the connection's end)

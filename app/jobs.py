@@ -8,19 +8,21 @@ from __future__ import annotations
 import json
 import time
 from contextlib import ExitStack, contextmanager
-from typing import Iterator
+from functools import partial
+from typing import Callable, Iterator
 from urllib.parse import urlencode
 
-from flask import Response, current_app, g, request
+from flask import Request, Response, current_app, g, request
 from marshmallow import Schema, fields, validate
 from werkzeug.wsgi import LimitedStream
 
-from app import auth, uploads
+from app import auth
+from app import uploads as uploads_
 from app.openapi import (IDEMPOTENCY_KEY, LOCATION, PREFERENCE_APPLIED, REQUEST_ID,
                          X_REQUEST_ID, Blueprint, errors, job_links, job_request_body)
 from app.errors import (MalformedRequest, NotFound, PayloadTooLarge, TooManyUploads,
                         TooManyWaits, UnsupportedMediaType, ValidationFailed)
-from app.limits import NoUpload
+from app.limits import NoUpload, Uploads
 from app.responses import STATUSES, Job, JobList, answer, job_body, job_url
 from app.store import JobStore, WaitRefused, Watch
 from app.submission import Accepted, Caller
@@ -36,14 +38,13 @@ def _ext(name: str):
     return current_app.extensions[name]
 
 
-def _read_whole_body() -> None:
+def _read_whole_body(served: Request, uploads: Uploads, owner: str) -> None:
     """Read the body (kept for the parsers), refusing one over max_body_bytes, within one of
-    the key's upload slots (app/limits.py: 429 at once when it holds them all). werkzeug ends
-    a body sent without Content-Length (chunked) at the limit without a word, so one byte
+    the `owner`'s upload slots (app/limits.py: 429 at once when it holds them all). werkzeug
+    ends a body sent without Content-Length (chunked) at the limit without a word, so one byte
     past it is asked of the server: any there means the body was larger."""
-    served = request._get_current_object()  # one look-up of the request, not three
     try:
-        with _ext("iq.uploads").hold(auth.current_owner() or None):
+        with uploads.hold(owner or None):
             served.get_data(cache=True)
             stream = served.stream
             if isinstance(stream, LimitedStream) and stream.is_exhausted \
@@ -53,9 +54,9 @@ def _read_whole_body() -> None:
         raise TooManyUploads(f"{exc}; send it once one of them has arrived") from None
 
 
-def _request_body() -> object:
-    _read_whole_body()
-    served = request._get_current_object()  # one look-up of the request, not four
+def _request_body(served: Request, uploads: Uploads, owner: str) -> object:
+    """The job `served` carries (as JSON, or images), read as `_read_whole_body` says."""
+    _read_whole_body(served, uploads, owner)
     if served.args and not served.mimetype.startswith("image/"):
         # Only an image/* body takes its job from the query; anywhere else a query parameter
         # would be silently ignored, so it is refused.
@@ -63,7 +64,7 @@ def _request_body() -> object:
             name: ["query parameters are for image/* bodies only; put it in the job"]
             for name in served.args})
     if not served.is_json:
-        upload = uploads.job_from_upload(served)  # images as multipart or an image/* body
+        upload = uploads_.job_from_upload(served)  # images as multipart or an image/* body
         if upload is not None:
             return upload
         raise UnsupportedMediaType("send the job as JSON (Content-Type: application/json), "
@@ -74,12 +75,12 @@ def _request_body() -> object:
         raise MalformedRequest(f"request body is not valid JSON: {exc}") from None
 
 
-def _preferred_wait(max_wait_s: float) -> float | None:
+def _preferred_wait(served: Request, max_wait_s: float) -> float | None:
     """RFC 7240 `Prefer: wait=N`: hold the POST up to N seconds (at most max_wait_s) for the
     job to finish, and answer with the finished job; past that, the usual 202. One request
     per job instead of two for a client that wants the result now. As the RFC asks, a
     preference that cannot be understood is ignored rather than refused."""
-    for preference in request.headers.get("Prefer", "").split(","):
+    for preference in served.headers.get("Prefer", "").split(","):
         name, _, value = preference.split(";", 1)[0].strip().partition("=")
         if name.strip().lower() != "wait":
             continue
@@ -103,12 +104,13 @@ def accepted(job: JobRecord, finished: JobRecord | None = None,
     return answer(Job, job_body(job), 202, headers, dumped=True)
 
 
-def _submit_and_wait(caller: Caller, wait: float) -> Response:
+def _submit_and_wait(extensions: dict, caller: Caller, read_body: Callable[[], object],
+                     wait: float) -> Response:
     """`Prefer: wait`: the job submitted under a watch started before it exists (once the
     request is checked and the job has its id), so the wait needs no read until the job's
     finish is announced. With every wait slot taken the job is still submitted, and answered
     202 at once."""
-    stores, submitter = _ext("iq.store"), _ext("iq.submitter")
+    stores, submitter = extensions["iq.store"], extensions["iq.submitter"]
     deadline = time.monotonic() + wait
     finished: JobRecord | None = None
     watch: Watch | None = None
@@ -122,7 +124,7 @@ def _submit_and_wait(caller: Caller, wait: float) -> Response:
                 return ""
             return watch.reply  # its finish brings the job to this watch: no read after it
 
-        done: Accepted = submitter.submit(caller, _request_body, before_queue=watch_first)
+        done: Accepted = submitter.submit(caller, read_body, before_queue=watch_first)
         if watch is not None and done.created:
             finished = watch.until_terminal(done.job, deadline)
     if watch is not None and not done.created:  # an earlier job of its Idempotency-Key
@@ -176,11 +178,17 @@ def _submit_route(bp: Blueprint, settings: Settings, models: dict[str, ModelSpec
                  "requests are at its quota (kept_full), or it is sending as many bodies as "
                  "it may (too_many_uploads)")
     def submit_job():
-        caller = Caller(auth.current_key(), g.trace_id, request.headers.get("Idempotency-Key"))
-        wait = _preferred_wait(max_wait_s)
+        # The request, `g` and the app's extensions looked up once (each a context-local
+        # look-up through werkzeug's proxies), not by each function the submit goes through.
+        served, values = request._get_current_object(), g._get_current_object()
+        extensions = current_app.extensions
+        caller = Caller(values.get("api_key"), values.trace_id,
+                        served.headers.get("Idempotency-Key"))
+        read_body = partial(_request_body, served, extensions["iq.uploads"], caller.owner)
+        wait = _preferred_wait(served, max_wait_s)
         if wait is not None:
-            return _submit_and_wait(caller, wait)
-        return accepted(_ext("iq.submitter").submit(caller, _request_body).job)
+            return _submit_and_wait(extensions, caller, read_body, wait)
+        return accepted(extensions["iq.submitter"].submit(caller, read_body).job)
 
 
 def _read_routes(bp: Blueprint, settings: Settings, models: dict[str, ModelSpec],

@@ -24,10 +24,15 @@ class _Late(Exception):
 
 
 class _GuardedInput:
-    """`wsgi.input` whose every read must end by `deadline`."""
+    """`wsgi.input` whose every read must end by `deadline`. A body with a Content-Length
+    (`length`: gunicorn refuses one that also says chunked) ends there: once that much is
+    read, a read answers b"" as gunicorn's would, without a Timeout (werkzeug reads once more
+    to find the end: a Timeout a request)."""
 
-    def __init__(self, stream: Any, deadline: float, seconds: float) -> None:
+    def __init__(self, stream: Any, deadline: float, seconds: float,
+                 length: int | None = None) -> None:
         self._stream, self._deadline, self._seconds = stream, deadline, seconds
+        self._left = length
 
     def _call(self, method: str, *args: Any) -> Any:
         left = self._deadline - time.monotonic()
@@ -48,12 +53,21 @@ class _GuardedInput:
         return RequestTimeout(f"the request's body did not arrive within {self._seconds:g}s")
 
     def read(self, *args: Any) -> bytes:
-        return self._call("read", *args)
+        left = self._left
+        if left is None:
+            return self._call("read", *args)
+        if left <= 0:
+            return b""
+        data = self._call("read", *args)
+        self._left = left - len(data)
+        return data
 
     def readline(self, *args: Any) -> bytes:
+        self._left = None  # counted by `read` alone
         return self._call("readline", *args)
 
     def readlines(self, *args: Any) -> list[bytes]:
+        self._left = None
         return self._call("readlines", *args)
 
     def __iter__(self) -> Any:
@@ -67,6 +81,8 @@ class GuardedBodies:
         self.app, self.seconds = app, seconds
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        environ["wsgi.input"] = _GuardedInput(environ["wsgi.input"],
-                                              time.monotonic() + self.seconds, self.seconds)
+        length = environ.get("CONTENT_LENGTH", "")
+        environ["wsgi.input"] = _GuardedInput(
+            environ["wsgi.input"], time.monotonic() + self.seconds, self.seconds,
+            int(length) if length.isascii() and length.isdigit() else None)
         return self.app(environ, start_response)

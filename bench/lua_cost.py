@@ -6,10 +6,11 @@ together (one SUBMIT_MANY, as an API process's group commit sends them), fetched
 move: Redis's microseconds a job by `INFO commandstats` (a script's own time includes the
 commands it ran), its commands a job, and its round trips a batch.
 
-    python -m bench.lua_cost [--batch 16] [--batches 200] [--rounds 3]
+    python -m bench.lua_cost [--batch 16] [--batches 200] [--rounds 3] [--callgrind BATCHES]
 
 A quick, quiet figure for a change to a script: the services' own cost (bench.cpu) varies
-with the machine's load far more than this does. Prints one JSON object."""
+with the machine's load far more than this does. Prints one JSON object. With `--callgrind`,
+Redis's instructions a job by move instead, which no load moves (bench/lua_instructions.py)."""
 from __future__ import annotations
 
 import argparse
@@ -151,7 +152,15 @@ def main() -> int:
     p.add_argument("--redis-arg", action="append", default=[], metavar="OPTION",
                    help="one more redis-server option for the private Redis, e.g. "
                         "'--hash-max-ziplist-value 1024' (repeat for more)")
+    p.add_argument("--callgrind", type=int, default=0, metavar="BATCHES",
+                   help="count Redis's instructions a job by move over this many batches, "
+                        "under valgrind's callgrind, instead of timing them")
     a = p.parse_args()
+    if a.callgrind:
+        from bench.lua_instructions import instructions
+
+        print(json.dumps(instructions(a.batch, a.callgrind, Moves), indent=2))
+        return 0
     from scripts.redis_nodes import start_redis
 
     workdir = Path(tempfile.mkdtemp(prefix="iq-lua-cost-"))

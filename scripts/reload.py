@@ -56,10 +56,24 @@ changed (1).
 """
 from __future__ import annotations
 
+import signal
+import sys
+
+
+def _interrupted_loading(_sig, _frame) -> None:
+    print("make reload: interrupted before it read anything; nothing was changed",
+          file=sys.stderr)
+    raise SystemExit(130)
+
+
+if __name__ == "__main__":
+    # A Ctrl-C while the imports below load (seconds on a loaded host) is said in one line as
+    # well: nothing has been read or changed yet. main() hands Ctrl-C back to its own handling.
+    signal.signal(signal.SIGINT, _interrupted_loading)
+
 import argparse
 import fcntl
 import os
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -493,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds to wait with no process moving on to the new file "
                         "(default 600)")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from scripts.run import own_redis_env
 
     try:

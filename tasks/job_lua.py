@@ -21,17 +21,29 @@ READ_FIELDS = ("status", "model", "created_at", "trace_id", "inputs", "priority"
                "retry_of", "retried_as", "kept", "model_version", "r", "t", "w", "v")
 # The fields of a record not final yet that its finished record keeps when the job succeeds
 # (FINISH writes it afresh): the record's but its message, list, deadline and request. Status
-# and token first.
+# and token first. Of them, those only a final record holds: FINISH, which finishes only a
+# queued or running job, does not read them.
 KEEP_FIELDS = ("status", "token", *(name for name in READ_FIELDS[:READ_FIELDS.index("r")]
                                     if name not in ("status", "token", "expires_at")),
                "crashes")
+FINAL_ONLY = ("finished_at", "error", "model_version", "retried_as", "kept")
+
+# What FINISH reads of a record not final yet (tasks/lua/_finish.lua), in this order, into
+# locals: what a succeeded record keeps (KEEP_FIELDS but FINAL_ONLY), then the reply channel,
+# an earlier release's kept request's size and what the owner's books hold. By position: a
+# field added to a record is added here and to _finish.lua's and _compact.lua's locals
+# (tests/integration/test_script_arguments.py checks that none is left out).
+SUCCEEDED_READ = ("status", "token", "model", "created_at", "trace_id", "inputs", "priority",
+                  "owner", "encoding_format", "webhook_url", "webhook_events", "started_at",
+                  "worker", "batch", "runs", "items_done", "retry_of", "crashes", "reply", "req",
+                  "charged")
 
 # The largest stored result a finish sends to the API process waiting on its job (its reply
 # channel, tasks/lua/_finish.lua); a larger one is read by the waiter as before.
 REPLY_MAX_BYTES = 64 * 1024
 
 # What the job scripts are given, by the names they use.
-CONSTANTS = {"FIELDS": READ_FIELDS, "KEEP": KEEP_FIELDS, "JOB_PREFIX": JOB_PREFIX,
+CONSTANTS = {"FIELDS": READ_FIELDS, "SUCCEEDED_READ": SUCCEEDED_READ, "JOB_PREFIX": JOB_PREFIX,
              "KEPT_KEY": KEPT_KEY, "KEPT_BYTES_KEY": KEPT_BYTES_KEY,
              "KEPT_BY_PREFIX": KEPT_BY_PREFIX, "KEPT_BY_BYTES_PREFIX": KEPT_BY_BYTES_PREFIX,
              "DEAD_INDEX": dead_index(""), "OWNER_INDEX": owner_index(""),

@@ -493,7 +493,8 @@ class JobState:
                            "" if kept_quota is None else kept_quota, job.owner, size,
                            owned_id(job.id)]
         for name, value in job.submitted_fields().items():
-            args += [name, value]
+            if name != "status":  # the script's HSETNX writes it (`queued`), first
+                args += [name, value]
         if reply:
             args += ["reply", reply]
         keys = [job_key(job.id), claim, message.list_key, owner_jobs(job.owner), retried,

@@ -10,21 +10,50 @@
 -- (an ISO time or a JSON batch from an earlier release, a value over 64 bytes, which would
 -- turn the hash into Redis's large encoding) is written with its names.
 -- (Its tests take one pattern call: each call into Lua's string library costs more than the
--- rest of it, and it runs for every job that succeeds.)
-local SHORT_NAMES = {trace_id = 't', worker = 'w', model_version = 'v'}
-local function compact(v, finished_at)
+-- rest of it, and it runs for every job that succeeds. It works on locals, never on a table
+-- keyed by name: a table filled and walked again cost more than the commands.)
+-- `succeeded(answer, finished_at, finished_ms, version, error, hook_id, <the fields
+-- SUCCEEDED_READ names, from 'token' to 'crashes'>)`, each false when absent (finished_ms:
+-- finished_at as a number): the succeeded record's HSET arguments (field, value, ...), and
+-- with `answer` also its values in FIELDS' order (false for a field it lacks), what its reply
+-- channel is sent.
+local function succeeded(answer, finished_at, finished_ms, version, error, hook_id, token,
+                         model, created, trace, inputs, priority, owner, format, hook_url,
+                         hook_events, started, worker, batch, runs, items_done, retry_of,
+                         crashes)
+  local r, finished = false, finished_at
   -- Both times numbers (no space inside) and the three joined digits, then the batch's three
   -- words: as each alone would be matched.
-  local c, s, b = v.created_at, v.started_at, v.batch
-  local cn, sn = tonumber(c), tonumber(s)
-  if cn and sn and b and string.find(c .. ' ' .. s .. ' ' .. b, '^%d+ %d+ %w+ %d+ %d+$') then
-    local r = string.format('%.0f %.0f %s %s %s', sn - cn, tonumber(finished_at) - sn,
-                            v.runs or '0', v.inputs or '0', b)
-    if #r <= 64 then
-      v.r, v.started_at, v.finished_at, v.runs, v.inputs, v.batch = r, nil, nil, nil, nil, nil
+  local cn, sn = tonumber(created), tonumber(started)
+  if cn and sn and batch and string.find(created .. ' ' .. started .. ' ' .. batch,
+                                         '^%d+ %d+ %w+ %d+ %d+$') then
+    -- Whole milliseconds (both times digits only, and finished_ms whole) are written by %d,
+    -- an integer's path: %.0f takes glibc's floating-point one, the dearest call of the move.
+    local form = finished_ms % 1 == 0 and '%d %d %s %s %s' or '%.0f %.0f %s %s %s'
+    r = string.format(form, sn - cn, finished_ms - sn, runs or '0', inputs or '0', batch)
+    if #r > 64 then
+      r = false
+    else
+      started, finished, runs, inputs, batch = false, false, false, false, false
     end
   end
-  for long, short in pairs(SHORT_NAMES) do
-    if v[long] and #v[long] <= 64 then v[short], v[long] = v[long], nil end
+  local t, w, v = false, false, false
+  if trace and #trace <= 64 then t, trace = trace, false end
+  if worker and #worker <= 64 then w, worker = worker, false end
+  if version and #version <= 64 then v, version = version, false end
+  local out, n = {'status', 'succeeded'}, 2
+  local function put(name, value)
+    if value then out[n + 1], out[n + 2], n = name, value, n + 2 end
   end
+  put('token', token); put('model', model); put('created_at', created); put('r', r)
+  put('t', t); put('w', w); put('v', v); put('trace_id', trace); put('worker', worker)
+  put('model_version', version); put('started_at', started); put('finished_at', finished)
+  put('runs', runs); put('inputs', inputs); put('batch', batch); put('priority', priority)
+  put('owner', owner); put('encoding_format', format); put('webhook_url', hook_url)
+  put('webhook_events', hook_events); put('items_done', items_done); put('retry_of', retry_of)
+  put('crashes', crashes); put('error', error); put('webhook_id', hook_id)
+  if not answer then return out end
+  return out, {'succeeded', model, created, trace, inputs, priority, owner, format, hook_url,
+               hook_events, token, false, started, finished, worker, batch, runs, error,
+               items_done, retry_of, false, false, version, r, t, w, v}
 end

@@ -27,18 +27,16 @@
 -- succeeded records go in one DEL, after every job was decided; what their reply channel is sent
 -- is what was written, not read back. One that did not succeed drops the fields (its error is
 -- seldom small).
--- KEEP (a constant): the fields of a record not final yet that its finished record keeps when
--- the job succeeds, status and token first.
+-- SUCCEEDED_READ (a constant, tasks/job_lua.py): the fields of a record not final yet that its
+-- succeeded record keeps, read into locals by position (a table keyed by name, filled and then
+-- walked, cost Redis ~3 µs a job), then 'reply', 'req' and 'charged'. Not read: the fields only
+-- a final record holds (finished_at, error, model_version, retried_as, kept), since only a
+-- queued or running job is finished here.
 -- #include _compact
-local out, done, writes, gone, reply, replies = {}, {}, {}, {}, {}, {}
-local ttl = tonumber(ARGV[4])
--- Read beside them: 'req', the size of the request an earlier release's submit kept in a key
--- of its own (dead() in the prelude), for a success to drop that key as that release did.
--- And 'charged', what the owner's books hold for a job whose request was not kept (job_submit).
-local READ = {unpack(KEEP)}
-READ[#READ + 1] = 'reply'
-READ[#READ + 1] = 'req'
-READ[#READ + 1] = 'charged'
+local out, done, lists, gone, reply, replies, values = {}, {}, {}, {}, {}, {}, {}
+-- Times to live as commands' arguments: their text (_job_prelude's TTL_TEXT says why).
+local ttl = string.find(ARGV[4], '^%d+$') and ARGV[4] or string.format('%d', tonumber(ARGV[4]))
+local finished_ms = tonumber(ARGV[3])
 local jobs = math.floor((#KEYS - 1) / 2)
 local pending, inflight = KEYS[2 * jobs + 1], KEYS[2 * jobs + 2]
 -- Whether an owner has quota books (_owner_books.lua) that a request may count on: asked once
@@ -49,48 +47,50 @@ local function has_books(owner)
   if books[owner] == nil then books[owner] = redis.call('exists', KEPT_BY_PREFIX .. owner) == 1 end
   return books[owner]
 end
-local ids = {}
+local version = ARGV[5] ~= '' and ARGV[5] or false
+local ids, taken = {}, {}
 for i = 1, jobs do
   local key, a = KEYS[2 * i - 1], 5 + 9 * (i - 1)
   local id = id_of(key)
   ids[i] = id
-  local f = redis.call('hmget', key, unpack(READ))
-  local status = f[1]
+  local status, token, model, created, trace, inputs, priority, owner, format, hook_url,
+        hook_events, started, worker, batch, runs, items_done, retry_of, crashes, channel, req,
+        charged = unpack(redis.call('hmget', key, unpack(SUCCEEDED_READ)))
   out[i] = 0
-  if (status == 'queued' or status == 'running') and (not f[2] or f[2] == ARGV[a + 7])
-      and not writes[key] then
-    local v = {}
+  if (status == 'queued' or status == 'running') and (not token or token == ARGV[a + 7])
+      and not taken[key] then
+    local error = ARGV[a + 3] ~= '' and ARGV[a + 3] or false
+    local hook_id = ARGV[a + 4] ~= '' and ARGV[a + 8] or false
     if ARGV[a + 1] == 'succeeded' then
-      for j = 2, #KEEP do if f[j] then v[KEEP[j]] = f[j] end end
       gone[#gone + 1] = key
-      if has_books(v.owner or '') then  -- its request leaves with it, and the owner's books
+      if has_books(owner or '') then  -- its request leaves with it, and the owner's books
         local size = redis.call('hstrlen', key, 'request')
-        if size > 0 then release_owner_kept(v.owner or '', id, size) end
+        if size > 0 then release_owner_kept(owner or '', id, size) end
       end
-      if f[#READ] then release_owner_kept(v.owner or '', id, f[#READ]) end
-      if f[#READ - 1] then gone[#gone + 1] = KEPT_REQUEST .. id end
+      if charged then release_owner_kept(owner or '', id, charged) end
+      if req then gone[#gone + 1] = KEPT_REQUEST .. id end
+      lists[i], values[i] = succeeded(channel and #ARGV[a + 2] <= REPLY_MAX_BYTES, ARGV[3],
+        finished_ms, version, error, hook_id, token, model, created, trace, inputs, priority,
+        owner, format, hook_url, hook_events, started, worker, batch, runs, items_done,
+        retry_of, crashes)
+    else
+      -- Its status, and its model version, error and webhook delivery's id if any.
+      local w = {'status', ARGV[a + 1], 'finished_at', ARGV[3]}
+      if version then w[5], w[6] = 'model_version', version end
+      if error then w[#w + 1], w[#w + 2] = 'error', error end
+      if hook_id then w[#w + 1], w[#w + 2] = 'webhook_id', hook_id end
+      lists[i] = w
     end
-    -- Its status, and its model version, error and webhook delivery's id if any.
-    v.status, v.finished_at = ARGV[a + 1], ARGV[3]
-    if ARGV[5] ~= '' then v.model_version = ARGV[5] end
-    if ARGV[a + 3] ~= '' then v.error = ARGV[a + 3] end
-    if ARGV[a + 4] ~= '' then v.webhook_id = ARGV[a + 8] end
-    if ARGV[a + 1] == 'succeeded' then compact(v, ARGV[3]) end
-    writes[key], out[i], reply[i] = v, 1, f[#READ - 2]
+    taken[key], out[i], reply[i] = true, 1, channel
   end
 end
 if #gone > 0 then redis.call('del', unpack(gone)) end
 for i = 1, jobs do
   local key, meta_key, a, id = KEYS[2 * i - 1], KEYS[2 * i], 5 + 9 * (i - 1), ids[i]
   if out[i] == 1 then
-    local v = writes[key]
-    local fields = {'status', v.status}
-    for name, value in pairs(v) do
-      if name ~= 'status' then fields[#fields + 1] = name; fields[#fields + 1] = value end
-    end
-    redis.call('hset', key, unpack(fields))
+    redis.call('hset', key, unpack(lists[i]))
     if ARGV[a + 1] == 'succeeded' then
-      redis.call('expire', key, TTL_S)
+      redis.call('expire', key, TTL_TEXT)
     else
       redis.call('hdel', key, 'message', 'list', 'reply')
       dead(key, id)
@@ -103,16 +103,11 @@ for i = 1, jobs do
     done[#done + 1] = id
     local stored = ARGV[a + 1] == 'succeeded' and ARGV[a + 2] or ''
     if reply[i] and #stored <= REPLY_MAX_BYTES then
-      local values
-      if ARGV[a + 1] == 'succeeded' then  -- its record is what was written: nothing else
-        values = {}
-        for j = 1, #FIELDS do values[j] = v[FIELDS[j]] or false end
-      else
-        values = redis.call('hmget', key, unpack(FIELDS))
-      end
-      local fields = cjson.encode(values)
+      -- A success's record is what was written (its values, in FIELDS' order): nothing else.
+      local fields = cjson.encode(values[i] or redis.call('hmget', key, unpack(FIELDS)))
       local entries = replies[reply[i]] or {}
-      entries[#entries + 1] = id .. ' ' .. #fields .. ' ' .. #stored .. '\n' .. fields
+      -- (Its lengths by %d: a number concatenated is written with %.14g, a float's path.)
+      entries[#entries + 1] = string.format('%s %d %d\n', id, #fields, #stored) .. fields
         .. stored
       replies[reply[i]] = entries
     end

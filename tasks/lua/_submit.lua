@@ -39,6 +39,11 @@ local function touch(key)
   if ms > 0 then redis.call('pexpire', key, ms) end
 end
 
+-- What every job of a call shares, made once a call: the share of maxmemory kept free as a
+-- number (by its text), and Redis's clock as the pending set's score, written as redis.call
+-- would write the number (each number passed to it is sprintf'ed, and each tonumber is a
+-- strtod).
+local headroom_text, headroom_share, now_text
 local function submit(K, k, nkeys, A, a, nargs)
   local record, claim, list, owned, retried, pending, wake, index = unpack(K, k + 1, k + 8)
   local id, max_depth, timeout_s, digest, message, headroom, request, trim_what, retry, quota,
@@ -46,7 +51,10 @@ local function submit(K, k, nkeys, A, a, nargs)
 
   if headroom ~= '' then
     local used, cap = memory()
-    if cap > 0 and used > (1 - tonumber(headroom)) * cap then
+    if headroom ~= headroom_text then
+      headroom_text, headroom_share = headroom, tonumber(headroom)
+    end
+    if cap > 0 and used > (1 - headroom_share) * cap then
       if redis.call('exists', record) == 1 then touch(record); return {'created', id} end
       return {'full', used .. ' ' .. cap}
     end
@@ -101,7 +109,7 @@ local function submit(K, k, nkeys, A, a, nargs)
   end
   local fields = {'message', message, 'list', list}
   for i = a + 14, a + nargs do fields[#fields + 1] = A[i] end
-  local timeout = tonumber(timeout_s)
+  local timeout = timeout_s ~= '0' and tonumber(timeout_s) or 0
   if timeout > 0 then
     fields[#fields + 1] = 'expires_at'
     fields[#fields + 1] = string.format('%.3f', now + timeout)
@@ -114,8 +122,8 @@ local function submit(K, k, nkeys, A, a, nargs)
     fields[#fields + 1] = kept_size
   end
   redis.call('hset', record, unpack(fields))
-  redis.call('expire', record, TTL_S)
-  if digest ~= '' then redis.call('set', claim, id .. ' ' .. digest, 'EX', TTL_S) end
+  redis.call('expire', record, TTL_TEXT)
+  if digest ~= '' then redis.call('set', claim, id .. ' ' .. digest, 'EX', TTL_TEXT) end
   if charged then
     redis.call('zadd', books, now + TTL_S, id .. ':' .. kept_size)
     redis.call('incrby', total, kept_size)
@@ -134,7 +142,8 @@ local function submit(K, k, nkeys, A, a, nargs)
   if trim_what == '2' then trim(index, now_us - TTL_S * 1000000, 1000) end
   if retry == '1' then redis.call('hset', retried, 'retried_as', id) end
   local was_empty = redis.call('lpush', list, message) == 1
-  redis.call('zadd', pending, now, id)
+  now_text = now_text or string.format('%.17g', now)
+  redis.call('zadd', pending, now_text, id)
   if was_empty and redis.call('llen', wake) == 0 then redis.call('lpush', wake, '1') end
   wrote(A, a, nargs)
   return {'created', id}

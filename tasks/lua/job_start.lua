@@ -33,7 +33,7 @@ for i = 1, records do
     out[i] = 'run'
   elseif status == 'queued' or status == 'running' then
     redis.call('hset', key, 'status', 'running', 'started_at', ARGV[3], 'worker', ARGV[4],
-               'batch', ARGV[5], 'runs', (tonumber(f[4]) or 0) + 1)
+               'batch', ARGV[5], 'runs', f[4] and tostring(tonumber(f[4]) + 1) or '1')
     out[i] = 'run'
     ran[#ran + 1] = id_of(key)
   elseif status == 'cancelled' or status == 'expired' then

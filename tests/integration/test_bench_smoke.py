@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -72,6 +73,18 @@ def test_the_moves_alone_are_timed_move_by_move_in_redis():
         assert moves[move]["usec_per_job"] > 0 and moves[move]["round_trips_per_batch"] == 1
     # The batch's acknowledgements go with its finish: no round trip of their own.
     assert moves["ack"]["round_trips_per_batch"] == 0 and best["round_trips_per_batch"] == 4
+
+
+@pytest.mark.skipif(not shutil.which("callgrind_control"), reason="needs valgrind")
+def test_the_moves_instructions_are_counted_move_by_move_under_callgrind():
+    out = subprocess.run([sys.executable, "-m", "bench.lua_cost", "--batch", "2",
+                          "--callgrind", "2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["jobs"] == 4 and set(report["by_move"]) == {"submit", "fetch", "start",
+                                                               "finish"}, report
+    assert all(n > 1000 for n in report["by_move"].values()), report
 
 
 def test_waiting_clients_scenario_runs_end_to_end(tmp_path):

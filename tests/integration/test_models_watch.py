@@ -80,6 +80,7 @@ def test_a_master_gets_one_sighup_per_reload_also_back_to_a_revision_it_served(
             watches = [ModelsWatch(client, settings, revision_of(serving), master.pid)
                        for _ in range(2)]
             for watch in watches:
+                serves(client, target)  # its heartbeat: a canary may take seconds here
                 watch.check()
             assert all(watch.handed_over for watch in watches)
             serving = target  # the processes that replace them serve the new file

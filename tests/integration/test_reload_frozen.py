@@ -8,11 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 
-from scripts.stack import ROOT, start_redis
+from scripts.stack import ROOT, start_redis, wait_until
 
 
 @pytest.fixture
@@ -44,10 +45,20 @@ def test_a_frozen_redis_is_said_within_seconds(frozen):
     assert took < 10, took  # a 5 s bound on the call, and the start of Python
 
 
-def test_ctrl_c_prints_one_line(frozen):
+def _loading_redis(pid: int) -> bool:
+    """redis-py's C parser mapped: the process is among its imports, before main() runs."""
+    return "hiredis" in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.parametrize("moment", ["among-its-imports", "after-2s"])
+def test_ctrl_c_prints_one_line(frozen, moment):
     proc = subprocess.Popen([sys.executable, "-m", "scripts.reload"], cwd=ROOT, env=frozen,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2)  # not a synchronisation: a Ctrl-C at whatever point it has reached
+    if moment == "among-its-imports":
+        wait_until(lambda: _loading_redis(proc.pid), 30, "scripts.reload importing redis",
+                   interval=0.001)
+    else:
+        time.sleep(2)  # not a synchronisation: a Ctrl-C at whatever point it has reached
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, out + err

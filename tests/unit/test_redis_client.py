@@ -76,3 +76,50 @@ def test_a_slow_failure_leaves_no_time_for_another_try(clock):
     with pytest.raises(redis.ConnectionError):
         DeadlineRetry(2.0).call_with_retry(do, lambda _error: None)
     assert len(calls) == 1
+
+
+def _python_calls(fn) -> list[str]:
+    """The Python functions `fn` runs (their names), in order."""
+    import sys
+
+    called: list[str] = []
+
+    def profile(frame, event, _arg):
+        if event == "call":
+            called.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return called
+
+
+SUBMIT_LIKE = ("EVALSHA", "0123abcd" * 5, 3, "iq:job:1", "iq:idem:1", "iq:q:echo",
+               *(f"arg{i}" for i in range(20)), b"\x00body", 7, 1.5, memoryview(b"view"))
+
+
+@pytest.mark.skipif(redis_client.COMMAND_PACKER is None, reason="hiredis is not installed")
+def test_commands_are_packed_in_one_hiredis_call_as_redis_py_packs_them():
+    from redis.connection import HiredisRespSerializer
+
+    ours, theirs = redis_client.COMMAND_PACKER, HiredisRespSerializer()
+    for args in (SUBMIT_LIKE, ("CLIENT SETNAME", "api"), ("SET", "k", bytearray(b"v"))):
+        assert ours.pack(*args) == theirs.pack(*args)
+    with pytest.raises(redis.DataError):
+        ours.pack("SET", "k", None)
+    # redis-py's own pass over the arguments (a generator step each) is not taken
+    assert _python_calls(lambda: ours.pack(*SUBMIT_LIKE)) == ["<lambda>", "pack"]
+    assert "<genexpr>" in _python_calls(lambda: theirs.pack(*SUBMIT_LIKE))
+
+
+@pytest.mark.skipif(redis_client.COMMAND_PACKER is None, reason="hiredis is not installed")
+@pytest.mark.parametrize("deadline_s", [None, 1.0])
+def test_every_client_packs_with_it(deadline_s):
+    from config import load_settings
+
+    client = redis_client.connect("redis://127.0.0.1:1/0", load_settings(),
+                                  max_connections=4, deadline_s=deadline_s)
+    connection = client.connection_pool.make_connection()
+    assert connection._command_packer is redis_client.COMMAND_PACKER

@@ -118,3 +118,32 @@ def test_a_stop_of_the_master_ends_the_wait_for_replacements(monkeypatch, tmp_pa
     conf["on_exit"](None)  # its folder gone: a later signal is still handed on
     conf["_stop_noted"](os.getpid(), lambda sig, frame: queued.append(sig), signal.SIGTERM, None)
     assert queued == [signal.SIGINT, signal.SIGTERM]
+
+
+def test_a_process_reads_each_setting_once_not_through_config_at_each_use(monkeypatch,
+                                                                         tmp_path):
+    """gunicorn reads ~23 settings a request through `Config.__getattr__`; settled, none."""
+    from gunicorn.config import Config
+
+    conf = _conf(monkeypatch, tmp_path, 2)
+    cfg = Config()
+    cfg.set("keepalive", 7)
+    cfg.set("certfile", "/x.pem")
+    asked: list[str] = []
+    real = Config.__getattr__
+
+    def counting(self, name):
+        asked.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(Config, "__getattr__", counting)
+    expected = {name: setting.get() for name, setting in cfg.settings.items()}
+    asked.clear()
+    conf["settle"](cfg)
+    names = ("keepalive", "limit_request_line", "limit_request_fields", "forwarded_allow_ips",
+             "pre_request", "post_request", "header_map", "workers", "secure_scheme_headers")
+    assert {name: getattr(cfg, name) for name in names} == \
+        {name: expected[name] for name in names} and cfg.keepalive == 7
+    assert cfg.is_ssl and asked == []  # a property of Config's, reading settled values
+    with pytest.raises(AttributeError):
+        cfg.keepalive = 3  # still guarded

@@ -1,0 +1,106 @@
+"""An API answer leaves in one `sendall` (gunicorn.conf.py's Worker and OneSend): gunicorn's
+own Worker.handle_request, its parser and its Response, on a socket that records its calls.
+gunicorn sent the head and the body in two."""
+from __future__ import annotations
+
+import os
+import runpy
+import socket
+
+import pytest
+from gunicorn import http
+from gunicorn.config import Config
+from gunicorn.glogging import Logger
+
+from scripts.processes import ROOT
+
+REQUEST = b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n"
+
+
+class Recorder:
+    """A client socket that keeps what each call sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self.closed = False
+
+    def sendall(self, data, *flags) -> None:
+        self.sent.append(bytes(data))
+
+    def sendfile(self, file, offset=0, count=None) -> None:
+        self.sent.append(b"<file>")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def conf(monkeypatch, tmp_path) -> dict:
+    """gunicorn.conf.py as gunicorn reads it, its folders under tmp_path, the environment it
+    sets undone afterwards."""
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    for name in ("PROMETHEUS_MULTIPROC_DIR", "_IQ_API_HANDOVER_DIR"):
+        monkeypatch.setenv(name, "")  # recorded, so that what the file sets is undone
+        monkeypatch.delenv(name)
+    return runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+
+
+def answer(conf, app, request: bytes = REQUEST) -> Recorder:
+    """`request` answered by the API's gunicorn Worker with the WSGI `app`."""
+    cfg = Config()
+    worker = conf["Worker"](1, os.getpid(), [], None, 30, cfg, Logger(cfg))
+    worker.wsgi, worker.alive = app, True
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(request)
+        req = next(http.get_parser(cfg, ours, ("127.0.0.1", 1)))
+        client = Recorder()
+        try:
+            worker.handle_request(("127.0.0.1", 8000), req, client, ("127.0.0.1", 1))
+        except StopIteration:
+            pass
+    return client
+
+
+def app_of(status: str, body: list[bytes], length: bool = True):
+    def app(environ, start_response):
+        headers = [("Content-Type", "application/json")]
+        if length:
+            headers.append(("Content-Length", str(sum(map(len, body)))))
+        start_response(status, headers)
+        return body
+    return app
+
+
+def test_an_answer_leaves_in_one_call(conf):
+    sent = answer(conf, app_of("201 Created", [b'{"id": "1"}'])).sent
+    assert len(sent) == 1
+    assert sent[0].startswith(b"HTTP/1.1 201 Created\r\n")
+    assert sent[0].endswith(b"\r\n\r\n" + b'{"id": "1"}')
+
+
+def test_an_answer_without_a_body_sends_its_head(conf):
+    sent = answer(conf, app_of("204 No Content", [], length=False)).sent
+    assert len(sent) == 1 and sent[0].startswith(b"HTTP/1.1 204 No Content\r\n")
+
+
+def test_a_large_body_follows_its_head_and_chunks_go_as_they_come(conf):
+    big = b"x" * (conf["OneSend"].JOINED + 1)
+    sent = answer(conf, app_of("200 OK", [big])).sent
+    assert len(sent) == 2 and sent[0].endswith(b"\r\n\r\n") and sent[1] == big
+    sent = answer(conf, app_of("200 OK", [b"a", b"b"], length=False)).sent  # chunked
+    assert sent[0].endswith(b"\r\n\r\n1\r\na\r\n") and sent[1:] == [b"1\r\nb\r\n", b"0\r\n\r\n"]
+
+
+def test_any_other_use_of_the_socket_sends_the_head_first(conf):
+    client = Recorder()
+    out = conf["OneSend"](client)
+    out.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
+    assert client.sent == []
+    out.sendfile(None)
+    assert client.sent == [b"HTTP/1.1 200 OK\r\n\r\n", b"<file>"]
+    out.close()
+    assert client.closed and out.client is client
