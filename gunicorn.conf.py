@@ -109,8 +109,10 @@ class OneSend:
     a head without its body, a request. The head is held and leaves with the body's first
     bytes (up to `JOINED` of them; a larger body follows the head on its own), in one call;
     an answer without a body sends its head when the request is done (`flush`), and any
-    other use of the socket (gunicorn's sendfile, a close) sends it first. The app sees
-    this object as `environ["gunicorn.socket"]`: `client` is the socket under it."""
+    other use of the socket (gunicorn's sendfile, a close) sends it first. An interim answer
+    (`100 Continue`, which a client may wait for before it sends its body) is never held, and
+    the answer's head after it still is. The app sees this object as
+    `environ["gunicorn.socket"]`: `client` is the socket under it."""
 
     JOINED = 65536
     __slots__ = ("client", "_head", "_fresh")
@@ -126,6 +128,8 @@ class OneSend:
                 return self.client.sendall(head + data)
             self.client.sendall(head)
         elif self._fresh and not flags and data[:5] == b"HTTP/":
+            if data[8:10] == b" 1":  # an interim answer: its client may be waiting for it
+                return self.client.sendall(data)
             self._fresh = False
             self._head = bytes(data)
             return None
@@ -138,7 +142,10 @@ class OneSend:
             self.client.sendall(head)
 
     def __getattr__(self, name):
-        self.flush()
+        # The held head first. Nothing held yet (gunicorn's 100 Continue goes by `send`
+        # before the answer), the answer's head that follows is still held.
+        if self._head is not None:
+            self.flush()
         return getattr(self.client, name)
 
 

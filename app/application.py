@@ -8,10 +8,13 @@ and `teardown_request` hook, the view, an error handler) whether it is a corouti
 request here, each a walk through `inspect`'s checks of a function that never changes."""
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
-from flask import Flask
+from flask import Flask, Response
 from flask.ctx import RequestContext
+from flask.sessions import NullSession, SessionInterface
+from werkzeug.datastructures import Headers
 
 # The most functions whose kind is kept: the app's hooks, views and handlers are a few dozen;
 # a function made anew for each request (`after_this_request`) is looked up as Flask does,
@@ -19,7 +22,61 @@ from flask.ctx import RequestContext
 KEPT = 512
 
 
+# A Location that werkzeug's `iri_to_uri` gives back unchanged: a path of the app's own
+# ("/v1/jobs/<id>"), not "//" (a host), made of the characters it leaves unquoted in a path
+# (urllib's always-safe ones and "%!$&'()*+,/:;=@"), without a query or a fragment.
+_URI_PATH = re.compile(r"/(?!/)[A-Za-z0-9_.~%!$&'()*+,/:;=@-]*")
+
+
+class Answer(Response):
+    """The API's answers: Flask's, with a Location that is already a URI left as it is.
+    werkzeug reads every answer's Location through `iri_to_uri` (urllib's split, three
+    quotes and a join: ~35 calls a submit) to quote what an IRI may hold; the API's own
+    Locations are paths of ASCII it would leave unchanged (`_URI_PATH`). Such a Location is
+    out of the headers while werkzeug makes the answer's (`get_wsgi_headers`), then put back
+    where it was, in them and in the answer's; any other, and a Location werkzeug would make
+    absolute (`autocorrect_location_header`) or whose status drops headers (1xx, 204, 304),
+    go through werkzeug as before."""
+
+    def get_wsgi_headers(self, environ: dict) -> Headers:
+        own, at = self.headers, None
+        for index, (key, value) in enumerate(own):
+            if key.lower() == "location":
+                if at is not None:  # two: werkzeug keeps the last, in the first's place
+                    return super().get_wsgi_headers(environ)
+                at, location = index, value
+        status = self.status_code
+        if at is None or self.autocorrect_location_header or 100 <= status < 200 or \
+                status in (204, 304) or not _URI_PATH.fullmatch(location):
+            return super().get_wsgi_headers(environ)
+        pair = [own[at]]
+        del own[at]
+        try:
+            headers = super().get_wsgi_headers(environ)
+        finally:
+            own[at:at] = pair
+        headers[at:at] = pair
+        return headers
+
+
+class NoSession(SessionInterface):
+    """The API keeps no sessions (nothing in app/ reads Flask's `session`; a caller is its API
+    key): each request gets the one null session, which refuses any write, rather than
+    Flask's default looking for a secret key and making a null session a request."""
+
+    NULL = NullSession()
+
+    def open_session(self, app: Flask, request: Any) -> NullSession:
+        return self.NULL
+
+    def save_session(self, app: Flask, session: Any, response: Any) -> None:
+        """Never called: Flask saves no null session."""
+
+
 class Api(Flask):
+    response_class = Answer
+    session_interface = NoSession()
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._plain: dict[Callable[..., Any], bool] = {}

@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Callable, Iterator
 
 
@@ -69,6 +69,9 @@ class NoUpload(Exception):
     unread (app/errors.py's TooManyUploads)."""
 
 
+_FREE = nullcontext()  # Uploads.hold without a key or a cap: nothing to hold
+
+
 class Uploads:
     """Request bodies being received at once, per API key (`per_key`; 0: no cap): a key that
     trickles many bodies holds its own share of the process's connections and greenlets, not
@@ -82,13 +85,16 @@ class Uploads:
     def held(self, owner: str) -> int:
         return self._held[owner]
 
-    @contextmanager
-    def hold(self, owner: str | None) -> Iterator[None]:
+    def hold(self, owner: str | None) -> AbstractContextManager[None]:
         """One of `owner`'s upload slots for the block (none taken without a key), or
-        NoUpload at once."""
+        NoUpload at once. Without a key, or a limit, a block that does nothing rather than a
+        generator's (several calls a submit)."""
         if not owner or self.per_key <= 0:
-            yield
-            return
+            return _FREE
+        return self._slot(owner)
+
+    @contextmanager
+    def _slot(self, owner: str) -> Iterator[None]:
         with self._lock:
             if self._held[owner] >= self.per_key:
                 raise NoUpload(f"this API key is already sending {self.per_key} request "

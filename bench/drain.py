@@ -93,6 +93,11 @@ def drain(launch, workdir: Path, jobs: int) -> dict:
     model_s = metric_sum(text, "iq_inference_seconds_sum")
     calls = metric_sum(text, "iq_inference_seconds_count")
     cycles = [b - a for a, b in zip(starts, starts[1:])]
+    # A batch's start after the last one's finish (Redis's milliseconds, both stamped by the
+    # child): 0 or 1 where it rode in that finish's round trip (workers/broker/readahead.py).
+    ends = sorted((min(r.started_at for r in b).timestamp(),
+                   max(r.finished_at for r in b).timestamp()) for b in batches.values())
+    gaps = [1000 * (b[0] - a[1]) for a, b in zip(ends, ends[1:])]
     return {"jobs": jobs, "runs": sum(r.runs for r in records), "span_s": round(span, 3),
             "items_per_s": round(jobs / span, 1), "ratio": round(jobs / span / CEILING, 3),
             "batches": len(batches), "mean_batch": round(jobs / len(batches), 2),
@@ -102,7 +107,9 @@ def drain(launch, workdir: Path, jobs: int) -> dict:
             # What the device waits a batch: the child's own work and the hand-over.
             "outside_model_ms": round(1000 * (statistics.fmean(cycles)
                                               - model_s / max(calls, 1)), 2),
-            "model_busy": round(model_s / span, 3)}
+            "model_busy": round(model_s / span, 3),
+            "start_after_finish_ms_p50": round(statistics.median(gaps), 1),
+            "started_within_1ms_of_finish": round(sum(g <= 1 for g in gaps) / len(gaps), 2)}
 
 
 def main() -> int:

@@ -17,9 +17,9 @@ client's own timeouts (tasks/redis_client.py)."""
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar
-from typing import Callable, Iterator
+from typing import Callable
 
 import redis
 
@@ -97,15 +97,26 @@ def current() -> Deadline | None:
     return _current.get()
 
 
-@contextmanager
-def deadline(seconds: float) -> Iterator[Deadline]:
+class _Within:
+    """A request's deadline as a `with` block (`deadline`): a class, as `_Pause` is, for a
+    block every request of the API runs in."""
+
+    __slots__ = ("_deadline", "_token")
+
+    def __init__(self, seconds: float) -> None:
+        self._deadline = Deadline(seconds)
+
+    def __enter__(self) -> Deadline:
+        self._token = _current.set(self._deadline)
+        return self._deadline
+
+    def __exit__(self, *exc: object) -> None:
+        _current.reset(self._token)
+
+
+def deadline(seconds: float) -> AbstractContextManager[Deadline]:
     """The block is one request: its Redis calls share `seconds`."""
-    found = Deadline(seconds)
-    token = _current.set(found)
-    try:
-        yield found
-    finally:
-        _current.reset(token)
+    return _Within(seconds)
 
 
 _OUTSIDE = nullcontext()  # a pause outside a request: nothing to pause

@@ -137,3 +137,68 @@ def test_a_submit_looks_its_request_and_app_up_a_few_times(api):
     count = _proxy_look_ups(lambda: answers.append(api.post("/v1/jobs", json=job)))
     assert answers[0].status_code == 202
     assert count <= LOOK_UPS, count
+
+
+def _calls(call, where: str, name: str | None = None, caller: str | None = None) -> int:
+    """How many functions of a file ending in `where` (of that `name`, called from a function
+    named `caller`, where given) were called while `call` ran."""
+    import sys
+
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        code = frame.f_code
+        if event == "call" and code.co_filename.endswith(where) \
+                and name in (None, code.co_name) \
+                and (caller is None or frame.f_back.f_code.co_name == caller):
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def test_a_submits_location_is_not_converted_again(api):
+    """The answer's Location, a path of the API's own, is left as it is (app/application.py
+    Answer) rather than split, quoted and joined by werkzeug's `iri_to_uri`."""
+    job = {"model": "echo", "inputs": ["a"]}
+    answers = []
+    count = _calls(lambda: answers.append(api.post("/v1/jobs", json=job)),
+                   "werkzeug/urls.py", "iri_to_uri", caller="get_wsgi_headers")
+    r = answers[0]
+    assert r.status_code == 202 and r.headers["Location"] == r.get_json()["url"]
+    assert [key for key, _ in r.headers] == ["Content-Type", "Content-Length", "Location",
+                                             "X-Request-ID"]
+    assert count == 0
+
+
+def test_a_request_opens_no_session(api):
+    """The API keeps no sessions (app/application.py NoSession): Flask's cookie sessions do
+    not look for a secret key and make a null session each request; the one null session
+    is all Flask is given, and it refuses a write."""
+    from flask import session
+
+    r = []
+    count = _calls(lambda: r.append(api.get("/healthz")), "flask/sessions.py")
+    assert r[0].status_code == 200
+    assert count <= 1, count  # Flask asks whether it is the null session, not to save it
+    with api.application.test_request_context():
+        assert session.get("anything") is None
+        with pytest.raises(RuntimeError):
+            session["anything"] = 1
+
+
+def test_a_submit_makes_no_generators_context_manager(api):
+    """The request's Redis deadline (tasks/redis_deadline.py) and, without an API key, its
+    upload slot (app/limits.py) are `with` blocks of classes, not of `contextmanager`
+    generators, which cost several calls each to make, enter and leave."""
+    job = {"model": "echo", "inputs": ["a"]}
+    answers = []
+    count = _calls(lambda: answers.append(api.post("/v1/jobs", json=job)),
+                   "contextlib.py", "helper")
+    assert answers[0].status_code == 202
+    assert count == 0, count

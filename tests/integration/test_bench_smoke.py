@@ -114,6 +114,15 @@ def test_lone_path_marks_each_hop_of_every_job(tmp_path):
     assert ms["start → finish"]["p50"] >= 20 > ms["fetch → start"]["p50"], ms
     parts = sum(v["mean"] for name, v in ms.items() if name != "total")
     assert abs(parts - ms["total"]["mean"]) < 0.01, ms
+    # Inside the stretches: each script's own time in Redis, and the finish's reply to the
+    # client, within the stretch it belongs to; the total over the model's 20.2 ms sleep.
+    detail = report["detail_ms"]
+    assert set(detail) == {"submit script", "fetch → main's next wait", "finish script",
+                           "finish's reply → client"}, detail
+    assert 0 < detail["finish script"]["p50"] < ms["finish → client"]["p50"], report
+    assert 0 < detail["finish's reply → client"]["p50"] < ms["finish → client"]["p50"], report
+    assert report["model_ms"] == 20.2
+    assert abs(report["over_model_ms"]["mean"] - (ms["total"]["mean"] - 20.2)) < 0.01, report
 
 
 def test_a_round_whose_jobs_never_finish_stops_with_an_error(tmp_path):

@@ -353,3 +353,47 @@ def test_the_event_loop_adds_the_fetch_socket_once_not_at_every_turn(redis_url, 
             turns_until(5)  # the tick added it again: the fetch is heard
             assert [m._raw["m"] for m in got] == ["a", "b", "c", "d", "e"]
     hub.close()
+
+
+def test_a_wake_up_sends_the_fetch_in_the_turn_that_reads_it(redis_url, server, broker):
+    """An idle channel woken on its wake-up list sends its fetch as it reads the wake-up
+    (workers/broker/fetch.py `_fetch_now`), not at the event loop's next turn, whose timers
+    and ticks (a task events' flush, the lease's beat) would go before it while the job
+    that woke it waits: after the turn that reads the wake-up, the fetch is on its way, and
+    no timer of the next turn has run before it."""
+    from kombu.asynchronous import Hub
+
+    hub = Hub()
+    jobs = JobState(server)
+    with kombu.Connection(redis_url, transport=REDIS_ALIAS) as conn:
+        got: list = []
+        with consumer(conn, got):
+            conn.transport.register_with_event_loop(conn.connection, hub)
+            channel = conn.default_channel
+            read: list[str] = []  # after each read of the polling connection: what is in flight
+            handlers = channel.handlers
+            brpop = handlers["BRPOP"]
+
+            def reading(**options):
+                try:
+                    return brpop(**options)
+                finally:
+                    read.append(channel._iq_reply)
+            handlers["BRPOP"] = reading
+            end = monotonic() + 10
+            while channel._iq_reply != "wake" and monotonic() < end:
+                hub.run_once()  # the first fetch finds nothing: the channel waits
+            assert channel._iq_reply == "wake"
+            read.clear()
+            submit(jobs, "a")
+            fetches = calls(server, "evalsha")  # the submit's script counted
+            timer_saw: list[int] = []
+            while not read and monotonic() < end:
+                hub.run_once()  # until the wake-up is read
+            hub.call_soon(lambda: timer_saw.append(calls(server, "evalsha") - fetches))
+            while not got and monotonic() < end:
+                hub.run_once()
+            assert [m._raw["m"] for m in got] == ["a"]
+            assert read[0] == "fetch", "the wake-up's turn left the fetch to the next turn"
+            assert timer_saw == [1]  # the next turn's callbacks found the fetch sent
+    hub.close()

@@ -27,6 +27,10 @@ class Recorder:
     def sendall(self, data, *flags) -> None:
         self.sent.append(bytes(data))
 
+    def send(self, data, *flags) -> int:
+        self.sent.append(bytes(data))
+        return len(data)
+
     def sendfile(self, file, offset=0, count=None) -> None:
         self.sent.append(b"<file>")
 
@@ -48,8 +52,8 @@ def conf(monkeypatch, tmp_path) -> dict:
     return runpy.run_path(str(ROOT / "gunicorn.conf.py"))
 
 
-def answer(conf, app, request: bytes = REQUEST) -> Recorder:
-    """`request` answered by the API's gunicorn Worker with the WSGI `app`."""
+def answer(conf, app, request: bytes = REQUEST, client: Recorder | None = None) -> Recorder:
+    """`request` answered by the API's gunicorn Worker with the WSGI `app` (on `client`)."""
     cfg = Config()
     worker = conf["Worker"](1, os.getpid(), [], None, 30, cfg, Logger(cfg))
     worker.wsgi, worker.alive = app, True
@@ -57,7 +61,7 @@ def answer(conf, app, request: bytes = REQUEST) -> Recorder:
     with ours, theirs:
         theirs.sendall(request)
         req = next(http.get_parser(cfg, ours, ("127.0.0.1", 1)))
-        client = Recorder()
+        client = client or Recorder()
         try:
             worker.handle_request(("127.0.0.1", 8000), req, client, ("127.0.0.1", 1))
         except StopIteration:
@@ -93,6 +97,52 @@ def test_a_large_body_follows_its_head_and_chunks_go_as_they_come(conf):
     assert len(sent) == 2 and sent[0].endswith(b"\r\n\r\n") and sent[1] == big
     sent = answer(conf, app_of("200 OK", [b"a", b"b"], length=False)).sent  # chunked
     assert sent[0].endswith(b"\r\n\r\n1\r\na\r\n") and sent[1:] == [b"1\r\nb\r\n", b"0\r\n\r\n"]
+
+
+@pytest.mark.parametrize("extra, calls", [(0, 1), (1, 2)])
+def test_a_body_of_exactly_joined_bytes_leaves_with_its_head(conf, extra, calls):
+    body = b"x" * (conf["OneSend"].JOINED + extra)
+    sent = answer(conf, app_of("200 OK", [body])).sent
+    assert len(sent) == calls and b"".join(sent).endswith(b"\r\n\r\n" + body)
+
+
+def test_a_head_answer_sends_its_head_alone_once_done(conf):
+    sent = answer(conf, app_of("200 OK", [b"{}"]), b"HEAD /x HTTP/1.1\r\nHost: t\r\n\r\n").sent
+    assert len(sent) == 1 and sent[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert sent[0].endswith(b"Content-Length: 2\r\n\r\n")
+
+
+def test_the_interim_100_continue_leaves_before_the_app_reads_the_body(conf):
+    """A client that sent `Expect: 100-continue` may wait for it before it sends its body:
+    held with the answer's head, it would leave only with the answer, once the app had given
+    up on the body (body_timeout_s)."""
+    seen: list[list[bytes]] = []
+
+    def app(environ, start_response):
+        seen.append(list(client_of_app.sent))  # what the client had when the app began
+        environ["wsgi.input"].read()
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    client_of_app = Recorder()
+    request = (b"POST /x HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\n"
+               b"Content-Length: 2\r\n\r\n{}")
+    sent = answer(conf, app, request, client_of_app).sent
+    assert seen == [[b"HTTP/1.1 100 Continue\r\n\r\n"]]
+    assert len(sent) == 2 and sent[1].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert sent[1].endswith(b"\r\n\r\nok")
+
+
+def test_an_interim_answer_is_never_held(conf):
+    """One sent by `sendall` (gunicorn sends its 100 Continue by `send`, above) leaves at
+    once, and the answer's head after it is still held for its body."""
+    client = Recorder()
+    out = conf["OneSend"](client)
+    out.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+    assert client.sent == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    out.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
+    out.sendall(b"ok")
+    assert client.sent[1:] == [b"HTTP/1.1 200 OK\r\n\r\nok"]
 
 
 def test_any_other_use_of_the_socket_sends_the_head_first(conf):

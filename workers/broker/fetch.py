@@ -245,11 +245,13 @@ class ReliableFetch:
         kind, self._iq_reply = self._iq_reply, None
         if kind is None:
             return super()._brpop_read(**options)
+        woken = False
         try:
             reply = self._iq_read(kind, **options)
             if kind == "wake":
                 self._iq_waiting = False  # a token, or a second gone by: look again
                 self._hold_fetch()
+                woken = True
                 raise Empty()
             got = fetched(reply)
             if got is None:  # no lease (it lapsed, or was never taken): beat, then fetch
@@ -260,6 +262,18 @@ class ReliableFetch:
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()
+            if woken:
+                self._fetch_now()
+
+    def _fetch_now(self) -> None:
+        """After a wake-up, the fetch sent at once, not at the event loop's next turn, whose
+        timers (a task events' flush, the lease's beat: Redis round trips) and ticks would go
+        first while the job that woke it waits; unless the fetch is held (`_hold_fetch`) or
+        the QoS refuses it, as the loop's tick would not send it either (kombu's tick sends
+        nothing while a command is in flight: `_in_poll`)."""
+        if self._closing or not self.active_queues or not self.qos.can_consume():
+            return
+        self._brpop_start()
 
     def _hold_fetch(self) -> None:
         """After a wake-up while every pool child is busy, the fetch waits `FETCH_HOLD_S`

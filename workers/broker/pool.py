@@ -5,6 +5,8 @@ runs (`worker_pool`, and in place of `-P prefork`: workers/broker/attach.py's `a
 * tells the dispatcher when a child is ready to take work (`on_child_ready`);
 * writes a child its next batch while it runs one (`HeldBatches`, `hold_ahead`), an idle
   child always first, and says which children hold none (`free_children`);
+* writes a batch to a child as it is handed to the pool, not at the event loop's next turn
+  (`_write_at_once`);
 * is grown no further than the GPUs (`TaskPool.cap_children`);
 * is not flushed on a reconnect (`TaskPool.keep_every_batch`);
 
@@ -26,7 +28,7 @@ from typing import Any, Callable
 
 from billiard.context import ForkProcess, ForkServerProcess, SpawnProcess
 from celery.concurrency import prefork
-from celery.concurrency.asynpool import AsynPool
+from celery.concurrency.asynpool import SCHED_STRATEGY_FAIR, AsynPool
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +164,28 @@ class HeldBatches:
             del self.held[fd]
 
 
+def _write_at_once(pool: Any, put: Callable[[Any], Any],
+                   schedule_writes: Callable[[list], Any]) -> Callable[[Any], Any]:
+    """`put` (Celery's `send_job`: the batch pickled onto the pool's outbound buffer), then
+    the buffer written to the children it may go to now, as the event loop would write it
+    once it turns: its next turn first fires the timers due (a task events' flush, a lease's
+    beat: Redis round trips), re-issues kombu's BRPOP and polls, all before the child has
+    its batch. The same choice of child as the loop's (`schedule_writes`, Celery's handler of
+    writable inqueues: an idle child first, `HeldBatches`; no child written to twice at
+    once), and a write the pipe cannot take whole goes on on the loop, as Celery's does."""
+    fair = pool.sched_strategy == SCHED_STRATEGY_FAIR
+
+    def put_and_write(job: Any) -> None:
+        put(job)
+        inqueues, busy = pool._all_inqueues, pool._busy_workers
+        if not pool.outbound_buffer or (fair and len(busy) >= len(inqueues)):
+            return
+        ready = [fd for fd in inqueues if fd not in pool._active_writes]
+        if ready:
+            schedule_writes(ready)
+    return put_and_write
+
+
 class Pool(_KillsItsChildren, AsynPool):
     """Celery's asynchronous pool, whose children are killed by SIGKILL, which counts the
     batches each child holds (`HeldBatches`) and calls `on_child_ready(pid)` once a child is
@@ -180,6 +204,13 @@ class Pool(_KillsItsChildren, AsynPool):
     #: a grown size): the reload's (`Reloader.before_children_start`), which may shrink the
     #: pool back (`end_surge`) and change the file the children are started on.
     before_children_start: Callable[[], Any] | None = None
+
+    def _create_write_handlers(self, hub: Any, *args: Any, **kwargs: Any) -> Any:
+        """Celery's write handlers, with a batch handed to the pool written to a child at
+        once (`_write_at_once`) rather than when the event loop next turns."""
+        out = super()._create_write_handlers(hub, *args, **kwargs)
+        self._quick_put = _write_at_once(self, self._quick_put, hub.consolidate_callback)
+        return out
 
     def _repopulate_pool(self, exitcodes: Any) -> Any:
         if self.before_children_start is not None:

@@ -24,6 +24,7 @@ from celery.worker import state as worker_state
 from celery.worker import strategy as celery_strategy
 from celery.worker.consumer.consumer import Consumer
 from celery.worker.request import Request
+from kombu.asynchronous.hub import Hub
 from kombu.clocks import LamportClock
 from kombu.messaging import Consumer as KombuConsumer
 from kombu.transport import redis as kombu_redis
@@ -93,6 +94,7 @@ OVERRIDDEN: tuple[Name, ...] = (
     Name(BilliardPool, "terminate_job", ("self", "pid", "sig")),
     Name(BilliardPool, "_repopulate_pool", ("self", "exitcodes")),
     Name(AsynPool, "on_process_alive", ("self", "pid")),
+    Name(AsynPool, "_create_write_handlers", ("self", "hub", "pack", "dumps", "protocol")),
     Name(BaseProcess, "terminate", ("self",)),
 )
 
@@ -128,6 +130,9 @@ READ: tuple[Name, ...] = (
     Name(AsynPool, "_mark_worker_as_available"),
     Name(AsynPool, "_active_writes"),
     Name(AsynPool, "outbound_buffer"),
+    Name(AsynPool, "_quick_put"),
+    Name(AsynPool, "sched_strategy"),
+    Name(Hub, "consolidate_callback"),
     Name(BaseProcess, "_check_closed", ("self",)),
     Name(BaseProcess, "_popen"),
     Name(BaseProcess, "_is_alive", ("self",)),
