@@ -18,26 +18,37 @@ import yaml
 
 from bench.harness import MODELS, run_load
 from bench.profwrap import TOGGLE
-from scripts.processes import VENV_BIN, free_port, spawn, wait_until
+from scripts.processes import VENV_BIN, Service, free_port, spawn, wait_until
 from scripts.stack import start_redis, start_worker
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
+    """The call-count profilers' options (this one's and bench.intake_profile's)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=4)
     parser.add_argument("--out", default=None)
     parser.add_argument("--top", type=int, default=60)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def synthetic_stack(work: Path, **more: str) -> tuple[Service, dict[str, str]]:
+    """A Redis in `work`, and the environment of a stack serving the synthetic model on it."""
+    models_file = work / "models.yaml"
+    models_file.write_text(yaml.safe_dump({"models": {"synthetic": MODELS["synthetic"]}}))
+    redis_svc = start_redis(work)
+    return redis_svc, dict(os.environ, REDIS_URL=redis_svc.extra["url"],
+                           IQ_MODELS_FILE=str(models_file), HF_HUB_OFFLINE="1",
+                           IQ_HEARTBEAT_INTERVAL_S="0.5", IQ_LOG_LEVEL="WARNING",
+                           IQ_VAR_DIR=str(work), **more)
+
+
+def main() -> None:
+    args = arguments()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         out = args.out or str(work / "api.prof")
-        models_file = work / "models.yaml"
-        models_file.write_text(yaml.safe_dump({"models": {"synthetic": MODELS["synthetic"]}}))
-        redis_svc = start_redis(work)
-        env = dict(os.environ, REDIS_URL=redis_svc.extra["url"], IQ_MODELS_FILE=str(models_file),
-                   HF_HUB_OFFLINE="1", IQ_HEARTBEAT_INTERVAL_S="0.5", IQ_LOG_LEVEL="WARNING",
-                   IQ_VAR_DIR=str(work), BENCH_PROFILE_OUT=out)
+        redis_svc, env = synthetic_stack(work, BENCH_PROFILE_OUT=out)
         services = [redis_svc]
         try:
             services.append(start_worker("intake", env, work, ["synthetic"]))

@@ -106,39 +106,6 @@ def test_not_ready_without_a_worker_and_the_check_says_why(api):
 LOOK_UPS = 20  # 29 before (in-process, through the test client)
 
 
-def _proxy_look_ups(call) -> int:
-    """How many times werkzeug's context-local proxies (request, g, current_app) were resolved
-    while `call` ran."""
-    import sys
-
-    count = 0
-
-    def profile(frame, event, _arg):
-        nonlocal count
-        if event == "call" and frame.f_code.co_name == "_get_current_object" \
-                and frame.f_code.co_filename.endswith("werkzeug/local.py"):
-            count += 1
-
-    sys.setprofile(profile)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-    return count
-
-
-def test_a_submit_looks_its_request_and_app_up_a_few_times(api):
-    """The submit view resolves the request, `g` and the app's extensions once and passes
-    them on, and the body limit is the request's own (Api.request_context): each look-up is
-    a few calls through werkzeug's proxies."""
-    job = {"model": "echo", "inputs": ["a"]}
-    assert api.post("/v1/jobs", json=job).status_code == 202  # warm
-    answers = []
-    count = _proxy_look_ups(lambda: answers.append(api.post("/v1/jobs", json=job)))
-    assert answers[0].status_code == 202
-    assert count <= LOOK_UPS, count
-
-
 def _calls(call, where: str, name: str | None = None, caller: str | None = None) -> int:
     """How many functions of a file ending in `where` (of that `name`, called from a function
     named `caller`, where given) were called while `call` ran."""
@@ -160,6 +127,20 @@ def _calls(call, where: str, name: str | None = None, caller: str | None = None)
     finally:
         sys.setprofile(None)
     return count
+
+
+def test_a_submit_looks_its_request_and_app_up_a_few_times(api):
+    """The submit view resolves the request, `g` and the app's extensions once and passes
+    them on, and the body limit is the request's own (Api.request_context): each look-up is
+    a few calls through werkzeug's proxies."""
+    job = {"model": "echo", "inputs": ["a"]}
+    assert api.post("/v1/jobs", json=job).status_code == 202  # warm
+    answers = []
+    # werkzeug's context-local proxies (request, g, current_app) resolved
+    count = _calls(lambda: answers.append(api.post("/v1/jobs", json=job)), "werkzeug/local.py",
+                   "_get_current_object")
+    assert answers[0].status_code == 202
+    assert count <= LOOK_UPS, count
 
 
 def test_a_submits_location_is_not_converted_again(api):
