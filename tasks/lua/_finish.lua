@@ -34,8 +34,8 @@
 -- queued or running job is finished here.
 -- #include _compact
 local out, done, lists, gone, reply, replies, values = {}, {}, {}, {}, {}, {}, {}
--- Times to live as commands' arguments: their text (_job_prelude's TTL_TEXT says why).
-local ttl = string.find(ARGV[4], '^%d+$') and ARGV[4] or string.format('%d', tonumber(ARGV[4]))
+-- The results' time to live as a command's argument (_job_prelude's whole_text).
+local ttl = whole_text(ARGV[4])
 local finished_ms = tonumber(ARGV[3])
 local jobs = math.floor((#KEYS - 1) / 2)
 local pending, inflight = KEYS[2 * jobs + 1], KEYS[2 * jobs + 2]

@@ -12,9 +12,14 @@ local t = redis.call('time')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])  -- exact: indexes' order
 local KEEP_S, TTL_S = tonumber(ARGV[1]), tonumber(ARGV[2])
--- The records' time to live as a command's argument: its text as given (a number passed to
--- redis.call is written out with sprintf, every call, ~5 µs of Redis a job in all).
-local TTL_TEXT = string.find(ARGV[2], '^%d+$') and ARGV[2] or string.format('%d', TTL_S)
+-- A whole number of seconds as a command's argument: its text as given when it is digits
+-- only, else written by %d (a number passed to redis.call is written out with sprintf, every
+-- call, ~5 µs of Redis a job in all).
+local function whole_text(arg)
+  return string.find(arg, '^%d+$') and arg or string.format('%d', tonumber(arg))
+end
+-- The records' time to live, so.
+local TTL_TEXT = whole_text(ARGV[2])
 local function id_of(key) return string.sub(key, #JOB_PREFIX + 1) end
 
 -- Drop the members of sorted set `key` scored below `bound`, the oldest `most` at most: bounded
