@@ -26,6 +26,9 @@ def _ephemeral_ports() -> range:
     return range(low, high + 1)
 
 
+_HANDED_OUT: set[int] = set()  # this process's, never given twice
+
+
 def free_port() -> int:
     """A loopback port nothing listens on, below the kernel's ephemeral range. A port the
     kernel hands out itself (bind to 0) may be taken as the source port of any outgoing
@@ -33,15 +36,23 @@ def free_port() -> int:
     only by another listener, which the check here sees."""
     ephemeral = _ephemeral_ports()
     low, high = 10000, (ephemeral.start - 1 if ephemeral.start > 11000 else 65535)
+    # Each pytest-xdist worker its own slice, so that two never pick the same port.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if worker.isdigit() and count > 1:
+        width = (high - low + 1) // count
+        low = low + int(worker) % count * width
+        high = low + width - 1
     for _ in range(200):
         port = random.randint(low, high)
-        if port in ephemeral:
-            continue
+        if port in ephemeral or port in _HANDED_OUT:
+            continue  # one handed out already may not be bound yet (several set up at once)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     raise RuntimeError(f"no free loopback port in {low}-{high} outside {ephemeral}")
 
