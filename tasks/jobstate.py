@@ -367,27 +367,48 @@ def _record(job_id: str, values: Sequence[Any], stored: Any = None) -> JobRecord
         stored or None, found.get("encoding_format")))
 
 
-def announced(message: bytes) -> dict[str, tuple[bytes, bytes]]:
+# A reply channel's entry of a job that succeeded is keyed "2/<n>/<id>" (tasks/lua/_finish.lua):
+# its record's n names and values joined by NUL. Another's is keyed by its id alone: its FIELDS
+# as a JSON array, as the releases before sent every job (and read only that: an entry keyed
+# otherwise is no job they wait on, so they read it when its "done" wakes them).
+_JOINED = b"2/"
+
+
+def announced(message: bytes) -> dict[str, tuple[bytes, bytes, int]]:
     """The jobs of a finish's message on a reply channel (tasks/lua/_finish.lua), each id's
-    (fields as JSON, stored result) as sent: `announced_record` reads one. Cheap, for the
-    listener that receives it; the waiting request reads its own."""
-    out: dict[str, tuple[bytes, bytes]] = {}
+    (fields, stored result, n) as sent: n strings joined by NUL, or a JSON array (n = 0).
+    `announced_record` reads one. Cheap, for the listener that receives it; the waiting request
+    reads its own."""
+    out: dict[str, tuple[bytes, bytes, int]] = {}
     pos, end = 0, len(message)
     while pos < end:
         line = message.index(b"\n", pos)
-        job_id, fields_size, stored_size = message[pos:line].split(b" ")
+        key, fields_size, stored_size = message[pos:line].split(b" ")
         start = line + 1
         middle = start + int(fields_size)
         pos = middle + int(stored_size)
-        out[job_id.decode()] = (message[start:middle], message[middle:pos])
+        count = 0
+        if key.startswith(_JOINED):
+            _, joined, key = key.split(b"/", 2)
+            count = int(joined)
+        out[key.decode()] = (message[start:middle], message[middle:pos], count)
     return out
 
 
-def announced_record(job_id: str, entry: tuple[bytes, bytes]) -> JobRecord:
+def announced_record(job_id: str, entry: tuple[bytes, bytes, int]) -> JobRecord | None:
     """The job as its finish announced it (`announced`): what `JobState.read` would have
-    read from its record and stored result the moment after."""
-    fields, stored = entry
-    return _record(job_id, orjson.loads(fields), stored or None)
+    read from its record and stored result the moment after. None when the joined fields do
+    not split into the n strings sent (a value holding a NUL): its waiter reads it."""
+    fields, stored, count = entry
+    if not count:
+        return _record(job_id, orjson.loads(fields), stored or None)
+    parts = fields.split(b"\0")
+    if len(parts) != count or count % 2:
+        return None
+    found = {parts[i].decode(): parts[i + 1].decode() for i in range(0, count, 2)
+             if parts[i + 1]}
+    return JobRecord.from_fields(job_id, found, results.outputs_of(
+        stored or None, found.get("encoding_format")))
 
 
 def _finish_call(finals: Sequence[Final], result_ttl_s: int, model_version: str,
