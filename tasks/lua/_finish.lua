@@ -112,8 +112,8 @@ for i = 1, jobs do
       -- (Numbers by %d: a number concatenated is written with %.14g, a float's path.)
       if ARGV[a + 1] == 'succeeded' then  -- its record is what was written, nothing else
         local fields = table.concat(lists[i], '\0')
-        entries[#entries + 1] = string.format('2/%d/%s %d %d\n', #lists[i], id, #fields,
-          #stored) .. fields .. stored
+        entries[#entries + 1] = string.format('2/%d/', #lists[i]) .. id
+          .. string.format(' %d %d\n', #fields, #stored) .. fields .. stored
       else
         local fields = cjson.encode(redis.call('hmget', key, unpack(FIELDS)))
         entries[#entries + 1] = id .. string.format(' %d %d\n', #fields, #stored) .. fields
