@@ -177,3 +177,19 @@ def test_a_submit_sends_no_name_its_script_knows_nor_what_it_can_tell(state, red
     # The two of every job script, 11 of its own, the four values, then token's pair.
     assert len(args) == 2 + 11 + 4 + 2, args
     assert args[13:17] == ["m", args[14], "t", "1"] and args[17:] == ["token", "tok"]
+
+
+def test_start_reads_a_queued_jobs_batch_and_worker_not(state, redis_server, clean_admin):
+    """START reads a queued job's status, deadline, token and runs; its batch and worker (to
+    tell a start sent again, which counts once) only for a job running already."""
+    job_id, token = _submitted(state)
+    start = lambda: state.start([job_id], worker="w/0", batch="b 1 1", tokens=[token])  # noqa: E731
+    ran = _monitored(redis_server.extra["admin_url"], clean_admin,
+                     lambda: start() == [StartDecision.RUN] or pytest.fail("not run"))
+    reads = [words[2:] for words in ran if words[0] in ("hmget", "hget")
+             and words[1] == job_key(job_id)]
+    assert reads == [["status", "expires_at", "token", "runs"]]
+    again = _monitored(redis_server.extra["admin_url"], clean_admin,
+                       lambda: start() == [StartDecision.RUN] or pytest.fail("not run"))
+    assert [w[2:] for w in again if w[0] == "hget"] == [["batch"], ["worker"]]
+    assert state.read(job_id).runs == 1  # the start sent again counted once
