@@ -227,10 +227,11 @@ class HiredisPacker(HiredisRespSerializer):
     submit's script call). hiredis packs the tuple of str, int, float and bytes it is given
     the same; any other argument is a TypeError, on which redis-py's packer takes the command
     as before (a bytearray converted, anything else refused with its DataError). A command
-    name with a space (`CLIENT SETNAME`) is redis-py's to split."""
+    name that is not one word of letters is redis-py's to split: it splits a name on any
+    whitespace (`CLIENT SETNAME` is two words, and so it is with a tab for the space)."""
 
     def pack(self, *args: Any) -> list[bytes]:
-        if type(args[0]) is str and " " not in args[0]:
+        if type(args[0]) is str and args[0].isalpha():
             try:
                 return [hiredis.pack_command(args)]
             except TypeError:

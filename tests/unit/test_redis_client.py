@@ -107,6 +107,10 @@ def test_commands_are_packed_in_one_hiredis_call_as_redis_py_packs_them():
     ours, theirs = redis_client.COMMAND_PACKER, HiredisRespSerializer()
     for args in (SUBMIT_LIKE, ("CLIENT SETNAME", "api"), ("SET", "k", bytearray(b"v"))):
         assert ours.pack(*args) == theirs.pack(*args)
+    # redis-py splits a command's name on any whitespace, a leading or trailing one too.
+    for name in ("CONFIG\tGET", "CONFIG\nGET", "CONFIG\r\nGET", "CONFIG\x0bGET",
+                 "CONFIG\x0cGET", " GET", "GET\t", "CONFIG  GET"):
+        assert ours.pack(name, "maxmemory") == theirs.pack(name, "maxmemory"), repr(name)
     with pytest.raises(redis.DataError):
         ours.pack("SET", "k", None)
     # redis-py's own pass over the arguments (a generator step each) is not taken
