@@ -111,7 +111,9 @@ class OneSend:
     an answer without a body sends its head when the request is done (`flush`), and any
     other use of the socket (gunicorn's sendfile, a close) sends it first. An interim answer
     (`100 Continue`, which a client may wait for before it sends its body) is never held, and
-    the answer's head after it still is. The app sees this object as
+    the answer's head after it still is. Nor is a streamed (chunked) answer's head: gunicorn
+    sends nothing for an empty write of one, so a stream whose first write is empty would
+    have its head held until its next, which may be long in coming. The app sees this object as
     `environ["gunicorn.socket"]`: `client` is the socket under it, and `close_after_answer`
     asks for the connection to be closed after this answer."""
 
@@ -140,8 +142,9 @@ class OneSend:
             if data[8:10] == b" 1":  # an interim answer: its client may be waiting for it
                 return self.client.sendall(data)
             self._fresh = False
-            self._head = bytes(data)
-            return None
+            if b"\r\nTransfer-Encoding: chunked\r\n" not in data:
+                self._head = bytes(data)
+                return None
         self._fresh = False
         return self.client.sendall(data, *flags)
 
