@@ -35,4 +35,6 @@
 -- #include _job_prelude
 -- #include _owned
 -- #include _submit
-return submit(KEYS, 0, #KEYS, ARGV, 2, #ARGV - 2)
+local answer = submit(KEYS, 0, #KEYS, ARGV, 2, #ARGV - 2)
+enqueue()
+return answer
