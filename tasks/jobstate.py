@@ -55,7 +55,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import orjson
 import redis
@@ -431,11 +431,14 @@ class JobState:
     long a job that did not succeed keeps its request for a retry (0: none is kept);
     `ttl_s`: how long records live (job_ttl_s), which the indexes follow. `group_submits`:
     submits made within requests while one is on its way to Redis go together in the next
-    script call (tasks/group_commit.py; an API process's), but those that wait for replicas."""
+    script call (tasks/group_commit.py; an API process's), but those that wait for replicas;
+    `gather_submits`: what lets the requests already runnable reach their submit before a group
+    goes (the group commit's `gather`; None: nothing)."""
     client: redis.Redis
     keep_s: int = 0
     ttl_s: int = 86_400
     group_submits: bool = False
+    gather_submits: Callable[[], None] | None = None
     _scripts: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
     _grouped: GroupCommit | None = field(default=None, init=False, repr=False)
 
@@ -443,7 +446,8 @@ class JobState:
         for name, text in job_lua.SCRIPTS.items():
             self._scripts[name] = self.client.register_script(text)
         if self.group_submits:
-            self._grouped = GroupCommit(self._submit_many, most=SUBMIT_GROUP_MOST)
+            self._grouped = GroupCommit(self._submit_many, most=SUBMIT_GROUP_MOST,
+                                        gather=self.gather_submits)
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
              ttl_s: int | None = None) -> Any:
