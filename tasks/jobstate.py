@@ -497,7 +497,7 @@ class JobState:
                            "" if kept_quota is None else kept_quota, job.owner, size,
                            owned_id(job.id)]
         fields = job.submitted_fields()
-        # Status, the script's HSETNX writes (`queued`), first; the fields every record has
+        # Status, the script writes (`queued`), first; the fields every record has
         # by value alone (the script names them), in their order; the others by name and value.
         args += [fields.pop(name) for name in _SUBMIT_NAMED]
         del fields["status"]

@@ -82,23 +82,22 @@ local function submit(K, k, nkeys, A, a, nargs)
   local retry = retried ~= NO_RETRY
   local c1, c2 = string.byte(id, 1, 2)
 
+  -- A record there already: this job was made (a resend). Otherwise nothing is written until
+  -- every check has passed, the record by one HSET, its status first as before (one command a
+  -- job fewer than a HSETNX that begins the record and a HSET that adds the rest, and Redis
+  -- converts no one-field compact hash when the large values come).
+  if redis.call('exists', record) == 1 then
+    touch(record)
+    return {'created', id}
+  end
   if headroom ~= '' then
     local used, cap = memory()
     if headroom ~= headroom_text then
       headroom_text, headroom_share = headroom, tonumber(headroom)
     end
     if cap > 0 and used > (1 - headroom_share) * cap then
-      if redis.call('exists', record) == 1 then touch(record); return {'created', id} end
       return {'full', used .. ' ' .. cap}
     end
-  end
-  if redis.call('hsetnx', record, 'status', 'queued') == 0 then
-    touch(record)
-    return {'created', id}
-  end
-  local function refuse(kind, found)
-    redis.call('del', record)
-    return {kind, found}
   end
   if digest ~= '' then
     local earlier = redis.call('get', claim)
@@ -107,24 +106,24 @@ local function submit(K, k, nkeys, A, a, nargs)
       local earlier_id = string.sub(earlier, 1, sep - 1)
       -- A claim whose job was deleted claims nothing: the key makes a new job.
       if redis.call('exists', JOB_PREFIX .. earlier_id) == 1 then
-        if string.sub(earlier, sep + 1) ~= digest then return refuse('mismatch', '') end
+        if string.sub(earlier, sep + 1) ~= digest then return {'mismatch', ''} end
         touch(claim)
-        return refuse('existing', earlier_id)
+        return {'existing', earlier_id}
       end
     end
   end
   if retry then
     local f = redis.call('hmget', retried, 'status', 'retried_as')
-    if not f[1] then return refuse('gone', '') end
-    if f[2] then return refuse('retried', f[2]) end
+    if not f[1] then return {'gone', ''} end
+    if f[2] then return {'retried', f[2]} end
     if f[1] ~= 'failed' and f[1] ~= 'cancelled' and f[1] ~= 'expired' then
-      return refuse('not_retryable', f[1])
+      return {'not_retryable', f[1]}
     end
   end
   if max_depth ~= '' then
     local depth = 0
     for i = k + 9, k + nkeys do depth = depth + redis.call('llen', K[i]) + queued(K[i]) end
-    if depth >= tonumber(max_depth) then return refuse('overloaded', '') end
+    if depth >= tonumber(max_depth) then return {'overloaded', ''} end
   end
   local kept_size = string.len(request)
   if kept_size == 0 then kept_size = tonumber(size) or 0 end
@@ -137,14 +136,14 @@ local function submit(K, k, nkeys, A, a, nargs)
     if held + kept_size > tonumber(quota) then
       local first = redis.call('zrange', books, 0, 0, 'WITHSCORES')
       local wait = first[2] and math.max(0, tonumber(first[2]) - now) or 0
-      return refuse('kept_full', held .. ' ' .. string.format('%.0f', math.ceil(wait)))
+      return {'kept_full', held .. ' ' .. string.format('%.0f', math.ceil(wait))}
     end
   end
   -- The fields every record has, in the order the caller's record lists them (submitted_fields:
   -- a record small enough to be kept compact is stored in the order written), named here; the
   -- others as the caller's name/value pairs.
-  local fields = {'message', message, 'list', list, 'model', model, 'created_at', created_at,
-                  'trace_id', trace_id, 'inputs', inputs}
+  local fields = {'status', 'queued', 'message', message, 'list', list, 'model', model,
+                  'created_at', created_at, 'trace_id', trace_id, 'inputs', inputs}
   for i = a + 16, a + nargs do fields[#fields + 1] = A[i] end
   local timeout = timeout_s ~= '0' and tonumber(timeout_s) or 0
   if timeout > 0 then

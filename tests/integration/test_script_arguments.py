@@ -14,7 +14,7 @@ import redis
 from bench.purposes import Monitor
 from scripts.processes import wait_until
 from tasks import job_lua, results
-from tasks.jobstate import Final, JobState, StartDecision, Status, new_job
+from tasks.jobstate import Final, JobState, Overloaded, StartDecision, Status, new_job
 from tasks.keys import PENDING_KEY, job_key
 from tasks.messages import QueuedMessage
 
@@ -79,10 +79,31 @@ def test_a_submit_sends_no_status_its_script_writes_first(state, redis_server, c
     ran = _monitored(redis_server.extra["admin_url"], clean_admin, lambda: _submitted(state))
     record = [words for words in ran if words[0] in ("hsetnx", "hset")
               and words[1].startswith("iq:job:")]
-    assert [w[:3] for w in record][0] == ["hsetnx", record[0][1], "status"]
-    written = record[1][2::2]
-    assert record[1][0] == "hset" and "status" not in written and "model" in written
+    assert [w[:4] for w in record] == [["hset", record[0][1], "status", "queued"]]
+    assert "model" in record[0][2::2]
     assert clean_admin.hget(record[0][1], "status") == "queued"
+
+
+def test_a_submit_writes_its_record_with_one_command_and_a_refusal_writes_none(
+        state, redis_server, clean_admin):
+    """The record is written by one HSET once every check has passed, its status first (not a
+    HSETNX that begins it and a HSET that adds the rest: a command a job more, and Redis
+    converting the one-field compact hash when the large values come); a resend finds it by
+    EXISTS and writes nothing; a refused submit (a full queue) leaves no record and runs no
+    DEL to take one back."""
+    ran = _monitored(redis_server.extra["admin_url"], clean_admin, lambda: _submitted(state))
+    record = next(w[1] for w in ran if w[0] == "exists")
+    assert record.startswith(job_key(""))
+    on_it = [w[0] for w in ran if len(w) > 1 and w[1] == record]
+    assert on_it == ["exists", "hset", "expire"], on_it
+    job = new_job(str(uuid.uuid4()), model="m", trace_id="t", inputs=1, priority="normal",
+                  token="tok")
+    ran = _monitored(redis_server.extra["admin_url"], clean_admin, lambda: pytest.raises(
+        Overloaded, state.submit, job, QueuedMessage("m", b"x" * 100), depth_lists=["m"],
+        max_depth=1, ttl_s=600))
+    assert [w[0] for w in ran if len(w) > 1 and w[1] == job_key(job.id)] == ["exists"]
+    assert not [w for w in ran if w[0] in ("del", "hsetnx")]
+    assert not clean_admin.exists(job_key(job.id))
 
 
 @pytest.mark.parametrize("script, calls", [
