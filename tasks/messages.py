@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import os
-import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
@@ -14,6 +13,7 @@ import orjson
 from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 
+from config.job_ids import uuid4_text
 from tasks import results
 from tasks.names import list_for
 
@@ -96,7 +96,7 @@ def task_message(app: Any, name: str, task_id: str, kwargs: Mapping[str, Any], *
             "delivery_info": {"exchange": "", "routing_key": queue},
             "priority": priority,
             "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
+            "delivery_tag": uuid4_text(),
         },
     }
     return QueuedMessage(list_for(queue, priority), orjson.dumps(payload), task_id)

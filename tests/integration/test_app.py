@@ -183,3 +183,20 @@ def test_a_submit_makes_no_generators_context_manager(api):
                    "contextlib.py", "helper")
     assert answers[0].status_code == 202
     assert count == 0, count
+
+
+def test_a_submit_builds_no_uuid_object(api):
+    """A submit's random ids (its job id, its trace id, its message's delivery tag) are made
+    as uuid.uuid4() makes them, without building a `uuid.UUID` (config/job_ids.py
+    uuid4_text), nor one to pack the id for the owner's index (tasks/keys.py owned_id)."""
+    import uuid
+
+    job = {"model": "echo", "inputs": ["a"]}
+    answers = []
+    count = _calls(lambda: answers.append(api.post("/v1/jobs", json=job)), "uuid.py")
+    body = answers[0].get_json()
+    assert answers[0].status_code == 202
+    assert str(uuid.UUID(body["id"])) == body["id"] and uuid.UUID(body["id"]).version == 4
+    trace = answers[0].headers["X-Request-ID"]
+    assert uuid.UUID(trace).hex == trace and uuid.UUID(trace).version == 4
+    assert count == 0, count
