@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import secrets
 import threading
 import time
 import uuid
@@ -23,7 +22,7 @@ from app.errors import Unavailable
 from app.gauge import Gauge
 from app.waiter import NoSlot, ResultWaiter, Slots
 from config import Settings
-from config.job_ids import new_job_id
+from config.job_ids import new_job_id, token_text
 from config.models import ModelSpec
 from tasks import redis_deadline, tracing
 from tasks.jobstate import CancelOutcome, JobRecord, JobState, Page, Status, new_job
@@ -186,7 +185,7 @@ class JobStore:
                          encoding_format=job.get("encoding_format", "float"),
                          webhook_url=hook["url"] if hook else "",
                          webhook_events=hook["events"] if hook else (),
-                         token=secrets.token_urlsafe(6), retry_of=retry_of)
+                         token=token_text(6), retry_of=retry_of)
         # The webhook's URL is kept in the record only (tasks/webhooks.py), not in the message.
         args = JobArgs(job["inputs"], job["options"], time.time(),
                        {"events": hook["events"]} if hook else None)

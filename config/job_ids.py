@@ -4,11 +4,13 @@ named group a UUID of version 8 (RFC 9562) whose first eight hex digits are its 
 (`group_tag`), the rest random. Nothing here imports Flask or torch."""
 from __future__ import annotations
 
+import base64
 import hashlib
-import os
 import secrets
 import uuid
 from typing import Mapping
+
+from config.process import random_bytes
 
 # uuid.UUID(version=4)'s bits: the version field 4, RFC 4122's variant.
 _V4_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))
@@ -16,10 +18,11 @@ _V4_SET = (0x8000 << 48) | (4 << 76)
 
 
 def uuid4_hex() -> str:
-    """`uuid.uuid4().hex`: the same 16 random bytes (os.urandom) with the same version and
-    variant bits, without building a `uuid.UUID`, whose checks cost ~2 µs each time; a
-    submit makes three (its job id, its trace id, its message's delivery tag)."""
-    return "%032x" % ((int.from_bytes(os.urandom(16), "big") & _V4_CLEAR) | _V4_SET)
+    """`uuid.uuid4().hex`: 16 random bytes of the kernel's source (as os.urandom; config/
+    process.py) with the same version and variant bits, without building a `uuid.UUID`, whose
+    checks cost ~2 µs each time; a submit makes three (its job id, its trace id, its message's
+    delivery tag)."""
+    return "%032x" % ((int.from_bytes(random_bytes(16), "big") & _V4_CLEAR) | _V4_SET)
 
 
 def uuid4_text() -> str:
@@ -31,6 +34,11 @@ def uuid4_text() -> str:
 def group_tag(name: str) -> str:
     """The eight hex digits that open the id of every job of group `name`."""
     return hashlib.sha256(f"iq-redis-group:{name}".encode()).hexdigest()[:8]
+
+
+def token_text(size: int) -> str:
+    """`secrets.token_urlsafe(size)`, of config/process.py's random bytes."""
+    return base64.urlsafe_b64encode(random_bytes(size)).rstrip(b"=").decode("ascii")
 
 
 def new_job_id(group: str = "") -> str:

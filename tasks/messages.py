@@ -5,7 +5,6 @@ webhook delivery need no kombu connection of their own."""
 from __future__ import annotations
 
 import base64
-import os
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
@@ -14,6 +13,7 @@ from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 
 from config.job_ids import uuid4_text
+from config.process import pid
 from tasks import results
 from tasks.names import list_for
 
@@ -66,8 +66,8 @@ def _origin_name() -> str:
     (`anon_nodename`, whose memoised host lookup takes a lock: gevent's, in the API), named
     once a process (a fork's child names its own)."""
     global _origin
-    if _origin[0] != os.getpid():
-        _origin = (os.getpid(), anon_nodename())
+    if _origin[0] != pid():
+        _origin = (pid(), anon_nodename())
     return _origin[1]
 
 

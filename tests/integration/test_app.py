@@ -200,3 +200,31 @@ def test_a_submit_builds_no_uuid_object(api):
     trace = answers[0].headers["X-Request-ID"]
     assert uuid.UUID(trace).hex == trace and uuid.UUID(trace).version == 4
     assert count == 0, count
+
+
+def test_submits_draw_random_bytes_from_the_kernel_a_block_at_a_time(api):
+    """A submit's random ids and token (four draws) come from config/process.py's block of
+    the kernel's random bytes, not a getrandom each: 3 submits (the queue's depth; ~160
+    bytes) draw at most one block of 4 KiB."""
+    import os
+
+    job = {"model": "echo", "inputs": ["a"]}
+    answers: list = []
+    draws = 0
+
+    def profile(frame, event, arg):
+        nonlocal draws
+        if event == "c_call" and arg is os.urandom:
+            draws += 1
+
+    import sys
+
+    sys.setprofile(profile)
+    try:
+        for _ in range(3):
+            answers.append(api.post("/v1/jobs", json=job))
+    finally:
+        sys.setprofile(None)
+    assert {r.status_code for r in answers} == {202}
+    assert len({r.get_json()["id"] for r in answers}) == 3
+    assert draws <= 1, draws
