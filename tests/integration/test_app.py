@@ -188,7 +188,8 @@ def test_a_submit_makes_no_generators_context_manager(api):
 def test_a_submit_builds_no_uuid_object(api):
     """A submit's random ids (its job id, its trace id, its message's delivery tag) are made
     as uuid.uuid4() makes them, without building a `uuid.UUID` (config/job_ids.py
-    uuid4_text), nor one to pack the id for the owner's index (tasks/keys.py owned_id)."""
+    uuid4_text), nor one to pack the id for the owner's index (tasks/keys.py owned_id), nor
+    one to read the job by its id."""
     import uuid
 
     job = {"model": "echo", "inputs": ["a"]}
@@ -196,6 +197,9 @@ def test_a_submit_builds_no_uuid_object(api):
     count = _calls(lambda: answers.append(api.post("/v1/jobs", json=job)), "uuid.py")
     body = answers[0].get_json()
     assert answers[0].status_code == 202
+    # nor a read of it: an id already canonical is taken as it is (app/store.py parse_job_id)
+    count += _calls(lambda: answers.append(api.get(body["url"])), "uuid.py")
+    assert answers[1].status_code == 200 and answers[1].get_json()["id"] == body["id"]
     assert str(uuid.UUID(body["id"])) == body["id"] and uuid.UUID(body["id"]).version == 4
     trace = answers[0].headers["X-Request-ID"]
     assert uuid.UUID(trace).hex == trace and uuid.UUID(trace).version == 4
