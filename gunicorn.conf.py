@@ -206,6 +206,13 @@ if not _folder or (os.path.basename(_folder).startswith(_OWN_METRICS)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(
         prefix=f"{_OWN_METRICS}{os.getpid()}-")
 
+# prometheus_client's multiprocess counters share one lock a process, made with the `Lock` its
+# values module took from `threading` when it was imported. Imported in the worker, after the
+# gevent worker patched `threading`, that is gevent's lock, Python code (~10 calls a counter
+# write; four writes a request). Imported here, in the master before it forks, it is the
+# interpreter's. No greenlet switches while holding it: a write puts a few bytes into an mmap.
+import prometheus_client.values  # noqa: E402,F401  (app/metrics.py makes the metrics)
+
 
 # The hand-over across a graceful reload (SIGHUP: a models reload's, app/reloading.py, or an
 # operator's). gunicorn's master starts the new processes and at once tells the old ones to stop

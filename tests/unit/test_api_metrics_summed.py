@@ -3,8 +3,11 @@ folder for every start): every family is exported as with one process, those not
 counted in yet included."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+
+import pytest
 
 from scripts.processes import ROOT
 
@@ -86,3 +89,37 @@ def test_a_count_asks_the_kernel_for_no_pid_and_a_fork_counts_in_its_own_file(tm
     assert 'iq_jobs_submitted_total{model="a"} 6.0' in text
     assert 'iq_http_requests_total{method="POST",route="/v1/jobs",status="202"} 5.0' in text
     assert 'iq_http_request_duration_seconds_count{method="POST",route="/v1/jobs"} 5.0' in text
+
+
+_PATCHED = """
+import os, runpy, sys
+if sys.argv[1] == "conf":
+    runpy.run_path("gunicorn.conf.py")  # what gunicorn's master reads before it forks
+from gevent import monkey
+monkey.patch_all()  # what the gevent worker does in each process, then it imports the app
+from app.metrics import ApiMetrics
+m = ApiMetrics(lambda: {}, lambda: 0, 5, lambda: (0, 0))
+child = m._counted("/v1/jobs", "POST", 202)
+child.inc()
+calls = []
+sys.setprofile(lambda frame, event, arg: calls.append(1) if event == "call"
+               and "gevent" in frame.f_code.co_filename else None)
+for _ in range(10):
+    child.inc()
+sys.setprofile(None)
+print(len(calls))
+"""
+
+
+@pytest.mark.parametrize("master, gevent_calls", [("conf", 0), ("none", 10)])
+def test_a_count_takes_the_interpreters_lock_not_geventss(tmp_path, master, gevent_calls):
+    """gunicorn.conf.py imports prometheus_client's values module in the master, before the
+    gevent worker patches `threading`: the counters' lock is the interpreter's, not gevent's
+    Python lock (one call into gevent a write, imported after the patch)."""
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "TMPDIR": str(tmp_path),
+           "PYTHONPATH": str(ROOT), "PATH": os.environ["PATH"]}
+    if master == "conf":
+        del env["PROMETHEUS_MULTIPROC_DIR"]  # gunicorn.conf.py makes its own, under TMPDIR
+    out = subprocess.run([sys.executable, "-c", _PATCHED, master], cwd=ROOT, check=True,
+                         capture_output=True, text=True, env=env).stdout
+    assert out.split() == [str(gevent_calls)]
