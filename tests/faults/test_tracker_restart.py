@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import psutil
@@ -51,10 +52,11 @@ def all_sems(worker: psutil.Process) -> set[str]:
     return sem_names(worker.pid).union(*(sem_names(p.pid) for p in worker.children()))
 
 
-def replaced(worker: psutil.Process, old: psutil.Process) -> psutil.Process:
-    """The tracker started in place of `old`, by the worker's check alone."""
+def replaced(worker: psutil.Process, old: psutil.Process, killed_at: float) -> psutil.Process:
+    """The tracker started in place of `old`, killed at `killed_at` (monotonic)."""
     wait_until(lambda: tracker_of(worker) not in (None, old), REPLACED_S,
-               f"a tracker in place of the killed {old.pid}")
+               f"a tracker in place of the killed {old.pid}", interval=0.05)
+    print(f"tracker replaced {time.monotonic() - killed_at:.1f} s after its kill")
     return tracker_of(worker)
 
 
@@ -93,9 +95,10 @@ def test_each_killed_tracker_is_reaped_and_replaced_under_load(stack):
         old = tracker_of(worker)
         assert old is not None
         killed.append(old.pid)
+        killed_at = time.monotonic()
         old.kill()
         pool_children(worker)[0].kill()
-        replaced(worker, old)
+        replaced(worker, old, killed_at)
         stack.finished(stack.submit("slow", ["probe"])["id"])
         seen |= all_sems(worker)
     wait_until(watch.all_terminal, 120, "every job terminal")
@@ -117,9 +120,9 @@ def test_a_worker_killed_after_its_tracker_leaves_no_semaphore(stack):
     assert stack.finished(stack.submit("slow", ["warm"])["id"])["status"] == "succeeded"
     names = all_sems(worker)
     assert names
-    old = tracker_of(worker)
+    old, killed_at = tracker_of(worker), time.monotonic()
     old.kill()
-    new = replaced(worker, old)
+    new = replaced(worker, old, killed_at)  # by the worker's check alone: nothing registered
     assert old.pid not in zombies(worker)
     children = pool_children(worker) + [new]
     worker.kill()
@@ -136,9 +139,9 @@ def test_a_sighup_after_the_tracker_was_killed_leaves_no_semaphore(stack):
     worker = psutil.Process(stack.workers["w"].proc.pid)
     assert stack.finished(stack.submit("slow", ["warm"])["id"])["status"] == "succeeded"
     seen = all_sems(worker)
-    old = tracker_of(worker)
+    old, killed_at = tracker_of(worker), time.monotonic()
     old.kill()
-    replaced(worker, old)
+    replaced(worker, old, killed_at)
     watch = Watch(stack)
     accepted = submit_load(stack, watch, count=40)
     os.kill(worker.pid, signal.SIGHUP)
