@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import billiard
@@ -214,3 +215,23 @@ def test_install_puts_it_where_billiards_semaphores_register(monkeypatch):
 def _reap():
     yield
     wait_until(lambda: not trackers(), 10, "the test's trackers to exit")
+
+
+def test_the_pool_looks_at_its_tracker_on_the_event_loop_once_however_often_registered():
+    """The worker's loop registers the pool again at each reconnect: one repeating check,
+    every CHECK_EVERY_S, the last one set."""
+    from kombu.asynchronous import Hub
+
+    from workers.broker.pool import TaskPool
+
+    pool = TaskPool.__new__(TaskPool)  # as Celery's loop sees it once started
+    pool._pool = object()  # no loop handlers of its own here
+    pool.sem_tracker = RestartingTracker()
+    hub = Hub()
+    for _ in range(3):
+        pool.register_with_event_loop(hub)
+    live = [s for s in hub.timer.queue if not s.entry.canceled]
+    assert len(live) == 1
+    assert live[0].entry.fun.__wrapped__ == pool.sem_tracker.check
+    assert abs(live[0].eta - (time.monotonic() + tracker_module.CHECK_EVERY_S)) < 1
+    hub.close()
