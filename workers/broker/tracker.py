@@ -70,7 +70,7 @@ class RestartingTracker(SemaphoreTracker):
 
     def __init__(self, fd: int | None = None) -> None:
         super().__init__()
-        self._lock = threading.RLock()  # billiard's Lock: a finalizer may send within a send
+        self._lock = threading.RLock()  # for billiard's Lock: a send within a send (a finalizer)
         self._fd = fd  # the running tracker's pipe, when there is one already
         self._pid: int | None = None  # its pid, when this started it (not one taken over)
         self._exiting: set[int] = set()  # trackers gone from the pipe, not yet reaped
@@ -119,7 +119,8 @@ class RestartingTracker(SemaphoreTracker):
 
     def _write(self, line: str) -> None:
         msg = line.encode("ascii")
-        assert os.write(self._fd, msg) == len(msg)
+        written = os.write(self._fd, msg)
+        assert written == len(msg)  # a pipe takes a write under PIPE_BUF whole
 
     def check(self) -> None:
         """The worker's look at its tracker (every `CHECK_EVERY_S`): a tracker that exited is
