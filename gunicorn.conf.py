@@ -136,22 +136,33 @@ class OneSend:
         if head is not None:
             self._head = None
             if not flags and len(data) <= self.JOINED:
-                return self.client.sendall(head + data)
-            self.client.sendall(head)
+                return self._whole(head + data)
+            self._whole(head)
         elif self._fresh and not flags and data[:5] == b"HTTP/":
             if data[8:10] == b" 1":  # an interim answer: its client may be waiting for it
-                return self.client.sendall(data)
+                return self._whole(data)
             self._fresh = False
             if b"\r\nTransfer-Encoding: chunked\r\n" not in data:
                 self._head = bytes(data)
                 return None
         self._fresh = False
-        return self.client.sendall(data, *flags)
+        if flags:
+            return self.client.sendall(data, *flags)
+        return self._whole(data)
+
+    def _whole(self, data) -> None:
+        """`sendall(data)`, tried first as one `send`: an answer is far smaller than the
+        socket's buffer, and gevent's `sendall` asks the kernel for that buffer's size
+        (a getsockopt) and runs its send loop for each call. What one send leaves goes
+        by `sendall`, as before."""
+        sent = self.client.send(data)
+        if sent < len(data):
+            self.client.sendall(memoryview(data)[sent:])
 
     def flush(self) -> None:
         head, self._head, self._fresh = self._head, None, False
         if head is not None:
-            self.client.sendall(head)
+            self._whole(head)
 
     def __getattr__(self, name):
         # The held head first. Nothing held yet (gunicorn's 100 Continue goes by `send`
@@ -206,6 +217,13 @@ if not _folder or (os.path.basename(_folder).startswith(_OWN_METRICS)
                    and not _own_metrics_folder(_folder)):
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(
         prefix=f"{_OWN_METRICS}{os.getpid()}-")
+
+# prometheus_client's multiprocess counters share one lock a process, made with the `Lock` its
+# values module took from `threading` when it was imported. Imported in the worker, after the
+# gevent worker patched `threading`, that is gevent's lock, Python code (~10 calls a counter
+# write; four writes a request). Imported here, in the master before it forks, it is the
+# interpreter's. No greenlet switches while holding it: a write puts a few bytes into an mmap.
+import prometheus_client.values  # noqa: E402,F401  (app/metrics.py makes the metrics)
 
 
 # The hand-over across a graceful reload (SIGHUP: a models reload's, app/reloading.py, or an

@@ -15,8 +15,10 @@ from typing import Callable
 
 from flask import Flask, Response, g, request
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram,
-                               generate_latest)
+                               generate_latest, values)
 from prometheus_client.core import GaugeMetricFamily
+
+from config.process import pid
 
 # Every label takes a value from a fixed set: a made-up method is "other", a path that matches
 # no route is "unmatched", so that no client can grow the series.
@@ -70,9 +72,23 @@ class WaitingCollector:
                                 "parks at once", value=self.cap)
 
 
+def _pid_kept_in_process() -> None:
+    """In multiprocess mode prometheus_client checks at each counter write whether the process
+    has forked (its `process_identifier`, `os.getpid` by default: a system call, four a job).
+    It is given config/process.py's pid instead, the same value, set anew in a forked child
+    before any of its code runs. The metrics made after this (every one of ApiMetrics's: their
+    labelled children are made at their first use) write through it; the files, their names
+    and what a scrape reads are as before."""
+    if getattr(values.ValueClass, "_multiprocess", False) and \
+            getattr(values.ValueClass, "_iq_pid", None) is not pid:
+        values.ValueClass = values.MultiProcessValue(process_identifier=pid)
+        values.ValueClass._iq_pid = pid
+
+
 class ApiMetrics:
     def __init__(self, depths: Callable[[], dict[str, int]], waiting: Callable[[], int],
                  max_waits: int, kept: Callable[[], tuple[int, int]]) -> None:
+        _pid_kept_in_process()
         self.registry = CollectorRegistry()
         self.requests = Counter("iq_http_requests_total", "HTTP requests",
                                 ["route", "method", "status"], registry=self.registry)

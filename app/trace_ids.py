@@ -5,10 +5,10 @@ response."""
 from __future__ import annotations
 
 import re
-import uuid
 
 from flask import Flask, g, request
 
+from config.job_ids import uuid4_hex
 from tasks import tracing
 from tasks.logs import trace_id_var
 
@@ -20,7 +20,7 @@ def init_app(app: Flask) -> None:
     def _trace_id() -> None:
         given = request.headers.get("X-Request-ID", "")
         trace_id = tracing.current_trace_id() or (
-            given if _TRACE_ID.match(given) else uuid.uuid4().hex)
+            given if _TRACE_ID.match(given) else uuid4_hex())
         values = g._get_current_object()  # one look-up of the request's `g`, not three
         values.trace_id = trace_id
         values.trace_token = trace_id_var.set(trace_id)  # reset when the request ends

@@ -4,10 +4,31 @@ named group a UUID of version 8 (RFC 9562) whose first eight hex digits are its 
 (`group_tag`), the rest random. Nothing here imports Flask or torch."""
 from __future__ import annotations
 
+import base64
 import hashlib
 import secrets
 import uuid
 from typing import Mapping
+
+from config.process import random_bytes
+
+# uuid.UUID(version=4)'s bits: the version field 4, RFC 4122's variant.
+_V4_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))
+_V4_SET = (0x8000 << 48) | (4 << 76)
+
+
+def uuid4_hex() -> str:
+    """`uuid.uuid4().hex`: 16 random bytes of the kernel's source (as os.urandom; config/
+    process.py) with the same version and variant bits, without building a `uuid.UUID`, whose
+    checks cost ~2 µs each time; a submit makes three (its job id, its trace id, its message's
+    delivery tag)."""
+    return "%032x" % ((int.from_bytes(random_bytes(16), "big") & _V4_CLEAR) | _V4_SET)
+
+
+def uuid4_text() -> str:
+    """`str(uuid.uuid4())`, as `uuid4_hex`."""
+    h = uuid4_hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def group_tag(name: str) -> str:
@@ -15,10 +36,15 @@ def group_tag(name: str) -> str:
     return hashlib.sha256(f"iq-redis-group:{name}".encode()).hexdigest()[:8]
 
 
+def token_text(size: int) -> str:
+    """`secrets.token_urlsafe(size)`, of config/process.py's random bytes."""
+    return base64.urlsafe_b64encode(random_bytes(size)).rstrip(b"=").decode("ascii")
+
+
 def new_job_id(group: str = "") -> str:
     """A new job id of `group` ("" : the default group's, a random UUID as always)."""
     if not group:
-        return str(uuid.uuid4())
+        return uuid4_text()
     value = (int(group_tag(group), 16) << 96) | secrets.randbits(96)
     value = (value & ~(0xF << 76)) | (0x8 << 76)  # version 8
     value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 9562's variant

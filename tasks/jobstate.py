@@ -55,7 +55,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import orjson
 import redis
@@ -489,11 +489,14 @@ class JobState:
     long a job that did not succeed keeps its request for a retry (0: none is kept);
     `ttl_s`: how long records live (job_ttl_s), which the indexes follow. `group_submits`:
     submits made within requests while one is on its way to Redis go together in the next
-    script call (tasks/group_commit.py; an API process's), but those that wait for replicas."""
+    script call (tasks/group_commit.py; an API process's), but those that wait for replicas;
+    `gather_submits`: what lets the requests already runnable reach their submit before a group
+    goes (the group commit's `gather`; None: nothing)."""
     client: redis.Redis
     keep_s: int = 0
     ttl_s: int = 86_400
     group_submits: bool = False
+    gather_submits: Callable[[], None] | None = None
     _scripts: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
     _grouped: GroupCommit | None = field(default=None, init=False, repr=False)
 
@@ -501,7 +504,8 @@ class JobState:
         for name, text in job_lua.SCRIPTS.items():
             self._scripts[name] = self.client.register_script(text)
         if self.group_submits:
-            self._grouped = GroupCommit(self._submit_many, most=SUBMIT_GROUP_MOST)
+            self._grouped = GroupCommit(self._submit_many, most=SUBMIT_GROUP_MOST,
+                                        gather=self.gather_submits)
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
              ttl_s: int | None = None) -> Any:
@@ -551,7 +555,7 @@ class JobState:
                            "" if kept_quota is None else kept_quota, job.owner, size,
                            owned_id(job.id)]
         fields = job.submitted_fields()
-        # Status, the script's HSETNX writes (`queued`), first; the fields every record has
+        # Status, the script writes (`queued`), first; the fields every record has
         # by value alone (the script names them), in their order; the others by name and value.
         args += [fields.pop(name) for name in _SUBMIT_NAMED]
         del fields["status"]

@@ -5,8 +5,6 @@ webhook delivery need no kombu connection of their own."""
 from __future__ import annotations
 
 import base64
-import os
-import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
@@ -14,6 +12,8 @@ import orjson
 from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 
+from config.job_ids import uuid4_text
+from config.process import pid
 from tasks import results
 from tasks.names import list_for
 
@@ -66,8 +66,8 @@ def _origin_name() -> str:
     (`anon_nodename`, whose memoised host lookup takes a lock: gevent's, in the API), named
     once a process (a fork's child names its own)."""
     global _origin
-    if _origin[0] != os.getpid():
-        _origin = (os.getpid(), anon_nodename())
+    if _origin[0] != pid():
+        _origin = (pid(), anon_nodename())
     return _origin[1]
 
 
@@ -96,7 +96,7 @@ def task_message(app: Any, name: str, task_id: str, kwargs: Mapping[str, Any], *
             "delivery_info": {"exchange": "", "routing_key": queue},
             "priority": priority,
             "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
+            "delivery_tag": uuid4_text(),
         },
     }
     return QueuedMessage(list_for(queue, priority), orjson.dumps(payload), task_id)

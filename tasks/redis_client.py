@@ -230,7 +230,9 @@ class HiredisPacker(HiredisRespSerializer):
     name that is not one word of letters is redis-py's to split: it splits a name on any
     whitespace (`CLIENT SETNAME` is two words, and so it is with a tab for the space).
     An argument of a type neither takes is refused with redis-py's own words, which name its
-    type (hiredis's do not)."""
+    type (hiredis's do not); so is a subclass of int (an IntEnum, an IntFlag), which hiredis
+    refuses, as it does under redis-py's own hiredis packer, where redis-py's encoder would
+    send its repr (`<Level.LOW: 1>`)."""
 
     _ENCODER = Encoder("utf-8", "strict", False)
 
@@ -248,6 +250,10 @@ class HiredisPacker(HiredisRespSerializer):
                     self._ENCODER.encode(arg)
                 except redis.DataError as named:
                     raise named from exc
+                if isinstance(arg, int) and type(arg) is not int:  # an IntEnum, an IntFlag
+                    raise redis.DataError(
+                        f"Invalid input of type: '{type(arg).__name__}' ({arg!r}): hiredis "
+                        "packs no subclass of int. Convert to an int first.") from exc
             raise
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import prometheus_client.values  # noqa: F401  (before any test runs gunicorn.conf.py: below)
 import pytest
 
 from tests.support.models import (MINILM_PACKAGE, VISION_LABELS, VISION_PREPROCESS,
@@ -14,6 +15,13 @@ from tests.support.models import (MINILM_PACKAGE, VISION_LABELS, VISION_PREPROCE
 from tests.support.parallel import (pytest_collection_modifyitems,  # noqa: F401
                                     pytest_runtest_protocol)  # noqa: F401
 from scripts.stack import Stack, launch, start_redis
+
+# prometheus_client's values module picks its kind of value once, when it is imported: the
+# multiprocess kind if PROMETHEUS_MULTIPROC_DIR is set then. gunicorn.conf.py sets it and
+# imports the module, as gunicorn's master must; a test that runs that file in this process
+# (tests/unit/test_one_send.py, test_web_workers.py) before anything else imported the module
+# would leave the whole process in multiprocess mode without a folder, and each later test of
+# the app would fail on its first count. Imported here first, the file's import is a no-op.
 
 
 def build_torchscript_model(path: Path) -> Path:

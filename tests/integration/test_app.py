@@ -183,3 +183,52 @@ def test_a_submit_makes_no_generators_context_manager(api):
                    "contextlib.py", "helper")
     assert answers[0].status_code == 202
     assert count == 0, count
+
+
+def test_a_submit_builds_no_uuid_object(api):
+    """A submit's random ids (its job id, its trace id, its message's delivery tag) are made
+    as uuid.uuid4() makes them, without building a `uuid.UUID` (config/job_ids.py
+    uuid4_text), nor one to pack the id for the owner's index (tasks/keys.py owned_id), nor
+    one to read the job by its id."""
+    import uuid
+
+    job = {"model": "echo", "inputs": ["a"]}
+    answers = []
+    count = _calls(lambda: answers.append(api.post("/v1/jobs", json=job)), "uuid.py")
+    body = answers[0].get_json()
+    assert answers[0].status_code == 202
+    # nor a read of it: an id already canonical is taken as it is (app/store.py parse_job_id)
+    count += _calls(lambda: answers.append(api.get(body["url"])), "uuid.py")
+    assert answers[1].status_code == 200 and answers[1].get_json()["id"] == body["id"]
+    assert str(uuid.UUID(body["id"])) == body["id"] and uuid.UUID(body["id"]).version == 4
+    trace = answers[0].headers["X-Request-ID"]
+    assert uuid.UUID(trace).hex == trace and uuid.UUID(trace).version == 4
+    assert count == 0, count
+
+
+def test_submits_draw_random_bytes_from_the_kernel_a_block_at_a_time(api):
+    """A submit's random ids and token (four draws) come from config/process.py's block of
+    the kernel's random bytes, not a getrandom each: 3 submits (the queue's depth; ~160
+    bytes) draw at most one block of 4 KiB."""
+    import os
+
+    job = {"model": "echo", "inputs": ["a"]}
+    answers: list = []
+    draws = 0
+
+    def profile(frame, event, arg):
+        nonlocal draws
+        if event == "c_call" and arg is os.urandom:
+            draws += 1
+
+    import sys
+
+    sys.setprofile(profile)
+    try:
+        for _ in range(3):
+            answers.append(api.post("/v1/jobs", json=job))
+    finally:
+        sys.setprofile(None)
+    assert {r.status_code for r in answers} == {202}
+    assert len({r.get_json()["id"] for r in answers}) == 3
+    assert draws <= 1, draws

@@ -172,3 +172,39 @@ def test_any_other_use_of_the_socket_sends_the_head_first(conf):
     assert client.sent == [b"HTTP/1.1 200 OK\r\n\r\n", b"<file>"]
     out.close()
     assert client.closed and out.client is client
+
+
+class Counted(Recorder):
+    """A client socket whose `send` takes at most `room` bytes a call, as a full buffer
+    does, and that tells `send` calls from `sendall` ones."""
+
+    def __init__(self, room: int = 1 << 30) -> None:
+        super().__init__()
+        self.room, self.calls = room, []
+
+    def send(self, data, *flags) -> int:
+        self.calls.append("send")
+        taken = bytes(data[:self.room])
+        self.sent.append(taken)
+        return len(taken)
+
+    def sendall(self, data, *flags) -> None:
+        self.calls.append("sendall")
+        super().sendall(data, *flags)
+
+
+def test_an_answer_goes_by_one_send_not_sendall(conf):
+    """gevent's `sendall` asks the kernel for the socket's buffer size (a getsockopt) and
+    runs its send loop for each call; an answer that one `send` takes costs neither."""
+    client = answer(conf, app_of("201 Created", [b'{"id": "1"}']), client=Counted())
+    assert client.calls == ["send"]
+    assert client.sent[0].endswith(b"\r\n\r\n" + b'{"id": "1"}')
+
+
+def test_what_one_send_leaves_goes_by_sendall(conf):
+    body = b"x" * 5000
+    client = answer(conf, app_of("200 OK", [body]), client=Counted(room=1000))
+    assert client.calls == ["send", "sendall"]
+    whole = b"".join(client.sent)
+    assert whole.startswith(b"HTTP/1.1 200 OK\r\n") and whole.endswith(b"\r\n\r\n" + body)
+    assert len(client.sent[0]) == 1000

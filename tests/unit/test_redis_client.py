@@ -1,9 +1,14 @@
 """The API's Redis retries are bounded by its deadline (fake clock): a dropped connection is
-retried while the call is younger than the deadline, a timeout never."""
+retried while the call is younger than the deadline, a timeout never; and the hiredis
+command packer packs as redis-py does, naming the type of an argument it refuses."""
 from __future__ import annotations
+
+import enum
+import re
 
 import pytest
 import redis
+from redis.connection import Encoder, PythonRespSerializer
 
 from tasks import redis_client
 from tasks.redis_client import DeadlineRetry
@@ -131,3 +136,49 @@ def test_every_client_packs_with_it(deadline_s):
                                   max_connections=4, deadline_s=deadline_s)
     connection = client.connection_pool.make_connection()
     assert connection._command_packer is redis_client.COMMAND_PACKER
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+
+
+class Flag(enum.IntFlag):
+    ON = 1
+
+
+class Count(int):
+    pass
+
+
+# redis-py's pure-Python packer, whose bytes hiredis's must be (s6-attack1).
+PYTHON_PACKER = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
+SAME = [("GET", "k"), ("get", "k"), ("CONFIG GET", "x"), ("CONFIG\tGET", "x"),
+        ("CONFIG\nGET", "x"), (" GET", "k"), ("GET ", "k"), ("ÉCHO", "x"), ("ＧＥＴ", "k"),
+        ("", "k"), ("FT.SEARCH", "i"), (b"GET", "k"), (b"CONFIG GET", "x"),
+        (bytearray(b"GET"), "k"), ("SET", "k", 1.5), ("SET", "k", 1e100),
+        ("SET", "k", float("inf")), ("SET", "k", -0.0), ("SET", "k", 0.1), ("SET", "k", 2**70),
+        ("SET", "k", "é"), ("SET", "k", bytearray(b"v")), ("SET", "k", memoryview(b"v")),
+        ("GET",)]
+
+
+def shown(args: tuple) -> str:
+    """A test id the same in every process (a memoryview's repr holds its address)."""
+    return ", ".join(f"memoryview({bytes(a)!r})" if isinstance(a, memoryview) else repr(a)
+                     for a in args)
+
+
+@pytest.mark.skipif(redis_client.COMMAND_PACKER is None, reason="hiredis is not installed")
+@pytest.mark.parametrize("args", SAME, ids=shown)
+def test_the_same_bytes_as_redis_pys_python_packer(args):
+    assert b"".join(map(bytes, redis_client.COMMAND_PACKER.pack(*args))) == b"".join(
+        map(bytes, PYTHON_PACKER.pack(*args)))
+
+
+@pytest.mark.skipif(redis_client.COMMAND_PACKER is None, reason="hiredis is not installed")
+@pytest.mark.parametrize("value", [Level.LOW, Flag.ON, Count(3)], ids=repr)
+def test_a_subclass_of_int_hiredis_refuses_is_named_with_its_value(value):
+    """redis-py's encoder takes it (an IntEnum as its repr, `<Level.LOW: 1>`); hiredis, and
+    redis-py's own hiredis packer, refuse it, in words that name no type."""
+    name = type(value).__name__
+    with pytest.raises(redis.DataError, match=f"type: '{name}' \\({re.escape(repr(value))}\\)"):
+        redis_client.COMMAND_PACKER.pack("SET", "k", value)

@@ -9,7 +9,8 @@ runs (`worker_pool`, and in place of `-P prefork`: workers/broker/attach.py's `a
   (`_write_at_once`);
 * is grown no further than the GPUs (`TaskPool.cap_children`);
 * is not flushed on a reconnect (`TaskPool.keep_every_batch`);
-* starts billiard's semaphore tracker again should it be gone (workers/broker/tracker.py);
+* starts billiard's semaphore tracker again should it be gone, looking at it every few
+  seconds on the event loop (workers/broker/tracker.py, `TaskPool.register_with_event_loop`);
 
 * tells a reload before it starts children in place of those that exited
   (`before_children_start`), so that a failed reload's pin is undone first;
@@ -238,14 +239,31 @@ class TaskPool(prefork.TaskPool):
     #: Most children (one per GPU); None: no limit (a CPU-only host).
     max_children: int | None = None
 
+    #: billiard's semaphore tracker, started again when it is gone (workers/broker/tracker.py).
+    sem_tracker: tracker.RestartingTracker | None = None
+    _tracker_check: Any = None
+
     def on_start(self) -> None:
-        tracker.install()  # before the pool's first child starts billiard's tracker
+        self.sem_tracker = tracker.install()  # before the first child starts billiard's tracker
         super().on_start()
         # Celery's on_start hands out the inner pool's methods as this object's: `grow` (as
         # `control pool_grow` and autoscale call it) and `flush` (as a reconnect calls it).
         self._grow = self.grow
         self.grow = self.grow_within_cap
         self.flush = self.keep_every_batch
+
+    def register_with_event_loop(self, loop: Any) -> Any:
+        """Celery's, and the tracker looked at every `CHECK_EVERY_S` on the event loop, so
+        that one that died is replaced then, not only at the next registration. The loop
+        registers the pool again at each reconnect, having cancelled the timers it set up
+        (celery/worker/loops.py): the last entry is cancelled and set again, one at a time."""
+        out = super().register_with_event_loop(loop)
+        if self.sem_tracker is not None:
+            if self._tracker_check is not None:
+                self._tracker_check.cancel()
+            self._tracker_check = loop.call_repeatedly(tracker.CHECK_EVERY_S,
+                                                       self.sem_tracker.check)
+        return out
 
     def cap_children(self, children: int) -> None:
         """children_per_gpu pool children per GPU (workers/child/devices.py pool_children): growing

@@ -15,6 +15,7 @@ from types import ModuleType
 
 from billiard.pool import Pool as BilliardPool
 from billiard import semaphore_tracker
+from billiard import util as billiard_util
 from billiard.process import BaseProcess
 from billiard.semaphore_tracker import SemaphoreTracker
 from celery.concurrency import prefork
@@ -142,7 +143,9 @@ READ: tuple[Name, ...] = (
     Name(BaseProcess, "_is_alive", ("self",)),
     Name(BaseProcess, "terminate_controlled", ("self",)),
     Name(SemaphoreTracker, "_fd"),
+    Name(SemaphoreTracker, "_lock"),
     Name(semaphore_tracker, "_semaphore_tracker"),
+    Name(billiard_util, "_args_from_interpreter_flags", ()),
 )
 
 
