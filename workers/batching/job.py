@@ -1,0 +1,180 @@
+"""A job as the worker's main process holds it: `Job`, the few fields a batch needs (its id,
+task, headers read once, decoded body, message), not a Celery `Request` built a message.
+
+Celery's books hold the `Job` itself (`worker_state.requests`, `reserved_requests`,
+`active_requests`), so its own remote-control commands (`inspect reserved`, `active`,
+`query_task`, `revoke`, `stats`) find it under Celery's names; what they ask of it that a
+`Job` does not answer (`info`, `terminate`, `send_event`, `on_success` on a failure...) goes
+to the job's Celery `Request`, built then, once, from the same message (`Job.request`). The
+common path, a job fetched, batched, run and succeeded, builds none: its events are sent from
+the `Job` (workers/broker/events.py `send_task_events`), its acknowledgement goes through the
+worker's leases, a batch's together (workers/batching/settlement.py).
+
+A message that asks for more of Celery than a batch needs (an `eta`, an `expires`, a time
+limit, a `shadow` name, protocol 1, a body the worker did not decode itself) gets its Request
+at once, at intake: its reading and its refusals are Celery's, as before."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from celery.exceptions import InvalidTaskError
+from celery.worker import state as worker_state
+from celery.worker.request import Request
+
+#: Headers that only Celery's `Request` reads as they must be read: a message with any of them
+#: set gets its Request at intake.
+_CELERYS = ("eta", "expires", "timelimit", "shadow")
+
+
+class SummaryRequest(Request):
+    """A job's Celery request, which shows inspectors what its task events show: the
+    message's argsrepr and kwargsrepr (the job's summary, tasks/messages.py), never the
+    arguments themselves. Celery's own `info` gives the real kwargs, the job's inputs, to
+    `inspect reserved`, `query_task` and `active` (Flower's worker page among them)."""
+
+    def info(self, safe: bool = False) -> dict[str, Any]:
+        return super().info(safe=True)
+
+
+#: Counts the Requests built (a test's, and a profile's, view of how rare they are).
+built = [0]
+
+
+class Job:
+    """One job held by the worker's main process. `make(job)` builds its Celery Request (the
+    strategy's: the message, the body and headers as decoded, and what it fixes); `settle
+    (message, requeue)` acknowledges or requeues its message (the settlement's)."""
+
+    __slots__ = ("message", "id", "name", "headers", "kwargs", "body", "task", "_make",
+                 "_settle", "_request", "_acknowledged", "_worker_pid", "_time_start",
+                 "__weakref__")
+
+    def __init__(self, message: Any, headers: dict, body: Any, task: Any,
+                 make: Callable[[Job], Request], settle: Callable[[Any, bool], None]) -> None:
+        self.message = message
+        self.headers = headers
+        self.body = body
+        self.task = task
+        self._make = make
+        self._settle = settle
+        self._request: Request | None = None
+        self._acknowledged = False
+        self._worker_pid: int | None = None
+        self._time_start: float | None = None
+        try:
+            self.id = headers["id"]
+            self.name = headers["task"]
+            _args, self.kwargs, _embed = body
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidTaskError(f"unreadable task message: {exc!r}") from exc
+
+    @classmethod
+    def light(cls, headers: dict) -> bool:
+        """Whether a protocol 2 message with these headers may go without its Request."""
+        return not any(headers.get(name) for name in _CELERYS)
+
+    # -- the Request, built where something asks for it ---------------------------------
+    @property
+    def request(self) -> Request:
+        request = self._request
+        if request is None:
+            request = self._request = self._make(self)
+            built[0] += 1
+            if self._acknowledged:
+                request.acknowledged = True
+            request.worker_pid, request.time_start = self._worker_pid, self._time_start
+        return request
+
+    def __getattr__(self, name: str) -> Any:
+        """What only Celery's Request answers (`info`, `revoked`, `terminate`, `send_event`,
+        `on_success`, `reject`, ...). A call that ends the job in Celery's books (its
+        `task_ready`, which takes it off them by id) takes this Job off them too."""
+        if name.startswith("__") or name in Job.__slots__:  # not set yet
+            raise AttributeError(name)
+        found = getattr(self.request, name)
+        if not callable(found):
+            return found
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return found(*args, **kwargs)
+            finally:
+                self._sync_books()
+        return call
+
+    def _sync_books(self) -> None:
+        if worker_state.requests.get(self.id) is not self:
+            worker_state.reserved_requests.discard(self)
+            worker_state.active_requests.discard(self)
+
+    # -- what a batch reads ---------------------------------------------------------------
+    @property
+    def request_dict(self) -> dict:
+        """The job's headers (BatchJob.of reads its trace and token from them)."""
+        return self.headers if self._request is None else self._request.request_dict
+
+    @property
+    def delivery_info(self) -> dict:
+        return {"priority": (self.message.properties or {}).get("priority")}
+
+    @property
+    def expires(self) -> Any:
+        return None if self._request is None else self._request.expires
+
+    @property
+    def argsrepr(self) -> str:
+        return self.headers.get("argsrepr", "")
+
+    @property
+    def kwargsrepr(self) -> str:
+        return self.headers.get("kwargsrepr", "")
+
+    @property
+    def root_id(self) -> Any:
+        return self.headers.get("root_id")
+
+    @property
+    def parent_id(self) -> Any:
+        return self.headers.get("parent_id")
+
+    # -- what Celery's books and the settlement write ---------------------------------------
+    @property
+    def acknowledged(self) -> bool:
+        return self._acknowledged if self._request is None else self._request.acknowledged
+
+    @acknowledged.setter
+    def acknowledged(self, value: bool) -> None:
+        self._acknowledged = value
+        if self._request is not None:
+            self._request.acknowledged = value
+
+    @property
+    def worker_pid(self) -> int | None:
+        return self._worker_pid if self._request is None else self._request.worker_pid
+
+    @worker_pid.setter
+    def worker_pid(self, value: int | None) -> None:
+        self._worker_pid = value
+        if self._request is not None:
+            self._request.worker_pid = value
+
+    @property
+    def time_start(self) -> float | None:
+        return self._time_start if self._request is None else self._request.time_start
+
+    @time_start.setter
+    def time_start(self, value: float | None) -> None:
+        self._time_start = value
+        if self._request is not None:
+            self._request.time_start = value
+
+    def acknowledge(self) -> None:
+        """What `Request.acknowledge` does, through the settlement's `settle`."""
+        if self._request is not None:
+            self._request.acknowledge()
+        elif not self._acknowledged:
+            self._settle(self.message, False)
+            self._acknowledged = True
+
+    def __repr__(self) -> str:
+        return f"<Job: {self.name}[{self.id}]>"
