@@ -203,3 +203,9 @@ class DispatcherStep(bootsteps.StartStopStep):
             dispatcher.settlement.give_back_unstored()
 
     shutdown = close
+
+    def info(self, c: Any) -> dict[str, Any]:
+        """Into `celery inspect stats` (Celery's `WorkController.stats` asks each consumer
+        step): the Celery Requests this worker built, one only for a job that asked for more
+        than a batch reads (workers/batching/job.py)."""
+        return {"iq": {"requests_built": SummaryRequest.built}}
