@@ -44,16 +44,19 @@ class SummaryRequest(Request):
 
 class Job:
     """One job held by the worker's main process. `make(job)` builds its Celery Request (the
-    strategy's: the message, the body and headers as decoded, and what it fixes); `settle
-    (message, requeue)` acknowledges or requeues its message (the settlement's)."""
+    strategy's: the message, the body and headers as decoded, the job's `eventer`, and what
+    it fixes); `settle(message, requeue)` acknowledges or requeues its message (the
+    settlement's). What Celery sets on a reserved or active request (`eventer`,
+    `acknowledged`, `worker_pid`, `time_start`) is the job's, and its Request's once built."""
 
     __slots__ = ("message", "id", "name", "headers", "kwargs", "body", "task", "_make",
                  "_settle", "_request", "_acknowledged", "_worker_pid", "_time_start",
-                 "__weakref__")
+                 "_eventer", "__weakref__")
 
-    def __init__(self, message: Any, headers: dict, body: Any, task: Any,
+    def __init__(self, message: Any, headers: dict, body: Any, task: Any, eventer: Any,
                  make: Callable[[Job], Request], settle: Callable[[Any, bool], None]) -> None:
         self.message = message
+        self._eventer = eventer
         self.headers = headers
         self.body = body
         self.task = task
@@ -181,6 +184,18 @@ class Job:
                 not self.headers.get("stamped_headers"):
             return False
         return bool(self.__getattr__("revoked")())
+
+    @property
+    def eventer(self) -> Any:
+        return self._eventer if self._request is None else self._request.eventer
+
+    @eventer.setter
+    def eventer(self, value: Any) -> None:
+        """Celery's events step gives every reserved request the new connection's event
+        dispatcher on a reconnect."""
+        self._eventer = value
+        if self._request is not None:
+            self._request.eventer = value
 
     def acknowledge(self) -> None:
         """What `Request.acknowledge` does, through the settlement's `settle`."""

@@ -55,7 +55,7 @@ def _decoded(message: Any, body: Any, uses_utc: bool) -> tuple[Any, Any, bool, b
     return proto1_to_proto2(message, body)
 
 
-def _job(message: Any, body: Any, uses_utc: bool, settlement: Any, task: Any,
+def _job(message: Any, body: Any, uses_utc: bool, settlement: Any, task: Any, eventer: Any,
          **fixed: Any) -> Job:
     """The message's job (workers/batching/job.py), its Celery Request built now only where
     the message asks for more than a batch reads (`Job.light`). One it cannot be made from,
@@ -72,11 +72,11 @@ def _job(message: Any, body: Any, uses_utc: bool, settlement: Any, task: Any,
             on_ack, on_reject = settlement.callbacks(message)
             return SummaryRequest(message, on_ack=on_ack, on_reject=on_reject, body=body,
                                   headers=headers, decoded=decoded, utc=utc, task=task,
-                                  **fixed)
+                                  eventer=job.eventer, **fixed)
 
         if not isinstance(headers, dict):
             raise InvalidTaskError(f"headers {headers!r:.100} not a mapping")
-        job = Job(message, headers, body, task, make, settlement.settle)
+        job = Job(message, headers, body, task, eventer, make, settlement.settle)
         if not (given is None and headers is message.headers and Job.light(headers)):
             job.name = job.request.name  # Celery reads it now, and refuses it as it would
         nested = job.request_dict.get("headers")  # read again for its trace (BatchJob.of)
@@ -105,12 +105,11 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
     revoked_tasks = consumer.controller.state.revoked
     settlement = dispatcher.settlement
     uses_utc = app.uses_utc_timezone()
-    fixed = {"app": app, "hostname": hostname, "eventer": eventer,
-             "connection_errors": connection_errors}
+    fixed = {"app": app, "hostname": hostname, "connection_errors": connection_errors}
 
     def take(message: Any, body: Any, callbacks: Any) -> None:
         """One message into the buffer, a job; batches form once all are in."""
-        request = _job(message, body, uses_utc, settlement, task, **fixed)
+        request = _job(message, body, uses_utc, settlement, task, eventer, **fixed)
         if dispatcher.duplicate(request):
             return
         dispatcher.leases.hold(message)
