@@ -90,7 +90,7 @@ class Worker(GeventWorker):
 
     def handle_request(self, listener_name, req, sock, addr):
         """Each answer's head leaves with its body (OneSend)."""
-        out = OneSend(sock)
+        out = OneSend(sock, req)
         try:
             super().handle_request(listener_name, req, out, addr)
         finally:
@@ -111,14 +111,25 @@ class OneSend:
     an answer without a body sends its head when the request is done (`flush`), and any
     other use of the socket (gunicorn's sendfile, a close) sends it first. An interim answer
     (`100 Continue`, which a client may wait for before it sends its body) is never held, and
-    the answer's head after it still is. The app sees this object as
-    `environ["gunicorn.socket"]`: `client` is the socket under it."""
+    the answer's head after it still is. Nor is a streamed (chunked) answer's head: gunicorn
+    sends nothing for an empty write of one, so a stream whose first write is empty would
+    have its head held until its next, which may be long in coming. The app sees this object as
+    `environ["gunicorn.socket"]`: `client` is the socket under it, and `close_after_answer`
+    asks for the connection to be closed after this answer."""
 
     JOINED = 65536
-    __slots__ = ("client", "_head", "_fresh")
+    __slots__ = ("client", "_head", "_fresh", "_req")
 
-    def __init__(self, client) -> None:
-        self.client, self._head, self._fresh = client, None, True
+    def __init__(self, client, req=None) -> None:
+        self.client, self._head, self._fresh, self._req = client, None, True, req
+
+    def close_after_answer(self) -> None:
+        """gunicorn closes the connection once this answer is sent, and the answer's head says
+        `Connection: close`: what the app asks when the rest of the request's body will never
+        be read (app/request_body.py: a body past its deadline), so that the connection is
+        not kept for a next request that would start inside that body."""
+        if self._req is not None:
+            self._req.must_close = True
 
     def sendall(self, data, *flags):
         head = self._head
@@ -131,8 +142,9 @@ class OneSend:
             if data[8:10] == b" 1":  # an interim answer: its client may be waiting for it
                 return self.client.sendall(data)
             self._fresh = False
-            self._head = bytes(data)
-            return None
+            if b"\r\nTransfer-Encoding: chunked\r\n" not in data:
+                self._head = bytes(data)
+                return None
         self._fresh = False
         return self.client.sendall(data, *flags)
 

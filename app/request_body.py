@@ -4,8 +4,10 @@
   answered `408` once `body_timeout_s` has passed since the request reached the app, instead of
   holding its connection and greenlet for as long as it likes. gunicorn bounds the wait for a
   request's headers (its keep-alive timeout), not for its body. A gevent Timeout bounds each
-  read as a whole, however many small pieces the body trickles in as; gunicorn closes the
-  connection once the 408 is sent (the rest of the body is not read within its keep-alive);
+  read as a whole, however many small pieces the body trickles in as. The 408 says
+  `Connection: close` and gunicorn closes the connection once it is sent: the rest of the
+  body is never read, so the connection cannot carry another request (gunicorn.conf.py's
+  `OneSend.close_after_answer`);
 * a body gunicorn cannot parse (a bad chunk size, a missing chunk terminator) is a `400`, not
   an error in the app.
 """
@@ -30,9 +32,9 @@ class _GuardedInput:
     to find the end: a Timeout a request)."""
 
     def __init__(self, stream: Any, deadline: float, seconds: float,
-                 length: int | None = None) -> None:
+                 length: int | None = None, server: Any = None) -> None:
         self._stream, self._deadline, self._seconds = stream, deadline, seconds
-        self._left = length
+        self._left, self._server = length, server
 
     def _call(self, method: str, *args: Any) -> Any:
         left = self._deadline - time.monotonic()
@@ -50,6 +52,9 @@ class _GuardedInput:
             raise BadRequest(f"the request's body is malformed: {exc}") from None
 
     def _late(self) -> RequestTimeout:
+        close = getattr(self._server, "close_after_answer", None)
+        if close is not None:
+            close()
         return RequestTimeout(f"the request's body did not arrive within {self._seconds:g}s")
 
     def read(self, *args: Any) -> bytes:
@@ -84,5 +89,6 @@ class GuardedBodies:
         length = environ.get("CONTENT_LENGTH", "")
         environ["wsgi.input"] = _GuardedInput(
             environ["wsgi.input"], time.monotonic() + self.seconds, self.seconds,
-            int(length) if length.isascii() and length.isdigit() else None)
+            int(length) if length.isascii() and length.isdigit() else None,
+            environ.get("gunicorn.socket"))
         return self.app(environ, start_response)

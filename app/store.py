@@ -3,16 +3,18 @@ queued message in one step), read back from the job record. Never imports torch 
 handler."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import secrets
+import sys
 import threading
 import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import orjson
 import redis
@@ -122,6 +124,19 @@ class Watch:
         return job
 
 
+def ready_first() -> Callable[[], None] | None:
+    """Under gunicorn's gevent worker (threading patched): `gevent.sleep(0)`, the greenlets
+    already runnable run, so that the requests of a burst the event loop has read reach their
+    submit and join the first one's group (tasks/group_commit.py's `gather`); it waits on no
+    I/O and no clock. Else (threads, a script): None."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is None or not monkey.is_module_patched("threading"):
+        return None
+    import gevent
+
+    return functools.partial(gevent.sleep, 0)
+
+
 class JobStore:
     def __init__(self, settings: Settings, celery: Celery, models: dict[str, ModelSpec],
                  slots: Slots | None = None, group: str = "") -> None:
@@ -132,7 +147,7 @@ class JobStore:
         self.models = models
         self.redis = api_client(settings)
         self.state = JobState(self.redis, settings.kept_s, settings.job_ttl_s,
-                              group_submits=True)
+                              group_submits=True, gather_submits=ready_first())
         wanted = settings.wait_replicas
         self.replicas = (wanted, settings.redis_wait_timeout_s) if wanted else None
         self.presence = Presence(self.redis)

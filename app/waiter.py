@@ -93,7 +93,7 @@ class ResultWaiter:
         self._closed = threading.Event()
         self.subscribed = threading.Event()
         # The finished jobs announced on the reply channel, kept while someone waits on them.
-        self._answers: dict[str, tuple[bytes, bytes]] = {}
+        self._answers: dict[str, tuple[bytes, bytes, int]] = {}
         # None with a client that decodes replies: a result is not text.
         self.reply_channel = None if client.get_encoder().decode_responses else \
             REPLY_PREFIX + secrets.token_hex(8)

@@ -12,7 +12,13 @@ its own would be. An error of a group's call (a dropped connection, a timeout) i
 its callers' error.
 
 Only calls made within a request are grouped: outside one there is no deadline to bound the
-wait, and the call is sent alone."""
+wait, and the call is sent alone.
+
+`gather` (the API's gevent worker: `gevent.sleep(0)`) lets whatever is already runnable run
+before a group goes: requests whose bytes the event loop already read reach their submit and
+join the group, rather than the first of a burst going alone and the rest in the next call. It
+waits on no I/O and no clock: a lone call still goes at once (one turn of the ready greenlets),
+and the work it lets run first would have run before its answer was read all the same."""
 from __future__ import annotations
 
 import threading
@@ -43,8 +49,9 @@ class GroupCommit(Generic[T, R]):
     """`send(items)` makes one round trip for a list of items and returns one result each, in
     order. `submit(item)` is one item's result, sent alone or with others that waited."""
 
-    def __init__(self, send: Callable[[Sequence[T]], list[R]], most: int = 32) -> None:
-        self.send, self.most = send, most
+    def __init__(self, send: Callable[[Sequence[T]], list[R]], most: int = 32,
+                 gather: Callable[[], None] | None = None) -> None:
+        self.send, self.most, self.gather = send, most, gather
         self._lock = short_lock()  # list and flag changes only: never held across a wait
         self._queued: list[_Call[T]] = []
         self._busy = False
@@ -73,7 +80,7 @@ class GroupCommit(Generic[T, R]):
                         self._queued.remove(call)
                     leads = call.group is not None
                 if leads:
-                    self._lead(call)
+                    self._lead(call, gather=False)
                 raise
         if call.group is not None:
             self._lead(call)
@@ -104,10 +111,24 @@ class GroupCommit(Generic[T, R]):
         raise redis.TimeoutError("Redis did not answer the group of submits this one was in "
                                  "within the request's deadline")
 
-    def _lead(self, call: _Call[T]) -> None:
-        """Send `call`'s group, then hand the queue to the first in it, or end the turn."""
+    def _lead(self, call: _Call[T], gather: bool = True) -> None:
+        """Send `call`'s group (topped up with what queued while `gather` ran), then hand the
+        queue to the first in it, or end the turn."""
+        group = call.group or [call]
+        stopped: BaseException | None = None
+        if gather and self.gather is not None and len(group) < self.most:
+            try:
+                self.gather()
+            except BaseException as exc:  # its greenlet killed: the group goes all the same
+                stopped = exc
+            with self._lock:
+                more = self._queued[:self.most - len(group)]
+                del self._queued[:len(more)]
+                for member in more:
+                    member.sent = True
+            group = call.group = group + more
         try:
-            self._send(call.group or [call])
+            self._send(group)
         finally:
             with self._lock:
                 following = self._queued[:self.most]
@@ -120,6 +141,8 @@ class GroupCommit(Generic[T, R]):
                     self._busy = False
             if following:
                 following[0].done.set()
+        if stopped is not None:
+            raise stopped
 
     def _send(self, group: list[_Call[T]]) -> None:
         """One round trip for the group; each member's result or error set, and woken."""

@@ -55,7 +55,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import orjson
 import redis
@@ -367,27 +367,48 @@ def _record(job_id: str, values: Sequence[Any], stored: Any = None) -> JobRecord
         stored or None, found.get("encoding_format")))
 
 
-def announced(message: bytes) -> dict[str, tuple[bytes, bytes]]:
+# A reply channel's entry of a job that succeeded is keyed "2/<n>/<id>" (tasks/lua/_finish.lua):
+# its record's n names and values joined by NUL. Another's is keyed by its id alone: its FIELDS
+# as a JSON array, as the releases before sent every job (and read only that: an entry keyed
+# otherwise is no job they wait on, so they read it when its "done" wakes them).
+_JOINED = b"2/"
+
+
+def announced(message: bytes) -> dict[str, tuple[bytes, bytes, int]]:
     """The jobs of a finish's message on a reply channel (tasks/lua/_finish.lua), each id's
-    (fields as JSON, stored result) as sent: `announced_record` reads one. Cheap, for the
-    listener that receives it; the waiting request reads its own."""
-    out: dict[str, tuple[bytes, bytes]] = {}
+    (fields, stored result, n) as sent: n strings joined by NUL, or a JSON array (n = 0).
+    `announced_record` reads one. Cheap, for the listener that receives it; the waiting request
+    reads its own."""
+    out: dict[str, tuple[bytes, bytes, int]] = {}
     pos, end = 0, len(message)
     while pos < end:
         line = message.index(b"\n", pos)
-        job_id, fields_size, stored_size = message[pos:line].split(b" ")
+        key, fields_size, stored_size = message[pos:line].split(b" ")
         start = line + 1
         middle = start + int(fields_size)
         pos = middle + int(stored_size)
-        out[job_id.decode()] = (message[start:middle], message[middle:pos])
+        count = 0
+        if key.startswith(_JOINED):
+            _, joined, key = key.split(b"/", 2)
+            count = int(joined)
+        out[key.decode()] = (message[start:middle], message[middle:pos], count)
     return out
 
 
-def announced_record(job_id: str, entry: tuple[bytes, bytes]) -> JobRecord:
+def announced_record(job_id: str, entry: tuple[bytes, bytes, int]) -> JobRecord | None:
     """The job as its finish announced it (`announced`): what `JobState.read` would have
-    read from its record and stored result the moment after."""
-    fields, stored = entry
-    return _record(job_id, orjson.loads(fields), stored or None)
+    read from its record and stored result the moment after. None when the joined fields do
+    not split into the n strings sent (a value holding a NUL): its waiter reads it."""
+    fields, stored, count = entry
+    if not count:
+        return _record(job_id, orjson.loads(fields), stored or None)
+    parts = fields.split(b"\0")
+    if len(parts) != count or count % 2:
+        return None
+    found = {parts[i].decode(): parts[i + 1].decode() for i in range(0, count, 2)
+             if parts[i + 1]}
+    return JobRecord.from_fields(job_id, found, results.outputs_of(
+        stored or None, found.get("encoding_format")))
 
 
 def _finish_call(finals: Sequence[Final], result_ttl_s: int, model_version: str,
@@ -431,11 +452,14 @@ class JobState:
     long a job that did not succeed keeps its request for a retry (0: none is kept);
     `ttl_s`: how long records live (job_ttl_s), which the indexes follow. `group_submits`:
     submits made within requests while one is on its way to Redis go together in the next
-    script call (tasks/group_commit.py; an API process's), but those that wait for replicas."""
+    script call (tasks/group_commit.py; an API process's), but those that wait for replicas;
+    `gather_submits`: what lets the requests already runnable reach their submit before a group
+    goes (the group commit's `gather`; None: nothing)."""
     client: redis.Redis
     keep_s: int = 0
     ttl_s: int = 86_400
     group_submits: bool = False
+    gather_submits: Callable[[], None] | None = None
     _scripts: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
     _grouped: GroupCommit | None = field(default=None, init=False, repr=False)
 
@@ -443,7 +467,8 @@ class JobState:
         for name, text in job_lua.SCRIPTS.items():
             self._scripts[name] = self.client.register_script(text)
         if self.group_submits:
-            self._grouped = GroupCommit(self._submit_many, most=SUBMIT_GROUP_MOST)
+            self._grouped = GroupCommit(self._submit_many, most=SUBMIT_GROUP_MOST,
+                                        gather=self.gather_submits)
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any],
              ttl_s: int | None = None) -> Any:
@@ -493,7 +518,7 @@ class JobState:
                            "" if kept_quota is None else kept_quota, job.owner, size,
                            owned_id(job.id)]
         fields = job.submitted_fields()
-        # Status, the script's HSETNX writes (`queued`), first; the fields every record has
+        # Status, the script writes (`queued`), first; the fields every record has
         # by value alone (the script names them), in their order; the others by name and value.
         args += [fields.pop(name) for name in _SUBMIT_NAMED]
         del fields["status"]

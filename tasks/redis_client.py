@@ -24,8 +24,8 @@ from typing import Any, Callable, TypeVar
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
-from redis.connection import (HiredisRespSerializer, SSLConnection, UnixDomainSocketConnection,
-                              parse_url)
+from redis.connection import (Encoder, HiredisRespSerializer, SSLConnection,
+                              UnixDomainSocketConnection, parse_url)
 from redis.retry import Retry
 from redis.sentinel import (MasterNotFoundError, Sentinel, SentinelConnectionPool,
                             SentinelManagedConnection)
@@ -227,15 +227,28 @@ class HiredisPacker(HiredisRespSerializer):
     submit's script call). hiredis packs the tuple of str, int, float and bytes it is given
     the same; any other argument is a TypeError, on which redis-py's packer takes the command
     as before (a bytearray converted, anything else refused with its DataError). A command
-    name with a space (`CLIENT SETNAME`) is redis-py's to split."""
+    name that is not one word of letters is redis-py's to split: it splits a name on any
+    whitespace (`CLIENT SETNAME` is two words, and so it is with a tab for the space).
+    An argument of a type neither takes is refused with redis-py's own words, which name its
+    type (hiredis's do not)."""
+
+    _ENCODER = Encoder("utf-8", "strict", False)
 
     def pack(self, *args: Any) -> list[bytes]:
-        if type(args[0]) is str and " " not in args[0]:
+        if type(args[0]) is str and args[0].isalpha():
             try:
                 return [hiredis.pack_command(args)]
             except TypeError:
                 pass
-        return super().pack(*args)
+        try:
+            return super().pack(*args)
+        except redis.DataError as exc:
+            for arg in args:  # the first redis-py's encoder refuses, by its type
+                try:
+                    self._ENCODER.encode(arg)
+                except redis.DataError as named:
+                    raise named from exc
+            raise
 
 
 # Every client's connections share it (it holds nothing); None: redis-py's own packer.

@@ -12,12 +12,11 @@
 -- (Its tests take one pattern call: each call into Lua's string library costs more than the
 -- rest of it, and it runs for every job that succeeds. It works on locals, never on a table
 -- keyed by name: a table filled and walked again cost more than the commands.)
--- `succeeded(answer, finished_at, finished_ms, version, error, hook_id, <the fields
--- SUCCEEDED_READ names, from 'token' to 'crashes'>)`, each false when absent (finished_ms:
--- finished_at as a number): the succeeded record's HSET arguments (field, value, ...), and
--- with `answer` also its values in FIELDS' order (false for a field it lacks), what its reply
--- channel is sent.
-local function succeeded(answer, finished_at, finished_ms, version, error, hook_id, token,
+-- `succeeded(finished_at, finished_ms, version, error, hook_id, <the fields SUCCEEDED_READ
+-- names, from 'token' to 'crashes'>)`, each false when absent (finished_ms: finished_at as a
+-- number): the succeeded record's HSET arguments (field, value, ...), which are the whole
+-- record (HGETALL's answer), and what its reply channel is sent (_finish.lua).
+local function succeeded(finished_at, finished_ms, version, error, hook_id, token,
                          model, created, trace, inputs, priority, owner, format, hook_url,
                          hook_events, started, worker, batch, runs, items_done, retry_of,
                          crashes)
@@ -54,8 +53,5 @@ local function succeeded(answer, finished_at, finished_ms, version, error, hook_
   put('owner', owner); put('encoding_format', format); put('webhook_url', hook_url)
   put('webhook_events', hook_events); put('items_done', items_done); put('retry_of', retry_of)
   put('crashes', crashes); put('error', error); put('webhook_id', hook_id)
-  if not answer then return out end
-  return out, {'succeeded', model, created, trace, inputs, priority, owner, format, hook_url,
-               hook_events, token, false, started, finished, worker, batch, runs, error,
-               items_done, retry_of, false, false, version, r, t, w, v}
+  return out
 end

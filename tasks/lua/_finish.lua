@@ -14,11 +14,17 @@
 -- finished are announced on the moves channel, "done <id> <id> ...", in one message (as are a
 -- cancel's and an expiry's, one job). Before that, a job whose record names a reply channel
 -- (an API process waiting on it: `Prefer: wait`, job_submit.lua's 'reply') is announced there
--- with what a read would answer, so that the waiting process needs no read: per job
--- "<id> <bytes of the fields> <bytes of the result>\n", the record's FIELDS as a JSON array
--- (false for a field it lacks), then the stored result ('' but for a success); one message a
--- channel a batch. A result over REPLY_MAX_BYTES is not sent (its waiter reads it, woken by the
--- "done"): a subscriber's output buffer stays small. The finished record drops the field.
+-- with what a read would answer, so that the waiting process needs no read; one message a
+-- channel a batch, an entry a job, "<key> <bytes of the fields> <bytes of the result>\n", the
+-- fields, then the stored result ('' but for a success). A job that succeeded: key
+-- "2/<n>/<id>", the fields its record was just written with (the whole record), names and
+-- values, n strings joined by NUL (table.concat: a JSON encoding cost Redis ~11k instructions
+-- a job); an API process of the release before skips an entry whose key is no job it waits on,
+-- and reads the job when its "done" wakes it. Another: key "<id>", the record's FIELDS as a
+-- JSON array (false for a field it lacks), as every release sends and reads
+-- (tasks/jobstate.py `announced`). A result over REPLY_MAX_BYTES is not sent (its waiter reads
+-- it, woken by the "done"): a subscriber's output buffer stays small. The finished record
+-- drops the field.
 -- A finished record keeps what a read needs (and its token, so that a message sent by hand
 -- with its id is still told apart): not its message, deadline or request. That of a job that
 -- succeeded is written afresh (DEL, HSET, EXPIRE: it lives job_ttl_s from its finish),
@@ -33,7 +39,7 @@
 -- a final record holds (finished_at, error, model_version, retried_as, kept), since only a
 -- queued or running job is finished here.
 -- #include _compact
-local out, done, lists, gone, reply, replies, values = {}, {}, {}, {}, {}, {}, {}
+local out, done, lists, gone, reply, replies = {}, {}, {}, {}, {}, {}
 -- The results' time to live as a command's argument (_job_prelude's whole_text).
 local ttl = whole_text(ARGV[4])
 local finished_ms = tonumber(ARGV[3])
@@ -69,10 +75,9 @@ for i = 1, jobs do
       end
       if charged then release_owner_kept(owner or '', id, charged) end
       if req then gone[#gone + 1] = KEPT_REQUEST .. id end
-      lists[i], values[i] = succeeded(channel and #ARGV[a + 2] <= REPLY_MAX_BYTES, ARGV[3],
-        finished_ms, version, error, hook_id, token, model, created, trace, inputs, priority,
-        owner, format, hook_url, hook_events, started, worker, batch, runs, items_done,
-        retry_of, crashes)
+      lists[i] = succeeded(ARGV[3], finished_ms, version, error, hook_id, token, model,
+        created, trace, inputs, priority, owner, format, hook_url, hook_events, started,
+        worker, batch, runs, items_done, retry_of, crashes)
     else
       -- Its status, and its model version, error and webhook delivery's id if any.
       local w = {'status', ARGV[a + 1], 'finished_at', ARGV[3]}
@@ -103,12 +108,16 @@ for i = 1, jobs do
     done[#done + 1] = id
     local stored = ARGV[a + 1] == 'succeeded' and ARGV[a + 2] or ''
     if reply[i] and #stored <= REPLY_MAX_BYTES then
-      -- A success's record is what was written (its values, in FIELDS' order): nothing else.
-      local fields = cjson.encode(values[i] or redis.call('hmget', key, unpack(FIELDS)))
       local entries = replies[reply[i]] or {}
-      -- (Its lengths by %d: a number concatenated is written with %.14g, a float's path.)
-      entries[#entries + 1] = id .. string.format(' %d %d\n', #fields, #stored) .. fields
-        .. stored
+      -- (Numbers by %d: a number concatenated is written with %.14g, a float's path.)
+      if ARGV[a + 1] == 'succeeded' then  -- its record is what was written, nothing else
+        local fields = table.concat(lists[i], '\0')
+        entries[#entries + 1] = string.format('2/%d/', #lists[i]) .. id
+          .. string.format(' %d %d\n', #fields, #stored) .. fields .. stored
+      else
+        local fields = cjson.encode(redis.call('hmget', key, unpack(FIELDS)))
+        entries[#entries + 1] = id .. string.format(' %d %d\n', #fields, #stored) .. fields
+      end
       replies[reply[i]] = entries
     end
   end

@@ -48,7 +48,7 @@ local function first_at_or_below(key, us)
 end
 local function trim_owned(key, most)
   local bound = now_us - TTL_S * 1000000
-  local tail = redis.call('lindex', key, -1)
+  local tail = redis.call('lindex', key, '-1')
   if not tail or owned_at(tail) >= bound then return end
   local n = redis.call('llen', key)
   local keep = math.max(first_at_or_below(key, bound - 1), n - most)

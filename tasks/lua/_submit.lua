@@ -48,6 +48,29 @@ end
 -- Redis's instructions a job of 16 submitted together). Written by %d, not by redis.call's
 -- "%.17g" of a number.
 local headroom_text, headroom_share, now_text
+-- A call's enqueues, made once its jobs are all admitted (`enqueue`): the messages of each
+-- queue list in the order its jobs came, pushed by one LPUSH, and the ids the pending set
+-- gains, added by one ZADD (every member scored by the call's one clock); a job's queue list
+-- and its wake-up list beside them. One command of each a call rather than a job: each command
+-- a script runs costs Redis its own call, its reply to Lua and its line in the append-only file
+-- (~4k instructions). The scripts are atomic: no client sees a record before its message. A
+-- job checking its queue's depth counts the messages waiting here too (`queued`).
+local lists, messages, wake_of, sets, scored = {}, {}, {}, {}, {}
+local function queued(list)
+  local waiting = messages[list]
+  return waiting and #waiting or 0
+end
+local function enqueue()
+  for _, list in ipairs(lists) do
+    local waiting = messages[list]
+    local wake = wake_of[list]
+    if redis.call('lpush', list, unpack(waiting)) == #waiting and
+       redis.call('llen', wake) == 0 then
+      redis.call('lpush', wake, '1')
+    end
+  end
+  for _, set in ipairs(sets) do redis.call('zadd', set, unpack(scored[set])) end
+end
 local function submit(K, k, nkeys, A, a, nargs)
   local record, claim, list, owned, retried, pending, wake, index = unpack(K, k + 1, k + 8)
   local id, max_depth, timeout_s, digest, message, headroom, request, quota, owner, size,
@@ -59,23 +82,22 @@ local function submit(K, k, nkeys, A, a, nargs)
   local retry = retried ~= NO_RETRY
   local c1, c2 = string.byte(id, 1, 2)
 
+  -- A record there already: this job was made (a resend). Otherwise nothing is written until
+  -- every check has passed, the record by one HSET, its status first as before (one command a
+  -- job fewer than a HSETNX that begins the record and a HSET that adds the rest, and Redis
+  -- converts no one-field compact hash when the large values come).
+  if redis.call('exists', record) == 1 then
+    touch(record)
+    return {'created', id}
+  end
   if headroom ~= '' then
     local used, cap = memory()
     if headroom ~= headroom_text then
       headroom_text, headroom_share = headroom, tonumber(headroom)
     end
     if cap > 0 and used > (1 - headroom_share) * cap then
-      if redis.call('exists', record) == 1 then touch(record); return {'created', id} end
       return {'full', used .. ' ' .. cap}
     end
-  end
-  if redis.call('hsetnx', record, 'status', 'queued') == 0 then
-    touch(record)
-    return {'created', id}
-  end
-  local function refuse(kind, found)
-    redis.call('del', record)
-    return {kind, found}
   end
   if digest ~= '' then
     local earlier = redis.call('get', claim)
@@ -84,24 +106,24 @@ local function submit(K, k, nkeys, A, a, nargs)
       local earlier_id = string.sub(earlier, 1, sep - 1)
       -- A claim whose job was deleted claims nothing: the key makes a new job.
       if redis.call('exists', JOB_PREFIX .. earlier_id) == 1 then
-        if string.sub(earlier, sep + 1) ~= digest then return refuse('mismatch', '') end
+        if string.sub(earlier, sep + 1) ~= digest then return {'mismatch', ''} end
         touch(claim)
-        return refuse('existing', earlier_id)
+        return {'existing', earlier_id}
       end
     end
   end
   if retry then
     local f = redis.call('hmget', retried, 'status', 'retried_as')
-    if not f[1] then return refuse('gone', '') end
-    if f[2] then return refuse('retried', f[2]) end
+    if not f[1] then return {'gone', ''} end
+    if f[2] then return {'retried', f[2]} end
     if f[1] ~= 'failed' and f[1] ~= 'cancelled' and f[1] ~= 'expired' then
-      return refuse('not_retryable', f[1])
+      return {'not_retryable', f[1]}
     end
   end
   if max_depth ~= '' then
     local depth = 0
-    for i = k + 9, k + nkeys do depth = depth + redis.call('llen', K[i]) end
-    if depth >= tonumber(max_depth) then return refuse('overloaded', '') end
+    for i = k + 9, k + nkeys do depth = depth + redis.call('llen', K[i]) + queued(K[i]) end
+    if depth >= tonumber(max_depth) then return {'overloaded', ''} end
   end
   local kept_size = string.len(request)
   if kept_size == 0 then kept_size = tonumber(size) or 0 end
@@ -114,14 +136,14 @@ local function submit(K, k, nkeys, A, a, nargs)
     if held + kept_size > tonumber(quota) then
       local first = redis.call('zrange', books, 0, 0, 'WITHSCORES')
       local wait = first[2] and math.max(0, tonumber(first[2]) - now) or 0
-      return refuse('kept_full', held .. ' ' .. string.format('%.0f', math.ceil(wait)))
+      return {'kept_full', held .. ' ' .. string.format('%.0f', math.ceil(wait))}
     end
   end
   -- The fields every record has, in the order the caller's record lists them (submitted_fields:
   -- a record small enough to be kept compact is stored in the order written), named here; the
   -- others as the caller's name/value pairs.
-  local fields = {'message', message, 'list', list, 'model', model, 'created_at', created_at,
-                  'trace_id', trace_id, 'inputs', inputs}
+  local fields = {'status', 'queued', 'message', message, 'list', list, 'model', model,
+                  'created_at', created_at, 'trace_id', trace_id, 'inputs', inputs}
   for i = a + 16, a + nargs do fields[#fields + 1] = A[i] end
   local timeout = timeout_s ~= '0' and tonumber(timeout_s) or 0
   if timeout > 0 then
@@ -149,7 +171,7 @@ local function submit(K, k, nkeys, A, a, nargs)
   -- The list stays in time order, newest first, whatever Redis's clock does (a step back, a
   -- failover to a host a little behind): an entry is stamped after the head's, so that a page's
   -- bisection to its cursor (first_at_or_below) never passes over an entry it has not listed.
-  local head, us = redis.call('lindex', owned, 0), now_us
+  local head, us = redis.call('lindex', owned, '0'), now_us
   if head then us = math.max(us, owned_at(head) + 1) end
   redis.call('lpush', owned, owned_entry(us, id, packed_id))
   if c1 == 48 then
@@ -157,10 +179,20 @@ local function submit(K, k, nkeys, A, a, nargs)
     if c2 == 48 then trim(index, now_us - TTL_S * 1000000, 1000) end
   end
   if retry then redis.call('hset', retried, 'retried_as', id) end
-  local was_empty = redis.call('lpush', list, message) == 1
+  local waiting = messages[list]
+  if not waiting then
+    waiting = {}
+    messages[list], wake_of[list], lists[#lists + 1] = waiting, wake, list
+  end
+  waiting[#waiting + 1] = message
   now_text = now_text or string.format('%d', t[2] == '0' and t[1] or t[1] + 1)
-  redis.call('zadd', pending, now_text, id)
-  if was_empty and redis.call('llen', wake) == 0 then redis.call('lpush', wake, '1') end
+  local adds = scored[pending]
+  if not adds then
+    adds = {}
+    scored[pending], sets[#sets + 1] = adds, pending
+  end
+  adds[#adds + 1] = now_text
+  adds[#adds + 1] = id
   wrote(A, a, nargs)
   return {'created', id}
 end

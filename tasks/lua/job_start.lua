@@ -17,7 +17,9 @@ if #KEYS > records then
 end
 for i = 1, records do
   local key = KEYS[i]
-  local f = redis.call('hmget', key, 'status', 'expires_at', 'token', 'runs', 'batch', 'worker')
+  -- Its batch and worker only when it is running already (a start sent again, below): a
+  -- queued job, nearly every one, has none to compare.
+  local f = redis.call('hmget', key, 'status', 'expires_at', 'token', 'runs')
   local status = f[1]
   if held and not held[i] then
     out[i] = 'lapsed'
@@ -27,7 +29,8 @@ for i = 1, records do
     out[i] = 'foreign'
   elseif expire_if_due(key, id_of(key), status, f[2], ARGV[6], ARGV[7]) then
     out[i] = 'expired'
-  elseif status == 'running' and f[5] == ARGV[5] and f[6] == ARGV[4] then
+  elseif status == 'running' and redis.call('hget', key, 'batch') == ARGV[5]
+      and redis.call('hget', key, 'worker') == ARGV[4] then
     -- This very start sent again (a worker's retry after a timeout, each try of which a frozen
     -- Redis runs once it resumes): the batch started once, and counts once.
     out[i] = 'run'

@@ -19,9 +19,9 @@
 -- memory headroom it has checked on every submit (the API passes '' only in tests). A submit
 -- refused for memory that finds its record (a resend) is answered 'created'.
 -- Idempotent by job id: sent again (a resend after a lost answer), it finds the job's record
--- (the HSETNX of its status that begins a new one tells, so a first submit pays no EXISTS) and
--- does nothing more, so a job is never queued twice. A refusal after that HSETNX takes the
--- record back (tasks/jobstate.py's `refusal` reads the answer).
+-- (EXISTS, first) and does nothing more, so a job is never queued twice. Nothing is written
+-- before every check has passed: a refusal leaves no record (tasks/jobstate.py's `refusal`
+-- reads the answer); the record is then written by one HSET, its status first.
 -- A request kept counts on its owner's books (_owner_books.lua's trim_owner_kept) until it
 -- leaves Redis; a job whose request is not kept (too large, or retries off) counts its
 -- request's size while it waits, since its message and record hold the whole input: the
@@ -35,4 +35,6 @@
 -- #include _job_prelude
 -- #include _owned
 -- #include _submit
-return submit(KEYS, 0, #KEYS, ARGV, 2, #ARGV - 2)
+local answer = submit(KEYS, 0, #KEYS, ARGV, 2, #ARGV - 2)
+enqueue()
+return answer

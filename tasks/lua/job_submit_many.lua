@@ -12,12 +12,19 @@
 -- #include _job_prelude
 -- #include _owned
 -- #include _submit
+-- The jobs admitted are queued together once every job of the call is through (_submit.lua's
+-- `enqueue`): should one job's command fail, those before it, whose records are written, are
+-- queued all the same before the error is raised, as they were when each job queued its own.
 local counts = ARGV[3]
 local out, k, a = {}, 0, 3
-for j = 1, #counts / 2 do
-  local nkeys, nargs = string.byte(counts, 2 * j - 1, 2 * j)
-  local answer = submit(KEYS, k, nkeys, ARGV, a, nargs)
-  out[j] = answer[1] .. ' ' .. answer[2]
-  k, a = k + nkeys, a + nargs
-end
+local done, failure = pcall(function()
+  for j = 1, #counts / 2 do
+    local nkeys, nargs = string.byte(counts, 2 * j - 1, 2 * j)
+    local answer = submit(KEYS, k, nkeys, ARGV, a, nargs)
+    out[j] = answer[1] .. ' ' .. answer[2]
+    k, a = k + nkeys, a + nargs
+  end
+end)
+enqueue()
+if not done then error(failure, 0) end
 return out

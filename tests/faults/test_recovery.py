@@ -18,6 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 import redis
 import requests
@@ -297,3 +298,32 @@ def test_a_live_worker_takes_over_from_a_dead_one(recovery):
     cleared = time.monotonic()
     check_recovery(stack, watch, accepted, log, cleared, may_rerun=in_batch)
     assert stack.workers["b"].proc.poll() is None
+
+
+def semaphore_tracker(worker: psutil.Process) -> psutil.Process:
+    """The semaphore tracker billiard started for the worker's pool (its child, not a pool
+    child)."""
+    found = [p for p in worker.children() if p.status() != psutil.STATUS_ZOMBIE
+             and "semaphore_tracker" in " ".join(p.cmdline())]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_the_pools_semaphore_tracker_killed_under_load(recovery):
+    """billiard's semaphore tracker gone, then a pool child: the pool's new child needs new
+    semaphores, which billiard registers with the tracker. It is started again, and the
+    worker serves on without a restart; only the killed child's batch runs twice."""
+    start, log = recovery
+    stack = start()
+    watch = Watch(stack)
+    accepted = under_load(stack, watch)
+    worker = psutil.Process(stack.workers["w"].proc.pid)
+    semaphore_tracker(worker).kill()
+    in_batch = fresh_batch(stack, list(accepted.values()))
+    child = int(fields(stack.redis, next(iter(in_batch))).get("worker").rsplit("/", 1)[1])
+    os.kill(child, signal.SIGKILL)
+    cleared = time.monotonic()
+    check_recovery(stack, watch, accepted, log, cleared, may_rerun=in_batch)
+    assert stack.workers["w"].proc.poll() is None
+    semaphore_tracker(worker)  # a new one, for the semaphores of the children to come
+    assert "semaphore tracker" in stack.workers["w"].log.read_text(errors="replace")

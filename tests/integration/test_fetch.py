@@ -280,6 +280,21 @@ def test_the_reconciler_queues_again_only_a_job_whose_message_is_nowhere(server,
     assert server.zscore(PENDING_KEY, lost) > 1  # looked at again a lease later
 
 
+def test_the_reconciler_scores_a_job_it_checked_by_whole_seconds_rounded_up(server, broker):
+    """A job checked and left (its message is on its queue) is looked at again a lease later:
+    scored, like a submit's, by Redis's clock in whole seconds rounded up, so the pending
+    set keeps the integer scores of its compact form and the next look is never early."""
+    jobs = JobState(server)
+    ids = [submit(jobs, f"waiting-{n}") for n in range(3)]
+    server.zadd(PENDING_KEY, dict.fromkeys(ids, 1))  # not final for longer than a lease
+    before = server.time()
+    assert InFlight(server, broker).reconcile() == []  # each is on its queue
+    after = server.time()
+    scores = [server.zscore(PENDING_KEY, job_id) for job_id in ids]
+    assert all(score == int(score) for score in scores), scores
+    assert all(before[0] + before[1] / 1e6 <= score <= after[0] + 1 for score in scores)
+
+
 def test_an_empty_queue_gets_one_wake_up_token_and_an_idle_channel_waits_on_it(redis_url,
                                                                                server, broker):
     jobs = JobState(server)

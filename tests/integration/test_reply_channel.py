@@ -4,6 +4,7 @@ real Redis, through JobState's scripts as the API and a worker run them, and the
 result listener (app/waiter.py)."""
 from __future__ import annotations
 
+import json
 import secrets
 import uuid
 
@@ -12,10 +13,11 @@ import pytest
 import redis
 
 from app.waiter import ResultWaiter
-from tasks import results
+from tasks import job_lua, results
 from tasks.errors import ErrorCode, JobError
-from tasks.jobstate import Final, JobState, StartDecision, Status, batch_text, new_job
-from tasks.keys import job_key
+from tasks.jobstate import (Final, JobState, StartDecision, Status, announced, announced_record,
+                           batch_text, new_job)
+from tasks.keys import job_key, result_key
 from tasks.messages import QueuedMessage
 
 
@@ -109,3 +111,81 @@ def test_a_result_too_large_for_the_reply_channel_is_read_by_its_waiter(clients)
         assert woken.wait(5)  # by its "done"
         assert waiter.answer(job_id) is None  # not sent: the waiter reads it
     assert len(state.read(job_id).outputs[0]) == 20_000
+
+
+def _binary(text: redis.Redis) -> redis.Redis:
+    return redis.Redis(connection_pool=redis.ConnectionPool(
+        **{**text.connection_pool.connection_kwargs, "decode_responses": False}))
+
+
+def _sent(text: redis.Redis, run) -> bytes:
+    """The one message a finish sends on a reply channel of its own (`run(channel)` runs it)."""
+    binary = _binary(text)
+    channel = "iq:reply:" + secrets.token_hex(8)
+    pubsub = binary.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(channel)
+    pubsub.get_message(timeout=1)  # its subscription confirmed
+    run(channel)
+    message = pubsub.get_message(timeout=5)
+    pubsub.close()
+    assert message is not None
+    return message["data"]
+
+
+def _before(message: bytes) -> dict[str, tuple[bytes, bytes]]:
+    """The release before's parser (tasks/jobstate.py `announced` at 25262b3), verbatim: what an
+    API process of that release makes of a message during a rolling upgrade."""
+    out: dict[str, tuple[bytes, bytes]] = {}
+    pos, end = 0, len(message)
+    while pos < end:
+        line = message.index(b"\n", pos)
+        job_id, fields_size, stored_size = message[pos:line].split(b" ")
+        start = line + 1
+        middle = start + int(fields_size)
+        pos = middle + int(stored_size)
+        out[job_id.decode()] = (message[start:middle], message[middle:pos])
+    return out
+
+
+def test_a_success_is_announced_as_the_record_it_wrote_joined_not_as_json(clients):
+    """Its entry is the record's names and values as HGETALL finds them, joined by NUL under
+    "2/<n>/<id>" (no JSON encoding in FINISH); the previous release's parser finds no job of
+    that id in it, so its waiter reads the job when the "done" wakes it."""
+    state, _, text = clients
+    job_id = str(uuid.uuid4())
+    message = _sent(text, lambda channel: _run(state, channel, job_id=job_id))
+    head, rest = message.split(b"\n", 1)
+    key, fields_size, _ = head.split(b" ")
+    parts = rest[:int(fields_size)].split(b"\0")
+    assert key == f"2/{len(parts)}/{job_id}".encode()
+    written = dict(zip(parts[::2], parts[1::2]))
+    assert written == {k.encode(): v.encode()
+                       for k, v in text.hgetall(job_key(job_id)).items()}
+    assert job_id not in _before(message)
+    entry = announced(message)[job_id]
+    assert announced_record(job_id, entry) == state.read(job_id)
+
+
+def test_a_failure_and_the_release_befores_success_are_read_as_json_by_both(clients):
+    """A job that did not succeed is still announced as every release sent it, a JSON array
+    under its id: the release before reads it; and this release reads a success the release
+    before's FINISH announced so (its FIELDS as JSON), as a read finds it."""
+    state, _, text = clients
+    job_id = str(uuid.uuid4())
+    message = _sent(text, lambda channel: _run(state, channel, "failed", job_id))
+    assert _before(message)[job_id] == announced(message)[job_id][:2]
+    assert announced_record(job_id, announced(message)[job_id]) == state.read(job_id)
+    done = _run(state, "")
+    values = text.hmget(job_key(done), job_lua.READ_FIELDS)
+    stored = _binary(text).get(result_key(done))
+    fields = json.dumps(values).encode()
+    old = f"{done} {len(fields)} {len(stored)}\n".encode() + fields + stored
+    assert announced_record(done, announced(old)[done]) == state.read(done)
+
+
+def test_joined_fields_that_do_not_split_into_their_count_are_left_to_a_read():
+    """A value holding a NUL would split into more strings than were sent: no answer (None),
+    so the waiter reads the job rather than answer with misplaced fields."""
+    fields = b"\0".join([b"status", b"succeeded", b"model", b"a\0b", b"created_at", b"1"])
+    message = f"2/6/j1 {len(fields)} 0\n".encode() + fields
+    assert announced_record("j1", announced(message)["j1"]) is None

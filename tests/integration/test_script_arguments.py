@@ -14,7 +14,7 @@ import redis
 from bench.purposes import Monitor
 from scripts.processes import wait_until
 from tasks import job_lua, results
-from tasks.jobstate import Final, JobState, StartDecision, Status, new_job
+from tasks.jobstate import Final, JobState, Overloaded, StartDecision, Status, new_job
 from tasks.keys import PENDING_KEY, job_key
 from tasks.messages import QueuedMessage
 
@@ -79,15 +79,37 @@ def test_a_submit_sends_no_status_its_script_writes_first(state, redis_server, c
     ran = _monitored(redis_server.extra["admin_url"], clean_admin, lambda: _submitted(state))
     record = [words for words in ran if words[0] in ("hsetnx", "hset")
               and words[1].startswith("iq:job:")]
-    assert [w[:3] for w in record][0] == ["hsetnx", record[0][1], "status"]
-    written = record[1][2::2]
-    assert record[1][0] == "hset" and "status" not in written and "model" in written
+    assert [w[:4] for w in record] == [["hset", record[0][1], "status", "queued"]]
+    assert "model" in record[0][2::2]
     assert clean_admin.hget(record[0][1], "status") == "queued"
+
+
+def test_a_submit_writes_its_record_with_one_command_and_a_refusal_writes_none(
+        state, redis_server, clean_admin):
+    """The record is written by one HSET once every check has passed, its status first (not a
+    HSETNX that begins it and a HSET that adds the rest: a command a job more, and Redis
+    converting the one-field compact hash when the large values come); a resend finds it by
+    EXISTS and writes nothing; a refused submit (a full queue) leaves no record and runs no
+    DEL to take one back."""
+    ran = _monitored(redis_server.extra["admin_url"], clean_admin, lambda: _submitted(state))
+    record = next(w[1] for w in ran if w[0] == "exists")
+    assert record.startswith(job_key(""))
+    on_it = [w[0] for w in ran if len(w) > 1 and w[1] == record]
+    assert on_it == ["exists", "hset", "expire"], on_it
+    job = new_job(str(uuid.uuid4()), model="m", trace_id="t", inputs=1, priority="normal",
+                  token="tok")
+    ran = _monitored(redis_server.extra["admin_url"], clean_admin, lambda: pytest.raises(
+        Overloaded, state.submit, job, QueuedMessage("m", b"x" * 100), depth_lists=["m"],
+        max_depth=1, ttl_s=600))
+    assert [w[0] for w in ran if len(w) > 1 and w[1] == job_key(job.id)] == ["exists"]
+    assert not [w for w in ran if w[0] in ("del", "hsetnx")]
+    assert not clean_admin.exists(job_key(job.id))
 
 
 @pytest.mark.parametrize("script, calls", [
     (job_lua.SUBMIT, ("redis.call('expire', record, TTL_TEXT)",
-                      "redis.call('zadd', pending, now_text, id)")),
+                      "adds[#adds + 1] = now_text",
+                      "redis.call('lindex', owned, '0')")),
     (job_lua.FINISH, ("redis.call('expire', key, TTL_TEXT)",
                       "redis.call('set', meta_key, ARGV[a + 2], 'EX', ttl)",
                       "id .. string.format(' %d %d\\n', #fields, #stored)",
@@ -105,6 +127,7 @@ def test_the_hot_moves_pass_their_numbers_as_text(script, calls):
     # Strings are joined, not formatted: each %s of string.format is a sprintf call.
     assert "%s" not in "".join(re.findall(r"string\.format\('([^']*)'", script))
     assert "redis.call('zadd', pending, now, id)" not in script
+    assert "redis.call('lindex', owned, 0)" not in script
 
 
 def test_the_pending_set_scores_a_job_by_whole_seconds_rounded_up(state, redis_server,
@@ -177,3 +200,88 @@ def test_a_submit_sends_no_name_its_script_knows_nor_what_it_can_tell(state, red
     # The two of every job script, 11 of its own, the four values, then token's pair.
     assert len(args) == 2 + 11 + 4 + 2, args
     assert args[13:17] == ["m", args[14], "t", "1"] and args[17:] == ["token", "tok"]
+
+
+def test_start_reads_a_queued_jobs_batch_and_worker_not(state, redis_server, clean_admin):
+    """START reads a queued job's status, deadline, token and runs; its batch and worker (to
+    tell a start sent again, which counts once) only for a job running already."""
+    job_id, token = _submitted(state)
+    start = lambda: state.start([job_id], worker="w/0", batch="b 1 1", tokens=[token])  # noqa: E731
+    ran = _monitored(redis_server.extra["admin_url"], clean_admin,
+                     lambda: start() == [StartDecision.RUN] or pytest.fail("not run"))
+    reads = [words[2:] for words in ran if words[0] in ("hmget", "hget")
+             and words[1] == job_key(job_id)]
+    assert reads == [["status", "expires_at", "token", "runs"]]
+    again = _monitored(redis_server.extra["admin_url"], clean_admin,
+                       lambda: start() == [StartDecision.RUN] or pytest.fail("not run"))
+    assert [w[2:] for w in again if w[0] == "hget"] == [["batch"], ["worker"]]
+    assert state.read(job_id).runs == 1  # the start sent again counted once
+
+
+def _group_calls(state: JobState, count: int, max_depth: int | None = None) -> list:
+    """`count` submits to list "m" as an API process's group commit holds them: (keys, args)."""
+    class Collect:
+        def __init__(self) -> None:
+            self.calls: list = []
+
+        def submit(self, call):
+            self.calls.append(call)
+            return ["created", call[1][0]]
+
+    collect, grouped = Collect(), state._grouped
+    state._grouped = collect
+    try:
+        for i in range(count):
+            job = new_job(str(uuid.uuid4()), model="m", trace_id="t", inputs=1,
+                          priority="normal", token="tok", owner=f"owner-{i}")
+            state.submit(job, QueuedMessage("m", b"message %d " % i + b"x" * 100),
+                         depth_lists=["m"], max_depth=max_depth, ttl_s=600)
+    finally:
+        state._grouped = grouped
+    return collect.calls
+
+
+def test_a_group_of_submits_queues_with_one_push_and_one_pending_add(state, redis_server,
+                                                                     clean_admin):
+    """A call's jobs reach their queue list by one LPUSH and the pending set by one ZADD (each
+    command a script runs costs Redis its call, its reply and its line in the append-only
+    file): the list holds the messages in the order their jobs came, newest at the head, as a
+    push a job left it; the pending set every job; the queue's idle workers one wake-up."""
+    calls = _group_calls(state, 4)
+    ran = _monitored(redis_server.extra["admin_url"], clean_admin,
+                     lambda: state._submit_many(calls))
+    ids = [call[1][0] for call in calls]
+    assert [w[0] for w in ran if w[0] in ("lpush", "zadd") and w[1] in ("m", PENDING_KEY)] == \
+        ["lpush", "zadd"]
+    assert clean_admin.lrange("m", 0, -1) == [
+        f"message {i} " + "x" * 100 for i in reversed(range(4))]
+    assert sorted(clean_admin.zrange(PENDING_KEY, 0, -1)) == sorted(ids)
+    wakes = [w for w in ran if w[0] == "lpush" and w[1] not in ("m",)
+             and not w[1].startswith("iq:owner")]
+    assert len([w for w in wakes if "wake" in w[1]]) == 1, wakes
+    for job_id in ids:
+        assert clean_admin.hget(job_key(job_id), "status") == "queued"
+
+
+def test_a_groups_depth_check_counts_the_messages_its_earlier_jobs_queue(state, clean_admin):
+    """Queued at the call's end, a job's message still counts toward the depth a later job of
+    the same call is checked against: two of three fit a queue of depth 2."""
+    calls = _group_calls(state, 3, max_depth=2)
+    answers = state._submit_many(calls)
+    assert [kind for kind, _found in answers] == ["created", "created", "overloaded"]
+    assert clean_admin.llen("m") == 2
+    assert not clean_admin.exists(job_key(calls[2][1][0]))
+
+
+def test_a_group_whose_job_fails_midway_queues_the_jobs_before_it(state, clean_admin):
+    """Should a job's command fail inside the call (a key of the wrong type), the jobs before
+    it, whose records are written, are queued all the same, as when each job queued its own:
+    resent, they find their records and are not queued again."""
+    calls = _group_calls(state, 3)
+    clean_admin.set(calls[1][0][3], "not a list")  # the second job's owner's jobs list
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        state._submit_many(calls)
+    first = calls[0][1][0]
+    assert clean_admin.lrange("m", 0, -1) == ["message 0 " + "x" * 100]
+    assert clean_admin.zscore(PENDING_KEY, first) is not None
+    assert not clean_admin.exists(job_key(calls[2][1][0]))

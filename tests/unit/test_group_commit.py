@@ -124,3 +124,70 @@ def test_the_queue_is_handed_on_until_it_is_empty(most):
         thread.join(10)
     assert out == {i: i * 10 for i in range(4)} and not group._busy
     assert sum(len(g) for g in send.groups) == 4 and max(len(g) for g in send.groups) <= most
+
+
+def test_calls_made_runnable_while_the_first_gathers_go_with_it():
+    """`gather` runs before a group goes (the API's: the greenlets already runnable run): the
+    calls it lets reach their submit join the first one's call instead of queueing for the
+    next, up to `most`; the first does not go alone while they wait behind it."""
+    send, out, threads, gathered = HeldSend(), {}, [], []
+    send.gate.set()
+
+    def gather():
+        gathered.append(1)
+        if len(gathered) == 1:
+            threads.extend(_start(group, [1, 2, 3], out))
+            wait_until(lambda: len(group._queued) == 3, 10, "three calls queued behind it")
+
+    group = GroupCommit(send, most=3, gather=gather)
+    _in_request(group, 0, out)
+    for thread in threads:
+        thread.join(10)
+    assert out == {i: i * 10 for i in range(4)}
+    assert send.groups == [[0, 1, 2], [3]] and group.calls == 2
+    assert len(gathered) == 2 and not group._busy
+
+
+def test_a_lone_call_that_gathers_nothing_goes_at_once_and_alone():
+    send, out, gathered = HeldSend(), {}, []
+    send.gate.set()
+    group = GroupCommit(send, gather=lambda: gathered.append(1))
+    _in_request(group, 1, out)
+    assert out == {1: 10} and send.groups == [[1]] and gathered == [1]
+
+
+def test_under_gevent_the_greenlets_already_runnable_join_the_first_call():
+    """The API's gather (app/store.py `ready_first`, gunicorn's gevent worker): requests that
+    are runnable when the first of them reaches its submit (their bytes read in the same turn
+    of the event loop) go in its call, not one alone and the rest in the next; with threading
+    unpatched (a script, a test) there is none."""
+    import subprocess
+    import sys
+
+    code = """
+import gevent.monkey; gevent.monkey.patch_all()
+import gevent
+from app.store import ready_first
+from tasks import redis_deadline
+from tasks.group_commit import GroupCommit
+groups = []
+def send(items):
+    groups.append(list(items))
+    gevent.sleep(0.01)  # the round trip: the hub runs others meanwhile
+    return [i * 10 for i in items]
+group = GroupCommit(send, gather=ready_first())
+def request(i):
+    with redis_deadline.deadline(10):
+        return group.submit(i)
+jobs = [gevent.spawn(request, i) for i in range(5)]
+gevent.joinall(jobs, timeout=10)
+assert [j.value for j in jobs] == [0, 10, 20, 30, 40], [j.value for j in jobs]
+print(groups)
+"""
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == "[[0, 1, 2, 3, 4]]"
+    from app.store import ready_first
+
+    assert ready_first() is None

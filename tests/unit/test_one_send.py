@@ -96,7 +96,25 @@ def test_a_large_body_follows_its_head_and_chunks_go_as_they_come(conf):
     sent = answer(conf, app_of("200 OK", [big])).sent
     assert len(sent) == 2 and sent[0].endswith(b"\r\n\r\n") and sent[1] == big
     sent = answer(conf, app_of("200 OK", [b"a", b"b"], length=False)).sent  # chunked
-    assert sent[0].endswith(b"\r\n\r\n1\r\na\r\n") and sent[1:] == [b"1\r\nb\r\n", b"0\r\n\r\n"]
+    assert sent[0].endswith(b"\r\n\r\n")  # a stream's head is not held (below)
+    assert sent[1:] == [b"1\r\na\r\n", b"1\r\nb\r\n", b"0\r\n\r\n"]
+
+
+def test_a_streamed_answers_head_leaves_though_its_first_write_is_empty(conf):
+    """gunicorn sends nothing for an empty chunk: held, the head would wait for the stream's
+    next write, however long it took to come."""
+    client = Recorder()
+    seen: list[list[bytes]] = []
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/event-stream")])
+        yield b""
+        seen.append(list(client.sent))  # what the client had before the next write
+        yield b"data: 1\n\n"
+
+    sent = answer(conf, app, client=client).sent
+    assert len(seen[0]) == 1 and seen[0][0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert sent[1:] == [b"9\r\ndata: 1\n\n\r\n", b"0\r\n\r\n"]
 
 
 @pytest.mark.parametrize("extra, calls", [(0, 1), (1, 2)])

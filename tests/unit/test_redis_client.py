@@ -107,8 +107,16 @@ def test_commands_are_packed_in_one_hiredis_call_as_redis_py_packs_them():
     ours, theirs = redis_client.COMMAND_PACKER, HiredisRespSerializer()
     for args in (SUBMIT_LIKE, ("CLIENT SETNAME", "api"), ("SET", "k", bytearray(b"v"))):
         assert ours.pack(*args) == theirs.pack(*args)
+    # redis-py splits a command's name on any whitespace, a leading or trailing one too.
+    for name in ("CONFIG\tGET", "CONFIG\nGET", "CONFIG\r\nGET", "CONFIG\x0bGET",
+                 "CONFIG\x0cGET", " GET", "GET\t", "CONFIG  GET"):
+        assert ours.pack(name, "maxmemory") == theirs.pack(name, "maxmemory"), repr(name)
     with pytest.raises(redis.DataError):
         ours.pack("SET", "k", None)
+    # The wrong type is named, as redis-py's encoder names it.
+    for wrong, name in ((None, "NoneType"), ({}, "dict"), (True, "bool"), ([1], "list")):
+        with pytest.raises(redis.DataError, match=f"Invalid input of type: '{name}'"):
+            ours.pack("SET", "k", wrong)
     # redis-py's own pass over the arguments (a generator step each) is not taken
     assert _python_calls(lambda: ours.pack(*SUBMIT_LIKE)) == ["<lambda>", "pack"]
     assert "<genexpr>" in _python_calls(lambda: theirs.pack(*SUBMIT_LIKE))

@@ -9,6 +9,7 @@ runs (`worker_pool`, and in place of `-P prefork`: workers/broker/attach.py's `a
   (`_write_at_once`);
 * is grown no further than the GPUs (`TaskPool.cap_children`);
 * is not flushed on a reconnect (`TaskPool.keep_every_batch`);
+* starts billiard's semaphore tracker again should it be gone (workers/broker/tracker.py);
 
 * tells a reload before it starts children in place of those that exited
   (`before_children_start`), so that a failed reload's pin is undone first;
@@ -29,6 +30,8 @@ from typing import Any, Callable
 from billiard.context import ForkProcess, ForkServerProcess, SpawnProcess
 from celery.concurrency import prefork
 from celery.concurrency.asynpool import SCHED_STRATEGY_FAIR, AsynPool
+
+from workers.broker import tracker
 
 logger = logging.getLogger(__name__)
 
@@ -236,6 +239,7 @@ class TaskPool(prefork.TaskPool):
     max_children: int | None = None
 
     def on_start(self) -> None:
+        tracker.install()  # before the pool's first child starts billiard's tracker
         super().on_start()
         # Celery's on_start hands out the inner pool's methods as this object's: `grow` (as
         # `control pool_grow` and autoscale call it) and `flush` (as a reconnect calls it).

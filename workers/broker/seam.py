@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from billiard.pool import Pool as BilliardPool
+from billiard import semaphore_tracker
 from billiard.process import BaseProcess
+from billiard.semaphore_tracker import SemaphoreTracker
 from celery.concurrency import prefork
 from celery.backends.base import BaseKeyValueStoreBackend
 from celery.backends.redis import SentinelBackend
@@ -72,7 +74,7 @@ class Name:
 _Channel, _QoS = kombu_redis.Channel, kombu_redis.QoS
 
 # Overridden by the worker's subclasses (fetch.py, clients.py, transport.py, events.py,
-# intake.py, pool.py).
+# intake.py, pool.py, tracker.py).
 OVERRIDDEN: tuple[Name, ...] = (
     Name(_Channel, "_create_client", ("self", "asynchronous")),
     Name(_Channel, "_connparams", ("self", "asynchronous")),
@@ -96,9 +98,11 @@ OVERRIDDEN: tuple[Name, ...] = (
     Name(AsynPool, "on_process_alive", ("self", "pid")),
     Name(AsynPool, "_create_write_handlers", ("self", "hub", "pack", "dumps", "protocol")),
     Name(BaseProcess, "terminate", ("self",)),
+    Name(SemaphoreTracker, "_send", ("self", "cmd", "name")),
 )
 
-# Read or called (fetch.py, leases.py, transport.py, events.py, intake.py, pool.py).
+# Read or called (fetch.py, leases.py, transport.py, events.py, intake.py, pool.py,
+# tracker.py).
 READ: tuple[Name, ...] = (
     Name(_Channel, "_q_for_pri", ("self", "queue", "pri")),
     Name(_Channel, "_flush_brpop_reauth", ("self",)),
@@ -137,6 +141,8 @@ READ: tuple[Name, ...] = (
     Name(BaseProcess, "_popen"),
     Name(BaseProcess, "_is_alive", ("self",)),
     Name(BaseProcess, "terminate_controlled", ("self",)),
+    Name(SemaphoreTracker, "_fd"),
+    Name(semaphore_tracker, "_semaphore_tracker"),
 )
 
 

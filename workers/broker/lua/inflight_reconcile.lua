@@ -10,6 +10,9 @@ local locked = redis.pcall('set', KEYS[3], ARGV[1], 'nx', 'px', ARGV[4])
 if type(locked) ~= 'table' or not locked['ok'] then return {0} end
 local t = redis.call('time')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+-- A job checked is scored as a submit scores it (tasks/lua/_submit.lua): whole seconds, rounded
+-- up, so the set keeps its integer scores and the next look is never early.
+local now_text = string.format('%d', t[2] == '0' and t[1] or t[1] + 1)
 local ids = redis.call('zrangebyscore', KEYS[1], '-inf', now - tonumber(ARGV[2]), 'limit', 0,
                        tonumber(ARGV[3]))
 local holders = {}
@@ -38,7 +41,7 @@ for _, id in ipairs(ids) do
       wake(list)
       out[#out + 1] = id
     end
-    redis.call('zadd', KEYS[1], now, id)
+    redis.call('zadd', KEYS[1], now_text, id)
   end
 end
 return out
