@@ -47,25 +47,28 @@ class Job:
     strategy's: the message, the body and headers as decoded, the job's `eventer`, and what
     it fixes); `settle(message, requeue)` acknowledges or requeues its message (the
     settlement's). What Celery sets on a reserved or active request (`eventer`,
-    `acknowledged`, `worker_pid`, `time_start`) is the job's, and its Request's once built."""
+    `acknowledged`, `worker_pid`, `time_start`) is set on the job, and handed to its Request
+    before anything asks the Request (`_lend`); `acknowledged` comes back after (`_take_back`).
+    `expires`: None unless the Request was built at intake (then its own)."""
 
     __slots__ = ("message", "id", "name", "headers", "kwargs", "body", "task", "_make",
-                 "_settle", "_request", "_acknowledged", "_worker_pid", "_time_start",
-                 "_eventer", "__weakref__")
+                 "_settle", "_request", "acknowledged", "worker_pid", "time_start",
+                 "eventer", "expires", "__weakref__")
 
     def __init__(self, message: Any, headers: dict, body: Any, task: Any, eventer: Any,
                  make: Callable[[Job], Request], settle: Callable[[Any, bool], None]) -> None:
         self.message = message
-        self._eventer = eventer
+        self.eventer = eventer
         self.headers = headers
         self.body = body
         self.task = task
         self._make = make
         self._settle = settle
         self._request: Request | None = None
-        self._acknowledged = False
-        self._worker_pid: int | None = None
-        self._time_start: float | None = None
+        self.acknowledged = False
+        self.worker_pid: int | None = None
+        self.time_start: float | None = None
+        self.expires: Any = None
         try:
             self.id = headers["id"]
             self.name = headers["task"]
@@ -88,10 +91,21 @@ class Job:
         request = self._request
         if request is None:
             request = self._request = self._make(self)
-            if self._acknowledged:
-                request.acknowledged = True
-            request.worker_pid, request.time_start = self._worker_pid, self._time_start
+            self._lend()
         return request
+
+    def _lend(self) -> None:
+        """What Celery and the settlement set on the job, onto its Request."""
+        request = self._request
+        if request is not None:
+            request.acknowledged = request.acknowledged or self.acknowledged
+            request.worker_pid, request.time_start = self.worker_pid, self.time_start
+            request.eventer = self.eventer
+
+    def _take_back(self) -> None:
+        request = self._request
+        if request is not None:
+            self.acknowledged = request.acknowledged
 
     def __getattr__(self, name: str) -> Any:
         """What only Celery's Request answers (`info`, `revoked`, `terminate`, `send_event`,
@@ -99,14 +113,18 @@ class Job:
         `task_ready`, which takes it off them by id) takes this Job off them too."""
         if name.startswith("__") or name in Job.__slots__:  # not set yet
             raise AttributeError(name)
-        found = getattr(self.request, name)
+        request = self.request
+        self._lend()
+        found = getattr(request, name)
         if not callable(found):
             return found
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            self._lend()
             try:
                 return found(*args, **kwargs)
             finally:
+                self._take_back()
                 self._sync_books()
         return call
 
@@ -126,10 +144,6 @@ class Job:
         return {"priority": (self.message.properties or {}).get("priority")}
 
     @property
-    def expires(self) -> Any:
-        return None if self._request is None else self._request.expires
-
-    @property
     def argsrepr(self) -> str:
         return self.headers.get("argsrepr", "")
 
@@ -145,37 +159,6 @@ class Job:
     def parent_id(self) -> Any:
         return self.headers.get("parent_id")
 
-    # -- what Celery's books and the settlement write ---------------------------------------
-    @property
-    def acknowledged(self) -> bool:
-        return self._acknowledged if self._request is None else self._request.acknowledged
-
-    @acknowledged.setter
-    def acknowledged(self, value: bool) -> None:
-        self._acknowledged = value
-        if self._request is not None:
-            self._request.acknowledged = value
-
-    @property
-    def worker_pid(self) -> int | None:
-        return self._worker_pid if self._request is None else self._request.worker_pid
-
-    @worker_pid.setter
-    def worker_pid(self, value: int | None) -> None:
-        self._worker_pid = value
-        if self._request is not None:
-            self._request.worker_pid = value
-
-    @property
-    def time_start(self) -> float | None:
-        return self._time_start if self._request is None else self._request.time_start
-
-    @time_start.setter
-    def time_start(self, value: float | None) -> None:
-        self._time_start = value
-        if self._request is not None:
-            self._request.time_start = value
-
     def revoked(self) -> bool:
         """`Request.revoked`: False at once for a job with no Request, whose id is not
         revoked and whose message has no stamps (what could revoke it: an expiry, a revoke
@@ -185,25 +168,13 @@ class Job:
             return False
         return bool(self.__getattr__("revoked")())
 
-    @property
-    def eventer(self) -> Any:
-        return self._eventer if self._request is None else self._request.eventer
-
-    @eventer.setter
-    def eventer(self, value: Any) -> None:
-        """Celery's events step gives every reserved request the new connection's event
-        dispatcher on a reconnect."""
-        self._eventer = value
-        if self._request is not None:
-            self._request.eventer = value
-
     def acknowledge(self) -> None:
         """What `Request.acknowledge` does, through the settlement's `settle`."""
         if self._request is not None:
-            self._request.acknowledge()
-        elif not self._acknowledged:
+            self.__getattr__("acknowledge")()
+        elif not self.acknowledged:
             self._settle(self.message, False)
-            self._acknowledged = True
+            self.acknowledged = True
 
     def __repr__(self) -> str:
         return f"<Job: {self.name}[{self.id}]>"

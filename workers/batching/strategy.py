@@ -78,8 +78,9 @@ def _job(message: Any, body: Any, uses_utc: bool, settlement: Any, task: Any, ev
             raise InvalidTaskError(f"headers {headers!r:.100} not a mapping")
         job = Job(message, headers, body, task, eventer, make, settlement.settle)
         if not (given is None and headers is message.headers and Job.light(headers)):
-            job.name = job.request.name  # Celery reads it now, and refuses it as it would
-        nested = job.request_dict.get("headers")  # read again for its trace (BatchJob.of)
+            request = job.request  # Celery reads it now, and refuses it as it would
+            job.name, job.expires = request.name, request.expires
+        nested = headers.get("headers")  # read again for its trace (BatchJob.of)
         if not isinstance(job.kwargs or {}, dict) or not isinstance(nested or {}, dict):
             raise InvalidTaskError(f"kwargs {job.kwargs!r:.100} or headers "
                                    f"{nested!r:.100} not a mapping")
@@ -116,9 +117,11 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
         if (request.expires or request.id in revoked_tasks) and settlement.revoked(request):
             return
         if send_events:  # sent with the rest of the fetch's, before their batches form
+            get = request.headers.get  # what Celery's Request would read of them
             dispatcher.received(request.id, {
-                "name": request.name, "args": request.argsrepr, "kwargs": request.kwargsrepr,
-                "root_id": request.root_id, "parent_id": request.parent_id, "retries": 0})
+                "name": request.name, "args": get("argsrepr", ""),
+                "kwargs": get("kwargsrepr", ""), "root_id": get("root_id"),
+                "parent_id": get("parent_id"), "retries": 0})
         for callback in callbacks or ():
             callback(request)
         if logger.isEnabledFor(logging.DEBUG):  # one INFO line a batch, in the child
