@@ -8,12 +8,18 @@ checks it at each counter write, Celery's message origin) and for random bytes f
 job id, a trace id, the record's token, a message's delivery tag), ~0.5 and ~1.2 µs each."""
 from __future__ import annotations
 
+import itertools
 import os
 
-_BLOCK = 4096  # random bytes drawn from the kernel at once
+_SLOT = 16  # bytes a call may take from the block: a uuid4's
+_BLOCK = 4096  # random bytes drawn from the kernel at once: 256 slots
 
 _pid = os.getpid()
-_pool, _at = b"", 0  # the block drawn, and how much of it is handed out
+# The block drawn, and the count that hands out its slots, replaced together (one tuple). The
+# count's `next` is one step of C that no other thread can enter halfway, so no two calls,
+# in any threads (the deliverer's pool is threads), ever get the same slot of one block: no
+# lock is needed, which under gevent would be gevent's, Python code at each draw.
+_block: tuple[bytes, itertools.count] = (b"", itertools.count())
 
 
 def pid() -> int:
@@ -23,21 +29,23 @@ def pid() -> int:
 
 def random_bytes(size: int) -> bytes:
     """`os.urandom(size)`: bytes of the kernel's random source (getrandom), drawn a block at a
-    time, each handed out once."""
-    global _pool, _at
-    end = _at + size
-    if end > len(_pool):
-        if size > _BLOCK:
-            return os.urandom(size)
-        _pool, _at, end = os.urandom(_BLOCK), 0, size
-    taken = _pool[_at:end]
-    _at = end
-    return taken
+    time, each slot of it handed out once."""
+    global _block
+    if size > _SLOT:
+        return os.urandom(size)
+    while True:
+        pool, slots = _block
+        at = next(slots) * _SLOT
+        if at < len(pool):
+            return pool[at:at + size]
+        # Used up (or none yet): a new block, with a count of its own. Two threads here at
+        # once each draw one, and each hands out its own block's slots once.
+        _block = (os.urandom(_BLOCK), itertools.count())
 
 
 def _forked() -> None:
-    global _pid, _pool, _at
-    _pid, _pool, _at = os.getpid(), b"", 0
+    global _pid, _block
+    _pid, _block = os.getpid(), (b"", itertools.count())
 
 
 os.register_at_fork(after_in_child=_forked)

@@ -120,3 +120,38 @@ def test_a_message_pushed_by_hand_kombu_or_celery_cannot_read_is_put_aside_the_r
         assert redis.llen("iq:malformed") == (1 if kind in PUT_ASIDE else 0)
     finally:
         stack.stop()
+
+
+def _expiring(redis, job_id):
+    """The job's message on its queue list given an `expires` a day ahead (Celery's to read:
+    it never lapses here)."""
+    for key in queue_lists("synthetic"):
+        for i, raw in enumerate(redis.lrange(key, 0, -1)):
+            message = json.loads(raw)
+            if message["headers"]["id"] == job_id:
+                message["headers"]["expires"] = "2999-01-01T00:00:00+00:00"
+                redis.lset(key, i, json.dumps(message))
+                return
+    raise AssertionError(f"job {job_id}'s message is on no queue list")
+
+
+def test_a_job_that_runs_and_succeeds_builds_no_celery_request(tmp_path):
+    """Jobs fetched, batched, run and succeeded are held as light jobs (workers/batching/
+    job.py): the worker builds no Celery Request for any of them, by its own count in
+    `celery inspect stats` (`iq.requests_built`); one whose message asks Celery for more (an
+    `expires`) gets its Request at intake, and runs all the same."""
+    stack = launch(tmp_path, _models(tmp_path / "runs.log"), {}, ready_models=[])
+    try:
+        jobs = [stack.submit("synthetic", [f"job-{i}"]) for i in range(12)]
+        _expiring(stack.redis, jobs[5]["id"])
+        stack.workers["late"] = start_worker("late", stack.env, tmp_path, ["synthetic"])
+        done = [stack.finished(j["id"], timeout=60) for j in jobs]
+        assert [d["status"] for d in done] == ["succeeded"] * 12, done
+        control = make_celery(load_settings(environ=stack.env)).control
+        stats: dict = {}
+        wait_until(lambda: stats.update(control.inspect(timeout=2).stats() or {}) or stats,
+                   30, "the worker's stats")
+        (node, answer), = stats.items()
+        assert answer["iq"] == {"requests_built": 1}, (node, answer["iq"])
+    finally:
+        stack.stop()

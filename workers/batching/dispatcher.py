@@ -7,10 +7,11 @@ then end is the settlement's (workers/batching/settlement.py); the periodic tick
 (workers/batching/liveness.py). Celery hands it requests through the task Strategy
 (workers/batching/strategy.py).
 
-Each job keeps its Celery identity: it is a real `celery.worker.request.Request`, so Celery's
-own handlers do the bookkeeping per job: `inspect reserved/active`, task events for Flower
-(received, started, succeeded/failed with runtime), revocation, late acks, and requeueing
-when the child running it dies (`task_reject_on_worker_lost`).
+Each job keeps its Celery identity without a Celery `Request` built for it: it is a `Job`
+(workers/batching/job.py) that Celery's books hold, so Celery's own handlers do the bookkeeping
+per job: `inspect reserved/active`, task events for Flower (received, started, succeeded/failed
+with runtime), revocation, late acks, and requeueing when the child running it dies
+(`task_reject_on_worker_lost`); what only a Request answers builds it then.
 """
 from __future__ import annotations
 

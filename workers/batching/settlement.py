@@ -66,14 +66,14 @@ class Settlement:
     def callbacks(self, message: Any) -> tuple[Any, Any]:
         """A request's ack and reject: through the leases, collected per batch."""
         def on_ack(_logger: Any = None, _errors: Any = None) -> None:
-            self._settle(message, requeue=False)
+            self.settle(message, requeue=False)
 
         def on_reject(_logger: Any = None, _errors: Any = None, requeue: bool = False) -> None:
-            self._settle(message, requeue=requeue)
+            self.settle(message, requeue=requeue)
 
         return on_ack, on_reject
 
-    def _settle(self, message: Any, requeue: bool) -> None:
+    def settle(self, message: Any, requeue: bool) -> None:
         if not requeue and id(message) in self._acked:
             self._acked.discard(id(message))
             self.leases.settled([message])
@@ -149,7 +149,7 @@ class Settlement:
                     o = JobOutcome(r.id, Outcome.RETRY)
                 if o.outcome is Outcome.SUCCEEDED:
                     # What `Request.on_success` does, its event left for the batch's, and what
-                    # its `acknowledge` does (`_settle`), the batch's acks together rather than
+                    # its `acknowledge` does (`settle`), the batch's acks together rather than
                     # through each request's `on_ack`. Not into Celery's `successful_requests`
                     # (a set that ages its entries, costly a job): in this process Celery reads
                     # it only for a request still active and unacknowledged, which this one,
@@ -198,7 +198,7 @@ class Settlement:
             # when another worker holds it or it waits on its queue); a newer delivery held
             # under the tag (a copy that was kept) is left alone.
             worker_state.task_ready(r)
-            self._settle(r.message, requeue=True)
+            self.settle(r.message, requeue=True)
         else:  # NOT_RUN: cancelled, expired, missing, or finished by an earlier run
             worker_state.task_ready(r)
             if o.reason in (StartDecision.CANCELLED, StartDecision.EXPIRED):

@@ -1,7 +1,8 @@
 """Where Celery hands the dispatcher its work: the batching tasks' `Task.Strategy` (each
-received message becomes a real Celery `Request`, held by the worker's leases and handed to
-the dispatcher's buffer; a fetch's messages taken in one call, its `intake`, by the worker's
-consumer, workers/broker/intake.py) and a consumer bootstep that starts and stops the dispatcher's tick
+received message becomes a job, workers/batching/job.py, whose Celery `Request` is built only
+where something asks for it; held by the worker's leases and handed to the dispatcher's
+buffer; a fetch's messages taken in one call, its `intake`, by the worker's consumer,
+workers/broker/intake.py) and a consumer bootstep that starts and stops the dispatcher's tick
 with each broker connection."""
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from typing import Any
 
 from celery import bootsteps
 from celery.exceptions import InvalidTaskError
-from celery.worker.request import Request
 from celery.worker.strategy import proto1_to_proto2
 
 from config import ConfigError
@@ -22,6 +22,7 @@ from workers.broker.intake import REFUSED, Refused
 from workers.broker.pool import TaskPool, hold_ahead, on_child_ready
 from workers.child.devices import pool_children
 from workers.batching.dispatcher import PoolDispatcher
+from workers.batching.job import Job, SummaryRequest
 
 logger = logging.getLogger(__name__)
 
@@ -44,16 +45,6 @@ def dispatcher_for(consumer: Any) -> PoolDispatcher:
     return dispatcher
 
 
-class SummaryRequest(Request):
-    """A job's Celery request, which shows inspectors what its task events show: the
-    message's argsrepr and kwargsrepr (the job's summary, tasks/messages.py), never the
-    arguments themselves. Celery's own `info` gives the real kwargs, the job's inputs, to
-    `inspect reserved`, `query_task` and `active` (Flower's worker page among them)."""
-
-    def info(self, safe: bool = False) -> dict[str, Any]:
-        return super().info(safe=True)
-
-
 def _decoded(message: Any, body: Any, uses_utc: bool) -> tuple[Any, Any, bool, bool]:
     """A task message's body, headers, whether decoded, whether UTC: as `Request` takes them
     (protocol 2's as they are; protocol 1's converted as Celery's default strategy does)."""
@@ -64,24 +55,36 @@ def _decoded(message: Any, body: Any, uses_utc: bool) -> tuple[Any, Any, bool, b
     return proto1_to_proto2(message, body)
 
 
-def _request(message: Any, body: Any, uses_utc: bool, settlement: Any,
-             **fixed: Any) -> SummaryRequest:
-    """The message's Celery request. One it cannot be made from, or not a batching task's (a
-    message pushed onto the queue by hand: no id, a body not a task's, its kwargs or its
-    headers' headers not a mapping), is refused as an invalid task, as Celery's handler
-    refuses one (logged, discarded), not raised into the consumer's loop: that would stop the
-    worker (or reconnect it for ever), and the message, recovered, the next one, its queue
-    stalled."""
+def _job(message: Any, body: Any, uses_utc: bool, settlement: Any, task: Any, eventer: Any,
+         **fixed: Any) -> Job:
+    """The message's job (workers/batching/job.py), its Celery Request built now only where
+    the message asks for more than a batch reads (`Job.light`). One it cannot be made from,
+    or not a batching task's (a message pushed onto the queue by hand: no id, a body not a
+    task's, its kwargs or its headers' headers not a mapping), is refused as an invalid task,
+    as Celery's handler refuses one (logged, discarded), not raised into the consumer's loop:
+    that would stop the worker (or reconnect it for ever), and the message, recovered, the
+    next one, its queue stalled."""
     try:
+        given = body
         body, headers, decoded, utc = _decoded(message, body, uses_utc)
-        on_ack, on_reject = settlement.callbacks(message)
-        request = SummaryRequest(message, on_ack=on_ack, on_reject=on_reject, body=body,
-                                 headers=headers, decoded=decoded, utc=utc, **fixed)
-        nested = request.request_dict.get("headers")  # read again for its trace (BatchJob.of)
-        if not isinstance(request.kwargs or {}, dict) or not isinstance(nested or {}, dict):
-            raise InvalidTaskError(f"kwargs {request.kwargs!r:.100} or headers "
+
+        def make(job: Job) -> SummaryRequest:
+            on_ack, on_reject = settlement.callbacks(message)
+            return SummaryRequest(message, on_ack=on_ack, on_reject=on_reject, body=body,
+                                  headers=headers, decoded=decoded, utc=utc, task=task,
+                                  eventer=job.eventer, **fixed)
+
+        if not isinstance(headers, dict):
+            raise InvalidTaskError(f"headers {headers!r:.100} not a mapping")
+        job = Job(message, headers, body, task, eventer, make, settlement.settle)
+        if not (given is None and headers is message.headers and Job.light(headers)):
+            request = job.request  # Celery reads it now, and refuses it as it would
+            job.name, job.expires = request.name, request.expires
+        nested = headers.get("headers")  # read again for its trace (BatchJob.of)
+        if not isinstance(job.kwargs or {}, dict) or not isinstance(nested or {}, dict):
+            raise InvalidTaskError(f"kwargs {job.kwargs!r:.100} or headers "
                                    f"{nested!r:.100} not a mapping")
-        return request
+        return job
     except REFUSED:
         raise
     except Exception as exc:
@@ -103,21 +106,22 @@ def batching_strategy(task: Any, app: Any, consumer: Any, **_kw: Any):
     revoked_tasks = consumer.controller.state.revoked
     settlement = dispatcher.settlement
     uses_utc = app.uses_utc_timezone()
-    fixed = {"app": app, "hostname": hostname, "eventer": eventer, "task": task,
-             "connection_errors": connection_errors}
+    fixed = {"app": app, "hostname": hostname, "connection_errors": connection_errors}
 
     def take(message: Any, body: Any, callbacks: Any) -> None:
-        """One message into the buffer, a Celery request; batches form once all are in."""
-        request = _request(message, body, uses_utc, settlement, **fixed)
+        """One message into the buffer, a job; batches form once all are in."""
+        request = _job(message, body, uses_utc, settlement, task, eventer, **fixed)
         if dispatcher.duplicate(request):
             return
         dispatcher.leases.hold(message)
         if (request.expires or request.id in revoked_tasks) and settlement.revoked(request):
             return
         if send_events:  # sent with the rest of the fetch's, before their batches form
+            get = request.headers.get  # what Celery's Request would read of them
             dispatcher.received(request.id, {
-                "name": request.name, "args": request.argsrepr, "kwargs": request.kwargsrepr,
-                "root_id": request.root_id, "parent_id": request.parent_id, "retries": 0})
+                "name": request.name, "args": get("argsrepr", ""),
+                "kwargs": get("kwargsrepr", ""), "root_id": get("root_id"),
+                "parent_id": get("parent_id"), "retries": 0})
         for callback in callbacks or ():
             callback(request)
         if logger.isEnabledFor(logging.DEBUG):  # one INFO line a batch, in the child
@@ -201,3 +205,9 @@ class DispatcherStep(bootsteps.StartStopStep):
             dispatcher.settlement.give_back_unstored()
 
     shutdown = close
+
+    def info(self, c: Any) -> dict[str, Any]:
+        """Into `celery inspect stats` (Celery's `WorkController.stats` asks each consumer
+        step): the Celery Requests this worker built, one only for a job that asked for more
+        than a batch reads (workers/batching/job.py)."""
+        return {"iq": {"requests_built": SummaryRequest.built}}

@@ -149,9 +149,9 @@ READ: tuple[Name, ...] = (
 )
 
 
-# Read or overridden outside workers/broker/: the batching strategy's Celery requests
-# (workers/batching/strategy.py, workers/batching/settlement.py, workers/batching/dispatcher.py,
-# state.py), the result backends (tasks/results.py) and the Redis clients' retries
+# Read or overridden outside workers/broker/: the batching strategy's jobs and their Celery
+# requests (workers/batching/job.py, workers/batching/strategy.py,
+# workers/batching/settlement.py, workers/batching/dispatcher.py, state.py), the result backends (tasks/results.py) and the Redis clients' retries
 # (tasks/redis_client.py).
 ELSEWHERE: tuple[Name, ...] = (
     Name(celery_strategy, "proto1_to_proto2", ("message", "body")),
@@ -160,11 +160,15 @@ ELSEWHERE: tuple[Name, ...] = (
                                "body", "headers", "decoded", "utc", "maybe_make_aware",
                                "maybe_iso8601", "opts")),
     Name(Request, "acknowledged"),
+    Name(Request, "worker_pid"),
+    Name(Request, "time_start"),
+    Name(Request, "eventer"),
     Name(worker_state, "task_ready", ("request", "successful", "remove_request",
                                       "discard_active_request", "discard_reserved_request",
                                       "discard_scheduled_request")),
     Name(worker_state, "task_reserved", ("request", "add_request", "add_reserved_request",
                                          "discard_scheduled_request")),
+    Name(worker_state, "requests"),
     Name(worker_state, "reserved_requests"),
     Name(worker_state, "active_requests"),
     Name(worker_state, "revoked"),
