@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 import redis
 from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
-from billiard.exceptions import TimeLimitExceeded, WorkerLostError
+from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker import state as worker_state
 
 from tasks.errors import ErrorCode, JobError
@@ -250,7 +250,11 @@ class Settlement:
         exc = exc_info.exception
         if isinstance(exc, ExceptionWithTraceback):
             exc = exc.exc
-        if not isinstance(exc, (WorkerLostError, TimeLimitExceeded)):
+        # A cold shutdown (SIGQUIT, a second Ctrl-C) terminates the pool: its running batch
+        # ends `Terminated`, not lost, and is no more its jobs' fault than a warm stop's kill.
+        lost = (WorkerLostError, TimeLimitExceeded, Terminated) if stopping else \
+            (WorkerLostError, TimeLimitExceeded)
+        if not isinstance(exc, lost):
             self.fail(requests, JobError(ErrorCode.WORKER_ERROR, f"{type(exc).__name__}: {exc}"))
             return []
         if stopping:  # stopped by this worker's own stop: back to the queues, no one's fault
