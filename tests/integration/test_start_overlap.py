@@ -21,17 +21,6 @@ def paused_writes(admin: redis.Redis) -> None:
     admin.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")
 
 
-def executed_with_writes_paused(app, rt, admin: redis.Redis, jobs: list, model) -> list:
-    """`execute` of `jobs` by the model stand-in `model`, Redis's writes paused from before
-    the start is sent (the stand-in unpauses them), and unpaused whatever happens."""
-    rt.run = model
-    paused_writes(admin)
-    try:
-        return execute(app, rt, "m", jobs)
-    finally:
-        admin.execute_command("CLIENT", "UNPAUSE")
-
-
 def test_the_start_is_answered_after_the_model_ran(setup, redis_server):
     app, rt, _client = setup
     admin = redis.Redis.from_url(redis_server.extra["admin_url"], decode_responses=True)
@@ -51,7 +40,12 @@ def test_the_start_is_answered_after_the_model_ran(setup, redis_server):
         admin.execute_command("CLIENT", "UNPAUSE")
         return [[[1.0]] * len(inputs) for inputs, _options in batch]
 
-    outcomes = executed_with_writes_paused(app, rt, admin, jobs, model)
+    rt.run = model
+    paused_writes(admin)
+    try:
+        outcomes = execute(app, rt, "m", jobs)
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
     assert seen == [["queued", "queued"]]
     assert [o.outcome for o in outcomes] == [Outcome.SUCCEEDED] * 2
     for job in jobs:
@@ -117,7 +111,12 @@ def test_a_start_whose_answer_is_lost_is_sent_again_and_counted_once(setup, redi
         admin.execute_command("CLIENT", "UNPAUSE")
         return [[[1.0]] * len(inputs) for inputs, _options in batch]
 
-    outcomes = executed_with_writes_paused(app, rt, admin, jobs, model)
+    rt.run = model
+    paused_writes(admin)
+    try:
+        outcomes = execute(app, rt, "m", jobs)
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
     assert [o.outcome for o in outcomes] == [Outcome.SUCCEEDED] * 2
     for job in jobs:
         record = rt.jobs.read(job.id)
