@@ -10,10 +10,6 @@ not started yet is reported as RETRY (the parent puts it back on its queue) and 
 as UNSTORED with its result (the parent keeps it and stores it when Redis takes writes again:
 running it again would run it twice). It never fails the job.
 
-A batch of several jobs does not wait for its start: the start is sent, the model runs over
-every job, and the start's answer is read after it (`_start_and_run`); what the start refused
-is computed for nothing and dropped, never stored nor counted (docs/reliability.md).
-
 A job is started only while its message is still on this worker's in-flight record
 (`held_by`): one that another worker took back while this worker's lease had lapsed (a network
 cut) is left to that worker. The finish that stores the batch's results acknowledges their
