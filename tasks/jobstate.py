@@ -432,43 +432,6 @@ def _finish_call(finals: Sequence[Final], result_ttl_s: int, model_version: str,
     return keys, args
 
 
-class SentStart:
-    """A batch's start sent on a held connection, its reply not read yet
-    (`JobState.send_start`)."""
-
-    def __init__(self, pool: Any, conn: Any) -> None:
-        self._pool, self._conn = pool, conn
-        self._answer: list[StartDecision] | redis.RedisError = []
-
-    def decisions(self) -> list[StartDecision]:
-        """`start`'s answer, read once (the same answer, or error, after). A script that
-        Redis did not hold (NOSCRIPT) did not run: it raises, as an error on the way does."""
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            try:
-                self._answer = [StartDecision(_text(x)) for x in conn.read_response()]
-            except redis.RedisError as exc:
-                self._answer = exc
-                if not isinstance(exc, redis.ResponseError):
-                    conn.disconnect()  # a reply may still come: never left for another call
-            except BaseException:
-                conn.disconnect()
-                raise
-            finally:
-                self._pool.release(conn)
-        if isinstance(self._answer, redis.RedisError):
-            raise self._answer
-        return self._answer
-
-    def close(self) -> None:
-        """Give the connection back, its reply unread (disconnected: it may still come)."""
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            self._answer = redis.ConnectionError("the start's reply was not read")
-            conn.disconnect()
-            self._pool.release(conn)
-
-
 @dataclass
 class Submitted:
     job_id: str
@@ -612,32 +575,6 @@ class JobState:
         job's token as its message carries it. `held`: the in-flight hash of the worker that
         holds the jobs' messages and each job's delivery tag: a job whose message is no longer
         on it is not started (LAPSED)."""
-        keys, args = self._start_call(job_ids, worker, batch, tokens, held)
-        return [StartDecision(_text(x)) for x in self._run("start", keys, args)]
-
-    def send_start(self, job_ids: Sequence[str], *, worker: str, batch: str,
-                   tokens: Sequence[str] = (),
-                   held: tuple[str, Sequence[str]] | None = None) -> SentStart:
-        """`start`, sent and its reply left to read later (`SentStart.decisions`): a batch's
-        start overlapped with its model (workers/child/execute.py). It goes on a connection
-        taken out of the client's pool and held until its reply is read, so nothing else
-        (another thread, the batch's progress) writes or reads on it in between. Raises a
-        RedisError if it could not be sent; the same start sent again counts once."""
-        keys, args = self._start_call(job_ids, worker, batch, tokens, held)
-        pool = self.client.connection_pool
-        conn = pool.get_connection()
-        try:
-            conn.send_command("EVALSHA", self._scripts["start"].sha, len(keys), *keys,
-                              self.keep_s, self.ttl_s, *args)
-        except BaseException:
-            conn.disconnect()
-            pool.release(conn)
-            raise
-        return SentStart(pool, conn)
-
-    def _start_call(self, job_ids: Sequence[str], worker: str, batch: str,
-                    tokens: Sequence[str],
-                    held: tuple[str, Sequence[str]] | None) -> tuple[list[str], list[Any]]:
         now = now_stamp()
         keys = [job_key(j) for j in job_ids]
         tokens = list(tokens) or [""] * len(job_ids)
@@ -647,7 +584,8 @@ class JobState:
             args += [token, tag]
         if held is not None:
             keys.append(held[0])
-        return keys, args
+        out = self._run("start", keys, args)
+        return [StartDecision(_text(x)) for x in out]
 
     def progress(self, items_done: Mapping[str, int]) -> int:
         """Count running jobs' items done; how many were running."""

@@ -71,9 +71,7 @@ def test_a_batch_runs_its_runnable_jobs_in_one_call_and_stores_each(setup):
 
     outcomes = {o.job_id: o for o in execute(app, rt, "m", [ok, bad, cancelled])}
 
-    # One model call over the whole batch, its start read after it: the cancelled job's work
-    # is thrown away (tests/integration/test_start_overlap.py).
-    assert rt.calls == [[["ab", "c"], ["boom"], ["x"]]]
+    assert rt.calls == [[["ab", "c"], ["boom"]]]  # one model call; the cancelled job left out
     assert outcomes[ok.id].outcome is Outcome.SUCCEEDED and outcomes[ok.id].outputs == 2
     assert outcomes[bad.id].outcome is Outcome.FAILED
     assert outcomes[bad.id].error == JobError(ErrorCode.INFERENCE_ERROR, "boom")

@@ -29,7 +29,7 @@ import redis
 
 from tasks import tracing
 from tasks.errors import JobError
-from tasks.jobstate import Final, SentStart, StartDecision, Status, batch_text
+from tasks.jobstate import Final, StartDecision, Status, batch_text
 from tasks.logs import trace
 from tasks.redis_client import is_transient
 from workers import metrics
@@ -75,12 +75,6 @@ class _Ran:
     elapsed: float
     started_ns: int
     model_ns: tuple[int, int]
-    now: float  # time.time() as the model was called
-
-    def only(self, kept: list[bool]) -> _Ran:
-        """The pass, with the outputs of the jobs `kept` (in order) alone."""
-        return _Ran([out for out, keep in zip(self.returned, kept) if keep], self.elapsed,
-                    self.started_ns, self.model_ns, self.now)
 
 
 def execute(app: Any, rt: ModelRuntime, model: str, jobs: list[BatchJob],
@@ -92,12 +86,13 @@ def execute(app: Any, rt: ModelRuntime, model: str, jobs: list[BatchJob],
         return _retry(job.id for job in jobs)
     batch = {"id": uuid.uuid4().hex[:12], "jobs": len(jobs),  # kept in every job's record
              "items": sum(len(job.args.inputs) for job in jobs)}
-    started = _start_and_run(rt, model, jobs, batch, held_by)
+    started = _start(rt, jobs, batch, held_by)
     if started is None:
         return _retry(job.id for job in jobs)
-    to_run, not_run, ran = started
-    if ran is None:
+    to_run, not_run = started
+    if not to_run:
         return not_run
+    ran = _run_model(rt, model, to_run)
     finals = [failed(app, job, out) if isinstance(out, JobError) else succeeded(app, job, out)
               for job, out in zip(to_run, ran.returned)]
     write_ns = time.time_ns()
@@ -124,109 +119,28 @@ def execute(app: Any, rt: ModelRuntime, model: str, jobs: list[BatchJob],
     return outcomes + not_run
 
 
-def _start_and_run(rt: ModelRuntime, model: str, jobs: list[BatchJob], batch: dict,
-                   held_by: str) -> tuple[list[BatchJob], list[JobOutcome], _Ran | None] | None:
-    """The jobs started, the outcomes of those not, and the model's pass over the started
-    ones (None: none started); None when Redis would not record the start.
-
-    A batch of several jobs is one model call (the parent packs at most max_batch_size items
-    with more than one job): its start is sent, the model runs over every job of it, and only
-    then is the start's answer read, so the device does not wait on that round trip. A job
-    the start refused (cancelled, expired, finished, foreign, lapsed) was run by the model
-    for nothing: its outputs are dropped, never stored, and no run is counted (the start
-    counts runs). A batch of one job keeps the start first: it may span several model calls
-    (progress is written to its record between them), it is how a job suspected of killing
-    its child runs again (workers/batching/isolation.py), and it has nothing to share the
-    model's work with."""
-    sent = _send_start(rt, jobs, batch, held_by) if len(jobs) > 1 else None
-    if sent is None:
-        started = _start(rt, jobs, batch, held_by)
-        if started is None:
-            return None
-        to_run, not_run = started
-        ran = _run_model(rt, model, to_run) if to_run else None
-    else:
-        try:
-            ran = _run_model(rt, model, jobs, sent)
-        except BaseException:
-            sent.close()  # its connection back to the pool, the reply unread
-            raise
-        started = _read_start(rt, jobs, batch, held_by, sent)
-        if started is None:
-            logger.warning("the model's work on %d job(s) is discarded", len(jobs))
-            return None
-        to_run, not_run = started
-        kept = {id(job) for job in to_run}
-        ran = ran.only([id(job) in kept for job in jobs]) if to_run else None
-    if ran is not None:
-        _note_started(model, to_run, ran)
-    return to_run, not_run, ran
-
-
-def _send_start(rt: ModelRuntime, jobs: list[BatchJob], batch: dict,
-                held_by: str) -> SentStart | None:
-    """The batch's start sent, its reply unread; None if it could not be sent (the blocking
-    start, with its retries, follows)."""
-    try:
-        return rt.jobs.send_start(**_start_arguments(rt, jobs, batch, held_by))
-    except redis.RedisError as exc:
-        logger.warning("could not send the start of %d job(s) (%s); starting them before "
-                       "the model", len(jobs), exc)
-        return None
-
-
-def _read_start(rt: ModelRuntime, jobs: list[BatchJob], batch: dict, held_by: str,
-                sent: SentStart) -> tuple[list[BatchJob], list[JobOutcome]] | None:
-    """The sent start's answer: the jobs to keep, the outcomes of the others. If it cannot
-    be read (Redis away, a stall, NOSCRIPT), the start is sent again and waited for, with
-    its retries: a start sent again counts once."""
-    try:
-        return _decided(jobs, sent.decisions())
-    except redis.RedisError as exc:
-        if not (is_transient(exc) or isinstance(exc, redis.exceptions.NoScriptError)):
-            logger.warning("could not mark %d job(s) started; back to the queue", len(jobs),
-                           exc_info=True)
-            return None
-        # NOSCRIPT: Redis lost its scripts (a restart); the start below loads it again.
-        logger.log(logging.INFO if isinstance(exc, redis.exceptions.NoScriptError)
-                   else logging.WARNING, "no answer to the start of %d job(s) (%s); starting "
-                   "them again", len(jobs), exc)
-    return _start(rt, jobs, batch, held_by)
-
-
 def _retry(job_ids: Iterable[str]) -> list[JobOutcome]:
     return [JobOutcome(job_id, Outcome.RETRY) for job_id in job_ids]
-
-
-def _start_arguments(rt: ModelRuntime, jobs: list[BatchJob], batch: dict,
-                     held_by: str) -> dict[str, Any]:
-    """What `start` is given for the batch: the same however often it is sent."""
-    return {"job_ids": [job.id for job in jobs],
-            "worker": f"{rt.member}/{os.getpid()}",  # node name / child index / pid
-            # Which batch a job ran in, so a client (and the tests) can see batching at work.
-            "batch": batch_text(batch), "tokens": [job.token for job in jobs],
-            "held": (held_by, [job.tag for job in jobs]) if held_by else None}
 
 
 def _start(rt: ModelRuntime, jobs: list[BatchJob], batch: dict,
            held_by: str) -> tuple[list[BatchJob], list[JobOutcome]] | None:
     """The jobs to run, and the outcomes of those not to run; None when Redis would not
     record the start."""
-    arguments = _start_arguments(rt, jobs, batch, held_by)
+    worker = f"{rt.member}/{os.getpid()}"  # node name / child index / pid
+    # Which batch a job ran in, so a client (and the tests) can see batching at work.
+    info = batch_text(batch)
+    ids, tokens = [job.id for job in jobs], [job.token for job in jobs]
+    held = (held_by, [job.tag for job in jobs]) if held_by else None
     try:
-        decisions = _with_retries(lambda: rt.jobs.start(**arguments), "start a batch",
-                                  rt.settings.redis_retry_s)
+        decisions = _with_retries(
+            lambda: rt.jobs.start(ids, worker=worker, batch=info, tokens=tokens, held=held),
+            "start a batch", rt.settings.redis_retry_s)
     except redis.RedisError:
         # Fail closed: a job whose start could not be recorded might have been cancelled.
-        logger.warning("could not mark %d job(s) started; back to the queue", len(jobs),
+        logger.warning("could not mark %d job(s) started; back to the queue", len(ids),
                        exc_info=True)
         return None
-    return _decided(jobs, decisions)
-
-
-def _decided(jobs: list[BatchJob],
-             decisions: list[StartDecision]) -> tuple[list[BatchJob], list[JobOutcome]]:
-    """The jobs the start said to run, and the outcomes of the others."""
     for job, decision in zip(jobs, decisions):
         if decision is StartDecision.FOREIGN:
             logger.warning(FOREIGN, job.id)
@@ -236,16 +150,21 @@ def _decided(jobs: list[BatchJob],
     return to_run, not_run
 
 
-def _run_model(rt: ModelRuntime, model: str, jobs: list[BatchJob],
-               sent: SentStart | None = None) -> _Ran:
-    """One pass of the model over the jobs' inputs, with its metrics. `sent`: the batch's
-    start, sent and not read yet."""
+def _run_model(rt: ModelRuntime, model: str, jobs: list[BatchJob]) -> _Ran:
+    """One pass of the model over the jobs' inputs, with its metrics."""
     started_ns = time.time_ns()
+    if logger.isEnabledFor(logging.DEBUG):
+        for job in jobs:
+            with trace(job.trace_id):
+                logger.debug("job %s started: model=%s batch of %d job(s)", job.id, model,
+                             len(jobs))
     now = time.time()
     submitted = [job.args.submitted_at for job in jobs if job.args.submitted_at is not None]
+    for at in submitted:
+        metrics.get().queue_wait.labels(model).observe(max(now - at, 0.0))
     started = time.monotonic()
     model_start_ns = time.time_ns()
-    progress = _Progress(rt, jobs, sent)
+    progress = _Progress(rt, jobs)
     # The busy share counts the device idle from the moment its earliest job was waiting.
     waiting_since = busy.monotonic_of(min(submitted), now, started) if submitted else None
     returned = rt.run(model, [(job.args.inputs, job.args.options) for job in jobs], progress,
@@ -255,21 +174,8 @@ def _run_model(rt: ModelRuntime, model: str, jobs: list[BatchJob],
     metrics.get().inference.labels(model).observe(elapsed)
     for items in progress.calls:
         metrics.get().batch_size.labels(model).observe(items)
-    return _Ran(returned, elapsed, started_ns, model_ns, now)
-
-
-def _note_started(model: str, jobs: list[BatchJob], ran: _Ran) -> None:
-    """The jobs started and run: how long each waited, and the batch's jobs, in the metrics."""
-    if logger.isEnabledFor(logging.DEBUG):
-        for job in jobs:
-            with trace(job.trace_id):
-                logger.debug("job %s started: model=%s batch of %d job(s)", job.id, model,
-                             len(jobs))
-    for job in jobs:
-        if job.args.submitted_at is not None:
-            metrics.get().queue_wait.labels(model).observe(max(ran.now - job.args.submitted_at,
-                                                               0.0))
     metrics.get().batch_jobs.labels(model).observe(len(jobs))
+    return _Ran(returned, elapsed, started_ns, model_ns)
 
 
 class _Progress:
@@ -277,14 +183,10 @@ class _Progress:
     them in the records of jobs part done: those spanning several calls (a job larger than
     max_batch_size runs alone, as several calls). A job done is left for `finish`. Progress
     is a courtesy: a Redis error on the way is logged, never a job's failure. It also keeps
-    the items of each model call, for `iq_batch_size`. With the batch's start `sent` and not
-    read yet, its answer is read first, and only the jobs it started are written: a job it
-    refused may be running elsewhere (lapsed, foreign) and is never touched."""
+    the items of each model call, for `iq_batch_size`."""
 
-    def __init__(self, rt: ModelRuntime, jobs: list[BatchJob],
-                 sent: SentStart | None = None) -> None:
+    def __init__(self, rt: ModelRuntime, jobs: list[BatchJob]) -> None:
         self.rt = rt
-        self.sent = sent
         self.calls: list[int] = []  # the items of each model call, in order
         self.spans: list[tuple[str, int, int]] = []  # (job id, first item, items)
         first = 0
@@ -299,13 +201,7 @@ class _Progress:
         if not part_done:
             return
         try:
-            if self.sent is not None:
-                started = {job_id for (job_id, _, _), decision
-                           in zip(self.spans, self.sent.decisions())
-                           if decision is StartDecision.RUN}
-                part_done = {j: n for j, n in part_done.items() if j in started}
-            if part_done:
-                self.rt.jobs.progress(part_done)
+            self.rt.jobs.progress(part_done)
         except redis.RedisError as exc:
             logger.warning("could not count the progress of %d job(s): %s", len(part_done),
                            exc)
