@@ -1,0 +1,186 @@
+"""The API's HTTP/1 parser (gunicorn.conf.py's Request, Parser and Worker.handle): every head
+is read to what gunicorn's own parser reads from it, or refused with the same error; a plain
+head is read without gunicorn's per-line steps; a peer's trust is worked out once."""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import itertools
+import runpy
+import socket
+
+import pytest
+from gunicorn.config import Config
+from gunicorn.http import message
+from gunicorn.http.parser import RequestParser
+from gunicorn.http.unreader import IterUnreader
+from gunicorn.workers.base_async import AsyncWorker
+
+from scripts.processes import ROOT
+
+
+@pytest.fixture(scope="module")
+def conf() -> dict:
+    import os
+
+    kept = {name: os.environ.get(name) for name in ("PROMETHEUS_MULTIPROC_DIR",
+                                                   "_IQ_API_HANDOVER_DIR")}
+    loaded = runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+    for name, value in kept.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    return loaded
+
+
+def config(**settings) -> Config:
+    cfg = Config()
+    for name, value in settings.items():
+        cfg.set(name, value)
+    return cfg
+
+
+def parsed(request_class, raw: bytes, cfg: Config, peer=("10.0.0.9", 4000)):
+    """What `request_class` makes of `raw`: its method, path, headers and the body reader's
+    kind and scheme, or the error it raised (its class and text)."""
+    try:
+        req = request_class(cfg, IterUnreader([raw]), peer, 1)
+    except Exception as e:  # noqa: BLE001 - the error is the result compared
+        return type(e).__name__, str(e)
+    return (req.method, req.path, req.query, req.version, req.headers, req.scheme,
+            type(req.body.reader).__name__, req._expected_100_continue)
+
+
+FIELDS = [
+    b"Host: api", b"Host: api:8000", b"Content-Type: application/json",
+    b"Content-Length: 2", b"Content-Length: x", b"Content-Length: 2, 2",
+    b"Accept:*/*", b"X-Trace:   padded \t ", b"X-Empty:", b"X-Latin: caf\xe9",
+    b"Authorization: Bearer k", b"Prefer: wait=5", b"Connection: close",
+    b"Expect: 100-continue", b"Expect: nonsense", b"Transfer-Encoding: chunked",
+    b"Transfer-Encoding: gzip", b"X-Forwarded-Proto: https", b"X-Forwarded-Proto: http",
+    b"SCRIPT_NAME: /x", b"X_Under: 1", b"Bad Header: y", b": novalue", b"NoColon",
+    b"X-Ctl: a\x01b", b"X-Del: a\x7fb", b"X-Cr: a\rb", b"X-Lf: a\nb", b" folded", b"\tfolded",
+    b"X-Tab:\tv\t", b"X-Long: " + b"v" * 9000, b"X-Uni\xe9: 1", b"Host: other",
+    b"Content-Type: text/plain", b"X-Colon: a:b:c", b"X-Forwarded-For: 1.2.3.4",
+]
+
+
+def heads():
+    """Request heads: every field alone, pairs of them, and some longer mixes."""
+    line = b"POST /v1/jobs?x=1 HTTP/1.1\r\n"
+    for field in FIELDS:
+        yield line + field + b"\r\n\r\n{}"
+    for a, b in itertools.combinations(FIELDS[:22], 2):
+        yield line + a + b"\r\n" + b + b"\r\n\r\n{}"
+    yield line + b"\r\n".join(b"X-H%d: v" % i for i in range(120)) + b"\r\n\r\n"
+    yield line + b"\r\n".join(FIELDS[:4] + FIELDS[6:12]) + b"\r\n\r\n{}"
+    yield b"GET /healthz HTTP/1.0\r\nHost: x\r\nX-A: 1\r\n\r\n"
+    yield b"GET /healthz HTTP/1.1\r\n\r\n"
+
+
+SETTINGS = [
+    {},
+    {"forwarded_allow_ips": "10.0.0.9"},
+    {"forwarded_allow_ips": "*", "header_map": "refuse"},
+    {"limit_request_fields": 3, "limit_request_field_size": 40},
+    {"strip_header_spaces": True, "header_map": "dangerous"},
+    {"permit_obsolete_folding": True},
+]
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=str)
+def test_every_head_reads_as_gunicorns_parser_reads_it(conf, settings):
+    cfg = config(**settings)
+    conf["settle"](cfg)
+    ours = conf["Request"]
+    for raw in heads():
+        assert parsed(ours, raw, cfg) == parsed(message.Request, raw, cfg), raw
+
+
+def test_a_plain_head_is_read_without_gunicorns_steps_for_each_line(conf, monkeypatch):
+    """gunicorn decodes, matches and applies its header policy line by line (~13 calls a
+    field); a plain head is decoded and matched once."""
+    cfg = config()
+    conf["settle"](cfg)
+    calls: list[str] = []
+    real = message.Message._apply_header_policy
+
+    def counted(self, *args, **kwargs):
+        calls.append("policy")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(message.Message, "_apply_header_policy", counted)
+    raw = (b"POST /v1/jobs HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\n"
+           b"Content-Length: 2\r\nAuthorization: Bearer k\r\nPrefer: wait=5\r\n\r\n{}")
+    req = conf["Request"](cfg, IterUnreader([raw]), ("127.0.0.1", 9), 1)
+    assert req.headers[0] == ("HOST", "api") and len(req.headers) == 5
+    assert calls == []
+
+
+def test_a_peers_trust_is_worked_out_once(conf, monkeypatch):
+    cfg = config(forwarded_allow_ips="127.0.0.1")
+    conf["settle"](cfg)
+    asked: list[str] = []
+    real = message._ip_in_allow_list
+
+    def counted(ip, *rest):
+        asked.append(ip)
+        return real(ip, *rest)
+
+    monkeypatch.setattr(message, "_ip_in_allow_list", counted)
+    raw = b"GET /x HTTP/1.1\r\nHost: a\r\nX-Forwarded-Proto: https\r\n\r\n"
+    schemes = [conf["Request"](cfg, IterUnreader([raw]), ("127.0.0.1", port), 1).scheme
+               for port in (1, 2, 3)]
+    other = conf["Request"](cfg, IterUnreader([raw]), ("127.0.0.2", 1), 1).scheme
+    assert schemes == ["https"] * 3 and other == "http"
+    assert asked == ["127.0.0.1", "127.0.0.2"]
+
+
+def test_the_worker_parses_a_plain_connection_with_its_own_parser(conf, monkeypatch):
+    """Worker.handle: a plain connection's requests are made by `Request`; with TLS, gunicorn's
+    own handle (and its parser) takes the connection."""
+    made: list[type] = []
+    real = RequestParser.__init__
+
+    def noting(self, *args):
+        made.append(type(self))
+        real(self, *args)
+
+    monkeypatch.setattr(RequestParser, "__init__", noting)
+    from gunicorn.glogging import Logger
+
+    cfg = config()
+    conf["settle"](cfg)
+    worker = conf["Worker"](1, 1, [], None, 30, cfg, Logger(cfg))
+    worker.alive = True
+    seen: list[tuple[str, list]] = []
+
+    def app(environ, start_response):
+        seen.append((environ["PATH_INFO"], environ["HTTP_X_A"]))
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    worker.wsgi = app
+    listener, client = socket.socketpair()
+    ours, theirs = socket.socketpair()
+    with listener, client, theirs:
+        theirs.sendall(b"GET /a HTTP/1.1\r\nHost: t\r\nX-A: 1\r\n\r\n"
+                       b"GET /b HTTP/1.1\r\nHost: t\r\nX-A: 2\r\nConnection: close\r\n\r\n")
+        worker.handle(listener, ours, ("127.0.0.1", 1))
+        answers = b""
+        while chunk := theirs.recv(65536):
+            answers += chunk
+    assert seen == [("/a", "1"), ("/b", "2")] and answers.count(b"HTTP/1.1 200 OK") == 2
+    assert made == [conf["Parser"]]
+
+
+# gunicorn's AsyncWorker.handle, whose HTTP/1 path Worker.handle repeats with its own parser.
+# A gunicorn that changes it fails here: read the new one, bring Worker.handle in line, and
+# take the new digest.
+HANDLE_SHA256 = "6eb3b127e6ba7e84a17176c140262822b8bf5c64a235e00a22b6b85892609705"
+
+
+def test_gunicorns_handle_is_the_one_the_worker_repeats():
+    source = inspect.getsource(AsyncWorker.handle)
+    assert hashlib.sha256(source.encode()).hexdigest() == HANDLE_SHA256
