@@ -1,6 +1,7 @@
 """The API's Flask class: Flask, with each hook's and view's kind (plain or `async def`)
-looked up once rather than on every call, and each request's body limit given to it when
-its context is made.
+looked up once rather than on every call, the hooks that run for an endpoint (its
+blueprints' and the app's) listed once an endpoint, and each request's body limit given to
+it when its context is made.
 
 Flask asks of every function it runs for a request (each `before_request`, `after_request`
 and `teardown_request` hook, the view, an error handler) whether it is a coroutine function
@@ -9,10 +10,13 @@ request here, each a walk through `inspect`'s checks of a function that never ch
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+import sys
+from typing import Any, Callable, NamedTuple
 
 from flask import Flask, Response
 from flask.ctx import RequestContext
+from flask.globals import request_ctx
+from flask.signals import request_tearing_down
 from flask.sessions import NullSession, SessionInterface
 from werkzeug.datastructures import Headers
 
@@ -73,13 +77,90 @@ class NoSession(SessionInterface):
         """Never called: Flask saves no null session."""
 
 
+class Hooks(NamedTuple):
+    """What runs around one endpoint's view, in the order Flask runs it: the URL value
+    preprocessors and `before_request` hooks of the app, then of each blueprint from the
+    outermost in; the `after_request` and `teardown_request` hooks of the innermost
+    blueprint out to the app, each's in reverse order of registration."""
+
+    values: tuple[Callable[..., Any], ...]
+    before: tuple[Callable[..., Any], ...]
+    after: tuple[Callable[..., Any], ...]
+    teardown: tuple[Callable[..., Any], ...]
+
+
+_UNSET = object()  # no exception passed to do_teardown_request: the one being handled
+
+
 class Api(Flask):
+    """Flask, its request's hooks listed once an endpoint (`Hooks`). Flask works out at each
+    request, three times (`preprocess_request`, `process_response`, `do_teardown_request`),
+    which blueprints the endpoint is in (`request.blueprints`, ~4 calls each), then looks up
+    and asks the kind of every hook of the app's and theirs (`ensure_sync`). Hooks cannot
+    change once the first request is in (Flask refuses a setup method after it), so the
+    list an endpoint gets then stays right. A request matching no rule has the app's alone.
+    The teardown signal is sent when something listens to it, as Flask sends it."""
+
     response_class = Answer
     session_interface = NoSession()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._plain: dict[Callable[..., Any], bool] = {}
+        self._hooks: dict[str | None, Hooks] = {}
+
+    def hooks(self, request: Any) -> Hooks:
+        """The hooks that run for `request`'s endpoint (None: it matched no rule)."""
+        rule = request.url_rule
+        endpoint = None if rule is None else rule.endpoint
+        found = self._hooks.get(endpoint)
+        if found is None:
+            found = self._list_hooks(request.blueprints)
+            if self._got_first_request:
+                self._hooks[endpoint] = found
+        return found
+
+    def _list_hooks(self, blueprints: list[str]) -> Hooks:
+        inward, outward = (None, *reversed(blueprints)), (*blueprints, None)
+        sync = self.ensure_sync
+        return Hooks(
+            tuple(f for name in inward for f in self.url_value_preprocessors.get(name, ())),
+            tuple(sync(f) for name in inward for f in self.before_request_funcs.get(name, ())),
+            tuple(sync(f) for name in outward
+                  for f in reversed(self.after_request_funcs.get(name, ()))),
+            tuple(sync(f) for name in outward
+                  for f in reversed(self.teardown_request_funcs.get(name, ()))))
+
+    def preprocess_request(self) -> Any:
+        request = request_ctx._get_current_object().request
+        hooks = self.hooks(request)
+        for func in hooks.values:
+            func(request.endpoint, request.view_args)
+        for func in hooks.before:
+            answer = func()
+            if answer is not None:
+                return answer
+        return None
+
+    def process_response(self, response: Response) -> Response:
+        context = request_ctx._get_current_object()
+        for func in context._after_request_functions:  # after_this_request's
+            response = self.ensure_sync(func)(response)
+        for func in self.hooks(context.request).after:
+            response = func(response)
+        session = context._session
+        if session is not NoSession.NULL and \
+                not self.session_interface.is_null_session(session):
+            self.session_interface.save_session(self, session, response)
+        return response
+
+    def do_teardown_request(self, exc: BaseException | None = _UNSET) -> None:  # type: ignore
+        if exc is _UNSET:
+            exc = sys.exc_info()[1]
+        for func in self.hooks(request_ctx._get_current_object().request).teardown:
+            func(exc)
+        if request_tearing_down.receivers:
+            request_tearing_down.send(self, _async_wrapper=self.ensure_sync, exc=exc)
 
     def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
         try:

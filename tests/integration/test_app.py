@@ -157,6 +157,25 @@ def test_a_submits_location_is_not_converted_again(api):
     assert count == 0
 
 
+def test_a_requests_hooks_are_listed_once_an_endpoint(api):
+    """The hooks around a view (the app's and its blueprints') are listed once an endpoint
+    (app/application.py Api.hooks): Flask worked out the request's blueprints three times a
+    request and asked each hook's kind each time it ran one. The view's own kind is still
+    asked (by Flask's dispatch_request and flask-smorest's wrapper); every hook still runs
+    (the request id echoed)."""
+    job = {"model": "echo", "inputs": ["a"]}
+    assert api.post("/v1/jobs", json=job).status_code == 202  # the endpoint's first request
+    answers = []
+    kinds = _calls(lambda: answers.append(api.post("/v1/jobs", json=job,
+                                                   headers={"X-Request-ID": "t-1"})),
+                   "app/application.py", "ensure_sync")
+    blueprints = _calls(lambda: answers.append(api.post("/v1/jobs", json=job)),
+                        "flask/wrappers.py", "blueprints")
+    assert [r.status_code for r in answers] == [202, 202]
+    assert answers[0].headers["X-Request-ID"] == "t-1"
+    assert (kinds, blueprints) == (2, 0)
+
+
 def test_a_request_opens_no_session(api):
     """The API keeps no sessions (app/application.py NoSession): Flask's cookie sessions do
     not look for a secret key and make a null session each request; the one null session

@@ -3,7 +3,7 @@ reads without those libraries promising to keep them (private, or undocumented),
 `OVERRIDDEN` (methods the worker's classes in workers/broker/ override: each must still be
 defined where it was, taking the same parameters), `READ` (what workers/broker/ reads or
 calls), `ELSEWHERE` (what the worker's strategy and settlement, and tasks/, read or
-override) and `API` (gunicorn's, for the API's worker in gunicorn.conf.py).
+override) and `API` (gunicorn's and Flask's, for the API: gunicorn.conf.py, app/).
 docs/upgrading.md's table names each of them, and nothing else; tests/unit/test_seam.py
 fails on a version that moved or changed one, and a worker checks `OVERRIDDEN` when it
 starts (`check`), so that an upgrade that moves a method fails loudly rather than leave the
@@ -182,9 +182,12 @@ ELSEWHERE: tuple[Name, ...] = (
 
 def _api_names() -> tuple[Name, ...]:
     """gunicorn's, which the API's worker and HTTP/1 parser (gunicorn.conf.py's Worker,
-    Request, Parser) override or read; none where gunicorn is not installed (a worker's
-    image: requirements/worker.txt)."""
+    Request, Parser) override or read, and Flask's, which the API's Flask class
+    (app/application.py Api) reads; none where they are not installed (a worker's image:
+    requirements/worker.txt)."""
     try:
+        from flask import Flask
+        from flask.ctx import RequestContext
         from gunicorn.http import message
         from gunicorn.http.parser import RequestParser
         from gunicorn.http2 import negotiation
@@ -202,6 +205,9 @@ def _api_names() -> tuple[Name, ...]:
         Name(message.Message, "limit_request_field_size"),
         Name(message.HeaderPolicy, "_peer_is_trusted_proxy", ("self",)),
         Name(message.HeaderPolicy, "_peer_trusted_for_forwarded", ("self",)),
+        Name(RequestContext, "_after_request_functions"),
+        Name(RequestContext, "_session"),
+        Name(Flask, "_got_first_request"),
     )
 
 
