@@ -11,7 +11,8 @@ import socket
 
 import pytest
 from gunicorn.config import Config
-from gunicorn.http import message
+from gunicorn import util
+from gunicorn.http import message, wsgi
 from gunicorn.http.parser import RequestParser
 from gunicorn.http.unreader import IterUnreader
 from gunicorn.workers.base_async import AsyncWorker
@@ -175,12 +176,123 @@ def test_the_worker_parses_a_plain_connection_with_its_own_parser(conf, monkeypa
     assert made == [conf["Parser"]]
 
 
-# gunicorn's AsyncWorker.handle, whose HTTP/1 path Worker.handle repeats with its own parser.
-# A gunicorn that changes it fails here: read the new one, bring Worker.handle in line, and
-# take the new digest.
-HANDLE_SHA256 = "6eb3b127e6ba7e84a17176c140262822b8bf5c64a235e00a22b6b85892609705"
+ANSWER_HEADERS = [
+    [], [("Content-Type", "application/json"), ("Content-Length", "11")],
+    [("Content-Type", "application/json"), ("Content-Length", "2"), ("Location", "/v1/jobs/x"),
+     ("X-Request-ID", "r-1")],
+    [("X-Pad", "  padded\t")], [("X-Empty", "")], [("X-Inner", "a b\tc")],
+    [("Content-Length", "2"), ("Content-Length", "3")], [("Content-Length", "x")],
+    [("Connection", "upgrade"), ("Upgrade", "websocket")], [("Connection", "close")],
+    [("Date", "yesterday")], [("Server", "x")], [("Keep-Alive", "5")],
+    [("Bad Name", "v")], [("X-Ctl", "a\rb")], [("X-Nl", "a\nb")], [("X-Null", "a\0b")],
+    [("X-Uni", "caf\u00e9")], [("X-Wide", "\u0100")], [(b"X-Bytes", "v")], [("X-B", b"v")],
+    [("X-List", "v"), ["X-L", "w"]], [("X-Latin\u00e9", "v")], [("x-lower", "v")],
+]
 
 
-def test_gunicorns_handle_is_the_one_the_worker_repeats():
-    source = inspect.getsource(AsyncWorker.handle)
-    assert hashlib.sha256(source.encode()).hexdigest() == HANDLE_SHA256
+def processed(response_class, headers):
+    req = message.Request(config(), IterUnreader([b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"]),
+                          ("1.2.3.4", 5), 1)
+    resp = response_class(req, None, config())
+    try:
+        resp.process_headers(list(headers))
+    except Exception as e:  # noqa: BLE001 - the error is the result compared
+        return type(e).__name__, str(e)
+    return resp.headers, resp.response_length, resp.upgrade
+
+
+def test_every_answers_headers_are_taken_as_gunicorns_response_takes_them(conf):
+    for headers in ANSWER_HEADERS:
+        assert processed(conf["Reply"], headers) == processed(wsgi.Response, headers), headers
+
+
+def test_plain_answer_headers_are_taken_without_gunicorns_steps_for_each(conf, monkeypatch):
+    """gunicorn checks each header in turn, asking whether it is hop-by-hop; plain headers are
+    checked joined, in one match."""
+    asked: list[str] = []
+    real = util.is_hoppish
+
+    def counted(name):
+        asked.append(name)
+        return real(name)
+
+    monkeypatch.setattr(util, "is_hoppish", counted)
+    got = processed(conf["Reply"], ANSWER_HEADERS[2])
+    assert got == (ANSWER_HEADERS[2], 2, False) and asked == []
+
+
+def test_an_answers_date_is_made_once_a_second(conf, monkeypatch):
+    import time
+
+    made: list[float] = []
+    real = util.http_date
+    monkeypatch.setattr(util, "http_date", lambda at=None: made.append(at) or real(at))
+    now = [5000.2]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    req = message.Request(config(), IterUnreader([b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"]),
+                          ("1.2.3.4", 5), 1)
+
+    def date_of():
+        resp = conf["Reply"](req, None, config())
+        resp.start_response("200 OK", [("Content-Length", "0")])
+        return [line for line in resp.default_headers() if line.startswith("Date:")]
+
+    first, again = date_of(), date_of()
+    now[0] = 5001.0
+    later = date_of()
+    assert first == again == [f"Date: {real(5000)}\r\n"] and later == [f"Date: {real(5001)}\r\n"]
+    assert made == [5000, 5001]
+
+
+def test_an_answer_is_the_bytes_gunicorns_response_writes(conf, monkeypatch):
+    """A whole answer through the Worker, with `Reply` and with gunicorn's Response: the same
+    bytes (the clock held)."""
+    import time
+
+    monkeypatch.setattr(time, "time", lambda: 7000.0)
+    from gunicorn.glogging import Logger
+
+    def app(environ, start_response):
+        start_response("202 Accepted", [("Content-Type", "application/json"),
+                                        ("Content-Length", "11"), ("Location", "/v1/jobs/1"),
+                                        ("X-Pad", " p ")])
+        return [b'{"id": "1"}']
+
+    def answer(response_class):
+        monkeypatch.setitem(conf["Worker"]._answer.__globals__, "Reply", response_class)
+        cfg = config()
+        conf["settle"](cfg)
+        worker = conf["Worker"](1, 1, [], None, 30, cfg, Logger(cfg))
+        worker.wsgi, worker.alive = app, True
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            theirs.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            req = next(conf["Parser"](cfg, ours, ("127.0.0.1", 1)))
+            try:
+                worker.handle_request(("127.0.0.1", 8000), req, ours, ("127.0.0.1", 1))
+            except StopIteration:
+                pass
+            ours.shutdown(socket.SHUT_WR)
+            got = b""
+            while chunk := theirs.recv(65536):
+                got += chunk
+        return got
+
+    ours = answer(conf["Reply"])
+    theirs = answer(wsgi.Response)
+    assert ours == theirs and ours.startswith(b"HTTP/1.1 202 Accepted\r\nServer: gunicorn\r\n")
+
+
+# gunicorn's AsyncWorker.handle and handle_request, whose HTTP/1 paths Worker.handle and
+# Worker._answer repeat with the API's parser and answer. A gunicorn that changes either fails
+# here: read the new one, bring the Worker's in line, and take the new digest.
+COPIED_SHA256 = {
+    "handle": "6eb3b127e6ba7e84a17176c140262822b8bf5c64a235e00a22b6b85892609705",
+    "handle_request": "913e17a9542aa70de504548c11064a2bbaef5bccca1a756f722606c4a493a2c0",
+}
+
+
+@pytest.mark.parametrize("name", sorted(COPIED_SHA256))
+def test_gunicorns_methods_are_the_ones_the_worker_repeats(name):
+    source = inspect.getsource(getattr(AsyncWorker, name))
+    assert hashlib.sha256(source.encode()).hexdigest() == COPIED_SHA256[name]

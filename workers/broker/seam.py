@@ -188,7 +188,8 @@ def _api_names() -> tuple[Name, ...]:
     try:
         from flask import Flask
         from flask.ctx import RequestContext
-        from gunicorn.http import message
+        from gunicorn import util as gunicorn_util
+        from gunicorn.http import message, wsgi
         from gunicorn.http.parser import RequestParser
         from gunicorn.http2 import negotiation
         from gunicorn.workers.base_async import AsyncWorker
@@ -196,6 +197,12 @@ def _api_names() -> tuple[Name, ...]:
         return ()
     return (
         Name(AsyncWorker, "handle", ("self", "listener", "client", "addr")),
+        Name(AsyncWorker, "handle_request", ("self", "listener_name", "req", "sock", "addr")),
+        Name(wsgi, "create", ("req", "sock", "client", "server", "cfg", "response_class",
+                              "response_args")),
+        Name(wsgi.Response, "process_headers", ("self", "headers")),
+        Name(wsgi.Response, "default_headers", ("self",)),
+        Name(gunicorn_util, "hop_headers"),
         Name(AsyncWorker, "_try_h2c_upgrade", ("self", "listener", "req", "parser", "client",
                                                "addr")),
         Name(negotiation, "prior_knowledge_allowed", ("cfg", "peer_addr")),
