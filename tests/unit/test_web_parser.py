@@ -176,6 +176,36 @@ def test_the_worker_parses_a_plain_connection_with_its_own_parser(conf, monkeypa
     assert made == [conf["Parser"]]
 
 
+@pytest.mark.parametrize("read", [3, 2, 0])
+def test_a_bodys_rest_is_discarded_before_the_next_request_only_when_there_is_one(conf,
+                                                                               monkeypatch,
+                                                                               read):
+    """gunicorn reads a body once more before the next request, to discard what the app left
+    of it; a body the app read to its end is not read again. One left part-read, or unread,
+    is still discarded, and the next request read where it starts."""
+    from gunicorn.http import body
+
+    reads: list[int] = []
+    real = body.Body.read
+
+    def counted(self, size=None):
+        reads.append(size)
+        return real(self, size)
+
+    monkeypatch.setattr(body.Body, "read", counted)
+    cfg = config()
+    conf["settle"](cfg)
+    raw = (b"POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\nabc"
+           b"GET /b HTTP/1.1\r\nHost: t\r\n\r\n")
+    parser = conf["Parser"](cfg, [raw], ("127.0.0.1", 1))
+    first = next(parser)
+    got = first.body.read(read) if read else b""
+    reads.clear()
+    second = next(parser)
+    assert got == b"abc"[:read] and (second.method, second.path) == ("GET", "/b")
+    assert reads == ([] if read == 3 else [1024, 1024])
+
+
 ANSWER_HEADERS = [
     [], [("Content-Type", "application/json"), ("Content-Length", "11")],
     [("Content-Type", "application/json"), ("Content-Length", "2"), ("Location", "/v1/jobs/x"),

@@ -189,7 +189,8 @@ def _api_names() -> tuple[Name, ...]:
         from flask import Flask
         from flask.ctx import RequestContext
         from gunicorn import util as gunicorn_util
-        from gunicorn.http import message, wsgi
+        from gunicorn.http import body, message, wsgi
+        from gunicorn.http.parser import Parser
         from gunicorn.http.parser import RequestParser
         from gunicorn.http2 import negotiation
         from gunicorn.workers.base_async import AsyncWorker
@@ -207,6 +208,11 @@ def _api_names() -> tuple[Name, ...]:
                                                "addr")),
         Name(negotiation, "prior_knowledge_allowed", ("cfg", "peer_addr")),
         Name(RequestParser, "mesg_class"),
+        Name(Parser, "finish_body", ("self", "deadline", "max_bytes")),
+        Name(body.Body, "reader"),
+        Name(body.Body, "buf"),
+        Name(body.Body, "failed"),
+        Name(body.LengthReader, "length"),
         Name(message.Message, "parse_headers", ("self", "data", "from_trailer")),
         Name(message.Message, "limit_request_fields"),
         Name(message.Message, "limit_request_field_size"),
