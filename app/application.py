@@ -16,7 +16,8 @@ from typing import Any, Callable, NamedTuple
 from flask import Flask, Response
 from flask.ctx import RequestContext
 from flask.globals import request_ctx
-from flask.signals import request_tearing_down
+from flask.signals import (appcontext_tearing_down, request_finished, request_started,
+                           request_tearing_down)
 from flask.sessions import NullSession, SessionInterface
 from werkzeug.datastructures import Headers
 
@@ -99,7 +100,9 @@ class Api(Flask):
     and asks the kind of every hook of the app's and theirs (`ensure_sync`). Hooks cannot
     change once the first request is in (Flask refuses a setup method after it), so the
     list an endpoint gets then stays right. A request matching no rule has the app's alone.
-    The teardown signal is sent when something listens to it, as Flask sends it."""
+    Flask's signals of a request (started, finished, torn down, its app context torn down)
+    are sent when something listens to them, as Flask sends them; with no receiver, blinker's
+    `send` and its look-up of receivers are two calls each for nothing."""
 
     response_class = Answer
     session_interface = NoSession()
@@ -130,6 +133,42 @@ class Api(Flask):
                   for f in reversed(self.after_request_funcs.get(name, ()))),
             tuple(sync(f) for name in outward
                   for f in reversed(self.teardown_request_funcs.get(name, ()))))
+
+    def full_dispatch_request(self) -> Response:
+        """Flask's, its `request_started` sent only to receivers."""
+        self._got_first_request = True
+        try:
+            if request_started.receivers:
+                request_started.send(self, _async_wrapper=self.ensure_sync)
+            answer = self.preprocess_request()
+            if answer is None:
+                answer = self.dispatch_request()
+        except Exception as e:
+            answer = self.handle_user_exception(e)
+        return self.finalize_request(answer)
+
+    def finalize_request(self, rv: Any, from_error_handler: bool = False) -> Response:
+        """Flask's, its `request_finished` sent only to receivers."""
+        response = self.make_response(rv)
+        try:
+            response = self.process_response(response)
+            if request_finished.receivers:
+                request_finished.send(self, _async_wrapper=self.ensure_sync, response=response)
+        except Exception:
+            if not from_error_handler:
+                raise
+            self.logger.exception(
+                "Request finalizing failed with an error while handling an error")
+        return response
+
+    def do_teardown_appcontext(self, exc: BaseException | None = _UNSET) -> None:  # type: ignore
+        """Flask's, its `appcontext_tearing_down` sent only to receivers."""
+        if exc is _UNSET:
+            exc = sys.exc_info()[1]
+        for func in reversed(self.teardown_appcontext_funcs):
+            self.ensure_sync(func)(exc)
+        if appcontext_tearing_down.receivers:
+            appcontext_tearing_down.send(self, _async_wrapper=self.ensure_sync, exc=exc)
 
     def preprocess_request(self) -> Any:
         request = request_ctx._get_current_object().request

@@ -176,6 +176,32 @@ def test_a_requests_hooks_are_listed_once_an_endpoint(api):
     assert (kinds, blueprints) == (2, 0)
 
 
+def test_a_requests_signals_go_only_to_receivers(api):
+    """Flask's signals of a request (started, finished, torn down, its app context torn down)
+    are sent when something listens (app/application.py Api): with no receiver, blinker's
+    `send` is not called for them; a receiver connected gets each, as Flask sends it."""
+    from flask import signals
+
+    assert api.get("/healthz").status_code == 200
+    answers = []
+    sends = _calls(lambda: answers.append(api.get("/healthz")), "blinker/base.py", "send")
+    assert answers[0].status_code == 200
+    assert sends == 2  # the app context's push and pop (flask/ctx.py), not the app's
+    heard: list[str] = []
+    names = ("request_started", "request_finished", "request_tearing_down",
+             "appcontext_tearing_down")
+    receivers = {name: (lambda sender, name=name, **extra: heard.append(name))
+                 for name in names}
+    for name, receiver in receivers.items():
+        getattr(signals, name).connect(receiver, api.application)
+    try:
+        assert api.get("/healthz").status_code == 200
+    finally:
+        for name, receiver in receivers.items():
+            getattr(signals, name).disconnect(receiver, api.application)
+    assert heard == list(names)
+
+
 def test_a_request_opens_no_session(api):
     """The API keeps no sessions (app/application.py NoSession): Flask's cookie sessions do
     not look for a secret key and make a null session each request; the one null session
