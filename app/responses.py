@@ -243,9 +243,10 @@ def job_body(job: JobRecord, outputs: bool = True, peers: bool | None = None) ->
         body["batch"] = job.batch if peers else {"id": job.batch["id"]}
     if job.model_version:
         body["model_version"] = job.model_version
-    for link in ("retry_of", "retried_as"):
-        if getattr(job, link):
-            body[link] = getattr(job, link)
+    if job.retry_of:
+        body["retry_of"] = job.retry_of
+    if job.retried_as:
+        body["retried_as"] = job.retried_as
     if job.status is Status.SUCCEEDED and outputs:
         # Outputs are kept result_ttl_s, the record job_ttl_s: past the first, say so.
         body["result"] = {"outputs": job.outputs} if job.outputs is not None else None

@@ -159,3 +159,19 @@ def test_an_announced_success_is_decoded_once_and_read_without_get():
     assert record == from_fields_before("j", COMPACT)
     assert calls["decode"] == 1
     assert calls["get"] == 0
+
+
+def _iso_before(moment: datetime) -> str:
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@pytest.mark.parametrize("moment", [
+    datetime(2026, 12, 5, 12, 0, 0, 123000, tzinfo=timezone.utc),
+    datetime(2026, 12, 5, 0, 0, tzinfo=timezone.utc), datetime(1, 1, 1, tzinfo=timezone.utc),
+    datetime(2026, 12, 5, 12, 0, 0, 999999, tzinfo=timezone(timedelta(hours=2))),
+    datetime(2026, 12, 5, 12, 0, tzinfo=timezone(timedelta(hours=-5, minutes=-30))),
+    datetime(2026, 12, 5, 12, 0), datetime(2026, 12, 5, 0, 0, 0, 1000)], ids=str)
+def test_a_timestamp_is_written_as_the_release_before_wrote_it(moment):
+    from tasks.jobstate import iso
+
+    assert iso(moment) == _iso_before(moment)
