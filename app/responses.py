@@ -195,10 +195,7 @@ def answer(schema: type[Schema], body: Any, status: int = 200,
     """The one way a JSON answer is written: dumped through the schema that documents it.
     `dumped`: `body` is as the schema dumps it already (`job_body`'s, which
     tests/unit/test_job_body.py holds to that), so the dump is not done twice a job."""
-    response = current_app.json.response(body if dumped else dump(schema, body))
-    response.status_code = status
-    response.headers.update(headers or {})
-    return response
+    return current_app.json.answer(body if dumped else dump(schema, body), status, headers)
 
 
 def no_content() -> Response:
