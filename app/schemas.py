@@ -309,7 +309,9 @@ def flatten(messages: Any, prefix: str = "") -> Iterator[tuple[str, list[str]]]:
         yield prefix or "_schema", [str(messages)]
 
 
-_JOB_FIELDS = frozenset(JobEnvelope().fields)
+# One envelope for every job of a model not known (a schema keeps nothing of a load).
+_ENVELOPE = JobEnvelope()
+_JOB_FIELDS = frozenset(_ENVELOPE.fields)
 
 
 def _shown(value: Any) -> str:
@@ -329,7 +331,7 @@ def validate_job(data: Any, models: Mapping[str, ModelSpec],
     if spec is None:
         errors: dict[str, Any] = {}
         try:
-            JobEnvelope().load(data)
+            _ENVELOPE.load(data)
         except ValidationError as exc:
             errors.update(exc.messages)  # type: ignore[arg-type]
         if "model" not in errors:

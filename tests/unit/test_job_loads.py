@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from marshmallow import Schema, ValidationError
 
-from app.schemas import JobBase, JobEnvelope, WebhookSchema, job_schema
+from app.schemas import JobBase, JobEnvelope, WebhookSchema, job_schema, validate_job
 from config.models import parse_model
 
 MODELS = {name: parse_model(name, raw, Path("/nonexistent")) for name, raw in {
@@ -117,3 +117,25 @@ def test_a_jobs_absent_fields_are_not_deserialized():
         sys.setprofile(None)
     assert job["priority"] == "normal" and job["inputs"] == ["a"]
     assert sorted(names) == ["inputs", "item", "model"], names
+
+
+def test_a_job_of_an_unknown_model_is_checked_by_one_envelope_made_once():
+    """Its other fields are checked by the envelope schema, made once, not at each request."""
+    made = 0
+
+    def profile(frame, event, arg):
+        nonlocal made
+        if event == "call" and frame.f_code.co_name == "__init__" \
+                and isinstance(frame.f_locals.get("self"), Schema):
+            made += 1
+
+    for _ in range(2):
+        sys.setprofile(profile)
+        try:
+            with pytest.raises(ValidationError) as caught:
+                validate_job({"model": "nope", "inputs": ["a"], "priority": "asap"}, MODELS,
+                             SCHEMAS)
+        finally:
+            sys.setprofile(None)
+        assert set(caught.value.messages) == {"model", "priority"}
+    assert made == 0, made
