@@ -62,7 +62,8 @@ def test_a_submit_without_a_query_string_parses_no_query(api):
     assert answers[0].status_code == 202
     # one with a query is refused as before (only image/* bodies take one)
     r = api.post("/v1/jobs?model=echo", json=JOB)
-    assert r.status_code == 422 and "query parameters" in r.get_json()["error"]["fields"]["model"][0]
+    fields = r.get_json()["error"]["fields"]
+    assert r.status_code == 422 and "query parameters" in fields["model"][0]
 
 
 def test_a_content_type_is_parsed_once_a_process(api):
