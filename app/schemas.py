@@ -30,6 +30,8 @@ NUMBER_RANGES: dict[str, tuple[float | int, float | int]] = {
     "float64": (-1.7976931348623157e308, 1.7976931348623157e308),
     "int64": (-2**63, 2**63 - 1),
 }
+# The integers a job's JSON may carry to its task message (orjson's): 64 bits, either sign.
+INT_LOW, INT_HIGH = -2**63, 2**64 - 1
 
 
 class BoundedList(fields.List):
@@ -194,6 +196,10 @@ class TensorInput(fields.Field):
         if not self.low <= value <= self.high:
             raise ValidationError(f"numbers must be within {self.dtype}'s range "
                                   f"[{self.low:g}, {self.high:g}]")
+        if isinstance(value, int) and not INT_LOW <= value <= INT_HIGH:
+            # Within a float range, but no JSON encoder of the task message takes it.
+            raise ValidationError("integers must fit in 64 bits; write a larger number as a "
+                                  "float (1e30, not 1000000000000000000000000000000)")
 
     def _check(self, value: Any, depth: int) -> None:
         if depth == len(self.shape):
