@@ -172,6 +172,8 @@ class JobStore:
         self.settings, self.group = settings, group
         self.celery = celery
         self.models = models
+        # Every queue the API serves, for the gauge's reading (one covers them all).
+        self.queues = sorted({model.queue for model in models.values()})
         self.redis = api_client(settings)
         self.state = JobState(self.redis, settings.kept_s, settings.job_ttl_s,
                               group_submits=True, gather_submits=ready_first())
@@ -245,8 +247,7 @@ class JobStore:
             digest = hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()
             idempotency = (idempotency_key(owner, idempotency_key_), digest)
         # The depth and the memory are checked only near their limits (app/gauge.py).
-        max_depth, headroom = self.gauge.limits(
-            spec, sorted({model.queue for model in self.models.values()}))
+        max_depth, headroom = self.gauge.limits(spec, self.queues)
         request = orjson.dumps(job)
         submitted = self.state.submit(
             record, message, depth_lists=queue_lists(spec.queue), max_depth=max_depth,

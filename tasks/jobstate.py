@@ -554,7 +554,9 @@ class JobState:
         else:
             answer, acked = self._submit_and_wait(keys, [self.keep_s, ttl_s or self.ttl_s, *args],
                                                  *replicas)
-        kind, found = (_text(x) for x in answer)
+        kind, found = answer  # text from a group's call; as Redis sent it from a lone one
+        if type(kind) is not str:
+            kind, found = _text(kind), _text(found)
         refused = _refusal(kind, found, kept_quota)
         if refused is not None:
             raise refused
