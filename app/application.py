@@ -31,6 +31,10 @@ KEPT = 512
 # ("/v1/jobs/<id>"), not "//" (a host), made of the characters it leaves unquoted in a path
 # (urllib's always-safe ones and "%!$&'()*+,/:;=@"), without a query or a fragment.
 _URI_PATH = re.compile(r"/(?!/)[A-Za-z0-9_.~%!$&'()*+,/:;=@-]*")
+# Header names, as the API writes them, that werkzeug leaves as they are in an answer (neither
+# Location, Content-Location nor Content-Length, in any spelling): passed over at a glance.
+_KEPT_AS_IS = frozenset({"Content-Type", "X-Request-ID", "Preference-Applied", "Retry-After",
+                         "Cache-Control", "Vary", "Allow", "WWW-Authenticate", "Link"})
 
 
 class Answer(Response):
@@ -42,6 +46,31 @@ class Answer(Response):
     where it was, in them and in the answer's; any other, and a Location werkzeug would make
     absolute (`autocorrect_location_header`) or whose status drops headers (1xx, 204, 304),
     go through werkzeug as before."""
+
+    def get_wsgi_response(self, environ: dict) -> tuple[Any, str, list[tuple[str, str]]]:
+        """werkzeug's `(app_iter, status, headers)`, the headers as the answer holds them when
+        werkzeug would give them back unchanged: every API answer (a Content-Length set with its
+        body, no Content-Location, at most one `Location` that is already a URI, a status that
+        keeps its headers). werkzeug copies them into a new Headers (~25 calls, each value
+        checked again) and walks it for those three names; here one walk over the answer's own
+        headers, which are werkzeug's checked values already. Any other answer goes through
+        `get_wsgi_headers` as before (tests/unit/test_answer.py compares the two)."""
+        status = self.status_code
+        if 100 <= status < 200 or status in (204, 304) or self.autocorrect_location_header:
+            return super().get_wsgi_response(environ)
+        sized = located = False
+        for key, value in self.headers:
+            if key in _KEPT_AS_IS:
+                continue
+            if key == "Content-Length" and not sized:
+                sized = True
+            elif key == "Location" and not located and _URI_PATH.fullmatch(value):
+                located = True
+            elif key.lower() in ("location", "content-location", "content-length"):
+                return super().get_wsgi_response(environ)  # another spelling, or twice
+        if not sized:
+            return super().get_wsgi_response(environ)
+        return self.get_app_iter(environ), self.status, list(self.headers)
 
     def get_wsgi_headers(self, environ: dict) -> Headers:
         own, at = self.headers, None

@@ -277,3 +277,31 @@ def test_submits_draw_random_bytes_from_the_kernel_a_block_at_a_time(api):
     assert {r.status_code for r in answers} == {202}
     assert len({r.get_json()["id"] for r in answers}) == 3
     assert draws <= 1, draws
+
+
+def test_a_wait_watches_its_job_without_a_generator(api):
+    """A wait's watch (app/store.py Watch, app/waiter.py Watching: `Prefer: wait` and `?wait`)
+    is a `with` block of classes, not `contextmanager` generators over one another, which cost
+    several calls each to make, enter and leave at every wait."""
+    import inspect
+    import sys
+
+    resumed = []
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and code.co_flags & inspect.CO_GENERATOR and \
+                "/app/" in code.co_filename and code.co_name == "watch":
+            resumed.append(code.co_filename)
+
+    answers = []
+    sys.setprofile(profile)
+    try:
+        answers.append(api.post("/v1/jobs", json={"model": "echo", "inputs": ["a"]},
+                                headers={"Prefer": "wait=0.05"}))
+        answers.append(api.get(f"{answers[0].get_json()['url']}?wait=0.05"))
+    finally:
+        sys.setprofile(None)
+    assert [a.status_code for a in answers] == [202, 200]
+    assert answers[0].headers["Preference-Applied"] == "wait=0.05"
+    assert resumed == []
