@@ -163,7 +163,7 @@ def register_error_handlers(app: Flask) -> None:
             err = cls(_MESSAGES.get(exc.code, exc.description or exc.name))
         response = error_response(err)
         if exc.code == 405 and exc.valid_methods:
-            response.headers["Allow"] = ", ".join(exc.valid_methods)
+            response.headers["Allow"] = ", ".join(sorted(exc.valid_methods))
         return response
 
     @app.errorhandler(redis.RedisError)

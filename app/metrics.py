@@ -159,7 +159,7 @@ class ApiMetrics:
                                        self.rejected)))
             for collector in self.read_at_scrape:
                 registry.register(collector)
-        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 
 class _Summed:
