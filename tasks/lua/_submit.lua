@@ -56,11 +56,44 @@ local headroom_text, headroom_share, now_text
 -- (~4k instructions). The scripts are atomic: no client sees a record before its message. A
 -- job checking its queue's depth counts the messages waiting here too (`queued`).
 local lists, messages, wake_of, sets, scored = {}, {}, {}, {}, {}
+-- An owner's jobs list (_owned.lua) the same way: its new entries, newest last, pushed by one
+-- LPUSH a list a call (`owned_keys`, in the order first met), after which its trims requested
+-- run (`trims`: as many as its jobs asked for; a trim keeps every entry this call pushed, all
+-- newer than the records' time to live); and the time stamped last on each list (`stamped`,
+-- the head's: read by one LINDEX a list a call, false when the list is empty), which the next
+-- entry is stamped after. The list is read nowhere else in a call, so it is as a push a job
+-- left it.
+local owned_keys, entries_of, stamped, trims = {}, {}, {}, {}
+-- Whether a call found none of its jobs' records before its first job (job_submit_many.lua's
+-- one EXISTS for them all): a job's record is then one this call wrote (`made`) or none.
+local none_before, made = false, {}
 local function queued(list)
   local waiting = messages[list]
   return waiting and #waiting or 0
 end
+-- The owner's jobs list entry of a job submitted now (`owned_entry`), in time order whatever
+-- Redis's clock does: stamped after the head's.
+local function own(owned, id, packed_id, trim_it)
+  local last = stamped[owned]
+  if last == nil then
+    local head = redis.call('lindex', owned, '0')
+    last = head and owned_at(head) or false
+  end
+  local us = last and math.max(now_us, last + 1) or now_us
+  stamped[owned] = us
+  local entries = entries_of[owned]
+  if not entries then
+    entries = {}
+    entries_of[owned], owned_keys[#owned_keys + 1], trims[owned] = entries, owned, 0
+  end
+  entries[#entries + 1] = owned_entry(us, id, packed_id)
+  if trim_it then trims[owned] = trims[owned] + 1 end
+end
 local function enqueue()
+  for _, owned in ipairs(owned_keys) do
+    redis.call('lpush', owned, unpack(entries_of[owned]))
+    for _ = 1, trims[owned] do trim_owned(owned, 1000) end
+  end
   for _, list in ipairs(lists) do
     local waiting = messages[list]
     local wake = wake_of[list]
@@ -86,7 +119,7 @@ local function submit(K, k, nkeys, A, a, nargs)
   -- every check has passed, the record by one HSET, its status first as before (one command a
   -- job fewer than a HSETNX that begins the record and a HSET that adds the rest, and Redis
   -- converts no one-field compact hash when the large values come).
-  if redis.call('exists', record) == 1 then
+  if none_before and made[record] or not none_before and redis.call('exists', record) == 1 then
     touch(record)
     return {'created', id}
   end
@@ -158,6 +191,7 @@ local function submit(K, k, nkeys, A, a, nargs)
     fields[#fields + 1] = kept_size
   end
   redis.call('hset', record, unpack(fields))
+  made[record] = true
   redis.call('expire', record, TTL_TEXT)
   if digest ~= '' then redis.call('set', claim, id .. ' ' .. digest, 'EX', TTL_TEXT) end
   if charged then
@@ -171,13 +205,9 @@ local function submit(K, k, nkeys, A, a, nargs)
   -- The list stays in time order, newest first, whatever Redis's clock does (a step back, a
   -- failover to a host a little behind): an entry is stamped after the head's, so that a page's
   -- bisection to its cursor (first_at_or_below) never passes over an entry it has not listed.
-  local head, us = redis.call('lindex', owned, '0'), now_us
-  if head then us = math.max(us, owned_at(head) + 1) end
-  redis.call('lpush', owned, owned_entry(us, id, packed_id))
-  if c1 == 48 then
-    trim_owned(owned, 1000)
-    if c2 == 48 then trim(index, now_us - TTL_S * 1000000, 1000) end
-  end
+  -- Pushed with the call's others (`own`, `enqueue`).
+  own(owned, id, packed_id, c1 == 48)
+  if c1 == 48 and c2 == 48 then trim(index, now_us - TTL_S * 1000000, 1000) end
   if retry then redis.call('hset', retried, 'retried_as', id) end
   local waiting = messages[list]
   if not waiting then
