@@ -2,7 +2,8 @@
 -- job_submit_many.lua): `submit(K, k, nkeys, A, a, nargs)`, its keys K[k + 1 .. k + nkeys]
 -- and its own arguments A[a + 1 .. a + nargs] as job_submit.lua takes them (its KEYS, its
 -- ARGV after the two of every job script), read where they are rather than copied into tables
--- of their own (a group's copies cost Redis ~2 µs a job); returns {kind, found}. Runs after
+-- of their own (a group's copies cost Redis ~2 µs a job); returns kind, found (two values: a
+-- table a job is one more allocation for Lua's collector). Runs after
 -- the prelude and _owned.
 
 -- Redis's memory as the headroom check sees it: read once a script call (INFO is the dearest
@@ -104,6 +105,9 @@ local function enqueue()
   end
   for _, set in ipairs(sets) do redis.call('zadd', set, unpack(scored[set])) end
 end
+-- A record's HSET arguments, written afresh by each job (`submit`): one table a call.
+local fields = {'status', false, 'message', false, 'list', false, 'model', false,
+                'created_at', false, 'trace_id', false, 'inputs', false}
 local function submit(K, k, nkeys, A, a, nargs)
   local record, claim, list, owned, retried, pending, wake, index = unpack(K, k + 1, k + 8)
   local id, max_depth, timeout_s, digest, message, headroom, request, quota, owner, size,
@@ -121,7 +125,7 @@ local function submit(K, k, nkeys, A, a, nargs)
   -- converts no one-field compact hash when the large values come).
   if none_before and made[record] or not none_before and redis.call('exists', record) == 1 then
     touch(record)
-    return {'created', id}
+    return 'created', id
   end
   if headroom ~= '' then
     local used, cap = memory()
@@ -129,7 +133,7 @@ local function submit(K, k, nkeys, A, a, nargs)
       headroom_text, headroom_share = headroom, tonumber(headroom)
     end
     if cap > 0 and used > (1 - headroom_share) * cap then
-      return {'full', used .. ' ' .. cap}
+      return 'full', used .. ' ' .. cap
     end
   end
   if digest ~= '' then
@@ -139,24 +143,24 @@ local function submit(K, k, nkeys, A, a, nargs)
       local earlier_id = string.sub(earlier, 1, sep - 1)
       -- A claim whose job was deleted claims nothing: the key makes a new job.
       if redis.call('exists', JOB_PREFIX .. earlier_id) == 1 then
-        if string.sub(earlier, sep + 1) ~= digest then return {'mismatch', ''} end
+        if string.sub(earlier, sep + 1) ~= digest then return 'mismatch', '' end
         touch(claim)
-        return {'existing', earlier_id}
+        return 'existing', earlier_id
       end
     end
   end
   if retry then
     local f = redis.call('hmget', retried, 'status', 'retried_as')
-    if not f[1] then return {'gone', ''} end
-    if f[2] then return {'retried', f[2]} end
+    if not f[1] then return 'gone', '' end
+    if f[2] then return 'retried', f[2] end
     if f[1] ~= 'failed' and f[1] ~= 'cancelled' and f[1] ~= 'expired' then
-      return {'not_retryable', f[1]}
+      return 'not_retryable', f[1]
     end
   end
   if max_depth ~= '' then
     local depth = 0
     for i = k + 9, k + nkeys do depth = depth + redis.call('llen', K[i]) + queued(K[i]) end
-    if depth >= tonumber(max_depth) then return {'overloaded', ''} end
+    if depth >= tonumber(max_depth) then return 'overloaded', '' end
   end
   local kept_size = string.len(request)
   if kept_size == 0 then kept_size = tonumber(size) or 0 end
@@ -169,28 +173,29 @@ local function submit(K, k, nkeys, A, a, nargs)
     if held + kept_size > tonumber(quota) then
       local first = redis.call('zrange', books, 0, 0, 'WITHSCORES')
       local wait = first[2] and math.max(0, tonumber(first[2]) - now) or 0
-      return {'kept_full', held .. ' ' .. string.format('%.0f', math.ceil(wait))}
+      return 'kept_full', held .. ' ' .. string.format('%.0f', math.ceil(wait))
     end
   end
   -- The fields every record has, in the order the caller's record lists them (submitted_fields:
   -- a record small enough to be kept compact is stored in the order written), named here; the
   -- others as the caller's name/value pairs.
-  local fields = {'status', 'queued', 'message', message, 'list', list, 'model', model,
-                  'created_at', created_at, 'trace_id', trace_id, 'inputs', inputs}
-  for i = a + 16, a + nargs do fields[#fields + 1] = A[i] end
+  -- (One table a call, its first n entries this job's: `fields`.)
+  fields[2], fields[4], fields[6], fields[8], fields[10], fields[12], fields[14] =
+    'queued', message, list, model, created_at, trace_id, inputs
+  local n = 14
+  for i = a + 16, a + nargs do n = n + 1; fields[n] = A[i] end
   local timeout = timeout_s ~= '0' and tonumber(timeout_s) or 0
   if timeout > 0 then
-    fields[#fields + 1] = 'expires_at'
-    fields[#fields + 1] = string.format('%.3f', now + timeout)
+    fields[n + 1], fields[n + 2], n = 'expires_at', string.format('%.3f', now + timeout), n + 2
   end
   if request ~= '' then
-    fields[#fields + 1] = 'request'  -- its request, kept in the record until it ends
-    fields[#fields + 1] = request
+    -- its request, kept in the record until it ends
+    fields[n + 1], fields[n + 2], n = 'request', request, n + 2
   elseif charged then
-    fields[#fields + 1] = 'charged'  -- what its owner's books hold for it while it waits
-    fields[#fields + 1] = kept_size
+    -- what its owner's books hold for it while it waits
+    fields[n + 1], fields[n + 2], n = 'charged', kept_size, n + 2
   end
-  redis.call('hset', record, unpack(fields))
+  redis.call('hset', record, unpack(fields, 1, n))
   made[record] = true
   redis.call('expire', record, TTL_TEXT)
   if digest ~= '' then redis.call('set', claim, id .. ' ' .. digest, 'EX', TTL_TEXT) end
@@ -224,5 +229,5 @@ local function submit(K, k, nkeys, A, a, nargs)
   adds[#adds + 1] = now_text
   adds[#adds + 1] = id
   wrote(A, a, nargs)
-  return {'created', id}
+  return 'created', id
 end

@@ -29,8 +29,8 @@ local done, failure = pcall(function()
   none_before, k = redis.call('exists', unpack(records)) == 0, 0
   for j = 1, #counts / 2 do
     local nkeys, nargs = string.byte(counts, 2 * j - 1, 2 * j)
-    local answer = submit(KEYS, k, nkeys, ARGV, a, nargs)
-    out[j] = answer[1] .. ' ' .. answer[2]
+    local kind, found = submit(KEYS, k, nkeys, ARGV, a, nargs)
+    out[j] = kind .. ' ' .. found
     k, a = k + nkeys, a + nargs
   end
 end)
