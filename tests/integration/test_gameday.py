@@ -1,5 +1,5 @@
-"""The game day runs end to end (a two-minute smoke of bench/gameday on the stack `make run`
-starts) and counts a lost job as lost. It asserts no latency and no availability: those are
+"""The game day runs end to end (a minute-and-a-half smoke of bench/gameday on the stack
+`make run` starts) and counts a lost job as lost. It asserts no latency and no availability: those are
 the full run's (`make gameday`), on a quiet machine."""
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class MessageDeleted(Fault):
 
 
 def test_a_short_game_day_completes_and_counts_the_job_it_lost(tmp_path):
-    args = arguments(["--minutes", "2", "--every", "35", "--rate", "5", "--drain", "60",
+    args = arguments(["--minutes", "1.5", "--every", "25", "--rate", "5", "--drain", "60",
                       "--name", "smoke", "--out", str(tmp_path), "--var", str(tmp_path / "var")])
     report = run(args, [ChildKilled, MessageDeleted, RedisClientsKilled])
 
