@@ -8,19 +8,27 @@ standard library (gevent.monkey.patch_all) in each worker process before it impo
 so redis-py and kombu, which the app imports, cooperate: a request blocked on Redis yields to
 the others. Do not add --preload: it would import the app, and open its sockets, before that.
 """
+import errno
 import functools
 import json
 import os
+import re
 import resource
 import shutil
 import signal
+import socket
 import tempfile
 import time
+from datetime import datetime
 
 from gunicorn import util
 from gunicorn.config import Config
+from gunicorn.http import errors as http_errors, message, wsgi
 from gunicorn.http.errors import ConfigurationProblem, InvalidHeader
-from gunicorn.workers.ggevent import GeventWorker
+from gunicorn.http.body import LengthReader
+from gunicorn.http.parser import RequestParser
+from gunicorn.http2 import negotiation
+from gunicorn.workers.ggevent import GeventWorker, gevent
 
 from config import load_settings
 
@@ -88,13 +96,126 @@ class Worker(GeventWorker):
             super().handle_quit(signal.SIGQUIT, None)
         self.alive = False  # the run loop stops accepting, and finishes what it holds
 
+    def handle(self, listener, client, addr):
+        """A connection, its requests parsed by `Request` (below). gunicorn's own
+        `AsyncWorker.handle` (gevent's `handle` before it) makes its parser with gunicorn's
+        Request class, which no setting changes: this is its HTTP/1 path, line for line, with
+        `Parser`. A connection gunicorn would treat otherwise (TLS, HTTP/2 with prior
+        knowledge, the uwsgi protocol, no keep-alive) goes to gunicorn's as before.
+        tests/unit/test_web_parser.py holds gunicorn's method to the one copied here."""
+        cfg = self.cfg
+        if cfg.is_ssl or not cfg.keepalive or getattr(cfg, "protocol", "http") != "http" or \
+                negotiation.prior_knowledge_allowed(cfg, addr):
+            return super().handle(listener, client, addr)
+        client.setblocking(1)  # GeventWorker.handle's: blocking mode, under gevent
+        req = None
+        try:
+            parser = Parser(cfg, client, addr)
+            try:
+                listener_name = listener.getsockname()
+                proxy_protocol_info = {}
+                while True:
+                    req = None
+                    with self.timeout_ctx():
+                        req = next(parser)
+                    if not req:
+                        break
+                    if self._try_h2c_upgrade(listener, req, parser, client, addr):
+                        return None
+                    if req.proxy_protocol_info:
+                        proxy_protocol_info = req.proxy_protocol_info
+                    else:
+                        req.proxy_protocol_info = proxy_protocol_info
+                    self.handle_request(listener_name, req, client, addr)
+            except http_errors.NoMoreData as e:
+                self.log.debug("Ignored premature client disconnection. %s", e)
+            except StopIteration as e:
+                self.log.debug("Closing connection. %s", e)
+            except OSError:
+                raise  # to the next level, as gunicorn's
+            except Exception as e:
+                self.handle_error(req, client, addr, e)
+        except OSError as e:
+            if e.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                self.log.exception("Socket error processing request.")
+            elif e.errno == errno.ECONNRESET:
+                self.log.debug("Ignoring connection reset")
+            elif e.errno == errno.ENOTCONN:
+                self.log.debug("Ignoring socket not connected")
+            else:
+                self.log.debug("Ignoring EPIPE")
+        except BaseException as e:
+            self.handle_error(req, client, addr, e)
+        finally:
+            util.close(client)
+        return None
+
     def handle_request(self, listener_name, req, sock, addr):
-        """Each answer's head leaves with its body (OneSend)."""
+        """Each answer's head leaves with its body (OneSend), the answer written by `Reply`."""
         out = OneSend(sock, req)
         try:
-            super().handle_request(listener_name, req, out, addr)
+            self._answer(listener_name, req, out, addr)
+        except (gevent.GreenletExit, SystemExit):
+            pass  # GeventWorker.handle_request's
         finally:
             out.flush()
+
+    def _answer(self, listener_name, req, sock, addr):
+        """gunicorn's `AsyncWorker.handle_request`, line for line, its answer made by `Reply`
+        (gunicorn's `wsgi.create` takes the class: its HTTP/2 path gives its own).
+        tests/unit/test_web_parser.py holds gunicorn's method to the one copied here."""
+        request_start = datetime.now()
+        environ = {}
+        resp = None
+        try:
+            self.cfg.pre_request(self, req)
+            resp, environ = wsgi.create(req, sock, addr, listener_name, self.cfg,
+                                        response_class=Reply)
+            environ["wsgi.multithread"] = True
+            self.nr += 1
+            if self.nr >= self.max_requests:
+                if self.alive:
+                    self.log.info("Autorestarting worker after current request.")
+                    self.alive = False
+            if not self.alive or not self.cfg.keepalive:
+                resp.force_close()
+            respiter = self.wsgi(environ, resp.start_response)
+            if self.is_already_handled(respiter):
+                return False
+            try:
+                if isinstance(respiter, environ['wsgi.file_wrapper']):
+                    resp.write_file(respiter)
+                else:
+                    for item in respiter:
+                        resp.write(item)
+                resp.close()
+            finally:
+                request_time = datetime.now() - request_start
+                self.log.access(resp, req, environ, request_time)
+                if hasattr(respiter, "close"):
+                    respiter.close()
+            if resp.should_close():
+                raise StopIteration()
+        except StopIteration:
+            raise
+        except OSError:
+            raise  # the caller's to handle (handle() may ignore it), as gunicorn's
+        except (Exception, SystemExit):
+            if resp and resp.headers_sent:
+                self.log.exception("Error handling request")
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    sock.close()
+                except OSError:
+                    pass
+                raise StopIteration()
+            raise
+        finally:
+            try:
+                self.cfg.post_request(self, req, environ, resp)
+            except Exception:
+                self.log.exception("Exception in post_request hook")
+        return True
 
     def handle_error(self, req, client, addr, exc):
         if isinstance(exc, ConfigurationProblem) and "SCRIPT_NAME" in str(exc):
@@ -170,6 +291,150 @@ class OneSend:
         if self._head is not None:
             self.flush()
         return getattr(self.client, name)
+
+
+# RFC 9110's token (a header's name, message.TOKEN_RE) and the characters a value may hold
+# (all but those message.RFC9110_5_5_INVALID_AND_DANGEROUS refuses; HTAB among them), as
+# gunicorn's parser checks them; a head is its lines, `name:value`, joined by CRLF.
+_NAME = r"[!#$%&'*+\-.^_`|~0-9a-zA-Z]+"
+_VALUE = r"[^\x00-\x08\x0a-\x1f\x7f]*"
+_PLAIN_HEAD = re.compile(rf"{_NAME}:{_VALUE}(?:\r\n{_NAME}:{_VALUE})*")
+_FIELD = re.compile(rf"({_NAME}):({_VALUE})")
+# Fields the header policy (message.HeaderPolicy) does more with than keep: a second Host or
+# Content-Type is refused, an Expect answered.
+_WATCHED = frozenset(("HOST", "CONTENT-TYPE", "EXPECT"))
+
+
+class Request(message.Request):
+    """gunicorn's HTTP/1 request, its head read in fewer steps where it is plain, to the same
+    result. gunicorn's `parse_headers` takes each line in turn: decoded, split, its name
+    matched, upper-cased, its value stripped and searched, and the header policy applied, ~13
+    calls a field. A head of plain fields (each `name:value` of RFC 9110's characters, no
+    folded line, none longer than `limit_request_field_size`, no more of them than
+    `limit_request_fields`, none that the policy does more than keep: Host or Content-Type
+    once, no Expect, no scheme header, no name with "_") is decoded once and matched whole;
+    any other, and a trailer, goes through gunicorn's, which answers or refuses it as before.
+    Whether a peer may send forwarding headers (`forwarded_allow_ips`, fixed for the
+    process's life) is worked out once a peer address, not at each request."""
+
+    _trusted: dict[tuple[Config, str], bool] = {}  # (the settings, a peer's address)
+    KNOWN_PEERS = 4096
+
+    def parse_headers(self, data, from_trailer=False):
+        cfg = self.cfg
+        if from_trailer or cfg.strip_header_spaces:
+            return super().parse_headers(data, from_trailer)
+        text = data.decode("latin-1")
+        fields = _FIELD.findall(text) if _PLAIN_HEAD.fullmatch(text) else None
+        if fields is None or len(fields) > self.limit_request_fields or \
+                len(text) + 2 > self.limit_request_field_size:
+            return super().parse_headers(data, from_trailer)
+        secure, _forwarders = self._peer_trusted_for_forwarded()
+        headers, watched = [], ()
+        for name, value in fields:
+            name = name.upper()
+            if name in _WATCHED:
+                if name == "EXPECT" or name in watched:
+                    return super().parse_headers(data, from_trailer)
+                watched += (name,)
+            if "_" in name or name in secure:
+                return super().parse_headers(data, from_trailer)
+            headers.append((name, value.strip(" \t")))
+        return headers
+
+    def _peer_is_trusted_proxy(self):
+        peer = self.peer_addr
+        if not isinstance(peer, tuple):
+            return True
+        known = (self.cfg, peer[0])
+        trusted = self._trusted.get(known)
+        if trusted is None:
+            trusted = super()._peer_is_trusted_proxy()
+            if len(self._trusted) < self.KNOWN_PEERS:
+                self._trusted[known] = trusted
+        return trusted
+
+
+# An answer's header as gunicorn's Response takes it unchanged (wsgi.process_headers): a name
+# of RFC 9110's token, a value of its field-vchar, SP and HTAB (wsgi.HEADER_VALUE_RE) that
+# starts and ends with neither of the last two; held as `name\0value`, joined by "\n".
+_ANSWER_VALUE = r"(?:[\x21-\x7e\x80-\xff](?:[ \t\x21-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?"
+_ANSWER_HEAD = re.compile(rf"{_NAME}\0{_ANSWER_VALUE}(?:\n{_NAME}\0{_ANSWER_VALUE})*")
+_ANSWER_NAME = re.compile(rf"^({_NAME})\0", re.MULTILINE)
+
+
+class Reply(wsgi.Response):
+    """gunicorn's HTTP/1 answer, its headers taken in fewer steps where they are plain, to the
+    same result, and its Date header made once a second. gunicorn's `process_headers` checks
+    each header in turn (two types, two matches, a strip, two lower-cases, a hop-by-hop
+    look-up: ~10 calls a header). A list of plain headers (str names and values gunicorn
+    accepts as they are, none hop-by-hop, at most one Content-Length) is checked joined, in
+    one match; any other goes through gunicorn's, which refuses or sorts it as before."""
+
+    _date = (0, "")  # (the second, its HTTP date)
+
+    def process_headers(self, headers):
+        if type(headers) is not list:
+            return super().process_headers(headers)
+        pairs = [(n, v) for n, v in headers if type(n) is str and type(v) is str]
+        if len(pairs) != len(headers):
+            return super().process_headers(headers)
+        joined = "\n".join([f"{n}\0{v}" for n, v in pairs])
+        if pairs and not _ANSWER_HEAD.fullmatch(joined):
+            return super().process_headers(headers)
+        names = _ANSWER_NAME.findall(joined.lower())
+        if not util.hop_headers.isdisjoint(names):
+            return super().process_headers(headers)
+        if "content-length" in names:
+            if names.count("content-length") > 1:
+                return super().process_headers(headers)
+            try:
+                self.response_length = int(pairs[names.index("content-length")][1])
+            except ValueError:
+                return super().process_headers(headers)  # which raises it
+        self.headers.extend(pairs)
+        return None
+
+    def default_headers(self):
+        """gunicorn's, with the date made once a second (`util.http_date`, to the second)."""
+        if self.upgrade:
+            connection = "upgrade"
+        elif self.should_close():
+            connection = "close"
+        else:
+            connection = "keep-alive"
+        now = int(time.time())
+        second, date = Reply._date
+        if second != now:
+            second, date = Reply._date = (now, util.http_date(now))
+        headers = [
+            "HTTP/%s.%s %s\r\n" % (self.req.version[0], self.req.version[1], self.status),
+            "Server: %s\r\n" % self.version,
+            "Date: %s\r\n" % date,
+            "Connection: %s\r\n" % connection
+        ]
+        if self.chunked:
+            headers.append("Transfer-Encoding: chunked\r\n")
+        return headers
+
+
+class Parser(RequestParser):
+    """gunicorn's HTTP/1 parser, its requests made by `Request`. Before it reads the next
+    request, gunicorn discards what the app left of the last one's body (`finish_body`):
+    it saves the socket's timeout, reads the body once more, 1 KiB asked through its
+    Body, its reader and the unreader (~25 calls), and sets the timeout back. A body of
+    known length the app read to its end (every API request's: a GET's is of length 0)
+    has nothing left to discard: that is known from the Body, and the same answer given
+    at once."""
+
+    mesg_class = Request
+
+    def finish_body(self, deadline=None, max_bytes=None):
+        body = getattr(self.mesg, "body", None)
+        if body is not None and type(body.reader) is LengthReader and \
+                body.reader.length == 0 and body.failed is False and not body.buf.tell():
+            return True
+        return super().finish_body(deadline, max_bytes)
 
 
 def settle(cfg: Config) -> None:

@@ -1,6 +1,7 @@
 """The API's Flask class: Flask, with each hook's and view's kind (plain or `async def`)
-looked up once rather than on every call, and each request's body limit given to it when
-its context is made.
+looked up once rather than on every call, the hooks that run for an endpoint (its
+blueprints' and the app's) listed once an endpoint, and each request's body limit given to
+it when its context is made.
 
 Flask asks of every function it runs for a request (each `before_request`, `after_request`
 and `teardown_request` hook, the view, an error handler) whether it is a coroutine function
@@ -9,10 +10,14 @@ request here, each a walk through `inspect`'s checks of a function that never ch
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+import sys
+from typing import Any, Callable, NamedTuple
 
 from flask import Flask, Response
 from flask.ctx import RequestContext
+from flask.globals import request_ctx
+from flask.signals import (appcontext_tearing_down, request_finished, request_started,
+                           request_tearing_down)
 from flask.sessions import NullSession, SessionInterface
 from werkzeug.datastructures import Headers
 
@@ -26,6 +31,10 @@ KEPT = 512
 # ("/v1/jobs/<id>"), not "//" (a host), made of the characters it leaves unquoted in a path
 # (urllib's always-safe ones and "%!$&'()*+,/:;=@"), without a query or a fragment.
 _URI_PATH = re.compile(r"/(?!/)[A-Za-z0-9_.~%!$&'()*+,/:;=@-]*")
+# Header names, as the API writes them, that werkzeug leaves as they are in an answer (neither
+# Location, Content-Location nor Content-Length, in any spelling): passed over at a glance.
+_KEPT_AS_IS = frozenset({"Content-Type", "X-Request-ID", "Preference-Applied", "Retry-After",
+                         "Cache-Control", "Vary", "Allow", "WWW-Authenticate", "Link"})
 
 
 class Answer(Response):
@@ -37,6 +46,31 @@ class Answer(Response):
     where it was, in them and in the answer's; any other, and a Location werkzeug would make
     absolute (`autocorrect_location_header`) or whose status drops headers (1xx, 204, 304),
     go through werkzeug as before."""
+
+    def get_wsgi_response(self, environ: dict) -> tuple[Any, str, list[tuple[str, str]]]:
+        """werkzeug's `(app_iter, status, headers)`, the headers as the answer holds them when
+        werkzeug would give them back unchanged: every API answer (a Content-Length set with its
+        body, no Content-Location, at most one `Location` that is already a URI, a status that
+        keeps its headers). werkzeug copies them into a new Headers (~25 calls, each value
+        checked again) and walks it for those three names; here one walk over the answer's own
+        headers, which are werkzeug's checked values already. Any other answer goes through
+        `get_wsgi_headers` as before (tests/unit/test_answer.py compares the two)."""
+        status = self.status_code
+        if 100 <= status < 200 or status in (204, 304) or self.autocorrect_location_header:
+            return super().get_wsgi_response(environ)
+        sized = located = False
+        for key, value in self.headers:
+            if key in _KEPT_AS_IS:
+                continue
+            if key == "Content-Length" and not sized:
+                sized = True
+            elif key == "Location" and not located and _URI_PATH.fullmatch(value):
+                located = True
+            elif key.lower() in ("location", "content-location", "content-length"):
+                return super().get_wsgi_response(environ)  # another spelling, or twice
+        if not sized:
+            return super().get_wsgi_response(environ)
+        return self.get_app_iter(environ), self.status, list(self.headers)
 
     def get_wsgi_headers(self, environ: dict) -> Headers:
         own, at = self.headers, None
@@ -73,13 +107,128 @@ class NoSession(SessionInterface):
         """Never called: Flask saves no null session."""
 
 
+class Hooks(NamedTuple):
+    """What runs around one endpoint's view, in the order Flask runs it: the URL value
+    preprocessors and `before_request` hooks of the app, then of each blueprint from the
+    outermost in; the `after_request` and `teardown_request` hooks of the innermost
+    blueprint out to the app, each's in reverse order of registration."""
+
+    values: tuple[Callable[..., Any], ...]
+    before: tuple[Callable[..., Any], ...]
+    after: tuple[Callable[..., Any], ...]
+    teardown: tuple[Callable[..., Any], ...]
+
+
+_UNSET = object()  # no exception passed to do_teardown_request: the one being handled
+
+
 class Api(Flask):
+    """Flask, its request's hooks listed once an endpoint (`Hooks`). Flask works out at each
+    request, three times (`preprocess_request`, `process_response`, `do_teardown_request`),
+    which blueprints the endpoint is in (`request.blueprints`, ~4 calls each), then looks up
+    and asks the kind of every hook of the app's and theirs (`ensure_sync`). Hooks cannot
+    change once the first request is in (Flask refuses a setup method after it), so the
+    list an endpoint gets then stays right. A request matching no rule has the app's alone.
+    Flask's signals of a request (started, finished, torn down, its app context torn down)
+    are sent when something listens to them, as Flask sends them; with no receiver, blinker's
+    `send` and its look-up of receivers are two calls each for nothing."""
+
     response_class = Answer
     session_interface = NoSession()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._plain: dict[Callable[..., Any], bool] = {}
+        self._hooks: dict[str | None, Hooks] = {}
+
+    def hooks(self, request: Any) -> Hooks:
+        """The hooks that run for `request`'s endpoint (None: it matched no rule)."""
+        rule = request.url_rule
+        endpoint = None if rule is None else rule.endpoint
+        found = self._hooks.get(endpoint)
+        if found is None:
+            found = self._list_hooks(request.blueprints)
+            if self._got_first_request:
+                self._hooks[endpoint] = found
+        return found
+
+    def _list_hooks(self, blueprints: list[str]) -> Hooks:
+        inward, outward = (None, *reversed(blueprints)), (*blueprints, None)
+        sync = self.ensure_sync
+        return Hooks(
+            tuple(f for name in inward for f in self.url_value_preprocessors.get(name, ())),
+            tuple(sync(f) for name in inward for f in self.before_request_funcs.get(name, ())),
+            tuple(sync(f) for name in outward
+                  for f in reversed(self.after_request_funcs.get(name, ()))),
+            tuple(sync(f) for name in outward
+                  for f in reversed(self.teardown_request_funcs.get(name, ()))))
+
+    def full_dispatch_request(self) -> Response:
+        """Flask's, its `request_started` sent only to receivers."""
+        self._got_first_request = True
+        try:
+            if request_started.receivers:
+                request_started.send(self, _async_wrapper=self.ensure_sync)
+            answer = self.preprocess_request()
+            if answer is None:
+                answer = self.dispatch_request()
+        except Exception as e:
+            answer = self.handle_user_exception(e)
+        return self.finalize_request(answer)
+
+    def finalize_request(self, rv: Any, from_error_handler: bool = False) -> Response:
+        """Flask's, its `request_finished` sent only to receivers."""
+        response = self.make_response(rv)
+        try:
+            response = self.process_response(response)
+            if request_finished.receivers:
+                request_finished.send(self, _async_wrapper=self.ensure_sync, response=response)
+        except Exception:
+            if not from_error_handler:
+                raise
+            self.logger.exception(
+                "Request finalizing failed with an error while handling an error")
+        return response
+
+    def do_teardown_appcontext(self, exc: BaseException | None = _UNSET) -> None:  # type: ignore
+        """Flask's, its `appcontext_tearing_down` sent only to receivers."""
+        if exc is _UNSET:
+            exc = sys.exc_info()[1]
+        for func in reversed(self.teardown_appcontext_funcs):
+            self.ensure_sync(func)(exc)
+        if appcontext_tearing_down.receivers:
+            appcontext_tearing_down.send(self, _async_wrapper=self.ensure_sync, exc=exc)
+
+    def preprocess_request(self) -> Any:
+        request = request_ctx._get_current_object().request
+        hooks = self.hooks(request)
+        for func in hooks.values:
+            func(request.endpoint, request.view_args)
+        for func in hooks.before:
+            answer = func()
+            if answer is not None:
+                return answer
+        return None
+
+    def process_response(self, response: Response) -> Response:
+        context = request_ctx._get_current_object()
+        for func in context._after_request_functions:  # after_this_request's
+            response = self.ensure_sync(func)(response)
+        for func in self.hooks(context.request).after:
+            response = func(response)
+        session = context._session
+        if session is not NoSession.NULL and \
+                not self.session_interface.is_null_session(session):
+            self.session_interface.save_session(self, session, response)
+        return response
+
+    def do_teardown_request(self, exc: BaseException | None = _UNSET) -> None:  # type: ignore
+        if exc is _UNSET:
+            exc = sys.exc_info()[1]
+        for func in self.hooks(request_ctx._get_current_object().request).teardown:
+            func(exc)
+        if request_tearing_down.receivers:
+            request_tearing_down.send(self, _async_wrapper=self.ensure_sync, exc=exc)
 
     def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
         try:

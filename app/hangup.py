@@ -17,7 +17,7 @@ import socket
 import threading
 from typing import Any
 
-from flask import has_request_context, request
+from flask import request
 
 
 class Hangup:
@@ -37,7 +37,11 @@ class Hangup:
 def watch(wake: threading.Event) -> Hangup:
     """Start watching the current request's client: when it goes, `gone` and `wake` are set."""
     hangup = Hangup()
-    sock = request.environ.get("gunicorn.socket") if has_request_context() else None
+    try:  # the request itself, once (not its proxy's attribute, nor a check of its context first)
+        served = request._get_current_object()
+    except RuntimeError:  # outside a request
+        return hangup
+    sock = served.environ.get("gunicorn.socket")
     sock = getattr(sock, "client", sock)  # the socket under gunicorn.conf.py's OneSend
     kind = type(sock).__module__
     if sock is None or not kind.startswith("gevent") or "ssl" in kind:

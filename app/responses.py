@@ -195,10 +195,7 @@ def answer(schema: type[Schema], body: Any, status: int = 200,
     """The one way a JSON answer is written: dumped through the schema that documents it.
     `dumped`: `body` is as the schema dumps it already (`job_body`'s, which
     tests/unit/test_job_body.py holds to that), so the dump is not done twice a job."""
-    response = current_app.json.response(body if dumped else dump(schema, body))
-    response.status_code = status
-    response.headers.update(headers or {})
-    return response
+    return current_app.json.answer(body if dumped else dump(schema, body), status, headers)
 
 
 def no_content() -> Response:
@@ -243,9 +240,10 @@ def job_body(job: JobRecord, outputs: bool = True, peers: bool | None = None) ->
         body["batch"] = job.batch if peers else {"id": job.batch["id"]}
     if job.model_version:
         body["model_version"] = job.model_version
-    for link in ("retry_of", "retried_as"):
-        if getattr(job, link):
-            body[link] = getattr(job, link)
+    if job.retry_of:
+        body["retry_of"] = job.retry_of
+    if job.retried_as:
+        body["retried_as"] = job.retried_as
     if job.status is Status.SUCCEEDED and outputs:
         # Outputs are kept result_ttl_s, the record job_ttl_s: past the first, say so.
         body["result"] = {"outputs": job.outputs} if job.outputs is not None else None

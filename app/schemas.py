@@ -9,10 +9,10 @@ int64) is refused here rather than turned into null or a failure in torch.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, NamedTuple
 from urllib.parse import urlsplit
 
-from marshmallow import RAISE, Schema, ValidationError, fields, validate
+from marshmallow import RAISE, Schema, ValidationError, fields, missing, validate
 
 from config.kinds import kind_of
 from config.models import ModelSpec
@@ -30,6 +30,8 @@ NUMBER_RANGES: dict[str, tuple[float | int, float | int]] = {
     "float64": (-1.7976931348623157e308, 1.7976931348623157e308),
     "int64": (-2**63, 2**63 - 1),
 }
+# The integers a job's JSON may carry to its task message (orjson's): 64 bits, either sign.
+INT_LOW, INT_HIGH = -2**63, 2**64 - 1
 
 
 class BoundedList(fields.List):
@@ -82,10 +84,34 @@ class WebhookSchema(Schema):
 
 
 class JobBase(Schema):
-    """What every job has, whatever its model."""
+    """What every job has, whatever its model.
+
+    A job is loaded field by field through each field's own `deserialize`, in the schema's
+    order, a field the job leaves out given its `load_default` at once (`_Plan`): not through
+    marshmallow's general loop, which walks every field, absent or not, through its getter,
+    error store and checks of options a job schema never sets (partial, many, data_key,
+    attribute, unknown). Whatever that path refuses (an unknown or a missing field, a value a
+    field refuses) is loaded again by marshmallow's own `load`, whose errors are the answer: a
+    bad job costs at most two loads. The job schemas declare no pre/post-load or `validates`
+    hooks, which only marshmallow's own `load` runs (tests/unit/test_schemas.py checks both)."""
 
     class Meta:
         unknown = RAISE
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._plan = _Plan.of(self)
+
+    def load(self, data: Any, *, many: bool | None = None, partial: Any = None,
+             unknown: str | None = None) -> Any:
+        plan = self._plan
+        if plan is not None and type(data) is dict and many is None and partial is None \
+                and unknown is None and data.keys() <= plan.names:
+            try:
+                return plan.load(data)
+            except ValidationError:
+                pass  # marshmallow's own load names every field at fault
+        return super().load(data, many=many, partial=partial, unknown=unknown)
 
     options = fields.Dict(keys=fields.String(), load_default=dict)
     timeout_s = fields.Float(validate=validate.Range(min=0, max=86_400, min_inclusive=False),
@@ -94,6 +120,52 @@ class JobBase(Schema):
     webhook = fields.Nested(WebhookSchema, load_default=None)
     # How output vectors come back: numbers, or base64 of little-endian float32 (embeddings).
     encoding_format = fields.String(validate=validate.OneOf(ENCODINGS), load_default="float")
+
+
+# How `_Plan` takes a field the job leaves out: its load_default as it is, or called; it is
+# required (marshmallow's own load names it); or it is left out of the job too.
+_AS_IS, _CALLED, _REQUIRED, _LEFT_OUT = range(4)
+
+
+class _Plan(NamedTuple):
+    """A job schema's load (JobBase): each load field's name, `deserialize`, what a job
+    that leaves it out gets (_AS_IS..._LEFT_OUT) and its load_default; the names."""
+    steps: tuple[tuple[str, Any, int, Any], ...]
+    names: frozenset[str]
+
+    @classmethod
+    def of(cls, schema: Schema) -> _Plan | None:
+        """None for a schema whose load this does not do as marshmallow's does (a schema
+        of many, partial, or not making dicts; a field read from another key or stored
+        under another name): marshmallow's own load does all of its loads."""
+        found = schema.load_fields
+        if schema.many or schema.partial not in (None, False) or schema.dict_class is not dict \
+                or any(f.data_key is not None or f.attribute is not None
+                       for f in found.values()):
+            return None
+        steps = []
+        for name, field in found.items():
+            default = field.load_default
+            how = _REQUIRED if field.required else _LEFT_OUT if default is missing \
+                else _CALLED if callable(default) else _AS_IS
+            steps.append((name, field.deserialize, how, default))
+        return cls(tuple(steps), frozenset(found))
+
+    def load(self, data: dict) -> dict:
+        """`data` loaded as marshmallow's Schema.load loads it, when no field refuses it."""
+        out = {}
+        for name, deserialize, how, default in self.steps:
+            if name in data:
+                value = deserialize(data[name], name, data)
+                if value is not missing:
+                    out[name] = value
+            elif how == _AS_IS:
+                out[name] = default
+            elif how == _CALLED:
+                out[name] = default()
+            elif how == _REQUIRED:
+                raise ValidationError("", name)  # marshmallow's load says it is missing
+        return out
 
 
 class JobEnvelope(JobBase):
@@ -124,6 +196,10 @@ class TensorInput(fields.Field):
         if not self.low <= value <= self.high:
             raise ValidationError(f"numbers must be within {self.dtype}'s range "
                                   f"[{self.low:g}, {self.high:g}]")
+        if isinstance(value, int) and not INT_LOW <= value <= INT_HIGH:
+            # Within a float range, but no JSON encoder of the task message takes it.
+            raise ValidationError("integers must fit in 64 bits; write a larger number as a "
+                                  "float (1e30, not 1000000000000000000000000000000)")
 
     def _check(self, value: Any, depth: int) -> None:
         if depth == len(self.shape):
@@ -239,7 +315,9 @@ def flatten(messages: Any, prefix: str = "") -> Iterator[tuple[str, list[str]]]:
         yield prefix or "_schema", [str(messages)]
 
 
-_JOB_FIELDS = frozenset(JobEnvelope().fields)
+# One envelope for every job of a model not known (a schema keeps nothing of a load).
+_ENVELOPE = JobEnvelope()
+_JOB_FIELDS = frozenset(_ENVELOPE.fields)
 
 
 def _shown(value: Any) -> str:
@@ -259,7 +337,7 @@ def validate_job(data: Any, models: Mapping[str, ModelSpec],
     if spec is None:
         errors: dict[str, Any] = {}
         try:
-            JobEnvelope().load(data)
+            _ENVELOPE.load(data)
         except ValidationError as exc:
             errors.update(exc.messages)  # type: ignore[arg-type]
         if "model" not in errors:

@@ -29,8 +29,6 @@ import logging
 import secrets
 import threading
 from collections import Counter
-from contextlib import contextmanager
-from typing import Iterator
 
 import redis
 
@@ -224,34 +222,47 @@ class ResultWaiter:
             logger.warning("result listener skipped a malformed message on %r (%s)",
                            message.get("channel"), exc)
 
-    @contextmanager
-    def watch(self, job_id: str, owner: str | None = None,
-              moves: bool = False) -> Iterator[threading.Event]:
+    def watch(self, job_id: str, owner: str | None = None, moves: bool = False) -> Watching:
         """An Event set when `job_id` reaches a terminal status (or the listener has just
         resubscribed), for the `with` block's life; with `moves`, also when it starts running
         or counts progress. `owner` is the API key's name ("" or None: no key). Raises NoSlot
         when no wait slot is free."""
-        self._start()
-        event = threading.Event()
-        groups = (self._waiters, self._movers) if moves else (self._waiters,)
-        self.slots.take(owner)
-        with self._lock:
-            for group in groups:
-                group.setdefault(job_id, set()).add(event)
-        try:
-            yield event
-        finally:
-            self.slots.give_back(owner)
-            with self._lock:
-                for group in groups:
-                    found = group.get(job_id)
-                    if found is not None:
-                        found.discard(event)
-                        if not found:
-                            del group[job_id]
-                if job_id not in self._waiters:
-                    self._answers.pop(job_id, None)
+        return Watching(self, job_id, owner, moves)
 
+
+class Watching:
+    """`ResultWaiter.watch`'s block: a class, not a generator's context manager (~5 calls
+    fewer at each wait, issue 40)."""
+
+    __slots__ = ("waiter", "job_id", "owner", "groups", "event")
+
+    def __init__(self, waiter: ResultWaiter, job_id: str, owner: str | None,
+                 moves: bool) -> None:
+        self.waiter, self.job_id, self.owner = waiter, job_id, owner
+        self.groups = (waiter._waiters, waiter._movers) if moves else (waiter._waiters,)
+
+    def __enter__(self) -> threading.Event:
+        waiter, job_id = self.waiter, self.job_id
+        waiter._start()
+        event = self.event = threading.Event()
+        waiter.slots.take(self.owner)
+        with waiter._lock:
+            for group in self.groups:
+                group.setdefault(job_id, set()).add(event)
+        return event
+
+    def __exit__(self, *exc: object) -> None:
+        waiter, job_id, event = self.waiter, self.job_id, self.event
+        waiter.slots.give_back(self.owner)
+        with waiter._lock:
+            for group in self.groups:
+                found = group.get(job_id)
+                if found is not None:
+                    found.discard(event)
+                    if not found:
+                        del group[job_id]
+            if job_id not in waiter._waiters:
+                waiter._answers.pop(job_id, None)
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value

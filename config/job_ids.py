@@ -4,10 +4,10 @@ named group a UUID of version 8 (RFC 9562) whose first eight hex digits are its 
 (`group_tag`), the rest random. Nothing here imports Flask or torch."""
 from __future__ import annotations
 
-import base64
 import hashlib
 import secrets
 import uuid
+from binascii import b2a_base64
 from typing import Mapping
 
 from config.process import random_bytes
@@ -36,9 +36,15 @@ def group_tag(name: str) -> str:
     return hashlib.sha256(f"iq-redis-group:{name}".encode()).hexdigest()[:8]
 
 
+# base64's alphabet made URL-safe, as base64.urlsafe_b64encode makes it.
+_URL_SAFE = bytes.maketrans(b"+/", b"-_")
+
+
 def token_text(size: int) -> str:
-    """`secrets.token_urlsafe(size)`, of config/process.py's random bytes."""
-    return base64.urlsafe_b64encode(random_bytes(size)).rstrip(b"=").decode("ascii")
+    """`secrets.token_urlsafe(size)`, of config/process.py's random bytes (binascii's base64
+    made URL-safe, as base64.urlsafe_b64encode does in three Python calls)."""
+    return b2a_base64(random_bytes(size), newline=False).translate(_URL_SAFE).rstrip(
+        b"=").decode("ascii")
 
 
 def new_job_id(group: str = "") -> str:

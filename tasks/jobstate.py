@@ -187,7 +187,9 @@ def now_iso() -> str:
 
 def iso(moment: datetime) -> str:
     """A timestamp as the API writes it: UTC, milliseconds, `Z`."""
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    text = moment.isoformat(timespec="milliseconds")
+    # (UTC's offset, the only place "+00:00" can be, cut by a slice: not a call.)
+    return text[:-6] + "Z" if text[-6:] == "+00:00" else text
 
 
 def _time(text: str | None) -> datetime | None:
@@ -195,11 +197,12 @@ def _time(text: str | None) -> datetime | None:
     kept it."""
     if not text:
         return None
-    if text.isdigit():
-        ms = int(text)
-        return datetime.fromtimestamp(ms // 1000, timezone.utc) + timedelta(
-            milliseconds=ms % 1000)
+    if text.isdigit():  # (from the epoch by one timedelta: two calls, not four)
+        return _EPOCH + timedelta(milliseconds=int(text))
     return datetime.fromisoformat(text)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def batch_text(batch: Mapping[str, Any]) -> str:
@@ -275,22 +278,34 @@ class JobRecord:
     @classmethod
     def from_fields(cls, job_id: str, raw: Mapping[str, str],
                     outputs: list | None = None) -> JobRecord:
-        get = record_fields(raw).get
+        # Over the defaults of the fields it may lack ("" or None, as `get` would give), read
+        # by subscript: ~20 calls of `get` fewer a record read (issue 40).
+        f = {**_ABSENT, **record_fields(raw)}
         return cls(
             id=job_id, status=Status(raw["status"]), model=raw["model"],
             created_at=_time(raw["created_at"]),
-            trace_id=get("trace_id", ""), inputs=int(get("inputs") or 0),
-            priority=get("priority") or "normal", owner=get("owner", ""),
-            encoding_format=get("encoding_format") or "float",
-            webhook_url=get("webhook_url", ""), webhook_events=get("webhook_events", ""),
-            token=get("token", ""),
-            expires_at=float(get("expires_at")) if get("expires_at") else None,
-            started_at=_time(get("started_at")), finished_at=_time(get("finished_at")),
-            worker=get("worker"), batch=_batch(get("batch")),
-            runs=int(get("runs") or 0), model_version=get("model_version", ""),
-            error=JobError.from_json(raw["error"]) if get("error") else None,
-            items_done=int(get("items_done") or 0), retry_of=get("retry_of") or "",
-            retried_as=get("retried_as") or "", kept=int(get("kept") or 0), outputs=outputs)
+            trace_id=f["trace_id"], inputs=int(f["inputs"]) if f["inputs"] else 0,
+            priority=f["priority"] or "normal", owner=f["owner"],
+            encoding_format=f["encoding_format"] or "float",
+            webhook_url=f["webhook_url"], webhook_events=f["webhook_events"],
+            token=f["token"], expires_at=float(f["expires_at"]) if f["expires_at"] else None,
+            started_at=_time(f["started_at"]) if f["started_at"] else None,
+            finished_at=_time(f["finished_at"]) if f["finished_at"] else None,
+            worker=f["worker"], batch=_batch(f["batch"]) if f["batch"] else None,
+            runs=int(f["runs"]) if f["runs"] else 0, model_version=f["model_version"],
+            error=JobError.from_json(raw["error"]) if f["error"] else None,
+            items_done=int(f["items_done"]) if f["items_done"] else 0,
+            retry_of=f["retry_of"] or "", retried_as=f["retried_as"] or "",
+            kept=int(f["kept"]) if f["kept"] else 0, outputs=outputs)
+
+
+# What `from_fields` reads a field a record lacks as: None for `worker` (a record without one
+# never ran), "" for the others.
+_ABSENT: dict[str, Any] = {
+    **dict.fromkeys(("trace_id", "inputs", "priority", "owner", "encoding_format",
+                     "webhook_url", "webhook_events", "token", "expires_at", "started_at",
+                     "finished_at", "batch", "runs", "model_version", "error", "items_done",
+                     "retry_of", "retried_as", "kept"), ""), "worker": None}
 
 
 # The fields a succeeded record keeps under short names (tasks/lua/_compact.lua).
@@ -301,10 +316,11 @@ def record_fields(raw: Mapping[str, str]) -> Mapping[str, str]:
     """A record's fields (HGETALL) under their own names, those COMPACT packed (`r`, `t`, `w`,
     `v`) unpacked; a record written with its names (any not final, those of earlier releases)
     as it is."""
-    if not any(name in raw for name in ("r", *_SHORT)):
+    if "r" not in raw and "t" not in raw and "w" not in raw and "v" not in raw:
         return raw
-    out = {_SHORT.get(name, name): value for name, value in raw.items() if name != "r"}
-    if raw.get("r"):
+    out = {(_SHORT[name] if name in _SHORT else name): value for name, value in raw.items()
+           if name != "r"}
+    if "r" in raw and raw["r"]:
         started, finished, runs, inputs, batch = raw["r"].split(" ", 4)
         start_ms = int(raw["created_at"]) + int(started)
         out.update(started_at=str(start_ms), finished_at=str(start_ms + int(finished)),
@@ -402,13 +418,15 @@ def announced_record(job_id: str, entry: tuple[bytes, bytes, int]) -> JobRecord 
     fields, stored, count = entry
     if not count:
         return _record(job_id, orjson.loads(fields), stored or None)
-    parts = fields.split(b"\0")
+    # Decoded whole, then split: a NUL is no part of any other character's UTF-8 (one decode,
+    # not one a string).
+    parts = fields.decode().split("\0")
     if len(parts) != count or count % 2:
         return None
-    found = {parts[i].decode(): parts[i + 1].decode() for i in range(0, count, 2)
-             if parts[i + 1]}
+    pairs = iter(parts)
+    found = {name: value for name, value in zip(pairs, pairs) if value}
     return JobRecord.from_fields(job_id, found, results.outputs_of(
-        stored or None, found.get("encoding_format")))
+        stored or None, found["encoding_format"] if "encoding_format" in found else None))
 
 
 def _finish_call(finals: Sequence[Final], result_ttl_s: int, model_version: str,
@@ -536,7 +554,9 @@ class JobState:
         else:
             answer, acked = self._submit_and_wait(keys, [self.keep_s, ttl_s or self.ttl_s, *args],
                                                  *replicas)
-        kind, found = (_text(x) for x in answer)
+        kind, found = answer  # text from a group's call; as Redis sent it from a lone one
+        if type(kind) is not str:
+            kind, found = _text(kind), _text(found)
         refused = _refusal(kind, found, kept_quota)
         if refused is not None:
             raise refused

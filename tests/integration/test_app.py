@@ -157,6 +157,51 @@ def test_a_submits_location_is_not_converted_again(api):
     assert count == 0
 
 
+def test_a_requests_hooks_are_listed_once_an_endpoint(api):
+    """The hooks around a view (the app's and its blueprints') are listed once an endpoint
+    (app/application.py Api.hooks): Flask worked out the request's blueprints three times a
+    request and asked each hook's kind each time it ran one. The view's own kind is still
+    asked (by Flask's dispatch_request and flask-smorest's wrapper); every hook still runs
+    (the request id echoed)."""
+    job = {"model": "echo", "inputs": ["a"]}
+    assert api.post("/v1/jobs", json=job).status_code == 202  # the endpoint's first request
+    answers = []
+    kinds = _calls(lambda: answers.append(api.post("/v1/jobs", json=job,
+                                                   headers={"X-Request-ID": "t-1"})),
+                   "app/application.py", "ensure_sync")
+    blueprints = _calls(lambda: answers.append(api.post("/v1/jobs", json=job)),
+                        "flask/wrappers.py", "blueprints")
+    assert [r.status_code for r in answers] == [202, 202]
+    assert answers[0].headers["X-Request-ID"] == "t-1"
+    assert (kinds, blueprints) == (2, 0)
+
+
+def test_a_requests_signals_go_only_to_receivers(api):
+    """Flask's signals of a request (started, finished, torn down, its app context torn down)
+    are sent when something listens (app/application.py Api): with no receiver, blinker's
+    `send` is not called for them; a receiver connected gets each, as Flask sends it."""
+    from flask import signals
+
+    assert api.get("/healthz").status_code == 200
+    answers = []
+    sends = _calls(lambda: answers.append(api.get("/healthz")), "blinker/base.py", "send")
+    assert answers[0].status_code == 200
+    assert sends == 2  # the app context's push and pop (flask/ctx.py), not the app's
+    heard: list[str] = []
+    names = ("request_started", "request_finished", "request_tearing_down",
+             "appcontext_tearing_down")
+    receivers = {name: (lambda sender, name=name, **extra: heard.append(name))
+                 for name in names}
+    for name, receiver in receivers.items():
+        getattr(signals, name).connect(receiver, api.application)
+    try:
+        assert api.get("/healthz").status_code == 200
+    finally:
+        for name, receiver in receivers.items():
+            getattr(signals, name).disconnect(receiver, api.application)
+    assert heard == list(names)
+
+
 def test_a_request_opens_no_session(api):
     """The API keeps no sessions (app/application.py NoSession): Flask's cookie sessions do
     not look for a secret key and make a null session each request; the one null session
@@ -232,3 +277,31 @@ def test_submits_draw_random_bytes_from_the_kernel_a_block_at_a_time(api):
     assert {r.status_code for r in answers} == {202}
     assert len({r.get_json()["id"] for r in answers}) == 3
     assert draws <= 1, draws
+
+
+def test_a_wait_watches_its_job_without_a_generator(api):
+    """A wait's watch (app/store.py Watch, app/waiter.py Watching: `Prefer: wait` and `?wait`)
+    is a `with` block of classes, not `contextmanager` generators over one another, which cost
+    several calls each to make, enter and leave at every wait."""
+    import inspect
+    import sys
+
+    resumed = []
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and code.co_flags & inspect.CO_GENERATOR and \
+                "/app/" in code.co_filename and code.co_name == "watch":
+            resumed.append(code.co_filename)
+
+    answers = []
+    sys.setprofile(profile)
+    try:
+        answers.append(api.post("/v1/jobs", json={"model": "echo", "inputs": ["a"]},
+                                headers={"Prefer": "wait=0.05"}))
+        answers.append(api.get(f"{answers[0].get_json()['url']}?wait=0.05"))
+    finally:
+        sys.setprofile(None)
+    assert [a.status_code for a in answers] == [202, 200]
+    assert answers[0].headers["Preference-Applied"] == "wait=0.05"
+    assert resumed == []

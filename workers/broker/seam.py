@@ -1,12 +1,13 @@
-"""The names of kombu, Celery, billiard and redis-py that the service overrides or reads
-without those libraries promising to keep them (private, or undocumented), in one list:
+"""The names of kombu, Celery, billiard, redis-py and gunicorn that the service overrides or
+reads without those libraries promising to keep them (private, or undocumented), in one list:
 `OVERRIDDEN` (methods the worker's classes in workers/broker/ override: each must still be
 defined where it was, taking the same parameters), `READ` (what workers/broker/ reads or
-calls) and `ELSEWHERE` (what the worker's strategy and settlement, and tasks/, read or
-override). docs/upgrading.md's table names each of them, and nothing else; tests/unit/
-test_seam.py fails on a version that moved or changed one, and a worker checks `OVERRIDDEN`
-when it starts (`check`), so that an upgrade that moves a method fails loudly rather than
-leave the override unused."""
+calls), `ELSEWHERE` (what the worker's strategy and settlement, and tasks/, read or
+override) and `API` (gunicorn's and Flask's, for the API: gunicorn.conf.py, app/).
+docs/upgrading.md's table names each of them, and nothing else; tests/unit/test_seam.py
+fails on a version that moved or changed one, and a worker checks `OVERRIDDEN` when it
+starts (`check`), so that an upgrade that moves a method fails loudly rather than leave the
+override unused."""
 from __future__ import annotations
 
 import inspect
@@ -178,7 +179,53 @@ ELSEWHERE: tuple[Name, ...] = (
     Name(Retry, "_supported_errors"),
 )
 
-EVERY = OVERRIDDEN + READ + ELSEWHERE
+
+def _api_names() -> tuple[Name, ...]:
+    """gunicorn's, which the API's worker and HTTP/1 parser (gunicorn.conf.py's Worker,
+    Request, Parser) override or read, and Flask's, which the API's Flask class
+    (app/application.py Api) reads; none where they are not installed (a worker's image:
+    requirements/worker.txt)."""
+    try:
+        from flask import Flask
+        from flask.ctx import RequestContext
+        from gunicorn import util as gunicorn_util
+        from gunicorn.http import body, message, wsgi
+        from gunicorn.http.parser import Parser
+        from gunicorn.http.parser import RequestParser
+        from gunicorn.http2 import negotiation
+        from gunicorn.workers.base_async import AsyncWorker
+    except ImportError:
+        return ()
+    return (
+        Name(AsyncWorker, "handle", ("self", "listener", "client", "addr")),
+        Name(AsyncWorker, "handle_request", ("self", "listener_name", "req", "sock", "addr")),
+        Name(wsgi, "create", ("req", "sock", "client", "server", "cfg", "response_class",
+                              "response_args")),
+        Name(wsgi.Response, "process_headers", ("self", "headers")),
+        Name(wsgi.Response, "default_headers", ("self",)),
+        Name(gunicorn_util, "hop_headers"),
+        Name(AsyncWorker, "_try_h2c_upgrade", ("self", "listener", "req", "parser", "client",
+                                               "addr")),
+        Name(negotiation, "prior_knowledge_allowed", ("cfg", "peer_addr")),
+        Name(RequestParser, "mesg_class"),
+        Name(Parser, "finish_body", ("self", "deadline", "max_bytes")),
+        Name(body.Body, "reader"),
+        Name(body.Body, "buf"),
+        Name(body.Body, "failed"),
+        Name(body.LengthReader, "length"),
+        Name(message.Message, "parse_headers", ("self", "data", "from_trailer")),
+        Name(message.Message, "limit_request_fields"),
+        Name(message.Message, "limit_request_field_size"),
+        Name(message.HeaderPolicy, "_peer_is_trusted_proxy", ("self",)),
+        Name(message.HeaderPolicy, "_peer_trusted_for_forwarded", ("self",)),
+        Name(RequestContext, "_after_request_functions"),
+        Name(RequestContext, "_session"),
+        Name(Flask, "_got_first_request"),
+    )
+
+
+API = _api_names()
+EVERY = OVERRIDDEN + READ + ELSEWHERE + API
 
 
 def problems(names: tuple[Name, ...] = EVERY) -> list[str]:
