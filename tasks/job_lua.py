@@ -41,6 +41,10 @@ SUCCEEDED_READ = ("status", "token", "model", "created_at", "trace_id", "inputs"
 # What a submit names in the place of the record of the job it retries when it retries none
 # (tasks/lua/_submit.lua tells a retry by it): one key for every job, never written.
 NO_RETRY = f"{JOB_PREFIX}:no-retry"
+# What a submit names in the place of its idempotency claim when it has no Idempotency-Key (the
+# script reads and writes the claim only with a key's digest): one key for every job, never
+# written, and one string Lua keeps for a whole call.
+NO_CLAIM = f"{JOB_PREFIX}:no-claim"
 
 # The largest stored result a finish sends to the API process waiting on its job (its reply
 # channel, tasks/lua/_finish.lua); a larger one is read by the waiter as before.

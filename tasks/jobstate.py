@@ -527,7 +527,7 @@ class JobState:
         trip) until that many replicas hold the job, or raise NotReplicated. `reply`: the
         channel its finish announces it on, record and result (`announced`), for a process
         that waits on it ("": none)."""
-        claim, digest = idempotency or (job_key(job.id) + ":no-claim", "")
+        claim, digest = idempotency or (job_lua.NO_CLAIM, "")
         retried = job_key(job.retry_of) if job.retry_of else job_lua.NO_RETRY
         # The script tells a retry by `retried`, and trims its owner's lists by the id.
         args: list[Any] = [job.id, "" if max_depth is None else max_depth, timeout_s or 0,

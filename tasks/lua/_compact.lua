@@ -42,16 +42,32 @@ local function succeeded(finished_at, finished_ms, version, error, hook_id, toke
   if trace and #trace <= 64 then t, trace = trace, false end
   if worker and #worker <= 64 then w, worker = worker, false end
   if version and #version <= 64 then v, version = version, false end
+  -- Each field present, in this order (a call a field cost more than the field).
   local out, n = {'status', 'succeeded'}, 2
-  local function put(name, value)
-    if value then out[n + 1], out[n + 2], n = name, value, n + 2 end
-  end
-  put('token', token); put('model', model); put('created_at', created); put('r', r)
-  put('t', t); put('w', w); put('v', v); put('trace_id', trace); put('worker', worker)
-  put('model_version', version); put('started_at', started); put('finished_at', finished)
-  put('runs', runs); put('inputs', inputs); put('batch', batch); put('priority', priority)
-  put('owner', owner); put('encoding_format', format); put('webhook_url', hook_url)
-  put('webhook_events', hook_events); put('items_done', items_done); put('retry_of', retry_of)
-  put('crashes', crashes); put('error', error); put('webhook_id', hook_id)
+  if token then out[n + 1], out[n + 2], n = 'token', token, n + 2 end
+  if model then out[n + 1], out[n + 2], n = 'model', model, n + 2 end
+  if created then out[n + 1], out[n + 2], n = 'created_at', created, n + 2 end
+  if r then out[n + 1], out[n + 2], n = 'r', r, n + 2 end
+  if t then out[n + 1], out[n + 2], n = 't', t, n + 2 end
+  if w then out[n + 1], out[n + 2], n = 'w', w, n + 2 end
+  if v then out[n + 1], out[n + 2], n = 'v', v, n + 2 end
+  if trace then out[n + 1], out[n + 2], n = 'trace_id', trace, n + 2 end
+  if worker then out[n + 1], out[n + 2], n = 'worker', worker, n + 2 end
+  if version then out[n + 1], out[n + 2], n = 'model_version', version, n + 2 end
+  if started then out[n + 1], out[n + 2], n = 'started_at', started, n + 2 end
+  if finished then out[n + 1], out[n + 2], n = 'finished_at', finished, n + 2 end
+  if runs then out[n + 1], out[n + 2], n = 'runs', runs, n + 2 end
+  if inputs then out[n + 1], out[n + 2], n = 'inputs', inputs, n + 2 end
+  if batch then out[n + 1], out[n + 2], n = 'batch', batch, n + 2 end
+  if priority then out[n + 1], out[n + 2], n = 'priority', priority, n + 2 end
+  if owner then out[n + 1], out[n + 2], n = 'owner', owner, n + 2 end
+  if format then out[n + 1], out[n + 2], n = 'encoding_format', format, n + 2 end
+  if hook_url then out[n + 1], out[n + 2], n = 'webhook_url', hook_url, n + 2 end
+  if hook_events then out[n + 1], out[n + 2], n = 'webhook_events', hook_events, n + 2 end
+  if items_done then out[n + 1], out[n + 2], n = 'items_done', items_done, n + 2 end
+  if retry_of then out[n + 1], out[n + 2], n = 'retry_of', retry_of, n + 2 end
+  if crashes then out[n + 1], out[n + 2], n = 'crashes', crashes, n + 2 end
+  if error then out[n + 1], out[n + 2], n = 'error', error, n + 2 end
+  if hook_id then out[n + 1], out[n + 2], n = 'webhook_id', hook_id, n + 2 end
   return out
 end

@@ -2,7 +2,8 @@
 -- job_submit_many.lua): `submit(K, k, nkeys, A, a, nargs)`, its keys K[k + 1 .. k + nkeys]
 -- and its own arguments A[a + 1 .. a + nargs] as job_submit.lua takes them (its KEYS, its
 -- ARGV after the two of every job script), read where they are rather than copied into tables
--- of their own (a group's copies cost Redis ~2 µs a job); returns {kind, found}. Runs after
+-- of their own (a group's copies cost Redis ~2 µs a job); returns kind, found (two values: a
+-- table a job is one more allocation for Lua's collector). Runs after
 -- the prelude and _owned.
 
 -- Redis's memory as the headroom check sees it: read once a script call (INFO is the dearest
@@ -56,11 +57,44 @@ local headroom_text, headroom_share, now_text
 -- (~4k instructions). The scripts are atomic: no client sees a record before its message. A
 -- job checking its queue's depth counts the messages waiting here too (`queued`).
 local lists, messages, wake_of, sets, scored = {}, {}, {}, {}, {}
+-- An owner's jobs list (_owned.lua) the same way: its new entries, newest last, pushed by one
+-- LPUSH a list a call (`owned_keys`, in the order first met), after which its trims requested
+-- run (`trims`: as many as its jobs asked for; a trim keeps every entry this call pushed, all
+-- newer than the records' time to live); and the time stamped last on each list (`stamped`,
+-- the head's: read by one LINDEX a list a call, false when the list is empty), which the next
+-- entry is stamped after. The list is read nowhere else in a call, so it is as a push a job
+-- left it.
+local owned_keys, entries_of, stamped, trims = {}, {}, {}, {}
+-- Whether a call found none of its jobs' records before its first job (job_submit_many.lua's
+-- one EXISTS for them all): a job's record is then one this call wrote (`made`) or none.
+local none_before, made = false, {}
 local function queued(list)
   local waiting = messages[list]
   return waiting and #waiting or 0
 end
+-- The owner's jobs list entry of a job submitted now (`owned_entry`), in time order whatever
+-- Redis's clock does: stamped after the head's.
+local function own(owned, id, packed_id, trim_it)
+  local last = stamped[owned]
+  if last == nil then
+    local head = redis.call('lindex', owned, '0')
+    last = head and owned_at(head) or false
+  end
+  local us = last and math.max(now_us, last + 1) or now_us
+  stamped[owned] = us
+  local entries = entries_of[owned]
+  if not entries then
+    entries = {}
+    entries_of[owned], owned_keys[#owned_keys + 1], trims[owned] = entries, owned, 0
+  end
+  entries[#entries + 1] = owned_entry(us, id, packed_id)
+  if trim_it then trims[owned] = trims[owned] + 1 end
+end
 local function enqueue()
+  for _, owned in ipairs(owned_keys) do
+    redis.call('lpush', owned, unpack(entries_of[owned]))
+    for _ = 1, trims[owned] do trim_owned(owned, 1000) end
+  end
   for _, list in ipairs(lists) do
     local waiting = messages[list]
     local wake = wake_of[list]
@@ -71,6 +105,9 @@ local function enqueue()
   end
   for _, set in ipairs(sets) do redis.call('zadd', set, unpack(scored[set])) end
 end
+-- A record's HSET arguments, written afresh by each job (`submit`): one table a call.
+local fields = {'status', false, 'message', false, 'list', false, 'model', false,
+                'created_at', false, 'trace_id', false, 'inputs', false}
 local function submit(K, k, nkeys, A, a, nargs)
   local record, claim, list, owned, retried, pending, wake, index = unpack(K, k + 1, k + 8)
   local id, max_depth, timeout_s, digest, message, headroom, request, quota, owner, size,
@@ -86,9 +123,9 @@ local function submit(K, k, nkeys, A, a, nargs)
   -- every check has passed, the record by one HSET, its status first as before (one command a
   -- job fewer than a HSETNX that begins the record and a HSET that adds the rest, and Redis
   -- converts no one-field compact hash when the large values come).
-  if redis.call('exists', record) == 1 then
+  if none_before and made[record] or not none_before and redis.call('exists', record) == 1 then
     touch(record)
-    return {'created', id}
+    return 'created', id
   end
   if headroom ~= '' then
     local used, cap = memory()
@@ -96,7 +133,7 @@ local function submit(K, k, nkeys, A, a, nargs)
       headroom_text, headroom_share = headroom, tonumber(headroom)
     end
     if cap > 0 and used > (1 - headroom_share) * cap then
-      return {'full', used .. ' ' .. cap}
+      return 'full', used .. ' ' .. cap
     end
   end
   if digest ~= '' then
@@ -106,24 +143,24 @@ local function submit(K, k, nkeys, A, a, nargs)
       local earlier_id = string.sub(earlier, 1, sep - 1)
       -- A claim whose job was deleted claims nothing: the key makes a new job.
       if redis.call('exists', JOB_PREFIX .. earlier_id) == 1 then
-        if string.sub(earlier, sep + 1) ~= digest then return {'mismatch', ''} end
+        if string.sub(earlier, sep + 1) ~= digest then return 'mismatch', '' end
         touch(claim)
-        return {'existing', earlier_id}
+        return 'existing', earlier_id
       end
     end
   end
   if retry then
     local f = redis.call('hmget', retried, 'status', 'retried_as')
-    if not f[1] then return {'gone', ''} end
-    if f[2] then return {'retried', f[2]} end
+    if not f[1] then return 'gone', '' end
+    if f[2] then return 'retried', f[2] end
     if f[1] ~= 'failed' and f[1] ~= 'cancelled' and f[1] ~= 'expired' then
-      return {'not_retryable', f[1]}
+      return 'not_retryable', f[1]
     end
   end
   if max_depth ~= '' then
     local depth = 0
     for i = k + 9, k + nkeys do depth = depth + redis.call('llen', K[i]) + queued(K[i]) end
-    if depth >= tonumber(max_depth) then return {'overloaded', ''} end
+    if depth >= tonumber(max_depth) then return 'overloaded', '' end
   end
   local kept_size = string.len(request)
   if kept_size == 0 then kept_size = tonumber(size) or 0 end
@@ -136,28 +173,30 @@ local function submit(K, k, nkeys, A, a, nargs)
     if held + kept_size > tonumber(quota) then
       local first = redis.call('zrange', books, 0, 0, 'WITHSCORES')
       local wait = first[2] and math.max(0, tonumber(first[2]) - now) or 0
-      return {'kept_full', held .. ' ' .. string.format('%.0f', math.ceil(wait))}
+      return 'kept_full', held .. ' ' .. string.format('%.0f', math.ceil(wait))
     end
   end
   -- The fields every record has, in the order the caller's record lists them (submitted_fields:
   -- a record small enough to be kept compact is stored in the order written), named here; the
   -- others as the caller's name/value pairs.
-  local fields = {'status', 'queued', 'message', message, 'list', list, 'model', model,
-                  'created_at', created_at, 'trace_id', trace_id, 'inputs', inputs}
-  for i = a + 16, a + nargs do fields[#fields + 1] = A[i] end
+  -- (One table a call, its first n entries this job's: `fields`.)
+  fields[2], fields[4], fields[6], fields[8], fields[10], fields[12], fields[14] =
+    'queued', message, list, model, created_at, trace_id, inputs
+  local n = 14
+  for i = a + 16, a + nargs do n = n + 1; fields[n] = A[i] end
   local timeout = timeout_s ~= '0' and tonumber(timeout_s) or 0
   if timeout > 0 then
-    fields[#fields + 1] = 'expires_at'
-    fields[#fields + 1] = string.format('%.3f', now + timeout)
+    fields[n + 1], fields[n + 2], n = 'expires_at', string.format('%.3f', now + timeout), n + 2
   end
   if request ~= '' then
-    fields[#fields + 1] = 'request'  -- its request, kept in the record until it ends
-    fields[#fields + 1] = request
+    -- its request, kept in the record until it ends
+    fields[n + 1], fields[n + 2], n = 'request', request, n + 2
   elseif charged then
-    fields[#fields + 1] = 'charged'  -- what its owner's books hold for it while it waits
-    fields[#fields + 1] = kept_size
+    -- what its owner's books hold for it while it waits
+    fields[n + 1], fields[n + 2], n = 'charged', kept_size, n + 2
   end
-  redis.call('hset', record, unpack(fields))
+  redis.call('hset', record, unpack(fields, 1, n))
+  made[record] = true
   redis.call('expire', record, TTL_TEXT)
   if digest ~= '' then redis.call('set', claim, id .. ' ' .. digest, 'EX', TTL_TEXT) end
   if charged then
@@ -171,13 +210,9 @@ local function submit(K, k, nkeys, A, a, nargs)
   -- The list stays in time order, newest first, whatever Redis's clock does (a step back, a
   -- failover to a host a little behind): an entry is stamped after the head's, so that a page's
   -- bisection to its cursor (first_at_or_below) never passes over an entry it has not listed.
-  local head, us = redis.call('lindex', owned, '0'), now_us
-  if head then us = math.max(us, owned_at(head) + 1) end
-  redis.call('lpush', owned, owned_entry(us, id, packed_id))
-  if c1 == 48 then
-    trim_owned(owned, 1000)
-    if c2 == 48 then trim(index, now_us - TTL_S * 1000000, 1000) end
-  end
+  -- Pushed with the call's others (`own`, `enqueue`).
+  own(owned, id, packed_id, c1 == 48)
+  if c1 == 48 and c2 == 48 then trim(index, now_us - TTL_S * 1000000, 1000) end
   if retry then redis.call('hset', retried, 'retried_as', id) end
   local waiting = messages[list]
   if not waiting then
@@ -194,5 +229,5 @@ local function submit(K, k, nkeys, A, a, nargs)
   adds[#adds + 1] = now_text
   adds[#adds + 1] = id
   wrote(A, a, nargs)
-  return {'created', id}
+  return 'created', id
 end

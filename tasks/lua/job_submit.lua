@@ -35,6 +35,6 @@
 -- #include _job_prelude
 -- #include _owned
 -- #include _submit
-local answer = submit(KEYS, 0, #KEYS, ARGV, 2, #ARGV - 2)
+local kind, found = submit(KEYS, 0, #KEYS, ARGV, 2, #ARGV - 2)
 enqueue()
-return answer
+return {kind, found}

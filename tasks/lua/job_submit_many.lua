@@ -15,13 +15,22 @@
 -- The jobs admitted are queued together once every job of the call is through (_submit.lua's
 -- `enqueue`): should one job's command fail, those before it, whose records are written, are
 -- queued all the same before the error is raised, as they were when each job queued its own.
+-- Whether any job's record is there already (a resend) is asked once for them all: one EXISTS
+-- of every record (a command a job fewer); only when one is, each job asks its own
+-- (_submit.lua's `none_before`).
 local counts = ARGV[3]
 local out, k, a = {}, 0, 3
 local done, failure = pcall(function()
+  local records = {}
+  for j = 1, #counts / 2 do
+    records[j] = KEYS[k + 1]
+    k = k + string.byte(counts, 2 * j - 1)
+  end
+  none_before, k = redis.call('exists', unpack(records)) == 0, 0
   for j = 1, #counts / 2 do
     local nkeys, nargs = string.byte(counts, 2 * j - 1, 2 * j)
-    local answer = submit(KEYS, k, nkeys, ARGV, a, nargs)
-    out[j] = answer[1] .. ' ' .. answer[2]
+    local kind, found = submit(KEYS, k, nkeys, ARGV, a, nargs)
+    out[j] = kind .. ' ' .. found
     k, a = k + nkeys, a + nargs
   end
 end)

@@ -15,7 +15,7 @@ from bench.purposes import Monitor
 from scripts.processes import wait_until
 from tasks import job_lua, results
 from tasks.jobstate import Final, JobState, Overloaded, StartDecision, Status, new_job
-from tasks.keys import PENDING_KEY, job_key
+from tasks.keys import PENDING_KEY, job_key, owner_jobs
 from tasks.messages import QueuedMessage
 
 FINAL_ONLY = set(job_lua.FINAL_ONLY)
@@ -218,8 +218,10 @@ def test_start_reads_a_queued_jobs_batch_and_worker_not(state, redis_server, cle
     assert state.read(job_id).runs == 1  # the start sent again counted once
 
 
-def _group_calls(state: JobState, count: int, max_depth: int | None = None) -> list:
-    """`count` submits to list "m" as an API process's group commit holds them: (keys, args)."""
+def _group_calls(state: JobState, count: int, max_depth: int | None = None,
+                 owner: str | None = None) -> list:
+    """`count` submits to list "m" as an API process's group commit holds them: (keys, args);
+    each of its own owner, or all of `owner`'s."""
     class Collect:
         def __init__(self) -> None:
             self.calls: list = []
@@ -233,7 +235,8 @@ def _group_calls(state: JobState, count: int, max_depth: int | None = None) -> l
     try:
         for i in range(count):
             job = new_job(str(uuid.uuid4()), model="m", trace_id="t", inputs=1,
-                          priority="normal", token="tok", owner=f"owner-{i}")
+                          priority="normal", token="tok",
+                          owner=f"owner-{i}" if owner is None else owner)
             state.submit(job, QueuedMessage("m", b"message %d " % i + b"x" * 100),
                          depth_lists=["m"], max_depth=max_depth, ttl_s=600)
     finally:
@@ -285,3 +288,64 @@ def test_a_group_whose_job_fails_midway_queues_the_jobs_before_it(state, clean_a
     assert clean_admin.lrange("m", 0, -1) == ["message 0 " + "x" * 100]
     assert clean_admin.zscore(PENDING_KEY, first) is not None
     assert not clean_admin.exists(job_key(calls[2][1][0]))
+
+
+def test_a_groups_jobs_ask_for_their_records_once_and_read_and_push_an_owners_list_once(
+        state, redis_server, clean_admin):
+    """A call's jobs are checked for a record there already (a resend) by one EXISTS of them
+    all, and an owner's jobs list is read (its head's time) and pushed once a call, not once a
+    job (issue 40: commands a job): the list holds what a push a job left, newest first, each
+    entry stamped after the one before; the call sent again finds every record and queues
+    nothing twice."""
+    calls = _group_calls(state, 4, owner="o")
+    ids = [call[1][0] for call in calls]
+    ran = _monitored(redis_server.extra["admin_url"], clean_admin,
+                     lambda: state._submit_many(calls))
+    assert [w[1:] for w in ran if w[0] == "exists"] == [[job_key(i) for i in ids]]
+    owned = owner_jobs("o")
+    # (Its head read, its entries pushed; a trim, one id in 16 (_submit.lua), reads its tail.)
+    assert [(w[0], len(w) - 2) for w in ran if len(w) > 1 and w[1] == owned
+            and w[:3] != ["lindex", owned, "-1"] and w[0] != "llen"] == \
+        [("lindex", 1), ("lpush", 4)]
+    raw = redis.Redis.from_url(redis_server.extra["url"]).lrange(owned, 0, -1)
+    assert [uuid.UUID(bytes=entry[7:]) for entry in raw] == [uuid.UUID(i) for i in reversed(ids)]
+    stamps = [int.from_bytes(entry[:7], "big") for entry in raw]
+    assert stamps == sorted(stamps, reverse=True) and len(set(stamps)) == 4
+    assert [job.id for job in state.page("o").jobs] == list(reversed(ids))
+    again = _monitored(redis_server.extra["admin_url"], clean_admin,
+                       lambda: state._submit_many(calls))
+    assert [w[0] for w in again if w[0] == "exists"] == ["exists"] * 5
+    assert not [w for w in again if w[0] in ("hset", "lpush")]
+    assert clean_admin.llen("m") == 4 and clean_admin.llen(owned) == 4
+
+
+def test_a_group_that_holds_one_job_twice_makes_it_once(state, clean_admin):
+    """Its records asked for once, a call still finds the record an earlier job of the same
+    call wrote: a job twice in one call is made once, queued once."""
+    calls = _group_calls(state, 2, owner="o")
+    answers = state._submit_many([calls[0], calls[1], calls[0]])
+    assert answers == [["created", calls[0][1][0]], ["created", calls[1][1][0]],
+                       ["created", calls[0][1][0]]]
+    assert clean_admin.llen("m") == 2 and clean_admin.llen(owner_jobs("o")) == 2
+    assert clean_admin.zcard(PENDING_KEY) == 2
+
+
+def test_a_submit_without_an_idempotency_key_names_one_claim_key_for_every_job(state,
+                                                                               clean_admin):
+    """The claim's place holds one key for every job without an Idempotency-Key (never read
+    nor written: the script touches the claim only with a key's digest), so that a call's jobs
+    hand Lua one string, not one a job."""
+    calls = _group_calls(state, 3, owner="o")
+    assert {call[0][1] for call in calls} == {job_lua.NO_CLAIM}
+    state._submit_many(calls)
+    assert not clean_admin.exists(job_lua.NO_CLAIM)
+    assert all(clean_admin.hget(job_key(call[1][0]), "status") == "queued" for call in calls)
+
+
+def test_finish_builds_a_succeeded_record_without_a_function_a_field():
+    """A succeeded record's fields are put in its HSET's arguments inline: a closure made a job
+    and a call a field (25 a job) cost Redis more than the fields (~12k instructions a job by
+    callgrind). What is written is as before: tests/integration/test_job_bytes.py."""
+    body = job_lua.FINISH.split("local function succeeded(", 1)[1].split("\nend\n", 1)[0]
+    assert "function" not in body
+    assert "'webhook_id', hook_id" in body and "'token', token" in body
