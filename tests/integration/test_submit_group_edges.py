@@ -49,7 +49,7 @@ def _job(n: int, owner: str, retry_of: str = ""):
 
 def _calls(state: JobState, specs) -> list:
     """Each spec's (keys, args) as JobState.submit builds them."""
-    collect, state._grouped = _Collect(), None
+    collect = _Collect()
     state._grouped = collect
     try:
         for job, kw in specs:
@@ -155,10 +155,10 @@ def test_the_shared_no_claim_key_is_never_written_and_one_set_by_hand_is_not_rea
     state, raw = clients
     _run(state, raw, grouped=True)
     assert not raw.exists(job_lua.NO_CLAIM)
-    assert not [k for k in raw.scan_iter("*no-claim*")]
+    assert not list(raw.scan_iter("*no-claim*"))
     # A client sets it by hand to a claim of a job that exists: submits without a key are
     # each made all the same, and the key is left as it was.
-    earlier = raw.scan_iter("iq:job:*").__next__().decode().split(":", 2)[2]
+    earlier = next(raw.scan_iter("iq:job:*")).decode().split(":", 2)[2]
     raw.set(job_lua.NO_CLAIM, f"{earlier} ")
     jobs = [(_job(900 + i, "ivy"), {}) for i in range(3)]
     answers = state._submit_many(_calls(state, jobs))
