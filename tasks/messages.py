@@ -123,25 +123,11 @@ def _filled(template: _Template, name: str, task_id: str, kwargs: Mapping[str, A
     raw = orjson.dumps(((), kwargs, template.embed), option=results.JSON_OPTIONS)
     kwargsrepr = repr({**summary, "bytes": len(raw)}) if summary is not None \
         else saferepr(dict(kwargs), template.amqp.kwargsrepr_maxsize)
-    tag = uuid4_text()
-    payload = {
-        "body": b2a_base64(raw, newline=False).decode(),
-        "content-encoding": "utf-8",
-        "content-type": "application/json",
-        "headers": {**template.headers, "task": name, "id": task_id, "root_id": task_id,
-                    "retries": retries, "kwargsrepr": kwargsrepr, "origin": template.origin,
-                    **(headers or {})},
-        "properties": {
-            **template.properties,
-            "correlation_id": task_id,
-            "delivery_mode": 2,
-            "delivery_info": {"exchange": "", "routing_key": queue},
-            "priority": priority,
-            "body_encoding": "base64",
-            "delivery_tag": tag,
-        },
-    }
-    return orjson.dumps(payload), tag
+    return _envelope(b2a_base64(raw, newline=False).decode(),
+                     {**template.headers, "task": name, "id": task_id, "root_id": task_id,
+                      "retries": retries, "kwargsrepr": kwargsrepr, "origin": template.origin,
+                      **(headers or {})},
+                     {**template.properties, "correlation_id": task_id}, queue, priority)
 
 
 def _by_celery(app: Any, name: str, task_id: str, kwargs: Mapping[str, Any], queue: str,
@@ -156,15 +142,22 @@ def _by_celery(app: Any, name: str, task_id: str, kwargs: Mapping[str, Any], que
     kwargsrepr = repr({**summary, "bytes": len(raw)}) if summary is not None \
         else saferepr(dict(kwargs), app.amqp.kwargsrepr_maxsize)
     message = as_task._replace(headers={**as_task.headers, "kwargsrepr": kwargsrepr})
-    body = base64.b64encode(raw).decode()
+    return _envelope(base64.b64encode(raw).decode(), {**message.headers, **(headers or {})},
+                     message.properties, queue, priority)
+
+
+def _envelope(body: str, headers: Mapping[str, Any], properties: Mapping[str, Any], queue: str,
+              priority: int) -> tuple[bytes, str]:
+    """kombu's Redis message around a task's base64 body: its payload, and the delivery tag
+    in it."""
     tag = uuid4_text()
     payload = {
         "body": body,
         "content-encoding": "utf-8",
         "content-type": "application/json",
-        "headers": {**message.headers, **(headers or {})},
+        "headers": headers,
         "properties": {
-            **message.properties,
+            **properties,
             "delivery_mode": 2,
             "delivery_info": {"exchange": "", "routing_key": queue},
             "priority": priority,

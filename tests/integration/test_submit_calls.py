@@ -13,6 +13,7 @@ import yaml
 from app import create_app
 from app import jobs as app_jobs
 from config import job_ids
+from tests.support.calls import calls
 
 MODELS = {"echo": {"kind": "synthetic", "max_inputs": 4}}
 JOB = {"model": "echo", "inputs": ["a"]}
@@ -29,27 +30,6 @@ def api(redis_server, tmp_path):
     assert client.post("/v1/jobs", json=JOB).status_code == 202  # warm
     yield client
     app.extensions["iq.store"].waiter.close()
-
-
-def calls(call, where: str, name: str | None = None, caller: str | None = None) -> int:
-    """Functions of a file ending in `where` (named `name`, called from a function named
-    `caller`, where given) called while `call` ran."""
-    count = 0
-
-    def profile(frame, event, arg):
-        nonlocal count
-        code = frame.f_code
-        if event == "call" and code.co_filename.endswith(where) \
-                and name in (None, code.co_name) \
-                and (caller is None or frame.f_back.f_code.co_name == caller):
-            count += 1
-
-    sys.setprofile(profile)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-    return count
 
 
 def posted(api, answers, **kwargs):

@@ -5,9 +5,7 @@ general code it stands in for (gunicorn's own parser and response, marshmallow's
 werkzeug's is_json) makes of the same input, field for field and error for error."""
 from __future__ import annotations
 
-import os
 import random
-import runpy
 from pathlib import Path
 
 import pytest
@@ -19,20 +17,12 @@ from marshmallow import Schema, ValidationError
 from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request as WerkzeugRequest
 
-from scripts.processes import ROOT
+from tests.support.gunicorn_conf import load_gunicorn_conf
 
 
 @pytest.fixture(scope="module")
 def conf() -> dict:
-    kept = {name: os.environ.get(name) for name in ("PROMETHEUS_MULTIPROC_DIR",
-                                                   "_IQ_API_HANDOVER_DIR")}
-    loaded = runpy.run_path(str(ROOT / "gunicorn.conf.py"))
-    for name, value in kept.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    return loaded
+    return load_gunicorn_conf()
 
 
 NAMES = [b"Host", b"host", b"Content-Type", b"Content-Length", b"content-length",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import itertools
-import runpy
 import socket
 
 import pytest
@@ -17,22 +16,12 @@ from gunicorn.http.parser import RequestParser
 from gunicorn.http.unreader import IterUnreader
 from gunicorn.workers.base_async import AsyncWorker
 
-from scripts.processes import ROOT
+from tests.support.gunicorn_conf import load_gunicorn_conf
 
 
 @pytest.fixture(scope="module")
 def conf() -> dict:
-    import os
-
-    kept = {name: os.environ.get(name) for name in ("PROMETHEUS_MULTIPROC_DIR",
-                                                   "_IQ_API_HANDOVER_DIR")}
-    loaded = runpy.run_path(str(ROOT / "gunicorn.conf.py"))
-    for name, value in kept.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    return loaded
+    return load_gunicorn_conf()
 
 
 def config(**settings) -> Config:
