@@ -184,7 +184,9 @@ class TensorInput(fields.Field):
         self.dtype = dtype
         self.low, self.high = NUMBER_RANGES[dtype]
 
-    def _number(self, value: Any) -> None:
+    def _number(self, value: Any) -> bool:
+        """Refuses what the dtype cannot hold; True for an integer past 64 bits, which the
+        task message's JSON cannot carry as it is."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValidationError(f"expected a number, got {type(value).__name__}")
         if isinstance(value, float):
@@ -196,25 +198,26 @@ class TensorInput(fields.Field):
         if not self.low <= value <= self.high:
             raise ValidationError(f"numbers must be within {self.dtype}'s range "
                                   f"[{self.low:g}, {self.high:g}]")
-        if isinstance(value, int) and not INT_LOW <= value <= INT_HIGH:
-            # Within a float range, but no JSON encoder of the task message takes it.
-            raise ValidationError("integers must fit in 64 bits; write a larger number as a "
-                                  "float (1e30, not 1000000000000000000000000000000)")
+        return isinstance(value, int) and not INT_LOW <= value <= INT_HIGH
 
-    def _check(self, value: Any, depth: int) -> None:
+    def _check(self, value: Any, depth: int) -> bool:
         if depth == len(self.shape):
-            self._number(value)
-            return
+            return self._number(value)
         if not isinstance(value, list) or len(value) != self.shape[depth]:
             raise ValidationError(
                 f"expected a nested list of shape {list(self.shape)}; "
                 f"dimension {depth} must have length {self.shape[depth]}"
             )
+        wide = False
         for item in value:
-            self._check(item, depth + 1)
+            wide = self._check(item, depth + 1) or wide
+        return wide
 
     def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Any:
-        self._check(value, 0)
+        if self._check(value, 0):
+            # A float model's integer past 64 bits (10**38, in float32's range) is the float
+            # the model would take: no JSON encoder of the task message takes it as it is.
+            return _floated(value)
         return value
 
     def openapi(self) -> dict[str, Any]:
@@ -224,6 +227,12 @@ class TensorInput(fields.Field):
             schema = {"type": "array", "items": schema, "minItems": size, "maxItems": size}
         schema["description"] = f"a {self.dtype} tensor of shape {list(self.shape)}"
         return schema
+
+
+def _floated(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_floated(item) for item in value]
+    return float(value) if isinstance(value, int) and not INT_LOW <= value <= INT_HIGH else value
 
 
 def _encodable(text: str) -> None:
