@@ -198,7 +198,7 @@ class TensorInput(fields.Field):
         if not self.low <= value <= self.high:
             raise ValidationError(f"numbers must be within {self.dtype}'s range "
                                   f"[{self.low:g}, {self.high:g}]")
-        return isinstance(value, int) and not INT_LOW <= value <= INT_HIGH
+        return _wide(value)
 
     def _check(self, value: Any, depth: int) -> bool:
         if depth == len(self.shape):
@@ -229,10 +229,15 @@ class TensorInput(fields.Field):
         return schema
 
 
+def _wide(value: Any) -> bool:
+    """An integer past 64 bits: no JSON encoder of the task message takes it as it is."""
+    return isinstance(value, int) and not INT_LOW <= value <= INT_HIGH
+
+
 def _floated(value: Any) -> Any:
     if isinstance(value, list):
         return [_floated(item) for item in value]
-    return float(value) if isinstance(value, int) and not INT_LOW <= value <= INT_HIGH else value
+    return float(value) if _wide(value) else value
 
 
 def _encodable(text: str) -> None:

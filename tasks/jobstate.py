@@ -310,13 +310,14 @@ _ABSENT: dict[str, Any] = {
 
 # The fields a succeeded record keeps under short names (tasks/lua/_compact.lua).
 _SHORT = {"t": "trace_id", "w": "worker", "v": "model_version"}
+_PACKED = frozenset(("r", *_SHORT))  # a record holding none of these was written by its names
 
 
 def record_fields(raw: Mapping[str, str]) -> Mapping[str, str]:
     """A record's fields (HGETALL) under their own names, those COMPACT packed (`r`, `t`, `w`,
     `v`) unpacked; a record written with its names (any not final, those of earlier releases)
     as it is."""
-    if "r" not in raw and "t" not in raw and "w" not in raw and "v" not in raw:
+    if _PACKED.isdisjoint(raw):
         return raw
     out = {(_SHORT[name] if name in _SHORT else name): value for name, value in raw.items()
            if name != "r"}

@@ -89,8 +89,6 @@ class _Template(NamedTuple):
 
 
 _template: _Template | None = None
-# Each queue's Redis list of each priority (`list_for`), named once.
-_lists: dict[tuple[str, int], str] = {}
 
 
 def _current(app: Any) -> _Template:
@@ -183,7 +181,4 @@ def task_message(app: Any, name: str, task_id: str, kwargs: Mapping[str, Any], *
     else:
         payload, _ = _filled(template, name, task_id, kwargs, queue, priority, headers,
                              summary, retries)
-    lists = _lists.get((queue, priority))
-    if lists is None:
-        lists = _lists[queue, priority] = list_for(queue, priority)
-    return QueuedMessage(lists, payload, task_id)
+    return QueuedMessage(list_for(queue, priority), payload, task_id)

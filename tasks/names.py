@@ -1,6 +1,7 @@
 """Task and queue names. The API sends tasks by these names; workers register them."""
 from __future__ import annotations
 
+import functools
 from bisect import bisect
 from typing import Iterable
 
@@ -31,8 +32,10 @@ def queue_lists(queue: str) -> list[str]:
     return [queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
 
 
+@functools.lru_cache(maxsize=1024)
 def list_for(queue: str, priority: int) -> str:
     """The Redis list kombu keeps a queue's messages of this priority in (Channel._q_for_pri
-    with make_celery's priority steps)."""
+    with make_celery's priority steps); worked out once a queue and priority, as every
+    submit asks it."""
     step = PRIORITY_STEPS[max(bisect(PRIORITY_STEPS, priority) - 1, 0)]
     return f"{queue}{PRIORITY_SEP}{step}" if step else queue
