@@ -31,6 +31,9 @@ KEPT = 512
 # ("/v1/jobs/<id>"), not "//" (a host), made of the characters it leaves unquoted in a path
 # (urllib's always-safe ones and "%!$&'()*+,/:;=@"), without a query or a fragment.
 _URI_PATH = re.compile(r"/(?!/)[A-Za-z0-9_.~%!$&'()*+,/:;=@-]*")
+# The most request routes whose match is kept (`Routed`): the app's rules without arguments
+# times the methods they take are a few dozen; past this, werkzeug matches as before.
+KEPT_ROUTES = 256
 # Header names, as the API writes them, that werkzeug leaves as they are in an answer (neither
 # Location, Content-Location nor Content-Length, in any spelling): passed over at a glance.
 _KEPT_AS_IS = frozenset({"Content-Type", "X-Request-ID", "Preference-Applied", "Retry-After",
@@ -107,6 +110,34 @@ class NoSession(SessionInterface):
         """Never called: Flask saves no null session."""
 
 
+class Routed(RequestContext):
+    """Flask's request context, a request to a rule without arguments (POST /v1/jobs,
+    /healthz, /metrics...) matched once (`match_request`, which Flask invites a subclass to
+    override). werkzeug's `MapAdapter.match` walks its state machine for the path (~10
+    calls a request); its answer for a rule without arguments depends on nothing but what
+    it is given: the request's domain part, path, method and whether it is a websocket.
+    That answer, once werkzeug has given it after the app's first request (when its rules
+    can no longer change), is kept and given again for the same four. Anything else, every
+    error (404, 405, a redirect to the path with its slash) and a rule with arguments
+    (/v1/jobs/<job_id>), is werkzeug's own match each time."""
+
+    def match_request(self) -> None:
+        adapter, app, request = self.url_adapter, self.app, self.request
+        domain = adapter.server_name  # as MapAdapter.match picks it
+        if not app.url_map.host_matching and adapter.subdomain is not None:
+            domain = adapter.subdomain
+        key = (domain, adapter.path_info, adapter.default_method, adapter.websocket)
+        found = app._routes.get(key)
+        if found is not None:
+            request.url_rule, request.view_args = found[0], dict(found[1])
+            return
+        super().match_request()
+        rule = request.url_rule
+        if rule is not None and not rule.arguments and app._got_first_request and \
+                request.routing_exception is None and len(app._routes) < KEPT_ROUTES:
+            app._routes[key] = (rule, dict(request.view_args))
+
+
 class Hooks(NamedTuple):
     """What runs around one endpoint's view, in the order Flask runs it: the URL value
     preprocessors and `before_request` hooks of the app, then of each blueprint from the
@@ -140,6 +171,7 @@ class Api(Flask):
         super().__init__(*args, **kwargs)
         self._plain: dict[Callable[..., Any], bool] = {}
         self._hooks: dict[str | None, Hooks] = {}
+        self._routes: dict[tuple, tuple] = {}  # Routed's matches kept
 
     def hooks(self, request: Any) -> Hooks:
         """The hooks that run for `request`'s endpoint (None: it matched no rule)."""
@@ -245,7 +277,7 @@ class Api(Flask):
     def request_context(self, environ: dict) -> RequestContext:
         """The request's context, its `max_content_length` (MAX_CONTENT_LENGTH) set on the
         request: read as Flask's default, it looks `current_app` up twice each time werkzeug
-        asks (twice a body read)."""
-        context = super().request_context(environ)
+        asks (twice a body read). Its routing is `Routed`'s."""
+        context = Routed(self, environ)
         context.request.max_content_length = self.config["MAX_CONTENT_LENGTH"]
         return context
