@@ -351,40 +351,6 @@ def test_a_batch_taken_up_from_ahead_arms_the_timer_for_the_next_one(monkeypatch
     assert [job.id for job in pool.calls[2]["args"][1]] == ["f", "g", "h", "i"]
 
 
-def test_the_fetchs_wait_ends_when_the_busy_childs_next_batch_may_go_ahead(monkeypatch):
-    """While the only child runs a batch, a fetch after a wake-up waits a few milliseconds
-    (workers/broker/fetch.py `FETCH_HOLD_S`), but no longer than until its next batch may go
-    ahead (`ahead_from`): a job fetched then fills that batch, to wait in the child's pipe,
-    rather than leaving it short, to go only once the child is free. Once a batch is held
-    ahead, or with none allowed ahead, nothing ends the wait early."""
-    import workers.batching.dispatcher as dispatcher_module
-
-    clock = SimpleNamespace(now=100.0)
-    monkeypatch.setattr(dispatcher_module, "monotonic", lambda: clock.now)
-    d, pool, _timer, _unacked = dispatcher()
-    d.settlement.accepted = lambda *_args: None  # Celery's books: not this test's
-    d.settlement.finish = lambda *_args: None  # nor its acks
-    state = d.leases.inflight.state
-    d._usual["m"] = 0.1  # the model's usual batch time
-    receive(d, "a")
-    assert state.children_busy and state.ahead_from is None  # not taken up yet: no due
-    pool.calls[0]["accept_callback"](1, 0.0)
-    assert state.ahead_from == 100.0 + 0.075 - 0.005  # its end, less the lead
-    receive(d, "b")  # not a full batch: it waits
-    assert state.children_busy and state.ahead_from == 100.0 + 0.075 - 0.005
-    clock.now += 0.071
-    for job_id in "cde":  # fetched past it, they fill the batch, which goes ahead
-        receive(d, job_id)
-    assert [job.id for job in pool.calls[1]["args"][1]] == ["b", "c", "d", "e"]
-    assert state.children_busy and state.ahead_from is None  # the child holds its next
-
-    d.settings = dataclasses.replace(d.settings, batches_ahead=0)
-    pool.calls[0]["callback"]([JobOutcome("a", Outcome.SUCCEEDED, 0.1, 1)])
-    pool.calls[1]["accept_callback"](1, 0.0)
-    receive(d, "f")
-    assert state.children_busy and state.ahead_from is None  # none may go ahead
-
-
 def test_a_fetchs_received_events_leave_together_before_its_jobs_are_batched(monkeypatch):
     d, pool, _timer, _unacked = dispatcher()
     order: list = []

@@ -71,31 +71,3 @@ def test_a_fetch_in_flight_is_read_whatever_the_wait(state):
     channel._hold_fetch()
     channel._in_poll, channel._iq_reply = object(), "fetch"
     assert qos(channel).can_consume()
-
-
-def test_the_wait_ends_when_a_batch_may_go_ahead_and_goes_not_at_all_past_it(state):
-    """Jobs fetched once a busy child's next batch may go ahead to it (the dispatcher's
-    `ahead_from`) fill that batch, which then waits in the child's pipe instead of going after
-    the child is free: the wait ends there, and a wake-up past it fetches at once."""
-    channel = Channel()
-    state.children_busy = True
-    state.ahead_from = monotonic() + 0.001
-    channel._hold_fetch()
-    assert not qos(channel).can_consume()
-    [woken] = channel.connection._iq_loop.later
-    assert 0 < woken <= 0.001  # at the moment a batch may go ahead, not FETCH_HOLD_S
-    assert channel._iq_hold_until <= state.ahead_from + 1e-9
-
-    channel._iq_hold_until = 0.0
-    state.ahead_from = monotonic() - 0.001  # past it: the child's batch nears its end
-    channel._hold_fetch()
-    assert channel._iq_hold_until == 0.0 and qos(channel).can_consume()
-    assert len(channel.connection._iq_loop.later) == 1  # nothing to wake for
-
-
-def test_with_no_batch_to_go_ahead_the_wait_is_whole(state):
-    channel = Channel()
-    state.children_busy = True
-    state.ahead_from = None  # every child holds its next batch already, or none is timed
-    channel._hold_fetch()
-    assert channel.connection._iq_loop.later == [fetch.FETCH_HOLD_S]

@@ -148,7 +148,6 @@ class PoolDispatcher:
         serving = capacity > 0
         state = self.leases.inflight.state
         state.children_busy = serving and self.inflight >= capacity
-        state.ahead_from = self._ahead_from(capacity)
         if state.fetching != serving:
             state.fetching = serving
             logger.info("a pool child serves: fetching" if serving else
@@ -293,16 +292,6 @@ class PoolDispatcher:
                 due.append(r.started + usual * (1 - AHEAD_SHARE) - AHEAD_MARGIN_S)
         return due
 
-    def _ahead_from(self, capacity: int) -> float | None:
-        """From when a busy child may be handed its next batch ahead (`_ahead_due`), while
-        one has room for it; None when none has, or none is due (its model not yet timed).
-        A fetch after a wake-up waits no longer than that (workers/broker/fetch.py
-        `FETCH_HOLD_S`): what it fetches then fills the batch that goes ahead, which without
-        it would go short, and only once the child is free."""
-        if self.inflight >= capacity * (1 + self.ahead):
-            return None
-        return min(self._ahead_due(), default=None)
-
     def idle_children(self, capacity: int) -> int:
         """Children free to take a batch now. Its own count (children less batches handed)
         would count none free while one child holds a batch and the next ahead and another
@@ -379,7 +368,6 @@ class PoolDispatcher:
             running.started = monotonic()  # a batch handed ahead starts when its child is free
             running.accepted = True
             self.settlement.accepted(requests, pid, time_accepted)
-            self.leases.inflight.state.ahead_from = self._ahead_from(self.capacity)
             if self.ahead and len(self.scheduler):
                 # Its child's next batch is due as this one nears its end (`_ahead_due`): the
                 # timer for it, or a child whose batch was handed ahead would wait for the

@@ -34,9 +34,6 @@ class Broker:
     * `children_busy`: every pool child that can serve holds a batch (the dispatcher keeps it);
       a fetch after a wake-up then waits a few milliseconds, to take what arrives meanwhile
       in one round trip (fetch.py `FETCH_HOLD_S`).
-    * `ahead_from`: when (monotonic) a busy child may be handed its next batch ahead, while
-      one has room for it (the dispatcher keeps it; None: none); the fetch's wait ends there,
-      so that what arrives fills that batch before the child is free.
     """
 
     def __init__(self, lease_s: float = 30.0, heartbeat_s: float = 2.0) -> None:
@@ -49,7 +46,6 @@ class Broker:
         self.delayed_queues: set[str] = set()
         self.fetching = True
         self.children_busy = False
-        self.ahead_from: float | None = None
         self.name(f"worker@{socket.gethostname()}")
 
     def name(self, node: str) -> None:

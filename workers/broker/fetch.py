@@ -277,20 +277,12 @@ class ReliableFetch:
 
     def _hold_fetch(self) -> None:
         """After a wake-up while every pool child is busy, the fetch waits `FETCH_HOLD_S`
-        (`ReliableQoS.can_consume`), the event loop woken at its end; no later than a busy
-        child's next batch may go ahead (`Broker.ahead_from`), and not at all past it."""
+        (`ReliableQoS.can_consume`), the event loop woken at its end."""
         loop = getattr(self.connection, "_iq_loop", None)
-        state = _state()
-        if loop is None or not state.children_busy:
+        if loop is None or not _state().children_busy:
             return
-        now = monotonic()
-        wait = FETCH_HOLD_S
-        if state.ahead_from is not None:
-            wait = min(wait, state.ahead_from - now)
-            if wait <= 0:
-                return
-        self._iq_hold_until = now + wait
-        loop.call_later(wait, _wake_loop)
+        self._iq_hold_until = monotonic() + FETCH_HOLD_S
+        loop.call_later(FETCH_HOLD_S, _wake_loop)
 
     def _iq_read(self, kind: str, **options: Any) -> Any:
         try:
