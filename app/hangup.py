@@ -42,7 +42,7 @@ def watch(wake: threading.Event) -> Hangup:
     except RuntimeError:  # outside a request
         return hangup
     sock = served.environ.get("gunicorn.socket")
-    sock = getattr(sock, "client", sock)  # the socket under gunicorn.conf.py's OneSend
+    sock = getattr(sock, "client", sock)  # the socket under web/answer.py's OneSend
     kind = type(sock).__module__
     if sock is None or not kind.startswith("gevent") or "ssl" in kind:
         return hangup  # (TLS: a peek would read a record, not the connection's end)

@@ -6,7 +6,7 @@
   request's headers (its keep-alive timeout), not for its body. A gevent Timeout bounds each
   read as a whole, however many small pieces the body trickles in as. The 408 says
   `Connection: close` and gunicorn closes the connection once it is sent: the rest of the
-  body is never read, so the connection cannot carry another request (gunicorn.conf.py's
+  body is never read, so the connection cannot carry another request (web/answer.py's
   `OneSend.close_after_answer`);
 * a body gunicorn cannot parse (a bad chunk size, a missing chunk terminator) is a `400`, not
   an error in the app.

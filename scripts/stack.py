@@ -141,14 +141,14 @@ class Stack:
         return "\n".join(f"--- {s.name}\n{s.tail()}" for s in
                          [self.redis_svc, self.web, *self.workers.values()])
 
-    def wait_live(self, models: list[str], timeout: float) -> None:
-        """Until each model has a live instance as /readyz counts them: a pool child with it
-        loaded, in a worker that is consuming."""
+    def wait_live(self, models: list[str], timeout: float, instances: int = 1) -> None:
+        """Until each model has `instances` live instances as /readyz counts them: pool
+        children with it loaded, in workers that are consuming (that fetch its jobs)."""
         def live() -> bool:
             checks = requests.get(f"{self.api}/readyz", timeout=5).json()["checks"]
-            return all(checks[f"model:{m}"]["instances"] > 0 for m in models)
+            return all(checks[f"model:{m}"]["instances"] >= instances for m in models)
 
-        wait_until(live, timeout, f"live workers for {', '.join(models)}")
+        wait_until(live, timeout, f"{instances} live instance(s) of {', '.join(models)}")
 
     def stop(self) -> None:
         """The API and the workers shut down together (each its own warm shutdown), then

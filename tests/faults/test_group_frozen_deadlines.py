@@ -7,10 +7,11 @@ read, wait on, cancel and retry jobs of both groups, list jobs and models and as
 before, during and after the freeze; every answer is timed as its client saw it.
 
 What must hold: every answer comes within the request's Redis deadline (IQ_REDIS_DEADLINE_S, 2 s)
-plus SLACK_S, the frozen group's included; each 503 caused by the frozen group names it and
-says Retry-After, first tries and resends alike; the listing and /v1/models answer 200 with what
-the healthy group holds and name the unreachable one; the healthy group's jobs are all accepted
-at their first try and run exactly once; after SIGCONT every job of the frozen group that a
+plus SLACK_S, the frozen group's included, beyond what a `?wait` asked to wait (`allowed`); each
+503 caused by the frozen group names it and says Retry-After, first tries and resends alike;
+the listing and /v1/models answer 200 with what the healthy group holds and name the
+unreachable one; the healthy group's jobs are all accepted at their first try and run exactly
+once; after SIGCONT every job of the frozen group that a
 client was answered 202 for (before the freeze, or by a resend after it) finishes exactly
 once, and its Redis holds no job no client was told of."""
 from __future__ import annotations
@@ -45,6 +46,7 @@ DEADLINE_S = Settings.redis_deadline_s
 # error's body, gunicorn's write) and the client thread's, on a loaded two-core machine.
 SLACK_S = 0.25
 FREEZE_S = 10.0
+WAIT_S = 5  # the `?wait` of the wait loops
 GROUP_B = "Redis group 'b'"
 QUICK = {"kind": "synthetic", "base_ms": 20, "per_item_ms": 0, "max_batch_size": 8,
          "max_inputs": 1}
@@ -137,7 +139,7 @@ class Traffic:
         """Reads (`?wait` too) of any job, cancels and retries of jobs read as succeeded: 409
         while their Redis answers, so that the jobs counted below are not touched."""
         session = requests.Session()
-        method, suffix, params = {"read": ("GET", "", None), "wait": ("GET", "", {"wait": 5}),
+        method, suffix, params = {"read": ("GET", "", None), "wait": ("GET", "", {"wait": WAIT_S}),
                                   "cancel": ("POST", "/cancel", None),
                                   "retry": ("POST", "/retry", None)}[kind]
         while not self._stop.is_set():
@@ -235,7 +237,10 @@ def test_one_frozen_group_every_answer_within_the_deadline(two_groups):
 
     answers = traffic.answers
     frozen = [a for a in answers if frozen_at <= a.at and a.at + a.took <= thawed_at]
-    refused_b = [a for a in frozen if a.group == "b" and a.status == 503]
+    # The frozen group's 503s: those answered during the freeze, a request sent just before it
+    # included (each submit thread's try in flight at the freeze is one; its next is a resend).
+    refused_b = [a for a in answers if a.group == "b" and a.status == 503
+                 and a.at < thawed_at and frozen_at <= a.at + a.took]
     by_kind = collections.defaultdict(list)
     for a in refused_b:
         by_kind[a.kind].append(a.took)
@@ -248,12 +253,14 @@ def test_one_frozen_group_every_answer_within_the_deadline(two_groups):
     healthy = [a.took for a in frozen if a.group == "a"]
     print(f"group a while b is frozen: {summary(healthy)}")
 
-    # 1. Every answer within the deadline plus the slack, before, during and after.
-    slowest = max(answers, key=lambda a: a.took)
-    late = [a for a in answers if a.took > DEADLINE_S + SLACK_S]
-    assert not late, (f"{len(late)} of {len(answers)} answers past {DEADLINE_S + SLACK_S}s; "
-                      f"slowest {slowest.took:.2f}s {slowest.kind} {slowest.group} "
-                      f"{slowest.status} {slowest.text[:300]}")
+    # 1. Every answer within the deadline plus the slack (beyond a wait's own wait), before,
+    # during and after.
+    slowest = max(answers, key=lambda a: a.took - allowed(a, frozen_at, thawed_at))
+    late = [a for a in answers if a.took > allowed(a, frozen_at, thawed_at)]
+    assert not late, (f"{len(late)} of {len(answers)} answers past their bound; slowest "
+                      f"{slowest.took:.2f}s (of {allowed(slowest, frozen_at, thawed_at)}s) "
+                      f"{slowest.kind} {slowest.group} {slowest.status} sent "
+                      f"{slowest.at - frozen_at:+.2f}s from the freeze {slowest.text[:300]}")
     # 2. Each 503 of the frozen group's names it and says when to come back, resends too.
     assert {"submit", "resend", "read", "wait", "cancel", "retry"} <= set(by_kind), by_kind
     unnamed = [a for a in refused_b if GROUP_B not in a.text or a.retry_after is None]
@@ -288,6 +295,19 @@ def test_one_frozen_group_every_answer_within_the_deadline(two_groups):
     assert set(before_freeze) <= set(traffic.accepted["b"])
     admin_b = redis_b_client(redis_b, admin=True)
     assert every_record(admin_b) == set(traffic.accepted["b"].values())
+
+
+def allowed(a: Answer, frozen_at: float, thawed_at: float) -> float:
+    """How long answer `a` may take: the deadline plus the slack; for a `?wait`, the wait it
+    asked for as well (docs/reliability.md: a wait is not Redis time). A wait that read its
+    job unfinished before the freeze waits on, holding no Redis call, and reads the job again
+    at the wait's end, in what is left of its deadline: a 503 at up to WAIT_S + DEADLINE_S
+    (one at 7.0 s in a CI run). A wait sent to the frozen group while it stays frozen for a
+    deadline has nothing to wait for: its first read meets the frozen Redis."""
+    sent_frozen = frozen_at <= a.at and a.at + DEADLINE_S + SLACK_S <= thawed_at
+    if a.kind != "wait" or (a.group == "b" and sent_frozen):
+        return DEADLINE_S + SLACK_S
+    return WAIT_S + DEADLINE_S + SLACK_S
 
 
 def redis_b_client(server, admin: bool = False) -> redis.Redis:

@@ -4,7 +4,7 @@ connections of their own: every submit is answered 202 within the request deadli
 refused, while the processes are replaced. (Before, gunicorn's master told the old processes
 to stop as soon as it forked the new ones, which then took seconds to import and build the
 app: nothing accepted meanwhile, and every submit sent then waited in the listen queue, 3.3 s
-on a loaded two-core machine, 5.9 s once; gunicorn.conf.py's hand-over.) The new processes are
+on a loaded two-core machine, 5.9 s once; web/handover.py's hand-over.) The new processes are
 held before they are up, as a loaded host holds them, so that the test does not depend on how
 long they take."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A new API process SIGKILLed during a graceful reload's hand-over (gunicorn.conf.py), one API
+"""A new API process SIGKILLed during a graceful reload's hand-over (web/handover.py), one API
 process, default settings, under a steady stream of submits: gunicorn starts its replacement at
 once, the old process accepts until that one is up, and no submit is refused or waits past its
 deadline. (Before, gunicorn starts another only once fewer processes run than it should, which

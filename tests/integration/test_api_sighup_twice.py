@@ -2,7 +2,7 @@
 process boots (its predecessor killed, or two reloads back to back), one API process, default
 settings: the reload tells the booting process to stop before it has set its own signal
 handlers, the master's still in place. It must not take the master's stop for its own: before, it wrote the master's `stop`
-note (gunicorn.conf.py `_stop_noted`), after which every process gunicorn started saw a stop
+note (web/handover.py `stop_noted`), after which every process gunicorn started saw a stop
 and exited as it booted, one after another, nothing serving, until gunicorn was restarted."""
 from __future__ import annotations
 

@@ -24,13 +24,20 @@ MODELS = {
 @pytest.fixture(scope="module")
 def scaled(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("scaling")
-    stack = launch(workdir, MODELS, {}, ready_models=[])
+    # A worker holds two jobs at most (one a batch here), so that a burst of jobs cannot all
+    # land in one worker's fetch: by default it holds two batches of the largest model
+    # ("extra": 64 jobs), and whichever worker fetched first took all eight.
+    stack = launch(workdir, MODELS, {}, ready_models=[],
+                   env_extra={"IQ_PREFETCH_MULTIPLIER": "2"})
     try:
         # Worker "a" believes its host has one GPU: its pool may not grow past one child.
         stack.workers["a"] = start_worker("a", dict(stack.env, IQ_GPU_COUNT="1"), workdir,
                                           ["shared"])
         stack.workers["b"] = start_worker("b", stack.env, workdir, ["shared"])
-        stack.wait_live(["shared"], 120)
+        # Both workers serving before any test submits: a worker fetches nothing until its
+        # pool child has loaded the model, and one whose child loads late (a loaded machine)
+        # finds the other worker has taken every job. A ping is answered before that.
+        stack.wait_live(["shared"], 120, instances=2)
         wait_until(lambda: celery(stack, "inspect", "ping", "-d", f"{node('a')},{node('b')}")
                    .count("pong") == 2, 60, "both workers to answer")
         yield stack

@@ -11,7 +11,7 @@ from pathlib import Path
 from scripts.constraints import REQUIREMENTS, ROOT, canonical, closure, pinned  # noqa: F401
 
 GUARD = Path(__file__).resolve().parent / "import_guard"
-PROJECT = ("app", "tasks", "config")  # what the API's tree holds of this project
+PROJECT = ("app", "web", "tasks", "config")  # what the API's tree holds of this project
 
 
 def top_level_modules(distributions: set[str]) -> set[str]:

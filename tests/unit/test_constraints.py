@@ -19,7 +19,7 @@ from scripts.constraints import (CONSTRAINTS, REQUIREMENTS, ROOT, canonical, clo
                                  requirements_closure)
 from tests.support.requirements import top_level_modules
 
-SERVICE = ("app", "tasks", "config", "workers", "deliverer", "scripts")
+SERVICE = ("app", "web", "tasks", "config", "workers", "deliverer", "scripts")
 SEAM = {"celery", "kombu", "billiard", "vine", "amqp", "click", "redis"}
 
 

@@ -99,3 +99,19 @@ def test_the_worker_lua_scripts_ship_in_the_worker_image():
     copied = stages()["worker"]
     assert [path for path in scripts
             if not any(path.startswith(c.rstrip("/") + "/") for c in copied)] == []
+
+
+def test_the_api_image_holds_every_package_gunicorn_conf_imports():
+    """gunicorn reads gunicorn.conf.py at the API's start; each of the project's packages it
+    imports (config/, web/: the worker class it names) is copied into the API image."""
+    import ast
+
+    tree = ast.parse((ROOT / "gunicorn.conf.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    ours = sorted(name for name in imported if (ROOT / name / "__init__.py").is_file())
+    assert "web" in ours and "config" in ours
+    copied = [path.rstrip("/") for path in stages()["api"]]
+    assert [name for name in ours if name not in copied] == []

@@ -1,5 +1,5 @@
 """Session 7's outside attack on the API's fast paths, kept as seeded differential tests: each
-fast path (gunicorn.conf.py's Request, Parser and Reply; app/schemas.py JobBase.load;
+fast path (web/'s Request, Parser and Reply; app/schemas.py JobBase.load;
 app/jobs.py's Content-Type memo) is fed random and adversarial input and held to what the
 general code it stands in for (gunicorn's own parser and response, marshmallow's own load,
 werkzeug's is_json) makes of the same input, field for field and error for error."""
@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import pytest
 from gunicorn.config import Config
 from gunicorn.http import message, wsgi
 from gunicorn.http.parser import RequestParser
@@ -17,12 +16,9 @@ from marshmallow import Schema, ValidationError
 from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request as WerkzeugRequest
 
-from tests.support.gunicorn_conf import load_gunicorn_conf
-
-
-@pytest.fixture(scope="module")
-def conf() -> dict:
-    return load_gunicorn_conf()
+from web.answer import Reply
+from web.request import Parser, Request
+from web.worker import settle
 
 
 NAMES = [b"Host", b"host", b"Content-Type", b"Content-Length", b"content-length",
@@ -50,13 +46,13 @@ SETTINGS = [{}, {"forwarded_allow_ips": "10.0.0.9"},
 PEERS = [("10.0.0.9", 1), ("1.2.3.4", 2), "unix"]
 
 
-def configs(conf) -> list[Config]:
+def configs() -> list[Config]:
     made = []
     for settings in SETTINGS:
         cfg = Config()
         for name, value in settings.items():
             cfg.set(name, value)
-        conf["settle"](cfg)
+        settle(cfg)
         made.append(cfg)
     return made
 
@@ -93,14 +89,14 @@ def read(request_class, raw: bytes, cfg: Config, peer) -> tuple:
             req.should_close())
 
 
-def test_random_heads_read_as_gunicorns_parser_reads_them(conf):
+def test_random_heads_read_as_gunicorns_parser_reads_them():
     rng = random.Random(7)
-    cfgs = configs(conf)
+    cfgs = configs()
     for _ in range(1500):
         raw = head(rng) + rng.choice(BODIES)
         for cfg in cfgs:
             for peer in PEERS:
-                assert read(conf["Request"], raw, cfg, peer) == \
+                assert read(Request, raw, cfg, peer) == \
                     read(message.Request, raw, cfg, peer), (raw, cfg.forwarded_allow_ips, peer)
 
 
@@ -142,18 +138,18 @@ PIPELINED = [
 ]
 
 
-def test_pipelined_requests_read_as_gunicorns_parser_reads_them(conf):
+def test_pipelined_requests_read_as_gunicorns_parser_reads_them():
     """Requests one after another on a connection, their bodies read to the end, in part or
     not at all, the bytes given in pieces of random sizes: the same requests, the same bodies,
     and the same stop (Parser.finish_body skips only a body read to its end)."""
     rng = random.Random(11)
-    cfg = configs(conf)[0]
+    cfg = configs()[0]
     for _ in range(1500):
         data = b"".join(rng.choice(PIPELINED) for _ in range(rng.randrange(1, 6)))
         cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randrange(0, 6))))
         stream = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
         reads = [rng.choice(["all", "part", "none"]) for _ in range(7)]
-        assert requests_on_a_connection(conf["Parser"], stream, cfg, reads) == \
+        assert requests_on_a_connection(Parser, stream, cfg, reads) == \
             requests_on_a_connection(RequestParser, stream, cfg, reads), (data, reads)
 
 
@@ -177,15 +173,15 @@ def processed(response_class, headers, cfg: Config) -> tuple:
     return resp.headers, resp.response_length, resp.upgrade, resp.is_chunked()
 
 
-def test_random_answer_headers_are_taken_as_gunicorns_response_takes_them(conf):
+def test_random_answer_headers_are_taken_as_gunicorns_response_takes_them():
     rng = random.Random(9)
-    cfg = configs(conf)[0]
+    cfg = configs()[0]
     for _ in range(5000):
         headers = [(rng.choice(ANSWER_NAMES), rng.choice(ANSWER_VALUES))
                    for _ in range(rng.randrange(0, 5))]
         if headers and rng.random() < 0.05:
             headers[0] = (b"X", "1") if rng.random() < 0.5 else ("X", 1)
-        assert processed(conf["Reply"], headers, cfg) == \
+        assert processed(Reply, headers, cfg) == \
             processed(wsgi.Response, headers, cfg), headers
 
 

@@ -1,4 +1,4 @@
-"""A ceiling on sizes in the project's own code (app/, tasks/, workers/, config/, scripts/,
+"""A ceiling on sizes in the project's own code (app/, web/, tasks/, workers/, config/, scripts/,
 bench/ and the client's package): no module over 800 lines, no function over 60.
 
 Modules are cut by concern, not by size: issue 23's rule of 350 lines a module split concerns
@@ -14,7 +14,7 @@ import ast
 
 from scripts.stack import ROOT
 
-PACKAGES = ("app", "tasks", "workers", "deliverer", "config", "scripts", "bench",
+PACKAGES = ("app", "web", "tasks", "workers", "deliverer", "config", "scripts", "bench",
             "client/inference_queue_client")
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 60

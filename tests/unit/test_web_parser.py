@@ -1,6 +1,7 @@
-"""The API's HTTP/1 parser (gunicorn.conf.py's Request, Parser and Worker.handle): every head
-is read to what gunicorn's own parser reads from it, or refused with the same error; a plain
-head is read without gunicorn's per-line steps; a peer's trust is worked out once."""
+"""The API's HTTP/1 parser (web/request.py's Request and Parser, web/worker.py's
+Worker.handle): every head is read to what gunicorn's own parser reads from it, or refused with
+the same error; a plain head is read without gunicorn's per-line steps; a peer's trust is worked
+out once."""
 from __future__ import annotations
 
 import hashlib
@@ -16,12 +17,9 @@ from gunicorn.http.parser import RequestParser
 from gunicorn.http.unreader import IterUnreader
 from gunicorn.workers.base_async import AsyncWorker
 
-from tests.support.gunicorn_conf import load_gunicorn_conf
-
-
-@pytest.fixture(scope="module")
-def conf() -> dict:
-    return load_gunicorn_conf()
+from web.answer import Reply
+from web.request import Parser, Request
+from web.worker import Worker, settle
 
 
 def config(**settings) -> Config:
@@ -80,19 +78,19 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=str)
-def test_every_head_reads_as_gunicorns_parser_reads_it(conf, settings):
+def test_every_head_reads_as_gunicorns_parser_reads_it(settings):
     cfg = config(**settings)
-    conf["settle"](cfg)
-    ours = conf["Request"]
+    settle(cfg)
+    ours = Request
     for raw in heads():
         assert parsed(ours, raw, cfg) == parsed(message.Request, raw, cfg), raw
 
 
-def test_a_plain_head_is_read_without_gunicorns_steps_for_each_line(conf, monkeypatch):
+def test_a_plain_head_is_read_without_gunicorns_steps_for_each_line(monkeypatch):
     """gunicorn decodes, matches and applies its header policy line by line (~13 calls a
     field); a plain head is decoded and matched once."""
     cfg = config()
-    conf["settle"](cfg)
+    settle(cfg)
     calls: list[str] = []
     real = message.Message._apply_header_policy
 
@@ -103,14 +101,14 @@ def test_a_plain_head_is_read_without_gunicorns_steps_for_each_line(conf, monkey
     monkeypatch.setattr(message.Message, "_apply_header_policy", counted)
     raw = (b"POST /v1/jobs HTTP/1.1\r\nHost: api\r\nContent-Type: application/json\r\n"
            b"Content-Length: 2\r\nAuthorization: Bearer k\r\nPrefer: wait=5\r\n\r\n{}")
-    req = conf["Request"](cfg, IterUnreader([raw]), ("127.0.0.1", 9), 1)
+    req = Request(cfg, IterUnreader([raw]), ("127.0.0.1", 9), 1)
     assert req.headers[0] == ("HOST", "api") and len(req.headers) == 5
     assert calls == []
 
 
-def test_a_peers_trust_is_worked_out_once(conf, monkeypatch):
+def test_a_peers_trust_is_worked_out_once(monkeypatch):
     cfg = config(forwarded_allow_ips="127.0.0.1")
-    conf["settle"](cfg)
+    settle(cfg)
     asked: list[str] = []
     real = message._ip_in_allow_list
 
@@ -120,14 +118,14 @@ def test_a_peers_trust_is_worked_out_once(conf, monkeypatch):
 
     monkeypatch.setattr(message, "_ip_in_allow_list", counted)
     raw = b"GET /x HTTP/1.1\r\nHost: a\r\nX-Forwarded-Proto: https\r\n\r\n"
-    schemes = [conf["Request"](cfg, IterUnreader([raw]), ("127.0.0.1", port), 1).scheme
+    schemes = [Request(cfg, IterUnreader([raw]), ("127.0.0.1", port), 1).scheme
                for port in (1, 2, 3)]
-    other = conf["Request"](cfg, IterUnreader([raw]), ("127.0.0.2", 1), 1).scheme
+    other = Request(cfg, IterUnreader([raw]), ("127.0.0.2", 1), 1).scheme
     assert schemes == ["https"] * 3 and other == "http"
     assert asked == ["127.0.0.1", "127.0.0.2"]
 
 
-def test_the_worker_parses_a_plain_connection_with_its_own_parser(conf, monkeypatch):
+def test_the_worker_parses_a_plain_connection_with_its_own_parser(monkeypatch):
     """Worker.handle: a plain connection's requests are made by `Request`; with TLS, gunicorn's
     own handle (and its parser) takes the connection."""
     made: list[type] = []
@@ -141,8 +139,8 @@ def test_the_worker_parses_a_plain_connection_with_its_own_parser(conf, monkeypa
     from gunicorn.glogging import Logger
 
     cfg = config()
-    conf["settle"](cfg)
-    worker = conf["Worker"](1, 1, [], None, 30, cfg, Logger(cfg))
+    settle(cfg)
+    worker = Worker(1, 1, [], None, 30, cfg, Logger(cfg))
     worker.alive = True
     seen: list[tuple[str, list]] = []
 
@@ -162,12 +160,11 @@ def test_the_worker_parses_a_plain_connection_with_its_own_parser(conf, monkeypa
         while chunk := theirs.recv(65536):
             answers += chunk
     assert seen == [("/a", "1"), ("/b", "2")] and answers.count(b"HTTP/1.1 200 OK") == 2
-    assert made == [conf["Parser"]]
+    assert made == [Parser]
 
 
 @pytest.mark.parametrize("read", [3, 2, 0])
-def test_a_bodys_rest_is_discarded_before_the_next_request_only_when_there_is_one(conf,
-                                                                               monkeypatch,
+def test_a_bodys_rest_is_discarded_before_the_next_request_only_when_there_is_one(monkeypatch,
                                                                                read):
     """gunicorn reads a body once more before the next request, to discard what the app left
     of it; a body the app read to its end is not read again. One left part-read, or unread,
@@ -183,10 +180,10 @@ def test_a_bodys_rest_is_discarded_before_the_next_request_only_when_there_is_on
 
     monkeypatch.setattr(body.Body, "read", counted)
     cfg = config()
-    conf["settle"](cfg)
+    settle(cfg)
     raw = (b"POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\nabc"
            b"GET /b HTTP/1.1\r\nHost: t\r\n\r\n")
-    parser = conf["Parser"](cfg, [raw], ("127.0.0.1", 1))
+    parser = Parser(cfg, [raw], ("127.0.0.1", 1))
     first = next(parser)
     got = first.body.read(read) if read else b""
     reads.clear()
@@ -220,12 +217,12 @@ def processed(response_class, headers):
     return resp.headers, resp.response_length, resp.upgrade
 
 
-def test_every_answers_headers_are_taken_as_gunicorns_response_takes_them(conf):
+def test_every_answers_headers_are_taken_as_gunicorns_response_takes_them():
     for headers in ANSWER_HEADERS:
-        assert processed(conf["Reply"], headers) == processed(wsgi.Response, headers), headers
+        assert processed(Reply, headers) == processed(wsgi.Response, headers), headers
 
 
-def test_plain_answer_headers_are_taken_without_gunicorns_steps_for_each(conf, monkeypatch):
+def test_plain_answer_headers_are_taken_without_gunicorns_steps_for_each(monkeypatch):
     """gunicorn checks each header in turn, asking whether it is hop-by-hop; plain headers are
     checked joined, in one match."""
     asked: list[str] = []
@@ -236,11 +233,11 @@ def test_plain_answer_headers_are_taken_without_gunicorns_steps_for_each(conf, m
         return real(name)
 
     monkeypatch.setattr(util, "is_hoppish", counted)
-    got = processed(conf["Reply"], ANSWER_HEADERS[2])
+    got = processed(Reply, ANSWER_HEADERS[2])
     assert got == (ANSWER_HEADERS[2], 2, False) and asked == []
 
 
-def test_an_answers_date_is_made_once_a_second(conf, monkeypatch):
+def test_an_answers_date_is_made_once_a_second(monkeypatch):
     import time
 
     made: list[float] = []
@@ -252,7 +249,7 @@ def test_an_answers_date_is_made_once_a_second(conf, monkeypatch):
                           ("1.2.3.4", 5), 1)
 
     def date_of():
-        resp = conf["Reply"](req, None, config())
+        resp = Reply(req, None, config())
         resp.start_response("200 OK", [("Content-Length", "0")])
         return [line for line in resp.default_headers() if line.startswith("Date:")]
 
@@ -263,7 +260,7 @@ def test_an_answers_date_is_made_once_a_second(conf, monkeypatch):
     assert made == [5000, 5001]
 
 
-def test_an_answer_is_the_bytes_gunicorns_response_writes(conf, monkeypatch):
+def test_an_answer_is_the_bytes_gunicorns_response_writes(monkeypatch):
     """A whole answer through the Worker, with `Reply` and with gunicorn's Response: the same
     bytes (the clock held)."""
     import time
@@ -278,15 +275,15 @@ def test_an_answer_is_the_bytes_gunicorns_response_writes(conf, monkeypatch):
         return [b'{"id": "1"}']
 
     def answer(response_class):
-        monkeypatch.setitem(conf["Worker"]._answer.__globals__, "Reply", response_class)
+        monkeypatch.setitem(Worker._answer.__globals__, "Reply", response_class)
         cfg = config()
-        conf["settle"](cfg)
-        worker = conf["Worker"](1, 1, [], None, 30, cfg, Logger(cfg))
+        settle(cfg)
+        worker = Worker(1, 1, [], None, 30, cfg, Logger(cfg))
         worker.wsgi, worker.alive = app, True
         ours, theirs = socket.socketpair()
         with ours, theirs:
             theirs.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-            req = next(conf["Parser"](cfg, ours, ("127.0.0.1", 1)))
+            req = next(Parser(cfg, ours, ("127.0.0.1", 1)))
             try:
                 worker.handle_request(("127.0.0.1", 8000), req, ours, ("127.0.0.1", 1))
             except StopIteration:
@@ -297,7 +294,7 @@ def test_an_answer_is_the_bytes_gunicorns_response_writes(conf, monkeypatch):
                 got += chunk
         return got
 
-    ours = answer(conf["Reply"])
+    ours = answer(Reply)
     theirs = answer(wsgi.Response)
     assert ours == theirs and ours.startswith(b"HTTP/1.1 202 Accepted\r\nServer: gunicorn\r\n")
 

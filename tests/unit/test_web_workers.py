@@ -8,14 +8,17 @@ import runpy
 import pytest
 
 from scripts.processes import ROOT
+from web import handover
+from web.worker import settle
 
 
 def _conf(monkeypatch, tmp_path, cores: int, **env: str) -> dict:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.delenv("IQ_WEB_WORKERS", raising=False)
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
-    monkeypatch.delenv("_IQ_API_HANDOVER_DIR", raising=False)
+    for name in ("PROMETHEUS_MULTIPROC_DIR", "_IQ_API_HANDOVER_DIR"):
+        monkeypatch.setenv(name, "")  # recorded, so that what the file sets is undone
+        monkeypatch.delenv(name)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     import tempfile
@@ -85,7 +88,7 @@ def test_a_process_told_to_stop_by_a_reload_waits_for_its_replacements(monkeypat
     from types import SimpleNamespace
 
     conf = _conf(monkeypatch, tmp_path, 16)
-    replaced = conf["replaced"]
+    replaced = handover.replaced
     for age in (1, 2):
         conf["post_worker_init"](SimpleNamespace(age=age, pid=100 + age))
     assert replaced(1, 2) and replaced(2, 2), "no reload: a stop"
@@ -110,13 +113,13 @@ def test_a_stop_of_the_master_ends_the_wait_for_replacements(monkeypatch, tmp_pa
 
     conf = _conf(monkeypatch, tmp_path, 16)
     conf["on_reload"](SimpleNamespace(worker_age=2))
-    assert not conf["replaced"](1, 2) and conf["stopping"]() is None
+    assert not handover.replaced(1, 2) and handover.stopping() is None
     queued = []
-    conf["_stop_noted"](os.getpid(), lambda sig, frame: queued.append(sig), signal.SIGINT, None)
+    handover.stop_noted(os.getpid(), lambda sig, frame: queued.append(sig), signal.SIGINT, None)
     assert queued == [signal.SIGINT], "gunicorn's own handler still called"
-    assert conf["stopping"]() == signal.SIGINT and conf["replaced"](1, 2)
+    assert handover.stopping() == signal.SIGINT and handover.replaced(1, 2)
     conf["on_exit"](None)  # its folder gone: a later signal is still handed on
-    conf["_stop_noted"](os.getpid(), lambda sig, frame: queued.append(sig), signal.SIGTERM, None)
+    handover.stop_noted(os.getpid(), lambda sig, frame: queued.append(sig), signal.SIGTERM, None)
     assert queued == [signal.SIGINT, signal.SIGTERM]
 
 
@@ -125,7 +128,6 @@ def test_a_process_reads_each_setting_once_not_through_config_at_each_use(monkey
     """gunicorn reads ~23 settings a request through `Config.__getattr__`; settled, none."""
     from gunicorn.config import Config
 
-    conf = _conf(monkeypatch, tmp_path, 2)
     cfg = Config()
     cfg.set("keepalive", 7)
     cfg.set("certfile", "/x.pem")
@@ -139,7 +141,7 @@ def test_a_process_reads_each_setting_once_not_through_config_at_each_use(monkey
     monkeypatch.setattr(Config, "__getattr__", counting)
     expected = {name: setting.get() for name, setting in cfg.settings.items()}
     asked.clear()
-    conf["settle"](cfg)
+    settle(cfg)
     names = ("keepalive", "limit_request_line", "limit_request_fields", "forwarded_allow_ips",
              "pre_request", "post_request", "header_map", "workers", "secure_scheme_headers")
     assert {name: getattr(cfg, name) for name in names} == \
@@ -147,3 +149,14 @@ def test_a_process_reads_each_setting_once_not_through_config_at_each_use(monkey
     assert cfg.is_ssl and asked == []  # a property of Config's, reading settled values
     with pytest.raises(AttributeError):
         cfg.keepalive = 3  # still guarded
+
+
+def test_a_reload_reads_web_anew_as_it_reads_this_file(monkeypatch, tmp_path):
+    """A SIGHUP reads gunicorn.conf.py again in the same master, whose new processes run the
+    code on disk: web/'s worker class too, as when it was defined in gunicorn.conf.py, not the
+    one the master imported at its start."""
+    conf = _conf(monkeypatch, tmp_path, 2)
+    again = runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+    assert again["worker_class"] is not conf["worker_class"]
+    assert again["worker_class"].__module__ == "web.worker"
+    again["on_exit"](None)

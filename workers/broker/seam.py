@@ -3,7 +3,7 @@ reads without those libraries promising to keep them (private, or undocumented),
 `OVERRIDDEN` (methods the worker's classes in workers/broker/ override: each must still be
 defined where it was, taking the same parameters), `READ` (what workers/broker/ reads or
 calls), `ELSEWHERE` (what the worker's strategy and settlement, and tasks/, read or
-override) and `API` (gunicorn's and Flask's, for the API: gunicorn.conf.py, app/).
+override) and `API` (gunicorn's and Flask's, for the API: web/, app/).
 docs/upgrading.md's table names each of them, and nothing else; tests/unit/test_seam.py
 fails on a version that moved or changed one, and a worker checks `OVERRIDDEN` when it
 starts (`check`), so that an upgrade that moves a method fails loudly rather than leave the
@@ -181,10 +181,10 @@ ELSEWHERE: tuple[Name, ...] = (
 
 
 def _api_names() -> tuple[Name, ...]:
-    """gunicorn's, which the API's worker and HTTP/1 parser (gunicorn.conf.py's Worker,
-    Request, Parser) override or read, and Flask's, which the API's Flask class
-    (app/application.py Api) reads; none where they are not installed (a worker's image:
-    requirements/worker.txt)."""
+    """gunicorn's, which the API's worker, HTTP/1 parser and answer (web/worker.py's Worker,
+    web/request.py's Request and Parser, web/answer.py's Reply) override or read, and Flask's,
+    which the API's Flask class (app/application.py Api) reads; none where they are not
+    installed (a worker's image: requirements/worker.txt)."""
     try:
         from flask import Flask
         from flask.ctx import RequestContext
