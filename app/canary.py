@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from subprocess import PIPE
 
 import redis
 
@@ -53,26 +55,57 @@ def check(revision: str) -> None:
                 from None
 
 
+def _why(done: subprocess.CompletedProcess) -> str:
+    lines = (done.stdout.strip() or done.stderr.strip()).splitlines()
+    return lines[-1] if lines else f"it exited with status {done.returncode}"
+
+
+def _finish(process: subprocess.Popen, deadline: float) -> subprocess.CompletedProcess:
+    """`process` waited on to its end, or killed at `deadline` (subprocess.TimeoutExpired)."""
+    try:
+        out, err = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
 def run(revision: str, timeout_s: float = CANARY_TIMEOUT_S) -> str:
     """In the API process: why the canary of `revision` failed, "" when it started;
-    redis.ConnectionError when REDIS_URL's Redis did not answer it (tried again later)."""
+    redis.ConnectionError when REDIS_URL's Redis did not answer it (tried again later).
+
+    Beside it, in the same folder, web/canary.py checks that what gunicorn's master reads at
+    the SIGHUP (gunicorn.conf.py, web/) loads: a master that cannot read it exits. Run by
+    module name, not imported (app/ and web/ are side by side), at the same time (~0.15 s
+    against the app canary's seconds)."""
     env = dict(os.environ)
     # The canary's metrics would count among the API's (prometheus_client's multiprocess
     # folder), its spans among its traces.
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     env["OTEL_SDK_DISABLED"] = "true"
+    app = [sys.executable, "-m", "app.canary", revision]
+    web = [sys.executable, "-m", "web.canary"]
+    deadline = time.monotonic() + timeout_s
     try:
-        done = subprocess.run([sys.executable, "-m", "app.canary", revision], env=env,
-                              capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return f"it did not start within {timeout_s:g}s"
+        with subprocess.Popen(web, env=env, stdout=PIPE, stderr=PIPE, text=True) as checks, \
+                subprocess.Popen(app, env=env, stdout=PIPE, stderr=PIPE, text=True) as canary:
+            try:
+                done = {"web": _finish(checks, deadline), "app": _finish(canary, deadline)}
+            except subprocess.TimeoutExpired:
+                for process in (checks, canary):
+                    process.kill()
+                return f"it did not start within {timeout_s:g}s"
     except OSError as exc:
         return f"it could not be run: {exc}"
-    if done.returncode == 0:
+    # The web server's code not loading refuses the reload whatever the app canary says:
+    # no Redis coming back makes it load.
+    if done["web"].returncode != 0:
+        return f"the web server's code on disk: {_why(done['web'])}"
+    if done["app"].returncode == 0:
         return ""
-    lines = (done.stdout.strip() or done.stderr.strip()).splitlines()
-    why = lines[-1] if lines else f"it exited with status {done.returncode}"
-    if done.returncode == UNANSWERED:
+    why = _why(done["app"])
+    if done["app"].returncode == UNANSWERED:
         raise redis.ConnectionError(f"the canary of revision {revision}: {why}")
     return why
 

@@ -6,6 +6,7 @@ again."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -18,8 +19,9 @@ import app.reloading
 from app.reloading import ModelsWatch
 from config import load_settings
 from config.models import revision_of
-from scripts.stack import wait_until
-from tasks.keys import MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY
+from scripts.stack import ROOT, wait_until
+from tasks.keys import (MODELS_ANNOUNCEMENTS_KEY, MODELS_REVISION_KEY, RELOAD_STATUS_KEY,
+                        reload_failed_key)
 from tasks.reload_failures import failure_of
 
 # A stand-in for gunicorn's master: it counts the SIGHUPs it gets, from the moment it says its
@@ -345,5 +347,56 @@ def test_a_canary_that_cannot_reach_redis_url_is_tried_again_not_refused(
     assert not watch.handed_over and watch.refused is None and sent == []
     assert failure_of(client, revision_of(new)) is None
     monkeypatch.setenv("REDIS_URL", redis_server.extra["url"])  # it answers again
+    watch.check()
+    assert watch.handed_over and sent == [(os.getpid(), app.reloading.signal.SIGHUP)]
+
+
+def test_a_reload_whose_web_server_code_on_disk_does_not_load_is_refused(
+        redis_server, tmp_path, monkeypatch):
+    """A good models file, but web/ on disk half-deployed: gunicorn's master, reading
+    gunicorn.conf.py and importing web/ anew at the SIGHUP, would exit and take the API down.
+    The canary (app.canary.run) checks what the master reads, in the process's own folder
+    (here a copy of gunicorn.conf.py and web/, the rest of the service on PYTHONPATH behind
+    it): the reload is refused as a failed app canary refuses it, the master left alone; with
+    the copy mended, the same reload is taken."""
+    redis.Redis.from_url(redis_server.extra["admin_url"]).flushdb()
+    client = redis.Redis.from_url(redis_server.extra["url"], decode_responses=True)
+    served = tmp_path / "served"
+    shutil.copytree(ROOT / "web", served / "web", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "gunicorn.conf.py", served / "gunicorn.conf.py")
+    answer = served / "web" / "answer.py"
+    good = answer.read_text()
+    answer.write_text(good + "\ndef broken(:\n")
+    models = tmp_path / "models.yaml"
+    old, new = b"models: {a: {kind: synthetic}}\n", b"models: {b: {kind: synthetic}}\n"
+    models.write_bytes(new)
+    for name, value in {"REDIS_URL": redis_server.extra["url"], "IQ_MODELS_FILE": str(models),
+                        "PYTHONPATH": str(ROOT)}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(served)
+    settings = load_settings()
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(app.reloading.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+
+    why = app.reloading.canary.run(revision_of(new))
+    assert why.startswith("the web server's code on disk: web/answer.py does not load: "
+                          "SyntaxError: "), why
+    watch = ModelsWatch(client, settings, revision_of(old), master=os.getpid())
+    client.set(MODELS_REVISION_KEY, revision_of(new))
+    client.incr(MODELS_ANNOUNCEMENTS_KEY)
+    serves(client, new)
+    watch.check()
+    assert sent == [] and not watch.handed_over
+    report = orjson.loads(client.hget(RELOAD_STATUS_KEY, watch.field))
+    assert (report["revision"], report["state"], report["refused"]) == \
+        (revision_of(old), "refused", revision_of(new)), report
+    assert f"(its canary: {why})" in report["error"], report
+    assert failure_of(client, revision_of(new))["error"] == f"its canary: {why}"
+
+    # The deploy finished, the file announced again (`make reload` clears its failure): taken.
+    answer.write_text(good)
+    client.delete(reload_failed_key(revision_of(new)))
+    client.incr(MODELS_ANNOUNCEMENTS_KEY)
+    serves(client, new)
     watch.check()
     assert watch.handed_over and sent == [(os.getpid(), app.reloading.signal.SIGHUP)]
