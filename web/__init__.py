@@ -8,6 +8,8 @@ web/request.py  a request's head and body read (gunicorn's parser, a plain head 
 web/answer.py   an answer written (gunicorn's Response, plain headers in one match, the Date
                 once a second; the head sent with the body)
 web/handover.py the hand-over across a graceful reload, between the hooks and the worker
+web/canary.py   a models reload's check that gunicorn.conf.py and web/ on disk load (run by
+                app/canary.py before the SIGHUP: a master that cannot read them exits)
 
 Not under app/: gunicorn's master imports the worker class (reading gunicorn.conf.py) before
 any worker process patches the standard library for gevent, and importing app/ builds Flask,
