@@ -1,6 +1,7 @@
 """A models reload while the web server's code on disk does not load (a half-finished deploy
-of web/), on the default settings, under load: gunicorn's master reads gunicorn.conf.py and imports web/
-anew at the SIGHUP, and one that cannot exits, its processes orphaned, the API down. The API
+of web/), on the default settings, under load: gunicorn's master reads gunicorn.conf.py and
+imports web/ anew at the SIGHUP, and one that cannot exits, its processes orphaned, the API
+down. The API
 process's canary (app/canary.py, web/canary.py) checks what the master would read first: `make
 reload` exits 2 with the one line naming the file, the previous models file back, the master
 alive and serving the old revision throughout, every accepted job run once.
