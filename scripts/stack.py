@@ -11,14 +11,13 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import redis
 import requests
 import yaml
 
 from scripts.processes import ROOT, VENV_BIN, Service, free_port, spawn, wait_until
-from scripts.redis_nodes import RedisGroup, start_group, start_redis
+from scripts.redis_nodes import RedisGroup, socket_args, socket_url, start_group, start_redis
 
 __all__ = ["ROOT", "VENV_BIN", "RedisGroup", "Service", "Stack", "free_port", "launch",
            "spawn", "start_flower", "start_group", "start_redis", "start_web",
@@ -187,12 +186,10 @@ def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
     group = start_group(workdir) if replicated else None
     sock = workdir / "redis.sock"
     if unix_socket:
-        redis_args = [*(redis_args or []), "--unixsocket", str(sock), "--unixsocketperm", "700"]
+        redis_args = [*(redis_args or []), *socket_args(sock)]
     redis_svc = group.primary if group else start_redis(workdir, appendonly=appendonly,
                                                         bind=bind, args=redis_args)
-    url = redis_svc.extra["url"]
-    if unix_socket:  # the app user's credentials, over the socket
-        url = f"unix://{urlsplit(url).netloc.rpartition('@')[0]}@{sock}?db=0"
+    url = socket_url(redis_svc, sock) if unix_socket else redis_svc.extra["url"]
     base = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
     quick = {} if defaults else {"IQ_HEARTBEAT_INTERVAL_S": "0.5", "IQ_HEARTBEAT_TTL_S": "3"}
     # A webhook secret, as `make run` generates one: without it webhooks are off.
