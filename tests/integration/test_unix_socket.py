@@ -3,13 +3,18 @@ every job end to end (the API's clients, the worker's broker, leases and scripts
 deliverer, Flower), and every one of the service's connections to Redis is the socket's."""
 from __future__ import annotations
 
+import signal
 from collections import Counter
 
 import pytest
+import redis
 import requests
+import yaml
 
 from scripts.preflight import REDIS_APP_USER
-from scripts.stack import launch, start_flower, start_webhooks, wait_until
+from scripts.redis_nodes import socket_args, socket_url
+from scripts.stack import launch, start_flower, start_redis, start_webhooks, wait_until
+from tests.integration.test_make_run import MakeRun, job_result, run_env
 from tests.support.load import runs
 from tests.support.receivers import Receiver
 
@@ -94,3 +99,29 @@ def test_every_connection_of_the_service_is_the_socket(stack):
     wait_until(lambda: len(clients()) >= 5, 30, "the service's connections")
     over_tcp = [c for c in clients() if "U" not in c["flags"]]
     assert over_tcp == [], over_tcp
+
+
+def test_make_run_on_a_redis_socket_is_ready_and_serves_a_job(tmp_path):
+    """`make run` given a running Redis's socket in REDIS_URL: its health checks (/readyz,
+    each process's) pass, a job is served, and every connection is the socket's."""
+    sock = tmp_path / "r.sock"
+    foreign = start_redis(tmp_path, args=socket_args(sock))
+    models = tmp_path / "models.yaml"
+    models.write_text(yaml.safe_dump({"models": {"synthetic": {
+        "kind": "synthetic", "base_ms": 5, "per_item_ms": 0}}}))
+    env = run_env(tmp_path, REDIS_URL=socket_url(foreign, sock), IQ_MODELS_FILE=str(models))
+    run = MakeRun(env, tmp_path / "make-run.log")
+    try:
+        block = run.wait_up(300)
+        assert f"unix://iq:**@{sock}   from REDIS_URL" in block  # kombu's display, no query
+        api = f"http://127.0.0.1:{env['IQ_PORT']}"
+        assert job_result(api, "synthetic", ["hello"])["result"] == {"outputs": [5]}
+        admin = redis.Redis.from_url(foreign.extra["admin_url"], decode_responses=True)
+        ours = [c for c in admin.client_list() if c.get("user") == REDIS_APP_USER]
+        assert ours and all("U" in c["flags"] for c in ours), ours
+    finally:
+        run.stop(signal.SIGINT)
+        left = run.left_behind()
+        run.reap()
+        foreign.stop()
+    assert left == []
