@@ -78,22 +78,23 @@ def stop_noted(master, handler, sig, frame):
     handler(sig, frame)
 
 
-def stopping() -> int | None:
-    """The stop the master was told (a signal's number), or None."""
+def _noted(name: str) -> int | None:
+    """The number the master noted in its folder's file `name`, or None (none noted)."""
     try:
-        with open(os.path.join(os.environ.get(FOLDER, ""), "stop")) as found:
+        with open(os.path.join(os.environ.get(FOLDER, ""), name)) as found:
             return int(found.read())
     except (OSError, ValueError):
         return None
+
+
+def stopping() -> int | None:
+    """The stop the master was told (a signal's number), or None."""
+    return _noted("stop")
 
 
 def _reload_age() -> int | None:
     """The age of the last reload's first process; None: no reload since the master started."""
-    try:
-        with open(os.path.join(os.environ.get(FOLDER, ""), "reload")) as found:
-            return int(found.read())
-    except (OSError, ValueError):
-        return None
+    return _noted("reload")
 
 
 def replaced(age: int, processes: int) -> bool:
