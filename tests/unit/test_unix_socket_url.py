@@ -79,3 +79,8 @@ def test_a_bad_socket_url_hides_its_password_and_a_group_is_checked_the_same():
         load_settings({"redis_url": URL, "redis_sentinels": "s1:26379", "redis_master": "m"},
                       environ={})
     load_settings({"redis_url": "unix:///" + "a" * 106}, environ={})  # 107 bytes: fits
+
+
+def test_the_settings_show_a_socket_url_without_its_password():
+    shown = repr(load_settings({"redis_url": "unix://iq:hunter2@/run/r.sock?db=2"}, environ={}))
+    assert "redis_url='unix://iq:**@/run/r.sock?db=2'" in shown and "hunter2" not in shown
