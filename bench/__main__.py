@@ -209,7 +209,7 @@ def bench_one(workdir: Path, model: str, a: argparse.Namespace) -> dict:
     models_file = workdir / f"{model}.yaml"
     models_file.write_text(yaml.safe_dump({"models": {model: spec}}))
     configs = [replace(c, flow=c.flow or a.flow) for c in configs_for(spec, a.baseline)
-               if not a.configs or c.name in a.configs or c.tree]
+               if (not a.configs and not c.unix_socket) or c.name in a.configs or c.tree]
     raw = RawServer(models_file, model)
     try:
         ceiling = raw.sweep(a.raw_seconds)

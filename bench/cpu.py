@@ -122,6 +122,16 @@ class Point:
                 "calls_per_job": {n: round(calls[n] / jobs, 3) for n, _ in usec.most_common()},
                 "usec_per_call": {n: round(usec[n] / calls[n], 1) for n, _ in usec.most_common()}}
 
+    def connections(self) -> dict:
+        """The application's connections to its Redis now, by how they came: over TCP or the
+        Unix socket (`service-unix`'s are all the socket's, but for the benchmark's own meter,
+        which reads INFO over TCP)."""
+        extra = self.stack.services[0].extra
+        client = redis.Redis.from_url(extra.get("admin_url", extra["url"]))
+        seen = Counter("unix" if "U" in c["flags"] else "tcp" for c in client.client_list()
+                       if c.get("user") != "default" and c["id"] != str(client.client_id()))
+        return dict(seen)
+
     def report(self, clients: int) -> dict:
         jobs = self.usage.jobs
         wall = max(self.wall, 1e-9)
@@ -130,7 +140,8 @@ class Point:
                "items_per_s": round(jobs / wall, 1),
                "p50_ms": round(percentile(self.latencies, 50), 1),
                **self.usage.report(),
-               "cores_used": {name: round(s / wall, 2) for name, s in self.usage.cpu.items()}}
+               "cores_used": {name: round(s / wall, 2) for name, s in self.usage.cpu.items()},
+               "redis_connections": self.connections()}
         batches = self.model["iq_batch_jobs_count"]  # dispatched batches, each timed once
         if batches:
             items = self.model["iq_batch_size_sum"]

@@ -23,6 +23,7 @@ from bench.raw import batch_sizes
 from bench.usage import Meter, Usage
 from scripts import stack as launcher
 from scripts.processes import reap_group, signal_group
+from scripts.redis_nodes import socket_args, socket_url
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -56,6 +57,8 @@ class Config:
     flow: str | None = None
     # Pool children of its worker, all on the one device (a GPU, or the stand-in's).
     concurrency: int = 1
+    # Every process talks to its Redis over a Unix socket (REDIS_URL=unix://), not TCP.
+    unix_socket: bool = False
 
     @property
     def slug(self) -> str:
@@ -82,6 +85,8 @@ def configs_for(model: dict, baseline_rev: str | None = None) -> list[Config]:
         # prepares, stores and reports (bench/README.md, "Keeping the device busy").
         Config("two-children", concurrency=2),
         Config("no-batching", max_batch_size=1),
+        # The service with every process on its Redis's Unix socket (named to be run).
+        Config("service-unix", unix_socket=True),
         Config("celery-batches", app="bench.peer_worker", flush_every=model["max_batch_size"],
                flush_interval=model["max_wait_ms"] / 1000),
         Config("celery-batches-tuned", app="bench.peer_worker", flush_every=16,
@@ -249,8 +254,11 @@ def start_stack(workdir: Path, model: str, spec: dict, config: Config, args,
         declared["max_batch_size"] = config.max_batch_size
     models_file.write_text(yaml.safe_dump({"models": {model: declared}}))
     launch = baseline.launcher(Path(config.tree)) if config.tree else launcher
-    redis_svc = launch.start_redis(workdir)
-    env = dict(os.environ, REDIS_URL=redis_svc.extra["url"], IQ_MODELS_FILE=str(models_file),
+    sock = workdir / f"redis-{config.slug}.sock"
+    redis_svc = launch.start_redis(workdir, args=socket_args(sock)) if config.unix_socket \
+        else launch.start_redis(workdir)
+    url = socket_url(redis_svc, sock) if config.unix_socket else redis_svc.extra["url"]
+    env = dict(os.environ, REDIS_URL=url, IQ_MODELS_FILE=str(models_file),
                HF_HUB_OFFLINE="1", IQ_HEARTBEAT_INTERVAL_S="0.5", IQ_LOG_LEVEL="WARNING",
                BENCH_FLUSH_EVERY=str(config.flush_every),
                BENCH_FLUSH_INTERVAL=str(config.flush_interval))

@@ -3,7 +3,9 @@ error names the setting and the value it got."""
 from __future__ import annotations
 
 import ipaddress
+import os
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 # The checks take config.settings.Settings, not imported here: settings.py imports this module.
 Settings = Any
@@ -102,8 +104,32 @@ def _check_workers(settings: Settings) -> None:
                           f"{settings.batches_ahead}")
 
 
+# The longest path a Unix socket's address holds (sun_path: 108 bytes, its NUL included).
+SOCKET_PATH_MAX = 107
+
+
+def check_socket_url(name: str, url: str) -> None:
+    """A `unix://[user:password@]/absolute/path[?db=N]` URL (redis-py's spelling), or
+    ConfigError naming `name` and the URL (its password hidden). Any other URL passes."""
+    parts = urlsplit(url)
+    if parts.scheme != "unix":
+        return
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    path = parts.path
+    if parts.hostname or not path.startswith("/") or path.endswith("/") or \
+            len(os.fsencode(path)) > SOCKET_PATH_MAX or \
+            any(key != "db" or not value.isdigit() for key, value in query):
+        shown = url.replace(f":{parts.password}@", ":**@") if parts.password else url
+        raise ConfigError(f"{name} must be unix:///absolute/path/to/redis.sock[?db=N] (a path "
+                          f"of at most {SOCKET_PATH_MAX} bytes), got {shown!r}")
+
+
 def _check_redis(settings: Settings) -> None:
-    """The Redis deadline, the sentinels and the replicas a submit waits for."""
+    """The Redis URL, the deadline, the sentinels and the replicas a submit waits for."""
+    check_socket_url("redis_url", settings.redis_url)
+    if settings.sentinel_hosts and settings.redis_url.startswith("unix://"):
+        raise ConfigError("redis_url must be a redis:// or rediss:// URL with redis_sentinels "
+                          "(the sentinels name the primary's host), got a unix:// socket")
     if settings.redis_deadline_s <= 0:
         raise ConfigError(f"redis_deadline_s must be > 0, got {settings.redis_deadline_s}")
     if settings.sentinel_hosts and not settings.redis_master:

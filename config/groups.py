@@ -11,7 +11,7 @@ import re
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from config.checks import ConfigError
+from config.checks import ConfigError, check_socket_url
 from config.job_ids import group_tag
 
 GROUP_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -42,6 +42,7 @@ def parse_groups(text: str) -> dict[str, str]:
         if urlsplit(url).scheme not in URL_SCHEMES:
             raise ConfigError(f"redis_groups.{name} must be a redis://, rediss:// or unix:// "
                               f"URL, got {shown_url(url)!r}")
+        check_socket_url(f"redis_groups.{name}", url)
         if name in groups:
             raise ConfigError(f"redis_groups: group {name!r} is named twice")
         if url in groups.values():

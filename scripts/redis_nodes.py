@@ -8,6 +8,7 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import redis
 
@@ -93,6 +94,18 @@ def start_redis(workdir: Path, port: int | None = None, appendonly: bool = False
     svc.extra.update(port=port, url=app, admin_url=admin,
                      min_replicas_to_write=min_replicas_to_write)
     return svc
+
+
+def socket_args(path: Path) -> list[str]:
+    """redis-server's options for listening on a Unix socket at `path` too (its owner only)."""
+    return ["--unixsocket", str(path), "--unixsocketperm", "700"]
+
+
+def socket_url(svc: Service, path: Path) -> str:
+    """`svc`'s application URL (its user and password) over the Unix socket at `path`, as
+    REDIS_URL takes it."""
+    auth = urlsplit(svc.extra["url"]).netloc.rpartition("@")[0]
+    return f"unix://{auth}@{path}?db=0" if auth else f"unix://{path}?db=0"
 
 
 def _launcher_env(data: Path, port: int, like: Service | None) -> tuple[dict[str, str], dict]:

@@ -17,7 +17,7 @@ import requests
 import yaml
 
 from scripts.processes import ROOT, VENV_BIN, Service, free_port, spawn, wait_until
-from scripts.redis_nodes import RedisGroup, start_group, start_redis
+from scripts.redis_nodes import RedisGroup, socket_args, socket_url, start_group, start_redis
 
 __all__ = ["ROOT", "VENV_BIN", "RedisGroup", "Service", "Stack", "free_port", "launch",
            "spawn", "start_flower", "start_group", "start_redis", "start_web",
@@ -167,7 +167,7 @@ def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
            ready_models: list[str] | None = None, defaults: bool = False,
            replicated: bool = False, bind: list[str] | None = None,
            redis_args: list[str] | None = None, concurrency: int = 1,
-           kinds: list[str] | None = None) -> Stack:
+           kinds: list[str] | None = None, unix_socket: bool = False) -> Stack:
     """Start Redis, one worker per entry of `workers` (name → queues) with `concurrency` pool
     children each, and the API; return once each model in `ready_models` (default: all) has
     a live instance.
@@ -177,17 +177,23 @@ def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
     one replica and three sentinels (scripts/redis_nodes.py), every process pointed at the
     sentinels. `bind`: addresses the Redis listens on beside 127.0.0.1 (hosts of their own,
     scripts/hosts.py); `redis_args`: more of redis-server's options (one Redis only).
-    `kinds`: the modules of kinds of one's own, the models file's `kinds:`."""
+    `kinds`: the modules of kinds of one's own, the models file's `kinds:`. `unix_socket`:
+    the Redis listens on a Unix socket in `workdir` too, and every process's REDIS_URL is
+    that socket's (`unix://`; `stack.redis_url` and the service's `extra["url"]` stay TCP's)."""
     models_file = workdir / "models.yaml"
     declared = {"models": models, **({"kinds": kinds} if kinds else {})}
     models_file.write_text(yaml.safe_dump(declared))
     group = start_group(workdir) if replicated else None
+    sock = workdir / "redis.sock"
+    if unix_socket:
+        redis_args = [*(redis_args or []), *socket_args(sock)]
     redis_svc = group.primary if group else start_redis(workdir, appendonly=appendonly,
                                                         bind=bind, args=redis_args)
+    url = socket_url(redis_svc, sock) if unix_socket else redis_svc.extra["url"]
     base = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
     quick = {} if defaults else {"IQ_HEARTBEAT_INTERVAL_S": "0.5", "IQ_HEARTBEAT_TTL_S": "3"}
     # A webhook secret, as `make run` generates one: without it webhooks are off.
-    env = dict(base, REDIS_URL=redis_svc.extra["url"], IQ_MODELS_FILE=str(models_file),
+    env = dict(base, REDIS_URL=url, IQ_MODELS_FILE=str(models_file),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1",
                IQ_WEBHOOK_SECRET=secrets.token_hex(16), **quick, **(group.env() if group else {}))
     env.update(env_extra or {})

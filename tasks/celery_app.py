@@ -4,7 +4,7 @@ entry modules' to select (workers/broker/)."""
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
 from kombu import Connection, Queue
@@ -126,15 +126,26 @@ def _redis_conf(settings: Settings) -> dict[str, Any]:
 def sentinel_url(settings: Settings) -> str:
     """REDIS_URL, or with Sentinel the URL kombu and Celery take for it: each sentinel as
     `sentinel://user:password@host:port/db`, `;`-separated (REDIS_URL's credentials and
-    database: those of the primary)."""
+    database: those of the primary); a Unix socket's as kombu spells it (`socket_url`)."""
     if not settings.sentinel_hosts:
-        return settings.redis_url
+        return socket_url(settings.redis_url)
     parts = urlsplit(settings.redis_url)
     auth = parts.netloc.rpartition("@")[0]
     auth = f"{auth}@" if auth else ""
     db = parts.path if parts.path not in ("", "/") else "/0"
     return ";".join(f"sentinel://{auth}{f'[{host}]' if ':' in host else host}:{port}{db}"
                     for host, port in settings.sentinel_hosts)
+
+
+def socket_url(url: str) -> str:
+    """A Unix socket's URL as redis-py spells it (`unix://[user:password@]/path/redis.sock
+    [?db=N]`) in kombu's and Celery's spelling (`redis+socket://[user:password@]/path/
+    redis.sock?virtual_host=N`); any other URL as it is."""
+    parts = urlsplit(url)
+    if parts.scheme != "unix":
+        return url
+    db = parse_qs(parts.query).get("db", ["0"])[0]
+    return f"redis+socket://{parts.netloc}{parts.path}?virtual_host={db}"
 
 
 def _worker_conf(settings: Settings, models: dict[str, ModelSpec],

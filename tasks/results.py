@@ -269,6 +269,9 @@ class SentinelResultBackend(_NamesPackedResults, SentinelBackend):
 
 def backend_url(url: str) -> str:
     """Celery's result_backend for Redis at `url` (tasks.celery_app.sentinel_url's): the
-    backend class that fits its scheme, named as `module:Class+url`."""
+    backend class that fits its scheme, named as `module:Class+url` (a Unix socket's
+    `redis+socket://` as Celery's Redis backend reads it: `socket://`)."""
     backend = SentinelResultBackend if url.startswith("sentinel://") else ResultBackend
+    if url.startswith("redis+socket://"):  # Celery's `socket://`, once the class is named
+        url = url.removeprefix("redis+")
     return f"{__name__}:{backend.__name__}+{url}"

@@ -33,7 +33,11 @@ SENTINEL_ALIAS = "iqsentinel"
 # The failover strategy, by the name kombu's `failover_strategies` knows it (a setting's value
 # must be plain data: `celery inspect conf` and `stats` send it as JSON).
 FAILOVER = "iq-keep-transport"
-_SCHEMES = {"redis": REDIS_ALIAS, "rediss": REDIS_ALIAS, "sentinel": SENTINEL_ALIAS}
+_SCHEMES = {"redis": REDIS_ALIAS, "rediss": REDIS_ALIAS, "sentinel": SENTINEL_ALIAS,
+            "redis+socket": REDIS_ALIAS}
+# A Unix socket's URL (tasks/celery_app.py's `socket_url`) names kombu's Redis transport
+# before its `+`, which a URL's transport outranks a configured one: the worker's names its own.
+_SOCKET = "redis+socket://"
 
 
 class _BeatOnTheEventLoop:
@@ -129,7 +133,7 @@ def alias_for(url: str) -> str:
         return _SCHEMES[scheme]
     except KeyError:
         raise ValueError(f"broker_url: the worker fetches from Redis only (redis://, "
-                         f"rediss://, sentinel://), got {scheme!r}") from None
+                         f"rediss://, sentinel://, redis+socket://), got {scheme!r}") from None
 
 
 def keep_the_transport(urls: Iterable[str]) -> Iterator[str]:
@@ -149,3 +153,5 @@ def select(app: Any) -> None:
     """The worker's transports for `app`'s connections (a worker's main process, at start)."""
     app.conf.broker_transport = alias_for(app.conf.broker_url)
     app.conf.broker_failover_strategy = FAILOVER
+    if app.conf.broker_url.startswith(_SOCKET):
+        app.conf.broker_url = f"{REDIS_ALIAS}+socket://{app.conf.broker_url[len(_SOCKET):]}"
