@@ -18,15 +18,11 @@ transient.
 """
 from __future__ import annotations
 
-import functools
 import re
-import select
-import sys
 import time
 from typing import Any, Callable, TypeVar
 
 import redis
-from redis._parsers import _HiredisParser
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.connection import (Encoder, HiredisRespSerializer, SSLConnection,
                               UnixDomainSocketConnection, parse_url)
@@ -122,44 +118,6 @@ class DeadlineConnection:
             self._sock.settimeout(redis_deadline.bound(self.socket_timeout))
 
 
-@functools.cache
-def _interpreters_poll() -> Callable[[], Any]:
-    """`select.poll` as the interpreter has it, not gevent's (the API's gunicorn worker
-    patches `select`): before any patching that is `select.poll` itself."""
-    monkey = sys.modules.get("gevent.monkey")
-    return select.poll if monkey is None else monkey.get_original("select", "poll")
-
-
-class IdleCheck:
-    """A connection whose check for anything left to read, as the pool hands it out, asks
-    the kernel without waiting. redis-py's pool asks each connection it hands out whether
-    anything is left to read on it (`can_read()`: a reply left unread, a connection the
-    server closed), with a poll that must not wait; under gevent's patching that poll is
-    gevent's, which parks the greenlet on a zero-second timer: a turn of the event loop,
-    and ~40 calls, before every command of a request, the lone submit's included. Here a
-    hiredis connection with nothing buffered asks the interpreter's poll: nothing to read
-    is the same False redis-py would give; anything else (something to read, the server
-    gone, a TLS socket's own buffer, another parser, a wait) is redis-py's own check."""
-
-    _sock: Any
-    _parser: Any
-
-    def can_read(self, timeout: float = 0) -> bool:
-        sock, parser = self._sock, self._parser
-        if timeout == 0 and sock is not None and not hasattr(sock, "pending") and \
-                isinstance(parser, _HiredisParser) and parser._reader is not None and \
-                not parser._reader.has_data():
-            try:
-                poller = _interpreters_poll()()
-                poller.register(sock, select.POLLIN)
-                ready = bool(poller.poll(0))
-            except (OSError, ValueError):  # a closed socket: redis-py's check says so
-                ready = True
-            if not ready:
-                return False
-        return super().can_read(timeout)  # type: ignore[misc]
-
-
 class DeadlinePool:
     """A blocking pool whose wait for a free connection is cut to what is left of the
     request's deadline. Mixed into redis-py's BlockingConnectionPool, which reads `timeout`
@@ -209,7 +167,7 @@ class DeadlineSentinelPool(DeadlinePool, BlockingSentinelPool):
     pass
 
 
-class _DeadlinePlain(IdleCheck, DeadlineConnection, redis.Connection):
+class _DeadlinePlain(DeadlineConnection, redis.Connection):
     pass
 
 
@@ -239,20 +197,19 @@ class DeadlineSentinel(Sentinel):
             raise
 
 
-class _DeadlineSSL(IdleCheck, DeadlineConnection, SSLConnection):
+class _DeadlineSSL(DeadlineConnection, SSLConnection):
     pass
 
 
-class _DeadlineUnix(IdleCheck, DeadlineConnection, UnixDomainSocketConnection):
+class _DeadlineUnix(DeadlineConnection, UnixDomainSocketConnection):
     pass
 
 
-class _DeadlineSentinel(IdleCheck, DeadlineConnection, SentinelConnection):
+class _DeadlineSentinel(DeadlineConnection, SentinelConnection):
     pass
 
 
-class _DeadlineSentinelSSL(IdleCheck, DeadlineConnection,
-                           SentinelSSLConnection):
+class _DeadlineSentinelSSL(DeadlineConnection, SentinelSSLConnection):
     pass
 
 

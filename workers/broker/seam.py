@@ -33,7 +33,6 @@ from kombu.clocks import LamportClock
 from kombu.messaging import Consumer as KombuConsumer
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
-from redis import _parsers as redis_parsers
 from redis.connection import AbstractConnection
 from redis.retry import Retry
 
@@ -155,7 +154,7 @@ READ: tuple[Name, ...] = (
 # Read or overridden outside workers/broker/: the batching strategy's jobs and their Celery
 # requests (workers/batching/job.py, workers/batching/strategy.py,
 # workers/batching/settlement.py, workers/batching/dispatcher.py, state.py), the result backends (tasks/results.py) and the Redis clients' retries
-# and connections' checks (tasks/redis_client.py).
+# and connections' sockets (tasks/redis_client.py).
 ELSEWHERE: tuple[Name, ...] = (
     Name(celery_strategy, "proto1_to_proto2", ("message", "body")),
     Name(Request, "__init__", ("self", "message", "on_ack", "hostname", "eventer", "app",
@@ -179,9 +178,6 @@ ELSEWHERE: tuple[Name, ...] = (
     Name(SentinelBackend, "_get_sentinel_instance", ("self", "params")),
     Name(Retry, "_backoff"),
     Name(Retry, "_supported_errors"),
-    Name(redis_parsers, "_HiredisParser"),
-    Name(redis_parsers._HiredisParser, "_reader"),
-    Name(AbstractConnection, "_parser"),
     Name(AbstractConnection, "_sock"),
 )
 
