@@ -13,7 +13,7 @@ RUN_STAMP := $(VENV)/.run-$(shell cat $(RUN_REQS) | cksum | cut -d' ' -f1)
 # version: the constraints').
 DEV_STAMP := $(VENV)/.dev-$(shell cat $(RUN_REQS) requirements/dev.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run users reload test test-tools docs bench bench-quick gameday gpu-check gpu-bench container-check clean
+.PHONY: run users reload test test-long test-tools docs bench bench-quick gameday gpu-check gpu-bench container-check clean
 
 run: $(RUN_STAMP)
 	scripts/run.sh
@@ -30,6 +30,11 @@ reload: $(RUN_STAMP)
 
 test: $(DEV_STAMP) test-tools
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# The long checks `make test` leaves out (pytest.ini's `long` marker), a shorter one of each kind
+# running there.
+test-long: $(DEV_STAMP) test-tools
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/python -m pytest -m long $(PYTEST_ARGS)
 
 # The system tools the tests drive (Chromium, iptables, faketime), installed once before the
 # tests as root (Debian); a test then fails, naming its tool, if one is still missing.
