@@ -119,9 +119,17 @@ def check_socket_url(name: str, url: str) -> None:
     if parts.hostname or not path.startswith("/") or path.endswith("/") or \
             len(os.fsencode(path)) > SOCKET_PATH_MAX or \
             any(key != "db" or not value.isdigit() for key, value in query):
-        shown = url.replace(f":{parts.password}@", ":**@") if parts.password else url
         raise ConfigError(f"{name} must be unix:///absolute/path/to/redis.sock[?db=N] (a path "
-                          f"of at most {SOCKET_PATH_MAX} bytes), got {shown!r}")
+                          f"of at most {SOCKET_PATH_MAX} bytes), got {shown_url(url)!r}")
+
+
+def shown_url(url: str) -> str:
+    """The URL with its password hidden (in errors and in Settings.__repr__)."""
+    parts = urlsplit(url)
+    if parts.password:
+        user = parts.username or ""
+        return parts._replace(netloc=f"{user}:**@{parts.netloc.rsplit('@', 1)[1]}").geturl()
+    return url
 
 
 def _check_redis(settings: Settings) -> None:

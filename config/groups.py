@@ -11,7 +11,7 @@ import re
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from config.checks import ConfigError, check_socket_url
+from config.checks import ConfigError, check_socket_url, shown_url
 from config.job_ids import group_tag
 
 GROUP_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -54,15 +54,6 @@ def parse_groups(text: str) -> dict[str, str]:
         raise ConfigError(f"redis_groups: two group names share a tag, rename one: "
                           f"{', '.join(sorted(groups))}")
     return groups
-
-
-def shown_url(url: str) -> str:
-    """The URL with its password hidden."""
-    parts = urlsplit(url)
-    if parts.password:
-        user = parts.username or ""
-        return parts._replace(netloc=f"{user}:**@{parts.netloc.rsplit('@', 1)[1]}").geturl()
-    return url
 
 
 def shown_groups(text: str) -> str:

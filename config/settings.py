@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from config.checks import ConfigError, check
+from config.checks import ConfigError, check, shown_url
 from config.groups import groups_text, parse_groups, shown_groups
 
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -250,11 +250,7 @@ def _shown(name: str, value: Any) -> Any:
     if name == "redis_groups":
         return shown_groups(value)
     if name == "redis_url":
-        parts = urlsplit(value)
-        if parts.password:
-            user = parts.username or ""
-            host = parts.netloc.rsplit("@", 1)[1]
-            return parts._replace(netloc=f"{user}:**@{host}").geturl()
+        return shown_url(value)
     return value
 
 
