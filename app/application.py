@@ -20,6 +20,7 @@ from flask.signals import (appcontext_tearing_down, request_finished, request_st
                            request_tearing_down)
 from flask.sessions import NullSession, SessionInterface
 from werkzeug.datastructures import Headers
+from werkzeug.routing import Rule
 
 # The most functions whose kind is kept: the app's hooks, views and handlers are a few dozen;
 # a function made anew for each request (`after_this_request`) is looked up as Flask does,
@@ -117,7 +118,9 @@ class Routed(RequestContext):
     calls a request); its answer for a rule without arguments depends on nothing but what
     it is given: the request's domain part, path, method and whether it is a websocket.
     That answer, once werkzeug has given it after the app's first request (when its rules
-    can no longer change), is kept and given again for the same four. Anything else, every
+    can no longer change), is kept and given again for the same four: its rule alone, since
+    its arguments are always none (werkzeug counts a rule's defaults among its arguments),
+    each request getting an empty dict of its own for `view_args`. Anything else, every
     error (404, 405, a redirect to the path with its slash) and a rule with arguments
     (/v1/jobs/<job_id>), is werkzeug's own match each time."""
 
@@ -127,15 +130,15 @@ class Routed(RequestContext):
         if not app.url_map.host_matching and adapter.subdomain is not None:
             domain = adapter.subdomain
         key = (domain, adapter.path_info, adapter.default_method, adapter.websocket)
-        found = app._routes.get(key)
-        if found is not None:
-            request.url_rule, request.view_args = found[0], dict(found[1])
+        rule = app._routes.get(key)
+        if rule is not None:
+            request.url_rule, request.view_args = rule, {}  # a dict of its own each request
             return
         super().match_request()
         rule = request.url_rule
         if rule is not None and not rule.arguments and app._got_first_request and \
                 request.routing_exception is None and len(app._routes) < KEPT_ROUTES:
-            app._routes[key] = (rule, dict(request.view_args))
+            app._routes[key] = rule
 
 
 class Hooks(NamedTuple):
@@ -171,7 +174,7 @@ class Api(Flask):
         super().__init__(*args, **kwargs)
         self._plain: dict[Callable[..., Any], bool] = {}
         self._hooks: dict[str | None, Hooks] = {}
-        self._routes: dict[tuple, tuple] = {}  # Routed's matches kept
+        self._routes: dict[tuple, Rule] = {}  # Routed's matches kept: the rule alone
 
     def hooks(self, request: Any) -> Hooks:
         """The hooks that run for `request`'s endpoint (None: it matched no rule)."""
