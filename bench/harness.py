@@ -23,7 +23,7 @@ from bench.raw import batch_sizes
 from bench.usage import Meter, Usage
 from scripts import stack as launcher
 from scripts.processes import reap_group, signal_group
-from scripts.redis_nodes import socket_args, socket_url
+from scripts.redis_nodes import start_redis_url
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -255,9 +255,8 @@ def start_stack(workdir: Path, model: str, spec: dict, config: Config, args,
     models_file.write_text(yaml.safe_dump({"models": {model: declared}}))
     launch = baseline.launcher(Path(config.tree)) if config.tree else launcher
     sock = workdir / f"redis-{config.slug}.sock"
-    redis_svc = launch.start_redis(workdir, args=socket_args(sock)) if config.unix_socket \
-        else launch.start_redis(workdir)
-    url = socket_url(redis_svc, sock) if config.unix_socket else redis_svc.extra["url"]
+    redis_svc, url = start_redis_url(workdir, sock if config.unix_socket else None,
+                                     start=launch.start_redis)
     env = dict(os.environ, REDIS_URL=url, IQ_MODELS_FILE=str(models_file),
                HF_HUB_OFFLINE="1", IQ_HEARTBEAT_INTERVAL_S="0.5", IQ_LOG_LEVEL="WARNING",
                BENCH_FLUSH_EVERY=str(config.flush_every),

@@ -8,6 +8,7 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import redis
@@ -106,6 +107,19 @@ def socket_url(svc: Service, path: Path) -> str:
     REDIS_URL takes it."""
     auth = urlsplit(svc.extra["url"]).netloc.rpartition("@")[0]
     return f"unix://{auth}@{path}?db=0" if auth else f"unix://{path}?db=0"
+
+
+def start_redis_url(workdir: Path, sock: Path | None, start: Callable[..., Service] = start_redis,
+                    **options: Any) -> tuple[Service, str]:
+    """A Redis (`start`: `start_redis`, or an older commit's launcher's own) and the URL the
+    service's processes take for it: the Unix socket's at `sock` (the server listening there
+    too; the service's `extra["url"]` stays TCP's), or with `sock` None TCP's, `start`
+    called with `options` alone."""
+    if sock is None:
+        svc = start(workdir, **options)
+        return svc, svc.extra["url"]
+    svc = start(workdir, **{**options, "args": [*(options.get("args") or []), *socket_args(sock)]})
+    return svc, socket_url(svc, sock)
 
 
 def _launcher_env(data: Path, port: int, like: Service | None) -> tuple[dict[str, str], dict]:

@@ -17,7 +17,7 @@ import requests
 import yaml
 
 from scripts.processes import ROOT, VENV_BIN, Service, free_port, spawn, wait_until
-from scripts.redis_nodes import RedisGroup, socket_args, socket_url, start_group, start_redis
+from scripts.redis_nodes import RedisGroup, start_group, start_redis, start_redis_url
 
 __all__ = ["ROOT", "VENV_BIN", "RedisGroup", "Service", "Stack", "free_port", "launch",
            "spawn", "start_flower", "start_group", "start_redis", "start_web",
@@ -179,17 +179,19 @@ def launch(workdir: Path, models: dict, workers: dict[str, list[str]],
     scripts/hosts.py); `redis_args`: more of redis-server's options (one Redis only).
     `kinds`: the modules of kinds of one's own, the models file's `kinds:`. `unix_socket`:
     the Redis listens on a Unix socket in `workdir` too, and every process's REDIS_URL is
-    that socket's (`unix://`; `stack.redis_url` and the service's `extra["url"]` stay TCP's)."""
+    that socket's (`unix://`; `stack.redis_url` and the service's `extra["url"]` stay TCP's;
+    one Redis only: the sentinels of `replicated` name a host)."""
     models_file = workdir / "models.yaml"
     declared = {"models": models, **({"kinds": kinds} if kinds else {})}
     models_file.write_text(yaml.safe_dump(declared))
+    if replicated and unix_socket:  # the sentinels name the primary's host, not a socket
+        raise ValueError("launch: unix_socket is for one Redis, not with replicated")
     group = start_group(workdir) if replicated else None
-    sock = workdir / "redis.sock"
-    if unix_socket:
-        redis_args = [*(redis_args or []), *socket_args(sock)]
-    redis_svc = group.primary if group else start_redis(workdir, appendonly=appendonly,
-                                                        bind=bind, args=redis_args)
-    url = socket_url(redis_svc, sock) if unix_socket else redis_svc.extra["url"]
+    if group is not None:
+        redis_svc, url = group.primary, group.primary.extra["url"]
+    else:
+        redis_svc, url = start_redis_url(workdir, workdir / "redis.sock" if unix_socket else None,
+                                         appendonly=appendonly, bind=bind, args=redis_args)
     base = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
     quick = {} if defaults else {"IQ_HEARTBEAT_INTERVAL_S": "0.5", "IQ_HEARTBEAT_TTL_S": "3"}
     # A webhook secret, as `make run` generates one: without it webhooks are off.

@@ -12,8 +12,8 @@ import requests
 import yaml
 
 from scripts.preflight import REDIS_APP_USER
-from scripts.redis_nodes import socket_args, socket_url
-from scripts.stack import launch, start_flower, start_redis, start_webhooks, wait_until
+from scripts.redis_nodes import start_redis_url
+from scripts.stack import launch, start_flower, start_webhooks, wait_until
 from tests.integration.test_make_run import MakeRun, job_result, run_env
 from tests.support.load import runs
 from tests.support.receivers import Receiver
@@ -105,11 +105,11 @@ def test_make_run_on_a_redis_socket_is_ready_and_serves_a_job(tmp_path):
     """`make run` given a running Redis's socket in REDIS_URL: its health checks (/readyz,
     each process's) pass, a job is served, and every connection is the socket's."""
     sock = tmp_path / "r.sock"
-    foreign = start_redis(tmp_path, args=socket_args(sock))
+    foreign, url = start_redis_url(tmp_path, sock)
     models = tmp_path / "models.yaml"
     models.write_text(yaml.safe_dump({"models": {"synthetic": {
         "kind": "synthetic", "base_ms": 5, "per_item_ms": 0}}}))
-    env = run_env(tmp_path, REDIS_URL=socket_url(foreign, sock), IQ_MODELS_FILE=str(models))
+    env = run_env(tmp_path, REDIS_URL=url, IQ_MODELS_FILE=str(models))
     run = MakeRun(env, tmp_path / "make-run.log")
     try:
         block = run.wait_up(300)
