@@ -1,7 +1,7 @@
 """A worker's prefetch: what it holds unacknowledged is two full batches per pool child of the
 largest model IT serves (tasks/celery_app.py `prefetch_multiplier`; IQ_PREFETCH_MULTIPLIER,
 when set, wins), not of the largest in its models file: a worker started with -Q for a model
-of batch 4 beside one of batch 32 held 64 jobs a child, which another worker could have run.
+of batch 4 beside one of batch 32 would hold 64 jobs a child, which another worker could run.
 
 Celery sizes the prefetch from `worker_prefetch_multiplier` (the whole file's: a worker
 consuming every queue) before the worker's queues are applied to anything; then:
