@@ -152,10 +152,10 @@ READ: tuple[Name, ...] = (
 
 
 # Read or overridden outside workers/broker/: the worker's prefetch
-# (workers/batching/prefetch.py), the batching strategy's jobs and their Celery
-# requests (workers/batching/job.py, workers/batching/strategy.py,
-# workers/batching/settlement.py, workers/batching/dispatcher.py, state.py), the result backends (tasks/results.py) and the Redis clients' retries
-# and connections' sockets (tasks/redis_client.py).
+# (workers/batching/prefetch.py), the batching strategy's jobs and their Celery requests
+# (workers/batching/job.py, workers/batching/strategy.py, workers/batching/settlement.py,
+# workers/batching/dispatcher.py, state.py), the result backends (tasks/results.py) and the
+# Redis clients' retries and connections' sockets (tasks/redis_client.py).
 ELSEWHERE: tuple[Name, ...] = (
     Name(celery_strategy, "proto1_to_proto2", ("message", "body")),
     Name(Consumer, "prefetch_multiplier"),
