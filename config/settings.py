@@ -156,7 +156,8 @@ class Settings:
     # as root, after `make users`), each part as a system user of its own (scripts/run_users.py).
     run_users: str = "one"
     # Messages a worker holds unacknowledged per child; 0: two full batches of the largest
-    # model, enough to fill a batch while every child is busy.
+    # model it serves (its queues' models), enough to fill a batch while every child is busy
+    # (workers/batching/prefetch.py).
     prefetch_multiplier: int = 0
     # torch's intra-op threads in each pool child; 0: torch's default (every core). Fewer
     # trade throughput for latency on a host the model shares (bench/threads.py).

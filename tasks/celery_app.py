@@ -3,7 +3,7 @@ workers. It only configures: the worker's own kombu transport, consumer and pool
 entry modules' to select (workers/broker/)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
@@ -148,19 +148,31 @@ def socket_url(url: str) -> str:
     return f"redis+socket://{parts.netloc}{parts.path}?virtual_host={db}"
 
 
+def prefetch_multiplier(settings: Settings, batches: Iterable[int]) -> int:
+    """Messages a worker holds unacknowledged per pool child: IQ_PREFETCH_MULTIPLIER when
+    set, else two full batches of the largest of `batches` (the max batches of the models it
+    serves, each on a GPU the calibrator's: config/calibration.py `effective_batch_size`),
+    enough to fill a batch while every child is busy. No model: two messages."""
+    return settings.prefetch_multiplier or 2 * max(batches, default=1)
+
+
 def _worker_conf(settings: Settings, models: dict[str, ModelSpec],
                  gpus: int) -> dict[str, Any]:
     """How a worker takes, holds and acknowledges its jobs."""
-    largest_batch = max(effective_batch_size(m, settings, on_gpu(m, gpus))
-                        for m in models.values())
     return dict(
         # Nothing is acknowledged before its result is stored; a lost pool child's jobs are
         # put back on the queue at once rather than failed.
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         # The batching strategy needs enough unacknowledged messages in hand to fill a batch
-        # while every child is busy: two full batches per child.
-        worker_prefetch_multiplier=settings.prefetch_multiplier or 2 * largest_batch,
+        # while every child is busy: two full batches per child, here of the largest model
+        # in the file (a worker consuming every queue). A worker narrows it to the models it
+        # serves once it knows its queues, and follows a reload or a queue added or
+        # cancelled (workers/batching/prefetch.py): one started with -Q for a small model
+        # would otherwise hoard the jobs another worker could run.
+        worker_prefetch_multiplier=prefetch_multiplier(
+            settings, (effective_batch_size(m, settings, on_gpu(m, gpus))
+                       for m in models.values())),
         worker_pool_start_method="spawn",
         worker_proc_alive_timeout=settings.proc_alive_timeout_s,
         worker_lost_wait=settings.worker_lost_wait_s,

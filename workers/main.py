@@ -20,14 +20,16 @@ from celery.utils.log import current_process_index
 from tasks import logs, reload_failures, tracing
 from tasks.heap import freeze_start_up
 from config import load_settings
+from config.calibration import effective_batch_size, on_gpu
 from config.models import parse_models, read_models_content, revision_of
-from tasks.celery_app import make_celery
+from tasks.celery_app import make_celery, prefetch_multiplier
 from workers.child.pinned import pin, pinned, reload_from
 from workers import broker, metrics
 from workers.child import load_failure
 from workers.child.devices import visible_gpu_count
 from workers.child.runtime import start_runtime, stop_runtime
 from workers.spawn import project_on_path
+from workers.batching import prefetch
 from workers.batching.model_tasks import register_model
 from workers.batching.stopping import LAST_RESORT_S, exit_within, hold_stops_for_the_main_process
 from workers.batching.strategy import DispatcherStep
@@ -59,10 +61,16 @@ logs.configure_celery(celery.conf.iq_settings.log_format)
 
 @signals.celeryd_after_setup.connect
 def select_models(sender: str, instance, conf, **_kw) -> None:
-    """Children load the models whose queues this worker consumes (all of them by default)."""
+    """Children load the models whose queues this worker consumes (all of them by default),
+    and its prefetch is sized by them."""
     queues = set(instance.app.amqp.queues.consume_from or {})
     specs = conf.iq_models
     models = [m for m, s in specs.items() if not queues or s.queue in queues]
+    # Its prefetch: two full batches per child of the largest of them (each on a GPU the
+    # calibrator's), set before its consumer connects (workers/batching/prefetch.py).
+    settings = conf.iq_settings
+    prefetch.fit(instance.consumer, prefetch_multiplier(settings, (
+        effective_batch_size(specs[m], settings, on_gpu(specs[m], _gpus)) for m in models)))
     # The children read it as their settings.worker_models (IQ_WORKER_MODELS): they are
     # spawned, so the environment is what they inherit.
     os.environ["IQ_WORKER_MODELS"] = ",".join(models)

@@ -24,9 +24,11 @@ MODELS = {
 @pytest.fixture(scope="module")
 def scaled(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("scaling")
-    # A worker holds two jobs at most (one a batch here), so that a burst of jobs cannot all
-    # land in one worker's fetch: by default it holds two batches of the largest model
-    # ("extra": 64 jobs), and whichever worker fetched first took all eight.
+    # A worker holds two jobs at most (one a batch here), so that a burst of jobs cannot
+    # mostly land in one worker's fetch: by default it holds two full batches per child of
+    # the largest model it serves ("shared": four jobs), half the burst. (Before the prefetch
+    # was sized by the models a worker serves, it was by "extra", 64 jobs, and whichever
+    # worker fetched first took all eight.)
     stack = launch(workdir, MODELS, {}, ready_models=[],
                    env_extra={"IQ_PREFETCH_MULTIPLIER": "2"})
     try:

@@ -88,7 +88,8 @@ def dispatcher() -> tuple[PoolDispatcher, FakePool, FakeTimer, FakeInFlight]:
         iq_settings=load_settings({"redis_url": "redis://127.0.0.1:1/0"}, environ={}),
         iq_models={"m": spec}, iq_models_revision="", iq_broker=Broker()))
     consumer = SimpleNamespace(app=app, pool=pool, timer=timer, connection=object(),
-                               hostname="w@test")
+                               hostname="w@test", prefetch_multiplier=8,
+                               initial_prefetch_count=8, qos=None)
     d = PoolDispatcher(consumer)
     unacked = d.leases.inflight = FakeInFlight(app.conf.iq_broker)
     d.scheduler.add_model("m", 4, 0.005)

@@ -30,6 +30,7 @@ from config.models import ModelSpec
 from tasks.errors import removed_error
 from tasks.jobstate import JobState
 from tasks.names import PRIORITIES
+from tasks.celery_app import prefetch_multiplier
 from tasks.redis_client import connect
 from workers.child.batch import FOREIGN, BatchJob, JobOutcome, job_token
 from workers.broker import InFlight, Leases, broker_of
@@ -38,6 +39,7 @@ from workers.broker.pool import free_children, serving_children
 from workers.child.devices import visible_gpu_count
 from workers.child.execute import run_batch
 from workers.batching.isolation import CrashLoops, TimeLimits
+from workers.batching import prefetch
 from workers.batching.liveness import Liveness
 from workers.batching.policy import Batch, BatchScheduler
 from workers.batching.reload import Reloader
@@ -99,6 +101,8 @@ class PoolDispatcher:
         self._usual: dict[str, float] = {}  # a model's usual batch time (s), smoothed
         self._pump_due = False
         self._received: list[tuple[str, dict]] = []  # task-received events not sent yet
+        # The models file and queues the prefetch was last sized for (`fit_prefetch`).
+        self._prefetch_for: tuple[dict[str, ModelSpec], frozenset[str]] | None = None
 
     @property
     def capacity(self) -> int:
@@ -134,7 +138,23 @@ class PoolDispatcher:
         """The worker's periodic tick (`heartbeat_interval_s`)."""
         self.liveness.tick()
         self.reloader.tick()
+        self.fit_prefetch()
         self.fit_intake()
+
+    def fit_prefetch(self) -> None:
+        """The worker's prefetch sized again (workers/batching/prefetch.py) when the models it
+        serves changed since it was last: its models file (a reload) or the queues it
+        consumes (`control add_consumer`/`cancel_consumer`, a reload's new queue)."""
+        if getattr(self.consumer, "task_consumer", None) is None:
+            return  # between connections: its queues are read once it is connected again
+        models = self.consumer.app.conf.iq_models
+        queues = frozenset(self.liveness.consumed_queues())
+        if self._prefetch_for is not None and self._prefetch_for[0] is models \
+                and self._prefetch_for[1] == queues:
+            return
+        self._prefetch_for = (models, queues)
+        prefetch.fit(self.consumer, prefetch_multiplier(self.settings, [
+            self.batch_size(spec) for spec in prefetch.served(models, queues)]))
 
     def fit_intake(self, capacity: int | None = None) -> None:
         """While none of its children can serve (each loads its models: a replacement for

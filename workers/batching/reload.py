@@ -77,7 +77,7 @@ class ReloadHost(Protocol):
     """What a reload needs of its worker's dispatcher (workers/batching/dispatcher.py), which
     hands itself in: Celery's consumer (its app, pool, strategies, queues), the buffers and
     the time limits the new file changes, the queues consumed, the settlement that fails a
-    removed model's jobs, and the dispatcher's own pump and intake."""
+    removed model's jobs, and the dispatcher's own pump, intake and prefetch."""
 
     @property
     def consumer(self) -> Any: ...  # Celery's consumer
@@ -99,6 +99,8 @@ class ReloadHost(Protocol):
     def batch_size(self, spec: ModelSpec) -> int: ...
 
     def fit_intake(self) -> None: ...
+
+    def fit_prefetch(self) -> None: ...
 
 
 class Reloader:
@@ -349,6 +351,9 @@ class Reloader:
         consumed = set(self.dispatcher.liveness.consumed_queues())
         os.environ["IQ_WORKER_MODELS"] = ",".join(
             name for name, spec in specs.items() if spec.queue in consumed)
+        # Two full batches per child of the largest model it now serves: raised for a bigger
+        # one added or grown, lowered for one removed (its jobs fail) or shrunk.
+        self.dispatcher.fit_prefetch()
         return set(specs) - set(old)
 
     def _hold(self, gaining: set[str]) -> None:

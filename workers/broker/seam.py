@@ -151,12 +151,16 @@ READ: tuple[Name, ...] = (
 )
 
 
-# Read or overridden outside workers/broker/: the batching strategy's jobs and their Celery
-# requests (workers/batching/job.py, workers/batching/strategy.py,
-# workers/batching/settlement.py, workers/batching/dispatcher.py, state.py), the result backends (tasks/results.py) and the Redis clients' retries
-# and connections' sockets (tasks/redis_client.py).
+# Read or overridden outside workers/broker/: the worker's prefetch
+# (workers/batching/prefetch.py), the batching strategy's jobs and their Celery requests
+# (workers/batching/job.py, workers/batching/strategy.py, workers/batching/settlement.py,
+# workers/batching/dispatcher.py, state.py), the result backends (tasks/results.py) and the
+# Redis clients' retries and connections' sockets (tasks/redis_client.py).
 ELSEWHERE: tuple[Name, ...] = (
     Name(celery_strategy, "proto1_to_proto2", ("message", "body")),
+    Name(Consumer, "prefetch_multiplier"),
+    Name(Consumer, "initial_prefetch_count"),
+    Name(Consumer, "qos"),
     Name(Request, "__init__", ("self", "message", "on_ack", "hostname", "eventer", "app",
                                "connection_errors", "request_dict", "task", "on_reject",
                                "body", "headers", "decoded", "utc", "maybe_make_aware",
