@@ -24,6 +24,9 @@ broker.attach(celery).delayed_queues.add(QUEUE)
 if not enabled(celery.conf.iq_settings.webhook_secret):
     raise SystemExit(f"the webhook deliverer will not start: {SECRET_MISSING}")
 celery.conf.task_queues = [Queue(QUEUE)]  # a worker started without -Q consumes deliveries
+# A delivery in hand and the next for each thread: the models' prefetch (two full batches of
+# the largest model a thread) would have one deliverer hold hundreds that another could send.
+celery.conf.worker_prefetch_multiplier = 2
 register(celery)
 logs.configure_celery(celery.conf.iq_settings.log_format)
 

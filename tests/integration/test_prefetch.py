@@ -5,8 +5,6 @@ another worker could have run them; a worker consuming every queue follows a rel
 a bigger model, keeps it over a reconnect, and lowers it when the reload removes it."""
 from __future__ import annotations
 
-import json
-import socket
 import subprocess
 import sys
 import uuid
@@ -16,6 +14,7 @@ import yaml
 
 from scripts.stack import ROOT, launch, start_worker, wait_until
 from tests.support.records import fields_of
+from tests.support.workers import prefetch_count
 from workers.broker.lua import INFLIGHT_PREFIX
 
 pytestmark = pytest.mark.slow
@@ -25,23 +24,6 @@ pytestmark = pytest.mark.slow
 TINY = {"kind": "synthetic", "base_ms": 2500, "per_item_ms": 0, "max_batch_size": 4}
 WIDE = {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0, "max_batch_size": 32}
 FINAL = {"succeeded", "failed", "cancelled", "expired"}
-
-
-def node(name: str) -> str:
-    return f"{name}@{socket.gethostname()}"
-
-
-def prefetch_count(stack, name: str) -> int:
-    """The worker's prefetch as Celery reports it (`inspect stats`: its live QoS), once it
-    answers (a worker that just reconnected answers once its control consumer is back)."""
-    def stats() -> int | None:
-        out = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks.cli", "inspect",
-                              "stats", "-d", node(name), "--json", "-t", "5"], cwd=ROOT,
-                             env=stack.env, capture_output=True, text=True, timeout=60).stdout
-        line = next((line for line in out.splitlines() if line.startswith("{")), None)
-        return json.loads(line)[node(name)]["prefetch_count"] if line else None
-
-    return wait_until(stats, 60, f"worker {name} to answer `inspect stats`")
 
 
 def reload(stack, models: dict) -> None:

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from scripts.stack import ROOT, VENV_BIN, launch, start_flower, start_web, start_webhooks, \
     wait_until
 from tasks.webhooks import DEAD_LETTERS, receiver_secret, sign, signing_key
+from tests.support.workers import prefetch_count
 from tests.support.receivers import Receiver, Tarpit, readme_receiver
 
 SECRET = "test-webhook-secret"
@@ -166,6 +167,12 @@ def test_exhausted_retries_log_job_host_and_status_never_payload_or_url(hooked):
         assert "'outputs'" not in logs and '"outputs"' not in logs  # the payload's result
     finally:
         receiver.close()
+
+
+def test_the_deliverer_holds_two_deliveries_a_thread(hooked):
+    """Not the model workers' prefetch (two full batches of the largest model, 64 a thread
+    here): a second deliverer would idle while one held hundreds (deliverer/main.py)."""
+    assert prefetch_count(hooked, "hooks") == 2 * 4
 
 
 def test_a_tarpit_receiver_does_not_hold_up_other_receivers(hooked):
