@@ -34,11 +34,13 @@ FLIP = {"kind": "synthetic", "base_ms": 30, "per_item_ms": 1, "max_batch_size": 
 CYCLES = 3
 
 
-@pytest.fixture
-def stack(tmp_path):
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """One stack for the module's tests, each of which reloads it to a file with both models
+    (or all three) when it ends, as each needs to begin; started once, not once a test."""
     # Two children: while one is replaced the other, on the previous file, serves.
-    stack = launch(tmp_path, {"keep": KEEP, "flip": FLIP}, {"all": None}, defaults=True,
-                   concurrency=2)
+    stack = launch(tmp_path_factory.mktemp("rollback"), {"keep": KEEP, "flip": FLIP},
+                   {"all": None}, defaults=True, concurrency=2)
     try:
         yield stack
     finally:
