@@ -7,6 +7,9 @@ import os
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+# kombu's most messages a QoS limits (kombu.common.PREFETCH_COUNT_MAX): past it, none.
+PREFETCH_COUNT_MAX = 0xFFFF
+
 # The checks take config.settings.Settings, not imported here: settings.py imports this module.
 Settings = Any
 
@@ -102,6 +105,12 @@ def _check_workers(settings: Settings) -> None:
     if not 0 <= settings.batches_ahead <= 4:
         raise ConfigError(f"batches_ahead must be an integer from 0 to 4, got "
                           f"{settings.batches_ahead}")
+    # Below 0 Celery's QoS admits no message (the worker fetches nothing, its jobs wait
+    # forever); past kombu's PREFETCH_COUNT_MAX it is switched off (the worker takes all).
+    if not 0 <= settings.prefetch_multiplier <= PREFETCH_COUNT_MAX:
+        raise ConfigError(f"prefetch_multiplier must be an integer from 0 (two full batches of "
+                          f"the largest model a worker serves) to {PREFETCH_COUNT_MAX}, got "
+                          f"{settings.prefetch_multiplier}")
 
 
 # The longest path a Unix socket's address holds (sun_path: 108 bytes, its NUL included).

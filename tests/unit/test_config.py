@@ -215,3 +215,13 @@ def test_a_settings_file_with_a_secret_others_may_read_is_refused(tmp_path, sett
     path.write_text(yaml.safe_dump({"redis_url": "redis://h:1/0"}))  # no secret in it
     path.chmod(0o644)
     load_settings(environ={"IQ_CONFIG": str(path)})
+
+
+@pytest.mark.parametrize("value", [-1, 0x10000])
+def test_the_prefetch_multiplier_is_one_celery_can_hold(value):
+    """-1 had a worker fetch nothing (its jobs queued forever); past 65535 kombu switches the
+    QoS off and a worker takes every job waiting."""
+    with pytest.raises(ConfigError, match=r"prefetch_multiplier must be an integer from 0 "
+                                          rf"\(two full batches .*\) to 65535, got {value}"):
+        load_settings({"prefetch_multiplier": value}, environ={})
+    assert load_settings({"prefetch_multiplier": 0xFFFF}, environ={}).prefetch_multiplier

@@ -75,3 +75,23 @@ def test_no_child_is_written_while_every_child_holds_a_batch(pool):
     _on_pipe(pool)
     _hand(pool, 2)  # one child, holding one batch (depth 1: no batch ahead)
     assert _on_pipe(pool) == b"" and len(pool.outbound_buffer) == 1
+
+
+def test_a_reconnect_does_not_track_a_child_whose_exit_was_handled():
+    """A reconnect registers the pool with the event loop again, each child's sentinel
+    tracked. A child whose exit the loop handled already (its sentinel closed, None) stays in
+    the pool until its exit status is read, up to the pool's next maintenance: it was handed
+    to the hub as a file descriptor, and the worker stopped on "ValueError: file descriptor
+    is None" (seen after a reload replaced the children, tests/integration/test_prefetch.py).
+    A live child is tracked as before."""
+    hub, p = Hub(), Pool.__new__(Pool)
+    p._track_child_process(SimpleNamespace(_sentinel_poll=None), hub)
+    assert not hub.readers
+    read_fd, write_fd = os.pipe()
+    try:
+        p._track_child_process(SimpleNamespace(_sentinel_poll=read_fd), hub)
+        assert read_fd in hub.readers
+    finally:
+        hub.close()
+        os.close(read_fd)
+        os.close(write_fd)

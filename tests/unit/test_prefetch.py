@@ -116,3 +116,16 @@ def test_on_a_gpu_the_calibrators_batch_sizes_it(tmp_path):
                       gpu_count=1)
     d.fit_prefetch()
     assert c.prefetch_multiplier == 2 * 204
+
+
+def test_it_holds_no_more_than_a_qos_can_limit():
+    """Past kombu's 65535 the QoS is switched off ("QoS: Disabled") and the worker takes every
+    job waiting: two children of a model of batch 40000 (80000 a child) hold 32767 each. A
+    multiplier Celery set that high at start is lowered though the models did not change it."""
+    c = Consumer({}, [])
+    assert prefetch.fit(c, 80_000)
+    assert (c.prefetch_multiplier, c.initial_prefetch_count, c.qos.value) == (32_767, 65_534,
+                                                                              65_534)
+    started = Consumer({}, [])
+    started.prefetch_multiplier, started.initial_prefetch_count = 40_000, 80_000
+    assert prefetch.fit(started, 40_000) and started.initial_prefetch_count == 65_534

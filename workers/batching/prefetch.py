@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable
 
+from kombu.common import PREFETCH_COUNT_MAX
+
 from config.models import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -35,18 +37,24 @@ def served(models: dict[str, ModelSpec], queues: Iterable[str]) -> list[ModelSpe
 
 def fit(consumer: Any, multiplier: int) -> bool:
     """`consumer` (Celery's worker consumer) holds `multiplier` messages per pool child from
-    now on: its multiplier (by which `control pool_grow`/`pool_shrink` and the autoscaler
-    move the prefetch), the count its Tasks bootstep sets the channel's QoS to at each
+    now (no more than keeps that count within kombu's PREFETCH_COUNT_MAX, past which it
+    switches the QoS off): its multiplier (by which `control pool_grow`/`pool_shrink` and the
+    autoscaler move the prefetch), the count its Tasks bootstep sets the channel's QoS to at each
     connection (`initial_prefetch_count`: the children Celery counted it for, times the
     multiplier) and, once connected, its live QoS, which the event loop hands the channel at
     its next turn (celery/worker/loops.py). False when it held that many already."""
     before = consumer.prefetch_multiplier
-    if multiplier == before or multiplier < 1:
+    if multiplier < 1:
         return False
     # Celery keeps initial_prefetch_count = children × multiplier (the worker's
     # worker_enable_prefetch_count_reduction=False keeps a reconnect from lowering it).
     children = max(consumer.initial_prefetch_count // before, 1) if before > 0 else 1
+    # Past PREFETCH_COUNT_MAX kombu switches the QoS off: the worker would take every job
+    # waiting (a large batch, many children), so it holds at most that many.
+    multiplier = min(multiplier, max(PREFETCH_COUNT_MAX // children, 1))
     count = children * multiplier
+    if multiplier == before and consumer.initial_prefetch_count == count:
+        return False
     consumer.prefetch_multiplier = multiplier
     consumer.initial_prefetch_count = count
     qos = getattr(consumer, "qos", None)

@@ -216,6 +216,18 @@ class Pool(_KillsItsChildren, AsynPool):
         self._quick_put = _write_at_once(self, self._quick_put, hub.consolidate_callback)
         return out
 
+    def _track_child_process(self, proc: Any, hub: Any) -> None:
+        """Celery's, but not for a child whose exit the event loop handled already: its
+        handler closed the child's sentinel (`_sentinel_poll` None) and had the pool reap
+        it, which leaves it in the pool while its exit status is not yet readable (a child
+        a reload or a shrink replaced, one killed), until the pool's next maintenance (5 s
+        at most). A reconnect in that window registered the pool again, and Celery handed
+        the hub that None as a file descriptor: "Unrecoverable error: ValueError('file
+        descriptor is None')", and the worker stopped."""
+        if getattr(proc, "_sentinel_poll", False) is None:
+            return
+        super()._track_child_process(proc, hub)
+
     def _repopulate_pool(self, exitcodes: Any) -> Any:
         if self.before_children_start is not None:
             self.before_children_start()

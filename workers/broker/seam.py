@@ -100,6 +100,7 @@ OVERRIDDEN: tuple[Name, ...] = (
     Name(BilliardPool, "_repopulate_pool", ("self", "exitcodes")),
     Name(AsynPool, "on_process_alive", ("self", "pid")),
     Name(AsynPool, "_create_write_handlers", ("self", "hub", "pack", "dumps", "protocol")),
+    Name(AsynPool, "_track_child_process", ("self", "proc", "hub")),
     Name(BaseProcess, "terminate", ("self",)),
     Name(SemaphoreTracker, "_send", ("self", "cmd", "name")),
 )
