@@ -4,7 +4,8 @@ HTTP) or `OTEL_TRACES_EXPORTER=console`. `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATT
 `OTEL_BSP_*` are honoured as usual.
 
 One trace per job, its id the job's `trace_id`: the API's `POST /v1/jobs` span (Flask's
-instrumentation, Redis's for the submit script) and, in the pool child that ran it,
+instrumentation, Redis's for the submit script: one call for submits grouped together, under
+the first one's POST) and, in the pool child that ran it,
 `iq.queue_wait` (submission to the start of its batch) and `iq.batch` (with the batch's size,
 the model's version and the other jobs in it as links) over `iq.model` (the model call) and
 `iq.result.write`. The context travels in the task message's headers (W3C `traceparent`).
