@@ -507,8 +507,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds to wait with no process moving on to the new file "
                         "(default 600)")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Still among its imports (seconds on a loaded host): a Ctrl-C here is said as one there.
     from scripts.run import own_redis_env
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     try:
         env = dict(os.environ)
