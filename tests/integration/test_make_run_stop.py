@@ -61,7 +61,8 @@ def stopped_lines(output: str) -> dict[str, int]:
 
 
 # Ctrl-C (what a user of `make run` does) in `make test`; SIGTERM and a hang-up, the same drain
-# reached by other signals, in `make test-long` (~80 s each: `make test` stays under its budget).
+# reached by other signals, in `make test-long` (~30 s each since the model's batches of 64;
+# ~80 s each with batches of 8, when they moved there to keep `make test` in its budget).
 @pytest.mark.parametrize("how", [how if how == "ctrl-c" else
                                  pytest.param(how, marks=pytest.mark.long) for how in HOW])
 def test_a_stop_under_load_drains_in_order_and_runs_no_job_twice(tmp_path, how):
