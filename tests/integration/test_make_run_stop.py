@@ -120,13 +120,16 @@ def test_every_process_leaves_on_sigterm_with_its_redis_frozen(tmp_path):
                                 tmp_path)
         wait_until(lambda: requests.get(f"http://127.0.0.1:{port}/healthcheck", timeout=2).ok,
                    120, "Flower up")
-        wait_until(lambda: requests.get(parts["webhooks"].extra["metrics_url"],
-                                        timeout=2).ok, 120, "the deliverer up")
+        # Frozen once the deliverer consumes (its metrics are served before it connects: a
+        # freeze during its start met no lease renewal, and it logged nothing of it in 60 s).
+        hooks = parts["webhooks"]
+        hooks.wait_ready(lambda: re.search(r" stop@\S+ ready\.", hooks.log.read_text()), 120,
+                         "the deliverer consuming")
         os.kill(stack.redis_svc.proc.pid, signal.SIGSTOP)
         frozen = True
         # Stopped once they have met the freeze (the deliverer's lease renewal timed out),
         # as an operator's stop meets it.
-        wait_until(lambda: "Timeout reading from socket" in parts["webhooks"].tail(), 60,
+        wait_until(lambda: "Timeout reading from socket" in hooks.log.read_text(), 60,
                    "the deliverer to meet the freeze")
         began = time.monotonic()
         for part in parts.values():
