@@ -25,7 +25,8 @@ FAST = {"kind": "synthetic", "base_ms": 20, "per_item_ms": 1, "max_batch_size": 
 SLOW = {"kind": "synthetic", "base_ms": 150, "per_item_ms": 1, "max_batch_size": 2}
 
 
-@pytest.mark.parametrize("change", ["shift", "swap"])
+# The swap in `make test-long` (a long check of the same kind as the shift, ~50 s here).
+@pytest.mark.parametrize("change", ["shift", pytest.param("swap", marks=pytest.mark.long)])
 def test_queues_shifted_along_under_load_strand_no_job(tmp_path, change):
     stack = launch(tmp_path, {"alpha": FAST, "beta": SLOW},
                    {"qa": ["alpha"], "qb": ["beta"]}, defaults=True)

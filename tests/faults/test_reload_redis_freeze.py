@@ -60,7 +60,8 @@ class Output:
         return "\n".join(line for _, line in self.lines)
 
 
-@pytest.mark.parametrize("where", ["default", "group"])
+# The group's Redis in `make test-long` (the same freeze in a reload, ~50 s here).
+@pytest.mark.parametrize("where", ["default", pytest.param("group", marks=pytest.mark.long)])
 def test_a_redis_freeze_in_a_good_reload_is_waited_out_not_refused(tmp_path, where):
     """`default`: REDIS_URL's Redis frozen, where the API processes watch too (their canary
     of the file, reaching that Redis, is tried again rather than refused). `group`: the Redis

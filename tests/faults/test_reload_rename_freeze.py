@@ -31,7 +31,8 @@ def reloading(stack) -> bool:
     return any(s.get("state") == "reloading" for s in states)
 
 
-@pytest.mark.parametrize("pinned", [False, True])
+# With the pinned worker in `make test-long` (the same freeze and rename, ~55 s here).
+@pytest.mark.parametrize("pinned", [False, pytest.param(True, marks=pytest.mark.long)])
 def test_a_queue_renamed_across_a_redis_freeze_strands_no_job_nor_runs_one_twice(tmp_path,
                                                                                  pinned):
     stack = launch(tmp_path, MODELS, {"all": None}, defaults=True)
