@@ -7,7 +7,9 @@ import os
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-# kombu's most messages a QoS limits (kombu.common.PREFETCH_COUNT_MAX): past it, none.
+# kombu's most messages a QoS limits (kombu.common.PREFETCH_COUNT_MAX): past it, none. Not
+# imported: config/ is loaded by gunicorn's master before gevent patches the standard library
+# (gunicorn.conf.py), and takes no library then (tests/unit/test_config.py checks it is kombu's).
 PREFETCH_COUNT_MAX = 0xFFFF
 
 # The checks take config.settings.Settings, not imported here: settings.py imports this module.

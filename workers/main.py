@@ -20,9 +20,8 @@ from celery.utils.log import current_process_index
 from tasks import logs, reload_failures, tracing
 from tasks.heap import freeze_start_up
 from config import load_settings
-from config.calibration import effective_batch_size, on_gpu
 from config.models import parse_models, read_models_content, revision_of
-from tasks.celery_app import make_celery, prefetch_multiplier
+from tasks.celery_app import make_celery
 from workers.child.pinned import pin, pinned, reload_from
 from workers import broker, metrics
 from workers.child import load_failure
@@ -68,9 +67,7 @@ def select_models(sender: str, instance, conf, **_kw) -> None:
     models = [m for m, s in specs.items() if not queues or s.queue in queues]
     # Its prefetch: two full batches per child of the largest of them (each on a GPU the
     # calibrator's), set before its consumer connects (workers/batching/prefetch.py).
-    settings = conf.iq_settings
-    prefetch.fit(instance.consumer, prefetch_multiplier(settings, (
-        effective_batch_size(specs[m], settings, on_gpu(specs[m], _gpus)) for m in models)))
+    prefetch.fit_served(instance.consumer, conf.iq_settings, [specs[m] for m in models], _gpus)
     # The children read it as their settings.worker_models (IQ_WORKER_MODELS): they are
     # spawned, so the environment is what they inherit.
     os.environ["IQ_WORKER_MODELS"] = ",".join(models)

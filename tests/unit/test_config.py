@@ -225,3 +225,19 @@ def test_the_prefetch_multiplier_is_one_celery_can_hold(value):
                                           rf"\(two full batches .*\) to 65535, got {value}"):
         load_settings({"prefetch_multiplier": value}, environ={})
     assert load_settings({"prefetch_multiplier": 0xFFFF}, environ={}).prefetch_multiplier
+
+
+def test_the_prefetch_bound_is_kombus_and_config_imports_no_library():
+    """config/ keeps its own copy of kombu's PREFETCH_COUNT_MAX: it is loaded by gunicorn's
+    master before gevent patches the standard library, where kombu must not be imported."""
+    import subprocess
+    import sys
+
+    from kombu.common import PREFETCH_COUNT_MAX
+
+    from config import checks
+    assert checks.PREFETCH_COUNT_MAX == PREFETCH_COUNT_MAX
+    loaded = subprocess.run([sys.executable, "-c", "import sys, config; print(sorted(m for m in "
+                             "('kombu', 'celery', 'redis') if m in sys.modules))"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"

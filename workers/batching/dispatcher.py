@@ -30,7 +30,6 @@ from config.models import ModelSpec
 from tasks.errors import removed_error
 from tasks.jobstate import JobState
 from tasks.names import PRIORITIES
-from tasks.celery_app import prefetch_multiplier
 from tasks.redis_client import connect
 from workers.child.batch import FOREIGN, BatchJob, JobOutcome, job_token
 from workers.broker import InFlight, Leases, broker_of
@@ -153,8 +152,8 @@ class PoolDispatcher:
                 and self._prefetch_for[1] == queues:
             return
         self._prefetch_for = (models, queues)
-        prefetch.fit(self.consumer, prefetch_multiplier(self.settings, [
-            self.batch_size(spec) for spec in prefetch.served(models, queues)]))
+        prefetch.fit_served(self.consumer, self.settings, prefetch.served(models, queues),
+                            self._gpus())
 
     def fit_intake(self, capacity: int | None = None) -> None:
         """While none of its children can serve (each loads its models: a replacement for

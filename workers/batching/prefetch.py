@@ -24,7 +24,9 @@ from typing import Any, Iterable
 
 from kombu.common import PREFETCH_COUNT_MAX
 
+from config.calibration import effective_batch_size, on_gpu
 from config.models import ModelSpec
+from tasks.celery_app import prefetch_multiplier
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +35,13 @@ def served(models: dict[str, ModelSpec], queues: Iterable[str]) -> list[ModelSpe
     """The models of `models` whose queue is among `queues`."""
     consumed = set(queues)
     return [spec for spec in models.values() if spec.queue in consumed]
+
+
+def fit_served(consumer: Any, settings: Any, specs: Iterable[ModelSpec], gpus: int) -> bool:
+    """`fit` for a worker serving `specs` with `gpus` GPUs visible: two full batches per child
+    of the largest of them, each on a GPU the calibrator's (config/calibration.py)."""
+    return fit(consumer, prefetch_multiplier(settings, (
+        effective_batch_size(spec, settings, on_gpu(spec, gpus)) for spec in specs)))
 
 
 def fit(consumer: Any, multiplier: int) -> bool:
