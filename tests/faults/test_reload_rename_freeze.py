@@ -20,7 +20,9 @@ from tests.faults.test_reload_queues import ALPHA, BETA, MODELS, reload_process,
 from tests.support.load import Load
 from tests.support.outcomes import assert_each_succeeded_once, settle
 
-pytestmark = pytest.mark.slow
+# In `make test-long` (~45 and ~55 s here); `make test` keeps a Redis freeze in a reload
+# (test_reload_redis_freeze.py).
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 FREEZE_S = 12.0  # past heartbeat_ttl_s (10 s by default): every consuming entry lapses
 
@@ -31,8 +33,7 @@ def reloading(stack) -> bool:
     return any(s.get("state") == "reloading" for s in states)
 
 
-# With the pinned worker in `make test-long` (the same freeze and rename, ~55 s here).
-@pytest.mark.parametrize("pinned", [False, pytest.param(True, marks=pytest.mark.long)])
+@pytest.mark.parametrize("pinned", [False, True])
 def test_a_queue_renamed_across_a_redis_freeze_strands_no_job_nor_runs_one_twice(tmp_path,
                                                                                  pinned):
     stack = launch(tmp_path, MODELS, {"all": None}, defaults=True)

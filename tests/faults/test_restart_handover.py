@@ -123,6 +123,7 @@ FROZEN_S = 3.5  # from the kill: the replica answers again after the node's star
 # its first question (2 s), well before the sentinels would take it for down (5 s)
 
 
+@pytest.mark.long  # ~40 s here; `make test` keeps the handover of a primary killed alone
 def test_a_primary_killed_while_its_replica_is_frozen_still_hands_over(loaded):  # noqa: F811
     """The replica holding the stream does not answer the node's INFO (frozen: SIGSTOP, a
     stalled machine) when the primary is killed in an fsync and started again. Starting as the

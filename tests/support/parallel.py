@@ -1,7 +1,7 @@
-"""How the suite is spread over pytest-xdist's processes (pytest.ini: `-n 4 --dist loadgroup`).
+"""How the suite is spread over pytest-xdist's processes (pytest.ini: `-n 5 --dist loadgroup`).
 
 The suite mostly waits: a fault test on the defaults waits out a visibility timeout or the
-watchdog, on a private stack of its own, with the CPU idle. So it runs in four processes on
+watchdog, on a private stack of its own, with the CPU idle. So it runs in five processes on
 two cores, and xdist hands each process its next test, or group of tests, in the order `plan`
 sets:
 
