@@ -25,7 +25,9 @@ from tests.support.load import Load, runs
 from tests.support.models import build_hollow_archive
 from tests.support.records import fields_of
 
-pytestmark = pytest.mark.slow
+# In `make test-long` (two workers rolling, ~80 s here); `make test` keeps a failed reload
+# under load on one worker, its old child serving throughout (test_reload_surge.py).
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 WORKERS = ("a", "b")
 
