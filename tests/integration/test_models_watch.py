@@ -9,7 +9,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 
 import orjson
 import pytest
@@ -41,6 +43,26 @@ def serves(client, models: bytes, node: str = "w@h") -> None:
     """A worker's report (workers/batching/reload.py): it serves `models`."""
     client.hset(RELOAD_STATUS_KEY, f"worker:{node}", orjson.dumps(
         {"revision": revision_of(models), "state": "serving", "at": time.time()}))
+
+
+@contextmanager
+def live(client, models: bytes):
+    """A live worker serving `models`: its report renewed as its heartbeat renews it, while a
+    canary runs (on a loaded machine one took longer than a report lives: 5 heartbeats)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            serves(client, models)
+            stop.wait(0.5)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def test_a_master_gets_one_sighup_per_reload_also_back_to_a_revision_it_served(
@@ -347,7 +369,8 @@ def test_a_canary_that_cannot_reach_redis_url_is_tried_again_not_refused(
     assert not watch.handed_over and watch.refused is None and sent == []
     assert failure_of(client, revision_of(new)) is None
     monkeypatch.setenv("REDIS_URL", redis_server.extra["url"])  # it answers again
-    watch.check()
+    with live(client, new):
+        watch.check()
     assert watch.handed_over and sent == [(os.getpid(), app.reloading.signal.SIGHUP)]
 
 
