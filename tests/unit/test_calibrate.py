@@ -21,8 +21,11 @@ from workers.child.handlers.tensor import SyntheticHandler
 def test_the_command_stops_at_out_of_memory_and_recommends_80_percent(tmp_path):
     models = tmp_path / "models.yaml"
     models.write_text(yaml.safe_dump({"models": {"oomy": {
-        "kind": "synthetic", "base_ms": 1, "per_item_ms": 0, "oom_above": 20,
+        "kind": "synthetic", "base_ms": 20, "per_item_ms": 0, "oom_above": 20,
         "max_batch_size": 4}}}))
+    # 20 ms a batch of any size: each doubling doubles items/s, which no neighbour's CPU
+    # undoes (at 1 ms a batch, a loaded machine once made batch 2 slower than batch 1, and the
+    # run stopped there, short of the out-of-memory this checks).
     plot = tmp_path / "oomy.png"
     out = subprocess.run([sys.executable, "-m", "scripts.calibrate", "oomy", "--models-file",
                           str(models), "--plot", str(plot)], cwd=ROOT, capture_output=True,
