@@ -103,9 +103,9 @@ def test_a_master_gets_one_sighup_per_reload_also_back_to_a_revision_it_served(
             # Two processes of the master see the announcement: one SIGHUP between them.
             watches = [ModelsWatch(client, settings, revision_of(serving), master.pid)
                        for _ in range(2)]
-            for watch in watches:
-                serves(client, target)  # its heartbeat: a canary may take seconds here
-                watch.check()
+            with live(client, target):  # a canary may take longer than a report lives
+                for watch in watches:
+                    watch.check()
             assert all(watch.handed_over for watch in watches)
             serving = target  # the processes that replace them serve the new file
             assert sent == [(master.pid, app.reloading.signal.SIGHUP)] * reloads, sent
@@ -420,6 +420,6 @@ def test_a_reload_whose_web_server_code_on_disk_does_not_load_is_refused(
     answer.write_text(good)
     client.delete(reload_failed_key(revision_of(new)))
     client.incr(MODELS_ANNOUNCEMENTS_KEY)
-    serves(client, new)
-    watch.check()
+    with live(client, new):
+        watch.check()
     assert watch.handed_over and sent == [(os.getpid(), app.reloading.signal.SIGHUP)]
