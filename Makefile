@@ -13,7 +13,7 @@ RUN_STAMP := $(VENV)/.run-$(shell cat $(RUN_REQS) | cksum | cut -d' ' -f1)
 # version: the constraints').
 DEV_STAMP := $(VENV)/.dev-$(shell cat $(RUN_REQS) requirements/dev.txt | cksum | cut -d' ' -f1)
 
-.PHONY: run users reload test test-long test-tools docs bench bench-quick gameday gpu-check gpu-bench container-check clean
+.PHONY: run users reload test test-long test-setup test-tools docs bench bench-quick gameday gpu-check gpu-bench container-check clean
 
 run: $(RUN_STAMP)
 	scripts/run.sh
@@ -28,18 +28,24 @@ users: $(RUN_STAMP)
 reload: $(RUN_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m scripts.reload $(FILE)
 
-test: $(DEV_STAMP) test-tools
+test: test-setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # The long checks `make test` leaves out (pytest.ini's `long` marker), a shorter one of each kind
 # running there.
-test-long: $(DEV_STAMP) test-tools
+test-long: test-setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/python -m pytest -m long $(PYTEST_ARGS)
 
+# What the tests need, installed before they start: the environment (pip) and the system tools
+# (apt-get) side by side, neither waiting on the other.
+test-setup:
+	@$(MAKE) --no-print-directory -j2 $(DEV_STAMP) test-tools
+
 # The system tools the tests drive (Chromium, iptables, faketime), installed once before the
-# tests as root (Debian); a test then fails, naming its tool, if one is still missing.
-test-tools: $(DEV_STAMP)
-	$(VENV)/bin/python -m scripts.test_tools
+# tests as root (Debian); a test then fails, naming its tool, if one is still missing. The
+# script needs only the standard library: it runs on the machine's Python, with no environment.
+test-tools:
+	$(PYTHON) -m scripts.test_tools
 
 # The documentation site (mkdocs.yml, docs/), served with live reload on DOCS_ADDR; the tests
 # build it with --strict (tests/integration/test_docs_site.py).
