@@ -24,8 +24,9 @@ SEAM = {"celery", "kombu", "billiard", "vine", "amqp", "click", "redis"}
 
 
 def installs(target: str) -> list[list[str]]:
-    """The pip installs `make -n <target>` would run (its requirement files taken as new)."""
-    plan = subprocess.run(["make", "-n", "-W", "requirements/constraints.txt", target],
+    """The pip installs `make -n <target>` would run, every target taken as out of date (-B:
+    passed down to the make that `make test-setup` runs, as -W is not)."""
+    plan = subprocess.run(["make", "-n", "-B", target],
                           cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return [shlex.split(line) for line in plan.splitlines()
             if re.search(r"pip install\b", line) and "--upgrade pip" not in line]
