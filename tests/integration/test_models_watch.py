@@ -50,11 +50,11 @@ def live(client, models: bytes):
     """A live worker serving `models`: its report renewed as its heartbeat renews it, while a
     canary runs (on a loaded machine one took longer than a report lives: 5 heartbeats)."""
     stop = threading.Event()
+    serves(client, models)  # live from the start, not from the thread's first turn
 
     def beat() -> None:
-        while not stop.is_set():
+        while not stop.wait(0.5):
             serves(client, models)
-            stop.wait(0.5)
 
     thread = threading.Thread(target=beat, daemon=True)
     thread.start()
@@ -99,7 +99,6 @@ def test_a_master_gets_one_sighup_per_reload_also_back_to_a_revision_it_served(
         for reloads, target in enumerate((b, a, b), start=1):
             models.write_bytes(target)
             client.set(MODELS_REVISION_KEY, revision_of(target))
-            serves(client, target)
             # Two processes of the master see the announcement: one SIGHUP between them.
             watches = [ModelsWatch(client, settings, revision_of(serving), master.pid)
                        for _ in range(2)]
