@@ -18,7 +18,7 @@ def owner_of(name: seam.Name) -> str:
     return str(name).rpartition(".")[0]
 
 
-@pytest.mark.parametrize("name", seam.EVERY, ids=str)
+@pytest.mark.parametrize("name", seam.every(), ids=str)
 def test_each_private_name_is_where_the_service_expects_it(name):
     assert name.problem() is None
 
@@ -38,7 +38,7 @@ def documented() -> set[tuple[str, str]]:
 
 
 def test_the_upgrading_guide_lists_exactly_these_names():
-    listed = {(owner_of(n), n.name) for n in seam.EVERY}
+    listed = {(owner_of(n), n.name) for n in seam.every()}
     in_doc = documented()
     assert sorted(listed - in_doc) == [], "in workers/broker/seam.py, not in docs/upgrading.md"
     assert sorted(in_doc - listed) == [], "in docs/upgrading.md, not in workers/broker/seam.py"

@@ -3,7 +3,7 @@ reads without those libraries promising to keep them (private, or undocumented),
 `OVERRIDDEN` (methods the worker's classes in workers/broker/ override: each must still be
 defined where it was, taking the same parameters), `READ` (what workers/broker/ reads or
 calls), `ELSEWHERE` (what the worker's strategy and settlement, and tasks/, read or
-override) and `API` (gunicorn's and Flask's, for the API: web/, app/).
+override) and the API's (gunicorn's and Flask's, for web/ and app/: `every`).
 docs/upgrading.md's table names each of them, and nothing else; tests/unit/test_seam.py
 fails on a version that moved or changed one, and a worker checks `OVERRIDDEN` when it
 starts (`check`), so that an upgrade that moves a method fails loudly rather than leave the
@@ -231,11 +231,13 @@ def _api_names() -> tuple[Name, ...]:
     )
 
 
-API = _api_names()
-EVERY = OVERRIDDEN + READ + ELSEWHERE + API
+def every() -> tuple[Name, ...]:
+    """Every name of the list. The API's are imported only here, when asked (the tests, the
+    docs' table): a worker, which checks OVERRIDDEN alone, never imports Flask or gunicorn."""
+    return OVERRIDDEN + READ + ELSEWHERE + _api_names()
 
 
-def problems(names: tuple[Name, ...] = EVERY) -> list[str]:
+def problems(names: tuple[Name, ...]) -> list[str]:
     return [p for p in (n.problem() for n in names) if p is not None]
 
 
