@@ -42,3 +42,31 @@ def test_worker_sh_starts_children_per_gpu_children_per_gpu():
                          env=dict(env, IQ_GPU_COUNT="3", IQ_CHILDREN_PER_GPU="2"),
                          capture_output=True, check=True).stdout
     assert out.strip() == "6"
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+@pytest.mark.parametrize("driver", [False, True])
+def test_children_take_devices_in_turn_and_the_stand_in_asks_torch_only_where_a_driver_is(
+        two_gpus, monkeypatch, tmp_path, driver):
+    """torch (here made to see two GPUs) places a torch model; the stand-in, which runs no
+    torch, is placed by torch where a GPU driver shows itself, else on the CPU unasked."""
+    from workers.child import devices
+
+    shown = tmp_path / "nvidia"
+    if driver:
+        shown.mkdir()
+    monkeypatch.setattr(devices, "GPU_DRIVERS", (str(shown),))
+    assert [devices.pick_device("auto", i) for i in range(3)] == ["cuda:0", "cuda:1", "cuda:0"]
+    assert devices.pick_device("cpu", 1) == "cpu"
+    stand_in = devices.pick_device("auto", 3, runs_torch=False)
+    assert stand_in == ("cuda:1" if driver else "cpu")
+    if not driver:
+        with pytest.raises(ConfigError, match="device: cuda was asked for but no CUDA device"):
+            devices.pick_device("cuda", 0, runs_torch=False)

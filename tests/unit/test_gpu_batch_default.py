@@ -159,7 +159,7 @@ def test_a_child_on_a_gpu_warms_up_at_the_calibrators_answer(tmp_path, monkeypat
     from workers.child.handlers.tensor import SyntheticHandler
 
     warmed: list[int] = []
-    monkeypatch.setattr(devices, "device_for", lambda spec, index: device)
+    monkeypatch.setattr(devices, "device_for", lambda spec, index, runs_torch=True: device)
     monkeypatch.setattr(devices, "prepare_device", lambda *a, **k: None)
     monkeypatch.setattr(SyntheticHandler, "warmup", Handler.warmup)
     monkeypatch.setattr(SyntheticHandler, "predict", lambda self, items, progress=None:

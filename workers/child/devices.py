@@ -12,6 +12,9 @@ from config import ConfigError, Settings
 from config.models import ModelSpec
 
 logger = logging.getLogger(__name__)
+# Where a loaded GPU driver shows itself (NVIDIA's; WSL's; AMD's, for torch's ROCm builds):
+# where none does, the stand-in is placed on the CPU without asking torch.
+GPU_DRIVERS = ("/proc/driver/nvidia", "/dev/dxg", "/dev/kfd")
 
 
 def configure_allocator(settings: Settings) -> None:
@@ -43,14 +46,18 @@ def pool_children(settings: Settings) -> int:
     return visible_gpu_count(settings) * settings.children_per_gpu
 
 
-def pick_device(policy: str, child_index: int) -> str:
+def pick_device(policy: str, child_index: int, runs_torch: bool = True) -> str:
     """`cuda:<child index mod device count>` (children i, i + count, ... share device i), or
-    `cpu` when there is no GPU (or policy says so)."""
-    import torch
-
+    `cpu` when there is no GPU (or policy says so). For a model that runs no torch
+    (`runs_torch` False: the stand-in), on a host with no GPU driver loaded, torch is not
+    asked: its child then never imports it."""
     if policy == "cpu":
         return "cpu"
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    count = 0
+    if runs_torch or any(os.path.exists(path) for path in GPU_DRIVERS):
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
         if policy == "cuda":
             raise ConfigError("device: cuda was asked for but no CUDA device is visible")
@@ -58,10 +65,12 @@ def pick_device(policy: str, child_index: int) -> str:
     return f"cuda:{child_index % count}"
 
 
-def device_for(spec: ModelSpec, child_index: int) -> str:
+def device_for(spec: ModelSpec, child_index: int, runs_torch: bool = True) -> str:
     # int8 weights run through torch's quantised CPU kernels (fbgemm/qnnpack), which have no
     # CUDA counterpart: such a model stays on the CPU even on a GPU host.
-    return "cpu" if spec.dtype == "int8" else pick_device(spec.device, child_index)
+    if spec.dtype == "int8":
+        return "cpu"
+    return pick_device(spec.device, child_index, runs_torch)
 
 
 def usable_cpus() -> int:

@@ -19,7 +19,7 @@ from tasks.jobstate import JobState
 from tasks.keys import live_key, versions_key
 from tasks.presence import Presence
 from tasks.redis_client import connect
-from workers.child.handlers import Handler, build_handler
+from workers.child.handlers import Handler, build_handler, handler_class
 from workers.child.handlers.base import Progress
 from workers.child.versions import model_version
 
@@ -28,11 +28,13 @@ logger = logging.getLogger(__name__)
 def load_handler(spec: ModelSpec, device: str, settings: Settings,
                  memory_fraction: float = 0.0) -> Handler:
     """A model loaded as a pool child loads it: device prepared, weights loaded, warmed up with
-    a full-size batch. The batch-size calibrator (scripts.calibrate) loads through here too."""
+    a full-size batch (a model that runs no torch: no device to prepare). The batch-size
+    calibrator (scripts.calibrate) loads through here too."""
     from workers.child.devices import prepare_device
 
-    prepare_device(device, settings, memory_fraction)
     handler = build_handler(spec, device)
+    if handler.runs_torch:
+        prepare_device(device, settings, memory_fraction)
     handler.initialize()
     handler.warmup()
     return handler
@@ -86,10 +88,11 @@ class ModelRuntime:
     def _load(self, name: str) -> Handler:
         from workers.child.devices import device_for
 
-        device = device_for(self.all_specs[name], self.index)
+        declared = self.all_specs[name]
+        device = device_for(declared, self.index, handler_class(declared.kind).runs_torch)
         # Its warm-up and its chunks at the batch its worker hands it: on a GPU, the
         # calibrator's answer (config/calibration.py), not the models file's default.
-        spec = sized(self.all_specs[name], self.settings, device.startswith("cuda"))
+        spec = sized(declared, self.settings, device.startswith("cuda"))
         # CUDA caps memory per process: this child's cap on a device is the sum of the
         # fractions of the models it holds there.
         self._fractions[device] = self._fractions.get(device, 0.0) + spec.memory_fraction
@@ -124,7 +127,7 @@ class ModelRuntime:
         workers/metrics.py, which the main process and the deliverer import, never imports
         torch)."""
         handler = self.handlers.get(model)
-        if handler is None or not handler.device.startswith("cuda"):
+        if handler is None or not handler.runs_torch or not handler.device.startswith("cuda"):
             return
         import torch
 

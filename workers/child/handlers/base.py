@@ -7,8 +7,10 @@ half on CUDA out-of-memory, and isolates failures so one bad job never fails its
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from abc import ABC, abstractmethod
+from contextlib import nullcontext
 from typing import Any, Callable, Sequence
 
 from config.models import ModelSpec
@@ -22,10 +24,11 @@ Progress = Callable[[int], None]  # told how many items are done, after each mod
 
 
 def is_oom(exc: BaseException) -> bool:
-    """CUDA out of memory; on the CPU, an allocation the system refused."""
-    import torch
-
-    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
+    """CUDA out of memory; on the CPU, an allocation the system refused. A process that never
+    imported torch (a child of the stand-in only) cannot have raised torch's."""
+    torch = sys.modules.get("torch")
+    if isinstance(exc, MemoryError) or (
+            torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError)):
         return True
     return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
 
@@ -50,6 +53,9 @@ def output_rows(output: Any) -> list:
 
 
 class Handler(ABC):
+    # False for a model that runs no torch (the synthetic stand-in): its child then never
+    # imports torch for it (its device is not prepared; its calls are not in inference mode).
+    runs_torch = True
     # The device's own span of the last inference (time.monotonic), where the handler knows it
     # better than the host's times around the call (the stand-in, which waits its turn on its
     # device before it runs); None: those host times (or CUDA events).
@@ -89,12 +95,16 @@ class Handler(ABC):
         """One model call on all of `items` (no chunking): preprocess, inference,
         postprocess, one output per item checked. The inference's span on the device goes
         to the busy-share ledger (busy.py)."""
-        import torch
+        if self.runs_torch:
+            import torch
 
-        with torch.inference_mode():
+            mode = torch.inference_mode()
+        else:
+            mode = nullcontext()
+        with mode:
             batch = self.preprocess(items)
             self.device_span = None
-            timer = DeviceTimer(self.device)
+            timer = DeviceTimer(self.device, events=self.runs_torch)
             output = self.inference(batch)
             timer.stop(self.device_span)
             outputs = self.postprocess(output, len(items))
@@ -183,14 +193,15 @@ class Handler(ABC):
 class DeviceTimer:
     """A model call's span on its device: host times around the inference; on CUDA, the
     device's own time between two events recorded on the stream (read once the outputs are
-    copied back, when the stream has passed them: no extra synchronisation)."""
+    copied back, when the stream has passed them: no extra synchronisation). `events`: False
+    for a handler that runs no torch (it gives its own span)."""
 
-    def __init__(self, device: str) -> None:
-        import torch
-
+    def __init__(self, device: str, events: bool = True) -> None:
         self.device = device
         self.events = None
-        if device.startswith("cuda"):
+        if events and device.startswith("cuda"):
+            import torch
+
             self.events = (torch.cuda.Event(enable_timing=True),
                            torch.cuda.Event(enable_timing=True))
             self.events[0].record()

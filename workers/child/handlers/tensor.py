@@ -106,7 +106,11 @@ class SyntheticHandler(Handler):
     per worker, as a GPU is: children of one worker on the same device take turns on it (a
     lock file named after the worker's main process and the device), so a second child per
     device overlaps its work with the device's, never two devices' worth of sleep. Its
-    calibration against the H200 run is in bench/README.md, "A GPU-faithful stand-in"."""
+    calibration against the H200 run is in bench/README.md, "A GPU-faithful stand-in".
+
+    It runs no torch: a child that loads only stand-ins never imports it (a child's start
+    costs a third of the CPU it did), and `oom_above`'s injected error imports it then."""
+    runs_torch = False
 
     def __init__(self, spec: Any, device: str) -> None:
         super().__init__(spec, device)
