@@ -15,9 +15,12 @@ from workers.child.runtime import ModelRuntime
 def test_a_cuda_models_gauges_come_from_torch_and_a_cpu_models_from_nowhere(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_allocated", {"cuda:1": 123}.__getitem__)
     monkeypatch.setattr(torch.cuda, "memory_reserved", {"cuda:1": 456}.__getitem__)
-    child = SimpleNamespace(handlers={"on-gpu": SimpleNamespace(device="cuda:1"),
-                                      "on-cpu": SimpleNamespace(device="cpu")})
-    for model in ("on-gpu", "on-cpu", "not-held"):
+    child = SimpleNamespace(handlers={
+        "on-gpu": SimpleNamespace(device="cuda:1", runs_torch=True),
+        "on-cpu": SimpleNamespace(device="cpu", runs_torch=True),
+        # The stand-in runs no torch: its child holds nothing on its device to report.
+        "stand-in": SimpleNamespace(device="cuda:2", runs_torch=False)})
+    for model in ("on-gpu", "on-cpu", "stand-in", "not-held"):
         ModelRuntime.record_memory(child, model)  # type: ignore[arg-type]
 
     def sample(name: str, device: str) -> float | None:
@@ -26,3 +29,4 @@ def test_a_cuda_models_gauges_come_from_torch_and_a_cpu_models_from_nowhere(monk
     assert sample("iq_gpu_memory_allocated_bytes", "cuda:1") == 123
     assert sample("iq_gpu_memory_reserved_bytes", "cuda:1") == 456
     assert sample("iq_gpu_memory_allocated_bytes", "cpu") is None
+    assert sample("iq_gpu_memory_allocated_bytes", "cuda:2") is None
