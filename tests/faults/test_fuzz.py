@@ -104,7 +104,7 @@ def test_hand_picked_bad_bodies(stack, data, content_type):
                         headers={"Content-Type": content_type}, timeout=30))
 
 
-def test_ten_thousand_ids_never_issued_are_all_404(stack):
+def test_two_thousand_ids_never_issued_are_all_404(stack):
     sessions = threading.local()  # a connection kept open by each thread
 
     def probe(i: int) -> int:
@@ -114,7 +114,7 @@ def test_ten_thousand_ids_never_issued_are_all_404(stack):
         return sessions.http.get(f"{stack.api}/v1/jobs/{job_id}", timeout=10).status_code
 
     with ThreadPoolExecutor(8) as pool:
-        codes = list(pool.map(probe, range(10_000)))
+        codes = list(pool.map(probe, range(2_000)))
     assert set(codes) == {404}
 
 
