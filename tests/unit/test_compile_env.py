@@ -1,0 +1,27 @@
+"""scripts/compile_env.py: the environment's bytecode, compiled on every core after pip's
+--no-compile install, whatever PYTHONDONTWRITEBYTECODE says."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import sysconfig
+
+from scripts import compile_env
+
+
+def test_each_share_is_compiled_beside_its_files_and_a_file_that_does_not_compile_is_left(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # as PYTHONDONTWRITEBYTECODE sets
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text("VALUE = 1\n")
+    bad.write_text("def broken(:\n")  # as some packages ship files for other Pythons
+    compile_env._compile([str(bad), str(good)])
+    assert (tmp_path / importlib.util.cache_from_source(str(good))).exists()
+    assert not (tmp_path / importlib.util.cache_from_source(str(bad))).exists()
+
+
+def test_the_files_are_this_environments_packages():
+    files = compile_env.package_files()
+    site = sysconfig.get_paths()["purelib"]
+    assert files and all(path.endswith(".py") for path in files)
+    assert any(path.startswith(site) and "/celery/" in path for path in files)
