@@ -108,8 +108,8 @@ class SyntheticHandler(Handler):
     device overlaps its work with the device's, never two devices' worth of sleep. Its
     calibration against the H200 run is in bench/README.md, "A GPU-faithful stand-in".
 
-    It runs no torch: a child that loads only stand-ins never imports it (a child's start
-    costs a third of the CPU it did), and `oom_above`'s injected error imports it then."""
+    It runs no torch: a child that loads only stand-ins never imports it (its start takes ~1 s
+    of CPU, not ~2.7 s), and `oom_above`'s injected error imports it then."""
     runs_torch = False
 
     def __init__(self, spec: Any, device: str) -> None:
