@@ -3,10 +3,11 @@ installs run pip with `--no-compile`, then this.
 
 pip compiles the files of each package it installs one after another: for requirements/dev.txt,
 ~75 s of one core, two thirds of the whole install (121 s here with pip's compile, 44 s
-without). Here the files are dealt out to one process per usable core (on this 2-vCPU machine,
-60 s for the 16,000 files, the two sharing one physical core's time; a 16-core host takes a
-fraction of that), each compiling its share as pip would (compileall.compile_file: timestamp-checked .pyc beside each file, a file that does
-not compile left as it is, as pip leaves it). Bytecode is written whatever
+without). Here the files are dealt out to one process per usable core (on this 2-vCPU
+machine, 60 s for the 16,000 files, the two sharing one physical core's time; a 16-core host
+takes a fraction of that), each compiling its share as pip would (compileall.compile_file: a
+timestamp-checked .pyc beside each file, a file that does not compile left as it is, as pip
+leaves it). Bytecode is written whatever
 PYTHONDONTWRITEBYTECODE says: the processes of `make run` and of the tests then read it, and a
 user without write access to the environment (IQ_RUN_USERS=separate) never compiles torch anew.
 

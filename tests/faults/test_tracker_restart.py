@@ -15,6 +15,7 @@ import pytest
 
 from scripts.stack import launch, wait_until
 from tests.faults.test_recovery import Watch, models, runs, submit_load
+from tests.support.workers import pool_children
 from workers.broker.tracker import CHECK_EVERY_S
 
 pytestmark = pytest.mark.slow
@@ -27,11 +28,6 @@ def tracker_of(worker: psutil.Process) -> psutil.Process | None:
     found = [p for p in worker.children() if p.status() != psutil.STATUS_ZOMBIE
              and "semaphore_tracker" in " ".join(p.cmdline())]
     return found[0] if found else None
-
-
-def pool_children(worker: psutil.Process) -> list[psutil.Process]:
-    return [p for p in worker.children() if p.status() != psutil.STATUS_ZOMBIE
-            and "semaphore_tracker" not in " ".join(p.cmdline())]
 
 
 def zombies(worker: psutil.Process) -> set[int]:

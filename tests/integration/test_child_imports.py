@@ -8,12 +8,8 @@ from pathlib import Path
 
 import psutil
 
+from tests.support.workers import pool_children
 from workers.child.handlers.tensor import FAIL_MARKER
-
-
-def pool_children(pid: int) -> list[psutil.Process]:
-    return [p for p in psutil.Process(pid).children() if p.status() != psutil.STATUS_ZOMBIE
-            and "semaphore_tracker" not in " ".join(p.cmdline())]
 
 
 def torch_mapped(pid: int) -> bool:
@@ -25,7 +21,7 @@ def test_a_child_of_stand_ins_only_never_imports_torch(stack):
     failed = stack.submit("synthetic", [FAIL_MARKER])  # a model's error: is it out of memory?
     assert stack.finished(ran["id"])["status"] == "succeeded"
     assert stack.finished(failed["id"])["status"] == "failed"
-    synth = pool_children(stack.workers["synth"].proc.pid)
-    text = pool_children(stack.workers["text"].proc.pid)
+    synth = pool_children(psutil.Process(stack.workers["synth"].proc.pid))
+    text = pool_children(psutil.Process(stack.workers["text"].proc.pid))
     assert synth and not any(torch_mapped(child.pid) for child in synth), synth
     assert text and all(torch_mapped(child.pid) for child in text), text

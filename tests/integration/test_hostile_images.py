@@ -115,11 +115,12 @@ def test_a_tenant_flooding_the_decoders_leaves_another_tenant_its_share(stack, t
     of a second each) in flight, more than a decoder, the waiting line (2 × 4) and one more;
     tenant B sends one small PNG at a time meanwhile. On the default decoders (2, at most 1
     per key) and a decoding budget shortened to 2 s (20 such images take it several times
-    over, on any machine; B's one small PNG never comes near it, loaded as the API is), A never holds more than its one decoder, every one of B's images is
-    decoded on the other, and A's requests end at their budget, their other images refused
-    undecoded. Before, two such requests held both decoders for a minute and B got only 503s;
-    and then (the re-attack, F1) A's waiters filled the shared line, so B got 503 at once with
-    a decoder idle. B's wait is not timed: on a loaded machine any bound is a guess."""
+    over, on any machine; B's one small PNG never comes near it, loaded as the API is), A
+    never holds more than its one decoder, every one of B's images is decoded on the other,
+    and A's requests end at their budget, their other images refused undecoded. Before, two
+    such requests held both decoders for a minute and B got only 503s; and then (the
+    re-attack, F1) A's waiters filled the shared line, so B got 503 at once with a decoder
+    idle. B's wait is not timed: on a loaded machine any bound is a guess."""
     keys = {"a": "key-of-tenant-a-0123456789", "b": "key-of-tenant-b-0123456789"}
     keys_file = tmp_path / "keys.yaml"
     keys_file.write_text(yaml.safe_dump({"keys": [

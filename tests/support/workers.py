@@ -1,10 +1,13 @@
-"""What a running Celery worker reports of itself, through the celery CLI as an operator asks."""
+"""What a running Celery worker reports of itself, through the celery CLI as an operator asks,
+and what its processes are."""
 from __future__ import annotations
 
 import json
 import socket
 import subprocess
 import sys
+
+import psutil
 
 from scripts.stack import ROOT, wait_until
 
@@ -24,3 +27,9 @@ def prefetch_count(stack, name: str) -> int:
         return json.loads(line)[node(name)]["prefetch_count"] if line else None
 
     return wait_until(stats, 60, f"worker {name} to answer `inspect stats`")
+
+
+def pool_children(worker: psutil.Process) -> list[psutil.Process]:
+    """The worker's live pool children (not billiard's semaphore tracker, its child too)."""
+    return [p for p in worker.children() if p.status() != psutil.STATUS_ZOMBIE
+            and "semaphore_tracker" not in " ".join(p.cmdline())]
