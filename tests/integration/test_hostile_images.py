@@ -110,6 +110,26 @@ def decoders_by_api_process(master_pid: int) -> list[int]:
 BUDGET_S = 2.0
 
 
+def submit_as_told(api: str, key: str, png: bytes, idempotency_key: str,
+                   tries: int = 3) -> list[tuple[int, str]]:
+    """One PNG submitted as the API's answers tell a client to, every answer kept: a 503 that
+    names a job (Redis did not answer within its deadline, so the job may be recorded) is
+    sent again at once with the same Idempotency-Key, which returns that job and never makes
+    a second. On a loaded CI host the job store's deadline was once spent so (2 s of a
+    request's Redis time, against the ~10-60 ms it takes here under four busy loops); that
+    answer is the store's, not the decoders'. A 503 of busy decoders names no job: it is the
+    last answer, as every other is."""
+    answers: list[tuple[int, str]] = []
+    for _ in range(tries):
+        r = requests.post(f"{api}/v1/jobs", params={"model": MODEL}, data=png,
+                          headers={"Authorization": f"Bearer {key}", "Content-Type": "image/png",
+                                   "Idempotency-Key": idempotency_key}, timeout=60)
+        answers.append((r.status_code, r.text))
+        if r.status_code != 503 or "job_id" not in r.json()["error"]:
+            break
+    return answers
+
+
 def test_a_tenant_flooding_the_decoders_leaves_another_tenant_its_share(stack, tmp_path):
     """Tenant A keeps ten requests of 20 slow-but-accepted JPEGs (64 scans, 9 MP: a fraction
     of a second each) in flight, more than a decoder, the waiting line (2 × 4) and one more;
@@ -134,7 +154,7 @@ def test_a_tenant_flooding_the_decoders_leaves_another_tenant_its_share(stack, t
     small = io.BytesIO()
     Image.new("RGB", (64, 64), (200, 10, 10)).save(small, "PNG")
     a_answers: list[tuple[int, dict]] = []
-    b_answers: list[tuple[int, str]] = []
+    b_answers: list[list[tuple[int, str]]] = []
 
     def tenant_a() -> None:
         while not b_done.is_set():
@@ -158,18 +178,15 @@ def test_a_tenant_flooding_the_decoders_leaves_another_tenant_its_share(stack, t
             counts.update(decoders_by_api_process(web.proc.pid))
             time.sleep(0.05)
         assert counts and max(counts) <= 1, counts
-        for _ in range(5):  # B, with A's flood on throughout
-            r = requests.post(f"{api}/v1/jobs", params={"model": MODEL}, data=small.getvalue(),
-                              headers={"Authorization": f"Bearer {keys['b']}",
-                                       "Content-Type": "image/png"}, timeout=60)
-            b_answers.append((r.status_code, r.text))
+        for i in range(5):  # B, with A's flood on throughout
+            b_answers.append(submit_as_told(api, keys["b"], small.getvalue(), f"b-{i}"))
             time.sleep(0.3)
     finally:
         b_done.set()
         for thread in flooders:
             thread.join()
         web.stop()
-    assert [status for status, _ in b_answers] == [202] * 5, b_answers
+    assert [answers[-1][0] for answers in b_answers] == [202] * 5, b_answers
     budget_spent = f"not decoded: the job's images took their {BUDGET_S:g}s of decoding in all"
     assert {status for status, _ in a_answers} <= {422, 503}, a_answers
     refused = [body["error"] for status, body in a_answers if status == 422]
