@@ -184,16 +184,29 @@ def picture(data: bytes, limits: Limits) -> bytes:
         raise Refused("format", f"not an image in a supported format ({accepted})") from None
     except Image.DecompressionBombError:
         raise Refused("pixels", f"the image has more than {limits.max_pixels} pixels") from None
-    check(image, data, limits)
+    except Exception as exc:  # noqa: BLE001 - a header Pillow cannot parse: truncated, corrupt
+        raise _corrupt("", exc) from None
     try:
+        check(image, data, limits)
         image.load()
         image = ImageOps.exif_transpose(image).convert("RGB")
         return fit(image, limits).tobytes()
+    except Refused:  # what the header declares (`check`)
+        raise
     except MemoryError:
         raise Refused("memory", "the image needs more memory to decode than a decoder may use")
     except Exception as exc:  # noqa: BLE001 - whatever a decoder raises, the image is bad
-        raise Refused("corrupt", f"the {image.format} image cannot be decoded (truncated or "
-                      f"corrupt): {type(exc).__name__}: {exc}") from None
+        raise _corrupt(image.format, exc) from None
+
+
+def _corrupt(fmt: str | None, exc: Exception) -> Refused:
+    """The refusal of an image Pillow raised on. A header it could not parse (a JPEG cut in its
+    markers raises OSError from Image.open) is refused as a body cut in its data is: the
+    decoder lives on. Before, that OSError ended the decoder, and a flood of such files from
+    one client kept every decoder restarting, so that others' good images got 503."""
+    named = f"{fmt} image" if fmt else "image"
+    return Refused("corrupt", f"the {named} cannot be decoded (truncated or corrupt): "
+                   f"{type(exc).__name__}: {exc}")
 
 
 def _read(stream: BinaryIO, size: int) -> bytes | None:

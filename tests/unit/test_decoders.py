@@ -253,6 +253,24 @@ def test_a_requests_images_share_one_decoding_budget():
     assert len(decoders.picture(small, LIMITS, budget=Budget(2.0))) == 224 * 224 * 3
 
 
+def test_a_jpeg_cut_in_its_header_is_refused_as_corrupt_and_its_decoder_lives_on():
+    """The outside attack of session 13: the first half of a small JPEG made Image.open raise
+    OSError, which ended the decoder (422 "the decoder died"); a flood of such files kept
+    every decoder restarting, and other clients' good images got 503."""
+    whole = encode(Image.new("RGB", (64, 48), "red"), "JPEG")
+    cut = whole[:len(whole) // 2]
+    with pytest.raises(Refused) as refused:
+        picture(cut, LIMITS)  # in this process: what the decoder raises
+    assert refused.value.code == "corrupt", refused.value
+    decoders = pool(size=1)
+    decoders.picture(whole, LIMITS)
+    [decoder] = decoders._idle
+    with pytest.raises(ImageRefused, match=r"^the image cannot be decoded \(truncated or "):
+        decoders.picture(cut, LIMITS)
+    assert decoders._idle == [decoder] and decoder.proc.poll() is None  # the same one, alive
+    assert len(decoders.picture(whole, LIMITS)) == 224 * 224 * 3
+
+
 def test_a_refusal_reaches_the_client_in_the_apis_words_whatever_the_decoder_says(
         tmp_path, monkeypatch):
     """The re-attack on issue 26 (F5): a decoder's refusal text went into the client's 422
