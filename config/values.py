@@ -4,6 +4,7 @@ keys. Every error names the model, the key and the value it got."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,11 @@ def positive_int(where: str, key: str, value: Any) -> int:
 
 
 def non_negative(where: str, key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ConfigError(f"{where}: {key} must be a number >= 0, got {value!r}")
+    # NaN passes `< 0` and infinity every bound: YAML's .nan and .inf are floats, and a stand-in
+    # given `base_ms: .nan` failed every job of its model while the reload said done.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
+            or not math.isfinite(value):
+        raise ConfigError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
     return float(value)
 
 
