@@ -41,6 +41,21 @@ def test_out_of_memory_halves_the_batch_before_failing_anything():
     assert h.calls[:3] == [16, 8, 4] and max(h.calls[3:]) <= 3
 
 
+def test_out_of_memory_halves_the_chunk_that_ran_out_not_max_batch_size():
+    """The outside attack of session 13: 8 items on max_batch_size 16 ran out of memory and
+    were "retried at 8"; on max_batch_size 10**11, 2 items were retried 36 times, a failed
+    model call each, before the halving came down to them."""
+    h = OomAbove(spec(max_batch_size=10**11), "cpu")
+    h.limit = 1
+    h.calls = []
+    assert h.run([(["x", "y"], {})]) == [[1, 1]]
+    assert h.calls == [2, 1, 1]
+    h = OomAbove(spec(max_batch_size=16), "cpu")
+    h.calls = []
+    assert h.run([(["x"] * 8, {})]) == [[1] * 8]
+    assert h.calls == [8, 4, 2, 2, 2, 2], h.calls
+
+
 def test_out_of_memory_at_batch_one_fails_the_job():
     h = OomAbove(spec(max_batch_size=4), "cpu")
     h.limit = 0

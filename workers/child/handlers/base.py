@@ -128,9 +128,11 @@ class Handler(ABC):
             try:
                 out.extend(self.call(chunk))
             except Exception as exc:
-                if not is_oom(exc) or size == 1:
+                if not is_oom(exc) or len(chunk) == 1:
                     raise
-                size = max(size // 2, 1)
+                # Half of what ran out, not of max_batch_size: a chunk shorter than that (the
+                # batch's last, or a small batch) once "halved" to its own size, or larger.
+                size = max(len(chunk) // 2, 1)
                 from workers import metrics
 
                 metrics.get().oom_splits.labels(self.spec.name).inc()
