@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 
 from config import load_models
@@ -105,3 +106,18 @@ def test_the_plain_synthetic_models_children_run_side_by_side(tmp_path):
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda h: h.inference(["a"]), (first, second)))
     assert time.monotonic() - started < 0.29
+
+
+def test_the_device_lock_is_never_opened_through_a_link_nor_for_writing(tmp_path):
+    """The outside attack of session 13: the lock's name is a guessable one in the shared
+    temporary folder, and a root worker opened it for appending, so a link planted there had
+    it create (and could have had it write) the link's target."""
+    handler = standin(tmp_path, base_ms=1, per_item_ms=0, output_floats=1)
+    target, handler.device_lock = tmp_path / "target", tmp_path / "planted.lock"
+    handler.device_lock.symlink_to(target)
+    with pytest.raises(OSError):  # refused: the stand-in's call fails rather than follow it
+        handler.inference(["a"])
+    assert not target.exists()
+    handler.device_lock = tmp_path / "own.lock"
+    handler.inference(["a"])
+    assert (handler.device_lock.stat().st_mode & 0o222) == 0o200  # only its owner could write

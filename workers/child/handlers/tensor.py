@@ -168,9 +168,16 @@ class SyntheticHandler(Handler):
         if self.device_lock is None:
             yield
             return
-        with open(self.device_lock, "a") as lock:
+        # Read-only, and never through a link: the name is a guessable one in the shared
+        # temporary folder, and a link planted there must not get a root worker to open (and
+        # create) its target for writing. flock needs no write access.
+        lock = os.open(self.device_lock, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       0o600)
+        try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when the child dies
             yield
+        finally:
+            os.close(lock)
 
     def postprocess(self, output: Any, count: int) -> list:
         if not self.output_floats:
