@@ -35,8 +35,8 @@ process, without a restart.
    worker and its error. With FILE, it first puts the file it replaced back in place and
    announces it, so that the API processes (which took the new file at once) and the file on
    disk are back on the revision the workers serve; the failed file is kept as
-   `<name>.previous`. Announcing a revision clears such a failure first, so that the same
-   file may be reloaded again once its host is fixed.
+   `<name>.failed` (`<name>.previous` as it was). Announcing a revision clears such a
+   failure first, so that the same file may be reloaded again once its host is fixed.
    A Redis that stops answering once the file is installed puts the file it replaced back
    the same way (exit 2, one line: nothing changed).
 4. Once done, the jobs still queued for a model the file does not have (removed now or by an
