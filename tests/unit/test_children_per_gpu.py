@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from config import ConfigError, load_settings
+from config.models import ModelSpec
 from scripts.stack import ROOT
 from workers.child.devices import child_memory_fraction, pool_children
 
@@ -70,3 +71,8 @@ def test_children_take_devices_in_turn_and_the_stand_in_asks_torch_only_where_a_
     if not driver:
         with pytest.raises(ConfigError, match="device: cuda was asked for but no CUDA device"):
             devices.pick_device("cuda", 0, runs_torch=False)
+        # As a child says it: the model and its field named (the outside attack of session 13
+        # got the first half alone, in a worker's crash loop).
+        spec = ModelSpec("syn", "synthetic", "syn", device="cuda")
+        with pytest.raises(ConfigError, match=r"^models\.syn\.device: 'cuda': device: cuda "):
+            devices.device_for(spec, 0, runs_torch=False)

@@ -70,7 +70,10 @@ def device_for(spec: ModelSpec, child_index: int, runs_torch: bool = True) -> st
     # CUDA counterpart: such a model stays on the CPU even on a GPU host.
     if spec.dtype == "int8":
         return "cpu"
-    return pick_device(spec.device, child_index, runs_torch)
+    try:
+        return pick_device(spec.device, child_index, runs_torch)
+    except ConfigError as exc:  # the model and its field named, as the reload's check does
+        raise ConfigError(f"models.{spec.name}.device: {spec.device!r}: {exc}") from None
 
 
 def usable_cpus() -> int:
