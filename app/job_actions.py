@@ -54,17 +54,20 @@ def register(bp: Blueprint, keys: bool) -> None:
     @bp.doc(summary="Delete a finished job", operationId="deleteJob")
     @bp.response(204, description="deleted: the job, its result and its kept request",
                  headers={"X-Request-ID": REQUEST_ID})
-    @errors(bp, keys, e404=None, e409="queued or running: cancel it first")
+    @errors(bp, keys, e404=None, e409="queued (cancel it first) or running (delete it once it "
+                                      "finishes)")
     def delete_job(job_id: str):
         """A finished job (any final status) is deleted: its record, result and kept request;
-        its id then answers 404. A job still queued or running is 409: cancel it first."""
+        its id then answers 404. A job still queued is 409: cancel it first; a running one is
+        409 too, and can be deleted once it finishes (a running job cannot be cancelled)."""
         with on_job(job_id) as (canonical, store):
             done = store.delete(canonical, auth.current_owner())
         if done == "missing":
             raise not_found(job_id)
         if done != "deleted":
-            raise Conflict(f"{job_is(done)}: cancel it first (POST /v1/jobs/{canonical}/cancel)",
-                           status=done)
+            then = f"cancel it first (POST /v1/jobs/{canonical}/cancel)" if done == "queued" \
+                else "delete it once it finishes (a running job cannot be cancelled)"
+            raise Conflict(f"{job_is(done)}: {then}", status=done)
         return no_content()
 
 

@@ -164,7 +164,7 @@ class Client:
 
     def delete(self, job: Job | str) -> None:
         """Delete a finished job, its result and its kept request; Conflict while it is
-        queued or running (cancel it first)."""
+        queued (cancel it first) or running (delete it once it finishes)."""
         job_id, _ = _ident(job, None)
         self._call("DELETE", f"/v1/jobs/{job_id}")
 

@@ -75,6 +75,12 @@ def test_cancel_a_running_or_finished_job_is_409_with_its_status(faults):
     r = requests.post(f"{faults.api}/v1/jobs/{job['id']}/cancel", timeout=10)
     assert r.status_code == 409 and r.json()["error"]["status"] == "running"
     assert r.json()["error"]["message"] == "the job is running and can no longer be cancelled"
+    # Nor deleted yet, and the answer does not send the caller to a cancel that cannot be (the
+    # outside attack of session 13 got "cancel it first", then the 409 above).
+    r = requests.delete(f"{faults.api}/v1/jobs/{job['id']}", timeout=10)
+    assert r.status_code == 409 and r.json()["error"]["status"] == "running"
+    assert r.json()["error"]["message"] == "the job is running: delete it once it finishes " \
+                                           "(a running job cannot be cancelled)"
     assert faults.finished(job["id"])["status"] == "succeeded"
     r = requests.post(f"{faults.api}/v1/jobs/{job['id']}/cancel", timeout=10)
     assert r.status_code == 409 and r.json()["error"]["status"] == "succeeded"
