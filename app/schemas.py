@@ -35,17 +35,28 @@ INT_LOW, INT_HIGH = -2**63, 2**64 - 1
 
 
 class BoundedList(fields.List):
-    """A list whose length is checked before its items are."""
+    """A list whose length is checked before its items are; `distinct`: no item twice."""
 
     def __init__(self, inner: fields.Field, *, min_items: int | None = None,
-                 max_items: int | None = None, **kwargs: Any) -> None:
+                 max_items: int | None = None, distinct: bool = False, **kwargs: Any) -> None:
         self.length = validate.Length(min=min_items, max=max_items)
-        super().__init__(inner, validate=self.length, **kwargs)
+        if distinct:
+            kwargs["metadata"] = {**kwargs.get("metadata", {}), "uniqueItems": True}
+        super().__init__(inner, validate=[self.length, _distinct] if distinct else self.length,
+                         **kwargs)
 
     def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Any:
         if isinstance(value, list):
             self.length(value)
         return super()._deserialize(value, attr, data, **kwargs)
+
+
+def _distinct(values: list) -> None:
+    seen: set = set()
+    for value in values:
+        if value in seen:
+            raise ValidationError(f"each item at most once; {value!r} is given twice")
+        seen.add(value)
 
 
 # http(s), a host (a bracketed IPv6 address, or no spaces, `@`, brackets or colons), a port of
@@ -290,7 +301,7 @@ def job_schema(spec: ModelSpec) -> Schema:
     if "labels" in spec.options:
         option_fields["labels"] = BoundedList(
             fields.String(validate=validate.Length(min=1, max=200)),
-            min_items=1, max_items=spec.max_labels)
+            min_items=1, max_items=spec.max_labels, distinct=True)  # a score a label
     if "top_k" in spec.options:
         option_fields["top_k"] = fields.Integer(
             strict=True, validate=validate.Range(min=1, max=max(len(spec.labels), spec.top_k)))

@@ -56,6 +56,7 @@ BODIES = [
     ("echo", {"model": "other", "inputs": ["\ud800"]}),
     ("echo", {"model": 7, "inputs": [{"a": 1}], "encoding_format": "base64"}),
     ("sorter", {"model": "sorter", "inputs": ["t"], "options": {"labels": [], "top_k": 1}}),
+    ("sorter", {"model": "sorter", "inputs": ["t"], "options": {"labels": ["x", "y", "x"]}}),
     ("f32", {"model": "f32", "inputs": [[1e300, 0], [1], "x"]}),
     ("i64", {"model": "i64", "inputs": [[1.5, 2**70]]}),
 ]
@@ -139,3 +140,13 @@ def test_a_job_of_an_unknown_model_is_checked_by_one_envelope_made_once():
             sys.setprofile(None)
         assert set(caught.value.messages) == {"model", "priority"}
     assert made == 0, made
+
+
+def test_a_label_given_twice_is_refused_naming_the_field():
+    """The outside attack of session 13: labels ["x", "x"] were accepted, and the job's
+    scores held one label: a score a label, so a label is given once."""
+    with pytest.raises(ValidationError) as refused:
+        validate_job({"model": "sorter", "inputs": ["t"], "options": {"labels": ["x", "y", "x"]}},
+                     MODELS, SCHEMAS)
+    assert refused.value.messages == {
+        "options": {"labels": ["each item at most once; 'x' is given twice"]}}
