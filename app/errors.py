@@ -4,6 +4,7 @@ them (app/responses.py)."""
 from __future__ import annotations
 
 import logging
+import sys
 from itertools import islice
 from typing import Any, Iterable, Mapping
 
@@ -35,6 +36,16 @@ def _capped(fields: Fields) -> tuple[dict[str, list[str]], int]:
             name = name[:_MAX_FIELD_NAME - 3] + "..."
         shown[name] = [str(m)[:500] for m in messages[:3]]
     return shown, sum(1 for _ in pairs)
+
+
+def json_problem(exc: Exception) -> str:
+    """What Python's json said was wrong with a body it refused, in the API's words where
+    Python's name its own internals: a number of more than 4,300 digits (its
+    int_max_str_digits) was answered "use sys.set_int_max_str_digits() to increase the limit"."""
+    said = str(exc)
+    if "integer string conversion" in said:
+        return f"a number of more than {sys.get_int_max_str_digits()} digits"
+    return said
 
 
 class APIError(Exception):

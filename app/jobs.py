@@ -22,7 +22,7 @@ from app import auth
 from app import uploads as uploads_
 from app.openapi import (IDEMPOTENCY_KEY, LOCATION, PREFERENCE_APPLIED, REQUEST_ID,
                          X_REQUEST_ID, Blueprint, errors, job_links, job_request_body)
-from app.errors import (MalformedRequest, NotFound, PayloadTooLarge, TooManyUploads,
+from app.errors import (MalformedRequest, json_problem, NotFound, PayloadTooLarge, TooManyUploads,
                         TooManyWaits, UnsupportedMediaType, ValidationFailed)
 from app.limits import NoUpload, Uploads
 from app.responses import STATUSES, Job, JobList, answer, job_body, job_url
@@ -76,7 +76,7 @@ def _request_body(served: Request, uploads: Uploads, owner: str) -> object:
     try:
         return read_json(served.get_data())
     except (ValueError, RecursionError) as exc:  # bad UTF-8 is a ValueError too
-        raise MalformedRequest(f"request body is not valid JSON: {exc}") from None
+        raise MalformedRequest(f"request body is not valid JSON: {json_problem(exc)}") from None
 
 
 # A run of 19 digits or more: an integer orjson would read as a float (past 64 bits), where
@@ -273,8 +273,9 @@ def _read_routes(bp: Blueprint, settings: Settings, models: dict[str, ModelSpec]
         without their outputs. `status=failed` (or cancelled, expired) lists the dead-letter
         index: jobs that did not succeed, newest ending first. A page without a filter reads
         `limit` jobs; one with any filter at most 500 jobs (and costs that from the key's read
-        budget): a page may hold fewer than `limit` jobs and still have a `next_cursor`. While a Redis group does not answer, the page holds the other groups'
-        jobs and `unreachable` names it."""
+        budget): a page may hold fewer than `limit` jobs and still have a `next_cursor`. While
+        a Redis group does not answer, the page holds the other groups' jobs and `unreachable`
+        names it."""
         auth.charge_read(auth.current_key(), _ext("iq.store").scan_cost(
             status=status, model=model, limit=limit))
         after = tuple(cursor.split(":", 1)) if cursor else None

@@ -175,10 +175,12 @@ def _more_properties(self: Any, field: fields.Field, **kwargs: Any) -> dict[str,
 # schemas above.
 _UPLOADS = {
     "multipart/form-data": {"schema": {
-        "type": "object", "required": ["job", "inputs"], "properties": {
+        "type": "object", "required": ["job", "inputs"], "additionalProperties": False,
+        "properties": {
             "job": {"type": "string", "contentMediaType": "application/json",
                     "description": "the job as a JSON object (model, options, ...), without "
-                                   "inputs; another value is 422"},
+                                   "inputs; another value is 422, and so is a second `job` "
+                                   "part or a part of another name"},
             "inputs": {"type": "array", "items": {"type": "string", "format": "binary"},
                        "description": "one file part per image, in input order"}}}},
     "image/*": {"schema": {"type": "string", "format": "binary"}, "description": (

@@ -14,25 +14,40 @@ from typing import Any
 
 from flask import Request
 
-from app.errors import ValidationFailed
+from app.errors import ValidationFailed, json_problem
+
+
+PARTS = ("job", "inputs")
 
 
 def _multipart(request: Request) -> dict[str, Any]:
+    form, files = request.form, request.files
+    # Every part is the job's, or refused: none is dropped unread (a second `job` part, or one
+    # of a name the API does not know, was silently ignored).
+    problems = {name: ["unknown part: a job is a `job` part and file parts named `inputs`"]
+                for name in sorted((set(form) | set(files)) - set(PARTS))}
+    if len(form.getlist("job")) > 1 or "job" in files:
+        problems["job"] = ["one `job` part, a field (no filename) holding the job as JSON"]
+    if "inputs" in form:
+        problems["inputs"] = ["images go as file parts named `inputs` (each with a filename); "
+                              "texts go in a JSON body"]
+    if problems:
+        raise ValidationFailed("the job is invalid", fields=problems)
     try:
-        job = json.loads(request.form.get("job") or "{}")
+        job = json.loads(form.get("job") or "{}")
     except (ValueError, RecursionError) as exc:
         # The body is well-formed multipart; one of its fields is not what it must be.
         raise ValidationFailed("the job is invalid", fields={
-            "job": [f"the `job` part is not valid JSON: {exc}"]}) from None
+            "job": [f"the `job` part is not valid JSON: {json_problem(exc)}"]}) from None
     if not isinstance(job, dict):
         raise ValidationFailed("the job is invalid",
                                fields={"job": ["the `job` part must be a JSON object"]})
-    files = [part.read() for part in request.files.getlist("inputs")]
-    if files and "inputs" in job:
+    images = [part.read() for part in files.getlist("inputs")]
+    if images and "inputs" in job:
         raise ValidationFailed("the job is invalid", fields={"inputs": [
             "send the images either as file parts named `inputs` or in the job, not both"]})
-    if files:
-        job["inputs"] = files
+    if images:
+        job["inputs"] = images
     return job
 
 
@@ -42,11 +57,12 @@ def _image_body(request: Request) -> dict[str, Any]:
     for key in ("priority", "timeout_s"):
         if key in request.args:
             job[key] = request.args[key]
-    unknown = set(request.args) - {"model", "priority", "timeout_s"}
-    if unknown:
-        raise ValidationFailed("the job is invalid", fields={
-            key: ["unknown query parameter (model, priority, timeout_s)"]
-            for key in sorted(unknown)})
+    problems = {key: ["unknown query parameter (model, priority, timeout_s)"]
+                for key in sorted(set(request.args) - {"model", "priority", "timeout_s"})}
+    if "model" not in request.args:
+        problems["model"] = ["an image/* body names its model in the query: ?model=<name>"]
+    if problems:
+        raise ValidationFailed("the job is invalid", fields=problems)
     return job
 
 

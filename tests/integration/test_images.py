@@ -154,9 +154,23 @@ def test_bad_images_are_422_naming_each_input(stack):
     body = requests.post(f"{stack.api}/v1/jobs", params={"model": MODEL}, data=b"GIF89a junk",
                          headers={"Content-Type": "image/gif"}, timeout=10)
     assert body.status_code == 422 and "inputs.0" in body.json()["error"]["fields"]
-    empty = requests.post(f"{stack.api}/v1/jobs", data={"job": json.dumps({"model": MODEL})},
-                          files=[("other", ("x", b"", "image/png"))], timeout=10)
+    job = ("job", (None, json.dumps({"model": MODEL})))
+    picture = ("inputs", ("x.png", good, "image/png"))
+    empty = requests.post(f"{stack.api}/v1/jobs", files=[job], timeout=10)  # multipart, no image
     assert empty.status_code == 422 and "inputs" in empty.json()["error"]["fields"]
+    # Every part is the job's or refused, none dropped unread (the outside attack of session
+    # 13: a second `job` part and a part of another name were ignored, an `inputs` field
+    # without a filename was "Missing data", a body without ?model "Field may not be null").
+    for parts, field, said in [
+            ([job, ("job", (None, json.dumps({"model": "tiny-seqcls"}))), picture], "job",
+             "one `job` part"),
+            ([job, picture, ("evil", ("e.png", good, "image/png"))], "evil", "unknown part"),
+            ([job, ("inputs", (None, "hello"))], "inputs", "file parts named `inputs`")]:
+        r = requests.post(f"{stack.api}/v1/jobs", files=parts, timeout=10)
+        assert r.status_code == 422 and said in r.json()["error"]["fields"][field][0], r.text
+    r = requests.post(f"{stack.api}/v1/jobs", data=good, headers={"Content-Type": "image/png"},
+                      timeout=10)
+    assert r.status_code == 422 and "?model=" in r.json()["error"]["fields"]["model"][0], r.text
 
 
 class _Pictures(BaseHTTPRequestHandler):

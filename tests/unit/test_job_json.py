@@ -100,3 +100,17 @@ def test_a_plain_body_is_read_in_one_call_not_through_json():
     finally:
         sys.setprofile(None)
     assert calls == ["read_json"], calls
+
+
+def test_a_number_past_pythons_digits_is_refused_in_the_apis_words():
+    """The outside attack of session 13: the 400 quoted Python's advice to its own programmer
+    ("use sys.set_int_max_str_digits() to increase the limit")."""
+    from app.errors import json_problem
+
+    with pytest.raises(ValueError) as refused:
+        read_json(b'{"inputs": [' + b"9" * 5000 + b"]}")
+    assert "set_int_max_str_digits" in str(refused.value)  # what json says
+    assert json_problem(refused.value) == \
+        f"a number of more than {sys.get_int_max_str_digits()} digits"
+    assert json_problem(ValueError("Expecting value: line 1 column 1 (char 0)")) == \
+        "Expecting value: line 1 column 1 (char 0)"
