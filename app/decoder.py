@@ -185,7 +185,7 @@ def picture(data: bytes, limits: Limits) -> bytes:
     except Image.DecompressionBombError:
         raise Refused("pixels", f"the image has more than {limits.max_pixels} pixels") from None
     except Exception as exc:  # noqa: BLE001 - a header Pillow cannot parse: truncated, corrupt
-        raise _corrupt("", exc) from None
+        raise _corrupt(None, exc) from None
     try:
         check(image, data, limits)
         image.load()

@@ -22,8 +22,8 @@ from app import auth
 from app import uploads as uploads_
 from app.openapi import (IDEMPOTENCY_KEY, LOCATION, PREFERENCE_APPLIED, REQUEST_ID,
                          X_REQUEST_ID, Blueprint, errors, job_links, job_request_body)
-from app.errors import (MalformedRequest, json_problem, NotFound, PayloadTooLarge, TooManyUploads,
-                        TooManyWaits, UnsupportedMediaType, ValidationFailed)
+from app.errors import (MalformedRequest, NotFound, PayloadTooLarge, TooManyUploads,
+                        TooManyWaits, UnsupportedMediaType, ValidationFailed, json_problem)
 from app.limits import NoUpload, Uploads
 from app.responses import STATUSES, Job, JobList, answer, job_body, job_url
 from app.store import JobStore, WaitRefused, Watch
