@@ -91,7 +91,7 @@ class WebhookSchema(Schema):
                                            "credentials, no spaces"),
         _http_url])
     events = BoundedList(fields.String(validate=validate.OneOf(EVENTS)), min_items=1,
-                         max_items=len(EVENTS), load_default=lambda: list(EVENTS))
+                         max_items=len(EVENTS), distinct=True, load_default=lambda: list(EVENTS))
 
 
 class JobBase(Schema):

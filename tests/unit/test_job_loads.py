@@ -50,6 +50,8 @@ BODIES = [
     ("echo", {"model": "echo", "inputs": ["a"], "options": None}),
     ("echo", {"model": "echo", "inputs": ["a"], "webhook": {"url": "ftp://x"}}),
     ("echo", {"model": "echo", "inputs": ["a"], "webhook": {"events": []}}),
+    ("echo", {"model": "echo", "inputs": ["a"], "webhook": {
+        "url": "https://h.example/x", "events": ["failed", "failed"]}}),
     ("echo", {"model": "echo", "inputs": ["a"], "webhook": "x"}),
     ("echo", {"model": "echo", "inputs": ["a"], "unknown": 1}),
     ("echo", {"model": "echo", "inputs": ["a"], "model ": 1, "x": None}),
@@ -140,6 +142,16 @@ def test_a_job_of_an_unknown_model_is_checked_by_one_envelope_made_once():
             sys.setprofile(None)
         assert set(caught.value.messages) == {"model", "priority"}
     assert made == 0, made
+
+
+def test_a_webhook_event_given_twice_is_refused_naming_the_field():
+    """The outside attack of session 13: events ["failed", "failed"] were accepted; a
+    receiver is told of each event once, so an event is named once."""
+    with pytest.raises(ValidationError) as refused:
+        validate_job({"model": "echo", "inputs": ["a"], "webhook": {
+            "url": "https://h.example/x", "events": ["failed", "failed"]}}, MODELS, SCHEMAS)
+    assert refused.value.messages == {
+        "webhook": {"events": ["each item at most once; 'failed' is given twice"]}}
 
 
 def test_a_label_given_twice_is_refused_naming_the_field():
