@@ -25,9 +25,14 @@ _MAX_ERROR = 300
 
 
 def one_line(exc: BaseException) -> str:
-    """The exception as one short line: its type and the first line of its message."""
-    text = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    """The exception as one short line: what was being done, as its notes say (the model a
+    pool child was loading: workers/child/runtime.py), then its type and the first line of
+    its message."""
+    described = traceback.TracebackException.from_exception(exc, limit=0)
+    notes, described.__notes__ = described.__notes__ or [], None
+    text = list(described.format_exception_only())[-1].strip()
     text = text.splitlines()[0] if text else type(exc).__name__
+    text = ": ".join([*(" ".join(str(n).split()) for n in notes), text])
     return text if len(text) <= _MAX_ERROR else text[:_MAX_ERROR - 1] + "…"
 
 

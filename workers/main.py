@@ -111,7 +111,7 @@ def load_models(sender: str | None = None, **_kw) -> None:
         logger.critical("pool child %d could not load its models; this worker stops",
                         index, exc_info=True)
         load_failure.record(f"pool child {index} could not load its models: "
-                            f"{type(exc).__name__}: {exc}")
+                            f"{reload_failures.one_line(exc)}")
         logging.shutdown()
         os.kill(os.getppid(), signal.SIGTERM)
         os._exit(1)

@@ -37,7 +37,8 @@ def test_a_worker_whose_child_failed_to_load_fails_no_job(tmp_path):
         lines = [line for line in stack.workers["b"].log.read_text(errors="replace")
                  .splitlines() if "worker stopped, exit status 1: " in line]
         assert len(lines) == 1 and lines[0].split("worker stopped, exit status 1: ", 1)[1] \
-            .startswith("pool child 0 could not load its models: RuntimeError: "), lines
+            .startswith("pool child 0 could not load its models: model quick on cpu: "
+                        "RuntimeError: "), lines
 
         ids = [stack.submit("quick", [f"job-{i}"])["id"] for i in range(8)]
         stack.workers["a"] = start_worker("a", stack.env, tmp_path, ["quick"])

@@ -72,6 +72,7 @@ def test_an_unloadable_model_halts_the_roll_and_every_worker_keeps_serving(tmp_p
         other = "b" if failed == "a" else "a"
         assert done.returncode == 2, done.stdout + done.stderr
         assert f"worker:{failure['worker']}" in done.stdout and failure["error"] in done.stdout
+        assert failure["error"].startswith("model ts on cpu: "), failure  # which model failed
         assert f"process on revision {bad}" not in done.stdout
 
         # make reload put the file it replaced back, and every process serves it: the API

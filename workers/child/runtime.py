@@ -97,7 +97,11 @@ class ModelRuntime:
         # fractions of the models it holds there.
         self._fractions[device] = self._fractions.get(device, 0.0) + spec.memory_fraction
         started = time.monotonic()
-        handler = load_handler(spec, device, self.settings, self._fractions[device])
+        try:
+            handler = load_handler(spec, device, self.settings, self._fractions[device])
+        except Exception as exc:  # said with the model's name (tasks/reload_failures.py)
+            exc.add_note(f"model {name} on {device}")
+            raise
         self.handlers[name] = handler
         self.specs[name] = spec
         self.versions[name] = model_version(spec)

@@ -1,0 +1,42 @@
+"""A failed load said in one line (tasks/reload_failures.py `one_line`): what `make reload`
+reports, and what a worker whose pool child could not load its models exits with."""
+from __future__ import annotations
+
+import pytest
+
+from tasks.reload_failures import one_line
+
+
+def raised(exc: BaseException, *notes: str) -> BaseException:
+    try:
+        try:
+            raise exc
+        except BaseException as caught:
+            for note in notes:
+                caught.add_note(note)
+            raise
+    except BaseException as caught:
+        return caught
+
+
+def test_a_load_failure_names_its_model_before_its_type_and_first_line():
+    """The outside attack of session 13: a TorchScript model that raised at its warm-up was
+    reported as the bare RuntimeError, no model named (workers/child/runtime.py notes it)."""
+    exc = raised(RuntimeError("The following operation failed\n  in the interpreter"),
+                 "model ts on cpu")
+    assert one_line(exc) == "model ts on cpu: RuntimeError: The following operation failed"
+
+
+@pytest.mark.parametrize("exc, said", [
+    (KeyError(), "KeyError"),
+    (ValueError("a\nb"), "ValueError: a"),
+    (OSError(2, "No such file"), "FileNotFoundError: [Errno 2] No such file"),
+])
+def test_without_a_note_it_is_the_type_and_the_first_line(exc, said):
+    assert one_line(raised(exc)) == said
+
+
+def test_a_long_one_is_cut():
+    said = one_line(raised(RuntimeError("x" * 1000), "model m on cuda:0"))
+    assert said.startswith("model m on cuda:0: RuntimeError: x") and said.endswith("…")
+    assert len(said) == 300
