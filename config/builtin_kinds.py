@@ -9,8 +9,8 @@ from typing import Any, Mapping
 from config.checks import ConfigError
 from config.kinds import Kind, register
 from config.preprocess import parse_preprocess
-from config.values import (folder_labels, labels, model_file, non_negative, positive_int,
-                           resolve_path, tensor_input)
+from config.values import (MOST_OUTPUT_FLOATS, folder_labels, labels, model_file, non_negative,
+                           positive_int, resolve_path, tensor_input)
 
 
 def _package_or_path(where: str, kind: str, raw: Mapping[str, Any],
@@ -67,7 +67,8 @@ def _synthetic(where: str, raw: Mapping[str, Any], base: Path) -> dict[str, Any]
     if "prepare_ms" in raw:
         values["prepare_ms"] = non_negative(where, "prepare_ms", raw["prepare_ms"])
     if "output_floats" in raw:
-        values["output_floats"] = positive_int(where, "output_floats", raw["output_floats"])
+        values["output_floats"] = positive_int(where, "output_floats", raw["output_floats"],
+                                               MOST_OUTPUT_FLOATS)
     return values
 
 

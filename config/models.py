@@ -18,7 +18,7 @@ from config.groups import GROUP_NAME
 from config.kinds import Kind, check_kind_modules, import_kind_modules, kind_names, kind_of
 from config.preprocess import IMAGE_FORMATS, IMAGE_SOURCES, ImagePreprocess
 from config.settings import CONFIG_DIR, PROJECT_DIR, ConfigError
-from config.values import non_negative, one_of, positive_int
+from config.values import MOST_BATCH, non_negative, one_of, positive_int
 
 # int8: dynamic quantisation of the linear layers, which torch runs on the CPU only.
 DTYPES = ("float32", "float16", "bfloat16", "int8")
@@ -174,7 +174,8 @@ def parse_model(name: str, raw: dict[str, Any], base: Path,
                 "max_queue_depth", "oom_above", "top_k", "max_image_bytes",
                 "max_image_pixels"):
         if key in raw:
-            values[key] = positive_int(where, key, raw[key])
+            values[key] = positive_int(where, key, raw[key],
+                                       MOST_BATCH if key == "max_batch_size" else None)
     values["batch_size_declared"] = "max_batch_size" in raw
     for key in ("max_wait_ms", "base_ms", "per_item_ms", "timeout_s", "time_limit_s"):
         if key in raw:

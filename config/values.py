@@ -14,9 +14,18 @@ from config.checks import ConfigError
 INPUT_DTYPES = ("float32", "float64", "int64")
 
 
-def positive_int(where: str, key: str, value: Any) -> int:
+# The most items of one model call, and floats of one stand-in output: a models file's
+# `max_batch_size: 100000000000` (the outside attack of session 13) had each new child build
+# that many warm-up inputs, and a stand-in's `output_floats` as large, that many per item.
+MOST_BATCH = 65_536  # sixteen times the largest batch the calibrator tries by default
+MOST_OUTPUT_FLOATS = 65_536
+
+
+def positive_int(where: str, key: str, value: Any, most: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+    if most is not None and value > most:
+        raise ConfigError(f"{where}: {key} must be an integer from 1 to {most}, got {value!r}")
     return value
 
 

@@ -69,6 +69,11 @@ def write(tmp_path: Path, models: dict) -> Path:
     ({"kind": "synthetic", "prepare_ms": -0.5},
      "prepare_ms must be a finite number >= 0, got -0.5"),
     ({"kind": "synthetic", "output_floats": 0}, "output_floats must be an integer >= 1, got 0"),
+    # The outside attack of session 13: each new child built 10**11 warm-up inputs.
+    ({"kind": "synthetic", "max_batch_size": 10**11},
+     "max_batch_size must be an integer from 1 to 65536, got 100000000000"),
+    ({"kind": "synthetic", "output_floats": 65_537},
+     "output_floats must be an integer from 1 to 65536, got 65537"),
     ({"kind": "embedding", "package": "p", "prepare_ms": 1}, "unknown key\\(s\\) prepare_ms"),
     ({"kind": "image", "path": "m.pt2"}, "needs `preprocess`"),
     ({"kind": "image", "path": "m.pt2", "preprocess": {"resize": 256}}, "add `crop`"),
