@@ -27,7 +27,7 @@ from workers import broker, metrics
 from workers.child import load_failure
 from workers.child.devices import visible_gpu_count
 from workers.child.runtime import start_runtime, stop_runtime
-from workers.spawn import project_on_path
+from workers.spawn import make_own_folder, project_on_path
 from workers.batching import prefetch
 from workers.batching.model_tasks import register_model
 from workers.batching.stopping import LAST_RESORT_S, exit_within, hold_stops_for_the_main_process
@@ -76,7 +76,7 @@ def select_models(sender: str, instance, conf, **_kw) -> None:
     conf.iq_consumes_all = queues >= {s.queue for s in specs.values()}
     logger.info("worker %s serves models: %s", sender, ", ".join(models) or "(none)")
     conf.iq_metrics_address = metrics.serve(conf.iq_settings)
-    load_failure.arm()
+    make_own_folder()  # for its children: why one could not load, the stand-in's locks
 
 
 @signals.worker_ready.connect

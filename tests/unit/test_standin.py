@@ -3,6 +3,7 @@ with the GIL held, the device's time with the GIL released, outputs packed as a 
 embedding model's are."""
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
@@ -15,6 +16,7 @@ import yaml
 
 from config import load_models
 from config.models import settings_digest
+from scripts.stack import ROOT
 from tasks import results
 from workers.child.handlers.tensor import SyntheticHandler
 
@@ -121,3 +123,27 @@ def test_the_device_lock_is_never_opened_through_a_link_nor_for_writing(tmp_path
     handler.device_lock = tmp_path / "own.lock"
     handler.inference(["a"])
     assert (handler.device_lock.stat().st_mode & 0o222) == 0o200  # only its owner could write
+
+
+def test_a_workers_lock_is_in_its_own_folder_which_goes_with_it(tmp_path):
+    """The outside attack of session 13: a lock a worker, named after its pid, was left in
+    the shared temporary folder after every worker's exit. In a worker (its main process made
+    its own folder: workers/spawn.py), the lock is there, and the folder goes at its exit."""
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump({"models": {"s": {
+        "kind": "synthetic", "base_ms": 0, "per_item_ms": 0, "output_floats": 1}}}))
+    script = f"""
+from config import load_models
+from workers.child.handlers.tensor import SyntheticHandler
+from workers.spawn import make_own_folder, own_folder
+make_own_folder()
+handler = SyntheticHandler(load_models({str(tmp_path / "models.yaml")!r})["s"], "cpu")
+handler.inference(["a"])
+print(own_folder(), oct(own_folder().stat().st_mode & 0o777), handler.device_lock,
+      handler.device_lock.exists())
+"""
+    ran = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    folder, mode, lock, existed = ran.stdout.split()
+    assert mode == "0o700" and Path(lock).parent == Path(folder) and existed == "True"
+    assert not Path(folder).exists()

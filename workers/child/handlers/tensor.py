@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 from config.models import ModelSpec
 from workers.child.handlers.base import Handler, output_rows
+from workers.spawn import own_folder
 
 _INPUT_DTYPES = {"float32": "float32", "float64": "float64", "int64": "int64"}
 
@@ -104,7 +105,7 @@ class SyntheticHandler(Handler):
     postprocess returns them (base.output_rows), so that they are packed and stored as its
     are. Its device is one
     per worker, as a GPU is: children of one worker on the same device take turns on it (a
-    lock file named after the worker's main process and the device), so a second child per
+    lock file in the worker's own folder, named after the device), so a second child per
     device overlaps its work with the device's, never two devices' worth of sleep. Its
     calibration against the H200 run is in bench/README.md, "A GPU-faithful stand-in".
 
@@ -119,8 +120,10 @@ class SyntheticHandler(Handler):
         self.output_floats = int(own.get("output_floats", 0))
         self.device_lock: Path | None = None
         if own:  # the stand-in: one device per worker, whatever its children
-            self.device_lock = Path(tempfile.gettempdir()) / (
-                f"iq-standin-{os.getppid()}-{device.replace(':', '')}.lock")
+            # In its worker's own folder (workers/spawn.py), gone with it; alone (the
+            # calibrator), in the temporary folder, named after the process that started it.
+            folder = own_folder() or Path(tempfile.gettempdir())
+            self.device_lock = folder / f"iq-standin-{os.getppid()}-{device.replace(':', '')}.lock"
 
     def initialize(self) -> None:
         gate = Path(self.spec.load_gate) if self.spec.load_gate else None
