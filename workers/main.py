@@ -110,8 +110,9 @@ def load_models(sender: str | None = None, **_kw) -> None:
         # the jobs wait for a worker that can run them.
         logger.critical("pool child %d could not load its models; this worker stops",
                         index, exc_info=True)
-        load_failure.record(f"pool child {index} could not load its models: "
-                            f"{reload_failures.one_line(exc)}")
+        noted = "".join(f"{note}: " for note in getattr(exc, "__notes__", ()))  # its model
+        load_failure.record(f"pool child {index} could not load its models: {noted}"
+                            f"{type(exc).__name__}: {exc}")
         logging.shutdown()
         os.kill(os.getppid(), signal.SIGTERM)
         os._exit(1)
