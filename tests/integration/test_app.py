@@ -27,7 +27,12 @@ def api(server, tmp_path):
     redis.Redis.from_url(server.extra["admin_url"]).flushdb()
     models = tmp_path / "models.yaml"
     models.write_text(yaml.safe_dump({"models": MODELS}))
-    app = create_app({"redis_url": server.extra["url"], "models_file": str(models)})
+    # The app runs in this test's own process, some tests under a profiler: on a loaded CI
+    # host a stall once spent a request's 2 s Redis deadline (a 503 where 200 was meant;
+    # ~0.2 s here under 12 busy loops). The deadline is tested on the defaults, with Redis
+    # frozen (tests/faults/test_redis_stalls.py, test_group_frozen_deadlines.py).
+    app = create_app({"redis_url": server.extra["url"], "models_file": str(models),
+                      "redis_deadline_s": 30.0})
     yield app.test_client()
     app.extensions["iq.store"].waiter.close()
 
@@ -277,15 +282,9 @@ def test_a_wait_watches_its_job_without_a_generator(api):
     try:
         answers.append(api.post("/v1/jobs", json={"model": "echo", "inputs": ["a"]},
                                 headers={"Prefer": "wait=0.05"}))
-        # A 503 is sent again, as it tells a client to: on a stalled CI host a wait's own
-        # Redis time once passed its 2 s deadline (it takes ~0.2 s here, under 12 busy loops).
-        for _ in range(3):
-            answers.append(api.get(f"{answers[0].get_json()['url']}?wait=0.05"))
-            if answers[-1].status_code != 503:
-                break
+        answers.append(api.get(f"{answers[0].get_json()['url']}?wait=0.05"))
     finally:
         sys.setprofile(None)
-    codes = [a.status_code for a in answers]
-    assert codes[0] == 202 and codes[-1] == 200 and set(codes[1:-1]) <= {503}, codes
+    assert [a.status_code for a in answers] == [202, 200]
     assert answers[0].headers["Preference-Applied"] == "wait=0.05"
     assert resumed == []
