@@ -24,8 +24,10 @@ def api(redis_server, tmp_path):
     redis.Redis.from_url(redis_server.extra["admin_url"]).flushdb()
     models = tmp_path / "models.yaml"
     models.write_text(yaml.safe_dump({"models": MODELS}))
+    # In this process, under a profiler: a loaded host's stall is no 503 here (as in
+    # test_app.py's `api`; the deadline is tested on the defaults, with Redis frozen).
     app = create_app({"redis_url": redis_server.extra["url"], "models_file": str(models),
-                      "max_wait_s": 0.2})
+                      "max_wait_s": 0.2, "redis_deadline_s": 30.0})
     client = app.test_client()
     assert client.post("/v1/jobs", json=JOB).status_code == 202  # warm
     yield client
