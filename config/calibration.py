@@ -18,6 +18,7 @@ from typing import Any
 from config.models import ModelSpec
 from config.checks import ConfigError
 from config.settings import Settings
+from config.values import MOST_BATCH
 
 logger = logging.getLogger(__name__)
 
@@ -66,14 +67,19 @@ def batch_size_for(spec: ModelSpec, on_gpu: bool, answers: dict[str, dict[str, A
     if spec.batch_size_declared or not on_gpu or not answer \
             or not str(answer.get("device", "")).startswith("cuda"):
         return spec.max_batch_size  # an answer measured on a CPU says nothing of a GPU
-    try:
-        largest = int(answer["largest_safe"])
-        seq = answer.get("max_seq_length")
-        return recommended(largest, token_cap(max_batch_tokens, int(seq) if seq else None))
-    except (KeyError, TypeError, ValueError):
+    largest, seq = answer.get("largest_safe"), answer.get("max_seq_length")
+    # An integer the models file could declare (a file's 10**11 or Infinity, the outside
+    # attack of session 14, would have each child warm up on that many items, or stop it).
+    if not _integer(largest, 1, MOST_BATCH) or not (seq is None or _integer(seq, 0)):
         raise ConfigError(f"calibration_file: model {spec.name}: expected largest_safe (an "
-                          f"integer) and max_seq_length (an integer or null), got "
-                          f"{answer!r}") from None
+                          f"integer from 1 to {MOST_BATCH}) and max_seq_length (an integer "
+                          f"or null), got {answer!r}")
+    return recommended(largest, token_cap(max_batch_tokens, seq))
+
+
+def _integer(value: Any, least: int, most: int | None = None) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least \
+        and (most is None or value <= most)
 
 
 def on_gpu(spec: ModelSpec, gpus: int) -> bool:

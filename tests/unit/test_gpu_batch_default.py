@@ -98,6 +98,19 @@ def test_on_a_gpu_a_model_without_its_own_max_batch_takes_the_calibrators_answer
         batch_size_for(spec({}), True, {"enc": {"device": "cuda", "largest": 5}}, 16384)
 
 
+@pytest.mark.parametrize("largest", [10**11, 1e300, float("inf"), 65_537, 512.0, True, 0])
+def test_an_answer_no_models_file_could_declare_is_refused(largest):
+    """The outside attack of session 14: a calibration file's `largest_safe` of 10**11 made a
+    batch of 8 * 10**10 (each child's warm-up that many items), the models file's bound gone
+    round; Infinity raised OverflowError past the file's refusal. Now each is refused as a
+    bad answer (the worker logs it and the model keeps max_batch_size)."""
+    answers = {"enc": {"device": "cuda:0", "largest_safe": largest, "max_seq_length": None}}
+    with pytest.raises(ConfigError, match="expected largest_safe \\(an integer from 1 to 65536"):
+        batch_size_for(spec({}), True, answers, 16384)
+    assert batch_size_for(spec({}), True, {"enc": {**answers["enc"], "largest_safe": 65_536}},
+                          1 << 30) == 52_428
+
+
 def test_the_answer_saved_is_read_back_beside_the_models_file(tmp_path):
     settings = load_settings({"models_file": str(tmp_path / "models.yaml")}, environ={})
     path = calibration_path(settings)
