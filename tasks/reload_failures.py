@@ -21,7 +21,8 @@ from tasks.redis_client import connect
 # Long enough for any reload to see it; `make reload` clears it when it announces the
 # revision again (an operator who fixed the host retries the same file).
 FAILED_TTL_S = 24 * 3600
-_MAX_ERROR = 300
+_MAX_ERROR = 300  # characters of a recorded error
+_MOST_NOTE = 100  # characters of each note (what was being done) in it
 
 
 def one_line(exc: BaseException) -> str:
@@ -32,8 +33,13 @@ def one_line(exc: BaseException) -> str:
     notes, described.__notes__ = described.__notes__ or [], None
     text = list(described.format_exception_only())[-1].strip()
     text = text.splitlines()[0] if text else type(exc).__name__
-    text = ": ".join([*(" ".join(str(n).split()) for n in notes), text])
-    return text if len(text) <= _MAX_ERROR else text[:_MAX_ERROR - 1] + "…"
+    # Each note cut short: a 290-character model name left no room for the error itself.
+    text = ": ".join([*(_cut(" ".join(str(n).split()), _MOST_NOTE) for n in notes), text])
+    return _cut(text, _MAX_ERROR)
+
+
+def _cut(text: str, most: int) -> str:
+    return text if len(text) <= most else text[:most - 1] + "…"
 
 
 def record(settings: Settings, revision: str, worker: str, exc: BaseException) -> bool:
@@ -52,7 +58,7 @@ def record_refusal(client: redis.Redis, revision: str, process: str, error: str)
     """In an API process whose canary of `revision` failed (app/reloading.py): as a pool
     child's failed load, it halts the roll, the workers that began it rolling back.
     `process`: its report's field (`api:<host>/<pid>`)."""
-    error = error if len(error) <= _MAX_ERROR else error[:_MAX_ERROR - 1] + "…"
+    error = _cut(error, _MAX_ERROR)
     failure = {"worker": process, "error": error, "at": time.time()}
     client.set(reload_failed_key(revision), orjson.dumps(failure), ex=FAILED_TTL_S)
 

@@ -40,3 +40,9 @@ def test_a_long_one_is_cut():
     said = one_line(raised(RuntimeError("x" * 1000), "model m on cuda:0"))
     assert said.startswith("model m on cuda:0: RuntimeError: x") and said.endswith("…")
     assert len(said) == 300
+
+
+def test_a_long_note_leaves_room_for_the_error():
+    """The outside attack of session 14: a 290-character model name filled the line."""
+    said = one_line(raised(RuntimeError("boom"), f"model {'m' * 290} on cpu"))
+    assert said.endswith("…: RuntimeError: boom") and len(said) == 100 + len(": RuntimeError: boom")

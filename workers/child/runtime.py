@@ -88,20 +88,21 @@ class ModelRuntime:
     def _load(self, name: str) -> Handler:
         from workers.child.devices import device_for
 
-        declared = self.all_specs[name]
-        device = device_for(declared, self.index, handler_class(declared.kind).runs_torch)
-        # Its warm-up and its chunks at the batch its worker hands it: on a GPU, the
-        # calibrator's answer (config/calibration.py), not the models file's default.
-        spec = sized(declared, self.settings, device.startswith("cuda"))
-        # CUDA caps memory per process: this child's cap on a device is the sum of the
-        # fractions of the models it holds there.
-        self._fractions[device] = self._fractions.get(device, 0.0) + spec.memory_fraction
+        declared, device = self.all_specs[name], ""
         started = time.monotonic()
         try:
-            handler = load_handler(spec, device, self.settings, self._fractions[device])
+            device = device_for(declared, self.index, handler_class(declared.kind).runs_torch)
+            # Its warm-up and its chunks at the batch its worker hands it: on a GPU, the
+            # calibrator's answer (config/calibration.py), not the models file's default.
+            spec = sized(declared, self.settings, device.startswith("cuda"))
+            # CUDA caps memory per process: this child's cap on a device is the sum of the
+            # fractions of the models it holds there.
+            fraction = self._fractions.get(device, 0.0) + spec.memory_fraction
+            handler = load_handler(spec, device, self.settings, fraction)
         except Exception as exc:  # said with the model's name (tasks/reload_failures.py)
-            exc.add_note(f"model {name} on {device}")
+            exc.add_note(f"model {name} on {device}" if device else f"model {name}")
             raise
+        self._fractions[device] = fraction
         self.handlers[name] = handler
         self.specs[name] = spec
         self.versions[name] = model_version(spec)
