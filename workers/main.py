@@ -75,8 +75,8 @@ def select_models(sender: str, instance, conf, **_kw) -> None:
     # of a model that a reload adds, too.
     conf.iq_consumes_all = queues >= {s.queue for s in specs.values()}
     logger.info("worker %s serves models: %s", sender, ", ".join(models) or "(none)")
-    conf.iq_metrics_address = metrics.serve(conf.iq_settings)
-    make_own_folder()  # for its children: why one could not load, the stand-in's locks
+    # Its children's metrics, why one could not load, the stand-in's locks: workers/spawn.py.
+    conf.iq_metrics_address = metrics.serve(conf.iq_settings, make_own_folder())
 
 
 @signals.worker_ready.connect

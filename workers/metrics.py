@@ -15,9 +15,9 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from config import Settings
@@ -111,13 +111,15 @@ def child_exited(pid: int) -> None:
     multiprocess.mark_process_dead(pid)
 
 
-def serve(settings: Settings) -> str | None:
+def serve(settings: Settings, own_folder: Path) -> str | None:
     """In the worker's main process, before its pool starts: the children's multiprocess
-    folder (a fresh one per worker unless PROMETHEUS_MULTIPROC_DIR names one), and every
-    child's metrics served on settings.worker_metrics_port or the first free port after it;
-    the address it serves them on."""
+    folder (a fresh one per worker, in its `own_folder`, gone at its exit: workers/spawn.py;
+    unless PROMETHEUS_MULTIPROC_DIR names one), and every child's metrics served on
+    settings.worker_metrics_port or the first free port after it; the address it serves
+    them on."""
     if not os.environ.get(MULTIPROC_ENV):
-        os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="iq-worker-metrics-")
+        (own_folder / "metrics").mkdir(mode=0o700)
+        os.environ[MULTIPROC_ENV] = str(own_folder / "metrics")
     if settings.worker_metrics_port <= 0:
         return None
     from prometheus_client import CollectorRegistry, multiprocess

@@ -25,20 +25,21 @@ def project_on_path() -> None:
 FOLDER_VARIABLE = "_IQ_WORKER_FOLDER"
 
 
-def make_own_folder() -> None:
+def make_own_folder() -> Path:
     """In the main process, before its children start: a folder of its own (mkdtemp: 0700),
-    named in the environment its spawned children inherit and removed at its exit. A child
-    writes there why it could not load its models (workers/child/load_failure.py), and the
-    stand-in's children take turns on their device through a lock there
-    (workers/child/handlers/tensor.py): nothing of a worker's is left in the shared
-    temporary folder, nor at a name another user could guess."""
+    named in the environment its spawned children inherit and removed at its exit (left only
+    by a kill -9). The children's metrics are there (workers/metrics.py); a child writes
+    there why it could not load its models (workers/child/load_failure.py); the stand-in's
+    children take turns on their device through a lock there
+    (workers/child/handlers/tensor.py)."""
     folder = tempfile.mkdtemp(prefix="iq-worker-")
     os.environ[FOLDER_VARIABLE] = folder
     atexit.register(shutil.rmtree, folder, True)
+    return Path(folder)
 
 
 def own_folder() -> Path | None:
-    """The worker's own folder, in its main process and its children; None outside a worker
-    (the batch-size calibrator loads a model alone)."""
+    """The worker's own folder, in its main process (once made) and its children; None
+    outside a worker (the batch-size calibrator loads a model alone)."""
     found = os.environ.get(FOLDER_VARIABLE)
     return Path(found) if found else None

@@ -19,6 +19,7 @@ from config.models import settings_digest
 from scripts.stack import ROOT
 from tasks import results
 from workers.child.handlers.tensor import SyntheticHandler
+from workers.spawn import FOLDER_VARIABLE
 
 
 def standin(tmp_path: Path, **keys) -> SyntheticHandler:
@@ -89,10 +90,11 @@ def _write(tmp_path: Path, model: dict) -> Path:
     return path
 
 
-def test_children_of_one_worker_take_turns_on_the_stand_ins_device(tmp_path):
+def test_children_of_one_worker_take_turns_on_the_stand_ins_device(tmp_path, monkeypatch):
     """Two handlers of one worker on one device (threads here, children there: the lock is a
-    file's) run their device time one after the other, as calls on one GPU do; each one's
-    device span is its own sleep, not its wait for the other."""
+    file's, in the worker's own folder) run their device time one after the other, as calls
+    on one GPU do; each one's device span is its own sleep, not its wait for the other."""
+    monkeypatch.setenv(FOLDER_VARIABLE, str(tmp_path))
     first, second = (standin(tmp_path, base_ms=150, per_item_ms=0, output_floats=1)
                      for _ in range(2))
     with ThreadPoolExecutor(2) as pool:
@@ -147,3 +149,12 @@ print(own_folder(), oct(own_folder().stat().st_mode & 0o777), handler.device_loc
     folder, mode, lock, existed = ran.stdout.split()
     assert mode == "0o700" and Path(lock).parent == Path(folder) and existed == "True"
     assert not Path(folder).exists()
+
+
+def test_a_stand_in_alone_takes_no_lock(tmp_path):
+    """The outside attack of session 14: outside a worker (the calibrator loads a model
+    alone), the lock was a guessable name in /tmp that another user could hold, blocking the
+    calibrator, and that stayed behind. One process alone has no one to take turns with."""
+    handler = standin(tmp_path, base_ms=1, per_item_ms=0, output_floats=1)
+    assert handler.device_lock is None
+    handler.inference(["a"])

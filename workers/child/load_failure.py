@@ -6,9 +6,12 @@ as after an operator's stop. The child writes its reason to a file in its worker
 back to the queues); the main process reads the reason as it shuts down."""
 from __future__ import annotations
 
+import logging
 import os
 
 from workers.spawn import own_folder
+
+logger = logging.getLogger(__name__)
 
 _MOST = 400  # characters of the reason kept: one line
 
@@ -26,10 +29,15 @@ def record(reason: str) -> None:
         return
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except OSError:
+    except FileExistsError:
         return  # another child's came first
+    except OSError as exc:  # its folder gone (a cleaner of /tmp): said, as its worker may not
+        logger.error("the reason this child could not load its models was not kept for its "
+                     "worker's exit status (%s): %s", exc, reason)
+        return
+    line = " ".join(reason.split())
     with os.fdopen(fd, "w") as out:
-        out.write(" ".join(reason.split())[:_MOST])
+        out.write(line if len(line) <= _MOST else line[:_MOST - 1] + "…")
 
 
 def reason() -> str:

@@ -11,7 +11,6 @@ import contextlib
 import fcntl
 import os
 import signal
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -119,11 +118,11 @@ class SyntheticHandler(Handler):
         self.prepare_s = float(own.get("prepare_ms", 0.0)) / 1000.0
         self.output_floats = int(own.get("output_floats", 0))
         self.device_lock: Path | None = None
-        if own:  # the stand-in: one device per worker, whatever its children
-            # In its worker's own folder (workers/spawn.py), gone with it; alone (the
-            # calibrator), in the temporary folder, named after the process that started it.
-            folder = own_folder() or Path(tempfile.gettempdir())
-            self.device_lock = folder / f"iq-standin-{os.getppid()}-{device.replace(':', '')}.lock"
+        folder = own_folder()
+        if own and folder:  # the stand-in in a worker: one device per worker, whatever its
+            # children; the lock in the worker's own folder (workers/spawn.py), gone with it.
+            # Alone (the calibrator), it has no one to take turns with.
+            self.device_lock = folder / f"standin-{device.replace(':', '')}.lock"
 
     def initialize(self) -> None:
         gate = Path(self.spec.load_gate) if self.spec.load_gate else None
@@ -171,9 +170,9 @@ class SyntheticHandler(Handler):
         if self.device_lock is None:
             yield
             return
-        # Read-only, and never through a link: the name is a guessable one in the shared
-        # temporary folder, and a link planted there must not get a root worker to open (and
-        # create) its target for writing. flock needs no write access.
+        # Read-only, and never through a link: a link planted where the lock goes (it was a
+        # guessable name in the shared temporary folder) must not get a root worker to open
+        # (and create) its target for writing. flock needs no write access.
         lock = os.open(self.device_lock, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                        0o600)
         try:
