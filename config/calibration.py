@@ -31,14 +31,14 @@ def calibration_path(settings: Settings) -> Path:
 def load_calibration(path: Path) -> dict[str, dict[str, Any]]:
     """The answers saved, by model; {} when there is no file."""
     try:
-        content = path.read_text()
+        content = path.read_bytes()
     except FileNotFoundError:
         return {}
     except OSError as exc:
         raise ConfigError(f"calibration_file {path}: cannot be read: {exc}") from None
     try:
         answers = json.loads(content)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # not UTF-8 (a ValueError), nested too deep
         raise ConfigError(f"calibration_file {path}: not JSON: {exc}") from None
     if not isinstance(answers, dict) or not all(isinstance(v, dict) for v in answers.values()):
         raise ConfigError(f"calibration_file {path}: expected an object of models, each an "
@@ -73,8 +73,12 @@ def batch_size_for(spec: ModelSpec, on_gpu: bool, answers: dict[str, dict[str, A
     if not _integer(largest, 1, MOST_BATCH) or not (seq is None or _integer(seq, 0)):
         raise ConfigError(f"calibration_file: model {spec.name}: expected largest_safe (an "
                           f"integer from 1 to {MOST_BATCH}) and max_seq_length (an integer "
-                          f"or null), got {answer!r}")
+                          f"or null), got {_cut(repr(answer))}")
     return recommended(largest, token_cap(max_batch_tokens, seq))
+
+
+def _cut(text: str, most: int = 200) -> str:
+    return text if len(text) <= most else text[:most - 1] + "…"
 
 
 def _integer(value: Any, least: int, most: int | None = None) -> bool:

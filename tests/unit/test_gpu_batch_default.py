@@ -123,6 +123,11 @@ def test_the_answer_saved_is_read_back_beside_the_models_file(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ConfigError, match=f"calibration_file {path}: not JSON"):
         load_calibration(path)
+    # The re-attack of session 14: each stopped a worker at its start, not refused.
+    for content in (b"[" * 100_000, b'{"enc": {"device": "cuda\xff"}}'):
+        path.write_bytes(content)
+        with pytest.raises(ConfigError, match=f"calibration_file {path}: not JSON"):
+            load_calibration(path)
 
 
 @pytest.mark.parametrize("value", [0, -5])
