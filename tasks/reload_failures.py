@@ -25,17 +25,19 @@ _MAX_ERROR = 300  # characters of a recorded error
 _MOST_NOTE = 100  # characters of each note (what was being done) in it
 
 
-def one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException, whole: bool = False, most: int = _MAX_ERROR) -> str:
     """The exception as one short line: what was being done, as its notes say (the model a
     pool child was loading: workers/child/runtime.py), then its type and the first line of
-    its message."""
+    its message (`whole`: all of it, its lines joined: a TorchScript error's first line names
+    no cause). A message that cannot be made (its `__str__` raises) is said so."""
     described = traceback.TracebackException.from_exception(exc, limit=0)
     notes, described.__notes__ = described.__notes__ or [], None
-    text = list(described.format_exception_only())[-1].strip()
+    lines = list(described.format_exception_only())
+    text = " ".join(" ".join(lines).split()) if whole else lines[-1].strip()
     text = text.splitlines()[0] if text else type(exc).__name__
     # Each note cut short: a 290-character model name left no room for the error itself.
     text = ": ".join([*(_cut(" ".join(str(n).split()), _MOST_NOTE) for n in notes), text])
-    return _cut(text, _MAX_ERROR)
+    return _cut(text, most)
 
 
 def _cut(text: str, most: int) -> str:

@@ -94,28 +94,33 @@ def load_models(sender: str | None = None, **_kw) -> None:
     try:
         start_runtime(celery, sender or "worker", index)
     except BaseException as exc:
-        if _reload_from and reload_failures.record(celery.conf.iq_settings, _pinned[1],
-                                               sender or "worker", exc):
-            # A reload's new models: this child exits, and its worker keeps serving the
-            # models it had, rolling the reload back (workers/batching/reload.py).
-            logger.error("pool child %d could not load models file revision %s (a reload's): "
-                         "recorded; this worker rolls back to revision %s", index, _pinned[1],
-                         _reload_from, exc_info=True)
+        # Whatever happens here (an error whose message cannot be made, Redis away), the
+        # child exits: kept, it would take jobs it cannot run.
+        stop_the_worker = True
+        try:
+            if _reload_from and reload_failures.record(celery.conf.iq_settings, _pinned[1],
+                                                   sender or "worker", exc):
+                # A reload's new models: this child exits, and its worker keeps serving the
+                # models it had, rolling the reload back (workers/batching/reload.py).
+                stop_the_worker = False
+                logger.error("pool child %d could not load models file revision %s (a "
+                             "reload's): recorded; this worker rolls back to revision %s",
+                             index, _pinned[1], _reload_from, exc_info=True)
+            else:
+                # Celery would only log this and keep a child that cannot run a batch: every
+                # job handed to it would fail, though none is at fault; and a child that
+                # merely exits is started again, and fails again, for ever. So the whole
+                # worker stops (a warm shutdown of its main process: what it holds goes back
+                # to the queues), loudly, and the jobs wait for a worker that can run them.
+                logger.critical("pool child %d could not load its models; this worker stops",
+                                index, exc_info=True)
+                load_failure.record(f"pool child {index} could not load its models: "
+                                    f"{reload_failures.one_line(exc, whole=True, most=350)}")
+        finally:
             logging.shutdown()
+            if stop_the_worker:
+                os.kill(os.getppid(), signal.SIGTERM)
             os._exit(1)
-        # Celery would only log this and keep a child that cannot run a batch: every job
-        # handed to it would fail, though none is at fault; and a child that merely exits is
-        # started again, and fails again, for ever. So the whole worker stops (a warm
-        # shutdown of its main process: what it holds goes back to the queues), loudly, and
-        # the jobs wait for a worker that can run them.
-        logger.critical("pool child %d could not load its models; this worker stops",
-                        index, exc_info=True)
-        noted = "".join(f"{note}: " for note in getattr(exc, "__notes__", ()))  # its model
-        load_failure.record(f"pool child {index} could not load its models: {noted}"
-                            f"{type(exc).__name__}: {exc}")
-        logging.shutdown()
-        os.kill(os.getppid(), signal.SIGTERM)
-        os._exit(1)
     # From its first batch on, a SIGTERM to the worker's whole group (make run's stop) leaves
     # the child's batch to the main process's warm shutdown (workers/batching/stopping.py).
     hold_stops_for_the_main_process()

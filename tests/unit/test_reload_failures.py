@@ -46,3 +46,20 @@ def test_a_long_note_leaves_room_for_the_error():
     """The outside attack of session 14: a 290-character model name filled the line."""
     said = one_line(raised(RuntimeError("boom"), f"model {'m' * 290} on cpu"))
     assert said.endswith("…: RuntimeError: boom") and len(said) == 100 + len(": RuntimeError: boom")
+
+
+def test_the_whole_message_in_one_line_and_a_message_that_cannot_be_made():
+    """A worker's exit reason keeps the whole message (a TorchScript error's first line names
+    no cause); the re-attack of session 14: an error whose __str__ raised raised again in the
+    child's handler, which then never stopped its worker."""
+    exc = raised(RuntimeError("The following operation failed\n  RuntimeError: boom"),
+                 "model m")
+    assert one_line(exc, whole=True) == \
+        "model m: RuntimeError: The following operation failed RuntimeError: boom"
+
+    class Unsayable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    assert one_line(raised(Unsayable(), "model m on cpu"), whole=True).startswith(
+        "model m on cpu: ")

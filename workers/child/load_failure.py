@@ -24,7 +24,7 @@ def _where() -> str:
 def record(reason: str) -> None:
     """In a child that could not load its models: its reason, one line (the first child's
     is kept)."""
-    path = _where()
+    path, line = _where(), " ".join(reason.split())
     if not path:
         return
     try:
@@ -33,9 +33,8 @@ def record(reason: str) -> None:
         return  # another child's came first
     except OSError as exc:  # its folder gone (a cleaner of /tmp): said, as its worker may not
         logger.error("the reason this child could not load its models was not kept for its "
-                     "worker's exit status (%s): %s", exc, reason)
+                     "worker's exit status (%s): %s", exc, line)
         return
-    line = " ".join(reason.split())
     with os.fdopen(fd, "w") as out:
         out.write(line if len(line) <= _MOST else line[:_MOST - 1] + "…")
 
