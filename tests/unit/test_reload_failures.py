@@ -45,7 +45,8 @@ def test_a_long_one_is_cut():
 def test_a_long_note_leaves_room_for_the_error():
     """The outside attack of session 14: a 290-character model name filled the line."""
     said = one_line(raised(RuntimeError("boom"), f"model {'m' * 290} on cpu"))
-    assert said.endswith("…: RuntimeError: boom") and len(said) == 100 + len(": RuntimeError: boom")
+    assert said.endswith("…: RuntimeError: boom")
+    assert len(said) == 100 + len(": RuntimeError: boom")
 
 
 def test_the_whole_message_in_one_line_and_a_message_that_cannot_be_made():
