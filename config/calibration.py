@@ -18,7 +18,7 @@ from typing import Any
 from config.models import ModelSpec
 from config.checks import ConfigError
 from config.settings import Settings
-from config.values import MOST_BATCH
+from config.values import MOST_BATCH, shortened
 
 logger = logging.getLogger(__name__)
 
@@ -73,12 +73,8 @@ def batch_size_for(spec: ModelSpec, on_gpu: bool, answers: dict[str, dict[str, A
     if not _integer(largest, 1, MOST_BATCH) or not (seq is None or _integer(seq, 0)):
         raise ConfigError(f"calibration_file: model {spec.name}: expected largest_safe (an "
                           f"integer from 1 to {MOST_BATCH}) and max_seq_length (an integer "
-                          f"or null), got {_cut(repr(answer))}")
+                          f"or null), got {shortened(repr(answer), 200)}")
     return recommended(largest, token_cap(max_batch_tokens, seq))
-
-
-def _cut(text: str, most: int = 200) -> str:
-    return text if len(text) <= most else text[:most - 1] + "…"
 
 
 def _integer(value: Any, least: int, most: int | None = None) -> bool:

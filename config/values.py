@@ -21,6 +21,12 @@ MOST_BATCH = 65_536  # sixteen times the largest batch the calibrator tries by d
 MOST_OUTPUT_FLOATS = 65_536
 
 
+def shortened(text: str, most: int) -> str:
+    """`text` in at most `most` characters, said to be cut (a value or an error quoted in a
+    one-line message)."""
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
 def positive_int(where: str, key: str, value: Any, most: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{where}: {key} must be an integer >= 1, got {value!r}")

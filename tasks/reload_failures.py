@@ -15,6 +15,7 @@ import orjson
 import redis
 
 from config import Settings
+from config.values import shortened
 from tasks.keys import reload_failed_key
 from tasks.redis_client import connect
 
@@ -36,12 +37,8 @@ def one_line(exc: BaseException, whole: bool = False, most: int = _MAX_ERROR) ->
     text = " ".join(" ".join(lines).split()) if whole else lines[-1].strip()
     text = text.splitlines()[0] if text else type(exc).__name__
     # Each note cut short: a 290-character model name left no room for the error itself.
-    text = ": ".join([*(_cut(" ".join(str(n).split()), _MOST_NOTE) for n in notes), text])
-    return _cut(text, most)
-
-
-def _cut(text: str, most: int) -> str:
-    return text if len(text) <= most else text[:most - 1] + "…"
+    text = ": ".join([*(shortened(" ".join(str(n).split()), _MOST_NOTE) for n in notes), text])
+    return shortened(text, most)
 
 
 def record(settings: Settings, revision: str, worker: str, exc: BaseException) -> bool:
@@ -60,7 +57,7 @@ def record_refusal(client: redis.Redis, revision: str, process: str, error: str)
     """In an API process whose canary of `revision` failed (app/reloading.py): as a pool
     child's failed load, it halts the roll, the workers that began it rolling back.
     `process`: its report's field (`api:<host>/<pid>`)."""
-    error = _cut(error, _MAX_ERROR)
+    error = shortened(error, _MAX_ERROR)
     failure = {"worker": process, "error": error, "at": time.time()}
     client.set(reload_failed_key(revision), orjson.dumps(failure), ex=FAILED_TTL_S)
 

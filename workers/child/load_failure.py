@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 
+from config.values import shortened
 from workers.spawn import own_folder
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ def record(reason: str) -> None:
                      "worker's exit status (%s): %s", exc, line)
         return
     with os.fdopen(fd, "w") as out:
-        out.write(line if len(line) <= _MOST else line[:_MOST - 1] + "…")
+        out.write(shortened(line, _MOST))
 
 
 def reason() -> str:
