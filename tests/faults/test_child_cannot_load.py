@@ -50,3 +50,27 @@ def test_a_worker_whose_child_failed_to_load_fails_no_job(tmp_path):
             f"errors {errors}")
     finally:
         stack.stop()
+
+
+def test_a_child_whose_load_error_cannot_be_said_still_stops_its_worker(tmp_path):
+    """The re-attack of session 14: a load error whose `__str__` raised raised again in the
+    child's own handling, which then never stopped: the worker said it was ready with a child
+    that had no model, and exited 0 when stopped. The child exits whatever its error."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "models.yaml").write_text(yaml.safe_dump({
+        "kinds": ["tests.support.kinds.unsayable"], "models": {"quick": {"kind": "unsayable"}}}))
+    stack = launch(tmp_path, {"quick": QUICK}, {}, defaults=True, ready_models=[])
+    try:
+        stack.workers["b"] = start_worker(
+            "b", dict(stack.env, IQ_MODELS_FILE=str(broken / "models.yaml")), broken, ["quick"])
+        wait_until(lambda: stack.workers["b"].proc.poll() is not None, 120,
+                   "the worker of the unsayable model to stop")
+        assert stack.workers["b"].proc.returncode == 1
+        log = stack.workers["b"].log.read_text(errors="replace")
+        [line] = [line for line in log.splitlines() if "worker stopped, exit status 1: " in line]
+        assert line.split("worker stopped, exit status 1: ", 1)[1] == (
+            "pool child 0 could not load its models: model quick on cpu: "
+            "tests.support.kinds.unsayable_handler.Unsayable: <exception str() failed>"), line
+    finally:
+        stack.stop()

@@ -64,3 +64,10 @@ def test_the_whole_message_in_one_line_and_a_message_that_cannot_be_made():
 
     assert one_line(raised(Unsayable(), "model m on cpu"), whole=True).startswith(
         "model m on cpu: ")
+
+
+def test_control_characters_are_escaped():
+    """The re-attack of session 14: a terminal's escape codes in a model's name reached make
+    reload's answer as they were."""
+    said = one_line(raised(RuntimeError("bad\x07 \x9b2Jend"), "model \x1b[2Jm on cpu"))
+    assert said == "model \\x1b[2Jm on cpu: RuntimeError: bad\\x07 \\x9b2Jend"
