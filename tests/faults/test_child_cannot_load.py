@@ -15,6 +15,20 @@ from scripts.stack import launch, start_worker, wait_until
 pytestmark = pytest.mark.slow
 
 QUICK = {"kind": "synthetic", "base_ms": 5, "per_item_ms": 0, "max_batch_size": 8}
+STOPPED = "worker stopped, exit status 1: "
+
+
+def stopped_with(stack, broken) -> str:
+    """Worker `b` started on the broken host's models file (same model name and queue) until
+    it stops: its exit status must be 1; the one line that says why."""
+    stack.workers["b"] = start_worker(
+        "b", dict(stack.env, IQ_MODELS_FILE=str(broken / "models.yaml")), broken, ["quick"])
+    wait_until(lambda: stack.workers["b"].proc.poll() is not None, 120,
+               "the broken worker to stop")
+    assert stack.workers["b"].proc.returncode == 1
+    log = stack.workers["b"].log.read_text(errors="replace")
+    [line] = [line for line in log.splitlines() if STOPPED in line]
+    return line.split(STOPPED, 1)[1]
 
 
 def test_a_worker_whose_child_failed_to_load_fails_no_job(tmp_path):
@@ -28,17 +42,9 @@ def test_a_worker_whose_child_failed_to_load_fails_no_job(tmp_path):
 
     stack = launch(tmp_path, {"quick": QUICK}, {}, defaults=True, ready_models=[])
     try:
-        stack.workers["b"] = start_worker(
-            "b", dict(stack.env, IQ_MODELS_FILE=str(broken / "models.yaml")), broken, ["quick"])
-        wait_until(lambda: stack.workers["b"].proc.poll() is not None, 120,
-                   "the broken worker to stop")
-        assert "could not load its models" in stack.workers["b"].tail(300)
-        assert stack.workers["b"].proc.returncode == 1
-        lines = [line for line in stack.workers["b"].log.read_text(errors="replace")
-                 .splitlines() if "worker stopped, exit status 1: " in line]
-        assert len(lines) == 1 and lines[0].split("worker stopped, exit status 1: ", 1)[1] \
-            .startswith("pool child 0 could not load its models: model quick on cpu: "
-                        "RuntimeError: "), lines
+        why = stopped_with(stack, broken)
+        assert why.startswith("pool child 0 could not load its models: model quick on cpu: "
+                              "RuntimeError: "), why
 
         ids = [stack.submit("quick", [f"job-{i}"])["id"] for i in range(8)]
         stack.workers["a"] = start_worker("a", stack.env, tmp_path, ["quick"])
@@ -62,15 +68,8 @@ def test_a_child_whose_load_error_cannot_be_said_still_stops_its_worker(tmp_path
         "kinds": ["tests.support.kinds.unsayable"], "models": {"quick": {"kind": "unsayable"}}}))
     stack = launch(tmp_path, {"quick": QUICK}, {}, defaults=True, ready_models=[])
     try:
-        stack.workers["b"] = start_worker(
-            "b", dict(stack.env, IQ_MODELS_FILE=str(broken / "models.yaml")), broken, ["quick"])
-        wait_until(lambda: stack.workers["b"].proc.poll() is not None, 120,
-                   "the worker of the unsayable model to stop")
-        assert stack.workers["b"].proc.returncode == 1
-        log = stack.workers["b"].log.read_text(errors="replace")
-        [line] = [line for line in log.splitlines() if "worker stopped, exit status 1: " in line]
-        assert line.split("worker stopped, exit status 1: ", 1)[1] == (
+        assert stopped_with(stack, broken) == (
             "pool child 0 could not load its models: model quick on cpu: "
-            "tests.support.kinds.unsayable_handler.Unsayable: <exception str() failed>"), line
+            "tests.support.kinds.unsayable_handler.Unsayable: <exception str() failed>")
     finally:
         stack.stop()
