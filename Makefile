@@ -28,12 +28,16 @@ users: $(RUN_STAMP)
 reload: $(RUN_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m scripts.reload $(FILE)
 
+# The checkout's own bytecode first: every process the tests start then reads it (under
+# PYTHONDONTWRITEBYTECODE each would compile what it imports anew: scripts/compile_env.py).
 test: test-setup
+	$(VENV)/bin/python -m scripts.compile_env --project
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # The long checks `make test` leaves out (pytest.ini's `long` marker), a shorter one of each kind
 # running there.
 test-long: test-setup
+	$(VENV)/bin/python -m scripts.compile_env --project
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/python -m pytest -m long $(PYTEST_ARGS)
 
 # What the tests need, installed before they start: the environment (pip) and the system tools

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 import sysconfig
 
@@ -25,3 +26,17 @@ def test_the_files_are_this_environments_packages():
     site = sysconfig.get_paths()["purelib"]
     assert files and all(path.endswith(".py") for path in files)
     assert any(path.startswith(site) and "/celery/" in path for path in files)
+
+
+def test_the_projects_files_are_those_git_tracks_in_the_checkout(tmp_path):
+    """`--project` (make test, before the tests): the checkout's own modules, not an untracked
+    file beside them nor the environment's packages."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "pkg").mkdir()
+    for name in ("pkg/mod.py", "pkg/scratch.py", "README.md"):
+        (tmp_path / name).write_text("VALUE = 1\n")
+    subprocess.run(["git", "add", "pkg/mod.py", "README.md"], cwd=tmp_path, check=True)
+    assert compile_env.project_files(tmp_path) == [str(tmp_path / "pkg/mod.py")]
+    ours = compile_env.project_files()
+    assert str(compile_env.ROOT / "workers/main.py") in ours
+    assert not any("/.venv/" in path or "/site-packages/" in path for path in ours)
