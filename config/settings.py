@@ -297,6 +297,8 @@ OTHER_VARIABLES: dict[str, str] = {
     "IQ_API_KEY": "client/inference_queue_client/environment.py",
 }
 KNOWN_VARIABLES = frozenset(ENV_NAMES) | frozenset(OTHER_VARIABLES)
+# prometheus_client's own variable: its multiprocess files' folder (metrics_folder_problem).
+METRICS_FOLDER_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
@@ -308,6 +310,26 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
         hint = f"did you mean {close[0]}?" if close else "no setting has a name like it"
         lines.append(f"unknown environment variable {name}: {hint}")
     return lines
+
+
+def metrics_folder_problem(environ: Mapping[str, str]) -> str | None:
+    """One line when PROMETHEUS_MULTIPROC_DIR names a folder this process cannot write its
+    metrics in. prometheus_client writes each process's counters there (the API's processes,
+    a worker's children): set to a folder that is missing or not this user's to write, the
+    API's processes failed at their first counter and the worker served with no /metrics,
+    neither naming the variable. Unset, the API and each worker make a fresh folder of their
+    own (gunicorn.conf.py, workers/spawn.py)."""
+    folder = environ.get(METRICS_FOLDER_VARIABLE)
+    if not folder:
+        return None
+    if not os.path.isdir(folder):
+        why = "does not exist" if not os.path.lexists(folder) else "is not a folder"
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        why = "is a folder this process cannot write to"
+    else:
+        return None
+    return (f"{METRICS_FOLDER_VARIABLE} {folder!r} {why} (each process's metrics are written "
+            f"there; unset, the API and each worker make a folder of their own)")
 
 
 def _coerce(name: str, raw: Any, kind: type) -> Any:
@@ -398,6 +420,9 @@ def load_settings(
     unknown = unknown_variables(environ)
     if unknown:
         raise ConfigError("\n".join(unknown + ["(docs/configuration.md lists every variable)"]))
+    problem = metrics_folder_problem(environ)
+    if problem:
+        raise ConfigError(problem)
     types = {f.name: type(f.default) for f in fields(Settings)}
     values: dict[str, Any] = {}
     if environ.get("IQ_CONFIG"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 from dataclasses import fields
 
@@ -14,6 +15,7 @@ import yaml
 from config import ConfigError, Settings, load_settings
 from config.settings import ENV_NAMES, KNOWN_VARIABLES, OTHER_VARIABLES, unknown_variables
 from scripts.docs_hooks import MEANINGS, DocsError, settings_table
+from scripts.processes import reap_group, signal_group
 from scripts.stack import ROOT
 
 NAME = re.compile(r"\bIQ_[A-Z0-9][A-Z0-9_]*")
@@ -98,3 +100,40 @@ def test_a_process_with_a_misspelled_variable_refuses_to_start(script):
     assert done.returncode != 0
     assert "unknown environment variable IQ_WORKER_CONCURENCY: did you mean " \
            "IQ_WORKER_CONCURRENCY?" in done.stderr
+
+
+@pytest.mark.parametrize("make", [lambda p: None, lambda p: p.write_text("")],
+                         ids=["missing", "a-file"])
+def test_a_metrics_folder_the_process_cannot_use_is_refused_naming_the_variable(tmp_path, make):
+    """prometheus_client writes each process's counters into PROMETHEUS_MULTIPROC_DIR: named
+    wrong, the API's processes failed at their first counter (a traceback of prometheus_client's,
+    gunicorn stopping) and a worker served with no /metrics, saying neither why."""
+    folder = tmp_path / "metrics"
+    make(folder)
+    why = "does not exist" if not folder.exists() else "is not a folder"
+    with pytest.raises(ConfigError, match=f"^PROMETHEUS_MULTIPROC_DIR '{folder}' {why} "):
+        load_settings(environ={"PROMETHEUS_MULTIPROC_DIR": str(folder)})
+    folder.unlink(missing_ok=True)
+    folder.mkdir()
+    assert load_settings(environ={"PROMETHEUS_MULTIPROC_DIR": str(folder)}) == Settings()
+
+
+@pytest.mark.parametrize("script", ["run.sh", "web.sh", "worker.sh"])
+def test_a_process_given_a_missing_metrics_folder_refuses_to_start(script, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
+    env.update(PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "gone"), IQ_VAR_DIR=str(tmp_path / "var"))
+    with open(tmp_path / "err", "w+") as err:
+        proc = subprocess.Popen(["bash", f"scripts/{script}"], cwd=ROOT, env=env, text=True,
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        try:
+            # Without the check, each of them started and served (make run, its whole stack).
+            returncode = proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                signal_group(proc, signal.SIGTERM)  # make run stops what it started
+                reap_group(proc, 60)
+        err.seek(0)
+        stderr = err.read()
+    assert returncode != 0
+    assert f"PROMETHEUS_MULTIPROC_DIR '{tmp_path / 'gone'}' does not exist" in stderr
+    assert not (tmp_path / "gone").exists()
