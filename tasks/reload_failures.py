@@ -30,8 +30,8 @@ def one_line(exc: BaseException, whole: bool = False, most: int = _MAX_ERROR) ->
     """The exception as one short line: what was being done, as its notes say (the model a
     pool child was loading: workers/child/runtime.py), then its type and the first line of
     its message (`whole`: all of it, its lines joined: a TorchScript error's first line names
-    no cause). A message that cannot be made (its `__str__` raises) is said so; control
-    characters are escaped."""
+    no cause); an exception group's, each error it holds. A message that cannot be made (its
+    `__str__` raises) is said so; control characters are escaped."""
     described = traceback.TracebackException.from_exception(exc, limit=0)
     notes, described.__notes__ = described.__notes__ or [], None
     lines = list(described.format_exception_only())
@@ -39,6 +39,8 @@ def one_line(exc: BaseException, whole: bool = False, most: int = _MAX_ERROR) ->
     text = text.splitlines()[0] if text else type(exc).__name__
     # Each note cut short: a 290-character model name left no room for the error itself.
     text = ": ".join([*(shortened(" ".join(str(n).split()), _MOST_NOTE) for n in notes), text])
+    if isinstance(exc, BaseExceptionGroup):  # its own line says only how many it holds
+        text += " [" + "; ".join(one_line(inner, whole, most) for inner in exc.exceptions) + "]"
     # Escaped, not sent on: a terminal's control codes in a model's name or an error's message
     # reach make reload's answer and the worker's log (the re-attack of session 14).
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -71,3 +71,18 @@ def test_control_characters_are_escaped():
     reload's answer as they were."""
     said = one_line(raised(RuntimeError("bad\x07 \x9b2Jend"), "model \x1b[2Jm on cpu"))
     assert said == "model \\x1b[2Jm on cpu: RuntimeError: bad\\x07 \\x9b2Jend"
+
+
+def test_an_exception_groups_errors_are_each_said():
+    """A load that raises a group (a kind's loader running its steps in a TaskGroup) is
+    said by what it holds, each with its own notes, not only by how many."""
+    inner = ValueError("bad weights\nat layer 3")
+    inner.add_note("shard 2")
+    group = ExceptionGroup("loading failed", [inner, OSError("disk gone")])
+    group.add_note("model m on cpu")
+    assert one_line(group) == ("model m on cpu: ExceptionGroup: loading failed (2 sub-exceptions)"
+                               " [shard 2: ValueError: bad weights; OSError: disk gone]")
+    nested = ExceptionGroup("outer", [ExceptionGroup("inner", [KeyError("k")])])
+    assert one_line(nested, whole=True) == ("ExceptionGroup: outer (1 sub-exception) "
+                                            "[ExceptionGroup: inner (1 sub-exception) "
+                                            "[KeyError: 'k']]")
