@@ -24,8 +24,8 @@ SEAM = {"celery", "kombu", "billiard", "vine", "amqp", "click", "redis"}
 
 
 def installs(target: str) -> list[list[str]]:
-    """The pip installs `make -n <target>` would run, every target taken as out of date (-B:
-    passed down to the make that `make test-setup` runs, as -W is not)."""
+    """The installs (pip's and uv's) `make -n <target>` would run, every target taken as out of
+    date (-B: passed down to the make that `make test-setup` runs, as -W is not)."""
     plan = subprocess.run(["make", "-n", "-B", target],
                           cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return [shlex.split(line) for line in plan.splitlines()
@@ -67,7 +67,9 @@ def test_every_install_of_the_makefile_and_the_containerfile_uses_the_constraint
     commands = installs("run") + installs("test")
     text = (ROOT / "Containerfile").read_text().replace("\\\n", " ")
     commands += [shlex.split(line) for line in text.splitlines() if "pip install" in line]
-    assert len(commands) == 5, commands
+    # make run's; make test's: pip's of uv, uv's of the environment and of the peer; the
+    # Containerfile's two.
+    assert len(commands) == 6, commands
     for command in commands:
         flags = list(zip(command, command[1:]))
         assert ("-c", "requirements/constraints.txt") in flags or \
