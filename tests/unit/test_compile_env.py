@@ -26,6 +26,9 @@ def test_the_files_are_this_environments_packages():
     site = sysconfig.get_paths()["purelib"]
     assert files and all(path.endswith(".py") for path in files)
     assert any(path.startswith(site) and "/celery/" in path for path in files)
+    # A package's test suite is left out; a module of that name is not.
+    assert not any("/numpy/_core/tests/" in path for path in files)
+    assert any(path.endswith("/jinja2/tests.py") for path in files)
 
 
 def test_the_projects_files_are_those_git_tracks_in_the_checkout(tmp_path):
