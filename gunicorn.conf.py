@@ -27,11 +27,12 @@ import tempfile
 for _name in [name for name in sys.modules if name == "web" or name.startswith("web.")]:
     del sys.modules[_name]
 
-from config import load_settings  # noqa: E402
+from config import check_metrics_folder, load_settings  # noqa: E402
 from web import handover  # noqa: E402
 from web.worker import Worker  # noqa: E402
 
 _settings = load_settings()
+check_metrics_folder()  # an operator's PROMETHEUS_MULTIPROC_DIR, before the workers use it
 
 
 def default_workers() -> int:

@@ -312,24 +312,31 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def metrics_folder_problem(environ: Mapping[str, str]) -> str | None:
-    """One line when PROMETHEUS_MULTIPROC_DIR names a folder this process cannot write its
+def check_metrics_folder(environ: Mapping[str, str] | None = None) -> None:
+    """ConfigError when PROMETHEUS_MULTIPROC_DIR names a folder this process cannot write its
     metrics in. prometheus_client writes each process's counters there (the API's processes,
     a worker's children): set to a folder that is missing or not this user's to write, the
-    API's processes failed at their first counter and the worker served with no /metrics,
+    API's processes failed at their first counter and a worker served with no /metrics,
     neither naming the variable. Unset, the API and each worker make a fresh folder of their
-    own (gunicorn.conf.py, workers/spawn.py)."""
+    own (gunicorn.conf.py, workers/spawn.py).
+
+    Called where an operator's value comes in: make run before it starts anything, the API's
+    master, a worker's and the deliverer's main process. Not in the processes they start,
+    which inherit a folder already checked or made: a pool child refused there, when a
+    cleaner of /tmp had removed its worker's folder, would be started again and again."""
+    environ = os.environ if environ is None else environ
     folder = environ.get(METRICS_FOLDER_VARIABLE)
     if not folder:
-        return None
+        return
     if not os.path.isdir(folder):
         why = "does not exist" if not os.path.lexists(folder) else "is not a folder"
     elif not os.access(folder, os.W_OK | os.X_OK):
         why = "is a folder this process cannot write to"
     else:
-        return None
-    return (f"{METRICS_FOLDER_VARIABLE} {folder!r} {why} (each process's metrics are written "
-            f"there; unset, the API and each worker make a folder of their own)")
+        return
+    raise ConfigError(f"{METRICS_FOLDER_VARIABLE} {folder!r} {why} (each process's metrics are "
+                      f"written there; unset, the API and each worker make a folder of their "
+                      f"own)")
 
 
 def _coerce(name: str, raw: Any, kind: type) -> Any:
@@ -420,9 +427,6 @@ def load_settings(
     unknown = unknown_variables(environ)
     if unknown:
         raise ConfigError("\n".join(unknown + ["(docs/configuration.md lists every variable)"]))
-    problem = metrics_folder_problem(environ)
-    if problem:
-        raise ConfigError(problem)
     types = {f.name: type(f.default) for f in fields(Settings)}
     values: dict[str, Any] = {}
     if environ.get("IQ_CONFIG"):

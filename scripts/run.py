@@ -33,7 +33,7 @@ from honcho.manager import Manager
 from honcho.printer import Message, Printer
 from kombu.utils.url import maybe_sanitize_url
 
-from config import ConfigError, Settings, load_settings
+from config import ConfigError, Settings, check_metrics_folder, load_settings
 from config.groups import shown_groups
 from config.models import read_models_content
 from scripts import run_redis, run_users
@@ -234,6 +234,7 @@ def plan(environ: dict[str, str]) -> Run:
     env = dict(environ)
     try:
         settings = load_settings(environ=env)  # what every process would refuse, refused now
+        check_metrics_folder(env)
     except ConfigError as error:
         raise Refused(f"make run: {error}") from None
     with kinds_as_worker(settings, env):

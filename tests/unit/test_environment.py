@@ -12,7 +12,7 @@ from dataclasses import fields
 import pytest
 import yaml
 
-from config import ConfigError, Settings, load_settings
+from config import ConfigError, Settings, check_metrics_folder, load_settings
 from config.settings import ENV_NAMES, KNOWN_VARIABLES, OTHER_VARIABLES, unknown_variables
 from scripts.docs_hooks import MEANINGS, DocsError, settings_table
 from scripts.processes import reap_group, signal_group
@@ -112,16 +112,20 @@ def test_a_metrics_folder_the_process_cannot_use_is_refused_naming_the_variable(
     make(folder)
     why = "does not exist" if not folder.exists() else "is not a folder"
     with pytest.raises(ConfigError, match=f"^PROMETHEUS_MULTIPROC_DIR '{folder}' {why} "):
-        load_settings(environ={"PROMETHEUS_MULTIPROC_DIR": str(folder)})
+        check_metrics_folder({"PROMETHEUS_MULTIPROC_DIR": str(folder)})
     folder.unlink(missing_ok=True)
     folder.mkdir()
-    assert load_settings(environ={"PROMETHEUS_MULTIPROC_DIR": str(folder)}) == Settings()
+    check_metrics_folder({"PROMETHEUS_MULTIPROC_DIR": str(folder)})
+    check_metrics_folder({})
 
 
-@pytest.mark.parametrize("script", ["run.sh", "web.sh", "worker.sh"])
+@pytest.mark.parametrize("script", ["run.sh", "web.sh", "worker.sh", "webhooks.sh"])
 def test_a_process_given_a_missing_metrics_folder_refuses_to_start(script, tmp_path):
+    """make run before it starts anything, and each process that writes metrics, as the
+    Procfile starts it (the processes these start inherit a folder already checked)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
-    env.update(PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "gone"), IQ_VAR_DIR=str(tmp_path / "var"))
+    env.update(PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "gone"), IQ_VAR_DIR=str(tmp_path / "var"),
+               IQ_WEBHOOK_SECRET="s3cret")
     with open(tmp_path / "err", "w+") as err:
         proc = subprocess.Popen(["bash", f"scripts/{script}"], cwd=ROOT, env=env, text=True,
                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
