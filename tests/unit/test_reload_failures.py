@@ -86,3 +86,15 @@ def test_an_exception_groups_errors_are_each_said():
     assert one_line(nested, whole=True) == ("ExceptionGroup: outer (1 sub-exception) "
                                             "[ExceptionGroup: inner (1 sub-exception) "
                                             "[KeyError: 'k']]")
+
+
+def test_a_group_too_large_or_too_deep_for_the_line_is_cut():
+    wide = ExceptionGroup("many", [ValueError(f"error {i}") for i in range(1000)])
+    deep: BaseException = KeyError("bottom")
+    for level in range(2000):
+        deep = ExceptionGroup(f"level {level}", [deep])
+    for group in (wide, deep):
+        line = one_line(group)
+        assert len(line) <= 300 and "…" in line, line
+    assert one_line(wide).startswith("ExceptionGroup: many (1000 sub-exceptions) [ValueError: "
+                                     "error 0; ValueError: error 1; ")
