@@ -297,7 +297,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "IQ_API_KEY": "client/inference_queue_client/environment.py",
 }
 KNOWN_VARIABLES = frozenset(ENV_NAMES) | frozenset(OTHER_VARIABLES)
-# prometheus_client's own variable: its multiprocess files' folder (metrics_folder_problem).
+# prometheus_client's own variable: its multiprocess files' folder (check_metrics_folder).
 METRICS_FOLDER_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
 
