@@ -96,13 +96,15 @@ $(RUN_STAMP): $(RUN_REQS) | $(VENV)/bin/python
 
 # The tests' environment is installed by uv (itself installed by pip, pinned): pip took ~90 s of
 # one core here, fetching and unpacking one package after another; uv takes ~10 s for the same
-# set. uv reads no pip configuration: the folders pip finds wheels in (PIP_FIND_LINKS, its
-# configuration's find-links: a machine's own CPU build of torch) are handed to it, and it
-# trusts the system's certificates, as pip does. Neither compiles what it installs: the
-# environment's bytecode is compiled after, on every core (scripts/compile_env.py).
+# set. uv reads no pip configuration: the folders pip finds wheels in (PIP_FIND_LINKS, the
+# find-links of its configuration's global or install section: a machine's own CPU build of
+# torch) are handed to it, and it trusts the system's certificates, as pip does. Neither
+# compiles what it installs: the environment's bytecode is compiled after, on every core
+# (scripts/compile_env.py).
+PIP_FIND_LINKS_SET = $(foreach section,global install,\
+	$(shell $(VENV)/bin/pip config get $(section).find-links 2>/dev/null))
 UV = $(VENV)/bin/uv pip install -q --native-tls --python $(VENV)/bin/python \
-	$(addprefix --find-links=,$(sort $(PIP_FIND_LINKS) \
-		$(shell $(VENV)/bin/pip config get global.find-links 2>/dev/null)))
+	$(addprefix --find-links=,$(sort $(PIP_FIND_LINKS) $(PIP_FIND_LINKS_SET)))
 $(DEV_STAMP): $(RUN_REQS) requirements/dev.txt | $(VENV)/bin/python
 	$(VENV)/bin/pip install -q -c $(CONSTRAINTS) uv
 	$(UV) -c $(CONSTRAINTS) -r requirements/dev.txt
