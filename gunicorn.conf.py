@@ -27,12 +27,11 @@ import tempfile
 for _name in [name for name in sys.modules if name == "web" or name.startswith("web.")]:
     del sys.modules[_name]
 
-from config import check_metrics_folder, load_settings  # noqa: E402
+from config import load_settings, start_unless_metrics_folder_fails  # noqa: E402
 from web import handover  # noqa: E402
 from web.worker import Worker  # noqa: E402
 
 _settings = load_settings()
-check_metrics_folder()  # an operator's PROMETHEUS_MULTIPROC_DIR, before the workers use it
 
 
 def default_workers() -> int:
@@ -63,9 +62,9 @@ def _own_metrics_folder(folder: str) -> bool:
     return os.path.basename(folder).startswith(f"{_OWN_METRICS}{os.getpid()}-")
 
 
-_folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
-if not _folder or (os.path.basename(_folder).startswith(_OWN_METRICS)
-                   and not _own_metrics_folder(_folder)):
+_folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+if _folder is None or (os.path.basename(_folder).startswith(_OWN_METRICS)
+                       and not _own_metrics_folder(_folder)):
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(
         prefix=f"{_OWN_METRICS}{os.getpid()}-")
 
@@ -95,6 +94,16 @@ def post_worker_init(worker):
 
     freeze_start_up()
     handover.note_up(worker)
+
+
+def on_starting(server):
+    """Once, as the master starts (not at a SIGHUP's re-read of this file): an operator's
+    PROMETHEUS_MULTIPROC_DIR that the workers could not write in stops it, in one line."""
+    try:
+        start_unless_metrics_folder_fails("the API")
+    except SystemExit:
+        handover.remove_folder()  # made above for a master that will not run
+        raise
 
 
 def when_ready(server):

@@ -317,18 +317,23 @@ def check_metrics_folder(environ: Mapping[str, str] | None = None) -> None:
     metrics in. prometheus_client writes each process's counters there (the API's processes,
     a worker's children): set to a folder that is missing or not this user's to write, the
     API's processes failed at their first counter and a worker served with no /metrics,
-    neither naming the variable. Unset, the API and each worker make a fresh folder of their
-    own (gunicorn.conf.py, workers/spawn.py).
+    neither naming the variable; set but empty, it writes them in the working folder.
+    Unset, the API and each worker make a fresh folder of their own (gunicorn.conf.py,
+    workers/spawn.py).
 
-    Called where an operator's value comes in: make run before it starts anything, the API's
-    master, a worker's and the deliverer's main process. Not in the processes they start,
-    which inherit a folder already checked or made: a pool child refused there, when a
-    cleaner of /tmp had removed its worker's folder, would be started again and again."""
+    Called once, where an operator's value comes in: make run before it starts anything, the
+    API's master as it starts (gunicorn's on_starting: not at each SIGHUP's re-read of its
+    settings, which must not stop a serving API) and a worker's main process. Not in the
+    processes they start, which inherit a folder already checked or made: a pool child
+    refused there, when a cleaner of /tmp had removed its worker's folder, would be started
+    again and again. (The deliverer keeps its metrics in memory: it ignores the variable.)"""
     environ = os.environ if environ is None else environ
     folder = environ.get(METRICS_FOLDER_VARIABLE)
-    if not folder:
+    if folder is None:
         return
-    if not os.path.isdir(folder):
+    if not folder:
+        why = "is empty"
+    elif not os.path.isdir(folder):
         why = "does not exist" if not os.path.lexists(folder) else "is not a folder"
     elif not os.access(folder, os.W_OK | os.X_OK):
         why = "is a folder this process cannot write to"
@@ -337,6 +342,15 @@ def check_metrics_folder(environ: Mapping[str, str] | None = None) -> None:
     raise ConfigError(f"{METRICS_FOLDER_VARIABLE} {folder!r} {why} (each process's metrics are "
                       f"written there; unset, the API and each worker make a folder of their "
                       f"own)")
+
+
+def start_unless_metrics_folder_fails(program: str) -> None:
+    """check_metrics_folder at a program's start, its refusal one line (SystemExit), as the
+    program's other reasons not to start are."""
+    try:
+        check_metrics_folder()
+    except ConfigError as exc:
+        raise SystemExit(f"{program} will not start: {exc}") from None
 
 
 def _coerce(name: str, raw: Any, kind: type) -> Any:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from celery import signals
 from kombu import Queue
 
-from config import check_metrics_folder
 from tasks import logs
 from tasks.celery_app import make_celery
 from tasks.webhooks import QUEUE, SECRET_MISSING, enabled
@@ -19,7 +18,6 @@ from workers.batching import stopping
 from deliverer import metrics
 from deliverer.webhooks import register
 
-check_metrics_folder()  # an operator's PROMETHEUS_MULTIPROC_DIR, before its metrics use it
 celery = make_celery(kinds=False)  # no model served: the `kinds:` modules (code) not imported
 # Retries wait in the webhook queue's delayed set (deliverer/webhooks.py); fetches move them.
 broker.attach(celery).delayed_queues.add(QUEUE)

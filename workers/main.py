@@ -19,7 +19,7 @@ from celery.utils.log import current_process_index
 
 from tasks import logs, reload_failures, tracing
 from tasks.heap import freeze_start_up
-from config import check_metrics_folder, load_settings
+from config import load_settings, start_unless_metrics_folder_fails
 from config.models import parse_models, read_models_content, revision_of
 from tasks.celery_app import make_celery
 from workers.child.pinned import pin, pinned, reload_from
@@ -42,7 +42,7 @@ _pinned = pinned(_settings.models_file)  # a pool child: its main process's mode
 _reload_from = reload_from()  # a reload's child: the revision its worker served before
 _gpus = 0  # a child: its prefetch is not its own; its batch is sized by its device
 if _pinned is None:  # the main process: the file on disk, pinned for its children
-    check_metrics_folder()  # an operator's PROMETHEUS_MULTIPROC_DIR, before its children use it
+    start_unless_metrics_folder_fails("the worker")  # before its children write metrics
     _content = read_models_content(_settings.models_file)
     _pinned = parse_models(Path(_settings.models_file), _content), revision_of(_content)
     pin(_content)

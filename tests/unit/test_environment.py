@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 from dataclasses import fields
@@ -15,7 +16,7 @@ import yaml
 from config import ConfigError, Settings, check_metrics_folder, load_settings
 from config.settings import ENV_NAMES, KNOWN_VARIABLES, OTHER_VARIABLES, unknown_variables
 from scripts.docs_hooks import MEANINGS, DocsError, settings_table
-from scripts.processes import reap_group, signal_group
+from scripts.processes import free_port, reap_group, signal_group, wait_until
 from scripts.stack import ROOT
 
 NAME = re.compile(r"\bIQ_[A-Z0-9][A-Z0-9_]*")
@@ -113,31 +114,89 @@ def test_a_metrics_folder_the_process_cannot_use_is_refused_naming_the_variable(
     why = "does not exist" if not folder.exists() else "is not a folder"
     with pytest.raises(ConfigError, match=f"^PROMETHEUS_MULTIPROC_DIR '{folder}' {why} "):
         check_metrics_folder({"PROMETHEUS_MULTIPROC_DIR": str(folder)})
+    # Set but empty, prometheus_client writes its files in the working folder.
+    with pytest.raises(ConfigError, match="^PROMETHEUS_MULTIPROC_DIR '' is empty "):
+        check_metrics_folder({"PROMETHEUS_MULTIPROC_DIR": ""})
     folder.unlink(missing_ok=True)
     folder.mkdir()
     check_metrics_folder({"PROMETHEUS_MULTIPROC_DIR": str(folder)})
     check_metrics_folder({})
 
 
-@pytest.mark.parametrize("script", ["run.sh", "web.sh", "worker.sh", "webhooks.sh"])
-def test_a_process_given_a_missing_metrics_folder_refuses_to_start(script, tmp_path):
-    """make run before it starts anything, and each process that writes metrics, as the
+def _started(script: str, tmp_path, until: str | None = None, **env: str
+             ) -> tuple[int | None, str]:
+    """`scripts/<script>` started as the Procfile starts it, with `env`, until it exits or
+    prints `until` (60 s at most): its exit status (None: it was still running, and was then
+    stopped) and what it printed."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
+    environ.update(IQ_VAR_DIR=str(tmp_path / "var"), **env)
+    out = tmp_path / f"{script}.out"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(["bash", f"scripts/{script}"], cwd=ROOT, env=environ,
+                                text=True, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        wait_until(lambda: proc.poll() is not None
+                   or (until is not None and until in out.read_text()), 60,
+                   f"{script} to exit" + (f" or say {until!r}" if until else ""))
+    finally:
+        returncode = proc.poll()
+        if returncode is None:
+            signal_group(proc, signal.SIGTERM)  # make run stops what it started
+            reap_group(proc, 60)
+    return returncode, out.read_text()
+
+
+@pytest.mark.parametrize("script, program", [("run.sh", "make run"), ("web.sh", "the API"),
+                                             ("worker.sh", "the worker")])
+def test_a_process_given_a_missing_metrics_folder_refuses_to_start_in_one_line(
+        script, program, tmp_path):
+    """make run before it starts anything, and each process that writes metrics files, as the
     Procfile starts it (the processes these start inherit a folder already checked)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
-    env.update(PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "gone"), IQ_VAR_DIR=str(tmp_path / "var"),
-               IQ_WEBHOOK_SECRET="s3cret")
-    with open(tmp_path / "err", "w+") as err:
-        proc = subprocess.Popen(["bash", f"scripts/{script}"], cwd=ROOT, env=env, text=True,
-                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-        try:
-            # Without the check, each of them started and served (make run, its whole stack).
-            returncode = proc.wait(60)
-        finally:
-            if proc.poll() is None:
-                signal_group(proc, signal.SIGTERM)  # make run stops what it started
-                reap_group(proc, 60)
-        err.seek(0)
-        stderr = err.read()
-    assert returncode != 0
-    assert f"PROMETHEUS_MULTIPROC_DIR '{tmp_path / 'gone'}' does not exist" in stderr
-    assert not (tmp_path / "gone").exists()
+    # Without the check, worker.sh and run.sh started and served.
+    returncode, out = _started(script, tmp_path, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "gone"))
+    assert returncode not in (0, None), out
+    refusal = (f"PROMETHEUS_MULTIPROC_DIR '{tmp_path / 'gone'}' does not exist (each "
+               "process's metrics are written there; unset, the API and each worker make a "
+               "folder of their own)")
+    said = [line for line in out.splitlines() if "PROMETHEUS_MULTIPROC_DIR" in line]
+    assert said == [f"{program}: {refusal}" if script == "run.sh"
+                    else f"{program} will not start: {refusal}"], out
+    assert "Traceback" not in out and not (tmp_path / "gone").exists()
+
+
+def test_the_deliverer_keeps_its_metrics_in_memory_whatever_the_variable_says(tmp_path):
+    """One process, its metrics in a registry of its own: a PROMETHEUS_MULTIPROC_DIR meant
+    for the API's or a worker's processes is not its (set but empty, prometheus_client wrote
+    its files into the project's folder; missing, the deliverer failed to start)."""
+    before = set(ROOT.glob("*.db"))
+    for value in ("", str(tmp_path / "gone")):
+        returncode, out = _started("webhooks.sh", tmp_path, "webhook deliverer metrics on",
+                                   PROMETHEUS_MULTIPROC_DIR=value, IQ_WEBHOOK_SECRET="s3cret",
+                                   IQ_WEBHOOK_METRICS_PORT=str(free_port()))
+        assert returncode is None, out
+    assert set(ROOT.glob("*.db")) == before
+
+
+def test_a_sighup_leaves_the_api_serving_after_its_metrics_folder_is_gone(tmp_path):
+    """gunicorn reads its settings file again at each SIGHUP (a models reload sends one):
+    checked there, a folder removed since (a cleaner of /tmp) stopped the whole API."""
+    folder = tmp_path / "metrics"
+    folder.mkdir()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
+    environ.update(PROMETHEUS_MULTIPROC_DIR=str(folder), IQ_PORT=str(free_port()))
+    log = tmp_path / "web.log"
+    with open(log, "w") as out:
+        master = subprocess.Popen(["bash", "scripts/web.sh"], cwd=ROOT, env=environ,
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        booted = lambda: log.read_text().count("Booting worker")  # noqa: E731
+        wait_until(lambda: booted() == 1, 60, "the API's first process")
+        shutil.rmtree(folder)
+        master.send_signal(signal.SIGHUP)
+        wait_until(lambda: booted() == 2 or master.poll() is not None, 60,
+                   "a new process, or the master's exit")
+        assert master.poll() is None, log.read_text()
+    finally:
+        signal_group(master, signal.SIGTERM)
+        reap_group(master, 60)
