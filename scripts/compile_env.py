@@ -26,6 +26,7 @@ import argparse
 import compileall
 import os
 import subprocess
+import sys
 import sysconfig
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -48,9 +49,19 @@ def package_files() -> list[str]:
 
 
 def project_files(root: Path = ROOT) -> list[str]:
-    """The checkout's own Python files: those git tracks (in a fresh clone, all of them)."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--", "*.py"], cwd=root, check=True,
-                            capture_output=True, text=True).stdout
+    """The checkout's own Python files: those git tracks (in a fresh clone, all of them); in
+    a copy git cannot read (an export, another user's checkout), every one outside the
+    environment, var/ and hidden folders."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--", "*.py"], cwd=root, check=True,
+                                capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        said = (getattr(exc, "stderr", None) or str(exc)).strip().splitlines()
+        print(f"compile_env: git lists no files here ({said[-1] if said else exc}): "
+              f"compiling every .py file of {root}", file=sys.stderr)
+        return sorted(str(path) for path in root.rglob("*.py")
+                      if not any(part.startswith(".") or part == "var"
+                                 for part in path.relative_to(root).parts[:-1]))
     return sorted(str(root / name) for name in listed.split("\0") if name)
 
 

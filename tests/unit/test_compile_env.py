@@ -43,3 +43,13 @@ def test_the_projects_files_are_those_git_tracks_in_the_checkout(tmp_path):
     ours = compile_env.project_files()
     assert str(compile_env.ROOT / "workers/main.py") in ours
     assert not any("/.venv/" in path or "/site-packages/" in path for path in ours)
+
+
+def test_a_copy_git_cannot_read_is_compiled_whole_and_said_so(tmp_path, capsys):
+    """An export (`git archive`) or a checkout another user owns: `make test` goes on."""
+    for name in ("pkg/mod.py", "pkg/sub/deep.py", ".venv/lib/site.py", "var/x/old.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("VALUE = 1\n")
+    assert compile_env.project_files(tmp_path) == [str(tmp_path / "pkg/mod.py"),
+                                                   str(tmp_path / "pkg/sub/deep.py")]
+    assert "compile_env: git lists no files here (" in capsys.readouterr().err
