@@ -94,21 +94,14 @@ $(RUN_STAMP): $(RUN_REQS) | $(VENV)/bin/python
 	$(VENV)/bin/pip install -q -r requirements.txt
 	touch $@
 
-# The tests' environment is installed by uv (itself installed by pip, pinned): pip took ~90 s of
-# one core here, fetching and unpacking one package after another; uv takes ~10 s for the same
-# set. uv reads no pip configuration: the folders pip finds wheels in (PIP_FIND_LINKS, the
-# find-links of its configuration's global or install section: a machine's own CPU build of
-# torch) are handed to it, and it trusts the system's certificates, as pip does. Neither
-# compiles what it installs: the environment's bytecode is compiled after, on every core
-# (scripts/compile_env.py).
-PIP_FIND_LINKS_SET = $(foreach section,global install,\
-	$(shell $(VENV)/bin/pip config get $(section).find-links 2>/dev/null))
-UV = $(VENV)/bin/uv pip install -q --native-tls --python $(VENV)/bin/python \
-	$(addprefix --find-links=,$(sort $(PIP_FIND_LINKS) $(PIP_FIND_LINKS_SET)))
+# The tests' environment is installed by uv (itself installed by pip, pinned), from where pip's
+# configuration says packages come from (scripts/uv_install.py): ~10 s where pip took ~90 s of
+# one core. Neither compiles what it installs: the environment's bytecode is compiled after, on
+# every core (scripts/compile_env.py).
 $(DEV_STAMP): $(RUN_REQS) requirements/dev.txt | $(VENV)/bin/python
 	$(VENV)/bin/pip install -q -c $(CONSTRAINTS) uv
-	$(UV) -c $(CONSTRAINTS) -r requirements/dev.txt
-	$(UV) --no-deps -c $(CONSTRAINTS) celery-batches
+	$(VENV)/bin/python -m scripts.uv_install -c $(CONSTRAINTS) -r requirements/dev.txt
+	$(VENV)/bin/python -m scripts.uv_install --no-deps -c $(CONSTRAINTS) celery-batches
 	$(VENV)/bin/python -m scripts.compile_env
 	touch $@ $(RUN_STAMP)
 

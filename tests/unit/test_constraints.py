@@ -29,7 +29,8 @@ def installs(target: str) -> list[list[str]]:
     plan = subprocess.run(["make", "-n", "-B", target],
                           cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return [shlex.split(line) for line in plan.splitlines()
-            if re.search(r"pip install\b", line) and "--upgrade pip" not in line]
+            if re.search(r"pip install\b|scripts\.uv_install\b", line)
+            and "--upgrade pip" not in line]
 
 
 def test_the_constraints_are_the_installed_set_the_tests_run_on():
