@@ -32,10 +32,15 @@ def one_line(exc: BaseException, whole: bool = False, most: int = _MAX_ERROR) ->
     its message (`whole`: all of it, its lines joined: a TorchScript error's first line names
     no cause); an exception group's, each error it holds. A message that cannot be made (its
     `__str__` raises) is said so; control characters are escaped."""
-    described = traceback.TracebackException.from_exception(exc, limit=0)
-    notes, described.__notes__ = described.__notes__ or [], None
-    lines = list(described.format_exception_only())
-    text = " ".join(" ".join(lines).split()) if whole else lines[-1].strip()
+    if isinstance(exc, BaseExceptionGroup):
+        # Its own line only: traceback's description of a group describes every error in it,
+        # nested as deep as they go (a RecursionError some hundreds deep), most of it cut.
+        notes, text = list(getattr(exc, "__notes__", None) or []), _own_line(exc)
+    else:
+        described = traceback.TracebackException.from_exception(exc, limit=0)
+        notes, described.__notes__ = described.__notes__ or [], None
+        lines = list(described.format_exception_only())
+        text = " ".join(" ".join(lines).split()) if whole else lines[-1].strip()
     text = text.splitlines()[0] if text else type(exc).__name__
     # Each note cut short: a 290-character model name left no room for the error itself.
     text = ": ".join([*(shortened(" ".join(str(n).split()), _MOST_NOTE) for n in notes), text])
@@ -53,6 +58,20 @@ def one_line(exc: BaseException, whole: bool = False, most: int = _MAX_ERROR) ->
     # reach make reload's answer and the worker's log (the re-attack of session 14).
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return shortened(text, most)
+
+
+def _own_line(group: BaseExceptionGroup) -> str:
+    """What traceback's last line says of a group: its type (with its module, but for the
+    builtins') and its message, which counts the errors it holds."""
+    kind = type(group)
+    name = kind.__qualname__
+    if kind.__module__ not in ("builtins", "__main__"):
+        name = f"{kind.__module__}.{name}"
+    try:
+        said = str(group)
+    except Exception:  # noqa: BLE001 - as traceback says it
+        said = "<exception str() failed>"
+    return f"{name}: {said}" if said else name
 
 
 def record(settings: Settings, revision: str, worker: str, exc: BaseException) -> bool:

@@ -2,6 +2,8 @@
 reports, and what a worker whose pool child could not load its models exits with."""
 from __future__ import annotations
 
+import traceback
+
 import pytest
 
 from tasks.reload_failures import one_line
@@ -91,10 +93,30 @@ def test_an_exception_groups_errors_are_each_said():
 def test_a_group_too_large_or_too_deep_for_the_line_is_cut():
     wide = ExceptionGroup("many", [ValueError(f"error {i}") for i in range(1000)])
     deep: BaseException = KeyError("bottom")
-    for level in range(2000):
+    for level in range(5000):  # traceback's description of it: a RecursionError
         deep = ExceptionGroup(f"level {level}", [deep])
     for group in (wide, deep):
         line = one_line(group)
         assert len(line) <= 300 and "…" in line, line
     assert one_line(wide).startswith("ExceptionGroup: many (1000 sub-exceptions) [ValueError: "
                                      "error 0; ValueError: error 1; ")
+
+
+def test_a_groups_errors_are_said_without_describing_all_of_them(monkeypatch):
+    """A tree of 4**8 errors: each level's line was built from traceback's description of
+    everything under it (over 10 s of CPU for a 300-character line); now only the errors
+    the line has room for are described."""
+    described = []
+    real = traceback.TracebackException.__init__
+
+    def counted(self, exc_type, exc_value, *args, **kwargs):
+        described.append(exc_value)
+        real(self, exc_type, exc_value, *args, **kwargs)
+
+    monkeypatch.setattr(traceback.TracebackException, "__init__", counted)
+    tree: BaseException = OSError("leaf")
+    for _ in range(8):
+        tree = ExceptionGroup("wide", [tree] * 4)
+    line = one_line(tree)
+    assert len(line) <= 300 and len(described) < 20, (len(described), line)
+    assert line.startswith("ExceptionGroup: wide (4 sub-exceptions) [ExceptionGroup: wide")
