@@ -63,8 +63,10 @@ def _own_metrics_folder(folder: str) -> bool:
 
 
 _folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+# Its own folder is made again at a SIGHUP's re-read when it is gone (a cleaner of /tmp): the
+# new processes would otherwise fail at their first counter, every answer a 500.
 if _folder is None or (os.path.basename(_folder).startswith(_OWN_METRICS)
-                       and not _own_metrics_folder(_folder)):
+                       and not (_own_metrics_folder(_folder) and os.path.isdir(_folder))):
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(
         prefix=f"{_OWN_METRICS}{os.getpid()}-")
 

@@ -321,12 +321,13 @@ def check_metrics_folder(environ: Mapping[str, str] | None = None) -> None:
     Unset, the API and each worker make a fresh folder of their own (gunicorn.conf.py,
     workers/spawn.py).
 
-    Called once, where an operator's value comes in: make run before it starts anything, the
-    API's master as it starts (gunicorn's on_starting: not at each SIGHUP's re-read of its
-    settings, which must not stop a serving API) and a worker's main process. Not in the
-    processes they start, which inherit a folder already checked or made: a pool child
-    refused there, when a cleaner of /tmp had removed its worker's folder, would be started
-    again and again. (The deliverer keeps its metrics in memory: it ignores the variable.)"""
+    Called once, where an operator's value comes in: the API's master as it starts
+    (gunicorn's on_starting: not at each SIGHUP's re-read of its settings, which must not
+    stop a serving API) and a worker's main process. Not in the processes they start, which
+    inherit a folder already checked or made: a pool child refused there, when a cleaner of
+    /tmp had removed its worker's folder, would be started again and again. (The deliverer
+    and Flower keep their metrics in memory and ignore the variable; make run, which runs
+    every program, refuses it: scripts/run.py.)"""
     environ = os.environ if environ is None else environ
     folder = environ.get(METRICS_FOLDER_VARIABLE)
     if folder is None:

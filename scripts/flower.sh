@@ -10,6 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${FLOWER_BASIC_AUTH:?set FLOWER_BASIC_AUTH=user:password (make run makes one)}"
 export FLOWER_BASIC_AUTH
+# One process, its metrics in memory: never the multiprocess files of a PROMETHEUS_MULTIPROC_DIR
+# meant for the API's or a worker's processes (as scripts/webhooks.sh).
+unset PROMETHEUS_MULTIPROC_DIR
 .venv/bin/celery -A tasks.cli flower --address="${FLOWER_HOST:-127.0.0.1}" \
   --port="${FLOWER_PORT:-5555}" "$@" &
 flower=$!

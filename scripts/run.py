@@ -33,7 +33,8 @@ from honcho.manager import Manager
 from honcho.printer import Message, Printer
 from kombu.utils.url import maybe_sanitize_url
 
-from config import ConfigError, Settings, check_metrics_folder, load_settings
+from config import ConfigError, Settings, load_settings
+from config.settings import METRICS_FOLDER_VARIABLE
 from config.groups import shown_groups
 from config.models import read_models_content
 from scripts import run_redis, run_users
@@ -234,7 +235,13 @@ def plan(environ: dict[str, str]) -> Run:
     env = dict(environ)
     try:
         settings = load_settings(environ=env)  # what every process would refuse, refused now
-        check_metrics_folder(env)
+        if METRICS_FOLDER_VARIABLE in env:
+            # A folder sums the counters of the processes that write in it: given to every
+            # program, the API's /metrics would add in the worker's and Flower's, and theirs
+            # the API's. Each program makes its own.
+            raise ConfigError(f"{METRICS_FOLDER_VARIABLE} is one program's folder (the API's, "
+                              f"or a worker's); make run runs several, and each makes its own: "
+                              f"unset it")
     except ConfigError as error:
         raise Refused(f"make run: {error}") from None
     with kinds_as_worker(settings, env):

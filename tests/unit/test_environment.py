@@ -8,9 +8,12 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
+import requests
 import yaml
 
 from config import ConfigError, Settings, check_metrics_folder, load_settings
@@ -147,22 +150,33 @@ def _started(script: str, tmp_path, until: str | None = None, **env: str
     return returncode, out.read_text()
 
 
-@pytest.mark.parametrize("script, program", [("run.sh", "make run"), ("web.sh", "the API"),
+@pytest.mark.parametrize("script, program", [("web.sh", "the API"),
                                              ("worker.sh", "the worker")])
 def test_a_process_given_a_missing_metrics_folder_refuses_to_start_in_one_line(
         script, program, tmp_path):
-    """make run before it starts anything, and each process that writes metrics files, as the
-    Procfile starts it (the processes these start inherit a folder already checked)."""
-    # Without the check, worker.sh and run.sh started and served.
+    """Each program that writes metrics files, as the Procfile starts it (the processes it
+    starts inherit a folder already checked). Without the check the worker served, with no
+    /metrics."""
     returncode, out = _started(script, tmp_path, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "gone"))
     assert returncode not in (0, None), out
-    refusal = (f"PROMETHEUS_MULTIPROC_DIR '{tmp_path / 'gone'}' does not exist (each "
-               "process's metrics are written there; unset, the API and each worker make a "
-               "folder of their own)")
     said = [line for line in out.splitlines() if "PROMETHEUS_MULTIPROC_DIR" in line]
-    assert said == [f"{program}: {refusal}" if script == "run.sh"
-                    else f"{program} will not start: {refusal}"], out
+    assert said == [f"{program} will not start: PROMETHEUS_MULTIPROC_DIR "
+                    f"'{tmp_path / 'gone'}' does not exist (each process's metrics are written "
+                    "there; unset, the API and each worker make a folder of their own)"], out
     assert "Traceback" not in out and not (tmp_path / "gone").exists()
+
+
+def test_make_run_refuses_one_metrics_folder_for_all_its_programs(tmp_path):
+    """A folder sums the counters of every process that writes in it: given to every program
+    make run starts, the API's /metrics added in the worker's and Flower's series."""
+    (tmp_path / "shared").mkdir()
+    returncode, out = _started("run.sh", tmp_path,
+                               PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "shared"))
+    assert returncode not in (0, None), out
+    assert out.strip() == ("make run: PROMETHEUS_MULTIPROC_DIR is one program's folder (the "
+                           "API's, or a worker's); make run runs several, and each makes its "
+                           "own: unset it"), out
+    assert not list((tmp_path / "shared").iterdir())
 
 
 def test_the_deliverer_keeps_its_metrics_in_memory_whatever_the_variable_says(tmp_path):
@@ -178,13 +192,19 @@ def test_the_deliverer_keeps_its_metrics_in_memory_whatever_the_variable_says(tm
     assert set(ROOT.glob("*.db")) == before
 
 
-def test_a_sighup_leaves_the_api_serving_after_its_metrics_folder_is_gone(tmp_path):
+@pytest.mark.parametrize("operators", [False, True], ids=["its-own", "the-operators"])
+def test_a_sighup_leaves_the_api_serving_after_its_metrics_folder_is_gone(tmp_path, operators):
     """gunicorn reads its settings file again at each SIGHUP (a models reload sends one):
-    checked there, a folder removed since (a cleaner of /tmp) stopped the whole API."""
+    checked there, an operator's folder removed since (a cleaner of /tmp) stopped the whole
+    API; and the folder the master made at its start, removed, was not made again, so every
+    answer of its new processes was a 500."""
     folder = tmp_path / "metrics"
     folder.mkdir()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("IQ_")}
-    environ.update(PROMETHEUS_MULTIPROC_DIR=str(folder), IQ_PORT=str(free_port()))
+    port = free_port()
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith("IQ_") and k != "PROMETHEUS_MULTIPROC_DIR"}
+    environ.update(IQ_PORT=str(port), **({"PROMETHEUS_MULTIPROC_DIR": str(folder)}
+                                         if operators else {}))
     log = tmp_path / "web.log"
     with open(log, "w") as out:
         master = subprocess.Popen(["bash", "scripts/web.sh"], cwd=ROOT, env=environ,
@@ -192,11 +212,19 @@ def test_a_sighup_leaves_the_api_serving_after_its_metrics_folder_is_gone(tmp_pa
     try:
         booted = lambda: log.read_text().count("Booting worker")  # noqa: E731
         wait_until(lambda: booted() == 1, 60, "the API's first process")
+        if not operators:
+            [folder] = Path(tempfile.gettempdir()).glob(f"iq-api-metrics-{master.pid}-*")
         shutil.rmtree(folder)
         master.send_signal(signal.SIGHUP)
         wait_until(lambda: booted() == 2 or master.poll() is not None, 60,
                    "a new process, or the master's exit")
         assert master.poll() is None, log.read_text()
+        if not operators:  # made again: the new process counts, and answers
+            wait_until(lambda: "Worker exiting" in log.read_text(), 60, "the old one's exit")
+            answer = requests.get(f"http://127.0.0.1:{port}/healthz", timeout=10)
+            assert answer.status_code != 500, (answer.status_code, log.read_text()[-3000:])
+            assert len(list(Path(tempfile.gettempdir()).glob(
+                f"iq-api-metrics-{master.pid}-*"))) == 1
     finally:
         signal_group(master, signal.SIGTERM)
         reap_group(master, 60)
