@@ -55,14 +55,18 @@ def project_files(root: Path = ROOT) -> list[str]:
     try:
         listed = subprocess.run(["git", "ls-files", "-z", "--", "*.py"], cwd=root, check=True,
                                 capture_output=True, text=True).stdout
+        files = sorted(str(root / name) for name in listed.split("\0") if name)
+        why = "" if files else "none of its files is tracked (a copy inside another checkout?)"
     except (OSError, subprocess.CalledProcessError) as exc:
         said = (getattr(exc, "stderr", None) or str(exc)).strip().splitlines()
-        print(f"compile_env: git lists no files here ({said[-1] if said else exc}): "
-              f"compiling every .py file of {root}", file=sys.stderr)
-        return sorted(str(path) for path in root.rglob("*.py")
-                      if not any(part.startswith(".") or part == "var"
-                                 for part in path.relative_to(root).parts[:-1]))
-    return sorted(str(root / name) for name in listed.split("\0") if name)
+        why = next((line for line in said if line.startswith("fatal:")), said[0] if said else "")
+    if not why:
+        return files
+    print(f"compile_env: git lists no files here ({why.strip()}): compiling every .py file of "
+          f"{root}", file=sys.stderr)
+    return sorted(str(path) for path in root.rglob("*.py")
+                  if not any(part.startswith(".") or part == "var"
+                             for part in path.relative_to(root).parts[:-1]))
 
 
 def main(argv: list[str] | None = None) -> int:

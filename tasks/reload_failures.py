@@ -35,15 +35,15 @@ def one_line(exc: BaseException, whole: bool = False, most: int = _MAX_ERROR) ->
     if isinstance(exc, BaseExceptionGroup):
         # Its own line only: traceback's description of a group describes every error in it,
         # nested as deep as they go (a RecursionError some hundreds deep), most of it cut.
-        notes, text = list(getattr(exc, "__notes__", None) or []), _own_line(exc)
+        text = _own_line(exc)
     else:
         described = traceback.TracebackException.from_exception(exc, limit=0)
-        notes, described.__notes__ = described.__notes__ or [], None
+        described.__notes__ = None  # said below, as this line says them
         lines = list(described.format_exception_only())
         text = " ".join(" ".join(lines).split()) if whole else lines[-1].strip()
     text = text.splitlines()[0] if text else type(exc).__name__
     # Each note cut short: a 290-character model name left no room for the error itself.
-    text = ": ".join([*(shortened(" ".join(str(n).split()), _MOST_NOTE) for n in notes), text])
+    text = ": ".join([*(shortened(" ".join(n.split()), _MOST_NOTE) for n in _notes(exc)), text])
     if isinstance(exc, BaseExceptionGroup):  # its own line says only how many it holds
         said: list[str] = []
         for inner in exc.exceptions:  # as many as the line has room for, nested or not
@@ -58,6 +58,22 @@ def one_line(exc: BaseException, whole: bool = False, most: int = _MAX_ERROR) ->
     # reach make reload's answer and the worker's log (the re-attack of session 14).
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return shortened(text, most)
+
+
+def _notes(exc: BaseException) -> list[str]:
+    """Its notes as text: `add_note` keeps strings, but `__notes__` is anyone's to set."""
+    notes = getattr(exc, "__notes__", None)
+    if notes is None:
+        return []
+    if isinstance(notes, str) or not isinstance(notes, (list, tuple)):
+        notes = [notes]
+    said = []
+    for note in notes:
+        try:
+            said.append(str(note))
+        except Exception:  # noqa: BLE001 - said as traceback says an error it cannot say
+            said.append("<note str() failed>")
+    return said
 
 
 def _own_line(group: BaseExceptionGroup) -> str:

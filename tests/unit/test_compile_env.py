@@ -50,6 +50,10 @@ def test_a_copy_git_cannot_read_is_compiled_whole_and_said_so(tmp_path, capsys):
     for name in ("pkg/mod.py", "pkg/sub/deep.py", ".venv/lib/site.py", "var/x/old.py"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("VALUE = 1\n")
-    assert compile_env.project_files(tmp_path) == [str(tmp_path / "pkg/mod.py"),
-                                                   str(tmp_path / "pkg/sub/deep.py")]
-    assert "compile_env: git lists no files here (" in capsys.readouterr().err
+    whole = [str(tmp_path / "pkg/mod.py"), str(tmp_path / "pkg/sub/deep.py")]
+    assert compile_env.project_files(tmp_path) == whole
+    assert "compile_env: git lists no files here (fatal: " in capsys.readouterr().err
+    # An export unpacked inside another checkout: git answers, listing nothing of it.
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    assert compile_env.project_files(tmp_path) == whole
+    assert "none of its files is tracked" in capsys.readouterr().err

@@ -120,3 +120,17 @@ def test_a_groups_errors_are_said_without_describing_all_of_them(monkeypatch):
     line = one_line(tree)
     assert len(line) <= 300 and len(described) < 20, (len(described), line)
     assert line.startswith("ExceptionGroup: wide (4 sub-exceptions) [ExceptionGroup: wide")
+
+
+class _Unsayable:
+    def __str__(self) -> str:
+        raise RuntimeError("no")
+
+
+@pytest.mark.parametrize("notes, said", [([_Unsayable(), "model m"], "<note str() failed>: "
+                                                                        "model m: "),
+                                         ("one note", "one note: "), (5, "5: ")])
+def test_notes_set_by_hand_are_said_whatever_they_are(notes, said):
+    for exc in (ValueError("bad"), ExceptionGroup("g", [ValueError("bad")])):
+        exc.__notes__ = notes
+        assert one_line(exc).startswith(said), one_line(exc)
