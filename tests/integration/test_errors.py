@@ -95,6 +95,11 @@ def test_unknown_route_is_json_404(stack):
 
 
 
+# Alone (serial): a refused connection is retried as long as another try fits in the request's
+# deadline (2 s), so the last try ends a backoff's pause before it; a neighbour that stalls
+# this process past that turns the unreachable Redis into a timeout (Retry-After 0: its job
+# perhaps stored, app/submission.py), as CI saw once.
+@pytest.mark.serial
 def test_redis_unreachable_is_503_within_seconds(tmp_path):
     """An API whose Redis is down answers 503 with Retry-After, quickly, for every route that
     needs Redis; /healthz (process alive) still answers 200."""
