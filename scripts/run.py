@@ -235,15 +235,14 @@ def plan(environ: dict[str, str]) -> Run:
     env = dict(environ)
     try:
         settings = load_settings(environ=env)  # what every process would refuse, refused now
-        if METRICS_FOLDER_VARIABLE in env:
-            # A folder sums the counters of the processes that write in it: given to every
-            # program, the API's /metrics would add in the worker's and Flower's, and theirs
-            # the API's. Each program makes its own.
-            raise ConfigError(f"{METRICS_FOLDER_VARIABLE} is one program's folder (the API's, "
-                              f"or a worker's); make run runs several, and each makes its own: "
-                              f"unset it")
     except ConfigError as error:
         raise Refused(f"make run: {error}") from None
+    if METRICS_FOLDER_VARIABLE in env:
+        # A folder sums the counters of the processes that write in it: given to every
+        # program, the API's /metrics would add in the worker's and Flower's, and theirs the
+        # API's. Each program makes its own.
+        raise Refused(f"make run: {METRICS_FOLDER_VARIABLE} is one program's folder (the API's, "
+                      f"or a worker's); make run runs several, and each makes its own: unset it")
     with kinds_as_worker(settings, env):
         return _planned(env, settings)
 

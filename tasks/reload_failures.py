@@ -45,19 +45,26 @@ def one_line(exc: BaseException, whole: bool = False, most: int = _MAX_ERROR) ->
     # Each note cut short: a 290-character model name left no room for the error itself.
     text = ": ".join([*(shortened(" ".join(n.split()), _MOST_NOTE) for n in _notes(exc)), text])
     if isinstance(exc, BaseExceptionGroup):  # its own line says only how many it holds
-        said: list[str] = []
-        for inner in exc.exceptions:  # as many as the line has room for, nested or not
-            # " [", "]", and "; " before each but the first; kept: "; …" for those left out.
-            room = most - len(text) - 3 - sum(len(one) + 2 for one in said) - 3
-            if room < 2:
-                said.append("…")
-                break
-            said.append(one_line(inner, whole, room))
-        text += " [" + "; ".join(said) + "]"
+        text += " [" + "; ".join(_held(exc, whole, most - len(text) - len(" []"))) + "]"
     # Escaped, not sent on: a terminal's control codes in a model's name or an error's message
     # reach make reload's answer and the worker's log (the re-attack of session 14).
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return shortened(text, most)
+
+
+def _held(group: BaseExceptionGroup, whole: bool, room: int) -> list[str]:
+    """The group's errors, each in one line (a nested group's with its own), as many as
+    `room` characters hold with "; " between them, and "…" for those left out."""
+    said: list[str] = []
+    used = 0
+    for inner in group.exceptions:
+        left = room - used - len("; …")  # kept for those left out
+        if left < 2:
+            said.append("…")
+            break
+        said.append(one_line(inner, whole, left))
+        used += len(said[-1]) + len("; ")
+    return said
 
 
 def _notes(exc: BaseException) -> list[str]:
